@@ -1,0 +1,128 @@
+# gptlua — build, test and run.
+#   make            build build/gptlua and build/libgptlua.so (+ CUDA objects when nvcc is found)
+#   make run        deps if missing, build, run the default recipe
+#   make test       deps if missing, build, run every spec
+#   make test-cuda  the CUDA-vs-CPU twin specs (needs a GPU)
+#   make bench      CPU benchmarks;  make bench-cuda  GPU benchmarks
+#   make deps       apt-get install the Debian packages listed in DEBIAN_PACKAGES
+#   make install PREFIX=/usr/local
+#   CUDA=0 forces a CPU-only build; CUDA=1 fails if nvcc is missing.
+
+PREFIX ?= /usr/local
+BUILD  ?= build
+CC     ?= gcc
+
+DEBIAN_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev lua-busted \
+  libopenblas-dev libcjson-dev libpcre2-dev libreadline-dev libopenmpi-dev openmpi-bin
+
+NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+ifeq ($(CUDA),0)
+  NVCC :=
+endif
+ifeq ($(CUDA),1)
+  ifeq ($(NVCC),)
+    $(error CUDA=1 but nvcc was not found on PATH or at /usr/local/cuda/bin/nvcc)
+  endif
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+
+WARN    = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
+CFLAGS  ?= -O3 -march=native
+CFLAGS  += -std=gnu11 -fPIC -fopenmp $(WARN) -Iengine -I$(BUILD) -I/usr/include/luajit-2.1 \
+           -I/usr/include/x86_64-linux-gnu/openblas-pthread
+LIBS    = -lopenblas -lcjson -lpcre2-8 -lpthread -lm -fopenmp
+
+ENGINE_SRC = $(filter-out engine/main.c,$(wildcard engine/*.c))
+ENGINE_OBJ = $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(ENGINE_SRC)) $(BUILD)/obj/gl_cdef.o
+HEADERS    = $(wildcard engine/*.h)
+CU_SRC     = $(wildcard kernels/*.cu)
+CU_HDR     = $(wildcard kernels/*.cuh)
+
+ifneq ($(NVCC),)
+  CFLAGS     += -DGL_WITH_CUDA -I$(CUDA_HOME)/include
+  NVCCFLAGS  ?= -O3 -std=c++17 -arch=sm_90 -Xcompiler -fPIC -DGL_WITH_CUDA -Iengine -I$(BUILD) \
+                --expt-relaxed-constexpr -lineinfo
+  CU_OBJ      = $(patsubst kernels/%.cu,$(BUILD)/obj/cu_%.o,$(CU_SRC))
+  LIBS       += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas
+  ENGINE_OBJ += $(CU_OBJ)
+endif
+
+# the distributed backend lives in its own library so that a single process
+# never loads MPI (lua/gptlua/dist/ loads it on demand)
+MPI_SRC  = $(wildcard engine/mpi/*.c)
+MPI_LIB  = $(if $(MPI_SRC),$(BUILD)/libgptlua_mpi.so)
+MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS   = $(shell pkg-config --libs ompi-c 2>/dev/null)
+
+.PHONY: all deps deps-if-missing run test test-cuda bench bench-cuda install clean cuda-check
+all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB)
+
+$(BUILD)/obj:
+	@mkdir -p $@
+
+# One source of truth for the FFI: the preprocessed public headers, embedded
+# in the library as a string that the Lua binding feeds to ffi.cdef.
+$(BUILD)/gl_cdef.h: $(HEADERS) | $(BUILD)/obj
+	$(CC) -E -P -DGL_CDEF engine/gptlua.h -o $@
+$(BUILD)/gl_cdef.c: $(BUILD)/gl_cdef.h
+	@{ echo '/* generated from engine/gptlua.h by the Makefile; do not edit */'; \
+	   echo 'const char *gl_cdef(void) { return'; \
+	   sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/  "/' -e 's/$$/\\n"/' $<; \
+	   echo '  ; }'; } > $@
+$(BUILD)/obj/gl_cdef.o: $(BUILD)/gl_cdef.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: engine/%.c $(HEADERS) | $(BUILD)/obj
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/cu_%.o: kernels/%.cu $(HEADERS) $(CU_HDR) | $(BUILD)/obj
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libgptlua.so: $(ENGINE_OBJ)
+	$(CC) -shared -o $@ $^ $(LIBS)
+
+$(BUILD)/libgptlua_mpi.so: $(MPI_SRC) $(HEADERS) $(BUILD)/libgptlua.so
+	$(CC) $(CFLAGS) $(MPI_CFLAGS) -shared -o $@ $(MPI_SRC) -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgptlua $(MPI_LIBS)
+
+$(BUILD)/gptlua: engine/main.c $(HEADERS) | $(BUILD)/obj
+	$(CC) $(CFLAGS) -DGL_VERSION_STR='"$(shell cat VERSION)"' -o $@ engine/main.c -lluajit-5.1 -lreadline -ldl -lm
+
+# compile every CUDA source on its own: a CUDA compile error fails CI even
+# though nothing CUDA runs there
+cuda-check:
+	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory $(CU_OBJ) && echo "cuda-check: compiled $(words $(CU_SRC)) CUDA sources"; \
+	 else echo "cuda-check: nvcc not found, skipped"; fi
+
+deps:
+	@echo "make deps: apt-get install -y $(DEBIAN_PACKAGES)"
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	 $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(DEBIAN_PACKAGES)
+
+# install the packages only if one of them is missing
+deps-if-missing:
+	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	 if [ -n "$$missing" ]; then echo "missing packages: $$missing"; $(MAKE) --no-print-directory deps; fi
+
+run: deps-if-missing all
+	$(BUILD)/gptlua recipes/shakespeare.lua $(ARGS)
+
+test: deps-if-missing all
+	$(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
+
+test-cuda: deps-if-missing all
+	$(BUILD)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
+
+bench: all
+	$(BUILD)/gptlua recipes/bench.lua $(ARGS)
+
+bench-cuda: all
+	$(BUILD)/gptlua recipes/bench.lua --device=cuda $(ARGS)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/share/gptlua
+	install -m 755 $(BUILD)/gptlua $(DESTDIR)$(PREFIX)/bin/gptlua
+	install -m 644 $(BUILD)/libgptlua.so $(MPI_LIB) $(DESTDIR)$(PREFIX)/lib/
+	cp -r lua $(DESTDIR)$(PREFIX)/share/gptlua/
+	cp -r recipes $(DESTDIR)$(PREFIX)/share/gptlua/
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,180 @@
+/* alloc.c — the per-device caching allocator behind every storage.
+ *
+ * Blocks are rounded up to size classes (512-byte granularity below 1 MiB,
+ * then 1/8-power-of-two steps) and kept on a per-class free list when
+ * released, so a training step that allocates the same shapes every
+ * iteration reuses the same blocks and reaches a steady state.  empty_cache
+ * returns cached blocks to the system (or to cudaFree).  One mutex guards
+ * each device: the loader thread may allocate concurrently with Lua. */
+#include "internal.h"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum { N_SMALL = 2048, N_CLASSES = 2048 + 8 * 44, MAX_DEVICES = 17 /* cpu + 16 GPUs */ };
+#define SMALL_LIMIT ((int64_t)1 << 20)
+
+typedef struct block { struct block *next; void *ptr; int64_t size; } block;
+
+typedef struct dev_cache {
+  pthread_mutex_t mu;
+  block *free_lists[N_CLASSES];  /* cached blocks per class */
+  block *spare;                  /* recycled block records */
+  gl_mem_stats st;
+} dev_cache;
+
+static dev_cache caches[MAX_DEVICES];
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static void init_caches(void) {
+  for (int i = 0; i < MAX_DEVICES; i++) pthread_mutex_init(&caches[i].mu, NULL);
+}
+
+static dev_cache *cache_for(int device) {
+  pthread_once(&once, init_caches);
+  int i = device + 1;
+  return (i >= 0 && i < MAX_DEVICES) ? &caches[i] : NULL;
+}
+
+/* Size class of a request, rounding *size up to the class size: 512-byte
+   steps up to 1 MiB (classes 0..2047), then 8 classes per power of two. */
+static int size_class(int64_t *size) {
+  int64_t s = *size < 512 ? 512 : *size;
+  if (s <= SMALL_LIMIT) {
+    int64_t r = (s + 511) / 512 * 512;
+    *size = r;
+    return (int)(r / 512 - 1);
+  }
+  int lg = 63 - __builtin_clzll((unsigned long long)s);
+  int64_t step = ((int64_t)1 << lg) / 8;
+  int64_t r = (s + step - 1) / step * step;
+  lg = 63 - __builtin_clzll((unsigned long long)r);
+  *size = r;
+  return N_SMALL + (lg - 20) * 8 + (int)((r >> (lg - 3)) & 7);
+}
+
+static int raw_alloc(int device, int64_t size, void **out) {
+  if (device < 0) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (size_t)size) != 0 || !p)
+      return gl_error("gl_empty: out of host memory allocating %lld bytes", (long long)size);
+    *out = p;
+    return GL_OK;
+  }
+#ifdef GL_WITH_CUDA
+  return cuda_malloc(device, size, out);
+#else
+  return gl_error("gl_empty: cuda:%d requested but this engine was built without CUDA", device);
+#endif
+}
+
+static void raw_free(int device, void *p) {
+  if (device < 0) { free(p); return; }
+#ifdef GL_WITH_CUDA
+  cuda_free(device, p);
+#endif
+}
+
+static void release_cached(dev_cache *c, int device) {
+  for (int k = 0; k < N_CLASSES; k++) {
+    block *b = c->free_lists[k];
+    while (b) {
+      block *n = b->next;
+      raw_free(device, b->ptr);
+      c->st.reserved -= b->size;
+      b->next = c->spare; c->spare = b;
+      b = n;
+    }
+    c->free_lists[k] = NULL;
+  }
+}
+
+/* Allocate nbytes on device; *capacity receives the block size. */
+int gl_alloc(int device, int64_t nbytes, void **out, int64_t *capacity) {
+  dev_cache *c = cache_for(device);
+  if (!c) return gl_error("gl_empty: device %d out of range", device);
+  int64_t size = nbytes;
+  int k = size_class(&size);
+  pthread_mutex_lock(&c->mu);
+  block **pp = &c->free_lists[k];
+  void *p = NULL;
+  if (*pp) {
+    block *b = *pp; *pp = b->next;
+    p = b->ptr;
+    b->next = c->spare; c->spare = b;
+    c->st.cache_hits++;
+  } else {
+    pthread_mutex_unlock(&c->mu);
+    int rc = raw_alloc(device, size, &p);
+    if (rc != GL_OK) {  /* free everything cached and retry once */
+      pthread_mutex_lock(&c->mu);
+      release_cached(c, device);
+      pthread_mutex_unlock(&c->mu);
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", gl_last_error());
+      if (raw_alloc(device, size, &p) != GL_OK) {
+        gl_mem_stats st; gl_mem_stats_get(device, &st);
+        return gl_error("%s (in use %lld bytes, reserved %lld bytes)", msg,
+                        (long long)st.allocated, (long long)st.reserved);
+      }
+    }
+    pthread_mutex_lock(&c->mu);
+    c->st.reserved += size;
+  }
+  c->st.allocated += size;
+  c->st.n_allocs++;
+  c->st.n_live++;
+  if (c->st.allocated > c->st.peak) c->st.peak = c->st.allocated;
+  pthread_mutex_unlock(&c->mu);
+  *out = p;
+  *capacity = size;
+  return GL_OK;
+}
+
+void gl_dealloc(int device, void *p, int64_t capacity) {
+  dev_cache *c = cache_for(device);
+  if (!c || !p) return;
+  int64_t size = capacity;
+  int k = size_class(&size);
+  if (size != capacity) gl_panic("gl_dealloc: capacity %lld is not a class size", (long long)capacity);
+  pthread_mutex_lock(&c->mu);
+  block *b = c->spare;
+  if (b) c->spare = b->next;
+  else b = malloc(sizeof *b);
+  if (!b) { /* cannot cache: give it back */
+    raw_free(device, p);
+    c->st.reserved -= size;
+  } else {
+    b->ptr = p; b->size = size; b->next = c->free_lists[k]; c->free_lists[k] = b;
+  }
+  c->st.allocated -= size;
+  c->st.n_frees++;
+  c->st.n_live--;
+  pthread_mutex_unlock(&c->mu);
+}
+
+int gl_mem_stats_get(int device, gl_mem_stats *out) {
+  dev_cache *c = cache_for(device);
+  if (!c) return gl_error("gl_mem_stats_get: device %d out of range", device);
+  pthread_mutex_lock(&c->mu);
+  *out = c->st;
+  pthread_mutex_unlock(&c->mu);
+  return GL_OK;
+}
+
+int gl_mem_reset_peak(int device) {
+  dev_cache *c = cache_for(device);
+  if (!c) return gl_error("gl_mem_reset_peak: device %d out of range", device);
+  pthread_mutex_lock(&c->mu);
+  c->st.peak = c->st.allocated;
+  pthread_mutex_unlock(&c->mu);
+  return GL_OK;
+}
+
+int gl_empty_cache(int device) {
+  dev_cache *c = cache_for(device);
+  if (!c) return gl_error("gl_empty_cache: device %d out of range", device);
+  pthread_mutex_lock(&c->mu);
+  release_cached(c, device);
+  pthread_mutex_unlock(&c->mu);
+  return GL_OK;
+}

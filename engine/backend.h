@@ -1,0 +1,73 @@
+/* backend.h — the per-device implementations behind every gl_ops.h entry.
+ *
+ * engine/ops.c validates arguments once and dispatches with GL_DISPATCH to
+ * cpu_NAME (engine/cpu_ files) or cuda_NAME (kernels/).  Both backends have
+ * exactly the public signature, listed once here (X-macro) so the two can
+ * never drift apart. */
+#ifndef GL_BACKEND_H
+#define GL_BACKEND_H
+#include "internal.h"
+
+#define GL_BACKEND_OPS(X) \
+  X(unary, (int op, gl_tensor *out, const gl_tensor *x, double p0, double p1)) \
+  X(unary_backward, (int op, gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, double p0, double p1)) \
+  X(binary, (int op, gl_tensor *out, const gl_tensor *a, const gl_tensor *b)) \
+  X(where, (gl_tensor *out, const gl_tensor *cond, const gl_tensor *a, const gl_tensor *b)) \
+  X(reduce, (int op, gl_tensor *out, const gl_tensor *x, uint32_t dims_mask)) \
+  X(reduce_max_dim, (gl_tensor *out, gl_tensor *indices, const gl_tensor *x, int dim)) \
+  X(sumsq, (const gl_tensor *x, double *out)) \
+  X(matmul, (gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta)) \
+  X(softmax, (gl_tensor *out, const gl_tensor *x, int log)) \
+  X(softmax_backward, (gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, int log)) \
+  X(layernorm_forward, (gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *weight, const gl_tensor *bias, double eps)) \
+  X(layernorm_backward, (gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean, const gl_tensor *rstd)) \
+  X(rmsnorm_forward, (gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *weight, double eps)) \
+  X(rmsnorm_backward, (gl_tensor *dx, gl_tensor *dweight, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *weight, const gl_tensor *rstd)) \
+  X(embedding_forward, (gl_tensor *out, const gl_tensor *table, const gl_tensor *ids)) \
+  X(embedding_backward, (gl_tensor *dtable, const gl_tensor *dout, const gl_tensor *ids)) \
+  X(index_select, (gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx)) \
+  X(gather, (gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx)) \
+  X(scatter_add, (gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src)) \
+  X(index_add, (gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src)) \
+  X(attention_forward, (gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, double scale, int64_t window)) \
+  X(attention_backward, (gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window)) \
+  X(rope, (gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse)) \
+  X(cross_entropy_forward, (gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits, const gl_tensor *targets, int64_t ignore_index, double softcap)) \
+  X(cross_entropy_backward, (gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets, const gl_tensor *lse, int64_t ignore_index, double softcap, double scale)) \
+  X(dropout, (gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uint64_t offset)) \
+  X(adamw_update, (gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v, int64_t start, int64_t len, double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step)) \
+  X(momentum_update, (gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, int64_t start, int64_t len, double mu, int nesterov)) \
+  X(copy, (gl_tensor *dst, const gl_tensor *src)) \
+  X(fill, (gl_tensor *t, double value)) \
+  X(rand_uniform, (gl_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi)) \
+  X(rand_normal, (gl_tensor *t, uint64_t seed, uint64_t offset, double mean, double std))
+
+#define GL_DECLARE_BACKEND(name, args) int cpu_##name args; int cuda_##name args;
+GL_BACKEND_OPS(GL_DECLARE_BACKEND)
+#undef GL_DECLARE_BACKEND
+
+/* Philox-4x32-10, shared by CPU and CUDA so both draw the same numbers. */
+#ifdef __CUDACC__
+#define GL_HD __host__ __device__
+#else
+#define GL_HD
+#endif
+static inline GL_HD void gl_philox4x32(uint32_t key0, uint32_t key1, uint32_t c0, uint32_t c1,
+                                       uint32_t c2, uint32_t c3, uint32_t out[4]) {
+  for (int r = 0; r < 10; r++) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ key0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ key1;
+    c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
+    key0 += 0x9E3779B9u; key1 += 0xBB67AE85u;
+  }
+  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+/* uniform in (0, 1] from 32 random bits, 24-bit resolution for float */
+static inline GL_HD double gl_u32_to_unit(uint32_t x) { return ((double)(x >> 8) + 1.0) / 16777216.0; }
+/* Random stream element i for (seed, counter): 4 words per Philox call. */
+static inline GL_HD uint32_t gl_philox_word(uint64_t seed, uint64_t i) {
+  uint32_t out[4]; uint64_t blk = i >> 2;
+  gl_philox4x32((uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)blk, (uint32_t)(blk >> 32), 0, 0, out);
+  return out[i & 3];
+}
+#endif

@@ -1,0 +1,140 @@
+/* gl_ops.h — forward and backward kernels for every op GPT training needs.
+ *
+ * Contract shared by all ops (see gl_core.h for the general conventions):
+ *  - The caller (Lua) allocates every output with its final shape and dtype;
+ *    the op validates shapes, dtypes and devices, then dispatches to the CPU
+ *    kernel (engine/cpu_NAME.c files) or the CUDA kernel (kernels/) by device.
+ *  - Outputs are overwritten, never accumulated, unless the name says
+ *    otherwise (beta in gl_matmul, gl_index_add).
+ *  - Inputs may be arbitrary strided views, including 0-stride (broadcast)
+ *    dims; outputs may be strided views but never have 0 strides.
+ *    Broadcasting is done by the caller: it passes inputs already expanded
+ *    to the output shape.
+ *  - Floating dtypes: float32 and float64 compute in their own precision;
+ *    bfloat16/float16 are storage types computed in float32.
+ *  - Elementwise ops allow out to alias an input exactly (in-place).
+ */
+#ifndef GL_OPS_H
+#define GL_OPS_H
+#include "gl_core.h"
+
+typedef enum gl_unary_op {
+  GL_U_NEG = 0, GL_U_EXP, GL_U_LOG, GL_U_SQRT, GL_U_RSQRT, GL_U_TANH,
+  GL_U_ABS, GL_U_RELU, GL_U_RELU2, GL_U_GELU_TANH, GL_U_SILU, GL_U_SIGMOID,
+  GL_U_SIN, GL_U_COS, GL_U_SQUARE, GL_U_RECIPROCAL,
+  GL_U_CLAMP,       /* clamp(x, p0, p1) */
+  GL_U_POW,         /* x ^ p0 */
+  GL_U_ADD_SCALAR,  /* x + p0 */
+  GL_U_MUL_SCALAR,  /* x * p0 */
+  GL_U_AFFINE,      /* x * p0 + p1 */
+  GL_U_RSUB_SCALAR, /* p0 - x */
+  GL_U_RDIV_SCALAR, /* p0 / x */
+  GL_U_SOFTCAP,     /* p0 * tanh(x / p0) */
+  GL_U_COUNT
+} gl_unary_op;
+
+typedef enum gl_binary_op {
+  GL_B_ADD = 0, GL_B_SUB, GL_B_MUL, GL_B_DIV, GL_B_POW, GL_B_MAXIMUM,
+  GL_B_MINIMUM, GL_B_EQ, GL_B_NE, GL_B_LT, GL_B_LE, GL_B_GT, GL_B_GE,
+  GL_B_COUNT
+} gl_binary_op;
+
+typedef enum gl_reduce_op {
+  GL_R_SUM = 0, GL_R_MEAN, GL_R_MAX, GL_R_MIN, GL_R_SUMSQ, GL_R_NORM2,
+  GL_R_COUNT
+} gl_reduce_op;
+
+/* out = f(x).  Comparison results and outputs may have any dtype. */
+int gl_unary(int op, gl_tensor *out, const gl_tensor *x, double p0, double p1);
+/* dx = dy * f'(x) for the differentiable unary ops (same p0, p1 as forward) */
+int gl_unary_backward(int op, gl_tensor *dx, const gl_tensor *dy,
+                      const gl_tensor *x, double p0, double p1);
+/* out = a (op) b, all of out's shape */
+int gl_binary(int op, gl_tensor *out, const gl_tensor *a, const gl_tensor *b);
+/* out = cond != 0 ? a : b */
+int gl_where(gl_tensor *out, const gl_tensor *cond, const gl_tensor *a, const gl_tensor *b);
+
+/* Reduce x over the dims whose bit is set in dims_mask (bit d = dim d).
+   out has x's ndim with the reduced dims of size 1 (keepdim layout).
+   Accumulation is in float64 for float64 input, float32 otherwise. */
+int gl_reduce(int op, gl_tensor *out, const gl_tensor *x, uint32_t dims_mask);
+/* max over one dim with argmax indices (int64), keepdim layout */
+int gl_reduce_max_dim(gl_tensor *out, gl_tensor *indices, const gl_tensor *x, int dim);
+/* sum of squares of all elements in float64 (for global grad norms) */
+int gl_sumsq(const gl_tensor *x, double *out);
+
+/* Batched matrix product out = alpha * a @ b + beta * out over the last two
+   dims: a (..., M, K), b (..., K, N), out (..., M, N); batch dims already
+   broadcast to out's.  A transposed operand is passed as a transposed view
+   (stride[-2] == 1); other layouts are copied internally.  BLAS on CPU. */
+int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta);
+
+/* softmax / log_softmax over the last dim; backward takes the forward output */
+int gl_softmax(gl_tensor *out, const gl_tensor *x, int log);
+int gl_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, int log);
+
+/* Normalisation over the last dim C.  weight/bias (C) may be NULL.
+   mean/rstd have x's shape without the last dim, float32 (float64 for f64). */
+int gl_layernorm_forward(gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
+                         const gl_tensor *weight, const gl_tensor *bias, double eps);
+int gl_layernorm_backward(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias,
+                          const gl_tensor *dy, const gl_tensor *x, const gl_tensor *weight,
+                          const gl_tensor *mean, const gl_tensor *rstd);
+int gl_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tensor *x,
+                       const gl_tensor *weight, double eps);
+int gl_rmsnorm_backward(gl_tensor *dx, gl_tensor *dweight, const gl_tensor *dy,
+                        const gl_tensor *x, const gl_tensor *weight, const gl_tensor *rstd);
+
+/* out (ids.shape..., C) = table[ids]; ids int32/int64 checked against rows. */
+int gl_embedding_forward(gl_tensor *out, const gl_tensor *table, const gl_tensor *ids);
+/* dtable (V, C) = scatter-add of dout rows at ids (overwrites dtable) */
+int gl_embedding_backward(gl_tensor *dtable, const gl_tensor *dout, const gl_tensor *ids);
+
+/* out = x.index_select(dim, idx);  gather: out[i][j] = x[i][idx[i][j]] (dim);
+   index_add: out.index_add_(dim, idx, src) accumulates. idx int32/int64. */
+int gl_index_select(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx);
+int gl_gather(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx);
+int gl_scatter_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src);
+int gl_index_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src);
+
+/* Causal scaled-dot-product attention.  q (B, H, T, D), k/v (B, Hkv, S, D)
+   with H % Hkv == 0 (grouped-query) and T <= S: query t sits at position
+   S - T + t (KV cache).  window > 0 keeps keys with pos > qpos - window.
+   out (B, H, T, D); lse (B, H, T) float32 (float64 for f64) log-sum-exp. */
+int gl_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q,
+                         const gl_tensor *k, const gl_tensor *v, double scale, int64_t window);
+int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
+                          const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
+                          const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window);
+
+/* Rotary embedding on x (B, T, H, D), D even, halves rotated as nanochat:
+   y1 = x1*cos + x2*sin, y2 = -x1*sin + x2*cos with cos/sin (T, D/2).
+   inverse = 1 applies the transposed rotation (the backward). */
+int gl_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse);
+
+/* Cross-entropy per row: logits (N, V), targets (N) int32/int64.  With
+   softcap > 0 logits are first capped: z = softcap * tanh(logits / softcap).
+   losses (N) and lse (N) float32 (float64 for f64); ignored rows get 0.
+   Targets outside [0, V) other than ignore_index are an error. */
+int gl_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits,
+                             const gl_tensor *targets, int64_t ignore_index, double softcap);
+/* dlogits = scale * (softmax(z) - onehot(target)) * dz/dlogits; ignored rows 0 */
+int gl_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets,
+                              const gl_tensor *lse, int64_t ignore_index, double softcap, double scale);
+
+/* out = x * mask / (1 - p), mask ~ Bernoulli(1 - p) from Philox(seed, offset + i).
+   The backward is the same call on dy with the same seed and offset. */
+int gl_dropout(gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uint64_t offset);
+
+/* Optimizer updates on a slice [start, start + len) of flat contiguous
+   float tensors of equal numel (a shard is just a smaller slice).
+   AdamW: decoupled weight decay p -= lr*wd*p, bias corrections for step>=1. */
+int gl_adamw_update(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v,
+                    int64_t start, int64_t len, double lr, double beta1, double beta2,
+                    double eps, double weight_decay, int64_t step);
+/* Muon momentum as nanochat: buf = lerp(buf, g, 1-mu);
+   out = nesterov ? lerp(g, buf, mu) : buf.  out may alias grad. */
+int gl_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad,
+                       int64_t start, int64_t len, double mu, int nesterov);
+
+#endif

@@ -1,0 +1,95 @@
+/* internal.h — engine-private helpers: error reporting, dtype conversion,
+ * strided iteration and device dispatch.  Not part of the FFI boundary. */
+#ifndef GL_INTERNAL_H
+#define GL_INTERNAL_H
+#include "gptlua.h"
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+/* Sets the thread-local error message and returns GL_ERR. */
+int gl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Same, for functions that return pointers. */
+void *gl_error_null(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* An engine bug, never bad input: prints and aborts. */
+void gl_panic(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+#define GL_TRY(expr) do { if ((expr) != GL_OK) return GL_ERR; } while (0)
+
+/* Validates a tensor argument: live struct, live storage.  fn/arg name it. */
+#define GL_CHECK_T(t, fn, arg) GL_TRY(gl_tensor_check((t), (fn), (arg)))
+
+/* "{3,5}" into buf; returns buf */
+const char *gl_shape_str(const gl_tensor *t, char *buf, size_t n);
+int gl_same_shape(const gl_tensor *a, const gl_tensor *b);
+int gl_is_float(int dtype);
+int gl_is_int(int dtype);
+/* Checks a and b have the same shape; error names fn, arg names. */
+int gl_check_same_shape(const gl_tensor *a, const gl_tensor *b, const char *fn,
+                        const char *an, const char *bn);
+int gl_check_same_device(const gl_tensor *a, const gl_tensor *b, const char *fn,
+                         const char *an, const char *bn);
+int gl_check_dtype_float(const gl_tensor *t, const char *fn, const char *arg);
+int gl_check_no_zero_stride(const gl_tensor *t, const char *fn, const char *arg);
+
+/* bfloat16 / float16 conversions (round to nearest even) */
+static inline float gl_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t gl_f32_to_bf16(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+float gl_f16_to_f32(uint16_t h);
+uint16_t gl_f32_to_f16(float f);
+
+/* Element i (in elements from base) of any dtype, as double and back. */
+double gl_load(const void *base, int dtype, int64_t i);
+void gl_store(void *base, int dtype, int64_t i, double v);
+
+/* Strided iteration over up to GL_ITER_MAX_OPS tensors of one shape (op 0's).
+   Dims are coalesced where every operand allows it; the last dim is the
+   inner loop.  Usage:
+     gl_iter it; gl_iter_init(&it, 2, (const gl_tensor*[]){out, x});
+     for (int64_t o = 0; o < it.outer; o++) {
+       int64_t off[GL_ITER_MAX_OPS]; gl_iter_offsets(&it, o, off);
+       for (int64_t i = 0; i < it.inner; i++) ... base0[off[0] + i*it.istride[0]] ...
+     }
+   Outer iterations are independent and may run in parallel. */
+enum { GL_ITER_MAX_OPS = 4 };
+typedef struct gl_iter {
+  int nops, ndim;              /* ndim counts the outer dims only */
+  int64_t outer, inner;
+  int64_t shape[GL_MAX_DIMS];  /* outer dims */
+  int64_t stride[GL_ITER_MAX_OPS][GL_MAX_DIMS];
+  int64_t istride[GL_ITER_MAX_OPS];
+  int64_t base[GL_ITER_MAX_OPS]; /* each tensor's offset */
+} gl_iter;
+void gl_iter_init(gl_iter *it, int nops, const gl_tensor *const *ts);
+void gl_iter_offsets(const gl_iter *it, int64_t outer_index, int64_t *off);
+
+/* Parallel loops: OpenMP if enabled, sized by gl_set_num_threads. Use only
+   when n * work_per_item is large enough to pay for the fork. */
+int gl_threads_for(int64_t n, int64_t work_per_item);
+
+/* Device dispatch: cpu_NAME for device < 0, cuda_NAME otherwise (when the
+   engine is built with CUDA; without it, a clear error). */
+#ifdef GL_WITH_CUDA
+#define GL_DISPATCH(dev, name, ...) \
+  ((dev) < 0 ? cpu_##name(__VA_ARGS__) : cuda_##name(__VA_ARGS__))
+#else
+#define GL_DISPATCH(dev, name, ...) \
+  ((dev) < 0 ? cpu_##name(__VA_ARGS__) : gl_error("%s: this engine was built without CUDA", #name))
+#endif
+
+/* Device memory hooks used by the allocator and copies (kernels/runtime.cu). */
+#ifdef GL_WITH_CUDA
+int cuda_malloc(int device, int64_t nbytes, void **out);
+int cuda_free(int device, void *ptr);
+int cuda_memcpy(void *dst, int dst_device, const void *src, int src_device, int64_t nbytes);
+int cuda_device_count(void);
+#endif
+
+#endif

@@ -1,0 +1,281 @@
+/* tensor.c — tensor structs, reference-counted storage, views, element
+ * access and the device-crossing parts of copy.  Shapes and strides are in
+ * elements; every view is checked against its storage's bounds so no view
+ * built from Lua can address memory outside what was allocated. */
+#include "backend.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+int gl_alloc(int device, int64_t nbytes, void **out, int64_t *capacity);
+void gl_dealloc(int device, void *p, int64_t capacity);
+
+static void storage_decref(gl_storage *s) {
+  if (!s) return;
+  if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
+    if (!s->external && s->data) gl_dealloc(s->device, s->data, s->capacity);
+    free(s);
+  }
+}
+
+int gl_tensor_check(const gl_tensor *t, const char *fn, const char *arg) {
+  if (!t) return gl_error("%s: %s is nil, expected a tensor", fn, arg);
+  if (t->magic != GL_TENSOR_MAGIC) return gl_error("%s: %s is not a valid tensor handle", fn, arg);
+  if (!t->storage || !t->storage->data)
+    return gl_error("%s: %s has been freed (its storage was released)", fn, arg);
+  return GL_OK;
+}
+
+static int check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *numel) {
+  if (ndim < 0 || ndim > GL_MAX_DIMS)
+    return gl_error("%s: ndim must be in 0..%d, got %d", fn, GL_MAX_DIMS, ndim);
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0) return gl_error("%s: size of dim %d must be >= 0, got %lld", fn, d + 1, (long long)shape[d]);
+    if (shape[d] > 0 && n > INT64_MAX / shape[d])
+      return gl_error("%s: shape overflows 64-bit element count at dim %d", fn, d + 1);
+    n *= shape[d];
+  }
+  *numel = n;
+  return GL_OK;
+}
+
+static gl_tensor *new_struct(int dtype, int device, int ndim, const int64_t *shape) {
+  gl_tensor *t = calloc(1, sizeof *t);
+  if (!t) return gl_error_null("gl_empty: out of host memory");
+  t->magic = GL_TENSOR_MAGIC; t->dtype = dtype; t->device = device; t->ndim = ndim;
+  int64_t n = 1;
+  for (int d = ndim - 1; d >= 0; d--) { t->shape[d] = shape[d]; t->stride[d] = n; n *= shape[d]; }
+  t->numel = n;
+  return t;
+}
+
+static int check_dtype_device(const char *fn, int dtype, int device) {
+  if (dtype < 0 || dtype >= GL_NDTYPES) return gl_error("%s: invalid dtype %d", fn, dtype);
+  if (device < GL_DEVICE_CPU) return gl_error("%s: invalid device %d", fn, device);
+  if (device >= 0) {
+    int n = gl_cuda_device_count();
+    if (!gl_cuda_built()) return gl_error("%s: cuda:%d requested but this engine was built without CUDA", fn, device);
+    if (device >= n) return gl_error("%s: cuda:%d requested but %d CUDA device(s) are available", fn, device, n);
+  }
+  return GL_OK;
+}
+
+gl_tensor *gl_empty(int dtype, int device, int ndim, const int64_t *shape) {
+  int64_t numel;
+  if (check_dtype_device("gl_empty", dtype, device) || check_shape("gl_empty", ndim, shape, &numel)) return NULL;
+  int64_t es = gl_dtype_size(dtype);
+  if (numel > INT64_MAX / es) return gl_error_null("gl_empty: %lld elements of %s overflow the byte count",
+                                                   (long long)numel, gl_dtype_name(dtype));
+  gl_storage *s = calloc(1, sizeof *s);
+  if (!s) return gl_error_null("gl_empty: out of host memory");
+  if (gl_alloc(device, numel * es, &s->data, &s->capacity) != GL_OK) { free(s); return NULL; }
+  s->nbytes = numel * es; s->refcount = 1; s->device = device;
+  gl_tensor *t = new_struct(dtype, device, ndim, shape);
+  if (!t) { storage_decref(s); return NULL; }
+  t->storage = s;
+  return t;
+}
+
+gl_tensor *gl_from_external(void *data, int64_t nbytes, int dtype, int ndim, const int64_t *shape) {
+  int64_t numel;
+  if (check_dtype_device("gl_from_external", dtype, GL_DEVICE_CPU) ||
+      check_shape("gl_from_external", ndim, shape, &numel)) return NULL;
+  if (!data) return gl_error_null("gl_from_external: data is NULL");
+  if (numel * gl_dtype_size(dtype) > nbytes)
+    return gl_error_null("gl_from_external: shape needs %lld bytes, buffer has %lld",
+                         (long long)(numel * gl_dtype_size(dtype)), (long long)nbytes);
+  gl_storage *s = calloc(1, sizeof *s);
+  if (!s) return gl_error_null("gl_from_external: out of host memory");
+  s->data = data; s->nbytes = nbytes; s->capacity = nbytes; s->refcount = 1;
+  s->device = GL_DEVICE_CPU; s->external = 1;
+  gl_tensor *t = new_struct(dtype, GL_DEVICE_CPU, ndim, shape);
+  if (!t) { free(s); return NULL; }
+  t->storage = s;
+  return t;
+}
+
+gl_tensor *gl_as_strided(const gl_tensor *src, int ndim, const int64_t *shape,
+                         const int64_t *stride, int64_t offset) {
+  if (gl_tensor_check(src, "gl_as_strided", "src")) return NULL;
+  int64_t numel;
+  if (check_shape("gl_as_strided", ndim, shape, &numel)) return NULL;
+  if (offset < 0) return gl_error_null("gl_as_strided: offset must be >= 0, got %lld", (long long)offset);
+  int64_t max_off = offset;
+  for (int d = 0; d < ndim; d++) {
+    if (stride[d] < 0) return gl_error_null("gl_as_strided: stride of dim %d must be >= 0, got %lld",
+                                            d + 1, (long long)stride[d]);
+    if (shape[d] > 0 && stride[d] > 0 && (shape[d] - 1) > (INT64_MAX - max_off) / stride[d])
+      return gl_error_null("gl_as_strided: view overflows the address range at dim %d", d + 1);
+    if (shape[d] > 0) max_off += (shape[d] - 1) * stride[d];
+  }
+  int64_t capacity = src->storage->nbytes / gl_dtype_size(src->dtype);
+  if (numel > 0 && max_off >= capacity)
+    return gl_error_null("gl_as_strided: view reaches element %lld, storage holds %lld elements",
+                         (long long)max_off, (long long)capacity);
+  gl_tensor *t = new_struct(src->dtype, src->device, ndim, shape);
+  if (!t) return NULL;
+  for (int d = 0; d < ndim; d++) t->stride[d] = stride[d];
+  t->offset = offset;
+  t->numel = numel;
+  t->storage = src->storage;
+  __atomic_add_fetch(&src->storage->refcount, 1, __ATOMIC_ACQ_REL);
+  return t;
+}
+
+void gl_tensor_free(gl_tensor *t) {
+  if (!t || t->magic != GL_TENSOR_MAGIC) return;
+  storage_decref(t->storage);
+  t->storage = NULL;
+  t->magic = 0;
+  free(t);
+}
+
+int gl_tensor_release(gl_tensor *t) {
+  if (!t || t->magic != GL_TENSOR_MAGIC) return gl_error("gl_tensor_release: not a valid tensor handle");
+  storage_decref(t->storage);
+  t->storage = NULL;
+  return GL_OK;
+}
+
+void *gl_data_ptr(const gl_tensor *t) {
+  if (gl_tensor_check(t, "gl_data_ptr", "tensor")) return NULL;
+  return (char *)t->storage->data + t->offset * gl_dtype_size(t->dtype);
+}
+
+int gl_is_contiguous(const gl_tensor *t) {
+  int64_t expect = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] != 1 && t->stride[d] != expect) return 0;
+    expect *= t->shape[d];
+  }
+  return 1;
+}
+
+int64_t gl_storage_refcount(const gl_tensor *t) {
+  return (t && t->magic == GL_TENSOR_MAGIC && t->storage) ? t->storage->refcount : 0;
+}
+int gl_same_storage(const gl_tensor *a, const gl_tensor *b) {
+  return a && b && a->storage && a->storage == b->storage;
+}
+
+/* ---- element access (CPU only; CUDA tensors go through a copy) ---------- */
+static int check_elem(const gl_tensor *t, const char *fn, int64_t off) {
+  GL_CHECK_T(t, fn, "tensor");
+  if (t->device >= 0) return gl_error("%s: tensor is on cuda:%d, element access needs a cpu tensor", fn, t->device);
+  int64_t cap = t->storage->nbytes / gl_dtype_size(t->dtype);
+  if (off < 0 || t->offset + off >= cap)
+    return gl_error("%s: element offset %lld outside storage of %lld elements", fn, (long long)off, (long long)cap);
+  return GL_OK;
+}
+int gl_get_item(const gl_tensor *t, int64_t off, double *out) {
+  GL_TRY(check_elem(t, "gl_get_item", off));
+  *out = gl_load(t->storage->data, t->dtype, t->offset + off);
+  return GL_OK;
+}
+int gl_set_item(gl_tensor *t, int64_t off, double v) {
+  GL_TRY(check_elem(t, "gl_set_item", off));
+  gl_store(t->storage->data, t->dtype, t->offset + off, v);
+  return GL_OK;
+}
+
+/* visits t's elements in row-major order, calling fn(base, dtype, index, k) */
+static int to_from_doubles(gl_tensor *t, double *buf, int to, const char *fn) {
+  GL_CHECK_T(t, fn, "tensor");
+  if (t->device >= 0) return gl_error("%s: tensor is on cuda:%d, expected a cpu tensor", fn, t->device);
+  int64_t idx[GL_MAX_DIMS] = {0};
+  for (int64_t k = 0; k < t->numel; k++) {
+    int64_t off = t->offset;
+    for (int d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
+    if (to) buf[k] = gl_load(t->storage->data, t->dtype, off);
+    else gl_store(t->storage->data, t->dtype, off, buf[k]);
+    for (int d = t->ndim - 1; d >= 0; d--) { if (++idx[d] < t->shape[d]) break; idx[d] = 0; }
+  }
+  return GL_OK;
+}
+int gl_to_doubles(const gl_tensor *t, double *out) { return to_from_doubles((gl_tensor *)t, out, 1, "gl_to_doubles"); }
+int gl_from_doubles(gl_tensor *t, const double *in) { return to_from_doubles(t, (double *)in, 0, "gl_from_doubles"); }
+
+int gl_max_abs_diff(const gl_tensor *a, const gl_tensor *b, double *out) {
+  GL_CHECK_T(a, "gl_max_abs_diff", "a");
+  GL_CHECK_T(b, "gl_max_abs_diff", "b");
+  GL_TRY(gl_check_same_shape(a, b, "gl_max_abs_diff", "a", "b"));
+  if (a->device >= 0 || b->device >= 0) return gl_error("gl_max_abs_diff: expected cpu tensors");
+  double m = 0;
+  gl_iter it; gl_iter_init(&it, 2, (const gl_tensor *[]){a, b});
+  for (int64_t o = 0; o < it.outer; o++) {
+    int64_t off[GL_ITER_MAX_OPS]; gl_iter_offsets(&it, o, off);
+    for (int64_t i = 0; i < it.inner; i++) {
+      double x = gl_load(a->storage->data, a->dtype, off[0] + i * it.istride[0]);
+      double y = gl_load(b->storage->data, b->dtype, off[1] + i * it.istride[1]);
+      double d = fabs(x - y);
+      if (d != d) { *out = d; return GL_OK; }  /* NaN anywhere: report NaN */
+      if (d > m) m = d;
+    }
+  }
+  *out = m;
+  return GL_OK;
+}
+
+/* ---- copy, fill, arange, rand: validation and dispatch ------------------ */
+int gl_copy(gl_tensor *dst, const gl_tensor *src) {
+  GL_CHECK_T(dst, "gl_copy", "dst");
+  GL_CHECK_T(src, "gl_copy", "src");
+  GL_TRY(gl_check_same_shape(dst, src, "gl_copy", "dst", "src"));
+  GL_TRY(gl_check_no_zero_stride(dst, "gl_copy", "dst"));
+  if (dst->device == src->device) return GL_DISPATCH(dst->device, copy, dst, src);
+#ifdef GL_WITH_CUDA
+  /* across devices: convert on the source device into a contiguous buffer of
+     dst's dtype, move the bytes, then place them into dst's layout */
+  gl_tensor *a = gl_empty(dst->dtype, src->device, src->ndim, src->shape);
+  gl_tensor *b = a ? gl_empty(dst->dtype, dst->device, dst->ndim, dst->shape) : NULL;
+  int rc = (a && b) ? GL_DISPATCH(src->device, copy, a, src) : GL_ERR;
+  if (rc == GL_OK) rc = cuda_memcpy(b->storage->data, b->device, a->storage->data, a->device,
+                                    a->numel * gl_dtype_size(a->dtype));
+  if (rc == GL_OK) rc = GL_DISPATCH(dst->device, copy, dst, b);
+  gl_tensor_free(a); gl_tensor_free(b);
+  return rc;
+#else
+  return gl_error("gl_copy: copy between devices needs a CUDA build");
+#endif
+}
+
+int gl_fill(gl_tensor *t, double v) {
+  GL_CHECK_T(t, "gl_fill", "tensor");
+  GL_TRY(gl_check_no_zero_stride(t, "gl_fill", "tensor"));
+  return GL_DISPATCH(t->device, fill, t, v);
+}
+
+int gl_arange(gl_tensor *t, double start, double step) {
+  GL_CHECK_T(t, "gl_arange", "tensor");
+  if (t->ndim != 1) return gl_error("gl_arange: expected a 1-d tensor, got %d dims", t->ndim);
+  if (t->device >= 0) {
+    gl_tensor *h = gl_empty(t->dtype, GL_DEVICE_CPU, 1, t->shape);
+    if (!h) return GL_ERR;
+    int rc = gl_arange(h, start, step);
+    if (rc == GL_OK) rc = gl_copy(t, h);
+    gl_tensor_free(h);
+    return rc;
+  }
+  for (int64_t i = 0; i < t->numel; i++)
+    gl_store(t->storage->data, t->dtype, t->offset + i * t->stride[0], start + (double)i * step);
+  return GL_OK;
+}
+
+static int check_rand(gl_tensor *t, const char *fn) {
+  GL_CHECK_T(t, fn, "tensor");
+  GL_TRY(gl_check_dtype_float(t, fn, "tensor"));
+  return gl_check_no_zero_stride(t, fn, "tensor");
+}
+int gl_rand_uniform(gl_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi) {
+  GL_TRY(check_rand(t, "gl_rand_uniform"));
+  return GL_DISPATCH(t->device, rand_uniform, t, seed, offset, lo, hi);
+}
+int gl_rand_normal(gl_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
+  GL_TRY(check_rand(t, "gl_rand_normal"));
+  if (!(std >= 0)) return gl_error("gl_rand_normal: std must be >= 0, got %g", std);
+  return GL_DISPATCH(t->device, rand_normal, t, seed, offset, mean, std);
+}
+int gl_rand_u32(uint64_t seed, uint64_t counter, uint32_t out[4]) {
+  for (int i = 0; i < 4; i++) out[i] = gl_philox_word(seed, counter * 4 + (uint64_t)i);
+  return GL_OK;
+}

@@ -1,0 +1,250 @@
+/* util.c — error reporting, dtype tables and conversions, strided iteration,
+ * thread count.  Everything the other engine files lean on. */
+#include "internal.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <cblas.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static __thread char err_buf[1024];
+
+static void set_error_v(const char *fmt, va_list ap) { vsnprintf(err_buf, sizeof err_buf, fmt, ap); }
+
+int gl_error(const char *fmt, ...) {
+  va_list ap; va_start(ap, fmt); set_error_v(fmt, ap); va_end(ap);
+  return GL_ERR;
+}
+void *gl_error_null(const char *fmt, ...) {
+  va_list ap; va_start(ap, fmt); set_error_v(fmt, ap); va_end(ap);
+  return NULL;
+}
+void gl_panic(const char *fmt, ...) {
+  va_list ap; va_start(ap, fmt);
+  fprintf(stderr, "gptlua engine bug: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  abort();
+}
+const char *gl_last_error(void) { return err_buf[0] ? err_buf : "unknown engine error"; }
+void gl_clear_error(void) { err_buf[0] = 0; }
+
+#ifndef GL_VERSION_STR
+#define GL_VERSION_STR "0.1.0"
+#endif
+const char *gl_version(void) { return GL_VERSION_STR; }
+
+int gl_cuda_built(void) {
+#ifdef GL_WITH_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+int gl_cuda_device_count(void) {
+#ifdef GL_WITH_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+static const char *dtype_names[GL_NDTYPES] = {
+  "float32", "float64", "bfloat16", "float16", "int32", "int64", "uint16", "uint8", "bool"};
+static const int dtype_sizes[GL_NDTYPES] = {4, 8, 2, 2, 4, 8, 2, 1, 1};
+
+const char *gl_dtype_name(int dtype) {
+  return (dtype >= 0 && dtype < GL_NDTYPES) ? dtype_names[dtype] : "invalid-dtype";
+}
+int gl_dtype_size(int dtype) { return (dtype >= 0 && dtype < GL_NDTYPES) ? dtype_sizes[dtype] : 0; }
+int gl_is_float(int dtype) { return dtype == GL_F32 || dtype == GL_F64 || dtype == GL_BF16 || dtype == GL_F16; }
+int gl_is_int(int dtype) { return dtype >= GL_I32 && dtype < GL_NDTYPES; }
+
+/* ---- threads ---------------------------------------------------------- */
+static int n_threads = 0;
+int gl_set_num_threads(int n) {
+  if (n < 1) return gl_error("gl_set_num_threads: n must be >= 1, got %d", n);
+  n_threads = n;
+#ifdef _OPENMP
+  omp_set_num_threads(n);
+#endif
+  openblas_set_num_threads(n);
+  return GL_OK;
+}
+int gl_get_num_threads(void) {
+  if (n_threads == 0) {
+#ifdef _OPENMP
+    n_threads = omp_get_max_threads();
+#else
+    n_threads = 1;
+#endif
+  }
+  return n_threads;
+}
+/* Threads worth using for n items of work w each (about 32K flops per thread
+   pays for an OpenMP fork on this class of machine). */
+int gl_threads_for(int64_t n, int64_t w) {
+  int nt = gl_get_num_threads();
+  int64_t total = n * (w > 0 ? w : 1);
+  int64_t want = total / 32768;
+  if (want < 1) want = 1;
+  if (want > nt) want = nt;
+  if (want > n) want = n > 0 ? n : 1;
+  return (int)want;
+}
+
+/* ---- float16 ------------------------------------------------------------ */
+float gl_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, u;
+  if (exp == 0) {
+    if (mant == 0) u = sign;
+    else { /* subnormal: normalise */
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400)) { mant <<= 1; exp--; }
+      u = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (exp == 31) u = sign | 0x7f800000u | (mant << 13);
+  else u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  float f; memcpy(&f, &u, 4); return f;
+}
+uint16_t gl_f32_to_f16(float f) {
+  uint32_t u; memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000; int32_t exp = (int32_t)((u >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = u & 0x7fffff;
+  if (((u >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+  if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10) return (uint16_t)sign;
+    mant |= 0x800000; int shift = 14 - exp;
+    uint32_t half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) half++;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t half = sign | ((uint32_t)exp << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++;
+  return (uint16_t)half;
+}
+
+double gl_load(const void *base, int dtype, int64_t i) {
+  switch (dtype) {
+    case GL_F32: return ((const float *)base)[i];
+    case GL_F64: return ((const double *)base)[i];
+    case GL_BF16: return gl_bf16_to_f32(((const uint16_t *)base)[i]);
+    case GL_F16: return gl_f16_to_f32(((const uint16_t *)base)[i]);
+    case GL_I32: return ((const int32_t *)base)[i];
+    case GL_I64: return (double)((const int64_t *)base)[i];
+    case GL_U16: return ((const uint16_t *)base)[i];
+    case GL_U8: return ((const uint8_t *)base)[i];
+    case GL_BOOL: return ((const uint8_t *)base)[i] != 0;
+  }
+  gl_panic("gl_load: dtype %d", dtype);
+}
+void gl_store(void *base, int dtype, int64_t i, double v) {
+  switch (dtype) {
+    case GL_F32: ((float *)base)[i] = (float)v; return;
+    case GL_F64: ((double *)base)[i] = v; return;
+    case GL_BF16: ((uint16_t *)base)[i] = gl_f32_to_bf16((float)v); return;
+    case GL_F16: ((uint16_t *)base)[i] = gl_f32_to_f16((float)v); return;
+    case GL_I32: ((int32_t *)base)[i] = (int32_t)v; return;
+    case GL_I64: ((int64_t *)base)[i] = (int64_t)v; return;
+    case GL_U16: ((uint16_t *)base)[i] = (uint16_t)v; return;
+    case GL_U8: ((uint8_t *)base)[i] = (uint8_t)v; return;
+    case GL_BOOL: ((uint8_t *)base)[i] = v != 0; return;
+  }
+  gl_panic("gl_store: dtype %d", dtype);
+}
+
+/* ---- shapes ------------------------------------------------------------- */
+const char *gl_shape_str(const gl_tensor *t, char *buf, size_t n) {
+  size_t k = 0;
+  k += (size_t)snprintf(buf + k, n - k, "{");
+  for (int d = 0; d < t->ndim && k < n; d++)
+    k += (size_t)snprintf(buf + k, n - k, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+  if (k < n) snprintf(buf + k, n - k, "}");
+  return buf;
+}
+int gl_same_shape(const gl_tensor *a, const gl_tensor *b) {
+  if (a->ndim != b->ndim) return 0;
+  for (int d = 0; d < a->ndim; d++) if (a->shape[d] != b->shape[d]) return 0;
+  return 1;
+}
+int gl_check_same_shape(const gl_tensor *a, const gl_tensor *b, const char *fn,
+                        const char *an, const char *bn) {
+  if (gl_same_shape(a, b)) return GL_OK;
+  char sa[128], sb[128];
+  return gl_error("%s: %s has shape %s, expected the shape of %s %s", fn, bn,
+                  gl_shape_str(b, sb, sizeof sb), an, gl_shape_str(a, sa, sizeof sa));
+}
+static void device_str(int dev, char *buf, size_t n) {
+  if (dev < 0) snprintf(buf, n, "cpu"); else snprintf(buf, n, "cuda:%d", dev);
+}
+int gl_check_same_device(const gl_tensor *a, const gl_tensor *b, const char *fn,
+                         const char *an, const char *bn) {
+  if (a->device == b->device) return GL_OK;
+  char da[16], db[16];
+  device_str(a->device, da, sizeof da); device_str(b->device, db, sizeof db);
+  return gl_error("%s: %s is on %s, expected %s (the device of %s)", fn, bn, db, da, an);
+}
+int gl_check_dtype_float(const gl_tensor *t, const char *fn, const char *arg) {
+  if (gl_is_float(t->dtype)) return GL_OK;
+  return gl_error("%s: %s has dtype %s, expected a floating dtype", fn, arg, gl_dtype_name(t->dtype));
+}
+int gl_check_no_zero_stride(const gl_tensor *t, const char *fn, const char *arg) {
+  for (int d = 0; d < t->ndim; d++)
+    if (t->stride[d] == 0 && t->shape[d] > 1)
+      return gl_error("%s: %s is a broadcast view (stride 0 in dim %d); outputs must be writable "
+                      "without overlap", fn, arg, d + 1);
+  return GL_OK;
+}
+
+/* ---- strided iteration -------------------------------------------------- */
+void gl_iter_init(gl_iter *it, int nops, const gl_tensor *const *ts) {
+  const gl_tensor *t0 = ts[0];
+  int nd = 0;
+  int64_t shape[GL_MAX_DIMS], stride[GL_ITER_MAX_OPS][GL_MAX_DIMS];
+  /* drop size-1 dims, then merge neighbours that are contiguous for all ops */
+  for (int d = 0; d < t0->ndim; d++) {
+    if (t0->shape[d] == 1) continue;
+    int merge = nd > 0;
+    for (int k = 0; k < nops && merge; k++)
+      if (stride[k][nd - 1] != ts[k]->stride[d] * t0->shape[d]) merge = 0;
+    if (merge) {
+      shape[nd - 1] *= t0->shape[d];
+      for (int k = 0; k < nops; k++) stride[k][nd - 1] = ts[k]->stride[d];
+    } else {
+      shape[nd] = t0->shape[d];
+      for (int k = 0; k < nops; k++) stride[k][nd] = ts[k]->stride[d];
+      nd++;
+    }
+  }
+  it->nops = nops;
+  for (int k = 0; k < nops; k++) it->base[k] = ts[k]->offset;
+  if (t0->numel == 0) { it->ndim = 0; it->outer = 0; it->inner = 0; return; }
+  if (nd == 0) { /* a single element */
+    it->ndim = 0; it->outer = 1; it->inner = 1;
+    for (int k = 0; k < nops; k++) it->istride[k] = 0;
+    return;
+  }
+  it->inner = shape[nd - 1];
+  for (int k = 0; k < nops; k++) it->istride[k] = stride[k][nd - 1];
+  it->ndim = nd - 1;
+  it->outer = 1;
+  for (int d = 0; d < nd - 1; d++) {
+    it->shape[d] = shape[d];
+    it->outer *= shape[d];
+    for (int k = 0; k < nops; k++) it->stride[k][d] = stride[k][d];
+  }
+}
+
+void gl_iter_offsets(const gl_iter *it, int64_t o, int64_t *off) {
+  for (int k = 0; k < it->nops; k++) off[k] = it->base[k];
+  for (int d = it->ndim - 1; d >= 0; d--) {
+    int64_t i = o % it->shape[d];
+    o /= it->shape[d];
+    for (int k = 0; k < it->nops; k++) off[k] += i * it->stride[k][d];
+  }
+}

@@ -1,0 +1,200 @@
+-- gptlua.autograd — reverse-mode automatic differentiation.
+--
+-- Every differentiable op records a node on its output: the input tensors,
+-- the values it saved, and a backward function mapping the output gradient
+-- to input gradients.  backward() orders the graph once (reverse topological
+-- order, computed iteratively), counts how many consumers each tensor has,
+-- and walks it: a tensor's gradient is complete when its last consumer has
+-- run, which is when a leaf's .grad is written and its hooks fire (exactly
+-- once per backward, in reverse order of use — DDP starts its bucketed
+-- all-reduce from there).  Each node drops its saved tensors as soon as its
+-- backward has run; op-internal buffers it owns alone are released at once.
+local G = require 'gptlua.ffi'
+local Tensor = require 'gptlua.tensor'
+local lib = G.lib
+
+local A = {}
+local grad_enabled = true
+
+function A.is_grad_enabled() return grad_enabled end
+
+-- set_grad_enabled(flag) -> previous flag (the scope form:
+--   local prev = gl.set_grad_enabled(false) ... gl.set_grad_enabled(prev))
+function A.set_grad_enabled(flag)
+  local prev = grad_enabled
+  grad_enabled = flag and true or false
+  return prev
+end
+
+-- no_grad(fn, ...) runs fn with recording off and returns its results.
+function A.no_grad(fn, ...)
+  local prev = grad_enabled
+  grad_enabled = false
+  local res = { pcall(fn, ...) }
+  grad_enabled = prev
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, table.maxn(res))
+end
+
+-- Records a node producing `out` from `inputs` (a dense list of tensors).
+-- backward(saved, grad_out, node) returns one gradient (or nil) per input.
+-- `owned` lists saved op-internal tensors that nothing else references:
+-- they are released right after the node's backward.
+function A.record(out, inputs, backward, saved, name, owned)
+  if not grad_enabled then return out end
+  local needs = false
+  for i = 1, #inputs do
+    if inputs[i].requires_grad then needs = true; break end
+  end
+  if not needs then return out end
+  out.requires_grad = true
+  out.grad_fn = { inputs = inputs, backward = backward, saved = saved, name = name, owned = owned }
+  return out
+end
+
+local function release(t)
+  if t.c.storage ~= nil then lib.gl_tensor_release(t.c) end
+end
+
+-- Reverse topological order of the tensors reachable from root through
+-- grad_fn, plus the number of consumer edges of each.
+local function graph_order(root)
+  local order, deps, state = {}, {}, {}
+  local stack = { root }
+  state[root] = 1
+  while #stack > 0 do
+    local t = stack[#stack]
+    local fn = t.grad_fn
+    local pushed = false
+    if fn and state[t] == 1 then
+      for _, x in ipairs(fn.inputs) do
+        if x.requires_grad then
+          deps[x] = (deps[x] or 0) + 1
+          if not state[x] then state[x] = 1; stack[#stack + 1] = x; pushed = true end
+        end
+      end
+      state[t] = 2
+    end
+    if not pushed then
+      stack[#stack] = nil
+      if state[t] ~= 3 then state[t] = 3; order[#order + 1] = t end
+    end
+  end
+  return order, deps
+end
+
+local function add_into(acc, g)
+  if acc == nil then return g end
+  return acc:add(g)
+end
+
+local function finish_leaf(x, g)
+  if g ~= nil then
+    if x.grad == nil then
+      x.grad = g:detach():contiguous()
+      if x.grad == g then x.grad = g:clone() end  -- never alias another tensor's gradient
+    else
+      x.grad:add_(g)
+    end
+  end
+  local hooks = x._hooks
+  if hooks then for i = 1, #hooks do hooks[i](x) end end
+end
+
+-- backward(root [, grad]): root must be a scalar unless grad is given.
+function A.backward(root, grad, opts)
+  if not root.requires_grad then
+    error('backward: tensor does not require grad (no differentiable op on a requires_grad tensor produced it)', 2)
+  end
+  if grad == nil then
+    if root:numel() ~= 1 then
+      error(('backward: grad can be implicit only for a 1-element tensor, this one has shape {%s}'):format(
+        table.concat(root.shape, ',')), 2)
+    end
+    grad = Tensor.full(root.shape, 1, { dtype = root.dtype, device = root.device })
+  end
+  local retain = opts and opts.retain_graph
+  local prev = grad_enabled
+  grad_enabled = false
+  local ok, err = pcall(function()
+    local order, deps = graph_order(root)
+    local grads = { [root] = grad }
+    for i = #order, 1, -1 do
+      local t = order[i]
+      local fn = t.grad_fn
+      local g = grads[t]
+      grads[t] = nil
+      if fn == nil then  -- a leaf reached only as the root
+        if t == root then finish_leaf(t, g) end
+      else
+        if fn.inputs == nil then
+          error('backward: the graph was already freed by an earlier backward (pass {retain_graph=true})', 0)
+        end
+        local in_grads = g ~= nil and { fn.backward(fn.saved, g, fn) } or {}
+        for j, x in ipairs(fn.inputs) do
+          if x.requires_grad then
+            local gx = in_grads[j]
+            if gx ~= nil then
+              if gx.shape and #gx.shape ~= #x.shape then gx = gx:view(x.shape) end
+              grads[x] = add_into(grads[x], gx)
+            end
+            deps[x] = deps[x] - 1
+            if deps[x] == 0 and x.grad_fn == nil then
+              finish_leaf(x, grads[x])
+              grads[x] = nil
+            end
+          end
+        end
+        if not retain then
+          if fn.owned then for _, o in ipairs(fn.owned) do release(o) end end
+          fn.saved, fn.inputs, fn.owned = nil, nil, nil
+        end
+      end
+    end
+  end)
+  grad_enabled = prev
+  if not ok then error(err, 2) end
+end
+
+-- Activation checkpointing: runs fn without recording, and during backward
+-- recomputes it (same RNG state) with recording on to get the gradients.
+function A.checkpoint(fn, ...)
+  local args = { ... }
+  local rng_state = A.get_rng_state and A.get_rng_state()
+  local out = A.no_grad(fn, unpack(args, 1, table.maxn(args)))
+  if not grad_enabled then return out end
+  local inputs = {}
+  for _, a in ipairs(args) do if getmetatable(a) == Tensor then inputs[#inputs + 1] = a end end
+  local function backward(_, g)
+    local detached, rerun_args = {}, {}
+    for i = 1, table.maxn(args) do
+      local a = args[i]
+      if getmetatable(a) == Tensor then
+        local d = a:detach()
+        d.requires_grad = a.requires_grad
+        detached[#detached + 1] = d
+        rerun_args[i] = d
+      else
+        rerun_args[i] = a
+      end
+    end
+    local saved_rng = A.get_rng_state and A.get_rng_state()
+    if rng_state then A.set_rng_state(rng_state) end
+    local prev = A.set_grad_enabled(true)
+    local ok, res = pcall(fn, unpack(rerun_args, 1, table.maxn(args)))
+    if ok and res.requires_grad then
+      local ok2, err2 = pcall(A.backward, res, g)
+      if not ok2 then ok, res = false, err2 end
+    end
+    A.set_grad_enabled(prev)
+    if saved_rng then A.set_rng_state(saved_rng) end
+    if not ok then error(res, 0) end
+    local grads = {}
+    for i, d in ipairs(detached) do grads[i] = d.grad end
+    return unpack(grads, 1, #inputs)
+  end
+  local o = out:detach()
+  return A.record(o, inputs, backward, nil, 'checkpoint')
+end
+
+return A

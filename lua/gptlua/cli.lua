@@ -1,0 +1,128 @@
+-- gptlua.cli — the command line of the `gptlua` executable.
+local M = {}
+
+local USAGE = [==[
+usage: gptlua [options] [script.lua [args...]]
+
+Runs a Lua training script (a recipe) on the gptlua engine, or starts the
+interactive REPL when no script is given.
+
+options:
+  -e CODE        run CODE (may be repeated; runs before the script)
+  -i             enter the REPL after running the script (its globals in scope)
+  -n N           launch N ranks of the script (through mpirun)
+  --plan         print the memory plan of a recipe instead of running it
+  -v, --version  print the version
+  -h, --help     print this help
+  --             stop option parsing
+
+examples:
+  gptlua                                   interactive REPL
+  gptlua recipes/shakespeare.lua           train the default char-level model
+  gptlua recipes/shakespeare.lua --max_iters=100 --device=cpu
+  gptlua -e 'local gl = require "gptlua"; print(gl.randn({2, 3}))'
+  gptlua -i recipes/shakespeare.lua --max_iters=10
+  gptlua -n 2 recipes/shakespeare.lua --dist=ddp
+]==]
+
+local function now()
+  local ffi = require 'ffi'
+  if not pcall(ffi.typeof, 'struct gl_timespec_') then
+    ffi.cdef [[ struct gl_timespec_ { long tv_sec; long tv_nsec; };
+                int clock_gettime(int clk_id, struct gl_timespec_ *tp); ]]
+  end
+  local ts = ffi.new('struct gl_timespec_')
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
+end
+M.now = now
+
+-- error handler: message plus a traceback without this file's frames
+function M.traceback(e)
+  local msg = type(e) == 'string' and e or tostring(e)
+  local tb = debug.traceback('', 2)
+  local keep = {}
+  for line in tb:gmatch('[^\n]+') do
+    if not line:find('gptlua/cli%.lua') and not line:find('%[C%]: in function \'xpcall\'') and
+       not line:find('gptlua/repl%.lua') and not line:find('^%s*%(tail call%)') then
+      keep[#keep + 1] = line
+    end
+  end
+  return msg .. '\n' .. table.concat(keep, '\n')
+end
+
+-- runs f under the traceback handler; on failure prints to stderr
+function M.protected(f, ...)
+  local res = { xpcall(f, M.traceback, ...) }
+  if not res[1] then
+    io.stderr:write(res[2], '\n')
+    io.stderr:flush()
+    return false
+  end
+  return true, unpack(res, 2, table.maxn(res))
+end
+
+function M.main(argv)
+  local exprs, interactive, nranks, plan, script = {}, false, nil, false, nil
+  local i = 1
+  while argv[i] do
+    local a = argv[i]
+    if a == '-h' or a == '--help' then io.write(USAGE) return 0
+    elseif a == '-v' or a == '--version' then
+      io.write('gptlua ', GPTLUA.version, ' (', jit and jit.version or _VERSION, ')\n') return 0
+    elseif a == '-e' then
+      if not argv[i + 1] then io.stderr:write('gptlua: -e needs an argument\n') return 1 end
+      exprs[#exprs + 1] = argv[i + 1]; i = i + 1
+    elseif a == '-i' then interactive = true
+    elseif a == '-n' then
+      nranks = tonumber(argv[i + 1])
+      if not nranks or nranks < 1 or nranks ~= math.floor(nranks) then
+        io.stderr:write('gptlua: -n needs a positive integer, got ', tostring(argv[i + 1]), '\n') return 1
+      end
+      i = i + 1
+    elseif a:match('^%-n%d+$') then nranks = tonumber(a:sub(3))
+    elseif a == '--plan' then plan = true
+    elseif a == '--' then i = i + 1; script = argv[i]; break
+    elseif a:sub(1, 1) == '-' and a ~= '-' then
+      io.stderr:write('gptlua: unknown option ', a, '\n', USAGE) return 1
+    else script = a; break end
+    i = i + 1
+  end
+  local args = {}
+  if script then for k = i + 1, #argv do args[#args + 1] = argv[k] end end
+
+  if nranks then
+    if not script then io.stderr:write('gptlua: -n needs a script\n') return 1 end
+    return require('gptlua.dist.launch').main(nranks, script, args)
+  end
+  if plan then
+    if not script then io.stderr:write('gptlua: --plan needs a recipe\n') return 1 end
+    local ok, rc = M.protected(function() return require('gptlua.plan').main(script, args) end)
+    return ok and (rc or 0) or 1
+  end
+
+  -- global arg as the standalone lua interpreter sets it
+  arg = { [-1] = argv[0], [0] = script or argv[0] }
+  for k, v in ipairs(args) do arg[k] = v end
+
+  for _, code in ipairs(exprs) do
+    local f, err = loadstring(code, '=(command line)')
+    if not f then io.stderr:write('gptlua: ', err, '\n') return 1 end
+    if not M.protected(f) then return 1 end
+  end
+  if script then
+    local f, err
+    if script == '-' then f, err = loadstring(io.read('*a'), '=stdin')
+    else f, err = loadfile(script) end
+    if not f then io.stderr:write('gptlua: ', err, '\n') return 1 end
+    local ok, rc = M.protected(f, unpack(args))
+    if not ok then return 1 end
+    if not interactive then return type(rc) == 'number' and rc or 0 end
+  end
+  if interactive or (not script and #exprs == 0) then
+    return require('gptlua.repl').run()
+  end
+  return 0
+end
+
+return M

@@ -1,0 +1,2 @@
+-- placeholder removed below
+return {}

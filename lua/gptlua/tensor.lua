@@ -1,0 +1,313 @@
+-- gptlua.tensor — the Tensor class: a Lua object holding one engine tensor
+-- (a `gl_tensor*` FFI cdata released through ffi.gc) plus its autograd
+-- fields.  Shapes are Lua tables; dims are 1-based as in Torch7 and negative
+-- dims count from the end.  Views are computed here and bounds-checked by the
+-- engine (gl_as_strided), so no view can reach outside its storage.
+local G = require 'gptlua.ffi'
+local ffi, lib, check, check_ptr = G.ffi, G.lib, G.check, G.check_ptr
+
+local Tensor = {}
+Tensor.__index = Tensor
+Tensor.__name = 'Tensor'
+
+local DTYPES = { 'float32', 'float64', 'bfloat16', 'float16', 'int32', 'int64', 'uint16', 'uint8', 'bool' }
+local DTYPE_ID, DTYPE_NAME = {}, {}
+for i, n in ipairs(DTYPES) do DTYPE_ID[n] = i - 1; DTYPE_NAME[i - 1] = n end
+local ALIASES = { float = 'float32', double = 'float64', bf16 = 'bfloat16', half = 'float16',
+  int = 'int32', long = 'int64', f32 = 'float32', f64 = 'float64', i32 = 'int32', i64 = 'int64',
+  byte = 'uint8' }
+local FLOATING = { float32 = true, float64 = true, bfloat16 = true, float16 = true }
+Tensor.DTYPES, Tensor.FLOATING = DTYPES, FLOATING
+
+local default_dtype = 'float32'
+
+function Tensor.dtype_id(d, what)
+  local name = ALIASES[d] or d
+  local id = DTYPE_ID[name]
+  if id == nil then
+    error(("%s: unknown dtype '%s' (expected one of %s)"):format(what or 'dtype', tostring(d),
+      table.concat(DTYPES, ', ')), 3)
+  end
+  return id, name
+end
+
+function Tensor.device_id(dev, what)
+  if dev == nil or dev == 'cpu' or dev == -1 then return -1, 'cpu' end
+  if dev == 'cuda' then return 0, 'cuda:0' end
+  local n = type(dev) == 'string' and dev:match('^cuda:(%d+)$')
+  if n then return tonumber(n), dev end
+  error(("%s: unknown device '%s' (expected 'cpu', 'cuda' or 'cuda:N')"):format(what or 'device', tostring(dev)), 3)
+end
+
+local function device_name(id) return id < 0 and 'cpu' or ('cuda:' .. id) end
+
+function Tensor.set_default_dtype(d) local _, n = Tensor.dtype_id(d); default_dtype = n end
+function Tensor.get_default_dtype() return default_dtype end
+
+-- Wraps a fresh gl_tensor* (owned) into a Tensor.
+function Tensor.wrap(p)
+  check_ptr(p, 2)
+  ffi.gc(p, lib.gl_tensor_free)
+  local nd = p.ndim
+  local shape = {}
+  for d = 0, nd - 1 do shape[d + 1] = tonumber(p.shape[d]) end
+  return setmetatable({ c = p, shape = shape, dtype = DTYPE_NAME[p.dtype], device = device_name(p.device) }, Tensor)
+end
+
+local shape_buf = ffi.new('int64_t[8]')
+local stride_buf = ffi.new('int64_t[8]')
+
+-- Accepts {2,3}, (2,3) varargs, or another tensor's shape.
+local function shape_arg(s, ...)
+  if type(s) == 'table' then
+    if getmetatable(s) == Tensor then error('expected a shape, got a tensor', 3) end
+    return s
+  end
+  return { s, ... }
+end
+Tensor.shape_arg = shape_arg
+
+local function fill_shape(shape, what)
+  if #shape > 8 then error(('%s: at most 8 dims, got %d'):format(what, #shape), 3) end
+  for i, n in ipairs(shape) do
+    if type(n) ~= 'number' or n ~= math.floor(n) then
+      error(('%s: size of dim %d must be an integer, got %s'):format(what, i, tostring(n)), 3)
+    end
+    shape_buf[i - 1] = n
+  end
+  return #shape
+end
+
+-- empty(shape, {dtype=, device=})
+function Tensor.empty(shape, opts)
+  opts = opts or {}
+  local dt = Tensor.dtype_id(opts.dtype or default_dtype, 'empty')
+  local dev = Tensor.device_id(opts.device, 'empty')
+  local nd = fill_shape(shape, 'empty')
+  return Tensor.wrap(lib.gl_empty(dt, dev, nd, shape_buf))
+end
+
+-- ---------------------------------------------------------------- views --
+local function norm_dim(t, d, what, extra)
+  local nd = #t.shape + (extra or 0)
+  if type(d) ~= 'number' then error(('%s: dim must be a number, got %s'):format(what, type(d)), 4) end
+  local r = d < 0 and nd + d + 1 or d
+  if r < 1 or r > nd then
+    error(('%s: dim %d out of range for a %d-d tensor (expected %d..%d)'):format(what, d, #t.shape, -nd, nd), 4)
+  end
+  return r
+end
+Tensor.norm_dim = norm_dim
+
+function Tensor:stride(d)
+  local p = self.c
+  if d then return tonumber(p.stride[norm_dim(self, d, 'stride') - 1]) end
+  local s = {}
+  for i = 0, p.ndim - 1 do s[i + 1] = tonumber(p.stride[i]) end
+  return s
+end
+function Tensor:storage_offset() return tonumber(self.c.offset) end
+
+-- raw view (no autograd): shape/stride tables, element offset
+function Tensor:_as_strided(shape, stride, offset)
+  local nd = fill_shape(shape, 'as_strided')
+  for i = 1, nd do stride_buf[i - 1] = stride[i] end
+  return Tensor.wrap(lib.gl_as_strided(self.c, nd, shape_buf, stride_buf, offset or tonumber(self.c.offset)))
+end
+
+function Tensor:is_contiguous() return lib.gl_is_contiguous(self.c) == 1 end
+function Tensor:numel() return tonumber(self.c.numel) end
+function Tensor:dim() return #self.shape end
+function Tensor:size(d)
+  if d == nil then local s = {} for i, n in ipairs(self.shape) do s[i] = n end return s end
+  return self.shape[norm_dim(self, d, 'size')]
+end
+function Tensor:is_floating() return FLOATING[self.dtype] == true end
+function Tensor:data_ptr() return lib.gl_data_ptr(self.c) end
+
+-- Contiguous strides of a shape.
+local function contiguous_strides(shape)
+  local st, n = {}, 1
+  for i = #shape, 1, -1 do st[i] = n; n = n * shape[i] end
+  return st
+end
+Tensor.contiguous_strides = contiguous_strides
+
+-- Resolves a -1 entry and checks the element count.
+function Tensor.infer_shape(shape, numel, what)
+  local out, neg, known = {}, nil, 1
+  for i, n in ipairs(shape) do
+    out[i] = n
+    if n == -1 then
+      if neg then error(what .. ': only one dim can be -1', 4) end
+      neg = i
+    elseif type(n) ~= 'number' or n < 0 or n ~= math.floor(n) then
+      error(('%s: invalid size %s in dim %d'):format(what, tostring(n), i), 4)
+    else known = known * n end
+  end
+  if neg then
+    if known == 0 or numel % known ~= 0 then
+      error(('%s: shape {%s} cannot hold %d elements'):format(what, table.concat(shape, ','), numel), 4)
+    end
+    out[neg] = numel / known
+    known = numel
+  end
+  if known ~= numel then
+    error(('%s: shape {%s} has %d elements, tensor has %d'):format(what, table.concat(out, ','), known, numel), 4)
+  end
+  return out
+end
+
+-- -------------------------------------------------------- element access --
+local dbl1 = ffi.new('double[1]')
+
+-- linear element offset of 1-based indices
+local function elem_offset(t, idx, what)
+  if #idx ~= #t.shape then
+    error(('%s: expected %d indices for a %d-d tensor, got %d'):format(what, #t.shape, #t.shape, #idx), 3)
+  end
+  local off, p = 0, t.c
+  for d, i in ipairs(idx) do
+    local n = t.shape[d]
+    if type(i) ~= 'number' then error(('%s: index %d must be a number'):format(what, d), 3) end
+    if i < 0 then i = n + i + 1 end
+    if i < 1 or i > n or i ~= math.floor(i) then
+      error(('%s: index %s out of range for dim %d of size %d'):format(what, tostring(idx[d]), d, n), 3)
+    end
+    off = off + (i - 1) * tonumber(p.stride[d - 1])
+  end
+  return off
+end
+
+-- t:get(i, j, ...) with 1-based indices
+function Tensor:get(...)
+  local t = self
+  if self.device ~= 'cpu' then t = self:to('cpu') end
+  check(lib.gl_get_item(t.c, elem_offset(t, { ... }, 'get'), dbl1), 2)
+  return dbl1[0]
+end
+-- t:set(value, i, j, ...)
+function Tensor:set(v, ...)
+  if self.device ~= 'cpu' then error('set: element assignment needs a cpu tensor, this one is on ' .. self.device, 2) end
+  check(lib.gl_set_item(self.c, elem_offset(self, { ... }, 'set'), v), 2)
+  return self
+end
+
+function Tensor:item()
+  if self:numel() ~= 1 then
+    error(('item: tensor has %d elements, expected exactly 1'):format(self:numel()), 2)
+  end
+  local t = self.device == 'cpu' and self or self:to('cpu')
+  local idx = {}
+  for i = 1, #t.shape do idx[i] = 1 end
+  check(lib.gl_get_item(t.c, elem_offset(t, idx, 'item'), dbl1), 2)
+  return dbl1[0]
+end
+
+-- flat Lua array of all values in row-major order
+function Tensor:tolist()
+  local t = self.device == 'cpu' and self or self:to('cpu')
+  local n = t:numel()
+  local buf = ffi.new('double[?]', math.max(n, 1))
+  check(lib.gl_to_doubles(t.c, buf), 2)
+  local out = {}
+  for i = 1, n do out[i] = buf[i - 1] end
+  return out
+end
+
+-- nested Lua tables (a number for a 0-d tensor)
+function Tensor:totable()
+  local flat = self:tolist()
+  local shape = self.shape
+  if #shape == 0 then return flat[1] end
+  local pos = 0
+  local function build(d)
+    local r = {}
+    for i = 1, shape[d] do
+      if d == #shape then pos = pos + 1; r[i] = flat[pos] else r[i] = build(d + 1) end
+    end
+    return r
+  end
+  return build(1)
+end
+
+-- from nested Lua tables
+function Tensor.from_table(tbl, opts)
+  opts = opts or {}
+  local shape, flat = {}, {}
+  if type(tbl) == 'number' or type(tbl) == 'boolean' then
+    flat[1] = tbl == true and 1 or (tbl == false and 0 or tbl)
+  else
+    local probe = tbl
+    while type(probe) == 'table' do shape[#shape + 1] = #probe; probe = probe[1] end
+    local function walk(x, d)
+      if d > #shape then
+        if type(x) == 'boolean' then x = x and 1 or 0 end
+        if type(x) ~= 'number' then error(('tensor: expected a number at depth %d, got %s'):format(d, type(x)), 4) end
+        flat[#flat + 1] = x
+        return
+      end
+      if type(x) ~= 'table' or #x ~= shape[d] then
+        error(('tensor: ragged nested table: dim %d expected %d entries, got %s'):format(d, shape[d],
+          type(x) == 'table' and #x or type(x)), 4)
+      end
+      for i = 1, #x do walk(x[i], d + 1) end
+    end
+    walk(tbl, 1)
+  end
+  local dev = opts.device
+  local t = Tensor.empty(shape, { dtype = opts.dtype, device = 'cpu' })
+  local buf = ffi.new('double[?]', math.max(#flat, 1))
+  for i = 1, #flat do buf[i - 1] = flat[i] end
+  check(lib.gl_from_doubles(t.c, buf), 2)
+  if dev and dev ~= 'cpu' then t = t:to(dev) end
+  return t
+end
+
+-- ------------------------------------------------------------ printing --
+local function fmt_num(v, is_float)
+  if not is_float then return string.format('%d', v) end
+  if v ~= v then return 'nan' end
+  if v == math.huge then return 'inf' elseif v == -math.huge then return '-inf' end
+  return string.format('%.4f', v)
+end
+
+-- Torch/PyTorch style: values, elided in the middle beyond 1000 elements.
+function Tensor:__tostring()
+  if not self.c.storage or self.c.storage.data == nil then
+    return ('tensor(<freed>, shape={%s}, dtype=%s, device=%s)'):format(table.concat(self.shape, ','), self.dtype, self.device)
+  end
+  local t = self.device == 'cpu' and self or self:to('cpu')
+  local shape, isf = t.shape, FLOATING[t.dtype]
+  local summarize = t:numel() > 1000
+  local edge = 3
+  local flat = t:tolist()
+  local strides = contiguous_strides(shape)
+  local parts = {}
+  local function emit(s) parts[#parts + 1] = s end
+  local function rec(d, base, indent)
+    if d > #shape then emit(fmt_num(flat[base + 1], isf)) return end
+    local n = shape[d]
+    emit('[')
+    local i = 1
+    while i <= n do
+      if summarize and n > 2 * edge and i == edge + 1 then
+        emit(d == #shape and '...' or '...'); i = n - edge + 1
+        if i <= n then emit(d == #shape and ', ' or (',\n' .. string.rep(' ', indent + 1))) end
+      end
+      rec(d + 1, base + (i - 1) * strides[d], indent + 1)
+      if i < n then emit(d == #shape and ', ' or (',' .. string.rep('\n', #shape - d) .. string.rep(' ', indent + 1))) end
+      i = i + 1
+    end
+    emit(']')
+  end
+  if #shape == 0 then emit(fmt_num(flat[1], isf)) else rec(1, 0, 7) end
+  local extra = {}
+  extra[#extra + 1] = 'shape={' .. table.concat(shape, ',') .. '}'
+  extra[#extra + 1] = 'dtype=' .. self.dtype
+  if self.device ~= 'cpu' then extra[#extra + 1] = 'device=' .. self.device end
+  if self.requires_grad then extra[#extra + 1] = 'requires_grad=true' end
+  return 'tensor(' .. table.concat(parts) .. ', ' .. table.concat(extra, ', ') .. ')'
+end
+
+return Tensor

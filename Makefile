@@ -43,7 +43,7 @@ ifneq ($(NVCC),)
   NVCCFLAGS  ?= -O3 -std=c++17 -arch=sm_90 -Xcompiler -fPIC -DGL_WITH_CUDA -Iengine -I$(BUILD) \
                 --expt-relaxed-constexpr -lineinfo
   CU_OBJ      = $(patsubst kernels/%.cu,$(BUILD)/obj/cu_%.o,$(CU_SRC))
-  LIBS       += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas
+  LIBS       += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lstdc++
   ENGINE_OBJ += $(CU_OBJ)
 endif
 

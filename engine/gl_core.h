@@ -113,6 +113,15 @@ int gl_mem_stats_get(int device, gl_mem_stats *out);
 int gl_mem_reset_peak(int device);
 int gl_empty_cache(int device);
 
+/* signals: catch counts deliveries of signum (e.g. SIGINT = 2) instead of
+   the default action; take returns the count since the last take. */
+int gl_signal_catch(int signum);
+int gl_signal_restore(int signum);
+int gl_signal_take(int signum);
+
+/* FNV-1a 64-bit checksum of a file's bytes (checkpoint verification) */
+int gl_file_checksum(const char *path, uint64_t *out);
+
 /* comparison helpers (float64 accumulation) */
 int gl_max_abs_diff(const gl_tensor *a, const gl_tensor *b, double *out);
 

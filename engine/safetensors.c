@@ -233,3 +233,19 @@ gl_tensor *gl_safetensors_get(const gl_st_file *f, int i) {
   }
   return t;
 }
+
+int gl_file_checksum(const char *path, uint64_t *out) {
+  int fd = path ? open(path, O_RDONLY) : -1;
+  if (fd < 0) return gl_error("gl_file_checksum: cannot open '%s': %s", path ? path : "(null)", strerror(errno));
+  uint64_t h = 1469598103934665603ull;
+  static __thread unsigned char buf[1 << 16];
+  for (;;) {
+    ssize_t r = read(fd, buf, sizeof buf);
+    if (r < 0) { if (errno == EINTR) continue; close(fd); return gl_error("gl_file_checksum: read error on '%s'", path); }
+    if (r == 0) break;
+    for (ssize_t i = 0; i < r; i++) { h ^= buf[i]; h *= 1099511628211ull; }
+  }
+  close(fd);
+  *out = h;
+  return GL_OK;
+}

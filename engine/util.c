@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <cblas.h>
+#include <signal.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -247,4 +248,28 @@ void gl_iter_offsets(const gl_iter *it, int64_t o, int64_t *off) {
     o /= it->shape[d];
     for (int k = 0; k < it->nops; k++) off[k] += i * it->stride[k][d];
   }
+}
+
+/* ---- signals ------------------------------------------------------------ */
+static volatile sig_atomic_t sig_counts[65];
+static void count_signal(int s) { if (s > 0 && s < 65) sig_counts[s]++; }
+int gl_signal_catch(int signum) {
+  if (signum <= 0 || signum >= 65) return gl_error("gl_signal_catch: invalid signal %d", signum);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = count_signal;
+  sigemptyset(&sa.sa_mask);
+  if (sigaction(signum, &sa, NULL) != 0) return gl_error("gl_signal_catch: cannot catch signal %d", signum);
+  return GL_OK;
+}
+int gl_signal_restore(int signum) {
+  if (signum <= 0 || signum >= 65) return gl_error("gl_signal_restore: invalid signal %d", signum);
+  signal(signum, SIG_DFL);
+  return GL_OK;
+}
+int gl_signal_take(int signum) {
+  if (signum <= 0 || signum >= 65) return 0;
+  int n = sig_counts[signum];
+  sig_counts[signum] = 0;
+  return n;
 }

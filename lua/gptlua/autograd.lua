@@ -83,6 +83,12 @@ local function graph_order(root)
   return order, deps
 end
 
+local function gl_clone_raw(g)
+  local c = Tensor.empty(g.shape, { dtype = g.dtype, device = g.device })
+  G.check(lib.gl_copy(c.c, g.c))
+  return c
+end
+
 local function add_into(acc, g)
   if acc == nil then return g end
   return acc:add(g)
@@ -91,8 +97,8 @@ end
 local function finish_leaf(x, g)
   if g ~= nil then
     if x.grad == nil then
-      x.grad = g:detach():contiguous()
-      if x.grad == g then x.grad = g:clone() end  -- never alias another tensor's gradient
+      -- a fresh buffer: never alias another tensor's gradient
+      x.grad = gl_clone_raw(g):keep()
     else
       x.grad:add_(g)
     end

@@ -117,6 +117,12 @@ function M.main(argv)
     if not f then io.stderr:write('gptlua: ', err, '\n') return 1 end
     local ok, rc = M.protected(f, unpack(args))
     if not ok then return 1 end
+    -- a recipe returns its config table: train it with the command-line overrides
+    if type(rc) == 'table' then
+      ok = M.protected(function() require('gptlua.train').main(rc, args) end)
+      if not ok then return 1 end
+      rc = 0
+    end
     if not interactive then return type(rc) == 'number' and rc or 0 end
   end
   if interactive or (not script and #exprs == 0) then

@@ -15,6 +15,7 @@ local gl = {
 for k, v in pairs(O) do gl[k] = v end
 
 gl.empty = Tensor.empty
+gl.scope = Tensor.scope
 gl.tensor = Tensor.from_table
 gl.is_tensor = O.is_tensor
 gl.set_default_dtype, gl.get_default_dtype = Tensor.set_default_dtype, Tensor.get_default_dtype

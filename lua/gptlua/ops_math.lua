@@ -1,2 +1,641 @@
--- placeholder removed below
-return {}
+-- gptlua.ops_math — differentiable arithmetic, reductions, matrix products
+-- and the neural-network ops (norms, attention, rotary, losses), each a
+-- forward kernel call plus a backward written in terms of other ops or the
+-- op's backward kernel.  Functions land in gptlua.ops (gl.*) and as Tensor
+-- methods.
+local G = require 'gptlua.ffi'
+local Tensor = require 'gptlua.tensor'
+local A = require 'gptlua.autograd'
+local O = require 'gptlua.ops'
+local ffi, lib = G.ffi, G.lib
+local record = A.record
+local empty_like, same_shape, is_tensor = O.empty_like, O.same_shape, O.is_tensor
+local norm_dim = Tensor.norm_dim
+local C = ffi.C
+local _ = C
+
+local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
+local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
+local NULL = nil
+
+-- enums straight from the header
+local U = {
+  neg = lib.GL_U_NEG, exp = lib.GL_U_EXP, log = lib.GL_U_LOG, sqrt = lib.GL_U_SQRT, rsqrt = lib.GL_U_RSQRT,
+  tanh = lib.GL_U_TANH, abs = lib.GL_U_ABS, relu = lib.GL_U_RELU, relu2 = lib.GL_U_RELU2,
+  gelu = lib.GL_U_GELU_TANH, silu = lib.GL_U_SILU, sigmoid = lib.GL_U_SIGMOID, sin = lib.GL_U_SIN,
+  cos = lib.GL_U_COS, square = lib.GL_U_SQUARE, reciprocal = lib.GL_U_RECIPROCAL, clamp = lib.GL_U_CLAMP,
+  pow = lib.GL_U_POW, add_scalar = lib.GL_U_ADD_SCALAR, mul_scalar = lib.GL_U_MUL_SCALAR,
+  affine = lib.GL_U_AFFINE, rsub_scalar = lib.GL_U_RSUB_SCALAR, rdiv_scalar = lib.GL_U_RDIV_SCALAR,
+  softcap = lib.GL_U_SOFTCAP,
+}
+local B = {
+  add = lib.GL_B_ADD, sub = lib.GL_B_SUB, mul = lib.GL_B_MUL, div = lib.GL_B_DIV, pow = lib.GL_B_POW,
+  maximum = lib.GL_B_MAXIMUM, minimum = lib.GL_B_MINIMUM, eq = lib.GL_B_EQ, ne = lib.GL_B_NE,
+  lt = lib.GL_B_LT, le = lib.GL_B_LE, gt = lib.GL_B_GT, ge = lib.GL_B_GE,
+}
+local R = { sum = lib.GL_R_SUM, mean = lib.GL_R_MEAN, max = lib.GL_R_MAX, min = lib.GL_R_MIN,
+            sumsq = lib.GL_R_SUMSQ, norm = lib.GL_R_NORM2 }
+
+-- ----------------------------------------------------------- unary ops
+-- raw (no autograd) application of unary op `op`
+local function unary_raw(op, x, p0, p1, out)
+  out = out or empty_like(x)
+  K(lib.gl_unary(op, out.c, x.c, p0 or 0, p1 or 0))
+  return out
+end
+O.unary_raw = unary_raw
+
+-- differentiable unary op through gl_unary_backward
+local function unary(name, op)
+  return function(x, p0, p1)
+    if not is_tensor(x) then error(name .. ': expected a tensor, got ' .. type(x), 2) end
+    local out = unary_raw(op, x, p0, p1)
+    return record(out, { x }, function(_, g)
+      local dx = empty_like(x)
+      K(lib.gl_unary_backward(op, dx.c, g.c, x.c, p0 or 0, p1 or 0))
+      return dx
+    end, nil, name)
+  end
+end
+
+for _, name in ipairs({ 'exp', 'log', 'sqrt', 'rsqrt', 'tanh', 'abs', 'relu', 'relu2', 'gelu', 'silu',
+                        'sigmoid', 'sin', 'cos', 'square', 'reciprocal' }) do
+  O[name] = unary(name, U[name])
+  Tensor[name] = O[name]
+end
+local neg = unary('neg', U.neg)
+O.neg = neg; Tensor.neg = neg; Tensor.__unm = neg
+local clamp_u = unary('clamp', U.clamp)
+function O.clamp(x, lo, hi) return clamp_u(x, lo or -math.huge, hi or math.huge) end
+Tensor.clamp = O.clamp
+local softcap_u = unary('softcap', U.softcap)
+function O.softcap(x, cap)
+  if not (cap and cap > 0) then error('softcap: cap must be > 0, got ' .. tostring(cap), 2) end
+  return softcap_u(x, cap)
+end
+Tensor.softcap = O.softcap
+local pow_u = unary('pow', U.pow)
+local add_s = unary('add', U.add_scalar)
+local mul_s = unary('mul', U.mul_scalar)
+local rsub_s = unary('sub', U.rsub_scalar)
+local rdiv_s = unary('div', U.rdiv_scalar)
+
+-- ----------------------------------------------------------- broadcasting
+local function broadcast_shape(a, b, what)
+  local na, nb = #a, #b
+  local n = math.max(na, nb)
+  local out = {}
+  for i = 1, n do
+    local x = a[i - (n - na)] or 1
+    local y = b[i - (n - nb)] or 1
+    if x == y or y == 1 then out[i] = x
+    elseif x == 1 then out[i] = y
+    else
+      error(('%s: shapes %s and %s are not broadcastable (dim %d: %d vs %d)'):format(what, shape_str(a),
+        shape_str(b), i, x, y), 4)
+    end
+  end
+  return out
+end
+O.broadcast_shape = broadcast_shape
+
+local function bview(t, shape) -- raw broadcast view for kernel inputs
+  if same_shape(t.shape, shape) then return t end
+  return O.expand_raw(t, shape, 'broadcast')
+end
+
+local function result_dtype(a, b)
+  if a.dtype == b.dtype then return a.dtype end
+  local fa, fb = Tensor.FLOATING[a.dtype], Tensor.FLOATING[b.dtype]
+  if fa and not fb then return a.dtype end
+  if fb and not fa then return b.dtype end
+  if a.dtype == 'float64' or b.dtype == 'float64' then return 'float64' end
+  if fa and fb then return 'float32' end
+  return 'int64'
+end
+
+local function binary_raw(op, a, b, what, out_dtype)
+  if a.device ~= b.device then
+    error(('%s: operands are on %s and %s, expected one device'):format(what, a.device, b.device), 4)
+  end
+  local shape = broadcast_shape(a.shape, b.shape, what)
+  local out = Tensor.empty(shape, { dtype = out_dtype or result_dtype(a, b), device = a.device })
+  K(lib.gl_binary(op, out.c, bview(a, shape).c, bview(b, shape).c))
+  return out
+end
+O.binary_raw = binary_raw
+
+local sum_to = O.sum_to
+local function add(a, b)
+  if type(b) == 'number' then return add_s(a, b) end
+  if type(a) == 'number' then return add_s(b, a) end
+  local out = binary_raw(B.add, a, b, 'add')
+  return record(out, { a, b }, function(_, g) return sum_to(g, a.shape), sum_to(g, b.shape) end, nil, 'add')
+end
+local function sub(a, b)
+  if type(b) == 'number' then return add_s(a, -b) end
+  if type(a) == 'number' then return rsub_s(b, a) end
+  local out = binary_raw(B.sub, a, b, 'sub')
+  return record(out, { a, b }, function(_, g) return sum_to(g, a.shape), sum_to(neg(g), b.shape) end, nil, 'sub')
+end
+local function mul(a, b)
+  if type(b) == 'number' then return mul_s(a, b) end
+  if type(a) == 'number' then return mul_s(b, a) end
+  local out = binary_raw(B.mul, a, b, 'mul')
+  return record(out, { a, b }, function(_, g)
+    return a.requires_grad and sum_to(g * b, a.shape) or nil, b.requires_grad and sum_to(g * a, b.shape) or nil
+  end, nil, 'mul')
+end
+local function div(a, b)
+  if type(b) == 'number' then return mul_s(a, 1 / b) end
+  if type(a) == 'number' then return rdiv_s(b, a) end
+  local out = binary_raw(B.div, a, b, 'div')
+  return record(out, { a, b }, function(_, g)
+    local ga = a.requires_grad and sum_to(g / b, a.shape) or nil
+    local gb = b.requires_grad and sum_to(neg(g * out / b), b.shape) or nil
+    return ga, gb
+  end, nil, 'div')
+end
+local function pow(a, b)
+  if type(b) == 'number' then return pow_u(a, b) end
+  if type(a) == 'number' then return O.exp(mul_s(b, math.log(a))) end
+  local out = binary_raw(B.pow, a, b, 'pow')
+  return record(out, { a, b }, function(_, g)
+    local ga = a.requires_grad and sum_to(g * b * pow(a, b - 1), a.shape) or nil
+    local gb = b.requires_grad and sum_to(g * out * O.log(a), b.shape) or nil
+    return ga, gb
+  end, nil, 'pow')
+end
+local function minmax(op, name, pick_a_when)
+  return function(a, b)
+    local out = binary_raw(op, a, b, name)
+    return record(out, { a, b }, function(_, g)
+      local mask = binary_raw(pick_a_when, a, b, name, g.dtype)  -- 1 where a wins
+      local ga = a.requires_grad and sum_to(g * mask, a.shape) or nil
+      local gb = b.requires_grad and sum_to(g * (1 - mask), b.shape) or nil
+      return ga, gb
+    end, nil, name)
+  end
+end
+O.add, O.sub, O.mul, O.div, O.pow = add, sub, mul, div, pow
+O.maximum = minmax(B.maximum, 'maximum', B.ge)
+O.minimum = minmax(B.minimum, 'minimum', B.le)
+Tensor.add, Tensor.sub, Tensor.mul, Tensor.div, Tensor.pow = add, sub, mul, div, pow
+Tensor.maximum, Tensor.minimum = O.maximum, O.minimum
+Tensor.__add, Tensor.__sub, Tensor.__mul, Tensor.__div, Tensor.__pow = add, sub, mul, div, pow
+
+-- comparisons give bool tensors (no gradient)
+for _, name in ipairs({ 'eq', 'ne', 'lt', 'le', 'gt', 'ge' }) do
+  O[name] = function(a, b)
+    if type(b) == 'number' then b = O.full({}, b, { dtype = a.dtype, device = a.device }) end
+    return binary_raw(B[name], a, b, name, 'bool')
+  end
+  Tensor[name] = O[name]
+end
+
+-- in-place (no autograd): for optimizer and gradient bookkeeping
+local function inplace_guard(t, what)
+  if A.is_grad_enabled() and t.requires_grad and t.grad_fn == nil then
+    error(what .. ': in-place change of a leaf that requires grad (wrap it in gl.no_grad)', 3)
+  end
+end
+function Tensor:add_(b, alpha)
+  inplace_guard(self, 'add_')
+  if type(b) == 'number' then K(lib.gl_unary(U.add_scalar, self.c, self.c, b, 0)) return self end
+  if alpha and alpha ~= 1 then b = unary_raw(U.mul_scalar, b, alpha) end
+  K(lib.gl_binary(B.add, self.c, self.c, bview(b, self.shape).c))
+  return self
+end
+function Tensor:mul_(b)
+  inplace_guard(self, 'mul_')
+  if type(b) == 'number' then K(lib.gl_unary(U.mul_scalar, self.c, self.c, b, 0)) return self end
+  K(lib.gl_binary(B.mul, self.c, self.c, bview(b, self.shape).c))
+  return self
+end
+function Tensor:clamp_(lo, hi)
+  K(lib.gl_unary(U.clamp, self.c, self.c, lo or -math.huge, hi or math.huge)); return self
+end
+
+-- where(cond, a, b) and masked_fill(mask, value)
+function O.where(cond, a, b)
+  if type(a) == 'number' then a = O.full({}, a, { dtype = b.dtype, device = b.device }) end
+  if type(b) == 'number' then b = O.full({}, b, { dtype = a.dtype, device = a.device }) end
+  local shape = broadcast_shape(broadcast_shape(cond.shape, a.shape, 'where'), b.shape, 'where')
+  local out = Tensor.empty(shape, { dtype = result_dtype(a, b), device = a.device })
+  K(lib.gl_where(out.c, bview(cond, shape).c, bview(a, shape).c, bview(b, shape).c))
+  return record(out, { a, b }, function(_, g)
+    local z = O.zeros({}, { dtype = g.dtype, device = g.device })
+    local ga = a.requires_grad and sum_to(O.where(cond, g, z), a.shape) or nil
+    local gb = b.requires_grad and sum_to(O.where(cond, z, g), b.shape) or nil
+    return ga, gb
+  end, nil, 'where')
+end
+function Tensor:masked_fill(mask, value) return O.where(mask, value, self) end
+
+-- ------------------------------------------------------------ reductions
+-- dims: nil (all), a number, or a list; keepdim keeps size-1 dims
+local function reduce_dims(x, dims, what)
+  local mask, set = 0, {}
+  if dims == nil then
+    for d = 1, #x.shape do set[d] = true end
+  else
+    if type(dims) == 'number' then dims = { dims } end
+    for _, d in ipairs(dims) do set[norm_dim(x, d, what)] = true end
+  end
+  local kshape, oshape = {}, {}
+  for d = 1, #x.shape do
+    if set[d] then mask = bit.bor(mask, bit.lshift(1, d - 1)); kshape[d] = 1
+    else kshape[d] = x.shape[d]; oshape[#oshape + 1] = x.shape[d] end
+  end
+  return mask, kshape, oshape
+end
+
+local function reduce_raw(op, x, dims, keepdim, what)
+  local mask, kshape, oshape = reduce_dims(x, dims, what)
+  local out = empty_like(x, kshape)
+  K(lib.gl_reduce(op, out.c, x.c, mask))
+  if not keepdim then out = out:_as_strided(oshape, Tensor.contiguous_strides(oshape), out:storage_offset()) end
+  return out, kshape
+end
+
+function O.sum(x, dims, keepdim)
+  local out, kshape = reduce_raw(R.sum, x, dims, keepdim, 'sum')
+  return record(out, { x }, function(_, g)
+    return O.expand_raw(g:reshape(kshape), x.shape):contiguous()
+  end, nil, 'sum')
+end
+function O.mean(x, dims, keepdim)
+  local out, kshape = reduce_raw(R.mean, x, dims, keepdim, 'mean')
+  local n = x:numel() / math.max(out:numel(), 1)
+  return record(out, { x }, function(_, g)
+    return O.expand_raw(g:reshape(kshape), x.shape):contiguous() * (1 / n)
+  end, nil, 'mean')
+end
+-- max/min: over all elements (value only) or over one dim (values, indices)
+local function extreme(op, name)
+  return function(x, dim, keepdim)
+    if dim == nil then
+      local out = reduce_raw(op, x, nil, false, name)
+      return record(out, { x }, function(_, g)
+        local mask = binary_raw(B.eq, x, out, name, g.dtype)
+        local cnt = reduce_raw(R.sum, mask, nil, false, name)
+        return mask * (g / cnt)
+      end, nil, name)
+    end
+    local d = norm_dim(x, dim, name)
+    local kshape = x:size(); kshape[d] = 1
+    local vals = empty_like(x, kshape)
+    local idx = Tensor.empty(kshape, { dtype = 'int64', device = x.device })
+    local src = op == R.max and x or unary_raw(U.neg, x)
+    K(lib.gl_reduce_max_dim(vals.c, idx.c, src.c, d - 1))
+    if op ~= R.max then vals = unary_raw(U.neg, vals) end
+    local out = vals
+    vals = record(vals, { x }, function(_, g)
+      local gx = O.zeros(x.shape, { dtype = g.dtype, device = g.device })
+      K(lib.gl_scatter_add(gx.c, d - 1, idx.c, g:reshape(kshape):contiguous().c))
+      return gx
+    end, nil, name)
+    if not keepdim then vals, idx = vals:squeeze(d), idx:squeeze(d) end
+    local _ = out
+    return vals, idx
+  end
+end
+O.max = extreme(R.max, 'max')
+O.min = extreme(R.min, 'min')
+function O.argmax(x, dim) local _, i = O.max(x, dim or -1); return i end
+-- L2 norm (over all, or dims)
+function O.norm(x, dims, keepdim)
+  return O.sqrt(O.sum(O.square(x), dims, keepdim))
+end
+-- global L2 norm of a list of tensors, as a Lua number (float64 sums)
+function O.global_norm(list)
+  local acc, buf = 0, ffi.new('double[1]')
+  for _, t in ipairs(list) do
+    K(lib.gl_sumsq(t.c, buf))
+    acc = acc + buf[0]
+  end
+  return math.sqrt(acc)
+end
+for _, n in ipairs({ 'sum', 'mean', 'max', 'min', 'argmax', 'norm' }) do Tensor[n] = O[n] end
+
+-- ------------------------------------------------------------ matrix products
+-- raw batched product with broadcast batch dims; out = a @ b (+ beta*out)
+local function matmul_raw(a, b, out, beta, alpha)
+  local na, nb = #a.shape, #b.shape
+  if na < 2 or nb < 2 then
+    error(('matmul: expected operands with at least 2 dims, got %s and %s'):format(shape_str(a.shape),
+      shape_str(b.shape)), 3)
+  end
+  local M, Ka, Kb, N = a.shape[na - 1], a.shape[na], b.shape[nb - 1], b.shape[nb]
+  if Ka ~= Kb then
+    error(('matmul: shapes %s and %s do not match (inner dims %d and %d)'):format(shape_str(a.shape),
+      shape_str(b.shape), Ka, Kb), 3)
+  end
+  local ba, bb = {}, {}
+  for i = 1, na - 2 do ba[i] = a.shape[i] end
+  for i = 1, nb - 2 do bb[i] = b.shape[i] end
+  local batch = broadcast_shape(ba, bb, 'matmul')
+  local sa, sb, so = {}, {}, {}
+  for i, n in ipairs(batch) do sa[i], sb[i], so[i] = n, n, n end
+  sa[#batch + 1], sa[#batch + 2] = M, Ka
+  sb[#batch + 1], sb[#batch + 2] = Kb, N
+  so[#batch + 1], so[#batch + 2] = M, N
+  if not out then out = Tensor.empty(so, { dtype = a.dtype, device = a.device }) end
+  K(lib.gl_matmul(out.c, bview(a, sa).c, bview(b, sb).c, alpha or 1, beta or 0))
+  return out
+end
+O.matmul_raw = matmul_raw
+
+function O.matmul(a, b)
+  local x, y = a, b
+  -- vectors as in numpy: (K) @ (K, N) and (M, K) @ (K)
+  if #a.shape == 1 then x = a:unsqueeze(1) end
+  if #b.shape == 1 then y = b:unsqueeze(2) end
+  if x ~= a or y ~= b then
+    local r = O.matmul(x, y)
+    if #a.shape == 1 then r = r:squeeze(-2) end
+    if #b.shape == 1 then r = r:squeeze(-1) end
+    return r
+  end
+  local out = matmul_raw(a, b)
+  return record(out, { a, b }, function(_, g)
+    local ga = a.requires_grad and sum_to(matmul_raw(g, b:transpose(-1, -2)), a.shape) or nil
+    local gb = b.requires_grad and sum_to(matmul_raw(a:transpose(-1, -2), g), b.shape) or nil
+    return ga, gb
+  end, nil, 'matmul')
+end
+Tensor.matmul = O.matmul
+
+-- linear(x, W, b): y = x W^T + b with W (out, in) as in PyTorch/GPT-2
+function O.linear(x, W, bias)
+  local nx = #x.shape
+  if #W.shape ~= 2 or W.shape[2] ~= x.shape[nx] then
+    error(('linear: weight has shape %s, expected {*,%d} (in_features of x %s)'):format(shape_str(W.shape),
+      x.shape[nx], shape_str(x.shape)), 2)
+  end
+  local lead = 1
+  for i = 1, nx - 1 do lead = lead * x.shape[i] end
+  local x2 = x:is_contiguous() and x or x:contiguous()
+  x2 = x2:_as_strided({ lead, x.shape[nx] }, { x.shape[nx], 1 }, x2:storage_offset())
+  local oshape = x:size(); oshape[nx] = W.shape[1]
+  local out = Tensor.empty(oshape, { dtype = x.dtype, device = x.device })
+  local out2 = out:_as_strided({ lead, W.shape[1] }, { W.shape[1], 1 }, 0)
+  if bias then
+    if #bias.shape ~= 1 or bias.shape[1] ~= W.shape[1] then
+      error(('linear: bias has shape %s, expected {%d}'):format(shape_str(bias.shape), W.shape[1]), 2)
+    end
+    out2:copy_(bias)
+  end
+  matmul_raw(x2, W:transpose(1, 2), out2, bias and 1 or 0)
+  local inputs = bias and { x, W, bias } or { x, W }
+  return record(out, inputs, function(_, g)
+    local g2 = g:is_contiguous() and g or g:contiguous()
+    g2 = g2:_as_strided({ lead, W.shape[1] }, { W.shape[1], 1 }, g2:storage_offset())
+    local gx, gW, gb
+    if x.requires_grad then gx = matmul_raw(g2, W):_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0) end
+    if W.requires_grad then gW = matmul_raw(g2:transpose(1, 2), x2) end
+    if bias and bias.requires_grad then gb = reduce_raw(R.sum, g2, 1, false, 'linear') end
+    return gx, gW, gb
+  end, nil, 'linear')
+end
+
+-- ----------------------------------------------------------- softmax family
+local function softmax_impl(x, dim, log, name)
+  local d = norm_dim(x, dim or -1, name)
+  local xt = d == #x.shape and x or x:transpose(d, -1)
+  local out = empty_like(xt)
+  K(lib.gl_softmax(out.c, xt.c, log and 1 or 0))
+  out = record(out, { xt }, function(_, g)
+    local dx = empty_like(out)
+    K(lib.gl_softmax_backward(dx.c, out.c, g.c, log and 1 or 0))
+    return dx
+  end, nil, name)
+  if d ~= #x.shape then out = out:transpose(d, -1) end
+  return out
+end
+function O.softmax(x, dim) return softmax_impl(x, dim, false, 'softmax') end
+function O.log_softmax(x, dim) return softmax_impl(x, dim, true, 'log_softmax') end
+Tensor.softmax, Tensor.log_softmax = O.softmax, O.log_softmax
+
+-- ----------------------------------------------------------- normalisation
+local function stat_dtype(x) return x.dtype == 'float64' and 'float64' or 'float32' end
+local function lead_shape(x) local s = x:size(); s[#s] = nil; return s end
+
+function O.layer_norm(x, weight, bias, eps)
+  eps = eps or 1e-5
+  local xc = x:is_contiguous() and x or x:contiguous()
+  local y = empty_like(xc)
+  local sopt = { dtype = stat_dtype(x), device = x.device }
+  local mean, rstd = Tensor.empty(lead_shape(x), sopt), Tensor.empty(lead_shape(x), sopt)
+  K(lib.gl_layernorm_forward(y.c, mean.c, rstd.c, xc.c, weight and weight.c or NULL, bias and bias.c or NULL, eps))
+  local inputs = { xc }
+  if weight then inputs[#inputs + 1] = weight end
+  if bias then inputs[#inputs + 1] = bias end
+  return record(y, inputs, function(_, g)
+    local gc = g:is_contiguous() and g or g:contiguous()
+    local dx = empty_like(xc)
+    local dw = weight and empty_like(weight) or nil
+    local db = bias and empty_like(bias) or nil
+    K(lib.gl_layernorm_backward(dx.c, dw and dw.c or NULL, db and db.c or NULL, gc.c, xc.c,
+      weight and weight.c or NULL, mean.c, rstd.c))
+    if weight and bias then return dx, dw, db elseif weight then return dx, dw elseif bias then return dx, db end
+    return dx
+  end, nil, 'layer_norm', { mean, rstd })
+end
+
+function O.rms_norm(x, weight, eps)
+  eps = eps or 1e-6
+  local xc = x:is_contiguous() and x or x:contiguous()
+  local y = empty_like(xc)
+  local rstd = Tensor.empty(lead_shape(x), { dtype = stat_dtype(x), device = x.device })
+  K(lib.gl_rmsnorm_forward(y.c, rstd.c, xc.c, weight and weight.c or NULL, eps))
+  local inputs = weight and { xc, weight } or { xc }
+  return record(y, inputs, function(_, g)
+    local gc = g:is_contiguous() and g or g:contiguous()
+    local dx = empty_like(xc)
+    local dw = weight and empty_like(weight) or nil
+    K(lib.gl_rmsnorm_backward(dx.c, dw and dw.c or NULL, gc.c, xc.c, weight and weight.c or NULL, rstd.c))
+    return dx, dw
+  end, nil, 'rms_norm', { rstd })
+end
+
+-- ---------------------------------------------------------------- embedding
+function O.embedding(ids, table_)
+  local oshape = ids:size(); oshape[#oshape + 1] = table_.shape[2]
+  local out = Tensor.empty(oshape, { dtype = table_.dtype, device = table_.device })
+  K(lib.gl_embedding_forward(out.c, table_.c, ids.c))
+  return record(out, { table_ }, function(_, g)
+    local dt = empty_like(table_)
+    local gc = g:is_contiguous() and g or g:contiguous()
+    K(lib.gl_embedding_backward(dt.c, gc.c, ids.c))
+    return dt
+  end, nil, 'embedding')
+end
+
+-- index_select(x, dim, idx) and gather(x, dim, idx)
+function O.index_select(x, dim, idx)
+  local d = norm_dim(x, dim, 'index_select')
+  local oshape = x:size(); oshape[d] = idx:numel()
+  local out = empty_like(x, oshape)
+  K(lib.gl_index_select(out.c, x.c, d - 1, idx.c))
+  return record(out, { x }, function(_, g)
+    local gx = O.zeros(x.shape, { dtype = g.dtype, device = g.device })
+    K(lib.gl_index_add(gx.c, d - 1, idx.c, g.c))
+    return gx
+  end, nil, 'index_select')
+end
+function O.gather(x, dim, idx)
+  local d = norm_dim(x, dim, 'gather')
+  local out = empty_like(x, idx.shape)
+  K(lib.gl_gather(out.c, x.c, d - 1, idx.c))
+  return record(out, { x }, function(_, g)
+    local gx = O.zeros(x.shape, { dtype = g.dtype, device = g.device })
+    K(lib.gl_scatter_add(gx.c, d - 1, idx.c, g.c))
+    return gx
+  end, nil, 'gather')
+end
+Tensor.index_select, Tensor.gather = O.index_select, O.gather
+
+-- ---------------------------------------------------------------- attention
+-- scaled_dot_product_attention(q, k, v, {scale=, window=}): causal,
+-- q (B,H,T,D), k/v (B,Hkv,S,D); grouped-query when Hkv < H.
+function O.scaled_dot_product_attention(q, k, v, opts)
+  opts = opts or {}
+  local D = q.shape[4]
+  local scale = opts.scale or 1 / math.sqrt(D or 1)
+  local window = opts.window or 0
+  local qc = q:is_contiguous() and q or q:contiguous()
+  local kc = k:is_contiguous() and k or k:contiguous()
+  local vc = v:is_contiguous() and v or v:contiguous()
+  local out = empty_like(qc)
+  local lse = Tensor.empty({ q.shape[1] or 0, q.shape[2] or 0, q.shape[3] or 0 },
+    { dtype = stat_dtype(q), device = q.device })
+  K(lib.gl_attention_forward(out.c, lse.c, qc.c, kc.c, vc.c, scale, window))
+  return record(out, { qc, kc, vc }, function(_, g)
+    local gc = g:is_contiguous() and g or g:contiguous()
+    local dq, dk, dv = empty_like(qc), empty_like(kc), empty_like(vc)
+    K(lib.gl_attention_backward(dq.c, dk.c, dv.c, gc.c, qc.c, kc.c, vc.c, out.c, lse.c, scale, window))
+    return dq, dk, dv
+  end, nil, 'attention', { lse })
+end
+
+-- rotary embedding on x (B, T, H, D) with cos/sin (T, D/2)
+function O.rope(x, cos, sin)
+  local xc = x:is_contiguous() and x or x:contiguous()
+  local out = empty_like(xc)
+  K(lib.gl_rope(out.c, xc.c, cos.c, sin.c, 0))
+  return record(out, { xc }, function(_, g)
+    local dx = empty_like(xc)
+    local gc = g:is_contiguous() and g or g:contiguous()
+    K(lib.gl_rope(dx.c, gc.c, cos.c, sin.c, 1))
+    return dx
+  end, nil, 'rope')
+end
+
+-- ---------------------------------------------------------------- losses
+-- cross_entropy(logits (N, V) or (..., V), targets (N) or (...), opts):
+-- mean over targets ~= ignore_index; optional tanh soft-capping.
+function O.cross_entropy(logits, targets, opts)
+  opts = opts or {}
+  local ignore = opts.ignore_index or -100
+  local softcap = opts.softcap or 0
+  local V = logits.shape[#logits.shape]
+  local N = logits:numel() / V
+  if targets:numel() ~= N then
+    error(('cross_entropy: targets have %d elements, expected %d (one per row of logits %s)'):format(
+      targets:numel(), N, shape_str(logits.shape)), 2)
+  end
+  local l2 = (logits:is_contiguous() and logits or logits:contiguous())
+  l2 = l2:_as_strided({ N, V }, { V, 1 }, l2:storage_offset())
+  local t2 = targets:is_contiguous() and targets or targets:contiguous()
+  t2 = t2:_as_strided({ N }, { 1 }, t2:storage_offset())
+  local sopt = { dtype = stat_dtype(logits), device = logits.device }
+  local losses, lse = Tensor.empty({ N }, sopt), Tensor.empty({ N }, sopt)
+  K(lib.gl_cross_entropy_forward(losses.c, lse.c, l2.c, t2.c, ignore, softcap))
+  local count = N
+  if opts.ignore_index then
+    count = reduce_raw(R.sum, binary_raw(B.ne, t2, O.full({}, ignore, { dtype = t2.dtype }), 'cross_entropy',
+      'float64'), nil, false, 'cross_entropy'):item()
+  end
+  local total = reduce_raw(R.sum, losses, nil, false, 'cross_entropy')
+  local loss = unary_raw(U.mul_scalar, total, 1 / math.max(count, 1))
+  return record(loss, { logits }, function(_, g)
+    local dl = empty_like(l2)
+    K(lib.gl_cross_entropy_backward(dl.c, l2.c, t2.c, lse.c, ignore, softcap, g:item() / math.max(count, 1)))
+    return dl:_as_strided(logits.shape, Tensor.contiguous_strides(logits.shape), 0)
+  end, nil, 'cross_entropy', { lse })
+end
+
+-- dropout(x, p, training): a fresh mask per call from the global RNG
+function O.dropout(x, p, training)
+  if not training or p == 0 then return x end
+  if p < 0 or p >= 1 then error('dropout: p must be in [0, 1), got ' .. tostring(p), 2) end
+  local seed, off = O.rng_take(x:numel())
+  local out = empty_like(x)
+  K(lib.gl_dropout(out.c, x.c, p, seed, off))
+  return record(out, { x }, function(_, g)
+    local dx = empty_like(g)
+    K(lib.gl_dropout(dx.c, g.c, p, seed, off))
+    return dx
+  end, nil, 'dropout')
+end
+
+-- ---------------------------------------------------------------- shape ops
+-- cat(list, dim): copies each piece into a narrow of the output
+function O.cat(list, dim)
+  if #list == 0 then error('cat: expected a non-empty list of tensors', 2) end
+  local first = list[1]
+  local d = norm_dim(first, dim or 1, 'cat')
+  local shape = first:size()
+  local total = 0
+  for i, t in ipairs(list) do
+    if #t.shape ~= #shape then error(('cat: tensor %d has %d dims, expected %d'):format(i, #t.shape, #shape), 2) end
+    for k = 1, #shape do
+      if k ~= d and t.shape[k] ~= shape[k] then
+        error(('cat: tensor %d has shape %s, expected %s except in dim %d'):format(i, shape_str(t.shape),
+          shape_str(shape), d), 2)
+      end
+    end
+    total = total + t.shape[d]
+  end
+  shape[d] = total
+  local out = empty_like(first, shape)
+  local pos = 1
+  local starts = {}
+  A.no_grad(function()
+    for i, t in ipairs(list) do
+      starts[i] = pos
+      out:narrow(d, pos, t.shape[d]):copy_(t)
+      pos = pos + t.shape[d]
+    end
+  end)
+  return record(out, list, function(_, g)
+    local grads = {}
+    for i, t in ipairs(list) do grads[i] = g:narrow(d, starts[i], t.shape[d]) end
+    return unpack(grads, 1, #list)
+  end, nil, 'cat')
+end
+function O.stack(list, dim)
+  local parts = {}
+  for i, t in ipairs(list) do parts[i] = t:unsqueeze(dim or 1) end
+  return O.cat(parts, dim or 1)
+end
+-- split(x, size, dim): pieces of `size` (the last may be smaller)
+function O.split(x, size, dim)
+  local d = norm_dim(x, dim or 1, 'split')
+  if type(size) ~= 'number' or size < 1 then error('split: size must be a positive integer', 2) end
+  local out, pos = {}, 1
+  while pos <= x.shape[d] do
+    local n = math.min(size, x.shape[d] - pos + 1)
+    out[#out + 1] = x:narrow(d, pos, n)
+    pos = pos + n
+  end
+  return out
+end
+function O.chunk(x, n, dim)
+  local d = norm_dim(x, dim or 1, 'chunk')
+  return O.split(x, math.ceil(x.shape[d] / n), d)
+end
+Tensor.split, Tensor.chunk = O.split, O.chunk
+
+return O

@@ -44,6 +44,14 @@ local function device_name(id) return id < 0 and 'cpu' or ('cuda:' .. id) end
 function Tensor.set_default_dtype(d) local _, n = Tensor.dtype_id(d); default_dtype = n end
 function Tensor.get_default_dtype() return default_dtype end
 
+-- Tensor scopes: every tensor created while a scope is open is recorded
+-- in it, and when the scope closes their storage references are dropped at
+-- once (a view's release never frees storage another tensor still holds).
+-- This is how the trainer frees each step's temporaries deterministically
+-- instead of waiting for the Lua GC.  A tensor that must outlive the scope
+-- (a gradient buffer, optimizer state) is marked with t:keep().
+local scopes = {}
+
 -- Wraps a fresh gl_tensor* (owned) into a Tensor.
 function Tensor.wrap(p)
   check_ptr(p, 2)
@@ -51,7 +59,36 @@ function Tensor.wrap(p)
   local nd = p.ndim
   local shape = {}
   for d = 0, nd - 1 do shape[d + 1] = tonumber(p.shape[d]) end
-  return setmetatable({ c = p, shape = shape, dtype = DTYPE_NAME[p.dtype], device = device_name(p.device) }, Tensor)
+  local t = setmetatable({ c = p, shape = shape, dtype = DTYPE_NAME[p.dtype], device = device_name(p.device) }, Tensor)
+  local s = scopes[#scopes]
+  if s then s[#s + 1] = t end
+  return t
+end
+
+function Tensor:keep() self._keep = true; return self end
+
+-- scope(fn, ...): runs fn; afterwards releases every tensor it created that
+-- is not kept and not among fn's results (those move to the outer scope).
+function Tensor.scope(fn, ...)
+  local list = {}
+  scopes[#scopes + 1] = list
+  local res = { pcall(fn, ...) }
+  scopes[#scopes] = nil
+  local n = table.maxn(res)
+  local returned = {}
+  for i = 2, n do if getmetatable(res[i]) == Tensor then returned[res[i]] = true end end
+  local outer = scopes[#scopes]
+  for i = 1, #list do
+    local t = list[i]
+    if returned[t] or t._keep then
+      if outer and not t._keep then outer[#outer + 1] = t end
+    elseif t.c.storage ~= nil then
+      lib.gl_tensor_release(t.c)
+      t.grad_fn = nil
+    end
+  end
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, n)
 end
 
 local shape_buf = ffi.new('int64_t[8]')
@@ -139,21 +176,21 @@ function Tensor.infer_shape(shape, numel, what)
   for i, n in ipairs(shape) do
     out[i] = n
     if n == -1 then
-      if neg then error(what .. ': only one dim can be -1', 4) end
+      if neg then error(what .. ': only one dim can be -1', 3) end
       neg = i
     elseif type(n) ~= 'number' or n < 0 or n ~= math.floor(n) then
-      error(('%s: invalid size %s in dim %d'):format(what, tostring(n), i), 4)
+      error(('%s: invalid size %s in dim %d'):format(what, tostring(n), i), 3)
     else known = known * n end
   end
   if neg then
     if known == 0 or numel % known ~= 0 then
-      error(('%s: shape {%s} cannot hold %d elements'):format(what, table.concat(shape, ','), numel), 4)
+      error(('%s: shape {%s} cannot hold %d elements'):format(what, table.concat(shape, ','), numel), 3)
     end
     out[neg] = numel / known
     known = numel
   end
   if known ~= numel then
-    error(('%s: shape {%s} has %d elements, tensor has %d'):format(what, table.concat(out, ','), known, numel), 4)
+    error(('%s: shape {%s} has %d elements, tensor has %d'):format(what, table.concat(out, ','), known, numel), 3)
   end
   return out
 end

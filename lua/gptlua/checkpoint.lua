@@ -1,0 +1,151 @@
+-- gptlua.checkpoint — safetensors files and training checkpoints.
+--
+-- A checkpoint is a directory step_NNNNNNN/ holding model.safetensors,
+-- optim.safetensors and state.json (step, RNG, data position, config, and
+-- the size and FNV-1a checksum of each file).  It is written into a
+-- temporary directory and renamed into place, so a crash never leaves a
+-- half-written checkpoint under a real name; load verifies every checksum
+-- before reading anything into the model.
+local gl = require 'gptlua'
+local cjson = require 'cjson'
+local ffi, lib = gl.ffi, gl.lib
+
+local M = {}
+
+local function K(rc, level) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), (level or 1) + 2) end end
+
+-- save_safetensors(path, {name = tensor}, metadata_table_of_strings)
+function M.save_safetensors(path, tensors, metadata)
+  local names = {}
+  for n in pairs(tensors) do names[#names + 1] = n end
+  table.sort(names)
+  local cnames = ffi.new('const char *[?]', math.max(#names, 1))
+  local cts = ffi.new('const gl_tensor *[?]', math.max(#names, 1))
+  local keep = {}
+  for i, n in ipairs(names) do
+    keep[i] = n
+    cnames[i - 1] = n
+    cts[i - 1] = tensors[n].c
+  end
+  local meta = metadata and cjson.encode(metadata) or nil
+  K(lib.gl_safetensors_save(path, #names, cnames, cts, meta))
+  return keep
+end
+
+-- load_safetensors(path) -> {name = tensor (cpu)}, metadata table or nil
+function M.load_safetensors(path)
+  local f = lib.gl_safetensors_open(path)
+  if f == nil then error(ffi.string(lib.gl_last_error()), 2) end
+  local out = {}
+  local ok, err = pcall(function()
+    for i = 0, lib.gl_safetensors_count(f) - 1 do
+      local name = ffi.string(lib.gl_safetensors_name(f, i))
+      out[name] = gl.Tensor.wrap(lib.gl_safetensors_get(f, i))
+    end
+  end)
+  local meta = lib.gl_safetensors_metadata(f)
+  meta = meta ~= nil and cjson.decode(ffi.string(meta)) or nil
+  lib.gl_safetensors_close(f)
+  if not ok then error(err, 2) end
+  return out, meta
+end
+
+function M.checksum(path)
+  local h = ffi.new('uint64_t[1]')
+  K(lib.gl_file_checksum(path, h))
+  return string.format('%016x', h[0]):gsub('ULL', '')
+end
+
+local function sh(cmd) return os.execute(cmd) end
+local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+function M.mkdir_p(dir) sh('mkdir -p ' .. quote(dir)) end
+local function exists(p) local f = io.open(p, 'rb'); if f then f:close(); return true end return false end
+M.exists = exists
+
+local function write_file(path, s)
+  local f = assert(io.open(path, 'wb'))
+  f:write(s)
+  f:close()
+end
+local function read_file(path)
+  local f, err = io.open(path, 'rb')
+  if not f then return nil, err end
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+
+-- list of checkpoint directories (sorted by step) under dir
+function M.list(dir)
+  local out = {}
+  local p = io.popen('ls -1 ' .. quote(dir) .. ' 2>/dev/null')
+  for name in p:lines() do
+    local step = name:match('^step_(%d+)$')
+    if step then out[#out + 1] = { step = tonumber(step), path = dir .. '/' .. name } end
+  end
+  p:close()
+  table.sort(out, function(a, b) return a.step < b.step end)
+  return out
+end
+
+-- save(dir, step, {model = {name=tensor}, optim = {name=tensor}, state = table}, keep_last)
+function M.save(dir, step, parts, keep_last)
+  M.mkdir_p(dir)
+  local final = string.format('%s/step_%07d', dir, step)
+  local tmp = final .. '.tmp.' .. tostring(os.time()) .. tostring(math.random(1e9))
+  M.mkdir_p(tmp)
+  local ok, err = pcall(function()
+    local files = {}
+    M.save_safetensors(tmp .. '/model.safetensors', parts.model)
+    M.save_safetensors(tmp .. '/optim.safetensors', parts.optim or {})
+    for _, n in ipairs({ 'model.safetensors', 'optim.safetensors' }) do
+      files[n] = M.checksum(tmp .. '/' .. n)
+    end
+    local state = parts.state or {}
+    state.files, state.step, state.format = files, step, 'gptlua-checkpoint-1'
+    write_file(tmp .. '/state.json', cjson.encode(state))
+    if exists(final) then sh('rm -rf ' .. quote(final)) end
+    local rok, rerr = os.rename(tmp, final)
+    if not rok then error('checkpoint: rename to ' .. final .. ' failed: ' .. tostring(rerr)) end
+  end)
+  if not ok then sh('rm -rf ' .. quote(tmp)); error(err, 2) end
+  if keep_last and keep_last > 0 then
+    local all = M.list(dir)
+    for i = 1, #all - keep_last do sh('rm -rf ' .. quote(all[i].path)) end
+  end
+  return final
+end
+
+-- resolves 'latest' (or true) under dir, or a path; nil if none exists
+function M.resolve(spec, dir)
+  if spec == true or spec == 'latest' or spec == '' then
+    local all = M.list(dir)
+    return all[#all] and all[#all].path or nil
+  end
+  return spec
+end
+
+-- load(path) -> {model = {...}, optim = {...}, state = {...}} after
+-- verifying the format and every file's checksum
+function M.load(path)
+  local s, err = read_file(path .. '/state.json')
+  if not s then error(('checkpoint: %s is not a checkpoint (no state.json: %s)'):format(path, tostring(err)), 2) end
+  local ok, state = pcall(cjson.decode, s)
+  if not ok or type(state) ~= 'table' then error(('checkpoint: %s/state.json is corrupted'):format(path), 2) end
+  if state.format ~= 'gptlua-checkpoint-1' then
+    error(('checkpoint: %s has format %s, expected gptlua-checkpoint-1'):format(path, tostring(state.format)), 2)
+  end
+  for name, sum in pairs(state.files or {}) do
+    local p = path .. '/' .. name
+    if not exists(p) then error(('checkpoint: %s is missing %s'):format(path, name), 2) end
+    local got = M.checksum(p)
+    if got ~= sum then
+      error(('checkpoint: %s failed verification (checksum %s, expected %s); not loaded'):format(p, got, sum), 2)
+    end
+  end
+  local model = M.load_safetensors(path .. '/model.safetensors')
+  local optim = M.load_safetensors(path .. '/optim.safetensors')
+  return { model = model, optim = optim, state = state }
+end
+
+return M

@@ -1,0 +1,542 @@
+-- gptlua.dist — process groups and collectives on tensors.
+--
+--   local dist = require 'gptlua.dist'
+--   local world = dist.init{ backend = 'auto', timeout = 600 }
+--   world.rank, world.size, world.local_rank, world.local_size, world.node
+--   world:all_reduce(grad, 'avg')                      -- blocking
+--   local h = world:all_reduce(grad, 'sum', {async = true})   -- or all_reduce_async
+--   ... h:test() ... h:wait()
+--   local tp = world:split(world.rank % 2)             -- sub-communicator
+--
+-- A process started without a launcher is a world of one: no MPI is loaded
+-- and every collective is a copy.  Under a launcher (gptlua -n N, mpirun,
+-- srun, torchrun-style variables) the ranks talk through
+-- build/libgptlua_mpi.so (engine/mpi/, contract in engine/gl_dist.h).
+--
+-- Collectives take flat views of tensors: only numel matters.  Where a side
+-- is split over ranks it can be one tensor (even split, or opts.counts for
+-- uneven ones) or a Lua list of `size` tensors of any sizes.  Every method
+-- has an async form (opts.async or NAME_async) returning a Work with
+-- wait() and test(); the Work keeps its tensors alive until it completes.
+local G = require 'gptlua.ffi'
+local Tensor = require 'gptlua.tensor'
+local ffi, lib = G.ffi, G.lib
+
+local dist = { timeout = 600 }
+
+local COLL = { all_reduce = 0, reduce_scatter = 1, all_gather = 2, broadcast = 3, reduce = 4,
+  gather = 5, scatter = 6, all_to_all = 7, barrier = 8, send = 9, recv = 10 }
+local OPS = { sum = 0, avg = 1, max = 2, min = 3 }
+local REDUCTION = { all_reduce = true, reduce_scatter = true, reduce = true }
+local REDUCE_DTYPES = { float32 = true, float64 = true, bfloat16 = true, float16 = true, int32 = true, int64 = true }
+
+local mpi        -- the ffi.load'ed libgptlua_mpi, once a world of more than one rank exists
+local world      -- the world Comm, once dist.init ran
+
+-- ------------------------------------------------------------ discovery --
+-- Launchers, in the order their variables are trusted.
+dist.LAUNCHERS = {
+  { name = 'torchrun', rank = 'RANK', size = 'WORLD_SIZE', local_rank = 'LOCAL_RANK',
+    local_size = 'LOCAL_WORLD_SIZE' },
+  { name = 'openmpi', rank = 'OMPI_COMM_WORLD_RANK', size = 'OMPI_COMM_WORLD_SIZE',
+    local_rank = 'OMPI_COMM_WORLD_LOCAL_RANK', local_size = 'OMPI_COMM_WORLD_LOCAL_SIZE' },
+  { name = 'pmi', rank = 'PMI_RANK', size = 'PMI_SIZE', local_rank = 'MPI_LOCALRANKID',
+    local_size = 'MPI_LOCALNRANKS' },
+  { name = 'slurm', rank = 'SLURM_PROCID', size = 'SLURM_NTASKS', local_rank = 'SLURM_LOCALID',
+    local_size = 'SLURM_NTASKS_PER_NODE' },
+}
+
+local function env_int(getenv, name)
+  local v = name and getenv(name)
+  return v and tonumber(v:match('^%s*(%d+)'))   -- SLURM writes "2(x3)"
+end
+
+-- Rank and size from the first launcher whose variables are set, or nil.
+-- getenv (default os.getenv) lets specs pass a fake environment.
+function dist.discover(getenv)
+  getenv = getenv or os.getenv
+  for _, l in ipairs(dist.LAUNCHERS) do
+    local rank, size = env_int(getenv, l.rank), env_int(getenv, l.size)
+    if rank and size then
+      return { launcher = l.name, rank = rank, size = size,
+               local_rank = env_int(getenv, l.local_rank), local_size = env_int(getenv, l.local_size) }
+    end
+  end
+  return nil
+end
+
+-- CPU threads per rank: the node's cores shared by its ranks.
+function dist.default_threads(cores, local_size)
+  return math.max(1, math.floor(cores / math.max(1, local_size)))
+end
+
+-- ----------------------------------------------------------------- Work --
+local Work = {}
+Work.__index = Work
+dist.Work = Work
+
+local function finish(self)
+  if self.done then return end
+  self.done = true
+  if self.after then self.after() end
+  self.keep, self.after = nil, nil    -- the tensors may go now
+end
+
+-- Blocks until the collective completed; returns its result (the output
+-- tensor or list).  A collective that does not complete within the
+-- communicator's timeout aborts every rank (see engine/gl_dist.h).
+function Work:wait()
+  if not self.done then
+    if self.w ~= nil then G.check(mpi.gl_work_wait(self.w), 2) end
+    finish(self)
+  end
+  return self.result
+end
+
+-- true once complete (then the result is in place); never blocks.
+local done_buf = ffi.new('int[1]')
+function Work:test()
+  if self.done then return true end
+  G.check(mpi.gl_work_test(self.w, done_buf), 2)
+  if done_buf[0] ~= 0 then finish(self) end
+  return self.done == true
+end
+
+local function completed(result)
+  return setmetatable({ done = true, result = result }, Work)
+end
+
+-- ----------------------------------------------------------------- Comm --
+local Comm = {}
+Comm.__index = Comm
+dist.Comm = Comm
+
+local function is_tensor(x) return getmetatable(x) == Tensor end
+
+local function wrap_comm(c, backend)
+  return setmetatable({ c = c, backend = backend, rank = c.rank, size = c.size,
+    local_rank = c.local_rank, local_size = c.local_size, node = c.node, nnodes = c.nnodes,
+    name = ffi.string(c.name) }, Comm)
+end
+
+local function local_comm(name)
+  return setmetatable({ backend = 'local', rank = 0, size = 1, local_rank = 0, local_size = 1,
+    node = 0, nnodes = 1, name = name, nsplits = 0, timeout = dist.timeout }, Comm)
+end
+
+function Comm:__tostring()
+  return ("Comm(%s, rank %d of %d, %s)"):format(self.name, self.rank, self.size, self.backend)
+end
+
+function Comm:set_timeout(seconds)
+  if type(seconds) ~= 'number' or not (seconds > 0) then
+    error('set_timeout: seconds expected a number > 0, got ' .. tostring(seconds), 2)
+  end
+  if self.c then G.check(mpi.gl_comm_set_timeout(self.c, seconds), 2) else self.timeout = seconds end
+end
+
+-- Sub-communicator of the ranks that pass the same color, ordered by key
+-- (default: rank).  Collective over self.  color nil or < 0: this rank joins
+-- none and gets nil.
+function Comm:split(color, key)
+  color = color or -1
+  key = key or self.rank
+  if type(color) ~= 'number' or color ~= math.floor(color) then
+    error('split: color expected an integer, got ' .. tostring(color), 2)
+  end
+  if type(key) ~= 'number' or key ~= math.floor(key) then
+    error('split: key expected an integer, got ' .. tostring(key), 2)
+  end
+  if not self.c then
+    self.nsplits = self.nsplits + 1
+    if color < 0 then return nil end
+    return local_comm(('%s.%d[%d]'):format(self.name, self.nsplits, color))
+  end
+  local out = ffi.new('gl_comm*[1]')
+  G.check(mpi.gl_comm_split(self.c, color, key, out), 2)
+  if out[0] == nil then return nil end
+  return wrap_comm(ffi.gc(out[0], mpi.gl_comm_free), self.backend)
+end
+
+-- ------------------------------------------------- argument normalising --
+local function check_tensor(x, fn, what)
+  if not is_tensor(x) then error(('%s: %s expected a tensor, got %s'):format(fn, what, type(x)), 4) end
+  return x
+end
+
+local function flat_slice(buf, off, shape)
+  return buf:_as_strided(shape, Tensor.contiguous_strides(shape), off)
+end
+
+-- A tensor, or a list of `size` tensors packed into one flat buffer.
+-- Returns the tensor, its per-rank counts (list form only), and for a list:
+-- a function copying the list into the buffer (input) or out of it (output).
+local function pack(self, x, fn, what, like)
+  if is_tensor(x) then return x end
+  if type(x) ~= 'table' then error(('%s: %s expected a tensor or a list of %d tensors, got %s'):format(
+    fn, what, self.size, type(x)), 4) end
+  if #x ~= self.size then
+    error(('%s: %s expected a list of %d tensors (one per rank), got %d'):format(fn, what, self.size, #x), 4)
+  end
+  local counts, total = {}, 0
+  for i, t in ipairs(x) do
+    check_tensor(t, fn, ('%s[%d]'):format(what, i))
+    if t.dtype ~= x[1].dtype then
+      error(('%s: %s[%d] is %s but %s[1] is %s, expected one dtype'):format(fn, what, i, t.dtype, what, x[1].dtype), 4)
+    end
+    counts[i] = t:numel(); total = total + counts[i]
+  end
+  like = like or x[1]
+  local buf = Tensor.empty({ total }, { dtype = x[1].dtype, device = like.device })
+  local function each(f)
+    local off = 0
+    for i, t in ipairs(x) do
+      if counts[i] > 0 then f(t, flat_slice(buf, off, t.shape)) end
+      off = off + counts[i]
+    end
+  end
+  local copy_in = function() each(function(t, s) G.check(lib.gl_copy(s.c, t.c)) end) end
+  local copy_out = function() each(function(t, s) G.check(lib.gl_copy(t.c, s.c)) end) end
+  return buf, counts, copy_in, copy_out
+end
+
+local function counts_arg(self, counts, fn, what)
+  if counts == nil then return nil end
+  if type(counts) ~= 'table' or #counts ~= self.size then
+    error(('%s: %s expected a list of %d counts (one per rank), got %s'):format(fn, what, self.size,
+      type(counts) == 'table' and #counts .. ' entries' or type(counts)), 4)
+  end
+  for i, n in ipairs(counts) do
+    if type(n) ~= 'number' or n < 0 or n ~= math.floor(n) then
+      error(('%s: %s[%d] expected an integer >= 0, got %s'):format(fn, what, i, tostring(n)), 4)
+    end
+  end
+  return counts
+end
+
+local function op_arg(op, fn)
+  op = op or 'sum'
+  if OPS[op] == nil then error(("%s: op expected 'sum', 'avg', 'max' or 'min', got %s"):format(fn, tostring(op)), 4) end
+  return op
+end
+
+local function rank_arg(self, r, fn, what)
+  if type(r) ~= 'number' or r ~= math.floor(r) or r < 0 or r >= self.size then
+    error(('%s: %s expected a rank in 0..%d, got %s'):format(fn, what, self.size - 1, tostring(r)), 4)
+  end
+  return r
+end
+
+-- -------------------------------------------------------- the world of one
+-- Every collective over one rank is a copy from send to recv (reductions of
+-- one value are that value).  The checks and messages mirror
+-- engine/mpi/comm.c for size 1.
+local function local_total(counts, total, fn, what)
+  if counts and counts[1] ~= total then
+    error(('%s: %s add up to %d elements but the tensor has %d'):format(fn, what, counts[1], total), 5)
+  end
+  return total
+end
+
+local function local_numel(t, n, fn, what, why)
+  if t:numel() ~= n then
+    error(('%s: %s expected %d elements (%s), got %d'):format(fn, what, n, why, t:numel()), 5)
+  end
+end
+
+local function local_check(name, s)
+  local fn = name
+  if s.peer then error(('%s: peer expected a rank other than this one (0)'):format(fn), 5) end
+  local send, recv = s.send, s.recv
+  if send and recv and send.dtype ~= recv.dtype then
+    error(('%s: send is %s but recv is %s, expected one dtype'):format(fn, send.dtype, recv.dtype), 5)
+  end
+  local any = recv or send
+  if REDUCTION[name] then
+    if not REDUCE_DTYPES[any.dtype] then
+      error(('%s: reductions expected float32, float64, bfloat16, float16, int32 or int64, got %s'):format(
+        fn, any.dtype), 5)
+    end
+    if s.op == 'avg' and not Tensor.FLOATING[any.dtype] then
+      error(('%s: avg expected a floating dtype, got %s (use sum)'):format(fn, any.dtype), 5)
+    end
+  end
+  if name == 'reduce_scatter' then
+    local n = local_total(s.recv_counts, send:numel(), fn, 'counts')
+    local_numel(recv, n, fn, 'recv', s.recv_counts and 'counts[rank]' or "send's numel / ranks")
+  elseif name == 'all_gather' or name == 'gather' then
+    local n = local_total(s.recv_counts, recv:numel(), fn, 'counts')
+    local_numel(send, n, fn, 'send', s.recv_counts and 'counts[rank]' or "recv's numel / ranks")
+  elseif name == 'scatter' then
+    local n = local_total(s.send_counts, send:numel(), fn, 'counts')
+    local_numel(recv, n, fn, 'recv', s.send_counts and 'counts[rank]' or "send's numel / ranks")
+  elseif name == 'all_to_all' then
+    local n = local_total(s.send_counts, send:numel(), fn, 'send_counts')
+    local_total(s.recv_counts, recv:numel(), fn, 'recv_counts')
+    local_numel(recv, n, fn, 'recv', 'what this rank sends itself')
+  end
+end
+
+local function run_local(self, name, s)
+  local_check(name, s)
+  if s.send and s.recv and s.send ~= s.recv then
+    if s.pack_in then s.pack_in() end
+    -- row-major order of send onto recv's shape, whatever the two shapes
+    local src = s.send:is_contiguous() and s.send or s.send:contiguous()
+    G.check(lib.gl_copy(s.recv.c, src:_as_strided(s.recv.shape, Tensor.contiguous_strides(s.recv.shape),
+      src:storage_offset()).c))
+    if s.unpack_out then s.unpack_out() end
+  end
+  return completed(s.result)
+end
+
+-- ------------------------------------------------------------ MPI ranks --
+local args_buf = ffi.new('gl_coll_args')
+
+local function counts_cdata(counts)
+  if not counts then return nil end
+  local c = ffi.new('int64_t[?]', #counts)
+  for i, n in ipairs(counts) do c[i - 1] = n end
+  return c
+end
+
+local function run_mpi(self, name, s)
+  if s.pack_in then s.pack_in() end
+  local a = args_buf
+  a.coll = COLL[name]
+  a.op = OPS[s.op or 'sum']
+  a.root = s.root or s.peer or 0
+  a.send = s.send and s.send.c or nil
+  a.recv = s.recv and s.recv.c or nil
+  local sc, rc = counts_cdata(s.send_counts), counts_cdata(s.recv_counts)
+  a.send_counts, a.recv_counts = sc, rc
+  a.label = nil
+  local w = mpi.gl_comm_start(self.c, a)
+  a.send, a.recv, a.send_counts, a.recv_counts = nil, nil, nil, nil
+  if w == nil then error(ffi.string(lib.gl_last_error()), 4) end
+  return setmetatable({ w = ffi.gc(w, mpi.gl_work_free), result = s.result, after = s.unpack_out,
+    keep = { s.send, s.recv, s.keep } }, Work)
+end
+
+local function run(self, name, s, async)
+  local work = (self.c and run_mpi or run_local)(self, name, s)
+  if async then return work end
+  return work:wait()
+end
+
+-- Each method builds a spec {send, recv, op, root|peer, counts, pack/unpack,
+-- result} from its arguments and returns it with the opts table.
+local methods = {}
+
+function methods.all_reduce(self, t, op, opts)
+  if type(op) == 'table' then op, opts = nil, op end
+  check_tensor(t, 'all_reduce', 'tensor')
+  return { send = t, recv = t, op = op_arg(op, 'all_reduce'), result = t }, opts
+end
+
+function methods.broadcast(self, t, root, opts)
+  if type(root) == 'table' then root, opts = nil, root end
+  check_tensor(t, 'broadcast', 'tensor')
+  return { send = t, recv = t, root = rank_arg(self, root or 0, 'broadcast', 'root'), result = t }, opts
+end
+
+function methods.reduce(self, t, root, op, opts)
+  if type(root) == 'table' then root, op, opts = nil, nil, root end
+  if type(op) == 'table' then op, opts = nil, op end
+  check_tensor(t, 'reduce', 'tensor')
+  return { send = t, recv = t, root = rank_arg(self, root or 0, 'reduce', 'root'),
+           op = op_arg(op, 'reduce'), result = t }, opts
+end
+
+-- reduce_scatter(out, input, op, opts): input is `size` chunks (one tensor,
+-- or a list); out receives this rank's chunk, reduced over ranks.
+function methods.reduce_scatter(self, out, input, op, opts)
+  if type(op) == 'table' then op, opts = nil, op end
+  opts = opts or {}
+  check_tensor(out, 'reduce_scatter', 'out')
+  local send, counts, pack_in = pack(self, input, 'reduce_scatter', 'input', out)
+  counts = counts or counts_arg(self, opts.counts, 'reduce_scatter', 'counts')
+  return { send = send, recv = out, recv_counts = counts, op = op_arg(op, 'reduce_scatter'),
+           pack_in = pack_in, keep = input, result = out }, opts
+end
+
+-- all_gather(out, input, opts): out (one tensor or a list) receives every
+-- rank's input in rank order.
+function methods.all_gather(self, out, input, opts)
+  opts = opts or {}
+  check_tensor(input, 'all_gather', 'input')
+  local recv, counts, _, unpack_out = pack(self, out, 'all_gather', 'out', input)
+  counts = counts or counts_arg(self, opts.counts, 'all_gather', 'counts')
+  return { send = input, recv = recv, recv_counts = counts, unpack_out = unpack_out, keep = out,
+           result = out }, opts
+end
+
+-- gather(out, input, root, opts): out (tensor or list) matters on root only.
+function methods.gather(self, out, input, root, opts)
+  if type(root) == 'table' then root, opts = nil, root end
+  opts = opts or {}
+  root = rank_arg(self, root or 0, 'gather', 'root')
+  check_tensor(input, 'gather', 'input')
+  local s = { send = input, root = root, result = out }
+  if self.rank == root then
+    local recv, counts, _, unpack_out = pack(self, out, 'gather', 'out', input)
+    s.recv, s.recv_counts, s.unpack_out, s.keep = recv, counts, unpack_out, out
+  end
+  s.recv_counts = s.recv_counts or counts_arg(self, opts.counts, 'gather', 'counts')
+  return s, opts
+end
+
+-- scatter(out, input, root, opts): input (tensor or list) matters on root only.
+function methods.scatter(self, out, input, root, opts)
+  if type(root) == 'table' then root, opts = nil, root end
+  opts = opts or {}
+  root = rank_arg(self, root or 0, 'scatter', 'root')
+  check_tensor(out, 'scatter', 'out')
+  local s = { recv = out, root = root, result = out }
+  if self.rank == root then
+    local send, counts, pack_in = pack(self, input, 'scatter', 'input', out)
+    s.send, s.send_counts, s.pack_in, s.keep = send, counts, pack_in, input
+  end
+  s.send_counts = s.send_counts or counts_arg(self, opts.counts, 'scatter', 'counts')
+  return s, opts
+end
+
+-- all_to_all(out, input, opts): chunk r of input goes to rank r; chunk r of
+-- out came from rank r.  Lists, or tensors with opts.send_counts/recv_counts.
+function methods.all_to_all(self, out, input, opts)
+  opts = opts or {}
+  local send, sc, pack_in = pack(self, input, 'all_to_all', 'input')
+  local recv, rc, _, unpack_out = pack(self, out, 'all_to_all', 'out', send)
+  return { send = send, recv = recv, pack_in = pack_in, unpack_out = unpack_out, keep = { input, out },
+           send_counts = sc or counts_arg(self, opts.send_counts, 'all_to_all', 'send_counts'),
+           recv_counts = rc or counts_arg(self, opts.recv_counts, 'all_to_all', 'recv_counts'),
+           result = out }, opts
+end
+
+function methods.send(self, t, peer, opts)
+  check_tensor(t, 'send', 'tensor')
+  return { send = t, peer = rank_arg(self, peer, 'send', 'peer'), result = t }, opts
+end
+
+function methods.recv(self, t, peer, opts)
+  check_tensor(t, 'recv', 'tensor')
+  return { recv = t, peer = rank_arg(self, peer, 'recv', 'peer'), result = t }, opts
+end
+
+function methods.barrier(self, opts)
+  return {}, opts
+end
+
+for name, build in pairs(methods) do
+  -- (no tail calls: error levels count these frames)
+  Comm[name] = function(self, ...)
+    local s, opts = build(self, ...)
+    local r = run(self, name, s, opts and opts.async)
+    return r
+  end
+  Comm[name .. '_async'] = function(self, ...)
+    local s = build(self, ...)
+    local r = run(self, name, s, true)
+    return r
+  end
+end
+
+-- --------------------------------------------------------- process group --
+local function load_mpi()
+  if mpi then return mpi end
+  local path = G.libdir .. '/libgptlua_mpi.so'
+  local ok, lib_or_err = pcall(ffi.load, path)
+  if not ok then
+    error(('gptlua.dist: cannot load %s (%s); install libopenmpi-dev and run make'):format(
+      path, tostring(lib_or_err)), 3)
+  end
+  mpi = lib_or_err
+  return mpi
+end
+
+-- init{backend = 'auto'|'mpi', timeout = seconds, threads = n}: the world.
+-- 'auto' uses MPI when a launcher started more than one rank; 'mpi' always
+-- initialises MPI.  threads defaults to the node's cores over its ranks
+-- (unless OMP_NUM_THREADS is set).  Later calls return the same world.
+function dist.init(opts)
+  opts = opts or {}
+  local backend = opts.backend or 'auto'
+  if backend ~= 'auto' and backend ~= 'mpi' then
+    error(("dist.init: backend expected 'auto' or 'mpi', got %s"):format(tostring(backend)), 2)
+  end
+  local timeout = opts.timeout or dist.timeout
+  if type(timeout) ~= 'number' or not (timeout > 0) then
+    error('dist.init: timeout expected a number of seconds > 0, got ' .. tostring(timeout), 2)
+  end
+  if world then world:set_timeout(timeout); return world end
+
+  local found = dist.discover()
+  if backend == 'auto' and not (found and found.size > 1) then
+    world = local_comm('world')
+    world.timeout = timeout
+    return world
+  end
+  load_mpi()
+  G.check(mpi.gl_dist_init(timeout), 2)
+  local w = wrap_comm(mpi.gl_dist_world(), 'mpi')
+  if found and (found.rank ~= w.rank or found.size ~= w.size) then
+    error(('dist.init: the %s variables say rank %d of %d but MPI sees rank %d of %d; '
+      .. 'start the ranks with an MPI launcher (gptlua -n N, mpirun, srun)'):format(
+      found.launcher, found.rank, found.size, w.rank, w.size), 2)
+  end
+  world = w
+  local threads = opts.threads or (os.getenv('OMP_NUM_THREADS') == nil and
+    dist.default_threads(mpi.gl_dist_cpu_count(), w.local_size))
+  if threads then G.check(lib.gl_set_num_threads(threads), 2) end
+  return world
+end
+
+function dist.is_initialized() return world ~= nil end
+function dist.get_world() return world end
+function dist.rank() return world and world.rank or 0 end
+function dist.size() return world and world.size or 1 end
+-- the MPI library, nil for a world of one (specs check nothing was loaded)
+function dist.backend_lib() return mpi end
+
+-- Completes detached work, meets every rank, and shuts MPI down.  Exiting
+-- with status 0 does this by itself.
+function dist.finalize()
+  if world and world.c then
+    G.check(mpi.gl_dist_finalize(), 2)
+    world.c = nil
+  end
+  world = nil
+end
+
+-- Prints on rank 0 only (progress lines).
+function dist.print0(...)
+  if dist.rank() == 0 then print(...) end
+end
+
+-- Prints msg prefixed with this rank and ends every rank now.
+function dist.abort(msg, code)
+  io.stdout:flush()
+  if mpi and world and world.c then
+    mpi.gl_dist_abort(code or 1, msg and tostring(msg) or nil)
+  end
+  if msg then io.stderr:write(tostring(msg), '\n') end
+  os.exit(code or 1)
+end
+
+-- Rank prefix for every line of msg: "[rank 1] ...".
+function dist.prefix(msg)
+  if not (world and world.size > 1) then return msg end
+  local p = ('[rank %d] '):format(world.rank)
+  return p .. tostring(msg):gsub('\n', '\n' .. p)
+end
+
+-- For the top-level error path (gptlua.cli): prints the error with its rank
+-- and, in a world of several ranks, brings the others down at once.
+function dist.on_error(msg)
+  io.stdout:flush()
+  io.stderr:write(dist.prefix(msg), '\n')
+  io.stderr:flush()
+  if mpi and world and world.c then mpi.gl_dist_abort(1, nil) end
+end
+
+return dist

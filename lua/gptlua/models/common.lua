@@ -1,0 +1,168 @@
+-- gptlua.models.common — what the GPT variants share: config checking,
+-- the LM head and loss, activation checkpointing per block, KV caches and
+-- sampling.
+local gl = require 'gptlua'
+
+local M = {}
+
+-- copy of cfg with defaults filled in; unknown keys are rejected
+function M.fill(cfg, defaults, what)
+  local out = {}
+  for k, v in pairs(defaults) do out[k] = v end
+  for k, v in pairs(cfg or {}) do
+    if defaults[k] == nil and k ~= 'vocab_size' then
+      local keys = {}
+      for d in pairs(defaults) do keys[#keys + 1] = d end
+      table.sort(keys)
+      error(('%s: unknown model option %s (valid: %s)'):format(what, tostring(k), table.concat(keys, ', ')), 3)
+    end
+    out[k] = v
+  end
+  return out
+end
+
+local function posint(cfg, k, what)
+  local v = cfg[k]
+  if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
+    error(('%s: %s must be a positive integer, got %s'):format(what, k, tostring(v)), 4)
+  end
+end
+
+function M.check_config(cfg, what)
+  for _, k in ipairs({ 'vocab_size', 'block_size', 'n_layer', 'n_head', 'n_embd' }) do posint(cfg, k, what) end
+  if cfg.n_embd % cfg.n_head ~= 0 then
+    error(('%s: n_embd %d is not divisible by n_head %d'):format(what, cfg.n_embd, cfg.n_head), 3)
+  end
+  if cfg.n_kv_head then
+    posint(cfg, 'n_kv_head', what)
+    if cfg.n_head % cfg.n_kv_head ~= 0 then
+      error(('%s: n_head %d is not divisible by n_kv_head %d'):format(what, cfg.n_head, cfg.n_kv_head), 3)
+    end
+  end
+  if type(cfg.dropout) ~= 'number' or cfg.dropout < 0 or cfg.dropout >= 1 then
+    error(('%s: dropout must be in [0, 1), got %s'):format(what, tostring(cfg.dropout)), 3)
+  end
+end
+
+-- one block, recomputed in backward when activation checkpointing is on
+function M.run_block(block, x, cache, cfg)
+  if cfg.activation_checkpointing and block.training and cache == nil and gl.is_grad_enabled() then
+    return gl.checkpoint(function(h) return block(h) end, x)
+  end
+  return block(x, cache)
+end
+
+-- logits = x W^T; with targets, the loss (mean cross-entropy, targets of -1
+-- ignored, soft-capping fused into the loss).  Without targets the logits
+-- are soft-capped; with targets the raw logits come back with the loss.
+function M.head(model, x, targets, linear, weight, softcap)
+  local logits = linear(x, weight)
+  if targets == nil then
+    if softcap and softcap > 0 then logits = gl.softcap(logits, softcap) end
+    return logits, nil
+  end
+  local loss = gl.cross_entropy(logits, targets, { ignore_index = -1, softcap = softcap })
+  return logits, loss
+end
+
+-- KV caches for generation: one per layer, capacity S positions
+function M.new_caches(n_layer, B, Hkv, S, D, like)
+  local caches = {}
+  for i = 1, n_layer do
+    caches[i] = { k = gl.zeros({ B, Hkv, S, D }, { dtype = like.dtype, device = like.device }),
+                  v = gl.zeros({ B, Hkv, S, D }, { dtype = like.dtype, device = like.device }), pos = 0, cap = S }
+  end
+  return caches
+end
+
+-- appends this step's k, v (B, Hkv, T, D); returns the keys/values so far
+function M.cache_append(cache, k, v)
+  local T = k.shape[3]
+  if cache.pos + T > cache.cap then
+    error(('generate: KV cache holds %d positions, %d needed'):format(cache.cap, cache.pos + T), 3)
+  end
+  cache.k:narrow(3, cache.pos + 1, T):copy_(k)
+  cache.v:narrow(3, cache.pos + 1, T):copy_(v)
+  cache.pos = cache.pos + T
+  return cache.k:narrow(3, 1, cache.pos), cache.v:narrow(3, 1, cache.pos)
+end
+
+-- sample one id per row from logits rows (B, V) on the CPU
+local function sample_rows(logits, temperature, top_k, u)
+  local B, V = logits.shape[1], logits.shape[2]
+  local rows = logits:to('cpu'):to('float64'):totable()
+  local out = {}
+  for b = 1, B do
+    local row = rows[b]
+    if temperature == 0 then
+      local best = 1
+      for i = 2, V do if row[i] > row[best] then best = i end end
+      out[b] = best - 1
+    else
+      local order
+      if top_k and top_k < V then
+        order = {}
+        for i = 1, V do order[i] = i end
+        table.sort(order, function(a, c) return row[a] > row[c] or (row[a] == row[c] and a < c) end)
+      end
+      local keep = {}
+      if order then for i = 1, top_k do keep[order[i]] = true end end
+      local mx = -math.huge
+      for i = 1, V do if (not order or keep[i]) and row[i] > mx then mx = row[i] end end
+      local p, total = {}, 0
+      for i = 1, V do
+        local w = (not order or keep[i]) and math.exp((row[i] - mx) / temperature) or 0
+        p[i] = w; total = total + w
+      end
+      local r, acc = u[b] * total, 0
+      out[b] = V - 1
+      for i = 1, V do
+        acc = acc + p[i]
+        if r < acc then out[b] = i - 1; break end
+      end
+    end
+  end
+  return out
+end
+
+-- model:generate(idx (B, T) int, n, {temperature=1, top_k=nil, seed=1337})
+-- -> (B, T + n) int64.  Uses a KV cache while the context fits block_size,
+-- then falls back to re-running the last block_size tokens.
+function M.generate(model, idx, n, opts)
+  opts = opts or {}
+  local temperature = opts.temperature or 1.0
+  local top_k, seed = opts.top_k, opts.seed or 1337
+  if temperature < 0 then error('generate: temperature must be >= 0', 2) end
+  local was_training = model.training
+  model:eval()
+  local cfg = model.config
+  local B, T0 = idx.shape[1], idx.shape[2]
+  local ids = {}
+  local prompt = idx:to('cpu'):to('int64'):totable()
+  for b = 1, B do ids[b] = {} for t = 1, T0 do ids[b][t] = prompt[b][t] end end
+  local ok, err = pcall(gl.no_grad, function()
+    local use_cache = T0 + n <= cfg.block_size
+    local caches = use_cache and model:new_caches(B, T0 + n) or nil
+    local feed = idx:to('int64')
+    for step = 1, n do
+      local ctx = feed
+      if not use_cache and ctx.shape[2] > cfg.block_size then
+        ctx = ctx:narrow(2, ctx.shape[2] - cfg.block_size + 1, cfg.block_size):contiguous()
+      end
+      local logits = model:forward(ctx, nil, caches)
+      local last = logits:select(2, logits.shape[2])
+      local u = gl.rand({ B }, { seed = seed, offset = (step - 1) * B, dtype = 'float64' }):tolist()
+      local next_ids = sample_rows(last, temperature, top_k, u)
+      for b = 1, B do ids[b][#ids[b] + 1] = next_ids[b] end
+      local col = {}
+      for b = 1, B do col[b] = { next_ids[b] } end
+      local nt = gl.tensor(col, { dtype = 'int64', device = idx.device })
+      feed = use_cache and nt or gl.cat({ feed, nt }, 2)
+    end
+  end)
+  model:train(was_training)
+  if not ok then error(err, 2) end
+  return gl.tensor(ids, { dtype = 'int64', device = idx.device })
+end
+
+return M

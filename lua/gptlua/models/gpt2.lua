@@ -1,0 +1,136 @@
+-- gptlua.models.gpt2 — GPT-2: learned position embeddings, LayerNorm with
+-- bias, GELU (tanh) MLP, lm_head tied to the token embedding, GPT-2's init.
+-- Parameter names and shapes follow nanoGPT's layout of the GPT-2
+-- checkpoint (transformer.h.N.attn.c_attn.weight, ...); load_gpt2_safetensors
+-- also reads Hugging Face's file (Conv1D weights stored transposed).
+local gl = require 'gptlua'
+local nn = require 'gptlua.nn'
+local common = require 'gptlua.models.common'
+
+local M = {}
+
+local Attention = nn.class('CausalSelfAttention', nn.Module)
+function Attention:__init(cfg)
+  local C, L = cfg.n_embd, cfg.n_layer
+  self.n_head, self.n_embd = cfg.n_head, C
+  self:add('c_attn', nn.Linear(C, 3 * C, { bias = cfg.bias }))
+  self:add('c_proj', nn.Linear(C, C, { bias = cfg.bias, std = 0.02 / math.sqrt(2 * L) }))
+  self.dropout = cfg.dropout or 0
+end
+-- x (B, T, C); cache (optional) {k=, v=, pos=} for generation
+function Attention:forward(x, cache)
+  local B, T, C = x.shape[1], x.shape[2], x.shape[3]
+  local H = self.n_head
+  local qkv = self.c_attn(x)
+  local function heads(i)  -- (B, T, C) slice i -> (B, H, T, D)
+    return qkv:narrow(3, (i - 1) * C + 1, C):reshape(B, T, H, C / H):transpose(2, 3)
+  end
+  local q, k, v = heads(1), heads(2), heads(3)
+  if cache then k, v = common.cache_append(cache, k, v) end
+  local y = gl.scaled_dot_product_attention(q, k, v)
+  y = y:transpose(2, 3):reshape(B, T, C)
+  return gl.dropout(self.c_proj(y), self.dropout, self.training)
+end
+
+local MLP = nn.class('MLP', nn.Module)
+function MLP:__init(cfg)
+  local C = cfg.n_embd
+  self:add('c_fc', nn.Linear(C, 4 * C, { bias = cfg.bias }))
+  self:add('c_proj', nn.Linear(4 * C, C, { bias = cfg.bias, std = 0.02 / math.sqrt(2 * cfg.n_layer) }))
+  self.dropout = cfg.dropout or 0
+end
+function MLP:forward(x)
+  return gl.dropout(self.c_proj(gl.gelu(self.c_fc(x))), self.dropout, self.training)
+end
+
+local Block = nn.class('Block', nn.Module)
+function Block:__init(cfg)
+  self:add('ln_1', nn.LayerNorm(cfg.n_embd, { bias = cfg.bias }))
+  self:add('attn', Attention(cfg))
+  self:add('ln_2', nn.LayerNorm(cfg.n_embd, { bias = cfg.bias }))
+  self:add('mlp', MLP(cfg))
+end
+function Block:forward(x, cache)
+  x = x + self.attn(self.ln_1(x), cache)
+  return x + self.mlp(self.ln_2(x))
+end
+
+local Transformer = nn.class('Transformer', nn.Module)
+function Transformer:__init(cfg)
+  self:add('wte', nn.Embedding(cfg.vocab_size, cfg.n_embd))
+  self:add('wpe', nn.Embedding(cfg.block_size, cfg.n_embd))
+  local h = self:add('h', nn.ModuleList())
+  for _ = 1, cfg.n_layer do h:append(Block(cfg)) end
+  self:add('ln_f', nn.LayerNorm(cfg.n_embd, { bias = cfg.bias }))
+end
+
+local GPT = nn.class('GPT2', nn.Module)
+M.GPT = GPT
+M.defaults = { vocab_size = 50304, block_size = 1024, n_layer = 12, n_head = 12, n_embd = 768,
+               dropout = 0.0, bias = true, activation_checkpointing = false }
+
+function GPT:__init(cfg)
+  cfg = common.fill(cfg, M.defaults, 'gpt2')
+  common.check_config(cfg, 'gpt2')
+  self.config = cfg
+  self:add('transformer', Transformer(cfg))
+  self.lm_head_weight = self.transformer.wte.weight  -- tied
+end
+
+-- forward(idx (B,T) int, targets (B,T) int or nil) -> logits, loss
+function GPT:forward(idx, targets, caches)
+  local B, T = idx.shape[1], idx.shape[2]
+  local cfg = self.config
+  local start = caches and caches[1].pos or 0
+  if start + T > cfg.block_size then
+    error(('gpt2: sequence of %d tokens exceeds block_size %d'):format(start + T, cfg.block_size), 2)
+  end
+  local tr = self.transformer
+  local pos = gl.arange(start, start + T, { device = idx.device })
+  local x = tr.wte(idx) + tr.wpe(pos)
+  x = gl.dropout(x, cfg.dropout, self.training)
+  for i = 1, tr.h.n do x = common.run_block(tr.h[i], x, caches and caches[i], cfg) end
+  x = tr.ln_f(x)
+  return common.head(self, x, targets, gl.linear, self.lm_head_weight, 0)
+end
+
+-- FLOPs per token for training (forward + backward): 6 N for the weights
+-- (N excludes the position embedding, which is a lookup) plus the attention
+-- scores and values, 12 * n_layer * n_embd * T (PaLM appendix B).
+function GPT:flops_per_token(T)
+  local cfg = self.config
+  local N = self:num_params() - self.transformer.wpe.weight:numel()
+  return 6 * N + 12 * cfg.n_layer * cfg.n_embd * (T or cfg.block_size)
+end
+
+function GPT:new_caches(B, S)
+  local cfg = self.config
+  return common.new_caches(cfg.n_layer, B, cfg.n_head, S, cfg.n_embd / cfg.n_head,
+    self.transformer.wte.weight)
+end
+GPT.generate = common.generate
+
+-- Loads GPT-2 weights from a safetensors file in Hugging Face's layout
+-- (h.0.attn.c_attn.weight as Conv1D (in, out)) or in this model's layout.
+function GPT:load_gpt2_safetensors(path)
+  local st = require('gptlua.checkpoint').load_safetensors(path)
+  local sd = {}
+  local conv1d = { ['attn.c_attn.weight'] = true, ['attn.c_proj.weight'] = true,
+                   ['mlp.c_fc.weight'] = true, ['mlp.c_proj.weight'] = true }
+  for name, t in pairs(st) do
+    local n = name
+    if not n:match('^transformer%.') and not n:match('^lm_head') then n = 'transformer.' .. n end
+    if n:match('%.attn%.bias$') or n:match('%.attn%.masked_bias$') or n == 'lm_head.weight' then n = nil end
+    if n then
+      local suffix = n:match('^transformer%.h%.%d+%.(.*)$')
+      if suffix and conv1d[suffix] and name == n:gsub('^transformer%.', '') then
+        t = t:t():contiguous()  -- HF Conv1D (in, out) -> Linear (out, in)
+      end
+      sd[n] = t
+    end
+  end
+  self:load_state_dict(sd)
+  return self
+end
+
+return M

@@ -1,0 +1,301 @@
+-- gptlua.optim — AdamW, Muon, a combined optimizer over parameter groups,
+-- gradient clipping and learning-rate schedules.  The per-element update
+-- math is in C kernels that take a slice (start, len) of a flat tensor, so
+-- the sharded optimizers of gptlua.dist run the same code on their shard.
+local gl = require 'gptlua'
+local ffi, lib = gl.ffi, gl.lib
+
+local optim = {}
+
+local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
+
+local function check_num(v, what, lo)
+  if type(v) ~= 'number' or v ~= v or (lo and v < lo) then
+    error(('%s must be a number%s, got %s'):format(what, lo and (' >= ' .. lo) or '', tostring(v)), 4)
+  end
+end
+
+-- normalises params into groups: accepts a list of tensors, a list of
+-- {name, tensor} pairs, or a list of groups {params = ..., lr = ...}
+local function make_groups(params, defaults, what)
+  if type(params) ~= 'table' or #params == 0 then error(what .. ': expected a non-empty list of parameters', 3) end
+  local raw = params
+  if not (type(params[1]) == 'table' and params[1].params) then raw = { { params = params } } end
+  local groups = {}
+  for gi, g in ipairs(raw) do
+    local grp = {}
+    for k, v in pairs(defaults) do grp[k] = v end
+    for k, v in pairs(g) do if k ~= 'params' then grp[k] = v end end
+    grp.params, grp.names = {}, {}
+    for i, p in ipairs(g.params) do
+      local name, t = nil, p
+      if not gl.is_tensor(p) then name, t = p[1], p[2] end
+      if not gl.is_tensor(t) then error(('%s: group %d entry %d is not a tensor'):format(what, gi, i), 3) end
+      grp.params[i], grp.names[i] = t, name or ('g' .. gi .. '.' .. i)
+    end
+    check_num(grp.lr, what .. ': lr', 0)
+    grp.initial_lr = grp.initial_lr or grp.lr
+    groups[gi] = grp
+  end
+  return groups
+end
+
+-- sets every group's lr to initial_lr * mult (schedules call this)
+local function set_lr_mult(self, mult)
+  for _, g in ipairs(self.groups) do g.lr = g.initial_lr * mult end
+end
+
+-- state as {step = n, tensors = {key = tensor}} for checkpoints
+local function state_dict(self)
+  local tensors = {}
+  for _, g in ipairs(self.groups) do
+    for i, p in ipairs(g.params) do
+      local st = self.state[p]
+      if st then for k, t in pairs(st) do tensors[self.prefix .. g.names[i] .. '.' .. k] = t end end
+    end
+  end
+  return { step = self.t, tensors = tensors }
+end
+local function load_state_dict(self, sd)
+  local pending = {}
+  for _, g in ipairs(self.groups) do
+    for i, p in ipairs(g.params) do
+      for _, k in ipairs(self.state_keys) do
+        local key = self.prefix .. g.names[i] .. '.' .. k
+        local t = sd.tensors[key]
+        if t == nil then error('optimizer state: missing ' .. key, 3) end
+        if not gl.same_shape(t.shape, p.shape) then
+          error(('optimizer state: %s has shape {%s}, parameter has {%s}'):format(key,
+            table.concat(t.shape, ','), table.concat(p.shape, ',')), 3)
+        end
+        pending[#pending + 1] = { p, k, t }
+      end
+    end
+  end
+  for _, e in ipairs(pending) do
+    local p, k, t = e[1], e[2], e[3]
+    self.state[p] = self.state[p] or {}
+    local dst = self.state[p][k] or gl.zeros(p.shape, { dtype = 'float32', device = p.device }):keep()
+    dst:copy_(t)
+    self.state[p][k] = dst
+  end
+  self.t = sd.step
+end
+
+-- ---------------------------------------------------------------- AdamW
+local AdamW = {}
+AdamW.__index = AdamW
+optim.AdamW = AdamW
+-- AdamW(params, {lr=1e-3, betas={0.9, 0.999}, eps=1e-8, weight_decay=0.01})
+setmetatable(AdamW, { __call = function(_, params, opts)
+  opts = opts or {}
+  local d = { lr = opts.lr or 1e-3, betas = opts.betas or { 0.9, 0.999 }, eps = opts.eps or 1e-8,
+              weight_decay = opts.weight_decay or 0.0 }
+  local self = setmetatable({ groups = make_groups(params, d, 'AdamW'), state = {}, t = 0, prefix = 'adamw.',
+                              state_keys = { 'm', 'v' } }, AdamW)
+  for _, g in ipairs(self.groups) do
+    check_num(g.eps, 'AdamW: eps', 0); check_num(g.weight_decay, 'AdamW: weight_decay', 0)
+    for _, b in ipairs(g.betas) do
+      if type(b) ~= 'number' or b < 0 or b >= 1 then error('AdamW: betas must be in [0, 1), got ' .. tostring(b), 2) end
+    end
+  end
+  return self
+end })
+AdamW.set_lr_mult, AdamW.state_dict, AdamW.load_state_dict = set_lr_mult, state_dict, load_state_dict
+
+function AdamW:step()
+  self.t = self.t + 1
+  for _, g in ipairs(self.groups) do
+    for _, p in ipairs(g.params) do
+      if p.grad then
+        local st = self.state[p]
+        if not st then
+          st = { m = gl.zeros(p.shape, { dtype = 'float32', device = p.device }):keep(),
+                 v = gl.zeros(p.shape, { dtype = 'float32', device = p.device }):keep() }
+          self.state[p] = st
+        end
+        K(lib.gl_adamw_update(p.c, p.grad.c, st.m.c, st.v.c, 0, p:numel(), g.lr, g.betas[1], g.betas[2],
+          g.eps, g.weight_decay, self.t))
+      end
+    end
+  end
+end
+
+-- ---------------------------------------------------------------- Muon
+-- Quintic Newton–Schulz orthogonalisation (modded-nanogpt coefficients):
+-- X <- a X + (b A + c A^2) X with A = X X^T, on the wide orientation.
+local NS = { 3.4445, -4.7750, 2.0315 }
+function optim.newton_schulz(G, steps)
+  steps = steps or 5
+  return gl.no_grad(function()
+    local X = G
+    local rows, cols = G.shape[1], G.shape[2]
+    local tall = rows > cols
+    if tall then X = X:t() end
+    X = X:contiguous()
+    X = X * (1 / (gl.global_norm({ X }) + 1e-7))
+    for _ = 1, steps do
+      local Am = gl.matmul_raw(X, X:t())
+      local Bm = gl.matmul_raw(Am, Am)
+      Bm:mul_(NS[3]):add_(Am, NS[2])
+      local Xn = gl.matmul_raw(Bm, X)
+      Xn:add_(X, NS[1])
+      X = Xn
+    end
+    if tall then X = X:t():contiguous() end
+    return X
+  end)
+end
+
+local Muon = {}
+Muon.__index = Muon
+optim.Muon = Muon
+-- Muon(params, {lr=0.02, momentum=0.95, nesterov=true, ns_steps=5}); 2-D only
+setmetatable(Muon, { __call = function(_, params, opts)
+  opts = opts or {}
+  local d = { lr = opts.lr or 0.02, momentum = opts.momentum or 0.95, nesterov = opts.nesterov ~= false,
+              ns_steps = opts.ns_steps or 5 }
+  local self = setmetatable({ groups = make_groups(params, d, 'Muon'), state = {}, t = 0, prefix = 'muon.',
+                              state_keys = { 'momentum_buffer' } }, Muon)
+  for _, g in ipairs(self.groups) do
+    for i, p in ipairs(g.params) do
+      if #p.shape ~= 2 then
+        error(('Muon: parameter %s has %d dims; Muon applies only to 2-D matrices'):format(g.names[i], #p.shape), 2)
+      end
+    end
+  end
+  return self
+end })
+Muon.set_lr_mult, Muon.state_dict, Muon.load_state_dict = set_lr_mult, state_dict, load_state_dict
+
+-- the orthogonalised update of one matrix (momentum applied to buf in place)
+function Muon.update_direction(p, grad, buf, g)
+  local upd = gl.empty(p.shape, { dtype = 'float32', device = p.device })
+  K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0))
+  return optim.newton_schulz(upd, g.ns_steps)
+end
+
+function Muon:step()
+  self.t = self.t + 1
+  gl.no_grad(function()
+    for _, g in ipairs(self.groups) do
+      for _, p in ipairs(g.params) do
+        if p.grad then
+          local st = self.state[p]
+          if not st then
+            st = { momentum_buffer = gl.zeros(p.shape, { dtype = 'float32', device = p.device }):keep() }
+            self.state[p] = st
+          end
+          local X = Muon.update_direction(p, p.grad, st.momentum_buffer, g)
+          local scale = math.sqrt(math.max(1, p.shape[1] / p.shape[2]))
+          p:add_(X:to(p.dtype), -g.lr * scale)
+        end
+      end
+    end
+  end)
+end
+
+-- ------------------------------------------------------- combined optimizer
+local Combined = {}
+Combined.__index = Combined
+optim.Combined = Combined
+setmetatable(Combined, { __call = function(_, list)
+  local groups = {}
+  for _, o in ipairs(list) do for _, g in ipairs(o.groups) do groups[#groups + 1] = g end end
+  return setmetatable({ optimizers = list, groups = groups }, Combined)
+end })
+function Combined:step() for _, o in ipairs(self.optimizers) do o:step() end end
+function Combined:set_lr_mult(m) for _, o in ipairs(self.optimizers) do o:set_lr_mult(m) end end
+function Combined:state_dict()
+  local out = { steps = {}, tensors = {} }
+  for i, o in ipairs(self.optimizers) do
+    local sd = o:state_dict()
+    out.steps[i] = sd.step
+    for k, t in pairs(sd.tensors) do out.tensors[k] = t end
+  end
+  return out
+end
+function Combined:load_state_dict(sd)
+  for i, o in ipairs(self.optimizers) do o:load_state_dict({ step = sd.steps[i], tensors = sd.tensors }) end
+end
+function Combined:set_momentum(mu)
+  for _, o in ipairs(self.optimizers) do
+    if getmetatable(o) == Muon then for _, g in ipairs(o.groups) do g.momentum = mu end end
+  end
+end
+
+-- nanochat's split: hidden matrices -> Muon, embedding / lm_head / vectors
+-- -> AdamW with their own learning rates (scaled by (n_embd/768)^-0.5).
+function optim.nanochat(model, opts)
+  opts = opts or {}
+  local C = model.config.n_embd
+  local scale = (C / 768) ^ -0.5
+  local matrices, emb, head, other = {}, {}, {}, {}
+  for _, np in ipairs(model:named_parameters()) do
+    local name, p = np[1], np[2]
+    if name:match('^transformer%.h%.') and #p.shape == 2 then matrices[#matrices + 1] = np
+    elseif name:match('wte') then emb[#emb + 1] = np
+    elseif name:match('lm_head') then head[#head + 1] = np
+    else other[#other + 1] = np end
+  end
+  local adam_groups = {}
+  if #emb > 0 then adam_groups[#adam_groups + 1] = { params = emb, lr = (opts.embedding_lr or 0.2) * scale } end
+  if #head > 0 then adam_groups[#adam_groups + 1] = { params = head, lr = (opts.unembedding_lr or 0.004) * scale } end
+  if #other > 0 then adam_groups[#adam_groups + 1] = { params = other, lr = (opts.scalar_lr or 0.004) * scale } end
+  local list = { AdamW(adam_groups, { betas = opts.adam_betas or { 0.8, 0.95 }, eps = 1e-10, weight_decay = 0 }) }
+  if #matrices > 0 then
+    list[#list + 1] = Muon(matrices, { lr = opts.matrix_lr or 0.02, momentum = opts.momentum or 0.95 })
+  end
+  return Combined(list)
+end
+
+-- --------------------------------------------------------- gradient clipping
+-- scales all gradients so their global L2 norm is at most max_norm;
+-- returns the norm before clipping
+function optim.clip_grad_norm(params, max_norm)
+  local grads = {}
+  for _, p in ipairs(params) do if p.grad then grads[#grads + 1] = p.grad end end
+  local norm = gl.global_norm(grads)
+  if max_norm and max_norm > 0 and norm > max_norm then
+    local s = max_norm / (norm + 1e-6)
+    for _, g in ipairs(grads) do g:mul_(s) end
+  end
+  return norm
+end
+
+-- --------------------------------------------------------------- schedules
+-- plain functions of the step (0-based) returning an lr multiplier
+optim.schedules = {}
+function optim.schedules.constant() return function() return 1 end end
+function optim.schedules.linear_warmup(warmup)
+  return function(step) return warmup > 0 and math.min(1, (step + 1) / warmup) or 1 end
+end
+-- warmup, then cosine from 1 down to min_ratio at total_steps
+function optim.schedules.cosine(warmup, total, min_ratio)
+  min_ratio = min_ratio or 0.1
+  return function(step)
+    if step < warmup then return (step + 1) / warmup end
+    if step >= total then return min_ratio end
+    local p = (step - warmup) / math.max(1, total - warmup)
+    return min_ratio + 0.5 * (1 - min_ratio) * (1 + math.cos(math.pi * p))
+  end
+end
+-- warmup-stable-decay: constant, then linear warm-down over the last
+-- `cooldown_frac` of training to `final_ratio`
+function optim.schedules.wsd(warmup, total, cooldown_frac, final_ratio)
+  cooldown_frac, final_ratio = cooldown_frac or 0.2, final_ratio or 0.0
+  local cooldown_start = total - math.floor(cooldown_frac * total)
+  return function(step)
+    if step < warmup then return (step + 1) / warmup end
+    if step < cooldown_start then return 1 end
+    local p = (step - cooldown_start) / math.max(1, total - cooldown_start)
+    return 1 - p * (1 - final_ratio)
+  end
+end
+-- Muon momentum warmup (nanochat): 0.85 -> 0.95 over the first 300 steps
+function optim.schedules.muon_momentum(from, to, steps)
+  from, to, steps = from or 0.85, to or 0.95, steps or 300
+  return function(step) local f = math.min(step / steps, 1); return (1 - f) * from + f * to end
+end
+
+return optim

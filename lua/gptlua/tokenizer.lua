@@ -1,0 +1,258 @@
+-- gptlua.tokenizer — byte-level BPE (GPT-4 style) and character tokenizers,
+-- backed by engine/tokenizer.c.
+--
+--   local tok = require 'gptlua.tokenizer'
+--   local t = tok.char(text)                          -- distinct bytes of text
+--   local t = tok.train({'data/a.txt', ...}, 4096, {special_tokens = {'<|bos|>'}})
+--   local t = tok.load(path); t:save(path)            -- path (tiktoken ranks) + path..'.json'
+--   t.vocab_size, t.bos_id, t.kind ('bpe' | 'char'), t.n_special
+--   t:encode(text [, {tensor=true, bos=true, prepend=id}])  -> Lua table (or int32 tensor)
+--   t:encode_batch(texts [, opts])                    -> list of tables (or tensors)
+--   t:decode(ids)                                     -> string (ids: table or tensor)
+--   t:token_bytes(id), t:split(text), t:merges(), t:special_id(name)
+--
+-- Ids are 0-based (as stored in tensors).  Special tokens are never produced
+-- by encoding plain text; `bos=true` prepends BOS explicitly.
+local G = require 'gptlua.ffi'
+local Tensor = require 'gptlua.tensor'
+local ffi, lib, check, check_ptr = G.ffi, G.lib, G.check, G.check_ptr
+
+local M = {}
+local Tokenizer = {}
+Tokenizer.__index = Tokenizer
+Tokenizer.__name = 'Tokenizer'
+M.Tokenizer = Tokenizer
+
+M.GPT4_PATTERN = ffi.string(lib.gl_tok_gpt4_pattern())
+
+local len_buf = ffi.new('int64_t[1]')
+
+local function cstrings(list, what)
+  local n = #list
+  local arr = ffi.new('const char *[?]', math.max(n, 1))
+  for i, s in ipairs(list) do
+    if type(s) ~= 'string' then error(('%s: entry %d expected a string, got %s'):format(what, i, type(s)), 3) end
+    arr[i - 1] = s
+  end
+  return arr, n
+end
+
+local function wrap(p)
+  check_ptr(p, 3)
+  local c = ffi.gc(p, lib.gl_tok_free)
+  local self = setmetatable({ c = c }, Tokenizer)
+  self.vocab_size = lib.gl_tok_vocab_size(c)
+  self.n_ordinary = lib.gl_tok_n_ordinary(c)
+  self.n_special = lib.gl_tok_n_special(c)
+  self.kind = lib.gl_tok_is_char(c) == 1 and 'char' or 'bpe'
+  local pat = lib.gl_tok_pattern(c)
+  self.pattern = pat ~= nil and ffi.string(pat) or nil
+  self.special_tokens = {}
+  for id = self.n_ordinary, self.vocab_size - 1 do
+    self.special_tokens[self:token_bytes(id)] = id
+  end
+  self.bos_id = self.special_tokens['<|bos|>']
+  return self
+end
+
+local function special_list(opts, what)
+  local sp = opts and opts.special_tokens or {}
+  if type(sp) ~= 'table' then error(what .. ': special_tokens expected a list of strings', 3) end
+  return cstrings(sp, what .. ': special_tokens')
+end
+
+-- Character-level tokenizer over the distinct bytes of text.
+function M.char(text, opts)
+  if type(text) ~= 'string' then error('tokenizer.char: text expected a string, got ' .. type(text), 2) end
+  local arr, n = special_list(opts, 'tokenizer.char')
+  return wrap(lib.gl_tok_char(text, #text, n, arr))
+end
+
+-- A BPE tokenizer from a merge list {{left, right}, ...} (merge i makes id 255+i).
+function M.from_merges(merges, opts)
+  opts = opts or {}
+  local pairs_buf = ffi.new('int32_t[?]', math.max(2 * #merges, 1))
+  for i, m in ipairs(merges) do pairs_buf[2 * i - 2] = m[1]; pairs_buf[2 * i - 1] = m[2] end
+  local arr, n = special_list(opts, 'tokenizer.from_merges')
+  return wrap(lib.gl_tok_from_merges(opts.pattern, #merges, pairs_buf, n, arr))
+end
+
+local function read_file(path, what)
+  local f, err = io.open(path, 'rb')
+  if not f then error(('%s: cannot open %s'):format(what, err), 3) end
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+
+-- A string is a file path when opts.texts is not set, it has no newline and
+-- a file of that name exists; otherwise it is the text itself.
+local function is_path(s, opts)
+  if opts.texts then return false end
+  if #s > 4096 or s:find('\n', 1, true) then return false end
+  local f = io.open(s, 'rb')
+  if f then f:close() return true end
+  return false
+end
+
+-- Trains byte-level BPE.  sources: a string or a list of strings (paths or
+-- texts, see is_path).  vocab_size counts 256 bytes + merges + specials.
+-- opts: special_tokens = {...}, pattern = regex (default GPT-4; '' = none),
+-- texts = true (strings are texts), verbose = true (prints a summary).
+function M.train(sources, vocab_size, opts)
+  opts = opts or {}
+  if type(sources) == 'string' then sources = { sources } end
+  if type(sources) ~= 'table' then error('tokenizer.train: sources expected a string or a list, got ' .. type(sources), 2) end
+  if type(vocab_size) ~= 'number' then error('tokenizer.train: vocab_size expected a number', 2) end
+  local tr = check_ptr(lib.gl_bpe_trainer_new(opts.pattern), 2)
+  tr = ffi.gc(tr, lib.gl_bpe_trainer_free)
+  local bytes, t0 = 0, os.clock()
+  for i, s in ipairs(sources) do
+    if type(s) ~= 'string' then error(('tokenizer.train: source %d expected a string, got %s'):format(i, type(s)), 2) end
+    local text = is_path(s, opts) and read_file(s, 'tokenizer.train') or s
+    check(lib.gl_bpe_trainer_add(tr, text, #text), 2)
+    bytes = bytes + #text
+  end
+  local arr, n = special_list(opts, 'tokenizer.train')
+  local t = wrap(lib.gl_bpe_trainer_train(tr, vocab_size, n, arr))
+  ffi.gc(tr, nil); lib.gl_bpe_trainer_free(tr)
+  if t.vocab_size < vocab_size then
+    io.stderr:write(('tokenizer.train: the corpus ran out of pairs to merge: vocab_size is %d, not %d\n')
+      :format(t.vocab_size, vocab_size))
+  end
+  if opts.verbose then
+    print(('tokenizer.train: %.2f MB, vocab %d, %.2f s CPU'):format(bytes / 1e6, t.vocab_size, os.clock() - t0))
+  end
+  return t
+end
+
+function M.load(path)
+  if type(path) ~= 'string' then error('tokenizer.load: path expected a string', 2) end
+  return wrap(lib.gl_tok_load(path))
+end
+
+function Tokenizer:save(path)
+  if type(path) ~= 'string' then error('Tokenizer:save: path expected a string', 2) end
+  check(lib.gl_tok_save(self.c, path), 2)
+end
+
+function Tokenizer:special_id(name) return self.special_tokens[name] end
+
+-- The bytes of a token (a special token's name for a special id).
+function Tokenizer:token_bytes(id)
+  local p = lib.gl_tok_token_bytes(self.c, id, len_buf)
+  check_ptr(p, 2)
+  return ffi.string(p, len_buf[0])
+end
+
+local function prepend_id(self, opts, what)
+  if opts.prepend then return opts.prepend end
+  if opts.bos then
+    if not self.bos_id then error(what .. ': bos=true but this tokenizer has no <|bos|> token', 3) end
+    return self.bos_id
+  end
+  return -1
+end
+
+local function ids_table(t)
+  local n = t:numel()
+  local p = ffi.cast('const int32_t *', t:data_ptr())
+  local out = {}
+  for i = 1, n do out[i] = p[i - 1] end
+  return out
+end
+
+-- text -> ids (Lua table of 0-based ids, or an int32 tensor with tensor=true)
+function Tokenizer:encode(text, opts)
+  opts = opts or {}
+  if type(text) ~= 'string' then error('Tokenizer:encode: text expected a string, got ' .. type(text), 2) end
+  local t = Tensor.wrap(check_ptr(lib.gl_tok_encode(self.c, text, #text, prepend_id(self, opts, 'Tokenizer:encode')), 2))
+  if opts.tensor then return t end
+  return ids_table(t)
+end
+
+-- list of texts -> list of id tables (or tensors), documents on all threads
+function Tokenizer:encode_batch(texts, opts)
+  opts = opts or {}
+  local arr, n = cstrings(texts, 'Tokenizer:encode_batch')
+  local lens = ffi.new('int64_t[?]', math.max(n, 1))
+  for i = 1, n do lens[i - 1] = #texts[i] end
+  local out = ffi.new('gl_tensor *[?]', math.max(n, 1))
+  check(lib.gl_tok_encode_batch(self.c, n, arr, lens, prepend_id(self, opts, 'Tokenizer:encode_batch'), out), 2)
+  local res = {}
+  for i = 1, n do
+    local t = Tensor.wrap(out[i - 1])
+    res[i] = opts.tensor and t or ids_table(t)
+  end
+  return res
+end
+
+-- ids (Lua table or integer tensor of any shape, flattened) -> string
+function Tokenizer:decode(ids)
+  local n, buf, keep
+  if type(ids) == 'table' and getmetatable(ids) ~= Tensor then
+    n = #ids
+    buf = ffi.new('int32_t[?]', math.max(n, 1))
+    for i = 1, n do
+      local v = ids[i]
+      if type(v) ~= 'number' or v ~= math.floor(v) or v < -2147483648 or v > 2147483647 then
+        error(('Tokenizer:decode: ids[%d] expected an integer id, got %s'):format(i, tostring(v)), 2)
+      end
+      buf[i - 1] = v
+    end
+  elseif type(ids) == 'table' then
+    require 'gptlua' -- tensor conversions (to, contiguous) live in the full library
+    keep = ids
+    if keep.device ~= 'cpu' then keep = keep:to('cpu') end
+    if keep.dtype ~= 'int32' then
+      if keep:is_floating() then error('Tokenizer:decode: ids expected an integer tensor, got ' .. keep.dtype, 2) end
+      keep = keep:to('int32')
+    end
+    keep = keep:contiguous()
+    n = keep:numel()
+    buf = ffi.cast('const int32_t *', keep:data_ptr())
+  else
+    error('Tokenizer:decode: ids expected a table or a tensor, got ' .. type(ids), 2)
+  end
+  local len = lib.gl_tok_decoded_len(self.c, buf, n)
+  if len < 0 then error(ffi.string(lib.gl_last_error()), 2) end
+  local out = ffi.new('char[?]', math.max(tonumber(len), 1))
+  check(lib.gl_tok_decode(self.c, buf, n, out), 2)
+  return ffi.string(out, len)
+end
+
+-- the regex chunks of text (a list of strings)
+function Tokenizer:split(text)
+  local ends = Tensor.wrap(check_ptr(lib.gl_tok_split(self.c, text, #text), 2))
+  local p = ffi.cast('const int64_t *', ends:data_ptr())
+  local out, prev = {}, 0
+  for i = 0, ends:numel() - 1 do
+    local e = tonumber(p[i])
+    out[#out + 1] = text:sub(prev + 1, e)
+    prev = e
+  end
+  return out
+end
+
+-- merges in rank order: {{left, right, id}, ...}
+function Tokenizer:merges()
+  local l, r, id = ffi.new('int32_t[1]'), ffi.new('int32_t[1]'), ffi.new('int32_t[1]')
+  local out = {}
+  for i = 0, lib.gl_tok_n_merges(self.c) - 1 do
+    check(lib.gl_tok_merge(self.c, i, l, r, id), 2)
+    out[#out + 1] = { l[0], r[0], id[0] }
+  end
+  return out
+end
+
+-- Largest prefix length of text that can be encoded on its own without
+-- changing the result (0: none); for streaming big files.
+function Tokenizer:safe_cut(text)
+  return tonumber(lib.gl_tok_safe_cut(self.c, text, #text))
+end
+
+function Tokenizer:__tostring()
+  return ('Tokenizer(%s, vocab_size=%d, specials=%d)'):format(self.kind, self.vocab_size, self.n_special)
+end
+
+return M

@@ -1,0 +1,512 @@
+-- gptlua.train — the training loop every recipe runs.
+--
+-- One step: for each micro-step fetch a batch, forward, backward (loss
+-- divided by the accumulation count); then check for NaN/Inf, clip by the
+-- global norm, set the scheduled learning rate, optimizer step.  Every step
+-- runs inside a tensor scope that releases the step's temporaries when it
+-- ends, so memory is freed deterministically, not when the Lua GC decides.
+-- Around it: eval (nanoGPT's line "step N: train loss X, val loss Y"),
+-- samples, checkpoints (atomic, verified, keep_last), metrics.jsonl, SIGINT.
+local gl = require 'gptlua'
+local config = require 'gptlua.config'
+local optim = require 'gptlua.optim'
+local ckpt = require 'gptlua.checkpoint'
+local cjson = require 'cjson'
+local now = require('gptlua.cli').now
+
+local M = {}
+
+-- Every key a recipe may set; nanoGPT's names where one exists.
+M.defaults = {
+  name = 'run', out_dir = 'runs', seed = 1337, device = 'auto', dtype = 'float32', threads = 0,
+  -- model
+  model = 'gpt2', vocab_size = 0, block_size = 64, n_layer = 4, n_head = 4, n_embd = 128, dropout = 0.0,
+  bias = true, depth = 0, n_kv_head = 0, softcap = 15, activation_checkpointing = false,
+  -- data: 'char' (character-level over data_path), 'random' (benchmarking), 'shards' (data_dir)
+  data = 'char', data_path = 'data/tinyshakespeare.txt', data_dir = '', tokenizer = '', val_fraction = 0.1,
+  sampling = 'random',
+  -- batch
+  batch_size = 12, gradient_accumulation_steps = 1, total_batch_size = 0,
+  -- optimizer: 'adamw' or 'nanochat' (Muon for hidden matrices + AdamW)
+  optimizer = 'adamw', learning_rate = 1e-3, min_lr = 1e-4, beta1 = 0.9, beta2 = 0.99, eps = 1e-8,
+  weight_decay = 0.1, grad_clip = 1.0, matrix_lr = 0.02, embedding_lr = 0.2, unembedding_lr = 0.004,
+  -- schedule: 'cosine' (warmup, decay to min_lr at lr_decay_iters), 'wsd', 'constant'
+  schedule = 'cosine', decay_lr = true, warmup_iters = 100, lr_decay_iters = 2000, cooldown_frac = 0.2,
+  -- loop
+  max_iters = 2000, eval_interval = 250, eval_iters = 20, eval_only = false, log_interval = 10,
+  sample_interval = 0, sample_length = 500, sample_prompt = '\n', temperature = 0.8, top_k = 0,
+  checkpoint_interval = 0, keep_last = 2, resume = '', max_bad_steps = 5,
+  peak_flops = 0, quiet = false,
+  -- distributed policy (gptlua.dist): 'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp'
+  dist = 'none', bucket_mb = 25, shard_size = 0,
+}
+
+local HOOKS = { build_model = true, build_data = true, build_optimizer = true, lr_schedule = true,
+                param_groups = true, on_log = true, on_eval = true }
+
+-- splits a recipe table into config values and hook functions
+local function split_recipe(recipe)
+  local cfg, hooks = {}, {}
+  for k, v in pairs(recipe) do
+    if type(v) == 'function' then
+      if not HOOKS[k] then
+        local names = {}
+        for h in pairs(HOOKS) do names[#names + 1] = h end
+        table.sort(names)
+        error(('recipe: unknown hook %s (valid hooks: %s)'):format(k, table.concat(names, ', ')), 0)
+      end
+      hooks[k] = v
+    else cfg[k] = v end
+  end
+  return cfg, hooks
+end
+
+local function fail(msg) error('config: ' .. msg, 0) end
+
+function M.resolve_config(recipe, args)
+  local rcfg, hooks = split_recipe(recipe)
+  config.validate(rcfg, M.defaults)
+  local cli = config.parse_args(args, M.defaults)
+  local cfg = config.merge(M.defaults, rcfg, cli)
+  if cfg.device == 'auto' then cfg.device = gl.default_device() end
+  gl.Tensor.device_id(cfg.device, 'config: device')
+  if cfg.device ~= 'cpu' and not gl.cuda_available() then
+    fail(('device %s requested but no CUDA device is available (use --device=cpu)'):format(cfg.device))
+  end
+  for _, k in ipairs({ 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'matrix_lr' }) do
+    if cfg[k] < 0 then fail(('%s must be >= 0, got %s'):format(k, cfg[k])) end
+  end
+  for _, k in ipairs({ 'batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters' }) do
+    if cfg[k] < 1 or cfg[k] ~= math.floor(cfg[k]) then fail(('%s must be a positive integer, got %s'):format(k, cfg[k])) end
+  end
+  if cfg.optimizer ~= 'adamw' and cfg.optimizer ~= 'nanochat' and not hooks.build_optimizer then
+    fail(("unknown optimizer '%s' (expected 'adamw' or 'nanochat')"):format(cfg.optimizer))
+  end
+  if cfg.model ~= 'gpt2' and cfg.model ~= 'nanochat' and not hooks.build_model then
+    fail(("unknown model '%s' (expected 'gpt2' or 'nanochat')"):format(cfg.model))
+  end
+  if cfg.schedule ~= 'cosine' and cfg.schedule ~= 'wsd' and cfg.schedule ~= 'constant' then
+    fail(("unknown schedule '%s' (expected 'cosine', 'wsd' or 'constant')"):format(cfg.schedule))
+  end
+  if cfg.model == 'gpt2' and cfg.n_embd % cfg.n_head ~= 0 then
+    fail(('n_embd %d is not divisible by n_head %d'):format(cfg.n_embd, cfg.n_head))
+  end
+  if cfg.dropout < 0 or cfg.dropout >= 1 then fail('dropout must be in [0, 1), got ' .. cfg.dropout) end
+  if cfg.dtype ~= 'float32' and cfg.dtype ~= 'float64' and cfg.dtype ~= 'bfloat16' then
+    fail(("dtype must be float32, float64 or bfloat16, got '%s'"):format(cfg.dtype))
+  end
+  return cfg, hooks
+end
+
+-- ------------------------------------------------------------------ data
+local function resolve_path(p)
+  if ckpt.exists(p) then return p end
+  local alt = gl.root .. '/' .. p
+  if ckpt.exists(alt) then return alt end
+  error(('data: file %s not found (also looked in %s)'):format(p, gl.root), 0)
+end
+
+-- default data: returns {train = loader, val = loader, tokenizer = tok, vocab_size = n}
+function M.build_data(cfg, rank, world)
+  local data = require 'gptlua.data'
+  local function loaders(train_tokens, val_tokens)
+    local common = { batch_size = cfg.batch_size, block_size = cfg.block_size, rank = rank, world_size = world,
+                     sampling = cfg.sampling, device = cfg.device }
+    local function mk(tokens, seed)
+      if tokens:numel() <= cfg.block_size + 1 then
+        fail(('block_size %d is longer than the data (%d tokens in a split)'):format(cfg.block_size, tokens:numel()))
+      end
+      local o = {}
+      for k, v in pairs(common) do o[k] = v end
+      o.tokens, o.seed = tokens, seed
+      return data.loader(o)
+    end
+    -- eval reads the training split through its own stream so that
+    -- evaluating never moves the training data position
+    return mk(train_tokens, cfg.seed), mk(val_tokens, cfg.seed + 1), mk(train_tokens, cfg.seed + 2)
+  end
+  if cfg.data == 'char' then
+    local tokenizer = require 'gptlua.tokenizer'
+    local f = assert(io.open(resolve_path(cfg.data_path), 'rb'))
+    local text = f:read('*a')
+    f:close()
+    local tok = tokenizer.char(text)
+    local ids = tok:encode(text, { tensor = true })
+    local n = ids:numel()
+    local n_train = math.floor(n * (1 - cfg.val_fraction))
+    local tr, va, ev = loaders(ids:narrow(1, 1, n_train):contiguous(), ids:narrow(1, n_train + 1, n - n_train):contiguous())
+    return { train = tr, val = va, eval_train = ev, tokenizer = tok, vocab_size = tok.vocab_size }
+  elseif cfg.data == 'random' then
+    local V = cfg.vocab_size > 0 and cfg.vocab_size or 50304
+    local n = math.max(1 << 20, 4 * cfg.batch_size * (cfg.block_size + 1))
+    local ids = gl.uniform({ n }, 0, V, { seed = cfg.seed, dtype = 'float64' }):clamp_(0, V - 1):to('int32')
+    local tr, va, ev = loaders(ids, ids)
+    return { train = tr, val = va, eval_train = ev, vocab_size = V }
+  elseif cfg.data == 'shards' then
+    local tokenizer = require 'gptlua.tokenizer'
+    if cfg.data_dir == '' then fail("data = 'shards' needs data_dir") end
+    local tok = cfg.tokenizer ~= '' and tokenizer.load(cfg.tokenizer) or nil
+    local common = { batch_size = cfg.batch_size, block_size = cfg.block_size, rank = rank, world_size = world,
+                     sampling = cfg.sampling, device = cfg.device, bos_aligned = false }
+    local function mk(split, seed)
+      local o = {}
+      for k, v in pairs(common) do o[k] = v end
+      o.files, o.seed, o.split = cfg.data_dir, seed, split
+      if tok then o.vocab_size = tok.vocab_size end
+      return data.loader(o)
+    end
+    return { train = mk('train', cfg.seed), val = mk('val', cfg.seed + 1), eval_train = mk('train', cfg.seed + 2), tokenizer = tok,
+             vocab_size = tok and tok.vocab_size or cfg.vocab_size }
+  end
+  fail(("unknown data source '%s' (expected 'char', 'random' or 'shards')"):format(cfg.data))
+end
+
+-- ------------------------------------------------------------------ model
+function M.build_model(cfg)
+  if cfg.model == 'gpt2' then
+    return require('gptlua.models.gpt2').GPT({ vocab_size = cfg.vocab_size, block_size = cfg.block_size,
+      n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd, dropout = cfg.dropout, bias = cfg.bias,
+      activation_checkpointing = cfg.activation_checkpointing })
+  end
+  local mc = { vocab_size = cfg.vocab_size, block_size = cfg.block_size, softcap = cfg.softcap,
+               dropout = cfg.dropout, activation_checkpointing = cfg.activation_checkpointing }
+  if cfg.depth > 0 then mc.depth = cfg.depth
+  else mc.n_layer, mc.n_head, mc.n_embd, mc.depth = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_layer end
+  if cfg.n_kv_head > 0 then mc.n_kv_head = cfg.n_kv_head end
+  return require('gptlua.models.nanochat').GPT(mc)
+end
+
+-- AdamW with weight decay on matrices only (nanoGPT), or nanochat's split
+function M.build_optimizer(cfg, model, groups)
+  if cfg.optimizer == 'nanochat' then
+    return optim.nanochat(model, { matrix_lr = cfg.matrix_lr, embedding_lr = cfg.embedding_lr,
+                                   unembedding_lr = cfg.unembedding_lr })
+  end
+  if not groups then
+    local decay, no_decay = {}, {}
+    for _, np in ipairs(model:named_parameters()) do
+      if #np[2].shape >= 2 then decay[#decay + 1] = np else no_decay[#no_decay + 1] = np end
+    end
+    groups = { { params = decay, weight_decay = cfg.weight_decay } }
+    if #no_decay > 0 then groups[2] = { params = no_decay, weight_decay = 0 } end
+  end
+  return optim.AdamW(groups, { lr = cfg.learning_rate, betas = { cfg.beta1, cfg.beta2 }, eps = cfg.eps })
+end
+
+function M.lr_schedule(cfg)
+  if not cfg.decay_lr or cfg.schedule == 'constant' then return optim.schedules.linear_warmup(cfg.warmup_iters) end
+  if cfg.schedule == 'wsd' then return optim.schedules.wsd(cfg.warmup_iters, cfg.max_iters, cfg.cooldown_frac, 0) end
+  local ratio = cfg.learning_rate > 0 and cfg.min_lr / cfg.learning_rate or 0
+  return optim.schedules.cosine(cfg.warmup_iters, cfg.lr_decay_iters, ratio)
+end
+
+-- --------------------------------------------------------------- MFU, memory
+M.gpu_peak_flops = { ['H100'] = 989e12, ['H200'] = 989e12, ['A100'] = 312e12, ['L4'] = 121e12, ['A10'] = 125e12 }
+
+-- CPU peak: a short sgemm measurement (what BLAS really sustains here)
+function M.measure_cpu_flops()
+  local n = 384
+  local a, b = gl.randn({ n, n }, { seed = 1 }), gl.randn({ n, n }, { seed = 2 })
+  local c = gl.empty({ n, n })
+  gl.matmul_raw(a, b, c)
+  local reps, t0 = 0, now()
+  repeat gl.matmul_raw(a, b, c); reps = reps + 1 until now() - t0 > 0.15
+  return 2 * n * n * n * reps / (now() - t0)
+end
+
+local function peak_flops(cfg)
+  if cfg.peak_flops > 0 then return cfg.peak_flops end
+  if cfg.device ~= 'cpu' then
+    local ok, cuda = pcall(require, 'gptlua.cuda')
+    local name = ok and cuda.device_name and cuda.device_name(0) or ''
+    for k, v in pairs(M.gpu_peak_flops) do if name:find(k) then return v end end
+    return 989e12
+  end
+  return M.measure_cpu_flops()
+end
+
+local function fmt_bytes(b)
+  if b >= 2 ^ 30 then return string.format('%.2f GiB', b / 2 ^ 30) end
+  return string.format('%.1f MiB', b / 2 ^ 20)
+end
+M.fmt_bytes = fmt_bytes
+
+local function fmt_time(s)
+  if s < 60 then return string.format('%.0fs', s) end
+  if s < 3600 then return string.format('%dm%02ds', math.floor(s / 60), math.floor(s % 60)) end
+  return string.format('%dh%02dm', math.floor(s / 3600), math.floor(s % 3600 / 60))
+end
+
+-- --------------------------------------------------------------- trainer
+local Trainer = {}
+Trainer.__index = Trainer
+M.Trainer = Trainer
+
+function M.new(recipe, args)
+  local cfg, hooks = M.resolve_config(recipe, args)
+  local self = setmetatable({ cfg = cfg, hooks = hooks, step = 0, bad_steps = 0, history = {} }, Trainer)
+  self.rank, self.world = 0, 1
+  if cfg.dist ~= 'none' then
+    self.dist = require('gptlua.dist')
+    self.comm = self.dist.init({})
+    self.rank, self.world = self.comm.rank, self.comm.size
+  end
+  if cfg.threads > 0 then gl.set_num_threads(cfg.threads) end
+  gl.manual_seed(cfg.seed)
+  local d = (hooks.build_data or M.build_data)(cfg, self.rank, self.world)
+  self.data = d
+  if cfg.vocab_size == 0 then cfg.vocab_size = d.vocab_size end
+  if cfg.total_batch_size > 0 then
+    local per = cfg.batch_size * cfg.block_size * self.world
+    if cfg.total_batch_size % per ~= 0 then
+      fail(('total_batch_size %d is not a multiple of batch_size*block_size*world (%d)'):format(cfg.total_batch_size, per))
+    end
+    cfg.gradient_accumulation_steps = cfg.total_batch_size / per
+  end
+  gl.manual_seed(cfg.seed)
+  local model = (hooks.build_model or M.build_model)(cfg)
+  if cfg.dtype ~= 'float32' then model:to(cfg.dtype) end
+  if cfg.device ~= 'cpu' then model:to(cfg.device) end
+  self.model = model
+  local groups = hooks.param_groups and hooks.param_groups(cfg, model) or nil
+  self.optimizer = (hooks.build_optimizer or M.build_optimizer)(cfg, model, groups)
+  self.schedule = (hooks.lr_schedule or M.lr_schedule)(cfg)
+  self.momentum_schedule = optim.schedules.muon_momentum()
+  self.params = model:parameters()
+  if self.dist then
+    self.policy = self.dist.policy(cfg.dist, { comm = self.comm, model = model, optimizer = self.optimizer,
+      params = self.params, bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size })
+  end
+  self.run_dir = cfg.out_dir .. '/' .. cfg.name
+  self.ckpt_dir = self.run_dir .. '/checkpoints'
+  self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * self.world
+  self.flops_per_token = model:flops_per_token(cfg.block_size)
+  return self
+end
+
+function Trainer:print(...)
+  if self.rank == 0 and not self.cfg.quiet then io.write(...); io.write('\n'); io.stdout:flush() end
+end
+
+-- mean loss over eval_iters batches of each split
+function Trainer:evaluate()
+  local cfg, model = self.cfg, self.model
+  local out = {}
+  model:eval()
+  for _, split in ipairs({ 'train', 'val' }) do
+    local loader = split == 'train' and (self.data.eval_train or self.data.train) or self.data.val
+    local total = 0
+    for _ = 1, cfg.eval_iters do
+      gl.scope(function()
+        local x, y = loader:next_batch()
+        local _, loss = gl.no_grad(model.forward, model, x, y)
+        total = total + loss:item()
+      end)
+    end
+    local mean = total / cfg.eval_iters
+    if self.comm then mean = self.comm:all_reduce_number(mean, 'avg') end
+    out[split] = mean
+  end
+  model:train()
+  return out
+end
+
+function Trainer:sample(n)
+  local tok = self.data.tokenizer
+  if not tok then return nil end
+  local cfg = self.cfg
+  local prompt = tok:encode(cfg.sample_prompt)
+  if #prompt == 0 then prompt = { 0 } end
+  local idx = gl.tensor({ prompt }, { dtype = 'int64', device = cfg.device })
+  local out = self.model:generate(idx, n or cfg.sample_length, { temperature = cfg.temperature,
+    top_k = cfg.top_k > 0 and cfg.top_k or nil, seed = cfg.seed })
+  local ids = out:select(1, 1):tolist()
+  return tok:decode(ids)
+end
+
+function Trainer:save_checkpoint()
+  local cfg = self.cfg
+  local model_sd = self.model:state_dict()
+  local opt_sd = self.optimizer:state_dict()
+  local state = { rng = gl.get_rng_state(), opt_step = opt_sd.step, opt_steps = opt_sd.steps,
+                  data = self.data.train:state(), config = cfg, history = self.history,
+                  bad_steps = self.bad_steps }
+  if self.policy and self.policy.save_checkpoint then
+    return self.policy:save_checkpoint(self, model_sd, opt_sd, state)
+  end
+  if self.rank ~= 0 then return end
+  local path = ckpt.save(self.ckpt_dir, self.step, { model = model_sd, optim = opt_sd.tensors, state = state },
+    cfg.keep_last)
+  self:print(('saved checkpoint %s'):format(path))
+  return path
+end
+
+function Trainer:load_checkpoint(path)
+  local c = ckpt.load(path)
+  local st = c.state
+  local cfg = self.cfg
+  for _, k in ipairs({ 'model', 'n_layer', 'n_head', 'n_embd', 'vocab_size', 'block_size', 'depth' }) do
+    if st.config and st.config[k] ~= nil and st.config[k] ~= cfg[k] then
+      error(('resume: checkpoint %s has %s = %s, this run has %s; not loaded'):format(path, k,
+        tostring(st.config[k]), tostring(cfg[k])), 0)
+    end
+  end
+  self.model:load_state_dict(c.model)
+  self.optimizer:load_state_dict({ step = st.opt_step, steps = st.opt_steps, tensors = c.optim })
+  gl.set_rng_state(st.rng)
+  self.data.train:set_state(st.data)
+  self.step = st.step
+  self.history = st.history or {}
+  self.bad_steps = st.bad_steps or 0
+  self:print(('resumed from %s at step %d'):format(path, self.step))
+end
+
+-- one optimizer step; returns the mean loss and the gradient norm
+function Trainer:train_step()
+  local cfg, model = self.cfg, self.model
+  local accum = cfg.gradient_accumulation_steps
+  local lr_mult = self.schedule(self.step)
+  self.optimizer:set_lr_mult(lr_mult)
+  if self.optimizer.set_momentum then self.optimizer:set_momentum(self.momentum_schedule(self.step)) end
+  for _, p in ipairs(self.params) do if p.grad then p.grad:zero_() end end
+  local loss_sum = 0
+  for micro = 1, accum do
+    gl.scope(function()
+      local x, y = self.data.train:next_batch()
+      if self.policy then self.policy:before_micro_step(micro, accum) end
+      local _, loss = model:forward(x, y)
+      loss_sum = loss_sum + loss:item()
+      (loss * (1 / accum)):backward()
+    end)
+  end
+  local loss = loss_sum / accum
+  if self.policy then self.policy:after_backward() end
+  local norm
+  if self.policy and self.policy.grad_norm then norm = self.policy:grad_norm()
+  else norm = optim.clip_grad_norm(self.params, 0) end
+  if self.comm then loss = self.comm:all_reduce_number(loss, 'avg') end
+  if loss ~= loss or loss == math.huge or norm ~= norm or norm == math.huge then
+    return loss, norm, lr_mult, false
+  end
+  if cfg.grad_clip > 0 and norm > cfg.grad_clip then
+    local s = cfg.grad_clip / (norm + 1e-6)
+    for _, p in ipairs(self.params) do if p.grad then p.grad:mul_(s) end end
+  end
+  gl.scope(function()
+    if self.policy then self.policy:step() else self.optimizer:step() end
+  end)
+  return loss, norm, lr_mult, true
+end
+
+function Trainer:write_metrics(rec)
+  if self.rank ~= 0 then return end
+  if not self.metrics_file then
+    ckpt.mkdir_p(self.run_dir)
+    self.metrics_file = assert(io.open(self.run_dir .. '/metrics.jsonl', self.step > 0 and 'ab' or 'wb'))
+  end
+  self.metrics_file:write(cjson.encode(rec), '\n')
+  self.metrics_file:flush()
+end
+
+function Trainer:run()
+  local cfg = self.cfg
+  if cfg.resume ~= '' and cfg.resume ~= false then
+    local path = ckpt.resolve(cfg.resume == 'true' and 'latest' or cfg.resume, self.ckpt_dir)
+    if path then self:load_checkpoint(path)
+    else self:print(('resume: no checkpoint under %s, starting fresh'):format(self.ckpt_dir)) end
+  end
+  local peak = peak_flops(cfg)
+  self:print(('model %s: %.2fM parameters, %d layers, %d heads, width %d, context %d, vocab %d'):format(
+    cfg.model, self.model:num_params() / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size))
+  self:print(('device %s (%d threads), %s, batch %d x %d x %d accum x %d ranks = %d tokens/step, peak %.1f GFLOP/s'):format(
+    cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
+    self.world, self.tokens_per_step, peak / 1e9))
+  gl.lib.gl_signal_catch(2)
+  local t_start, t_last, tokens_since, steps_since = now(), now(), 0, 0
+  local last_eval
+  local interrupted = false
+  local losses = {}
+  while self.step < cfg.max_iters do
+    local step = self.step
+    if cfg.eval_interval > 0 and step % cfg.eval_interval == 0 and (step > 0 or cfg.eval_only or true) then
+      local ev = self:evaluate()
+      last_eval = ev
+      self:print(('step %d: train loss %.4f, val loss %.4f'):format(step, ev.train, ev.val))
+      self:write_metrics({ step = step, eval = true, train_loss = ev.train, val_loss = ev.val })
+      if self.hooks.on_eval then self.hooks.on_eval(self, ev) end
+      if cfg.eval_only then break end
+    end
+    local t0 = now()
+    local loss, norm, lr_mult, ok = self:train_step()
+    local dt = now() - t0
+    if not ok then
+      self.bad_steps = self.bad_steps + 1
+      self:print(('step %d: loss %s, grad norm %s is not finite; step skipped (%d in a row)'):format(step,
+        tostring(loss), tostring(norm), self.bad_steps))
+      self:write_metrics({ step = step, skipped = true, loss = tostring(loss) })
+      if self.bad_steps >= cfg.max_bad_steps then
+        error(('training stopped: %d steps in a row with a non-finite loss or gradient (last loss %s at step %d)'):format(
+          self.bad_steps, tostring(loss), step), 0)
+      end
+    else
+      self.bad_steps = 0
+    end
+    losses[#losses + 1] = loss
+    self.history[#self.history + 1] = loss
+    self.step = step + 1
+    tokens_since, steps_since = tokens_since + self.tokens_per_step, steps_since + 1
+    if cfg.log_interval > 0 and (self.step % cfg.log_interval == 0 or self.step == cfg.max_iters) then
+      local elapsed = now() - t_last
+      local tps = tokens_since / elapsed
+      local mfu = tps * self.flops_per_token / (peak * self.world)
+      local mem = gl.memory_stats(cfg.device)
+      local eta = (cfg.max_iters - self.step) * elapsed / steps_since
+      local lr = cfg.learning_rate * lr_mult
+      self:print(('step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.1f ms/step | mem %s | ETA %s'):format(
+        self.step, cfg.max_iters, loss, lr, norm, tps, 100 * mfu, 1000 * elapsed / steps_since,
+        fmt_bytes(mem.peak), fmt_time(eta)))
+      self:write_metrics({ step = self.step, loss = loss, lr = lr, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
+        ms_per_step = 1000 * elapsed / steps_since, step_ms = dt * 1000, mem_peak = mem.peak })
+      if self.hooks.on_log then self.hooks.on_log(self, { loss = loss, norm = norm, tps = tps }) end
+      t_last, tokens_since, steps_since = now(), 0, 0
+    end
+    if cfg.sample_interval > 0 and self.step % cfg.sample_interval == 0 and self.rank == 0 then
+      self:print('--- sample ---\n' .. (self:sample(200) or '') .. '\n---')
+    end
+    if cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0 and self.step < cfg.max_iters then
+      self:save_checkpoint()
+    end
+    if gl.lib.gl_signal_take(2) > 0 then interrupted = true; break end
+  end
+  gl.lib.gl_signal_restore(2)
+  local final = {}
+  if interrupted then
+    self:print(('interrupted at step %d: saving a checkpoint'):format(self.step))
+    final.checkpoint = self:save_checkpoint()
+    final.interrupted = true
+    return final
+  end
+  if not cfg.eval_only and cfg.eval_interval > 0 then
+    last_eval = self:evaluate()
+    self:print(('step %d: train loss %.4f, val loss %.4f'):format(self.step, last_eval.train, last_eval.val))
+    self:write_metrics({ step = self.step, eval = true, train_loss = last_eval.train, val_loss = last_eval.val })
+  end
+  if not cfg.eval_only then final.checkpoint = self:save_checkpoint() end
+  local total = now() - t_start
+  self:print(('done: %d steps in %s (%.1f ms/step), final val loss %s'):format(self.step, fmt_time(total),
+    1000 * total / math.max(1, #losses), last_eval and string.format('%.4f', last_eval.val) or 'n/a'))
+  if cfg.sample_length > 0 and self.rank == 0 and self.data.tokenizer then
+    self:print('--- sample ---\n' .. self:sample() .. '\n---')
+  end
+  final.eval, final.losses = last_eval, losses
+  if self.metrics_file then self.metrics_file:close() end
+  return final
+end
+
+-- entry point for a recipe table and command-line args
+function M.main(recipe, args)
+  local t = M.new(recipe, args)
+  return t:run(), t
+end
+
+return M

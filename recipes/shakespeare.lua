@@ -1,0 +1,17 @@
+-- The default recipe (`make run`): a character-level GPT on tiny Shakespeare,
+-- nanoGPT's CPU configuration of config/train_shakespeare_char.py:
+-- 4 layers, 4 heads, width 128, context 64, batch 12, 2000 iterations,
+-- AdamW lr 1e-3 (beta2 0.99) with cosine decay to 1e-4.  Target: val loss <= 1.88.
+return {
+  name = 'shakespeare',
+  model = 'gpt2',
+  data = 'char', data_path = 'data/tinyshakespeare.txt', val_fraction = 0.1,
+  n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, dropout = 0.0, bias = false,
+  batch_size = 12, gradient_accumulation_steps = 1,
+  optimizer = 'adamw', learning_rate = 1e-3, min_lr = 1e-4, beta1 = 0.9, beta2 = 0.99,
+  weight_decay = 0.1, grad_clip = 1.0,
+  warmup_iters = 100, lr_decay_iters = 2000, max_iters = 2000,
+  eval_interval = 250, eval_iters = 50, log_interval = 50,
+  sample_length = 500, temperature = 0.8, top_k = 200,
+  device = 'auto', seed = 1337,
+}

@@ -56,31 +56,25 @@ local function release(t)
   if t.c.storage ~= nil then lib.gl_tensor_release(t.c) end
 end
 
--- Reverse topological order of the tensors reachable from root through
--- grad_fn, plus the number of consumer edges of each.
-local function graph_order(root)
-  local order, deps, state = {}, {}, {}
+-- Number of consumer edges of every tensor reachable from root through
+-- grad_fn (only edges into tensors that require grad count).
+local function count_deps(root)
+  local deps, seen = {}, { [root] = true }
   local stack = { root }
-  state[root] = 1
   while #stack > 0 do
     local t = stack[#stack]
+    stack[#stack] = nil
     local fn = t.grad_fn
-    local pushed = false
-    if fn and state[t] == 1 then
+    if fn and fn.inputs then
       for _, x in ipairs(fn.inputs) do
         if x.requires_grad then
           deps[x] = (deps[x] or 0) + 1
-          if not state[x] then state[x] = 1; stack[#stack + 1] = x; pushed = true end
+          if not seen[x] then seen[x] = true; stack[#stack + 1] = x end
         end
       end
-      state[t] = 2
-    end
-    if not pushed then
-      stack[#stack] = nil
-      if state[t] ~= 3 then state[t] = 3; order[#order + 1] = t end
     end
   end
-  return order, deps
+  return deps
 end
 
 local function gl_clone_raw(g)
@@ -123,15 +117,18 @@ function A.backward(root, grad, opts)
   local prev = grad_enabled
   grad_enabled = false
   local ok, err = pcall(function()
-    local order, deps = graph_order(root)
+    -- Kahn's algorithm: a tensor is ready once all its consumers have run
+    local deps = count_deps(root)
     local grads = { [root] = grad }
-    for i = #order, 1, -1 do
-      local t = order[i]
+    local ready = { root }
+    while #ready > 0 do
+      local t = ready[#ready]
+      ready[#ready] = nil
       local fn = t.grad_fn
       local g = grads[t]
       grads[t] = nil
-      if fn == nil then  -- a leaf reached only as the root
-        if t == root then finish_leaf(t, g) end
+      if fn == nil then
+        finish_leaf(t, g)
       else
         if fn.inputs == nil then
           error('backward: the graph was already freed by an earlier backward (pass {retain_graph=true})', 0)
@@ -145,9 +142,10 @@ function A.backward(root, grad, opts)
               grads[x] = add_into(grads[x], gx)
             end
             deps[x] = deps[x] - 1
-            if deps[x] == 0 and x.grad_fn == nil then
-              finish_leaf(x, grads[x])
-              grads[x] = nil
+            if deps[x] == 0 then
+              -- a leaf's gradient is final now: write it and fire its hooks
+              if x.grad_fn == nil then finish_leaf(x, grads[x]); grads[x] = nil
+              else ready[#ready + 1] = x end
             end
           end
         end

@@ -289,14 +289,13 @@ local function extreme(op, name)
     local src = op == R.max and x or unary_raw(U.neg, x)
     K(lib.gl_reduce_max_dim(vals.c, idx.c, src.c, d - 1))
     if op ~= R.max then vals = unary_raw(U.neg, vals) end
-    local out = vals
+    local kidx = idx
     vals = record(vals, { x }, function(_, g)
       local gx = O.zeros(x.shape, { dtype = g.dtype, device = g.device })
-      K(lib.gl_scatter_add(gx.c, d - 1, idx.c, g:reshape(kshape):contiguous().c))
+      K(lib.gl_scatter_add(gx.c, d - 1, kidx.c, g:reshape(kshape):contiguous().c))
       return gx
     end, nil, name)
     if not keepdim then vals, idx = vals:squeeze(d), idx:squeeze(d) end
-    local _ = out
     return vals, idx
   end
 end
@@ -403,15 +402,15 @@ end
 local function softmax_impl(x, dim, log, name)
   local d = norm_dim(x, dim or -1, name)
   local xt = d == #x.shape and x or x:transpose(d, -1)
-  local out = empty_like(xt)
-  K(lib.gl_softmax(out.c, xt.c, log and 1 or 0))
-  out = record(out, { xt }, function(_, g)
-    local dx = empty_like(out)
-    K(lib.gl_softmax_backward(dx.c, out.c, g.c, log and 1 or 0))
+  local y = empty_like(xt)
+  K(lib.gl_softmax(y.c, xt.c, log and 1 or 0))
+  y = record(y, { xt }, function(_, g)
+    local dx = empty_like(y)
+    K(lib.gl_softmax_backward(dx.c, y.c, g.c, log and 1 or 0))
     return dx
   end, nil, name)
-  if d ~= #x.shape then out = out:transpose(d, -1) end
-  return out
+  if d ~= #x.shape then return y:transpose(d, -1) end
+  return y
 end
 function O.softmax(x, dim) return softmax_impl(x, dim, false, 'softmax') end
 function O.log_softmax(x, dim) return softmax_impl(x, dim, true, 'log_softmax') end

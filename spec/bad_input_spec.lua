@@ -1,0 +1,67 @@
+-- Bad input never crashes: every call below raises a Lua error whose text
+-- names the function, the argument and what was expected.
+local gl = require 'gptlua'
+local lib, ffi = gl.lib, gl.ffi
+
+local function freed() local t = gl.zeros({ 3 }); t:free(); return t end
+
+local cases = {
+  { 'unknown dtype', function() gl.zeros({ 2 }, { dtype = 'float7' }) end, "empty: unknown dtype 'float7'" },
+  { 'unknown device', function() gl.zeros({ 2 }, { device = 'tpu' }) end, "empty: unknown device 'tpu'" },
+  { 'cuda without a GPU', function() gl.zeros({ 2 }, { device = 'cuda:0' }) end, 'cuda:0 requested but' },
+  { 'negative size', function() gl.empty({ 2, -3 }) end, 'gl_empty: size of dim 2 must be >= 0, got -3' },
+  { 'fractional size', function() gl.empty({ 2.5 }) end, 'empty: size of dim 1 must be an integer, got 2.5' },
+  { 'too many dims', function() gl.empty({ 1, 1, 1, 1, 1, 1, 1, 1, 1 }) end, 'empty: at most 8 dims, got 9' },
+  { 'element count overflow', function() gl.empty({ 2 ^ 40, 2 ^ 40 }) end, 'gl_empty: shape overflows 64-bit element count at dim 2' },
+  { 'byte count overflow', function() gl.empty({ 2 ^ 61 }, { dtype = 'float64' }) end, 'overflow the byte count' },
+  { 'view with the wrong count', function() gl.zeros({ 4, 4 }):view(3, 5) end, 'view: shape {3,5} has 15 elements, tensor has 16' },
+  { 'view with two -1', function() gl.zeros({ 4, 4 }):view(-1, -1) end, 'view: only one dim can be -1' },
+  { 'view of a non-contiguous tensor', function() gl.zeros({ 2, 3 }):t():view(6) end, 'view: tensor of shape {3,2} is not contiguous' },
+  { 'transpose dim out of range', function() gl.zeros({ 2, 3 }):transpose(1, 3) end, 'transpose: dim 3 out of range for a 2-d tensor' },
+  { 'narrow past the end', function() gl.zeros({ 5 }):narrow(1, 4, 3) end, 'narrow: range start=4 len=3 outside dim 1 of size 5' },
+  { 'select out of range', function() gl.zeros({ 5 }):select(1, 6) end, 'select: index 6 out of range for dim 1 of size 5' },
+  { 'expand of a non-1 dim', function() gl.zeros({ 2, 3 }):expand(4, 3) end, 'expand: cannot broadcast shape {2,3} to {4,3}' },
+  { 'permute with a repeated dim', function() gl.zeros({ 2, 3 }):permute(1, 1) end, 'permute: dim 1 repeated' },
+  { 'get with the wrong index count', function() gl.zeros({ 2, 3 }):get(1) end, 'get: expected 2 indices for a 2-d tensor, got 1' },
+  { 'get out of range', function() gl.zeros({ 2, 3 }):get(1, 4) end, 'get: index 4 out of range for dim 2 of size 3' },
+  { 'item of many elements', function() gl.zeros({ 2 }):item() end, 'item: tensor has 2 elements, expected exactly 1' },
+  { 'ragged table', function() gl.tensor({ { 1, 2 }, { 3 } }) end, 'tensor: ragged nested table: dim 2 expected 2 entries, got 1' },
+  { 'non-number in a table', function() gl.tensor({ 1, 'x' }) end, 'tensor: expected a number at depth 2, got string' },
+  { 'use after free', function() freed():fill_(1) end, 'gl_fill: tensor has been freed' },
+  { 'copy from a freed tensor', function() gl.zeros({ 3 }):copy_(freed()) end, 'gl_copy: src has been freed' },
+  { 'copy of mismatched shapes', function() gl.zeros({ 3 }):copy_(gl.zeros({ 4 })) end, 'copy_: cannot broadcast shape {4} to {3}' },
+  { 'fill of a broadcast view', function() gl.zeros({ 1 }):expand(4):fill_(1) end, 'gl_fill: tensor is a broadcast view (stride 0 in dim 1)' },
+  { 'as_strided past the storage', function() local t = gl.zeros({ 4 }); t:_as_strided({ 4 }, { 2 }, 0) end,
+    'gl_as_strided: view reaches element 6, storage holds 4 elements' },
+  { 'as_strided negative stride', function() local t = gl.zeros({ 4 }); t:_as_strided({ 2 }, { -1 }, 2) end,
+    'gl_as_strided: stride of dim 1 must be >= 0, got -1' },
+  { 'as_strided negative offset', function() local t = gl.zeros({ 4 }); t:_as_strided({ 1 }, { 1 }, -1) end,
+    'gl_as_strided: offset must be >= 0, got -1' },
+  { 'randn into an integer tensor', function() gl.zeros({ 3 }, { dtype = 'int32' }):normal_() end,
+    'gl_rand_normal: tensor has dtype int32, expected a floating dtype' },
+  { 'requires_grad on integers', function() gl.zeros({ 3 }, { dtype = 'int64' }):requires_grad_() end,
+    'requires_grad_: only floating tensors can require gradients' },
+  { 'invalid handle to the engine', function()
+      local bogus = ffi.new('gl_tensor')
+      gl.check(lib.gl_fill(bogus, 0))
+    end, 'gl_fill: tensor is not a valid tensor handle' },
+  { 'NULL tensor to the engine', function() gl.check(lib.gl_fill(nil, 0)) end, 'gl_fill: tensor is nil, expected a tensor' },
+  { 'set_num_threads(0)', function() gl.set_num_threads(0) end, 'gl_set_num_threads: n must be >= 1, got 0' },
+  { 'memory stats of a bad device', function() gl.memory_stats('gpu') end, "memory_stats: unknown device 'gpu'" },
+  { 'arange with step 0', function() gl.arange(0, 5, 0) end, 'arange: step must not be 0' },
+  { 'manual_seed negative', function() gl.manual_seed(-1) end, 'manual_seed: seed must be a non-negative number' },
+  { 'safetensors save to a missing directory', function()
+      require('gptlua.checkpoint').save_safetensors('/nonexistent/dir/x.safetensors', { a = gl.zeros({ 1 }) })
+    end, "gl_safetensors_save: cannot create '/nonexistent/dir/x.safetensors.tmp." },
+}
+
+describe('bad input', function()
+  it('has at least 30 cases', function() assert.is_true(#cases >= 30) end)
+  for _, c in ipairs(cases) do
+    it('rejects ' .. c[1], function()
+      local ok, err = pcall(c[2])
+      assert.is_false(ok, 'expected an error')
+      assert.truthy(tostring(err):find(c[3], 1, true), ('expected %q in %q'):format(c[3], tostring(err)))
+    end)
+  end
+end)

@@ -1,0 +1,54 @@
+-- Central finite-difference gradient checks in float64.
+local gl = require 'gptlua'
+
+local M = {}
+
+-- gradcheck(f, inputs, {eps=1e-6, tol=1e-6}): f(...) -> tensor.  The scalar
+-- checked is sum(f(...) * R) with a fixed random R, so every output element
+-- contributes.  Returns the worst relative error, and asserts it is < tol.
+function M.check(f, inputs, opts)
+  opts = opts or {}
+  local eps, tol = opts.eps or 1e-6, opts.tol or 1e-6
+  for _, x in ipairs(inputs) do
+    if x.requires_grad then x.grad = nil end
+  end
+  local out = f(unpack(inputs))
+  local R = gl.randn(out.shape, { dtype = 'float64', seed = 99 })
+  local function scalar()
+    return gl.no_grad(function() return gl.sum(f(unpack(inputs)):to('float64') * R):item() end)
+  end
+  gl.sum(out * R):backward()
+  local worst = 0
+  for k, x in ipairs(inputs) do
+    if x.requires_grad then
+      assert(x.grad, 'no gradient reached input ' .. k)
+      local analytic = x.grad:contiguous():tolist()
+      local n = x:numel()
+      local flat = x:contiguous()
+      assert(flat == x, 'gradcheck inputs must be contiguous')
+      for i = 1, n do
+        local idx = {}
+        local rem = i - 1
+        for d = #x.shape, 1, -1 do idx[d] = rem % x.shape[d] + 1; rem = math.floor(rem / x.shape[d]) end
+        local v = x:get(unpack(idx))
+        x:set(v + eps, unpack(idx)); local fp = scalar()
+        x:set(v - eps, unpack(idx)); local fm = scalar()
+        x:set(v, unpack(idx))
+        local numeric = (fp - fm) / (2 * eps)
+        local err = math.abs(numeric - analytic[i]) / math.max(1, math.abs(numeric), math.abs(analytic[i]))
+        if err > worst then worst = err end
+        assert(err < tol, ('input %d element %d: analytic %.10g vs numeric %.10g (rel err %.3g)'):format(
+          k, i, analytic[i], numeric, err))
+      end
+    end
+  end
+  return worst
+end
+
+function M.rand(shape, seed, grad)
+  local t = gl.randn(shape, { dtype = 'float64', seed = seed })
+  if grad ~= false then t:requires_grad_() end
+  return t
+end
+
+return M

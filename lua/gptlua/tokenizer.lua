@@ -98,7 +98,8 @@ end
 -- Trains byte-level BPE.  sources: a string or a list of strings (paths or
 -- texts, see is_path).  vocab_size counts 256 bytes + merges + specials.
 -- opts: special_tokens = {...}, pattern = regex (default GPT-4; '' = none),
--- texts = true (strings are texts), verbose = true (prints a summary).
+-- texts = true (strings are texts), verbose = true (prints a summary),
+-- quiet = true (no warning when the corpus runs out of pairs).
 function M.train(sources, vocab_size, opts)
   opts = opts or {}
   if type(sources) == 'string' then sources = { sources } end
@@ -116,7 +117,7 @@ function M.train(sources, vocab_size, opts)
   local arr, n = special_list(opts, 'tokenizer.train')
   local t = wrap(lib.gl_bpe_trainer_train(tr, vocab_size, n, arr))
   ffi.gc(tr, nil); lib.gl_bpe_trainer_free(tr)
-  if t.vocab_size < vocab_size then
+  if t.vocab_size < vocab_size and not opts.quiet then
     io.stderr:write(('tokenizer.train: the corpus ran out of pairs to merge: vocab_size is %d, not %d\n')
       :format(t.vocab_size, vocab_size))
   end

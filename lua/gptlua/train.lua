@@ -138,7 +138,7 @@ function M.build_data(cfg, rank, world)
     return { train = tr, val = va, eval_train = ev, tokenizer = tok, vocab_size = tok.vocab_size }
   elseif cfg.data == 'random' then
     local V = cfg.vocab_size > 0 and cfg.vocab_size or 50304
-    local n = math.max(1 << 20, 4 * cfg.batch_size * (cfg.block_size + 1))
+    local n = math.max(2 ^ 20, 4 * cfg.batch_size * (cfg.block_size + 1))
     local ids = gl.uniform({ n }, 0, V, { seed = cfg.seed, dtype = 'float64' }):clamp_(0, V - 1):to('int32')
     local tr, va, ev = loaders(ids, ids)
     return { train = tr, val = va, eval_train = ev, vocab_size = V }
@@ -376,7 +376,8 @@ function Trainer:train_step()
       if self.policy then self.policy:before_micro_step(micro, accum) end
       local _, loss = model:forward(x, y)
       loss_sum = loss_sum + loss:item()
-      (loss * (1 / accum)):backward()
+      local scaled = loss * (1 / accum)
+      scaled:backward()
     end)
   end
   local loss = loss_sum / accum
@@ -403,6 +404,9 @@ function Trainer:write_metrics(rec)
   if not self.metrics_file then
     ckpt.mkdir_p(self.run_dir)
     self.metrics_file = assert(io.open(self.run_dir .. '/metrics.jsonl', self.step > 0 and 'ab' or 'wb'))
+  end
+  for k, v in pairs(rec) do  -- JSON has no NaN/Inf: write them as strings
+    if type(v) == 'number' and (v ~= v or v == math.huge or v == -math.huge) then rec[k] = tostring(v) end
   end
   self.metrics_file:write(cjson.encode(rec), '\n')
   self.metrics_file:flush()

@@ -256,6 +256,13 @@ do
   same(g, { N }, 'world after splits')
 end
 
+-- error lines carry the rank
+if N > 1 then
+  check(dist.prefix('a\nb') == ('[rank %d] a\n[rank %d] b'):format(R, R), 'rank prefix: ' .. dist.prefix('a\nb'))
+else
+  check(dist.prefix('a\nb') == 'a\nb', 'no prefix in a world of one')
+end
+
 -- topology and threads: one node, cores shared among its ranks
 check(world.local_size == N and world.local_rank == R and world.node == 0 and world.nnodes == 1, 'world topology')
 if backend == 'mpi' then

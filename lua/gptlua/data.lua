@@ -1,0 +1,399 @@
+-- gptlua.data — token shards and the batch loader (engine/shards.c, loader.c).
+--
+--   local data = require 'gptlua.data'
+--   local L = data.loader{ batch_size = B, block_size = T,
+--     -- exactly one source:
+--     tokens = int32_tensor_or_table,          -- in memory
+--     files = {shard paths} or 'dir',          -- shards; a dir means dir/<split>_*.bin
+--     split = 'train',                         --   (with files = dir)
+--     text = 'path.txt', tokenizer = t,        -- a text file (char tokenizer by default)
+--     source = 'random', vocab_size = V,       -- uniform random tokens (benchmarks)
+--     rank = 0, world_size = 1, seed = 1337, sampling = 'random' | 'sequential',
+--     bos_aligned = false, bos_id = nil, vocab_size = nil, prefetch = 4, device = 'cpu' }
+--   local x, y = L:next_batch()      -- int64 (B, T); y is x shifted by one token
+--   local st = L:state(); L:set_state(st)   -- plain table, exact resume (any rank count)
+--   L:close()
+--
+-- Batches: the global stream of rows is a function of (seed, sampling, data,
+-- block_size) only.  Each step consumes batch_size * world_size global rows;
+-- rank r gets rows [r*B, (r+1)*B) of them, so the ranks' batches together are
+-- the world_size = 1 batch of size B * world_size.  'random' draws each row's
+-- window uniformly (nanoGPT's get_batch, from a counter-based RNG); 'sequential'
+-- walks the data in order with stride T (epoch after epoch).
+--
+-- A background C thread assembles batches ahead into a ring of `prefetch`
+-- tensor pairs; next_batch hands over a filled pair (no copy) and the ring
+-- gets fresh tensors from the caching allocator, so in steady state the only
+-- allocation per step is the returned tensors themselves, served from the
+-- allocator's cache once the caller drops earlier batches.  For a CUDA device
+-- the pair is moved with Loader:_transfer (the hook for pinned buffers and an
+-- asynchronous copy stream).
+local gl = require 'gptlua'
+local tok = require 'gptlua.tokenizer'
+local ffi, lib = gl.ffi, gl.lib
+local G = require 'gptlua.ffi'
+local check, check_ptr = G.check, G.check_ptr
+local Tensor = gl.Tensor
+
+local M = {}
+local Loader = {}
+Loader.__index = Loader
+Loader.__name = 'Loader'
+M.Loader = Loader
+
+local SAMPLING = { random = 0, sequential = 1 }
+
+-- Sorted paths of the regular files dir/<prefix>*<suffix>.
+function M.list_files(dir, prefix, suffix)
+  local p = check_ptr(lib.gl_list_files(dir, prefix or '', suffix or ''), 2)
+  local s = ffi.string(p)
+  lib.gl_data_free(p)
+  local out = {}
+  for line in s:gmatch('[^\n]+') do out[#out + 1] = line end
+  return out
+end
+
+-- Sorted shard paths dir/<split>_*.bin.
+function M.list_shards(dir, split) return M.list_files(dir, (split or 'train') .. '_', '.bin') end
+
+-- Header of a shard as a table (validates it, not the payload).
+function M.shard_header(path)
+  local h = ffi.new('gl_shard_header')
+  check(lib.gl_shard_read_header(path, h), 2)
+  return { version = h.version, token_bytes = h.token_bytes, vocab_size = tonumber(h.vocab_size),
+           n_tokens = tonumber(h.n_tokens), checksum = h.checksum }
+end
+
+-- All tokens of a shard (fully validated) as an int32 tensor.
+function M.read_shard(path, vocab_limit)
+  local s = check_ptr(lib.gl_shard_open(path, vocab_limit or 0), 2)
+  s = ffi.gc(s, lib.gl_shard_close)
+  local t = Tensor.wrap(lib.gl_shard_tokens(s, 0, lib.gl_shard_n_tokens(s)))
+  ffi.gc(s, nil); lib.gl_shard_close(s)
+  return t
+end
+
+-- A shard writer: w:append(ids) (int32/int64 tensor or Lua table), w:count(),
+-- w:close() (atomic rename into place), w:abort().
+local Writer = {}
+Writer.__index = Writer
+function M.shard_writer(path, vocab_size)
+  local c = check_ptr(lib.gl_shard_writer_open(path, vocab_size), 2)
+  return setmetatable({ c = ffi.gc(c, lib.gl_shard_writer_abort), path = path }, Writer)
+end
+function Writer:append(ids)
+  if not self.c then error('shard_writer: already closed', 2) end
+  if getmetatable(ids) ~= Tensor then ids = gl.tensor(ids, { dtype = 'int32' }) end
+  if ids.dtype ~= 'int32' and ids.dtype ~= 'int64' then ids = ids:to('int64') end
+  check(lib.gl_shard_writer_append(self.c, ids:contiguous():view(-1).c), 2)
+end
+function Writer:count() return tonumber(lib.gl_shard_writer_count(self.c)) end
+function Writer:close()
+  if not self.c then error('shard_writer: already closed', 2) end
+  local c = self.c
+  self.c = nil
+  ffi.gc(c, nil)
+  check(lib.gl_shard_writer_close(c), 2)
+end
+function Writer:abort()
+  if not self.c then return end
+  local c = self.c
+  self.c = nil
+  ffi.gc(c, nil)
+  lib.gl_shard_writer_abort(c)
+end
+
+local function read_file(path, what)
+  local f, err = io.open(path, 'rb')
+  if not f then error(('%s: cannot open %s'):format(what, err), 3) end
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+
+-- A plain text file for the character-level recipes:
+-- {tokenizer = t, train = int32 tensor, val = int32 tensor}.  The split is
+-- nanoGPT's: the first (1 - val_fraction) of the bytes train, the rest val.
+-- opts: tokenizer (default: tok.char over the whole file), val_fraction (0.1).
+function M.text_file(path, opts)
+  opts = opts or {}
+  local text = read_file(path, 'data.text_file')
+  local t = opts.tokenizer or tok.char(text)
+  local vf = opts.val_fraction or 0.1
+  if vf < 0 or vf >= 1 then error('data.text_file: val_fraction expected in [0, 1), got ' .. tostring(vf), 2) end
+  local n_train = math.floor(#text * (1 - vf))
+  return { tokenizer = t, train = t:encode(text:sub(1, n_train), { tensor = true }),
+           val = t:encode(text:sub(n_train + 1), { tensor = true }) }
+end
+
+local function int_opt(opts, k, default, min)
+  local v = opts[k]
+  if v == nil then v = default end
+  if type(v) ~= 'number' or v ~= math.floor(v) or (min and v < min) then
+    error(('data.loader: %s expected an integer%s, got %s'):format(k, min and (' >= ' .. min) or '', tostring(v)), 3)
+  end
+  return v
+end
+
+-- ------------------------------------------------------------ prepare
+pcall(ffi.cdef, 'int mkdir(const char *path, unsigned int mode);')
+
+local function mkdir_p(path)
+  local sofar = path:sub(1, 1) == '/' and '' or '.'
+  for part in path:gmatch('[^/]+') do
+    sofar = sofar .. '/' .. part
+    ffi.C.mkdir(sofar, tonumber('755', 8))
+  end
+  local f = io.open(path .. '/.gptlua_probe', 'wb')
+  if not f then error('data.prepare: cannot create directory ' .. path, 3) end
+  f:close(); os.remove(path .. '/.gptlua_probe')
+end
+
+local function file_size(path)
+  local f, err = io.open(path, 'rb')
+  if not f then error('data.prepare: cannot open ' .. err, 3) end
+  local n = f:seek('end')
+  f:close()
+  return n
+end
+
+-- shards <dir>/<split>_000000.bin, ... of at most shard_tokens tokens each
+local function shard_sink(dir, split, vocab, shard_tokens)
+  local s = { files = {}, tokens = 0 }
+  function s.append(ids)
+    local off, n = 0, ids:numel()
+    while off < n do
+      if not s.w then
+        local path = ('%s/%s_%06d.bin'):format(dir, split, #s.files)
+        s.w = M.shard_writer(path, vocab)
+        s.files[#s.files + 1] = path
+      end
+      local k = math.min(shard_tokens - s.w:count(), n - off)
+      s.w:append(ids:narrow(1, off + 1, k))
+      off, s.tokens = off + k, s.tokens + k
+      if s.w:count() >= shard_tokens then s.w:close(); s.w = nil end
+    end
+  end
+  function s.close() if s.w then s.w:close(); s.w = nil end end
+  function s.abort() if s.w then s.w:abort(); s.w = nil end end
+  return s
+end
+
+-- Tokenizes text files into shards.  opts: input (file or directory: every
+-- regular file in it, sorted), tokenizer (a Tokenizer), out (directory),
+-- val_fraction (0.01: the last bytes of the input), shard_tokens (1e8),
+-- block_bytes (read size, 8 MB), progress (true: a status line with MB/s and
+-- ETA).  Each file is a document, BOS-prefixed when the tokenizer has BOS;
+-- the val part starts a new document.  Files are read in blocks cut where
+-- encoding the pieces equals encoding the whole (Tokenizer:safe_cut).
+-- Returns {train = {paths}, val = {paths}, train_tokens, val_tokens, bytes, seconds}.
+function M.prepare(opts)
+  local t = opts.tokenizer
+  if getmetatable(t) ~= tok.Tokenizer then error('data.prepare: tokenizer expected a Tokenizer', 2) end
+  if type(opts.input) ~= 'string' or type(opts.out) ~= 'string' then
+    error('data.prepare: input and out expected paths', 2)
+  end
+  local vf = opts.val_fraction or 0.01
+  if type(vf) ~= 'number' or vf < 0 or vf >= 1 then error('data.prepare: val_fraction expected in [0, 1), got ' .. tostring(vf), 2) end
+  local shard_tokens = opts.shard_tokens or 1e8
+  local block = opts.block_bytes or 8 * 2 ^ 20
+  local inputs
+  local ok_dir, listed = pcall(M.list_files, opts.input)
+  if ok_dir then inputs = listed else inputs = { opts.input } end
+  if #inputs == 0 then error('data.prepare: no files in ' .. opts.input, 2) end
+  local total = 0
+  for _, f in ipairs(inputs) do total = total + file_size(f) end
+  mkdir_p(opts.out)
+  local now = require('gptlua.cli').now
+  local sinks = { train = shard_sink(opts.out, 'train', t.vocab_size, shard_tokens),
+                  val = shard_sink(opts.out, 'val', t.vocab_size, shard_tokens) }
+  local val_start = math.floor(total * (1 - vf) + 0.5)
+  local split, done, t0, last_print = 'train', 0, now(), 0
+  local function progress(final)
+    if not opts.progress then return end
+    local el = now() - t0
+    if not final and el - last_print < 0.5 then return end
+    last_print = el
+    local rate = done / math.max(el, 1e-9)
+    io.stdout:write(('\rprepare: %.1f/%.1f MB  %.1f MB/s  ETA %ds  train %d tok  val %d tok%s')
+      :format(done / 1e6, total / 1e6, rate / 1e6, math.floor((total - done) / math.max(rate, 1)),
+              sinks.train.tokens, sinks.val.tokens, final and '\n' or ''))
+    io.stdout:flush()
+  end
+  -- encodes a piece of a document; the first non-empty piece gets BOS
+  local first
+  local function emit(text)
+    if #text == 0 then return end
+    sinks[split].append(t:encode(text, { tensor = true, bos = first and t.bos_id ~= nil }))
+    first = false
+  end
+  local ok, err = pcall(function()
+    for _, path in ipairs(inputs) do
+      local f = assert(io.open(path, 'rb'))
+      local carry = ''
+      first = true
+      while true do
+        local chunk = f:read(block)
+        local buf = chunk and carry .. chunk or carry
+        local cut = #buf
+        if chunk then
+          cut = t:safe_cut(buf)
+          if cut == 0 then carry = buf end
+        end
+        if not chunk or cut > 0 then
+          local piece = buf:sub(1, cut)
+          carry = buf:sub(cut + 1)
+          if split == 'train' and done + #piece > val_start then
+            -- the val part begins at the last newline cut before the boundary
+            local at = val_start - done
+            local c = t:safe_cut(piece:sub(1, at))
+            if c == 0 then c = at end
+            emit(piece:sub(1, c))
+            split, first = 'val', true
+            emit(piece:sub(c + 1))
+          else
+            emit(piece)
+          end
+          done = done + #piece
+          progress(false)
+        end
+        if not chunk then break end
+      end
+      f:close()
+    end
+  end)
+  if not ok then sinks.train.abort(); sinks.val.abort(); error(err, 2) end
+  sinks.train.close(); sinks.val.close()
+  progress(true)
+  return { train = sinks.train.files, val = sinks.val.files, train_tokens = sinks.train.tokens,
+           val_tokens = sinks.val.tokens, bytes = total, seconds = now() - t0 }
+end
+
+-- ------------------------------------------------------------ loader
+function M.loader(opts)
+  if type(opts) ~= 'table' then error('data.loader: expected a table of options', 2) end
+  local B = int_opt(opts, 'batch_size', nil, 1)
+  local T = int_opt(opts, 'block_size', nil, 1)
+  local world = int_opt(opts, 'world_size', 1, 1)
+  local rank = int_opt(opts, 'rank', 0, 0)
+  local seed = int_opt(opts, 'seed', 1337, 0)
+  local sampling = opts.sampling or 'random'
+  if SAMPLING[sampling] == nil then
+    error(("data.loader: sampling expected 'random' or 'sequential', got %s"):format(tostring(sampling)), 2)
+  end
+  local kinds = {}
+  for _, k in ipairs({ 'tokens', 'files', 'text' }) do if opts[k] ~= nil then kinds[#kinds + 1] = k end end
+  if opts.source ~= nil then
+    if opts.source ~= 'random' then error("data.loader: source expected 'random', got " .. tostring(opts.source), 2) end
+    kinds[#kinds + 1] = 'source'
+  end
+  if #kinds ~= 1 then
+    error(('data.loader: expected exactly one of tokens, files, text, source; got %s')
+      :format(#kinds == 0 and 'none' or table.concat(kinds, ', ')), 2)
+  end
+  local self = setmetatable({ batch_size = B, block_size = T, rank = rank, world_size = world, seed = seed,
+                              sampling = sampling, bos_aligned = opts.bos_aligned and true or false,
+                              device = opts.device or 'cpu', tokenizer = opts.tokenizer }, Loader)
+  local bos = opts.bos_id or (opts.tokenizer and opts.tokenizer.bos_id)
+  if self.bos_aligned and bos == nil then error('data.loader: bos_aligned needs bos_id (or a tokenizer with <|bos|>)', 2) end
+  self.bos_id = bos
+  local vocab = opts.vocab_size or 0
+  local cfg = ffi.new('gl_loader_config')
+  cfg.batch_size, cfg.block_size, cfg.rank, cfg.world_size = B, T, rank, world
+  cfg.seed, cfg.sampling, cfg.bos_aligned, cfg.bos_id = seed, SAMPLING[sampling], self.bos_aligned and 1 or 0, bos or -1
+  cfg.vocab_size, cfg.prefetch = vocab, int_opt(opts, 'prefetch', 4, 2)
+  self.c = ffi.gc(check_ptr(lib.gl_loader_new(cfg), 2), lib.gl_loader_free)
+
+  if opts.text then
+    local text = read_file(opts.text, 'data.loader')
+    self.tokenizer = self.tokenizer or tok.char(text)
+    opts = setmetatable({ tokens = self.tokenizer:encode(text, { tensor = true }) }, { __index = opts })
+  end
+  if opts.tokens then
+    local t = opts.tokens
+    if getmetatable(t) ~= Tensor then t = gl.tensor(t, { dtype = 'int32' }) end
+    if t.device ~= 'cpu' then t = t:to('cpu') end
+    if t.dtype ~= 'int32' and t.dtype ~= 'int64' and t.dtype ~= 'uint16' then t = t:to('int64') end
+    t = t:contiguous():view(-1)
+    self.tokens = t  -- the C side reads it in place: keep it alive
+    check(lib.gl_loader_add_tokens(self.c, t.c), 2)
+  elseif opts.files then
+    local files = opts.files
+    if type(files) == 'string' then
+      files = M.list_shards(files, opts.split)
+      if #files == 0 then
+        error(('data.loader: no shards %s/%s_*.bin'):format(opts.files, opts.split or 'train'), 2)
+      end
+    end
+    self.files = files
+    for _, f in ipairs(files) do check(lib.gl_loader_add_shard(self.c, f), 2) end
+  elseif opts.source == 'random' then
+    check(lib.gl_loader_add_random(self.c, int_opt(opts, 'n_tokens', 2 ^ 40, 1)), 2)
+  end
+  check(lib.gl_loader_start(self.c, 0), 2)
+  self.n_tokens = tonumber(lib.gl_loader_n_tokens(self.c))
+  self.n_windows = tonumber(lib.gl_loader_n_windows(self.c))
+  self._x, self._y = ffi.new('gl_tensor *[1]'), ffi.new('gl_tensor *[1]')
+  return self
+end
+
+-- Moves a CPU batch to the loader's device.  The single place a CUDA-aware
+-- path (pinned buffers, copy stream) plugs in.
+function Loader:_transfer(x, y)
+  return x:to(self.device), y:to(self.device)
+end
+
+function Loader:next_batch()
+  if not self.c then error('Loader:next_batch: the loader is closed', 2) end
+  check(lib.gl_loader_next(self.c, self._x, self._y), 2)
+  local x, y = Tensor.wrap(self._x[0]), Tensor.wrap(self._y[0])
+  if self.device ~= 'cpu' then x, y = self:_transfer(x, y) end
+  return x, y
+end
+
+-- seconds the last next_batch waited for the producer (0 in steady state)
+function Loader:last_wait() return self.c and lib.gl_loader_last_wait(self.c) or 0 end
+
+-- global rows consumed so far (all ranks together)
+function Loader:sample() return tonumber(lib.gl_loader_sample(self.c)) end
+
+-- A plain, serialisable table.  `sample` (global rows consumed) is what
+-- resumes; the rest identifies the stream and describes where it is.
+function Loader:state()
+  if not self.c then error('Loader:state: the loader is closed', 2) end
+  local s = self:sample()
+  local pos = ffi.new('gl_loader_pos')
+  check(lib.gl_loader_position(self.c, s, pos), 2)
+  return { version = 1, sample = s, seed = self.seed, sampling = self.sampling, block_size = self.block_size,
+           bos_aligned = self.bos_aligned, n_tokens = self.n_tokens, n_windows = self.n_windows,
+           epoch = tonumber(pos.epoch), source = tonumber(pos.source) + 1, offset = tonumber(pos.offset) }
+end
+
+-- Continues exactly where `st` was taken (batch_size and world_size may
+-- differ; the stream must be the same).
+function Loader:set_state(st)
+  if not self.c then error('Loader:set_state: the loader is closed', 2) end
+  if type(st) ~= 'table' or type(st.sample) ~= 'number' then error('Loader:set_state: expected a table from Loader:state()', 2) end
+  for _, k in ipairs({ 'seed', 'sampling', 'block_size', 'bos_aligned', 'n_tokens' }) do
+    if st[k] ~= nil and st[k] ~= self[k] then
+      error(('Loader:set_state: the state is for %s = %s, this loader has %s (a different data stream)')
+        :format(k, tostring(st[k]), tostring(self[k])), 2)
+    end
+  end
+  check(lib.gl_loader_start(self.c, st.sample), 2)
+end
+
+function Loader:close()
+  if not self.c then return end
+  local c = self.c
+  self.c = nil
+  ffi.gc(c, nil)
+  lib.gl_loader_free(c)
+end
+
+function Loader:__tostring()
+  return ('Loader(B=%d, T=%d, rank %d/%d, %s, %d tokens)'):format(self.batch_size, self.block_size, self.rank,
+    self.world_size, self.sampling, self.n_tokens or 0)
+end
+
+return M

@@ -1,0 +1,52 @@
+local gl = require 'gptlua'
+local nn = require 'gptlua.nn'
+
+describe('nn modules', function()
+  it('Linear, Embedding, LayerNorm, RMSNorm, Dropout compute what they say', function()
+    gl.manual_seed(1)
+    local fc = nn.Linear(3, 2)
+    local x = gl.randn({ 4, 3 })
+    local ref = gl.matmul(x, fc.weight:t()) + fc.bias
+    assert.is_true(fc(x):max_abs_diff(ref) < 1e-6)
+    local emb = nn.Embedding(5, 3)
+    local ids = gl.tensor({ 4, 0 }, { dtype = 'int64' })
+    assert.same(emb.weight:select(1, 5):totable(), emb(ids):select(1, 1):totable())
+    local ln = nn.LayerNorm(3)
+    local y = ln(x)
+    assert.is_true(math.abs(gl.mean(y, 2):select(1, 1):item()) < 1e-5)
+    local rms = nn.RMSNorm(3)
+    assert.equal(0, rms:num_params())
+    local r = rms(x)
+    assert.is_true(math.abs(gl.mean(r * r, 2):select(1, 1):item() - 1) < 1e-3)
+    local drop = nn.Dropout(0.5)
+    drop:eval()
+    assert.equal(x, drop(x))
+  end)
+  it('names parameters in a stable order, counts them, and prints the tree', function()
+    local seq = nn.Sequential({ nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 2, { bias = false }) })
+    local names = {}
+    for i, np in ipairs(seq:named_parameters()) do names[i] = np[1] end
+    assert.same({ '0.weight', '0.bias', '1.weight', '1.bias', '2.weight' }, names)
+    assert.equal(4 * 8 + 8 + 8 + 8 + 16, seq:num_params())
+    assert.truthy(tostring(seq):find('(2): Linear(8 -> 2, no bias)', 1, true))
+    seq:eval()
+    assert.is_false(seq[2].training)
+    seq:train()
+    assert.is_true(seq[2].training)
+  end)
+  it('state_dict round-trips and load_state_dict rejects missing, extra and mis-shaped entries untouched', function()
+    local a, b = nn.Linear(3, 2), nn.Linear(3, 2)
+    b:load_state_dict(a:state_dict())
+    assert.same(a.weight:totable(), b.weight:totable())
+    local before = b.weight:totable()
+    local sd = a:state_dict()
+    sd.bias = nil
+    assert.has_error(function() b:load_state_dict(sd) end, 'load_state_dict: missing: bias')
+    sd = a:state_dict(); sd.extra = gl.zeros({ 1 })
+    assert.has_error(function() b:load_state_dict(sd) end, 'load_state_dict: unexpected: extra')
+    sd = { weight = gl.zeros({ 3, 2 }), bias = gl.zeros({ 2 }) }
+    assert.has_error(function() b:load_state_dict(sd) end,
+      'load_state_dict: weight has shape {3,2} in the state dict, the model expects {2,3}')
+    assert.same(before, b.weight:totable())
+  end)
+end)

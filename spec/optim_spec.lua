@@ -1,0 +1,82 @@
+local gl = require 'gptlua'
+local optim = require 'gptlua.optim'
+
+describe('optimizers', function()
+  it('AdamW matches the reference update over several steps', function()
+    local p = gl.tensor({ 0.5, -1.0, 2.0 }, { dtype = 'float64' }):requires_grad_()
+    local opt = optim.AdamW({ p }, { lr = 0.1, betas = { 0.9, 0.99 }, eps = 1e-8, weight_decay = 0.1 })
+    local ref, m, v = { 0.5, -1.0, 2.0 }, { 0, 0, 0 }, { 0, 0, 0 }
+    for t = 1, 5 do
+      local g = {}
+      for i = 1, 3 do g[i] = math.sin(t + i) end
+      p.grad = gl.tensor(g, { dtype = 'float64' })
+      opt:step()
+      for i = 1, 3 do
+        ref[i] = ref[i] - 0.1 * 0.1 * ref[i]
+        m[i] = 0.9 * m[i] + 0.1 * g[i]
+        v[i] = 0.99 * v[i] + 0.01 * g[i] * g[i]
+        local mh, vh = m[i] / (1 - 0.9 ^ t), v[i] / (1 - 0.99 ^ t)
+        ref[i] = ref[i] - 0.1 * mh / (math.sqrt(vh) + 1e-8)
+      end
+    end
+    local got = p:tolist()
+    for i = 1, 3 do assert.near(ref[i], got[i], 1e-5) end
+  end)
+  it('Newton-Schulz orthogonalises: singular values land near 1', function()
+    local G = gl.randn({ 16, 8 }, { seed = 3 })
+    local X = optim.newton_schulz(G, 5)
+    assert.same({ 16, 8 }, X.shape)
+    local XtX = gl.matmul(X:t(), X)
+    for i = 1, 8 do
+      local d = XtX:get(i, i)
+      assert.is_true(d > 0.4 and d < 1.6, 'diag ' .. d)
+    end
+  end)
+  it('Muon steps 2-D matrices with the shape-scaled lr and rejects other shapes', function()
+    local W = gl.randn({ 8, 4 }, { seed = 4 }):requires_grad_()
+    local w0 = W:clone()
+    local opt = optim.Muon({ W }, { lr = 0.01 })
+    W.grad = gl.randn({ 8, 4 }, { seed = 5 })
+    opt:step()
+    local delta = (W - w0):detach()
+    local rel = gl.global_norm({ delta }) / (0.01 * math.sqrt(2))
+    assert.is_true(rel > 0.5 and rel < 3, 'update norm ratio ' .. rel)
+    assert.has_error(function() optim.Muon({ gl.zeros({ 3 }) }) end)
+  end)
+  it('saves and restores optimizer state exactly', function()
+    local function run(restore_at)
+      local p = gl.tensor({ 1, 2, 3, 4 }, { dtype = 'float32' }):view(2, 2):requires_grad_()
+      local opt = optim.Combined({ optim.AdamW({ { 'p', p } }, { lr = 0.01 }), optim.Muon({ { 'q', p } }, { lr = 0.01 }) })
+      for t = 1, 4 do
+        if t == restore_at then
+          local sd = opt:state_dict()
+          local copy = { steps = sd.steps, tensors = {} }
+          for k, v in pairs(sd.tensors) do copy.tensors[k] = v:clone() end
+          opt = optim.Combined({ optim.AdamW({ { 'p', p } }, { lr = 0.01 }), optim.Muon({ { 'q', p } }, { lr = 0.01 }) })
+          opt:load_state_dict(copy)
+        end
+        p.grad = gl.full({ 2, 2 }, 0.1 * t)
+        opt:step()
+      end
+      return p:tolist()
+    end
+    assert.same(run(nil), run(3))
+  end)
+  it('clips by global norm and reports the norm', function()
+    local a, b = gl.zeros({ 2 }):requires_grad_(), gl.zeros({ 1 }):requires_grad_()
+    a.grad, b.grad = gl.tensor({ 3, 0 }), gl.tensor({ 4 })
+    local n = optim.clip_grad_norm({ a, b }, 1)
+    assert.near(5, n, 1e-6)
+    assert.near(1, gl.global_norm({ a.grad, b.grad }), 1e-5)
+  end)
+  it('has warmup, cosine, WSD and momentum schedules', function()
+    local s = optim.schedules
+    local c = s.cosine(10, 110, 0.1)
+    assert.near(0.1, c(0), 1e-12); assert.near(1, c(9), 1e-12)
+    assert.near(0.55, c(60), 1e-12); assert.near(0.1, c(110), 1e-12)
+    local w = s.wsd(0, 100, 0.2, 0)
+    assert.equal(1, w(50)); assert.near(0.5, w(90), 1e-12)
+    local m = s.muon_momentum(0.85, 0.95, 300)
+    assert.near(0.85, m(0), 1e-12); assert.near(0.95, m(300), 1e-12)
+  end)
+end)

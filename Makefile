@@ -13,7 +13,7 @@ BUILD  ?= build
 CC     ?= gcc
 
 DEBIAN_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev lua-busted \
-  libopenblas-dev libcjson-dev libpcre2-dev libreadline-dev libopenmpi-dev openmpi-bin
+  libopenblas-openmp-dev libcjson-dev libpcre2-dev libreadline-dev libopenmpi-dev openmpi-bin
 
 NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 ifeq ($(CUDA),0)
@@ -29,11 +29,14 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 WARN    = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 CFLAGS  ?= -O3 -march=native
 CFLAGS  += -std=gnu11 -fPIC -fopenmp $(WARN) -Iengine -I$(BUILD) -I/usr/include/luajit-2.1 \
-           -I/usr/include/x86_64-linux-gnu/openblas-pthread
-LIBS    = -lopenblas -lcjson -lpcre2-8 -lpthread -lm -fopenmp
+           -I$(BLAS_DIR:/usr/lib/%=/usr/include/%)
+# OpenBLAS built on OpenMP: BLAS and our kernels share one thread pool
+# (the pthread build spins its own threads against OpenMP's on small cores)
+BLAS_DIR = /usr/lib/x86_64-linux-gnu/openblas-openmp
+LIBS    = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lpthread -lm -fopenmp
 
 ENGINE_SRC = $(filter-out engine/main.c,$(wildcard engine/*.c))
-ENGINE_OBJ = $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(ENGINE_SRC)) $(BUILD)/obj/gl_cdef.o
+ENGINE_OBJ = $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(ENGINE_SRC)) $(BUILD)/obj/gl_cdef.o $(BUILD)/obj/gl_abi.o
 HEADERS    = $(wildcard engine/*.h)
 CU_SRC     = $(wildcard kernels/*.cu)
 CU_HDR     = $(wildcard kernels/*.cuh)
@@ -71,6 +74,11 @@ $(BUILD)/gl_cdef.c: $(BUILD)/gl_cdef.h
 	   echo '  ; }'; } > $@
 $(BUILD)/obj/gl_cdef.o: $(BUILD)/gl_cdef.c
 	$(CC) $(CFLAGS) -c $< -o $@
+# struct layouts as the C compiler sees them (checked against ffi by spec/abi_spec.lua)
+$(BUILD)/gl_abi.c: $(BUILD)/gl_cdef.h engine/gen_abi.lua
+	luajit engine/gen_abi.lua $< > $@
+$(BUILD)/obj/gl_abi.o: $(BUILD)/gl_abi.c
+	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.o: engine/%.c $(HEADERS) | $(BUILD)/obj
 	$(CC) $(CFLAGS) -c $< -o $@
@@ -78,7 +86,7 @@ $(BUILD)/obj/cu_%.o: kernels/%.cu $(HEADERS) $(CU_HDR) | $(BUILD)/obj
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
 $(BUILD)/libgptlua.so: $(ENGINE_OBJ)
-	$(CC) -shared -o $@ $^ $(LIBS)
+	$(CC) -shared -Wl,-z,nodelete -o $@ $^ $(LIBS)
 
 $(BUILD)/libgptlua_mpi.so: $(MPI_SRC) $(HEADERS) $(BUILD)/libgptlua.so
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -shared -o $@ $(MPI_SRC) -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgptlua $(MPI_LIBS)

@@ -1,0 +1,158 @@
+-- Benchmarks (`make bench`): engine dispatch and allocation overhead, the
+-- transformer block stack's GFLOP/s and BLAS share, the default recipe's
+-- training step, and the same step in PyTorch (nanoGPT's model) when
+-- PyTorch is installed.  `--device=cuda` runs the GPU benchmark instead.
+--   gptlua recipes/bench.lua [--iters=30] [--threads=N] [--only=dispatch,alloc,block,step,torch]
+local gl = require 'gptlua'
+local now = require('gptlua.cli').now
+local train = require 'gptlua.train'
+
+local opts = { iters = 30, threads = 0, only = '', device = 'cpu' }
+for _, a in ipairs(arg) do
+  local k, v = a:match('^%-%-([%w_]+)=(.*)$')
+  if not k or opts[k] == nil then error('bench: unknown argument ' .. a .. ' (--iters, --threads, --only, --device)', 0) end
+  opts[k] = tonumber(v) or v
+end
+if opts.device ~= 'cpu' then
+  return dofile(gl.root .. '/bench/cuda_bench.lua')
+end
+if opts.threads > 0 then gl.set_num_threads(opts.threads) end
+local threads = gl.get_num_threads()
+local want = {}
+for w in tostring(opts.only):gmatch('[^,]+') do want[w] = true end
+local function on(name) return next(want) == nil or want[name] end
+
+local function median(t) table.sort(t); return t[math.ceil(#t / 2)] end
+print(('gptlua %s benchmark, %d threads, %s'):format(gl.version, threads, jit.version))
+
+if on('dispatch') then
+  local a, b = gl.ones({ 4 }), gl.ones({ 4 })
+  local n = 1000000
+  gl.no_grad(function()
+    local t0 = now()
+    for _ = 1, n do a:add_(b) end
+    local inplace = (now() - t0) / n
+    t0 = now()
+    gl.scope(function()
+      for i = 1, n do
+        local c = a + b
+        if i % 10000 == 0 then collectgarbage('step') end
+      end
+    end)
+    local outofplace = (now() - t0) / n
+    print(('dispatch: %.0f ns/op in place (a:add_(b)), %.0f ns/op with a new result tensor (a + b)'):format(
+      inplace * 1e9, outofplace * 1e9))
+  end)
+end
+
+if on('alloc') then
+  local n = 1000000
+  for _ = 1, 100 do gl.empty({ 256 }):free() end
+  local t0 = now()
+  for _ = 1, n do gl.empty({ 256 }):free() end
+  local dt = (now() - t0) / n
+  local st = gl.memory_stats()
+  print(('alloc: %.0f ns per empty()+free() of 1 KiB through the cache (hit rate %.1f%%)'):format(
+    dt * 1e9, 100 * st.cache_hits / st.n_allocs))
+end
+
+local function matmul_timer(fn)
+  local blas = 0
+  local raw = gl.matmul_raw
+  local ops = require 'gptlua.ops'
+  local function timed(...)
+    local t0 = now()
+    local r = raw(...)
+    blas = blas + now() - t0
+    return r
+  end
+  ops.matmul_raw, gl.matmul_raw = timed, timed
+  local ok, err = pcall(fn)
+  ops.matmul_raw, gl.matmul_raw = raw, raw
+  if not ok then error(err, 0) end
+  return blas
+end
+
+local function fixed_batch(B, T, V)
+  local d = gl.uniform({ B, T + 1 }, 0, V, { seed = 5, dtype = 'float64' }):clamp_(0, V - 1):to('int64')
+  return d:narrow(2, 1, T):contiguous(), d:narrow(2, 2, T):contiguous()
+end
+
+if on('block') then
+  local gpt2 = require 'gptlua.models.gpt2'
+  gl.manual_seed(1)
+  local m = gpt2.GPT({ vocab_size = 65, block_size = 64, n_layer = 4, n_head = 4, n_embd = 128, bias = false })
+  local B, T, C = 12, 64, 128
+  local x = gl.randn({ B, T, C }):requires_grad_()
+  local function run()
+    gl.scope(function()
+      local h = x
+      for i = 1, 4 do h = m.transformer.h[i](h) end
+      gl.sum(h):backward()
+    end)
+  end
+  for _ = 1, 3 do run() end
+  local times, blas_total, total = {}, 0, 0
+  for _ = 1, opts.iters do
+    local t0 = now()
+    blas_total = blas_total + matmul_timer(run)
+    local dt = now() - t0
+    total = total + dt
+    times[#times + 1] = dt
+  end
+  local per_layer = 12 * C * C
+  local flops = 6 * 4 * per_layer * B * T + 12 * 4 * C * T * B * T / 2
+  local dt = median(times)
+  print(('block stack (4 layers, width 128, batch 12, context 64) fwd+bwd: %.2f ms, %.1f GFLOP/s, %.0f%% of time in BLAS'):format(
+    dt * 1000, flops / dt / 1e9, 100 * blas_total / total))
+end
+
+local step_ms
+if on('step') then
+  local r = dofile(gl.root .. '/recipes/shakespeare.lua')
+  r.quiet, r.device = true, 'cpu'
+  local B, T = r.batch_size, r.block_size
+  local x, y = fixed_batch(B, T, 65)
+  r.build_data = function()
+    local L = { next_batch = function() return x, y end, state = function() return {} end, set_state = function() end }
+    return { train = L, val = L, vocab_size = 65 }
+  end
+  local t = train.new(r, {})
+  for _ = 1, 3 do t:train_step() end
+  gl.reset_peak_memory()
+  local times = {}
+  local blas = matmul_timer(function()
+    for _ = 1, opts.iters do
+      local t0 = now()
+      t:train_step()
+      times[#times + 1] = now() - t0
+    end
+  end)
+  local total = 0
+  for _, v in ipairs(times) do total = total + v end
+  local dt = median(times)
+  step_ms = dt * 1000
+  local tps = B * T / dt
+  local peak = train.measure_cpu_flops()
+  local mfu = tps * t.flops_per_token / peak
+  print(('training step (default recipe: 4x128, batch 12, context 64): %.1f ms/iter, %.0f tokens/s, MFU %.1f%% of %.1f GFLOP/s sgemm, %.0f%% in BLAS, peak memory %s'):format(
+    step_ms, tps, 100 * mfu, peak / 1e9, 100 * blas / total, train.fmt_bytes(gl.memory_stats().peak)))
+end
+
+if on('torch') then
+  local py = '/usr/bin/python3'
+  local probe = io.popen(py .. ' -c "import torch" 2>/dev/null; echo $?')
+  local rc = probe:read('*a'); probe:close()
+  if tonumber(rc) ~= 0 then
+    print('torch: skipped (PyTorch not installed: apt-get install python3-torch)')
+  else
+    local p = io.popen(('%s %s/bench/torch_gpt.py %d %d'):format(py, gl.root, opts.iters, threads))
+    local line = p:read('*a'); p:close()
+    local ok, res = pcall(require('cjson').decode, line)
+    if not ok then print('torch: failed: ' .. line)
+    else
+      print(('torch %s (nanoGPT model, same config, %d threads): %.1f ms/iter'):format(res.torch, res.threads, res.ms_per_iter))
+      if step_ms then print(('speed-up of gptlua over PyTorch: %.2fx'):format(res.ms_per_iter / step_ms)) end
+    end
+  end
+end

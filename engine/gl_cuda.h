@@ -1,6 +1,63 @@
-/* gl_cuda.h — see ARCHITECTURE.md.  Part of the public API (umbrella gptlua.h). */
+/* gl_cuda.h — the CUDA runtime as seen from Lua: devices, streams, events,
+ * synchronisation, pinned host buffers.  Part of the public API (umbrella
+ * gptlua.h); implemented in kernels/runtime.cu.
+ *
+ * gl_cuda_built() and gl_cuda_device_count() live in gl_core.h.  Everything
+ * here returns GL_ERR with a message when the engine has no CUDA or the
+ * device does not exist, so a GPU-less machine never touches the driver
+ * beyond counting devices.  Memory statistics of cuda:N are the allocator's:
+ * gl_mem_stats_get(N, ...) (gl_core.h). */
 #ifndef GL_CUDA_H
 #define GL_CUDA_H
 #include "gl_core.h"
+
+typedef struct gl_cuda_props {
+  char name[256];
+  int major, minor;              /* compute capability */
+  int multiprocessor_count;
+  int max_threads_per_block;
+  int warp_size;
+  int clock_khz;                 /* SM clock */
+  int memory_clock_khz;
+  int memory_bus_width;          /* bits */
+  int64_t total_memory;          /* bytes of device memory */
+  int64_t shared_memory_per_block_optin; /* bytes a block may opt into */
+  int64_t l2_cache_size;         /* bytes */
+} gl_cuda_props;
+
+/* The streams of a device: kernels run on the compute stream, the
+   distributed backend's collectives on the communication stream. */
+typedef enum gl_cuda_stream_kind { GL_STREAM_COMPUTE = 0, GL_STREAM_COMM = 1 } gl_cuda_stream_kind;
+
+int gl_cuda_get_props(int device, gl_cuda_props *out);
+/* device memory as the driver sees it (all processes), bytes */
+int gl_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes);
+int gl_cuda_set_device(int device);
+/* waits for all work on device (every stream); device -1: every device */
+int gl_cuda_synchronize(int device);
+/* the cudaStream_t of (device, kind) as an opaque pointer, created on first
+   use; NULL with an error message on failure */
+void *gl_cuda_stream(int device, int kind);
+int gl_cuda_stream_synchronize(int device, int kind);
+/* makes stream `waiter` wait (on the device, not the host) for everything
+   queued so far on stream `waited` of the same device */
+int gl_cuda_stream_wait(int device, int waiter, int waited);
+
+/* Events (timing-enabled) for benchmarking and cross-stream ordering. */
+typedef struct gl_cuda_event gl_cuda_event;
+gl_cuda_event *gl_cuda_event_create(int device);
+void gl_cuda_event_destroy(gl_cuda_event *e);
+int gl_cuda_event_record(gl_cuda_event *e, int kind);
+int gl_cuda_event_synchronize(gl_cuda_event *e);
+/* 1 if everything recorded before the event has finished, 0 if not, GL_ERR */
+int gl_cuda_event_query(gl_cuda_event *e);
+/* milliseconds between two recorded events of one device */
+int gl_cuda_event_elapsed_ms(const gl_cuda_event *start, const gl_cuda_event *end, double *ms);
+
+/* Page-locked host memory (for the data loader: fast, overlappable copies).
+   Pinned blocks are counted in gl_cuda_pinned_bytes(). */
+void *gl_cuda_host_alloc(int64_t nbytes);
+int gl_cuda_host_free(void *ptr);
+int64_t gl_cuda_pinned_bytes(void);
 
 #endif

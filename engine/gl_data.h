@@ -42,7 +42,7 @@ const char *gl_tok_gpt4_pattern(void);
    smallest (left, right) id pair; a pair whose bytes already exist as a token
    is never merged (keeps token bytes unique, as tiktoken files need).
    Training stops early when no pair is left; the tokenizer is then smaller. */
-gl_bpe_trainer *gl_bpe_trainer_new(const char *pattern); /* NULL: GPT-4 */
+gl_bpe_trainer *gl_bpe_trainer_new(const char *pattern); /* NULL: GPT-4, "": none */
 int gl_bpe_trainer_add(gl_bpe_trainer *tr, const char *text, int64_t len);
 int64_t gl_bpe_trainer_unique_chunks(const gl_bpe_trainer *tr);
 gl_tokenizer *gl_bpe_trainer_train(gl_bpe_trainer *tr, int vocab_size, int n_special,
@@ -50,7 +50,8 @@ gl_tokenizer *gl_bpe_trainer_train(gl_bpe_trainer *tr, int vocab_size, int n_spe
 void gl_bpe_trainer_free(gl_bpe_trainer *tr);
 
 /* A BPE tokenizer from an explicit merge list: merge i joins ids
-   (pairs[2i], pairs[2i+1]) into id 256+i.  pattern NULL: no splitting. */
+   (pairs[2i], pairs[2i+1]) into id 256+i.  pattern: NULL for GPT-4, ""
+   for no splitting (as for the trainer). */
 gl_tokenizer *gl_tok_from_merges(const char *pattern, int n_merges, const int32_t *pairs,
                                  int n_special, const char *const *special);
 /* Character-level tokenizer over the distinct bytes of text. */
@@ -125,8 +126,10 @@ const char *gl_shard_path(const gl_shard *s);
 /* tokens [start, start+n) as a new int32 tensor */
 gl_tensor *gl_shard_tokens(const gl_shard *s, int64_t start, int64_t n);
 void gl_shard_close(gl_shard *s);
-/* sorted, '\n'-joined paths of dir/PREFIX*.bin; free with gl_data_free */
-char *gl_shard_list(const char *dir, const char *prefix);
+/* sorted, '\n'-joined paths dir/NAME of the regular files whose NAME starts
+   with prefix and ends with suffix (hidden files skipped); free with
+   gl_data_free */
+char *gl_list_files(const char *dir, const char *prefix, const char *suffix);
 void gl_data_free(void *p);
 
 /* --------------------------------------------------------------- loader */

@@ -1,7 +1,7 @@
 /* gl_dist.h — communicators and collectives on tensors.
  *
  * Part of the public API (umbrella gptlua.h), implemented in
- * build/libgptlua_mpi.so (engine/mpi/*.c) so that a single process never
+ * build/libgptlua_mpi.so (the sources in engine/mpi/) so that a single process never
  * loads MPI: lua/gptlua/dist/ loads that library only for a world of more
  * than one rank (a world of one is handled in Lua, every collective a copy).
  *
@@ -132,6 +132,7 @@ struct gl_work {
   int64_t *send_counts, *recv_counts; /* size entries each, always filled */
   void *impl;                  /* backend request state */
   gl_work *next_detached;
+  char error[256];             /* why it failed (GL_WORK_FAILED) */
 };
 
 /* ---- process group -------------------------------------------------- */
@@ -166,5 +167,9 @@ const char *gl_dist_op_name(int op);
 gl_comm *gl_comm_alloc(const gl_dist_backend *b, const char *name);
 /* The live communicator named `name`, or NULL. */
 gl_comm *gl_comm_find(const char *name);
+/* Drops the world (gl_dist_finalize). */
+void gl_comm_free_world(gl_comm *c);
+/* Waits for every detached work and frees it (gl_dist_finalize). */
+void gl_work_drain_detached(void);
 
 #endif

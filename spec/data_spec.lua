@@ -11,7 +11,7 @@ local SHAKESPEARE = ROOT .. '/data/tinyshakespeare.txt'
 
 local function tmpdir()
   local p = os.tmpname(); os.remove(p)
-  assert(os.execute('mkdir -p ' .. p) == 0 or true)
+  os.execute('mkdir -p ' .. p)
   return p
 end
 local function rmrf(p) os.execute('rm -rf ' .. p) end
@@ -61,7 +61,7 @@ describe('token shards', function()
     w:close()
     local t = data.read_shard(p)
     assert.equal(1000, t:numel())
-    assert.equal(109, t:tolist()[1000])
+    assert.equal(108, t:tolist()[1000])
     local w2 = data.shard_writer(dir .. '/x.bin', 10)
     w2:append({ 1, 2 })
     w2:abort()
@@ -219,37 +219,48 @@ describe('loader', function()
     assert.same({ [0] = true, true, true }, by_shard)
     local S = data.loader { files = files, batch_size = 1, block_size = 100, sampling = 'sequential' }
     local starts = {}
-    for _ = 1, 7 do starts[#starts + 1] = L.n_tokens and rows((S:next_batch()))[1][1] end
+    for _ = 1, 7 do starts[#starts + 1] = rows((S:next_batch()))[1][1] end
     assert.same({ 0, 100, 1000, 1100, 2000, 2100, 0 }, starts)
     rmrf(dir)
   end)
 
   it('aligns rows to BOS tokens', function()
-    -- documents: BOS (id 0) then 1..len
-    local ids = {}
+    -- documents of varied length; BOS is id 0, any other token is its position + 1
+    local ids, bos_pos = {}, {}
     for d = 1, 60 do
+      bos_pos[#bos_pos + 1] = #ids
       ids[#ids + 1] = 0
-      for k = 1, 5 + (d * 7) % 23 do ids[#ids + 1] = k end
+      for _ = 1, 5 + (d * 7) % 23 do ids[#ids + 1] = #ids + 1 end
     end
+    local n, T = #ids, 16
+    local is_bos = {}
+    for _, p in ipairs(bos_pos) do is_bos[p] = true end
     local t = gl.tensor(ids, { dtype = 'int32' })
-    for _, sampling in ipairs({ 'random', 'sequential' }) do
-      local L = data.loader { tokens = t, batch_size = 8, block_size = 16, bos_aligned = true, bos_id = 0,
-                              sampling = sampling }
-      for _ = 1, 10 do
-        for _, r in ipairs(rows((L:next_batch()))) do assert.equal(0, r[1]) end
+    local function start_of(r) assert.equal(0, r[1]); return r[2] - 2 end
+    local R = data.loader { tokens = t, batch_size = 8, block_size = T, bos_aligned = true, bos_id = 0 }
+    for _ = 1, 10 do
+      for _, r in ipairs(rows((R:next_batch()))) do
+        local p = start_of(r)
+        assert.is_true(is_bos[p] and p + T + 1 <= n)
       end
     end
-    local S = data.loader { tokens = t, batch_size = 1, block_size = 16, bos_aligned = true, bos_id = 0,
+    -- sequential: greedy rows, each at the first BOS at or after the previous row's last token
+    local S = data.loader { tokens = t, batch_size = 1, block_size = T, bos_aligned = true, bos_id = 0,
                             sampling = 'sequential' }
-    -- greedy rows: each starts at the first BOS at or after the last row's end
-    local prev
-    for _ = 1, S.n_windows do
-      local r = rows((S:next_batch()))[1]
-      assert.equal(0, r[1])
-      prev = r
+    local want, p = {}, bos_pos[1]
+    while p and p + T + 1 <= n do
+      want[#want + 1] = p
+      local nxt
+      for _, q in ipairs(bos_pos) do if q >= p + T then nxt = q; break end end
+      p = nxt
     end
-    assert.is_truthy(prev)
+    assert.equal(#want, S.n_windows)
+    for i = 1, #want + 1 do
+      assert.equal(want[(i - 1) % #want + 1], start_of(rows((S:next_batch()))[1]))
+    end
     raises('bos_aligned needs bos_id', data.loader, { tokens = t, batch_size = 1, block_size = 4, bos_aligned = true })
+    raises('no BOS token (id 7) has block_size + 1 = 5 tokens after it', data.loader,
+      { tokens = { 1, 2, 3, 4, 5, 6 }, batch_size = 1, block_size = 4, bos_aligned = true, bos_id = 7 })
   end)
 
   it('has a uniform random source for benchmarks', function()
@@ -318,7 +329,8 @@ describe('recipes/prepare.lua', function()
     local exe = GPTLUA and GPTLUA.exe or (ROOT .. '/build/gptlua')
     local cmd = ('%s %s/recipes/prepare.lua --input %s --tokenizer %s/tok --vocab-size 512 --out %s/out --val-fraction 0.1 --quiet')
       :format(exe, ROOT, docs, dir, dir)
-    assert.is_true(os.execute(cmd) == 0 or os.execute(cmd) == true)
+    local rc = os.execute(cmd)
+    assert.is_true(rc == 0 or rc == true, cmd)
     local t = tok.load(dir .. '/out/tokenizer')
     assert.equal(512, t.vocab_size)
     local train, val = data.read_shard(dir .. '/out/train_000000.bin'), data.read_shard(dir .. '/out/val_000000.bin')

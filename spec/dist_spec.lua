@@ -155,6 +155,12 @@ describe('gptlua.dist over MPI ranks', function()
     assert_ranks_ok(out, rc, 1)
   end)
 
+  it('finalises by itself when the ranks exit normally', function()
+    local out, rc = mpirun(2, 'spec/dist/clean_exit.lua')
+    assert.equal(0, rc, out)
+    assert.truthy(out:find('rank 0 done, sub-communicator of 2', 1, true), out)
+  end)
+
   it('brings every rank down promptly when one raises an error', function()
     local out, rc, secs = mpirun(3, 'spec/dist/error.lua')
     assert.is_true(rc ~= 0, out)

@@ -362,7 +362,7 @@ describe('reduction kernels', function()
         end
       end
     end
-    local n = gl.tensor({ 1, 0 / 0, 5 }, { dtype = 'float32' })
+    local n = gl.tensor({ 1, 0 / 0, 5, 0 / 0 }, { dtype = 'float32' }) -- the first NaN wins
     local o, i = empty({ 1 }, 'float32'), empty({ 1 }, 'int64')
     check(lib.gl_reduce_max_dim(o.c, i.c, n.c, -1))
     assert.is_true(o:item() ~= o:item())
@@ -435,6 +435,15 @@ describe('matmul kernel', function()
         run(out, a, b, 0.5, 2)
         assert_close(out:tolist(), ref_matmul(a, b, c0, 0.5, 2), 1e-13, 'alpha/beta into ' .. on)
       end
+    end
+  end)
+  it('copies operands broadcast along their rows or columns (0 strides)', function()
+    for _, dt in ipairs({ 'float64', 'float32' }) do
+      local a = randn({ 1, 6 }, dt):expand({ 5, 6 })
+      local b = randn({ 6, 1 }, dt):expand({ 6, 4 })
+      local out = empty({ 5, 4 }, dt)
+      run(out, a, b, 1, 0)
+      assert_close(out:tolist(), ref_matmul(a, b, nil, 1, 0), dt == 'float64' and 1e-13 or 1e-6, 'broadcast ' .. dt)
     end
   end)
   it('overwrites with beta = 0 even over NaN, and handles K = 0', function()

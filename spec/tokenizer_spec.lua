@@ -231,6 +231,12 @@ describe('BPE training', function()
 end)
 
 describe('BPE encode/decode', function()
+  it('encodes the empty string to nothing', function()
+    assert.same({}, bpe:encode(''))
+    assert.equal(0, bpe:encode('', { tensor = true }):numel())
+    assert.same({ bpe.bos_id }, bpe:encode('', { bos = true }))
+    assert.equal('', bpe:decode({}))
+  end)
   it('round-trips random byte strings, invalid UTF-8 included', function()
     local rng = lcg(12345)
     for _ = 1, 300 do

@@ -9,7 +9,8 @@
 --     text = 'path.txt', tokenizer = t,        -- a text file (char tokenizer by default)
 --     source = 'random', vocab_size = V,       -- uniform random tokens (benchmarks)
 --     rank = 0, world_size = 1, seed = 1337, sampling = 'random' | 'sequential',
---     bos_aligned = false, bos_id = nil, vocab_size = nil, prefetch = 4, device = 'cpu' }
+--     bos_aligned = false, bos_id = nil, vocab_size = nil, prefetch = 4, device = 'cpu',
+--     recycle = false }
 --   local x, y = L:next_batch()      -- int64 (B, T); y is x shifted by one token
 --   local st = L:state(); L:set_state(st)   -- plain table, exact resume (any rank count)
 --   L:close()
@@ -24,10 +25,14 @@
 -- A background C thread assembles batches ahead into a ring of `prefetch`
 -- tensor pairs; next_batch hands over a filled pair (no copy) and the ring
 -- gets fresh tensors from the caching allocator, so in steady state the only
--- allocation per step is the returned tensors themselves, served from the
--- allocator's cache once the caller drops earlier batches.  For a CUDA device
--- the pair is moved with Loader:_transfer (the hook for pinned buffers and an
--- asynchronous copy stream).
+-- allocation per step is the returned tensors themselves.  They come from the
+-- allocator's cache once earlier batches are freed — which LuaJIT's collector
+-- does late, as it does not see tensor memory.  recycle = true frees the
+-- previous batch on each next_batch call instead: the steady state then
+-- touches no new memory, and the previous x, y (the exact objects returned;
+-- views of them stay valid) raise 'tensor has been freed' if used again.  For
+-- a CUDA device the pair is moved with Loader:_transfer (the hook for pinned
+-- buffers and an asynchronous copy stream); the CPU pair is always recycled.
 local gl = require 'gptlua'
 local tok = require 'gptlua.tokenizer'
 local ffi, lib = gl.ffi, gl.lib
@@ -106,8 +111,9 @@ end
 local function read_file(path, what)
   local f, err = io.open(path, 'rb')
   if not f then error(('%s: cannot open %s'):format(what, err), 3) end
-  local s = f:read('*a')
+  local s, rerr = f:read('*a')
   f:close()
+  if not s then error(('%s: cannot read %s: %s'):format(what, path, tostring(rerr)), 3) end
   return s
 end
 
@@ -293,7 +299,8 @@ function M.loader(opts)
   end
   local self = setmetatable({ batch_size = B, block_size = T, rank = rank, world_size = world, seed = seed,
                               sampling = sampling, bos_aligned = opts.bos_aligned and true or false,
-                              device = opts.device or 'cpu', tokenizer = opts.tokenizer }, Loader)
+                              device = opts.device or 'cpu', tokenizer = opts.tokenizer,
+                              recycle = opts.recycle and true or false }, Loader)
   local bos = opts.bos_id or (opts.tokenizer and opts.tokenizer.bos_id)
   if self.bos_aligned and bos == nil then error('data.loader: bos_aligned needs bos_id (or a tokenizer with <|bos|>)', 2) end
   self.bos_id = bos
@@ -345,9 +352,15 @@ end
 
 function Loader:next_batch()
   if not self.c then error('Loader:next_batch: the loader is closed', 2) end
+  if self._prev_x then self._prev_x:free(); self._prev_y:free(); self._prev_x, self._prev_y = nil, nil end
   check(lib.gl_loader_next(self.c, self._x, self._y), 2)
   local x, y = Tensor.wrap(self._x[0]), Tensor.wrap(self._y[0])
-  if self.device ~= 'cpu' then x, y = self:_transfer(x, y) end
+  if self.device ~= 'cpu' then
+    local cx, cy = x, y
+    x, y = self:_transfer(cx, cy)
+    cx:free(); cy:free()
+  end
+  if self.recycle then self._prev_x, self._prev_y = x, y end
   return x, y
 end
 

@@ -80,8 +80,9 @@ end
 local function read_file(path, what)
   local f, err = io.open(path, 'rb')
   if not f then error(('%s: cannot open %s'):format(what, err), 3) end
-  local s = f:read('*a')
+  local s, rerr = f:read('*a')
   f:close()
+  if not s then error(('%s: cannot read %s: %s'):format(what, path, tostring(rerr)), 3) end
   return s
 end
 

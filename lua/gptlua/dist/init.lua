@@ -510,7 +510,10 @@ end
 
 -- Prints on rank 0 only (progress lines).
 function dist.print0(...)
-  if dist.rank() == 0 then print(...) end
+  if dist.rank() == 0 then
+    print(...)
+    io.stdout:flush()   -- under mpirun stdout is a pipe: show progress now
+  end
 end
 
 -- Prints msg prefixed with this rank and ends every rank now.

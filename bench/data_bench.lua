@@ -1,0 +1,100 @@
+-- bench/data_bench.lua — tokenizer and loader throughput on this machine.
+--   build/gptlua bench/data_bench.lua [--mb 10] [--vocab 4096] [--steps 200]
+-- Text: data/tinyshakespeare.txt repeated to at least --mb megabytes.
+local gl = require 'gptlua'
+local tok = require 'gptlua.tokenizer'
+local data = require 'gptlua.data'
+local now = require('gptlua.cli').now
+
+local opts = { mb = 10, vocab = 4096, steps = 200 }
+for _, a in ipairs({ ... }) do
+  local k, v = a:match('^%-%-(%w+)=(.*)$')
+  if not k or opts[k] == nil then error('data_bench: unknown argument ' .. a, 0) end
+  opts[k] = tonumber(v)
+end
+
+local function timeit(f, reps)
+  reps = reps or 1
+  f()                               -- warm up
+  local t0 = now()
+  for _ = 1, reps do f() end
+  return (now() - t0) / reps
+end
+
+local f = assert(io.open(gl.root .. '/data/tinyshakespeare.txt', 'rb'))
+local one = f:read('*a'); f:close()
+local copies = math.ceil(opts.mb * 1e6 / #one)
+local big = one:rep(copies)
+local MB = #big / 1e6
+local nt = gl.get_num_threads()
+print(('data_bench: %d threads, text = tiny shakespeare x %d = %.1f MB'):format(nt, copies, MB))
+
+-- training
+local t_small, bpe = nil, nil
+t_small = timeit(function() bpe = tok.train({ one }, opts.vocab, { texts = true, special_tokens = { '<|bos|>' } }) end)
+print(('train  vocab %d on %.2f MB: %.3f s (%.1f MB/s)'):format(opts.vocab, #one / 1e6, t_small, #one / 1e6 / t_small))
+local t_big = timeit(function() tok.train({ big }, opts.vocab, { texts = true, special_tokens = { '<|bos|>' } }) end)
+print(('train  vocab %d on %.1f MB: %.3f s (%.1f MB/s)'):format(opts.vocab, MB, t_big, MB / t_big))
+
+-- encoding
+local n_ids
+local t_all = timeit(function() n_ids = bpe:encode(big, { tensor = true }):numel() end, 3)
+print(('encode bpe %.1f MB, %d threads: %.3f s (%.1f MB/s, %.1f M tokens/s, %.2f bytes/token)')
+  :format(MB, nt, t_all, MB / t_all, n_ids / t_all / 1e6, #big / n_ids))
+gl.set_num_threads(1)
+local t_one = timeit(function() bpe:encode(big, { tensor = true }) end, 1)
+gl.set_num_threads(nt)
+print(('encode bpe %.1f MB, 1 thread:  %.3f s (%.1f MB/s)'):format(MB, t_one, MB / t_one))
+local docs = {}
+for i = 1, math.floor(#big / 4000) do docs[i] = big:sub((i - 1) * 4000 + 1, i * 4000) end
+local t_batch = timeit(function() bpe:encode_batch(docs, { tensor = true }) end, 1)
+print(('encode_batch %d docs of 4 KB: %.3f s (%.1f MB/s)'):format(#docs, t_batch, #docs * 4000 / 1e6 / t_batch))
+local ch = tok.char(one)
+local t_char = timeit(function() ch:encode(big, { tensor = true }) end, 3)
+print(('encode char %.1f MB: %.3f s (%.1f MB/s)'):format(MB, t_char, MB / t_char))
+local ids = bpe:encode(big, { tensor = true })
+local t_dec = timeit(function() bpe:decode(ids) end, 3)
+print(('decode %.1f MB: %.3f s (%.1f MB/s)'):format(MB, t_dec, MB / t_dec))
+
+-- loader: B=32, T=2048 from shards of the encoded text, and from the random source
+local B, T = 32, 2048
+local dir = os.tmpname(); os.remove(dir)
+local r = data.prepare { input = (function()
+  local p = dir .. '.txt'; local g = assert(io.open(p, 'wb')); g:write(big); g:close(); return p end)(),
+  tokenizer = bpe, out = dir, val_fraction = 0 }
+os.remove(dir .. '.txt')
+print(('prepare %.1f MB -> %d tokens: %.2f s (%.1f MB/s)'):format(MB, r.train_tokens, r.seconds, MB / r.seconds))
+
+local function loader_bench(name, cfg)
+  local L = data.loader(cfg)
+  for _ = 1, 10 do L:next_batch() end
+  local t0 = now()
+  for _ = 1, opts.steps do L:next_batch() end
+  local dt = now() - t0
+  print(('loader %-24s B=%d T=%d: %.1f M tokens/s (%.2f ms/batch, consumer-bound loop)')
+    :format(name, B, T, opts.steps * B * T / dt / 1e6, dt / opts.steps * 1e3))
+  -- steady state: the consumer computes for 5 ms per step; how long does next_batch block?
+  local waits, calls, worst = 0, 0, 0
+  for _ = 1, 50 do
+    local s = now(); while now() - s < 0.005 do end
+    local c0 = now()
+    L:next_batch()
+    local c = now() - c0
+    calls = calls + c
+    waits = waits + L:last_wait()
+    worst = math.max(worst, c)
+  end
+  print(('loader %-24s steady state: next_batch %.1f us mean, %.1f us max, waited %.1f us mean')
+    :format(name, calls / 50 * 1e6, worst * 1e6, waits / 50 * 1e6))
+  L:close()
+end
+for _, recycle in ipairs({ false, true }) do
+  local tag = recycle and ' recycle' or ''
+  loader_bench('shards random' .. tag, { files = dir, batch_size = B, block_size = T, seed = 1, recycle = recycle })
+  loader_bench('shards sequential' .. tag, { files = dir, batch_size = B, block_size = T, sampling = 'sequential',
+                                             recycle = recycle })
+  loader_bench('random source' .. tag, { source = 'random', vocab_size = 50304, batch_size = B, block_size = T,
+                                         recycle = recycle })
+end
+os.execute('rm -rf ' .. dir)
+return 0

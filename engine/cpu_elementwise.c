@@ -1,0 +1,252 @@
+/* cpu_elementwise.c — CPU kernels for the elementwise ops (unary forward and
+ * backward, binary, where), plus the span and scratch helpers that every
+ * cpu_*.c kernel file shares.
+ *
+ * An elementwise op walks a gl_iter of its operands in chunks of at most
+ * CHUNK elements of the inner dim; (outer index, chunk) pairs are the
+ * parallel tasks.  A chunk is computed on contiguous arrays of the compute
+ * type `real`: float, or double when an operand is float64 or a 32/64-bit
+ * integer (exact there).  Operands that already are contiguous arrays of
+ * that type are used in place; others are converted through stack buffers
+ * (cpu_span_load / cpu_span_store).
+ *
+ * The file is compiled as a template: the generic section at the bottom is
+ * included twice, once with real = float and once with real = double. */
+#ifndef real
+#include "backend.h"
+#include <stdlib.h>
+#include <tgmath.h>
+
+enum { CHUNK = 512 };
+enum { K_UNARY, K_UNARY_BACKWARD, K_BINARY, K_WHERE };
+
+/* Op tables: the value of each op as an expression of its inputs (x, p0, p1
+   for unary; x, dy for the unary backward; a, b for binary), in `real`.
+   Fractional constants carry a (real) cast so float stays float. */
+#define GL_UNARY_FORWARD(X) \
+  X(GL_U_NEG, -x) \
+  X(GL_U_EXP, exp(x)) \
+  X(GL_U_LOG, log(x)) \
+  X(GL_U_SQRT, sqrt(x)) \
+  X(GL_U_RSQRT, 1 / sqrt(x)) \
+  X(GL_U_TANH, tanh(x)) \
+  X(GL_U_ABS, fabs(x)) \
+  X(GL_U_RELU, x > 0 ? x : 0) \
+  X(GL_U_RELU2, x > 0 ? x * x : 0) \
+  X(GL_U_GELU_TANH, (real)0.5 * x * (1 + tanh(GELU_K * (x + GELU_C * x * x * x)))) \
+  X(GL_U_SILU, x / (1 + exp(-x))) \
+  X(GL_U_SIGMOID, 1 / (1 + exp(-x))) \
+  X(GL_U_SIN, sin(x)) \
+  X(GL_U_COS, cos(x)) \
+  X(GL_U_SQUARE, x * x) \
+  X(GL_U_RECIPROCAL, 1 / x) \
+  X(GL_U_CLAMP, x < p0 ? p0 : (x > p1 ? p1 : x)) \
+  X(GL_U_POW, pow(x, p0)) \
+  X(GL_U_ADD_SCALAR, x + p0) \
+  X(GL_U_MUL_SCALAR, x * p0) \
+  X(GL_U_AFFINE, x * p0 + p1) \
+  X(GL_U_RSUB_SCALAR, p0 - x) \
+  X(GL_U_RDIV_SCALAR, p0 / x) \
+  X(GL_U_SOFTCAP, p0 * tanh(x / p0))
+
+/* dx = dy * f'(x) */
+#define GL_UNARY_BACKWARD(X) \
+  X(GL_U_NEG, -dy) \
+  X(GL_U_EXP, dy * exp(x)) \
+  X(GL_U_LOG, dy / x) \
+  X(GL_U_SQRT, dy * (real)0.5 / sqrt(x)) \
+  X(GL_U_RSQRT, dy * (real)-0.5 / (x * sqrt(x))) \
+  X(GL_U_TANH, dy * (1 - tanh(x) * tanh(x))) \
+  X(GL_U_ABS, x > 0 ? dy : (x < 0 ? -dy : 0)) \
+  X(GL_U_RELU, x > 0 ? dy : 0) \
+  X(GL_U_RELU2, x > 0 ? 2 * x * dy : 0) \
+  X(GL_U_GELU_TANH, dy * R(gelu_tanh_grad)(x)) \
+  X(GL_U_SILU, dy * (1 + x * (1 - 1 / (1 + exp(-x)))) / (1 + exp(-x))) \
+  X(GL_U_SIGMOID, dy * (1 - 1 / (1 + exp(-x))) / (1 + exp(-x))) \
+  X(GL_U_SIN, dy * cos(x)) \
+  X(GL_U_COS, -dy * sin(x)) \
+  X(GL_U_SQUARE, 2 * x * dy) \
+  X(GL_U_RECIPROCAL, -dy / (x * x)) \
+  X(GL_U_CLAMP, (x >= p0 && x <= p1) ? dy : 0) \
+  X(GL_U_POW, p0 == 0 ? 0 : dy * p0 * pow(x, p0 - 1)) \
+  X(GL_U_ADD_SCALAR, dy) \
+  X(GL_U_MUL_SCALAR, dy * p0) \
+  X(GL_U_AFFINE, dy * p0) \
+  X(GL_U_RSUB_SCALAR, -dy) \
+  X(GL_U_RDIV_SCALAR, -dy * p0 / (x * x)) \
+  X(GL_U_SOFTCAP, dy * (1 - tanh(x / p0) * tanh(x / p0)))
+
+#define GL_BINARY(X) \
+  X(GL_B_ADD, a + b) \
+  X(GL_B_SUB, a - b) \
+  X(GL_B_MUL, a * b) \
+  X(GL_B_DIV, a / b) \
+  X(GL_B_POW, pow(a, b)) \
+  X(GL_B_MAXIMUM, (a > b || a != a) ? a : b) \
+  X(GL_B_MINIMUM, (a < b || a != a) ? a : b) \
+  X(GL_B_EQ, a == b) \
+  X(GL_B_NE, a != b) \
+  X(GL_B_LT, a < b) \
+  X(GL_B_LE, a <= b) \
+  X(GL_B_GT, a > b) \
+  X(GL_B_GE, a >= b)
+
+#define GELU_K ((real)0.7978845608028654) /* sqrt(2/pi) */
+#define GELU_C ((real)0.044715)
+
+/* Thread-local scratch memory, a few independent slots per thread, grown on
+   demand and kept for the thread's life: hot kernels allocate once, not per
+   call.  NULL when out of memory. */
+enum { SCRATCH_SLOTS = 4 };
+static __thread struct { void *p; size_t n; } scratch[SCRATCH_SLOTS];
+void *cpu_scratch(int slot, size_t bytes) {
+  if (slot < 0 || slot >= SCRATCH_SLOTS) gl_panic("cpu_scratch: slot %d", slot);
+  if (bytes <= scratch[slot].n && scratch[slot].p) return scratch[slot].p;
+  size_t n = (bytes + bytes / 2 + 4095) & ~(size_t)4095; /* geometric growth */
+  void *p = NULL;
+  if (posix_memalign(&p, 64, n)) return NULL;
+  free(scratch[slot].p);
+  scratch[slot].p = p; scratch[slot].n = n;
+  return p;
+}
+
+/* a compute type wide enough for every operand */
+static int needs_double(const gl_tensor *const *ts, int n) {
+  for (int k = 0; k < n; k++)
+    if (ts[k] && (ts[k]->dtype == GL_F64 || ts[k]->dtype == GL_I32 || ts[k]->dtype == GL_I64)) return 1;
+  return 0;
+}
+
+#define real float
+#define RDT GL_F32
+#define R(name) name##_f32
+#include "cpu_elementwise.c"
+#define real double
+#define RDT GL_F64
+#define R(name) name##_f64
+#include "cpu_elementwise.c"
+
+static void elementwise(int kind, int op, int nops, gl_tensor *const *ts, double p0, double p1) {
+  if (needs_double((const gl_tensor *const *)ts, nops)) elementwise_f64(kind, op, nops, ts, p0, p1);
+  else elementwise_f32(kind, op, nops, ts, p0, p1);
+}
+
+int cpu_unary(int op, gl_tensor *out, const gl_tensor *x, double p0, double p1) {
+  elementwise(K_UNARY, op, 2, (gl_tensor *[]){out, (gl_tensor *)x}, p0, p1);
+  return GL_OK;
+}
+int cpu_unary_backward(int op, gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, double p0, double p1) {
+  elementwise(K_UNARY_BACKWARD, op, 3, (gl_tensor *[]){dx, (gl_tensor *)dy, (gl_tensor *)x}, p0, p1);
+  return GL_OK;
+}
+int cpu_binary(int op, gl_tensor *out, const gl_tensor *a, const gl_tensor *b) {
+  elementwise(K_BINARY, op, 3, (gl_tensor *[]){out, (gl_tensor *)a, (gl_tensor *)b}, 0, 0);
+  return GL_OK;
+}
+int cpu_where(gl_tensor *out, const gl_tensor *cond, const gl_tensor *a, const gl_tensor *b) {
+  elementwise(K_WHERE, 0, 4, (gl_tensor *[]){out, (gl_tensor *)cond, (gl_tensor *)a, (gl_tensor *)b}, 0, 0);
+  return GL_OK;
+}
+
+#else /* ---- generic section: real is float or double, R(name) its suffix ---- */
+
+/* n elements of t from storage element off, stride st, as contiguous reals:
+   t's own memory when it already is that, else converted into buf. */
+const real *R(cpu_span_load)(const gl_tensor *t, int64_t off, int64_t st, int64_t n, real *buf) {
+  const void *base = t->storage->data;
+  if (t->dtype == RDT && st == 1) return (const real *)base + off;
+#define LOAD(T, CONV) { const T *p = (const T *)base + off; \
+    for (int64_t i = 0; i < n; i++) buf[i] = (real)CONV(p[i * st]); } break;
+  switch (t->dtype) {
+  case GL_F32: LOAD(float, )
+  case GL_F64: LOAD(double, )
+  case GL_BF16: LOAD(uint16_t, gl_bf16_to_f32)
+  default: for (int64_t i = 0; i < n; i++) buf[i] = (real)gl_load(base, t->dtype, off + i * st);
+  }
+#undef LOAD
+  return buf;
+}
+
+/* writes n contiguous reals to t from storage element off, stride st;
+   nothing to do when src already is t's memory */
+void R(cpu_span_store)(gl_tensor *t, int64_t off, int64_t st, int64_t n, const real *src) {
+  void *base = t->storage->data;
+  if (t->dtype == RDT && st == 1 && src == (const real *)base + off) return;
+#define STORE(T, CONV) { T *p = (T *)base + off; \
+    for (int64_t i = 0; i < n; i++) p[i * st] = CONV(src[i]); } break;
+  switch (t->dtype) {
+  case GL_F32: STORE(float, (float))
+  case GL_F64: STORE(double, (double))
+  case GL_BF16: STORE(uint16_t, gl_f32_to_bf16)
+  default: for (int64_t i = 0; i < n; i++) gl_store(base, t->dtype, off + i * st, (double)src[i]);
+  }
+#undef STORE
+}
+
+static inline real R(gelu_tanh_grad)(real x) {
+  real t = tanh(GELU_K * (x + GELU_C * x * x * x));
+  return (real)0.5 * (1 + t) + (real)0.5 * x * (1 - t * t) * GELU_K * (1 + 3 * GELU_C * x * x);
+}
+
+/* one chunk of n contiguous elements: y = op(in[1], in[2], in[3]) */
+static void R(chunk)(int kind, int op, real *y, const real *const *in, int64_t n, real p0, real p1) {
+  switch (kind) {
+  case K_UNARY: {
+    const real *xs = in[1];
+    switch (op) {
+#define CASE(OP, EXPR) case OP: for (int64_t i = 0; i < n; i++) { real x = xs[i]; y[i] = (EXPR); } break;
+    GL_UNARY_FORWARD(CASE)
+#undef CASE
+    }
+    break;
+  }
+  case K_UNARY_BACKWARD: {
+    const real *dys = in[1], *xs = in[2];
+    switch (op) {
+#define CASE(OP, EXPR) case OP: for (int64_t i = 0; i < n; i++) { real dy = dys[i], x = xs[i]; y[i] = (EXPR); } break;
+    GL_UNARY_BACKWARD(CASE)
+#undef CASE
+    }
+    break;
+  }
+  case K_BINARY: {
+    const real *as = in[1], *bs = in[2];
+    switch (op) {
+#define CASE(OP, EXPR) case OP: for (int64_t i = 0; i < n; i++) { real a = as[i], b = bs[i]; y[i] = (EXPR); } break;
+    GL_BINARY(CASE)
+#undef CASE
+    }
+    break;
+  }
+  case K_WHERE:
+    for (int64_t i = 0; i < n; i++) y[i] = in[1][i] != 0 ? in[2][i] : in[3][i];
+    break;
+  }
+}
+
+/* ts[0] is the output, ts[1..nops-1] the inputs, all of ts[0]'s shape */
+static void R(elementwise)(int kind, int op, int nops, gl_tensor *const *ts, double p0, double p1) {
+  gl_iter it;
+  gl_iter_init(&it, nops, (const gl_tensor *const *)ts);
+  int64_t nchunk = (it.inner + CHUNK - 1) / CHUNK, ntask = it.outer * nchunk;
+  int nt = gl_threads_for(ntask, CHUNK);
+  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t task = 0; task < ntask; task++) {
+    real buf[GL_ITER_MAX_OPS][CHUNK];
+    const real *in[GL_ITER_MAX_OPS];
+    int64_t off[GL_ITER_MAX_OPS];
+    int64_t i0 = (task % nchunk) * CHUNK, n = it.inner - i0 < CHUNK ? it.inner - i0 : CHUNK;
+    gl_iter_offsets(&it, task / nchunk, off);
+    for (int k = 0; k < nops; k++) off[k] += i0 * it.istride[k];
+    for (int k = 1; k < nops; k++) in[k] = R(cpu_span_load)(ts[k], off[k], it.istride[k], n, buf[k]);
+    gl_tensor *out = ts[0];
+    real *y = (out->dtype == RDT && it.istride[0] == 1) ? (real *)out->storage->data + off[0] : buf[0];
+    R(chunk)(kind, op, y, in, n, (real)p0, (real)p1);
+    R(cpu_span_store)(out, off[0], it.istride[0], n, y);
+  }
+}
+
+#undef real
+#undef RDT
+#undef R
+#endif

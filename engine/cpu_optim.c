@@ -1,0 +1,109 @@
+/* cpu_optim.c — CPU optimizer updates on a slice [start, start + len) of
+ * flat contiguous tensors: AdamW and (Muon-style) momentum.
+ *
+ * The slice is cut into CHUNK-element tasks run in parallel.  Each task
+ * works on contiguous arrays of the compute type (the parameter's precision
+ * for AdamW, the momentum buffer's for momentum): a tensor of that dtype is
+ * updated in place, any other float dtype (a bfloat16 grad, say) goes
+ * through a stack buffer.  Compiled as a template over real = float / double
+ * (generic section below). */
+#ifndef real
+#include "backend.h"
+#include <tgmath.h>
+
+enum { CHUNK = 1024 };
+
+#define real float
+#define RDT GL_F32
+#define R(name) name##_f32
+#include "cpu_optim.c"
+#define real double
+#define RDT GL_F64
+#define R(name) name##_f64
+#include "cpu_optim.c"
+
+int cpu_adamw_update(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v, int64_t start,
+                     int64_t len, double lr, double beta1, double beta2, double eps, double weight_decay,
+                     int64_t step) {
+  /* bias corrections in double whatever the parameter precision */
+  double bc1 = 1 - pow(beta1, (double)step), bc2 = 1 - pow(beta2, (double)step);
+  if (param->dtype == GL_F64) adamw_f64(param, grad, m, v, start, len, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+  else adamw_f32(param, grad, m, v, start, len, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+  return GL_OK;
+}
+
+int cpu_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, int64_t start, int64_t len,
+                        double mu, int nesterov) {
+  if (buf->dtype == GL_F64) momentum_f64(out, buf, grad, start, len, mu, nesterov);
+  else momentum_f32(out, buf, grad, start, len, mu, nesterov);
+  return GL_OK;
+}
+
+#else /* ---- generic section: real is float or double, R(name) its suffix ---- */
+
+const real *R(cpu_span_load)(const gl_tensor *t, int64_t off, int64_t st, int64_t n, real *buf);
+void R(cpu_span_store)(gl_tensor *t, int64_t off, int64_t st, int64_t n, const real *src);
+
+/* a writable contiguous view of n elements of t at off: t's memory when it
+   holds reals, else buf filled with the current values */
+static inline real *R(span_rw)(gl_tensor *t, int64_t off, int64_t n, real *buf) {
+  if (t->dtype == RDT) return (real *)t->storage->data + off;
+  R(cpu_span_load)(t, off, 1, n, buf);
+  return buf;
+}
+
+/* p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+   p -= lr * (m / bc1) / (sqrt(v / bc2) + eps) */
+static void R(adamw)(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v, int64_t start,
+                     int64_t len, double lr, double b1, double b2, double eps, double wd, double bc1, double bc2) {
+  real decay = (real)(lr * wd), step = (real)(lr / bc1), inv_bc2 = (real)(1 / bc2), e = (real)eps;
+  real rb1 = (real)b1, rb2 = (real)b2, cb1 = (real)(1 - b1), cb2 = (real)(1 - b2);
+  int64_t ntask = (len + CHUNK - 1) / CHUNK;
+  int nt = gl_threads_for(ntask, 8 * CHUNK);
+  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t task = 0; task < ntask; task++) {
+    real pb[CHUNK], gb[CHUNK], mb[CHUNK], vb[CHUNK];
+    int64_t i0 = start + task * CHUNK, n = start + len - i0 < CHUNK ? start + len - i0 : CHUNK;
+    real *P = R(span_rw)(param, param->offset + i0, n, pb), *M = R(span_rw)(m, m->offset + i0, n, mb);
+    real *Vv = R(span_rw)(v, v->offset + i0, n, vb);
+    const real *g = R(cpu_span_load)(grad, grad->offset + i0, 1, n, gb);
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      P[i] -= decay * P[i];
+      M[i] = rb1 * M[i] + cb1 * g[i];
+      Vv[i] = rb2 * Vv[i] + cb2 * g[i] * g[i];
+      P[i] -= step * M[i] / (sqrt(Vv[i] * inv_bc2) + e);
+    }
+    R(cpu_span_store)(param, param->offset + i0, 1, n, P);
+    R(cpu_span_store)(m, m->offset + i0, 1, n, M);
+    R(cpu_span_store)(v, v->offset + i0, 1, n, Vv);
+  }
+}
+
+/* buf = lerp(buf, g, 1 - mu);  out = nesterov ? lerp(g, buf, mu) : buf */
+static void R(momentum)(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, int64_t start, int64_t len,
+                        double mu, int nesterov) {
+  real rmu = (real)mu, cmu = (real)(1 - mu);
+  int64_t ntask = (len + CHUNK - 1) / CHUNK;
+  int nt = gl_threads_for(ntask, 4 * CHUNK);
+  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t task = 0; task < ntask; task++) {
+    real bb[CHUNK], gb[CHUNK], ob[CHUNK];
+    int64_t i0 = start + task * CHUNK, n = start + len - i0 < CHUNK ? start + len - i0 : CHUNK;
+    real *Bf = R(span_rw)(buf, buf->offset + i0, n, bb);
+    const real *g = R(cpu_span_load)(grad, grad->offset + i0, 1, n, gb);
+    real *o = out->dtype == RDT ? (real *)out->storage->data + out->offset + i0 : ob;
+    for (int64_t i = 0; i < n; i++) {
+      real gi = g[i], b = Bf[i] + cmu * (gi - Bf[i]);
+      Bf[i] = b;
+      o[i] = nesterov ? gi + rmu * (b - gi) : b;
+    }
+    R(cpu_span_store)(buf, buf->offset + i0, 1, n, Bf);
+    R(cpu_span_store)(out, out->offset + i0, 1, n, o);
+  }
+}
+
+#undef real
+#undef RDT
+#undef R
+#endif

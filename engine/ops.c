@@ -1,0 +1,580 @@
+/* ops.c — the public gl_* ops of gl_ops.h: validate every argument once,
+ * then dispatch to the CPU (engine/cpu_*.c) or CUDA kernel (kernels/, .cu files).
+ *
+ * Validation order for each op: tensor handles (live struct and storage),
+ * outputs without 0 strides, one device for all tensors, dtypes, shapes,
+ * then scalars.  Messages name the function, the argument and expected vs
+ * got, e.g. "gl_matmul: b has shape {4,5}, expected {3,*} (K of a is 3)".
+ * Checks that need tensor values (ids in range) live in the kernels. */
+#include "backend.h"
+#include <stdarg.h>
+#include <stdio.h>
+
+/* ---- argument lists --------------------------------------------------- */
+
+enum { A_IN = 0, A_OUT = 1, A_OPT = 2, A_FLOAT = 4, A_INDEX = 8 };
+typedef struct { const gl_tensor *t; const char *name; int flags; } arg;
+
+/* Handles, output strides, devices and dtype classes of n arguments.
+   Optional (A_OPT) arguments may be NULL. */
+static int check_args(const char *fn, int n, const arg *a) {
+  const arg *ref = NULL;
+  for (int i = 0; i < n; i++) {
+    if (!a[i].t && (a[i].flags & A_OPT)) continue;
+    GL_CHECK_T(a[i].t, fn, a[i].name);
+    if (a[i].flags & A_OUT) GL_TRY(gl_check_no_zero_stride(a[i].t, fn, a[i].name));
+    if (!ref) ref = &a[i];
+    else GL_TRY(gl_check_same_device(ref->t, a[i].t, fn, ref->name, a[i].name));
+    if (a[i].flags & A_FLOAT) GL_TRY(gl_check_dtype_float(a[i].t, fn, a[i].name));
+    if ((a[i].flags & A_INDEX) && a[i].t->dtype != GL_I32 && a[i].t->dtype != GL_I64)
+      return gl_error("%s: %s has dtype %s, expected int32 or int64", fn, a[i].name, gl_dtype_name(a[i].t->dtype));
+  }
+  return GL_OK;
+}
+#define ARGS(...) (int)(sizeof((arg[]){__VA_ARGS__}) / sizeof(arg)), (arg[]){__VA_ARGS__}
+
+static int check_dtype(const gl_tensor *t, const char *fn, const char *name, int dtype, const char *why) {
+  if (!t || t->dtype == dtype) return GL_OK;
+  return gl_error("%s: %s has dtype %s, expected %s%s%s%s", fn, name, gl_dtype_name(t->dtype),
+                  gl_dtype_name(dtype), why ? " (" : "", why ? why : "", why ? ")" : "");
+}
+
+/* dtype of saved statistics (mean, rstd, lse, losses) for float data */
+static int stat_dtype(int dtype) { return dtype == GL_F64 ? GL_F64 : GL_F32; }
+
+/* t must have shape dims[0..nd) (-1: any size); why, if not NULL, is a
+   printf format explaining where the expectation comes from */
+static int check_shape(const gl_tensor *t, const char *fn, const char *name, int nd, const int64_t *dims,
+                       const char *why, ...) __attribute__((format(printf, 6, 7)));
+static int check_shape(const gl_tensor *t, const char *fn, const char *name, int nd, const int64_t *dims,
+                       const char *why, ...) {
+  if (!t) return GL_OK;
+  int ok = t->ndim == nd;
+  for (int d = 0; ok && d < nd; d++) ok = dims[d] < 0 || dims[d] == t->shape[d];
+  if (ok) return GL_OK;
+  char got[160], want[160], because[200] = "";
+  size_t k = 0;
+  k += (size_t)snprintf(want + k, sizeof want - k, "{");
+  for (int d = 0; d < nd && k < sizeof want; d++) {
+    if (dims[d] < 0) k += (size_t)snprintf(want + k, sizeof want - k, d ? ",*" : "*");
+    else k += (size_t)snprintf(want + k, sizeof want - k, d ? ",%lld" : "%lld", (long long)dims[d]);
+  }
+  if (k < sizeof want) snprintf(want + k, sizeof want - k, "}");
+  if (why) {
+    char w[180];
+    va_list ap; va_start(ap, why); vsnprintf(w, sizeof w, why, ap); va_end(ap);
+    snprintf(because, sizeof because, " (%s)", w);
+  }
+  return gl_error("%s: %s has shape %s, expected %s%s", fn, name, gl_shape_str(t, got, sizeof got), want, because);
+}
+
+static int check_ndim(const gl_tensor *t, const char *fn, const char *name, int lo, int hi) {
+  if (t->ndim >= lo && t->ndim <= hi) return GL_OK;
+  if (lo == hi) return gl_error("%s: %s has %d dims, expected %d", fn, name, t->ndim, lo);
+  return gl_error("%s: %s has %d dims, expected %d to %d", fn, name, t->ndim, lo, hi);
+}
+
+static int check_op(const char *fn, int op, int count) {
+  if (op >= 0 && op < count) return GL_OK;
+  return gl_error("%s: op is %d, expected 0..%d", fn, op, count - 1);
+}
+
+/* a dim argument in [-ndim, ndim), normalised to [0, ndim) */
+static int check_dim(const char *fn, const char *name, int *dim, int ndim) {
+  if (*dim < -ndim || *dim >= ndim || ndim == 0)
+    return gl_error("%s: %s is %d, expected -%d <= %s < %d", fn, name, *dim, ndim, name, ndim);
+  if (*dim < 0) *dim += ndim;
+  return GL_OK;
+}
+
+/* x's shape with the last dim dropped (the shape of per-row statistics) */
+static void lead_shape(const gl_tensor *x, int64_t *dims) {
+  for (int d = 0; d < x->ndim - 1; d++) dims[d] = x->shape[d];
+}
+
+/* element range [lo, hi] a view can touch (for overlap checks) */
+static void elem_range(const gl_tensor *t, int64_t *lo, int64_t *hi) {
+  *lo = *hi = t->offset;
+  for (int d = 0; d < t->ndim; d++) if (t->shape[d] > 0) *hi += (t->shape[d] - 1) * t->stride[d];
+}
+static int check_no_overlap(const char *fn, const gl_tensor *out, const char *on, const gl_tensor *in,
+                            const char *in_name) {
+  if (!gl_same_storage(out, in) || out->numel == 0 || in->numel == 0) return GL_OK;
+  int64_t a0, a1, b0, b1;
+  elem_range(out, &a0, &a1); elem_range(in, &b0, &b1);
+  if (a1 < b0 || b1 < a0) return GL_OK;
+  return gl_error("%s: %s overlaps the memory of %s; the output must not alias this input", fn, on, in_name);
+}
+
+/* ---- elementwise ------------------------------------------------------ */
+
+int gl_unary(int op, gl_tensor *out, const gl_tensor *x, double p0, double p1) {
+  const char *fn = "gl_unary";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT}, {x, "x", A_IN})));
+  GL_TRY(check_op(fn, op, GL_U_COUNT));
+  GL_TRY(gl_check_same_shape(out, x, fn, "out", "x"));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, unary, op, out, x, p0, p1);
+}
+
+int gl_unary_backward(int op, gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, double p0, double p1) {
+  const char *fn = "gl_unary_backward";
+  GL_TRY(check_args(fn, ARGS({dx, "dx", A_OUT | A_FLOAT}, {dy, "dy", A_FLOAT}, {x, "x", A_FLOAT})));
+  GL_TRY(check_op(fn, op, GL_U_COUNT));
+  GL_TRY(gl_check_same_shape(dx, dy, fn, "dx", "dy"));
+  GL_TRY(gl_check_same_shape(dx, x, fn, "dx", "x"));
+  if (dx->numel == 0) return GL_OK;
+  return GL_DISPATCH(dx->device, unary_backward, op, dx, dy, x, p0, p1);
+}
+
+int gl_binary(int op, gl_tensor *out, const gl_tensor *a, const gl_tensor *b) {
+  const char *fn = "gl_binary";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT}, {a, "a", A_IN}, {b, "b", A_IN})));
+  GL_TRY(check_op(fn, op, GL_B_COUNT));
+  GL_TRY(gl_check_same_shape(out, a, fn, "out", "a"));
+  GL_TRY(gl_check_same_shape(out, b, fn, "out", "b"));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, binary, op, out, a, b);
+}
+
+int gl_where(gl_tensor *out, const gl_tensor *cond, const gl_tensor *a, const gl_tensor *b) {
+  const char *fn = "gl_where";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT}, {cond, "cond", A_IN}, {a, "a", A_IN}, {b, "b", A_IN})));
+  GL_TRY(gl_check_same_shape(out, cond, fn, "out", "cond"));
+  GL_TRY(gl_check_same_shape(out, a, fn, "out", "a"));
+  GL_TRY(gl_check_same_shape(out, b, fn, "out", "b"));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, where, out, cond, a, b);
+}
+
+/* ---- reductions --------------------------------------------------------- */
+
+int gl_reduce(int op, gl_tensor *out, const gl_tensor *x, uint32_t dims_mask) {
+  const char *fn = "gl_reduce";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT}, {x, "x", A_IN})));
+  GL_TRY(check_op(fn, op, GL_R_COUNT));
+  if (x->ndim < 32 && (dims_mask >> x->ndim) != 0)
+    return gl_error("%s: dims_mask 0x%x names dims beyond the %d dims of x", fn, dims_mask, x->ndim);
+  int64_t want[GL_MAX_DIMS];
+  for (int d = 0; d < x->ndim; d++) {
+    want[d] = (dims_mask >> d) & 1 ? 1 : x->shape[d];
+    if (((dims_mask >> d) & 1) && x->shape[d] == 0 && (op == GL_R_MAX || op == GL_R_MIN))
+      return gl_error("%s: cannot take the %s over dim %d of x, which has size 0", fn,
+                      op == GL_R_MAX ? "max" : "min", d + 1);
+  }
+  char xs[160];
+  GL_TRY(check_shape(out, fn, "out", x->ndim, want, "x %s reduced over dims_mask 0x%x keeps them as size 1",
+                     gl_shape_str(x, xs, sizeof xs), dims_mask));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, reduce, op, out, x, dims_mask);
+}
+
+int gl_reduce_max_dim(gl_tensor *out, gl_tensor *indices, const gl_tensor *x, int dim) {
+  const char *fn = "gl_reduce_max_dim";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT}, {indices, "indices", A_OUT}, {x, "x", A_IN})));
+  GL_TRY(check_dim(fn, "dim", &dim, x->ndim));
+  GL_TRY(check_dtype(indices, fn, "indices", GL_I64, NULL));
+  if (x->shape[dim] == 0)
+    return gl_error("%s: cannot take the max over dim %d of x, which has size 0", fn, dim + 1);
+  int64_t want[GL_MAX_DIMS];
+  for (int d = 0; d < x->ndim; d++) want[d] = d == dim ? 1 : x->shape[d];
+  GL_TRY(check_shape(out, fn, "out", x->ndim, want, "x reduced over dim %d, kept as size 1", dim + 1));
+  GL_TRY(check_shape(indices, fn, "indices", x->ndim, want, "x reduced over dim %d, kept as size 1", dim + 1));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, reduce_max_dim, out, indices, x, dim);
+}
+
+int gl_sumsq(const gl_tensor *x, double *out) {
+  const char *fn = "gl_sumsq";
+  GL_TRY(check_args(fn, ARGS({x, "x", A_IN})));
+  if (!out) return gl_error("%s: out is NULL, expected a pointer to a double", fn);
+  *out = 0;
+  if (x->numel == 0) return GL_OK;
+  return GL_DISPATCH(x->device, sumsq, x, out);
+}
+
+/* ---- matmul ------------------------------------------------------------- */
+
+int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta) {
+  const char *fn = "gl_matmul";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {a, "a", A_FLOAT}, {b, "b", A_FLOAT})));
+  GL_TRY(check_dtype(a, fn, "a", out->dtype, "the dtype of out"));
+  GL_TRY(check_dtype(b, fn, "b", out->dtype, "the dtype of out"));
+  GL_TRY(check_ndim(a, fn, "a", 2, GL_MAX_DIMS));
+  int nd = a->ndim;
+  int64_t M = a->shape[nd - 2], K = a->shape[nd - 1], want[GL_MAX_DIMS];
+  for (int d = 0; d < nd - 2; d++) want[d] = a->shape[d];
+  want[nd - 2] = K; want[nd - 1] = -1;
+  GL_TRY(check_shape(b, fn, "b", nd, want, "K of a is %lld", (long long)K));
+  want[nd - 2] = M; want[nd - 1] = b->shape[nd - 1];
+  GL_TRY(check_shape(out, fn, "out", nd, want, "M of a is %lld, N of b is %lld", (long long)M,
+                     (long long)b->shape[nd - 1]));
+  GL_TRY(check_no_overlap(fn, out, "out", a, "a"));
+  GL_TRY(check_no_overlap(fn, out, "out", b, "b"));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, matmul, out, a, b, alpha, beta);
+}
+
+/* ---- softmax ------------------------------------------------------------ */
+
+int gl_softmax(gl_tensor *out, const gl_tensor *x, int log) {
+  const char *fn = "gl_softmax";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {x, "x", A_FLOAT})));
+  GL_TRY(check_ndim(x, fn, "x", 1, GL_MAX_DIMS));
+  GL_TRY(gl_check_same_shape(x, out, fn, "x", "out"));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, softmax, out, x, log != 0);
+}
+
+int gl_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, int log) {
+  const char *fn = "gl_softmax_backward";
+  GL_TRY(check_args(fn, ARGS({dx, "dx", A_OUT | A_FLOAT}, {y, "y", A_FLOAT}, {dy, "dy", A_FLOAT})));
+  GL_TRY(check_ndim(y, fn, "y", 1, GL_MAX_DIMS));
+  GL_TRY(gl_check_same_shape(y, dy, fn, "y", "dy"));
+  GL_TRY(gl_check_same_shape(y, dx, fn, "y", "dx"));
+  if (dx->numel == 0) return GL_OK;
+  return GL_DISPATCH(dx->device, softmax_backward, dx, y, dy, log != 0);
+}
+
+/* ---- layernorm / rmsnorm ------------------------------------------------ */
+
+/* x (..., C) with C > 0; each named per-row statistic of shape x[:-1] and
+   dtype stat_dtype(x); each named per-channel vector of shape (C) */
+static int check_norm(const char *fn, const gl_tensor *x, const gl_tensor *const *stats, const char *const *snames,
+                      int nstats, const gl_tensor *const *vecs, const char *const *vnames, int nvecs) {
+  GL_TRY(check_ndim(x, fn, "x", 1, GL_MAX_DIMS));
+  int64_t C = x->shape[x->ndim - 1], lead[GL_MAX_DIMS];
+  if (C == 0) return gl_error("%s: x has an empty last dim (C = 0), expected C >= 1", fn);
+  lead_shape(x, lead);
+  for (int i = 0; i < nstats; i++) {
+    GL_TRY(check_dtype(stats[i], fn, snames[i], stat_dtype(x->dtype), "statistics of x are float32, float64 for float64 x"));
+    GL_TRY(check_shape(stats[i], fn, snames[i], x->ndim - 1, lead, "the shape of x without its last dim"));
+  }
+  for (int i = 0; i < nvecs; i++)
+    GL_TRY(check_shape(vecs[i], fn, vnames[i], 1, &C, "C, the last dim of x"));
+  return GL_OK;
+}
+
+int gl_layernorm_forward(gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
+                         const gl_tensor *weight, const gl_tensor *bias, double eps) {
+  const char *fn = "gl_layernorm_forward";
+  GL_TRY(check_args(fn, ARGS({y, "y", A_OUT | A_FLOAT}, {mean, "mean", A_OUT | A_OPT | A_FLOAT},
+                             {rstd, "rstd", A_OUT | A_OPT | A_FLOAT}, {x, "x", A_FLOAT},
+                             {weight, "weight", A_OPT | A_FLOAT}, {bias, "bias", A_OPT | A_FLOAT})));
+  GL_TRY(check_norm(fn, x, (const gl_tensor *[]){mean, rstd}, (const char *[]){"mean", "rstd"}, 2,
+                    (const gl_tensor *[]){weight, bias}, (const char *[]){"weight", "bias"}, 2));
+  GL_TRY(gl_check_same_shape(x, y, fn, "x", "y"));
+  if (!(eps >= 0)) return gl_error("%s: eps is %g, expected >= 0", fn, eps);
+  if (y->numel == 0) return GL_OK;
+  return GL_DISPATCH(y->device, layernorm_forward, y, mean, rstd, x, weight, bias, eps);
+}
+
+int gl_layernorm_backward(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy,
+                          const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean, const gl_tensor *rstd) {
+  const char *fn = "gl_layernorm_backward";
+  GL_TRY(check_args(fn, ARGS({dx, "dx", A_OUT | A_FLOAT}, {dweight, "dweight", A_OUT | A_OPT | A_FLOAT},
+                             {dbias, "dbias", A_OUT | A_OPT | A_FLOAT}, {dy, "dy", A_FLOAT}, {x, "x", A_FLOAT},
+                             {weight, "weight", A_OPT | A_FLOAT}, {mean, "mean", A_FLOAT}, {rstd, "rstd", A_FLOAT})));
+  GL_TRY(check_norm(fn, x, (const gl_tensor *[]){mean, rstd}, (const char *[]){"mean", "rstd"}, 2,
+                    (const gl_tensor *[]){weight, dweight, dbias}, (const char *[]){"weight", "dweight", "dbias"}, 3));
+  GL_TRY(gl_check_same_shape(x, dy, fn, "x", "dy"));
+  GL_TRY(gl_check_same_shape(x, dx, fn, "x", "dx"));
+  if (x->numel == 0) return GL_OK;
+  return GL_DISPATCH(dx->device, layernorm_backward, dx, dweight, dbias, dy, x, weight, mean, rstd);
+}
+
+int gl_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *weight, double eps) {
+  const char *fn = "gl_rmsnorm_forward";
+  GL_TRY(check_args(fn, ARGS({y, "y", A_OUT | A_FLOAT}, {rstd, "rstd", A_OUT | A_OPT | A_FLOAT},
+                             {x, "x", A_FLOAT}, {weight, "weight", A_OPT | A_FLOAT})));
+  GL_TRY(check_norm(fn, x, (const gl_tensor *[]){rstd}, (const char *[]){"rstd"}, 1,
+                    (const gl_tensor *[]){weight}, (const char *[]){"weight"}, 1));
+  GL_TRY(gl_check_same_shape(x, y, fn, "x", "y"));
+  if (!(eps >= 0)) return gl_error("%s: eps is %g, expected >= 0", fn, eps);
+  if (y->numel == 0) return GL_OK;
+  return GL_DISPATCH(y->device, rmsnorm_forward, y, rstd, x, weight, eps);
+}
+
+int gl_rmsnorm_backward(gl_tensor *dx, gl_tensor *dweight, const gl_tensor *dy, const gl_tensor *x,
+                        const gl_tensor *weight, const gl_tensor *rstd) {
+  const char *fn = "gl_rmsnorm_backward";
+  GL_TRY(check_args(fn, ARGS({dx, "dx", A_OUT | A_FLOAT}, {dweight, "dweight", A_OUT | A_OPT | A_FLOAT},
+                             {dy, "dy", A_FLOAT}, {x, "x", A_FLOAT}, {weight, "weight", A_OPT | A_FLOAT},
+                             {rstd, "rstd", A_FLOAT})));
+  GL_TRY(check_norm(fn, x, (const gl_tensor *[]){rstd}, (const char *[]){"rstd"}, 1,
+                    (const gl_tensor *[]){weight, dweight}, (const char *[]){"weight", "dweight"}, 2));
+  GL_TRY(gl_check_same_shape(x, dy, fn, "x", "dy"));
+  GL_TRY(gl_check_same_shape(x, dx, fn, "x", "dx"));
+  if (x->numel == 0) return GL_OK;
+  return GL_DISPATCH(dx->device, rmsnorm_backward, dx, dweight, dy, x, weight, rstd);
+}
+
+/* ---- embedding and index ops ---------------------------------------------- */
+
+/* ids.shape ++ {C} */
+static void ids_rows_shape(const gl_tensor *ids, int64_t C, int64_t *dims) {
+  for (int d = 0; d < ids->ndim; d++) dims[d] = ids->shape[d];
+  dims[ids->ndim] = C;
+}
+
+int gl_embedding_forward(gl_tensor *out, const gl_tensor *table, const gl_tensor *ids) {
+  const char *fn = "gl_embedding_forward";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT}, {table, "table", A_IN}, {ids, "ids", A_INDEX})));
+  GL_TRY(check_ndim(table, fn, "table", 2, 2));
+  GL_TRY(check_ndim(ids, fn, "ids", 0, GL_MAX_DIMS - 1));
+  GL_TRY(check_dtype(out, fn, "out", table->dtype, "the dtype of table"));
+  int64_t want[GL_MAX_DIMS];
+  ids_rows_shape(ids, table->shape[1], want);
+  GL_TRY(check_shape(out, fn, "out", ids->ndim + 1, want, "ids.shape followed by C = %lld of table",
+                     (long long)table->shape[1]));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, embedding_forward, out, table, ids);
+}
+
+int gl_embedding_backward(gl_tensor *dtable, const gl_tensor *dout, const gl_tensor *ids) {
+  const char *fn = "gl_embedding_backward";
+  GL_TRY(check_args(fn, ARGS({dtable, "dtable", A_OUT | A_FLOAT}, {dout, "dout", A_FLOAT}, {ids, "ids", A_INDEX})));
+  GL_TRY(check_ndim(dtable, fn, "dtable", 2, 2));
+  GL_TRY(check_ndim(ids, fn, "ids", 0, GL_MAX_DIMS - 1));
+  int64_t want[GL_MAX_DIMS];
+  ids_rows_shape(ids, dtable->shape[1], want);
+  GL_TRY(check_shape(dout, fn, "dout", ids->ndim + 1, want, "ids.shape followed by C = %lld of dtable",
+                     (long long)dtable->shape[1]));
+  if (dtable->numel == 0) return GL_OK;
+  return GL_DISPATCH(dtable->device, embedding_backward, dtable, dout, ids);
+}
+
+int gl_index_select(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx) {
+  const char *fn = "gl_index_select";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT}, {x, "x", A_IN}, {idx, "idx", A_INDEX})));
+  GL_TRY(check_dim(fn, "dim", &dim, x->ndim));
+  GL_TRY(check_ndim(idx, fn, "idx", 1, 1));
+  GL_TRY(check_dtype(out, fn, "out", x->dtype, "the dtype of x"));
+  int64_t want[GL_MAX_DIMS];
+  for (int d = 0; d < x->ndim; d++) want[d] = d == dim ? idx->shape[0] : x->shape[d];
+  GL_TRY(check_shape(out, fn, "out", x->ndim, want, "x's shape with dim %d of size #idx = %lld", dim + 1,
+                     (long long)idx->shape[0]));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, index_select, out, x, dim, idx);
+}
+
+/* idx has the dims of `big` and sizes no larger except along dim */
+static int check_index_fits(const char *fn, const gl_tensor *idx, const gl_tensor *big, const char *bn, int dim) {
+  if (idx->ndim != big->ndim)
+    return gl_error("%s: idx has %d dims, expected %d (the dims of %s)", fn, idx->ndim, big->ndim, bn);
+  for (int d = 0; d < idx->ndim; d++)
+    if (d != dim && idx->shape[d] > big->shape[d])
+      return gl_error("%s: idx has size %lld in dim %d, expected <= %lld (the size of %s there)", fn,
+                      (long long)idx->shape[d], d + 1, (long long)big->shape[d], bn);
+  return GL_OK;
+}
+
+int gl_gather(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx) {
+  const char *fn = "gl_gather";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT}, {x, "x", A_IN}, {idx, "idx", A_INDEX})));
+  GL_TRY(check_dim(fn, "dim", &dim, x->ndim));
+  GL_TRY(check_dtype(out, fn, "out", x->dtype, "the dtype of x"));
+  GL_TRY(check_index_fits(fn, idx, x, "x", dim));
+  GL_TRY(gl_check_same_shape(idx, out, fn, "idx", "out"));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, gather, out, x, dim, idx);
+}
+
+int gl_scatter_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src) {
+  const char *fn = "gl_scatter_add";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT}, {idx, "idx", A_INDEX}, {src, "src", A_IN})));
+  GL_TRY(check_dim(fn, "dim", &dim, out->ndim));
+  GL_TRY(check_index_fits(fn, idx, out, "out", dim));
+  GL_TRY(gl_check_same_shape(idx, src, fn, "idx", "src"));
+  GL_TRY(check_no_overlap(fn, out, "out", src, "src"));
+  if (src->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, scatter_add, out, dim, idx, src);
+}
+
+int gl_index_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src) {
+  const char *fn = "gl_index_add";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT}, {idx, "idx", A_INDEX}, {src, "src", A_IN})));
+  GL_TRY(check_dim(fn, "dim", &dim, out->ndim));
+  GL_TRY(check_ndim(idx, fn, "idx", 1, 1));
+  int64_t want[GL_MAX_DIMS];
+  for (int d = 0; d < out->ndim; d++) want[d] = d == dim ? idx->shape[0] : out->shape[d];
+  GL_TRY(check_shape(src, fn, "src", out->ndim, want, "out's shape with dim %d of size #idx = %lld", dim + 1,
+                     (long long)idx->shape[0]));
+  GL_TRY(check_no_overlap(fn, out, "out", src, "src"));
+  if (src->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, index_add, out, dim, idx, src);
+}
+
+/* ---- attention ------------------------------------------------------------ */
+
+/* q (B,H,T,D), k and v (B,Hkv,S,D), H % Hkv == 0, T <= S; the lse shape */
+static int check_attention(const char *fn, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v) {
+  GL_TRY(check_ndim(q, fn, "q", 4, 4));
+  GL_TRY(check_dtype(k, fn, "k", q->dtype, "the dtype of q"));
+  GL_TRY(check_dtype(v, fn, "v", q->dtype, "the dtype of q"));
+  int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3];
+  GL_TRY(check_shape(k, fn, "k", 4, (int64_t[]){B, -1, -1, D}, "(B, Hkv, S, D) with B = %lld, D = %lld of q",
+                     (long long)B, (long long)D));
+  int64_t Hkv = k->shape[1], S = k->shape[2];
+  GL_TRY(check_shape(v, fn, "v", 4, k->shape, "the shape of k"));
+  if (Hkv == 0 || H % Hkv != 0)
+    return gl_error("%s: q has %lld heads and k %lld, expected H to be a multiple of Hkv >= 1", fn,
+                    (long long)H, (long long)Hkv);
+  if (T > S)
+    return gl_error("%s: q has T = %lld queries and k S = %lld keys, expected T <= S", fn, (long long)T, (long long)S);
+  return GL_OK;
+}
+
+int gl_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
+                         const gl_tensor *v, double scale, int64_t window) {
+  const char *fn = "gl_attention_forward";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {lse, "lse", A_OUT | A_OPT | A_FLOAT},
+                             {q, "q", A_FLOAT}, {k, "k", A_FLOAT}, {v, "v", A_FLOAT})));
+  GL_TRY(check_attention(fn, q, k, v));
+  GL_TRY(check_dtype(out, fn, "out", q->dtype, "the dtype of q"));
+  GL_TRY(gl_check_same_shape(q, out, fn, "q", "out"));
+  GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(q->dtype), "float32, float64 for float64 q"));
+  GL_TRY(check_shape(lse, fn, "lse", 3, q->shape, "(B, H, T) of q"));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, attention_forward, out, lse, q, k, v, scale, window);
+}
+
+int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
+                          const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
+                          const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window) {
+  const char *fn = "gl_attention_backward";
+  GL_TRY(check_args(fn, ARGS({dq, "dq", A_OUT | A_FLOAT}, {dk, "dk", A_OUT | A_FLOAT}, {dv, "dv", A_OUT | A_FLOAT},
+                             {dout, "dout", A_FLOAT}, {q, "q", A_FLOAT}, {k, "k", A_FLOAT}, {v, "v", A_FLOAT},
+                             {out, "out", A_FLOAT}, {lse, "lse", A_FLOAT})));
+  GL_TRY(check_attention(fn, q, k, v));
+  const gl_tensor *like_q[] = {dq, dout, out}, *like_k[] = {dk, dv};
+  const char *nq[] = {"dq", "dout", "out"}, *nk[] = {"dk", "dv"};
+  for (int i = 0; i < 3; i++) {
+    GL_TRY(check_dtype(like_q[i], fn, nq[i], q->dtype, "the dtype of q"));
+    GL_TRY(gl_check_same_shape(q, like_q[i], fn, "q", nq[i]));
+  }
+  for (int i = 0; i < 2; i++) {
+    GL_TRY(check_dtype(like_k[i], fn, nk[i], q->dtype, "the dtype of q"));
+    GL_TRY(gl_check_same_shape(k, like_k[i], fn, "k", nk[i]));
+  }
+  GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(q->dtype), "float32, float64 for float64 q"));
+  GL_TRY(check_shape(lse, fn, "lse", 3, q->shape, "(B, H, T) of q"));
+  if (dk->numel == 0) return GL_OK;
+  return GL_DISPATCH(dq->device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, scale, window);
+}
+
+/* ---- rope ------------------------------------------------------------------- */
+
+int gl_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse) {
+  const char *fn = "gl_rope";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {x, "x", A_FLOAT}, {cos, "cos", A_FLOAT},
+                             {sin, "sin", A_FLOAT})));
+  GL_TRY(check_ndim(x, fn, "x", 4, 4));
+  int64_t T = x->shape[1], D = x->shape[3];
+  if (D % 2) return gl_error("%s: x has head dim D = %lld, expected an even D", fn, (long long)D);
+  GL_TRY(check_shape(cos, fn, "cos", 2, (int64_t[]){T, D / 2}, "(T, D/2) for x (B, T, H, D) = %lld, %lld",
+                     (long long)T, (long long)D));
+  GL_TRY(check_shape(sin, fn, "sin", 2, (int64_t[]){T, D / 2}, "(T, D/2) for x (B, T, H, D) = %lld, %lld",
+                     (long long)T, (long long)D));
+  GL_TRY(gl_check_same_shape(x, out, fn, "x", "out"));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, rope, out, x, cos, sin, inverse != 0);
+}
+
+/* ---- cross-entropy ---------------------------------------------------------- */
+
+static int check_ce(const char *fn, const gl_tensor *logits, const gl_tensor *targets, double softcap) {
+  GL_TRY(check_ndim(logits, fn, "logits", 2, 2));
+  GL_TRY(check_shape(targets, fn, "targets", 1, logits->shape, "N, the rows of logits"));
+  if (!(softcap >= 0)) return gl_error("%s: softcap is %g, expected >= 0 (0 disables it)", fn, softcap);
+  return GL_OK;
+}
+
+int gl_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits,
+                             const gl_tensor *targets, int64_t ignore_index, double softcap) {
+  const char *fn = "gl_cross_entropy_forward";
+  GL_TRY(check_args(fn, ARGS({losses, "losses", A_OUT | A_FLOAT}, {lse, "lse", A_OUT | A_OPT | A_FLOAT},
+                             {logits, "logits", A_FLOAT}, {targets, "targets", A_INDEX})));
+  GL_TRY(check_ce(fn, logits, targets, softcap));
+  const char *why = "float32, float64 for float64 logits";
+  GL_TRY(check_dtype(losses, fn, "losses", stat_dtype(logits->dtype), why));
+  GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(logits->dtype), why));
+  GL_TRY(check_shape(losses, fn, "losses", 1, logits->shape, "N, the rows of logits"));
+  GL_TRY(check_shape(lse, fn, "lse", 1, logits->shape, "N, the rows of logits"));
+  if (logits->shape[0] == 0) return GL_OK;
+  return GL_DISPATCH(logits->device, cross_entropy_forward, losses, lse, logits, targets, ignore_index, softcap);
+}
+
+int gl_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets,
+                              const gl_tensor *lse, int64_t ignore_index, double softcap, double scale) {
+  const char *fn = "gl_cross_entropy_backward";
+  GL_TRY(check_args(fn, ARGS({dlogits, "dlogits", A_OUT | A_FLOAT}, {logits, "logits", A_FLOAT},
+                             {targets, "targets", A_INDEX}, {lse, "lse", A_FLOAT})));
+  GL_TRY(check_ce(fn, logits, targets, softcap));
+  GL_TRY(gl_check_same_shape(logits, dlogits, fn, "logits", "dlogits"));
+  GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(logits->dtype), "float32, float64 for float64 logits"));
+  GL_TRY(check_shape(lse, fn, "lse", 1, logits->shape, "N, the rows of logits"));
+  if (dlogits->numel == 0) return GL_OK;
+  return GL_DISPATCH(logits->device, cross_entropy_backward, dlogits, logits, targets, lse, ignore_index, softcap,
+                     scale);
+}
+
+/* ---- dropout ------------------------------------------------------------------ */
+
+int gl_dropout(gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uint64_t offset) {
+  const char *fn = "gl_dropout";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {x, "x", A_FLOAT})));
+  GL_TRY(gl_check_same_shape(x, out, fn, "x", "out"));
+  if (!(p >= 0 && p <= 1)) return gl_error("%s: p is %g, expected 0 <= p <= 1", fn, p);
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, dropout, out, x, p, seed, offset);
+}
+
+/* ---- optimizers ------------------------------------------------------------- */
+
+/* contiguous tensors of param's numel, and a slice inside them */
+static int check_slice(const char *fn, int n, const gl_tensor *const *ts, const char *const *names,
+                       int64_t start, int64_t len) {
+  for (int i = 0; i < n; i++) {
+    if (!gl_is_contiguous(ts[i]))
+      return gl_error("%s: %s is not contiguous, expected a flat contiguous tensor", fn, names[i]);
+    if (ts[i]->numel != ts[0]->numel)
+      return gl_error("%s: %s has %lld elements, expected %lld (the numel of %s)", fn, names[i],
+                      (long long)ts[i]->numel, (long long)ts[0]->numel, names[0]);
+  }
+  if (start < 0 || len < 0 || start > ts[0]->numel - len)
+    return gl_error("%s: slice [start=%lld, start+len=%lld) is outside [0, %lld), the numel of %s", fn,
+                    (long long)start, (long long)(start + len), (long long)ts[0]->numel, names[0]);
+  return GL_OK;
+}
+
+int gl_adamw_update(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v,
+                    int64_t start, int64_t len, double lr, double beta1, double beta2,
+                    double eps, double weight_decay, int64_t step) {
+  const char *fn = "gl_adamw_update";
+  GL_TRY(check_args(fn, ARGS({param, "param", A_OUT | A_FLOAT}, {grad, "grad", A_FLOAT}, {m, "m", A_OUT | A_FLOAT},
+                             {v, "v", A_OUT | A_FLOAT})));
+  if (param->dtype != GL_F32 && param->dtype != GL_F64)
+    return gl_error("%s: param has dtype %s, expected float32 or float64", fn, gl_dtype_name(param->dtype));
+  GL_TRY(check_slice(fn, 4, (const gl_tensor *[]){param, grad, m, v}, (const char *[]){"param", "grad", "m", "v"},
+                     start, len));
+  if (step < 1) return gl_error("%s: step is %lld, expected >= 1 (bias corrections use 1 - beta^step)", fn,
+                                (long long)step);
+  if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
+    return gl_error("%s: betas are (%g, %g), expected each in [0, 1)", fn, beta1, beta2);
+  if (!(eps >= 0)) return gl_error("%s: eps is %g, expected >= 0", fn, eps);
+  if (len == 0) return GL_OK;
+  return GL_DISPATCH(param->device, adamw_update, param, grad, m, v, start, len, lr, beta1, beta2, eps,
+                     weight_decay, step);
+}
+
+int gl_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad,
+                       int64_t start, int64_t len, double mu, int nesterov) {
+  const char *fn = "gl_momentum_update";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {buf, "buf", A_OUT | A_FLOAT},
+                             {grad, "grad", A_FLOAT})));
+  GL_TRY(check_slice(fn, 3, (const gl_tensor *[]){buf, grad, out}, (const char *[]){"buf", "grad", "out"},
+                     start, len));
+  if (len == 0) return GL_OK;
+  return GL_DISPATCH(buf->device, momentum_update, out, buf, grad, start, len, mu, nesterov);
+}

@@ -1,0 +1,288 @@
+/* index.cu — CUDA kernels for the id-driven ops: embedding (forward and
+ * backward), index_select, gather, scatter_add, index_add, and the id range
+ * check they (and cross-entropy) run first.
+ *
+ * Twin of engine/cpu_nn.c.  Ids are checked before anything is written, with
+ * the CPU's message (this waits for the stream once per call).  Gathers are
+ * byte copies, one thread per output element.  The accumulating ops are
+ * deterministic, with no float atomics:
+ *  - scatter_add / index_add: one thread per output line (a position over
+ *    the dims other than `dim`), walking the line's sources in order, as
+ *    the CPU does;
+ *  - embedding backward: one block per (bucket of EMB_ROWS table rows,
+ *    column chunk) scans all ids in position order, compacts the matches of
+ *    each tile into shared memory (warp ballots keep the order) and adds the
+ *    matching dout rows into per-thread register accumulators; every table
+ *    row is written exactly once, summed in position order. */
+#include "common.cuh"
+#include <limits.h>
+
+/* ---- id range check --------------------------------------------------------- */
+__global__ void check_ids_kernel(IdxPtr ids, CuIdx<1> ix, int64_t n, int64_t limit, int has_ignore, int64_t ignore,
+                                 unsigned long long *bad, int32_t *packed) {
+  CU_GRID_LOOP(i, n) {
+    int64_t v = ids.get(ix.offset(i, 0));
+    bool ok = (v >= 0 && v < limit) || (has_ignore && v == ignore);
+    if (!ok) atomicMin(bad, (unsigned long long)i);
+    if (packed) packed[i] = ok ? (int32_t)v : -1;
+  }
+}
+
+int cu_check_ids(const char *fn, const char *arg, const gl_tensor *ids, int64_t limit, const char *what,
+                 int has_ignore, int64_t ignore, cudaStream_t st, int32_t *packed) {
+  int64_t n = ids->numel;
+  if (n == 0) return GL_OK;
+  if (packed && limit > INT_MAX)
+    return gl_error("%s: %lld %s exceed the int32 range of the CUDA kernel", fn, (long long)limit, what);
+  int dev = ids->device;
+  unsigned long long *flag;
+  GL_TRY(cu_flag_reset(dev, st, 0xff, &flag));  /* word 0 = first bad position, all ones = none */
+  CuIdx<1> ix = cu_idx_of<1>({ids});
+  check_ids_kernel<<<cu_blocks(dev, n, 256), 256, 0, st>>>(IdxPtr::from(ids), ix, n, limit, has_ignore, ignore,
+                                                          flag, packed);
+  GL_CU_LAUNCHED();
+  long long words[2];
+  GL_TRY(cu_flag_read(dev, st, words));
+  if (words[0] == -1LL) return GL_OK;
+  int64_t pos = words[0], esz = gl_dtype_size(ids->dtype), v = 0;
+  int64_t off = ix.offset(pos, 0);
+  if (esz == 8) {
+    GL_CU_CHECK(cudaMemcpy(&v, cu_ptr(ids) + off * esz, 8, cudaMemcpyDeviceToHost));
+  } else {
+    int32_t v32 = 0;
+    GL_CU_CHECK(cudaMemcpy(&v32, cu_ptr(ids) + off * esz, 4, cudaMemcpyDeviceToHost));
+    v = v32;
+  }
+  if (has_ignore)
+    return gl_error("%s: %s[%lld] is %lld, expected 0 <= %s < %lld (%s) or ignore_index %lld", fn, arg,
+                    (long long)pos, (long long)v, arg, (long long)limit, what, (long long)ignore);
+  return gl_error("%s: %s[%lld] is %lld, expected 0 <= %s < %lld (%s)", fn, arg, (long long)pos, (long long)v,
+                  arg, (long long)limit, what);
+}
+
+
+/* ---- embedding ------------------------------------------------------------------ */
+/* ix walks ids' shape: ids' strides and out's leading strides */
+template <class U>
+__global__ void embedding_forward_kernel(U *out, const U *table, IdxPtr ids, CuIdx<2> ix, int64_t n, int64_t C,
+                                         int64_t ocs, int64_t ts0, int64_t tcs) {
+  CU_GRID_LOOP(i, n * C) {
+    int64_t r = i / C, c = i - r * C, off[2];
+    ix.offsets(r, off);
+    out[off[1] + c * ocs] = table[ids.get(off[0]) * ts0 + c * tcs];
+  }
+}
+
+extern "C" int cuda_embedding_forward(gl_tensor *out, const gl_tensor *table, const gl_tensor *ids) {
+  int64_t n = ids->numel, C = table->shape[1];
+  if (n == 0 || C == 0) return GL_OK;
+  cudaStream_t st;
+  GL_TRY(cu_begin(out->device, &st));
+  GL_TRY(cu_check_ids("gl_embedding_forward", "ids", ids, table->shape[0], "rows of table", 0, 0, st, NULL));
+  const int64_t *strides[2] = {ids->stride, out->stride};
+  CuIdx<2> ix = cu_idx<2>(ids->ndim, ids->shape, strides);
+  int64_t ocs = out->stride[ids->ndim];
+  return cu_with_bits(table->dtype, [&](auto u) -> int {
+    using U = decltype(u);
+    embedding_forward_kernel<U><<<cu_blocks(out->device, n * C, 256), 256, 0, st>>>(
+        (U *)cu_ptr(out), (const U *)cu_ptr(table), IdxPtr::from(ids), ix, n, C, ocs, table->stride[0],
+        table->stride[1]);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}
+
+enum { EMB_ROWS = 32, EMB_THREADS = 256 };
+
+/* grid (ceil(V / EMB_ROWS), ceil(C / blockDim.x)); ids packed int32 in
+   position order; drow maps a position to its dout row offset */
+template <class P, class T>
+__global__ void __launch_bounds__(EMB_THREADS)
+embedding_backward_kernel(P dtable, P dout, const int32_t *ids, int64_t n, CuIdx<1> drow, int64_t V, int64_t C,
+                          int64_t ts0, int64_t tcs, int64_t dcs) {
+  __shared__ int64_t s_off[EMB_THREADS];
+  __shared__ int s_row[EMB_THREADS];
+  __shared__ int s_count[EMB_THREADS / 32];
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  int64_t lo = (int64_t)blockIdx.x * EMB_ROWS;
+  int64_t c = (int64_t)blockIdx.y * blockDim.x + tid;
+  bool active = c < C;
+  T acc[EMB_ROWS];
+#pragma unroll
+  for (int j = 0; j < EMB_ROWS; j++) acc[j] = 0;
+  for (int64_t base = 0; base < n; base += blockDim.x) {
+    int64_t i = base + tid;
+    int64_t id = i < n ? (int64_t)ids[i] : -1;
+    bool match = id >= lo && id < lo + EMB_ROWS;
+    unsigned ballot = __ballot_sync(0xffffffffu, match);
+    if (lane == 0) s_count[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < nwarps; w++) {
+      int k = s_count[w];
+      if (w < warp) before += k;
+      total += k;
+    }
+    if (match) {
+      int k = before + __popc(ballot & ((1u << lane) - 1u));
+      s_off[k] = drow.offset(i, 0);
+      s_row[k] = (int)(id - lo);
+    }
+    __syncthreads();
+    if (active)
+      for (int k = 0; k < total; k++) {
+        T v = dout.template get<T>(s_off[k] + c * dcs);
+        int rr = s_row[k];
+#pragma unroll
+        for (int j = 0; j < EMB_ROWS; j++)
+          if (j == rr) acc[j] += v;
+      }
+    __syncthreads();  /* the next tile overwrites the lists */
+  }
+  if (!active) return;
+#pragma unroll
+  for (int j = 0; j < EMB_ROWS; j++)
+    if (lo + j < V) dtable.set((lo + j) * ts0 + c * tcs, acc[j]);
+}
+
+extern "C" int cuda_embedding_backward(gl_tensor *dtable, const gl_tensor *dout, const gl_tensor *ids) {
+  int64_t V = dtable->shape[0], C = dtable->shape[1], n = ids->numel;
+  if (V == 0 || C == 0) return GL_OK;
+  int dev = dtable->device;
+  cudaStream_t st;
+  GL_TRY(cu_begin(dev, &st));
+  CuTemp packed;
+  GL_TRY(packed.make(GL_I32, dev, n));
+  GL_TRY(cu_check_ids("gl_embedding_backward", "ids", ids, V, "rows of dtable", 0, 0, st, packed.ptr<int32_t>()));
+  const int64_t *strides[1] = {dout->stride};
+  CuIdx<1> drow = cu_idx<1>(ids->ndim, ids->shape, strides);
+  int64_t dcs = dout->stride[ids->ndim];
+  int threads = C >= EMB_THREADS ? EMB_THREADS : (int)((C + 31) / 32 * 32);
+  int64_t gy = (C + threads - 1) / threads, gx = (V + EMB_ROWS - 1) / EMB_ROWS;
+  if (gy > 65535 || gx > 0x7fffffffLL)
+    return gl_error("cuda_embedding_backward: table of %lld x %lld exceeds the grid limits", (long long)V,
+                    (long long)C);
+  dim3 grid((unsigned)gx, (unsigned)gy);
+  return cu_dispatch({dtable, dout}, [&](auto p, auto t) -> int {
+    using P = decltype(p);
+    using T = decltype(t);
+    embedding_backward_kernel<P, T><<<grid, threads, 0, st>>>(P::from(dtable), P::from(dout),
+                                                              packed.ptr<int32_t>(), n, drow, V, C,
+                                                              dtable->stride[0], dtable->stride[1], dcs);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}
+
+/* ---- gather / index_select / scatter_add / index_add -------------------------- */
+/* A walk over `shape` with three stride sets; `dim` is the indexed dim. */
+struct IndexGeo {
+  int nd, dim;
+  int64_t shape[GL_MAX_DIMS];
+  int64_t s_walk[GL_MAX_DIMS];   /* the tensor whose shape is walked */
+  int64_t s_idx[GL_MAX_DIMS];    /* idx (0 strides off dim for a 1-d idx) */
+  int64_t s_other[GL_MAX_DIMS];  /* the tensor addressed through the ids */
+};
+
+static IndexGeo index_geo(const gl_tensor *walk, const gl_tensor *idx, int idx_is_1d, const gl_tensor *other,
+                          int dim) {
+  IndexGeo g;
+  memset(&g, 0, sizeof g);
+  g.nd = walk->ndim;
+  g.dim = dim;
+  for (int d = 0; d < walk->ndim; d++) {
+    g.shape[d] = walk->shape[d];
+    g.s_walk[d] = walk->stride[d];
+    g.s_idx[d] = idx_is_1d ? (d == dim ? idx->stride[0] : 0) : idx->stride[d];
+    g.s_other[d] = other->stride[d];
+  }
+  return g;
+}
+
+/* out[p] = x[p with coordinate dim replaced by idx[p]] (walk = out) */
+template <class U>
+__global__ void gather_kernel(U *out, const U *x, IdxPtr idx, IndexGeo g, int64_t n) {
+  CU_GRID_LOOP(i, n) {
+    int64_t r = i, oo = 0, io = 0, xo = 0;
+    for (int d = g.nd - 1; d >= 0; d--) {
+      int64_t c = r % g.shape[d];
+      r /= g.shape[d];
+      oo += c * g.s_walk[d];
+      io += c * g.s_idx[d];
+      if (d != g.dim) xo += c * g.s_other[d];
+    }
+    out[oo] = x[xo + idx.get(io) * g.s_other[g.dim]];
+  }
+}
+
+static int gather_common(const char *fn, gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx,
+                         int idx_is_1d) {
+  if (dim < 0) dim += x->ndim;
+  int64_t n = out->numel;
+  if (n == 0) return GL_OK;
+  cudaStream_t st;
+  GL_TRY(cu_begin(out->device, &st));
+  GL_TRY(cu_check_ids(fn, "idx", idx, x->shape[dim], "size of x in dim", 0, 0, st, NULL));
+  IndexGeo g = index_geo(out, idx, idx_is_1d, x, dim);
+  return cu_with_bits(x->dtype, [&](auto u) -> int {
+    using U = decltype(u);
+    gather_kernel<U><<<cu_blocks(out->device, n, 256), 256, 0, st>>>((U *)cu_ptr(out), (const U *)cu_ptr(x),
+                                                                     IdxPtr::from(idx), g, n);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}
+
+extern "C" int cuda_index_select(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx) {
+  return gather_common("gl_index_select", out, x, dim, idx, 1);
+}
+extern "C" int cuda_gather(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx) {
+  return gather_common("gl_gather", out, x, dim, idx, 0);
+}
+
+/* out[line p, idx[p, j]] += src[p, j] for j in order (walk = src) */
+template <class P, class T>
+__global__ void scatter_lines_kernel(P out, P src, IdxPtr idx, IndexGeo g, int64_t npos) {
+  CU_GRID_LOOP(p, npos) {
+    int64_t r = p, so = 0, io = 0, oo = 0;
+    for (int d = g.nd - 1; d >= 0; d--) {
+      if (d == g.dim) continue;
+      int64_t c = r % g.shape[d];
+      r /= g.shape[d];
+      so += c * g.s_walk[d];
+      io += c * g.s_idx[d];
+      oo += c * g.s_other[d];
+    }
+    int64_t L = g.shape[g.dim];
+    for (int64_t j = 0; j < L; j++) {
+      int64_t e = oo + idx.get(io + j * g.s_idx[g.dim]) * g.s_other[g.dim];
+      out.set(e, out.template get<T>(e) + src.template get<T>(so + j * g.s_walk[g.dim]));
+    }
+  }
+}
+
+static int scatter_common(const char *fn, gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src,
+                          int idx_is_1d) {
+  if (dim < 0) dim += out->ndim;
+  int64_t L = src->shape[dim], npos = L ? src->numel / L : 0;
+  if (npos == 0) return GL_OK;
+  cudaStream_t st;
+  GL_TRY(cu_begin(out->device, &st));
+  GL_TRY(cu_check_ids(fn, "idx", idx, out->shape[dim], "size of out in dim", 0, 0, st, NULL));
+  IndexGeo g = index_geo(src, idx, idx_is_1d, out, dim);
+  return cu_dispatch({out, src}, [&](auto p, auto t) -> int {
+    using P = decltype(p);
+    using T = decltype(t);
+    scatter_lines_kernel<P, T><<<cu_blocks(out->device, npos, 128), 128, 0, st>>>(P::from(out), P::from(src),
+                                                                                IdxPtr::from(idx), g, npos);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}
+
+extern "C" int cuda_scatter_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src) {
+  return scatter_common("gl_scatter_add", out, dim, idx, src, 0);
+}
+extern "C" int cuda_index_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src) {
+  return scatter_common("gl_index_add", out, dim, idx, src, 1);
+}

@@ -1,0 +1,111 @@
+/* loss.cu — fused cross-entropy on the GPU, forward and backward.
+ *
+ * Twin of the cross-entropy in engine/cpu_nn.c:
+ *   z = softcap > 0 ? softcap * tanh(logits / softcap) : logits,
+ *   lse = log sum exp z, loss = lse - z[target]; ignored rows: loss = lse = 0;
+ *   dlogits = scale * (exp(z - lse) - onehot) * (1 - (z / softcap)^2).
+ * One block per row streams the vocabulary in one pass (an online max / sum
+ * per thread, merged across the block), so no softmax matrix is ever
+ * materialised; the backward recomputes the probabilities from lse and may
+ * overwrite the logits in place.  Targets are range-checked first. */
+#include "common.cuh"
+
+
+template <class T> __device__ __forceinline__ T capped(T z, T cap) { return cap > (T)0 ? cap * cu_tanh(z / cap) : z; }
+
+template <class P, class T>
+__global__ void ce_forward_kernel(AnyPtr losses, int64_t lss, AnyPtr lse, int64_t ess, P logits, int64_t s0,
+                                  int64_t s1, IdxPtr targets, int64_t ts, int64_t N, int64_t V, int64_t ignore,
+                                  T cap) {
+  CU_ROW_LOOP(r, N) {
+    int64_t tg = targets.get(r * ts);
+    if (tg == ignore) {  /* uniform over the block */
+      if (threadIdx.x == 0) {
+        losses.set(r * lss, (T)0);
+        if (!lse.null()) lse.set(r * ess, (T)0);
+      }
+      continue;
+    }
+    int64_t base = r * s0;
+    T m = -cu_inf<T>(), s = 0;
+    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
+      T z = capped(logits.template get<T>(base + c * s1), cap);
+      if (z > m) { s = s * cu_exp(m - z) + (T)1; m = z; }
+      else if (m != -cu_inf<T>()) s += cu_exp(z - m);
+    }
+    T M = cu_block_reduce(m, CuMax(), -cu_inf<T>());
+    s = m == -cu_inf<T>() ? (T)0 : s * cu_exp(m - M);
+    T S = cu_block_reduce(s, CuSum(), (T)0);
+    if (threadIdx.x == 0) {
+      T l = M + cu_log(S);
+      losses.set(r * lss, l - capped(logits.template get<T>(base + tg * s1), cap));
+      if (!lse.null()) lse.set(r * ess, l);
+    }
+  }
+}
+
+template <class P, class T>
+__global__ void ce_backward_kernel(P dlogits, int64_t d0, int64_t d1, P logits, int64_t s0, int64_t s1,
+                                   IdxPtr targets, int64_t ts, AnyPtr lse, int64_t ess, int64_t N, int64_t V,
+                                   int64_t ignore, T cap, T scale) {
+  CU_ROW_LOOP(r, N) {
+    int64_t tg = targets.get(r * ts);
+    if (tg == ignore) {
+      for (int64_t c = threadIdx.x; c < V; c += blockDim.x) dlogits.set(r * d0 + c * d1, (T)0);
+      continue;
+    }
+    T l = lse.get<T>(r * ess);
+    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
+      T x = logits.template get<T>(r * s0 + c * s1), hot = c == tg ? (T)1 : (T)0, d;
+      if (cap > (T)0) {
+        T th = cu_tanh(x / cap);
+        d = scale * (cu_exp(cap * th - l) - hot) * ((T)1 - th * th);
+      } else {
+        d = scale * (cu_exp(x - l) - hot);
+      }
+      dlogits.set(r * d0 + c * d1, d);
+    }
+  }
+}
+
+extern "C" int cuda_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits,
+                                          const gl_tensor *targets, int64_t ignore_index, double softcap) {
+  int64_t N = logits->shape[0], V = logits->shape[1];
+  if (N == 0) return GL_OK;
+  cudaStream_t st;
+  GL_TRY(cu_begin(logits->device, &st));
+  GL_TRY(cu_check_ids("gl_cross_entropy_forward", "targets", targets, V, "vocab size of logits", 1, ignore_index, st,
+                      NULL));
+  int threads = cu_row_threads(V);
+  return cu_dispatch({logits}, [&](auto p, auto t) -> int {
+    using P = decltype(p);
+    using T = decltype(t);
+    ce_forward_kernel<P, T><<<cu_row_grid(N), threads, 0, st>>>(
+        AnyPtr::from(losses), losses->stride[0], AnyPtr::from(lse), lse ? lse->stride[0] : 0, P::from(logits),
+        logits->stride[0], logits->stride[1], IdxPtr::from(targets), targets->stride[0], N, V, ignore_index,
+        (T)softcap);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}
+
+extern "C" int cuda_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets,
+                                           const gl_tensor *lse, int64_t ignore_index, double softcap, double scale) {
+  int64_t N = logits->shape[0], V = logits->shape[1];
+  if (N == 0 || V == 0) return GL_OK;
+  cudaStream_t st;
+  GL_TRY(cu_begin(logits->device, &st));
+  GL_TRY(cu_check_ids("gl_cross_entropy_backward", "targets", targets, V, "vocab size of logits", 1, ignore_index,
+                      st, NULL));
+  int threads = cu_row_threads(V);
+  return cu_dispatch({dlogits, logits}, [&](auto p, auto t) -> int {
+    using P = decltype(p);
+    using T = decltype(t);
+    ce_backward_kernel<P, T><<<cu_row_grid(N), threads, 0, st>>>(
+        P::from(dlogits), dlogits->stride[0], dlogits->stride[1], P::from(logits), logits->stride[0],
+        logits->stride[1], IdxPtr::from(targets), targets->stride[0], AnyPtr::from(lse), lse->stride[0], N, V,
+        ignore_index, (T)softcap, (T)scale);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}

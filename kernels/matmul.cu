@@ -1,0 +1,313 @@
+/* matmul.cu — batched out = alpha * a @ b + beta * out through cuBLASLt.
+ *
+ * Twin of engine/cpu_matmul.c, with the same operand model: each matrix is
+ * used in place when it is row-major (stride[-1] == 1) or a transposed view
+ * (stride[-2] == 1), with its leading dimension; other layouts go through
+ * contiguous copies.  bfloat16 / float16 run natively on the tensor cores
+ * with float32 accumulation; float32 computes in true fp32 (CUBLAS_COMPUTE_32F,
+ * never TF32) so it can be compared with the CPU; float64 in fp64.  Mixed
+ * dtypes compute in float32 (float64 when out is float64) like the CPU.
+ *
+ * cuBLASLt is column-major: a row-major out is computed as
+ * out^T = b^T a^T, a transposed-view out directly as a b.  Batches: when b
+ * is shared by every batch (a weight expanded over (B, T)) and a and out walk
+ * their rows with one stride, the batch folds into M (one large GEMM);
+ * otherwise the innermost batch dim becomes a strided batch and any outer
+ * batch dims a loop.  One handle, one 32 MiB workspace and a plan cache
+ * (descriptors + heuristic algo per shape) per device, created once. */
+#include "common.cuh"
+#include <mutex>
+#include <map>
+#include <array>
+#include <limits.h>
+
+enum { LT_WORKSPACE = 32 << 20 };
+
+struct LtPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo;
+};
+typedef std::array<int64_t, 20> LtKey;
+
+struct LtDevice {
+  std::once_flag once;
+  int init_rc = GL_ERR;
+  char init_err[512] = {0};
+  cublasLtHandle_t handle = nullptr;
+  void *workspace = nullptr;
+  std::mutex mu;
+  std::map<LtKey, LtPlan> plans;
+};
+static LtDevice lt_devices[CU_MAX_DEVICES];
+
+static int lt_init(int dev, LtDevice *d) {
+  GL_CU_CHECK(cublasLtCreate(&d->handle));
+  GL_CU_CHECK(cudaMalloc(&d->workspace, LT_WORKSPACE));
+  return GL_OK;
+}
+static int lt_device(int dev, LtDevice **out) {
+  if (dev < 0 || dev >= CU_MAX_DEVICES) return gl_error("cuda_matmul: device %d out of range", dev);
+  LtDevice *d = &lt_devices[dev];
+  std::call_once(d->once, [&] {
+    d->init_rc = lt_init(dev, d);
+    if (d->init_rc != GL_OK) snprintf(d->init_err, sizeof d->init_err, "%s", gl_last_error());
+  });
+  if (d->init_rc != GL_OK) return gl_error("cuda_matmul: cuBLASLt setup on cuda:%d failed: %s", dev, d->init_err);
+  *out = d;
+  return GL_OK;
+}
+
+/* One GEMM problem in cuBLASLt's column-major terms. */
+struct LtProblem {
+  int dtype;                        /* GL_F32 / GL_F64 / GL_BF16 / GL_F16: all of A, B, C */
+  int opa, opb;                     /* 1: transpose */
+  int64_t m, n, k;
+  int64_t a_rows, a_cols, lda, b_rows, b_cols, ldb, ldc;  /* stored matrices */
+  int64_t batch, sa, sb, sc;        /* strided batch */
+  int align_a, align_b, align_c;    /* bytes */
+};
+
+static cudaDataType_t lt_type(int dtype) {
+  switch (dtype) {
+    case GL_F64: return CUDA_R_64F;
+    case GL_BF16: return CUDA_R_16BF;
+    case GL_F16: return CUDA_R_16F;
+  }
+  return CUDA_R_32F;
+}
+
+static int lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+                     int64_t batch, int64_t stride) {
+  GL_CU_CHECK(cublasLtMatrixLayoutCreate(l, t, (uint64_t)rows, (uint64_t)cols, ld));
+  if (batch > 1) {
+    int32_t bc = (int32_t)batch;
+    GL_CU_CHECK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+    GL_CU_CHECK(cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                 sizeof stride));
+  }
+  return GL_OK;
+}
+
+static void lt_plan_destroy(LtPlan *p) {
+  if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+  if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+  if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+  if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+  *p = LtPlan();
+}
+
+static int lt_plan_build(LtDevice *d, const LtProblem &q, LtPlan *p) {
+  cudaDataType_t t = lt_type(q.dtype);
+  cublasComputeType_t ct = q.dtype == GL_F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale_t = q.dtype == GL_F64 ? CUDA_R_64F : CUDA_R_32F;
+  GL_CU_CHECK(cublasLtMatmulDescCreate(&p->desc, ct, scale_t));
+  cublasOperation_t ta = q.opa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = q.opb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  GL_CU_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  GL_CU_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  GL_TRY(lt_layout(&p->la, t, q.a_rows, q.a_cols, q.lda, q.batch, q.sa));
+  GL_TRY(lt_layout(&p->lb, t, q.b_rows, q.b_cols, q.ldb, q.batch, q.sb));
+  GL_TRY(lt_layout(&p->lc, t, q.m, q.n, q.ldc, q.batch, q.sc));
+  cublasLtMatmulPreference_t pref;
+  GL_CU_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  uint64_t ws = LT_WORKSPACE;
+  uint32_t aa = (uint32_t)q.align_a, ab = (uint32_t)q.align_b, ac = (uint32_t)q.align_c;
+  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+  cublasLtMatmulHeuristicResult_t res;
+  int found = 0;
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulAlgoGetHeuristic(d->handle, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  GL_CU_CHECK(s);
+  if (found < 1)
+    return gl_error("cuda_matmul: cuBLASLt has no algorithm for %s m=%lld n=%lld k=%lld (lda %lld ldb %lld ldc %lld, "
+                    "batch %lld)", gl_dtype_name(q.dtype), (long long)q.m, (long long)q.n, (long long)q.k,
+                    (long long)q.lda, (long long)q.ldb, (long long)q.ldc, (long long)q.batch);
+  p->algo = res.algo;
+  return GL_OK;
+}
+
+/* Runs one (strided-batched) GEMM: D = alpha op(A) op(B) + beta C, C == D. */
+static int lt_run(int dev, cudaStream_t st, const LtProblem &q, const void *A, const void *B, void *C,
+                  double alpha, double beta) {
+  LtDevice *d = nullptr;
+  GL_TRY(lt_device(dev, &d));
+  LtKey key = {q.dtype, q.opa, q.opb, q.m, q.n, q.k, q.a_rows, q.lda, q.b_rows, q.ldb, q.ldc, q.batch, q.sa, q.sb,
+               q.sc, q.align_a, q.align_b, q.align_c, 0, 0};
+  LtPlan plan;
+  {
+    std::lock_guard<std::mutex> g(d->mu);
+    auto it = d->plans.find(key);
+    if (it != d->plans.end()) plan = it->second;
+    else {
+      int rc = lt_plan_build(d, q, &plan);
+      if (rc != GL_OK) { lt_plan_destroy(&plan); return GL_ERR; }
+      d->plans[key] = plan;
+    }
+  }
+  float af = (float)alpha, bf = (float)beta;
+  const void *pa = q.dtype == GL_F64 ? (const void *)&alpha : (const void *)&af;
+  const void *pb = q.dtype == GL_F64 ? (const void *)&beta : (const void *)&bf;
+  GL_CU_CHECK(cublasLtMatmul(d->handle, plan.desc, pa, A, plan.la, B, plan.lb, pb, C, plan.lc, C, plan.lc,
+                             &plan.algo, d->workspace, LT_WORKSPACE, st));
+  return GL_OK;
+}
+
+/* ---- operand layouts (as engine/cpu_matmul.c) ------------------------------ */
+/* Row-major needs sc == 1 and ld = sr >= cols; a transposed view needs
+   sr == 1 and ld = sc >= rows.  Strides of size-1 dims never matter. */
+static int blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, int64_t *ld) {
+  if (cols == 1) sc = 1;
+  if (rows == 1) sr = sc == 1 ? cols : 1;
+  if (sc == 1 && sr >= cols && sr >= 1 && sr <= INT_MAX) { *ld = sr; return 0; }
+  if (sr == 1 && sc >= rows && sc >= 1 && sc <= INT_MAX) { *ld = sc; return 1; }
+  return -1;
+}
+
+/* whether t's dims [0, nd-1) step through rows with a single stride (*sr) */
+static int fold_rows(const gl_tensor *t, int64_t *sr) {
+  int64_t expect = -1;
+  *sr = 0;
+  for (int d = t->ndim - 2; d >= 0; d--) {
+    if (t->shape[d] == 1) continue;
+    if (expect < 0) { *sr = t->stride[d]; expect = t->stride[d] * t->shape[d]; }
+    else if (t->stride[d] != expect) return 0;
+    else expect *= t->shape[d];
+  }
+  return 1;
+}
+
+static int lowest_align(uint64_t v) {
+  int a = 256;
+  while (a > 1 && (v & (uint64_t)(a - 1))) a >>= 1;
+  return a;
+}
+
+extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta) {
+  int nd = out->ndim;
+  if (nd < 2 || a->ndim != nd || b->ndim != nd)
+    return gl_error("cuda_matmul: a, b and out expected the same ndim >= 2, got %d, %d, %d", a->ndim, b->ndim, nd);
+  int64_t M = out->shape[nd - 2], N = out->shape[nd - 1], K = a->shape[nd - 1], nbatch = 1;
+  for (int d = 0; d < nd - 2; d++) nbatch *= out->shape[d];
+  if (M == 0 || N == 0 || nbatch == 0) return GL_OK;
+  if (K == 0) return beta == 0 ? cuda_fill(out, 0) : cuda_unary(GL_U_MUL_SCALAR, out, out, beta, 0);
+  if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+    return gl_error("cuda_matmul: matrix sizes M=%lld N=%lld K=%lld exceed the int range",
+                    (long long)M, (long long)N, (long long)K);
+  int dev = out->device;
+  cudaStream_t st;
+  GL_TRY(cu_begin(dev, &st));
+
+  /* the work dtype: native when all three agree, else float32 / float64 */
+  int wd = out->dtype;
+  if (!(a->dtype == wd && b->dtype == wd && gl_is_float(wd))) wd = out->dtype == GL_F64 ? GL_F64 : GL_F32;
+
+  /* operands that cuBLASLt cannot take in place become contiguous copies */
+  CuTemp ta, tb, tc;
+  int64_t ld;
+  if (a->dtype != wd || blas_layout(M, K, a->stride[nd - 2], a->stride[nd - 1], &ld) < 0) {
+    GL_TRY(ta.make_like(wd, a));
+    GL_TRY(cuda_copy(ta.t, a));
+    a = ta.t;
+  }
+  if (b->dtype != wd || blas_layout(K, N, b->stride[nd - 2], b->stride[nd - 1], &ld) < 0) {
+    GL_TRY(tb.make_like(wd, b));
+    GL_TRY(cuda_copy(tb.t, b));
+    b = tb.t;
+  }
+  gl_tensor *o = out;
+  if (out->dtype != wd || blas_layout(M, N, out->stride[nd - 2], out->stride[nd - 1], &ld) < 0) {
+    GL_TRY(tc.make_like(wd, out));
+    if (beta != 0) GL_TRY(cuda_copy(tc.t, out));
+    o = tc.t;
+  }
+
+  /* fold the batch into M when b is shared by every batch */
+  int64_t rows = M, sra = a->stride[nd - 2], sro = o->stride[nd - 2];
+  int folded = 0;
+  int b_shared = 1;
+  for (int d = 0; d < nd - 2; d++) if (out->shape[d] > 1 && b->stride[d] != 0) b_shared = 0;
+  int64_t fa, fo, lda_f, ldo_f;
+  if (nbatch > 1 && b_shared && M * nbatch <= INT_MAX && fold_rows(a, &fa) && fold_rows(o, &fo) &&
+      blas_layout(M * nbatch, K, fa, a->stride[nd - 1], &lda_f) == 0 &&
+      blas_layout(M * nbatch, N, fo, o->stride[nd - 1], &ldo_f) == 0) {
+    rows = M * nbatch; sra = fa; sro = fo; folded = 1;
+  }
+  int64_t lda = 1, ldb = 1, ldc = 1;
+  int tra = blas_layout(rows, K, sra, a->stride[nd - 1], &lda);
+  int trb = blas_layout(K, N, b->stride[nd - 2], b->stride[nd - 1], &ldb);
+  int trc = blas_layout(rows, N, sro, o->stride[nd - 1], &ldc);
+  if (tra < 0 || trb < 0 || trc < 0)  /* the copies above make every layout usable */
+    gl_panic("cuda_matmul: operand layout %d %d %d after copies", tra, trb, trc);
+
+  /* batch dims: innermost coalesced one strided-batched, the rest a loop */
+  CuIdx<3> bix;
+  memset(&bix, 0, sizeof bix);
+  int64_t inner = 1, sa = 0, sb = 0, sc = 0, nouter = 1;
+  if (!folded && nd > 2) {
+    const int64_t *bst[3] = {a->stride, b->stride, o->stride};
+    bix = cu_idx<3>(nd - 2, out->shape, bst);
+    int last = bix.ndim - 1;
+    if (bix.stride[0][last] >= 0 && bix.stride[1][last] >= 0 && bix.stride[2][last] > 0 &&
+        bix.shape[last] <= INT_MAX) {
+      inner = bix.shape[last];
+      sa = bix.stride[0][last]; sb = bix.stride[1][last]; sc = bix.stride[2][last];
+      bix.ndim = last;  /* the loop walks the remaining dims */
+    }
+    nouter = 1;
+    for (int d = 0; d < bix.ndim; d++) nouter *= bix.shape[d];
+  }
+  if (inner == 1) sa = sb = sc = 0;
+
+  int esz = gl_dtype_size(wd);
+  const char *A0 = cu_ptr(a), *B0 = cu_ptr(b);
+  char *C0 = cu_ptr(o);
+  /* the batch loop's pointers share the alignment of base and strides */
+  uint64_t amask = (uint64_t)(uintptr_t)A0 | (uint64_t)(sa * esz) | (uint64_t)(lda * esz);
+  uint64_t bmask = (uint64_t)(uintptr_t)B0 | (uint64_t)(sb * esz) | (uint64_t)(ldb * esz);
+  uint64_t cmask = (uint64_t)(uintptr_t)C0 | (uint64_t)(sc * esz) | (uint64_t)(ldc * esz);
+  if (!folded && nd > 2)
+    for (int d = 0; d < bix.ndim; d++) {
+      amask |= (uint64_t)(bix.stride[0][d] * esz);
+      bmask |= (uint64_t)(bix.stride[1][d] * esz);
+      cmask |= (uint64_t)(bix.stride[2][d] * esz);
+    }
+
+  /* stored matrices: a transposed view is stored (rows x cols) column-major,
+     a row-major one as its transpose (cols x rows) */
+  LtProblem q;
+  memset(&q, 0, sizeof q);
+  q.dtype = wd; q.k = K; q.batch = inner;
+  q.align_a = lowest_align(trc == 0 ? bmask : amask);
+  q.align_b = lowest_align(trc == 0 ? amask : bmask);
+  q.align_c = lowest_align(cmask);
+  q.ldc = ldc;
+  if (trc == 0) {  /* out^T (N x rows) = b^T a^T */
+    q.m = N; q.n = rows;
+    q.opa = trb == 1; q.a_rows = trb ? K : N; q.a_cols = trb ? N : K; q.lda = ldb; q.sa = sb;
+    q.opb = tra == 1; q.b_rows = tra ? rows : K; q.b_cols = tra ? K : rows; q.ldb = lda; q.sb = sa;
+  } else {         /* out (rows x N) = a b */
+    q.m = rows; q.n = N;
+    q.opa = tra == 0; q.a_rows = tra ? rows : K; q.a_cols = tra ? K : rows; q.lda = lda; q.sa = sa;
+    q.opb = trb == 0; q.b_rows = trb ? K : N; q.b_cols = trb ? N : K; q.ldb = ldb; q.sb = sb;
+  }
+  q.sc = sc;
+
+  for (int64_t bi = 0; bi < nouter; bi++) {
+    int64_t off[3] = {0, 0, 0};
+    if (!folded && nd > 2 && bix.ndim > 0) bix.offsets(bi, off);
+    const char *pa = A0 + off[0] * esz, *pb = B0 + off[1] * esz;
+    const char *p1 = trc == 0 ? pb : pa, *p2 = trc == 0 ? pa : pb;  /* cuBLASLt's A, B */
+    GL_TRY(lt_run(dev, st, q, p1, p2, C0 + off[2] * esz, alpha, beta));
+  }
+  if (o != out) GL_TRY(cuda_copy(out, o));
+  return GL_OK;
+}

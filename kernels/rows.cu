@@ -1,0 +1,280 @@
+/* rows.cu — CUDA kernels for the ops that work on rows of the last dim:
+ * softmax / log_softmax (forward and backward), layernorm and rmsnorm
+ * (forward and backward).
+ *
+ * Twin of the row ops in engine/cpu_nn.c: compute in float (double for
+ * float64 data); mean / rstd are float32 (float64) arrays.  One block per
+ * row, the row walked by the block's threads, statistics through block
+ * reductions.  Layernorm and rmsnorm share one kernel per direction
+ * (CENTER = subtract the mean, as the CPU's `center`).
+ *
+ * The weight / bias gradients of the norms are deterministic: each of a
+ * fixed number of blocks sums its rows' contributions per column into its
+ * own row of a scratch matrix, and a second kernel adds those rows per
+ * column in block order. */
+#include "common.cuh"
+
+/* outer dims of a (rows, C) view: x.shape[:-1] with each tensor's strides
+   (per-row statistics have exactly those dims, so their strides fit too) */
+template <int N> static CuIdx<N> row_idx(const gl_tensor *x, std::initializer_list<const gl_tensor *> ts) {
+  const int64_t *st[N];
+  int k = 0;
+  for (const gl_tensor *t : ts) st[k++] = t ? t->stride : NULL;
+  return cu_idx<N>(x->ndim - 1, x->shape, st);
+}
+static inline int64_t last_stride(const gl_tensor *t) { return t ? t->stride[t->ndim - 1] : 0; }
+
+/* ---- softmax ---------------------------------------------------------------- */
+template <class P, class T>
+__global__ void softmax_kernel(P out, P x, CuIdx<2> ix, int64_t rows, int64_t C, int64_t os, int64_t xs,
+                               int is_log) {
+  CU_ROW_LOOP(r, rows) {
+    int64_t off[2];
+    ix.offsets(r, off);
+    T m = -cu_inf<T>();
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T v = x.template get<T>(off[1] + c * xs);
+      m = v > m ? v : m;
+    }
+    m = cu_block_reduce(m, CuMax(), -cu_inf<T>());
+    T s = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += cu_exp(x.template get<T>(off[1] + c * xs) - m);
+    s = cu_block_reduce(s, CuSum(), (T)0);
+    if (is_log) {
+      T lse = m + cu_log(s);
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        out.set(off[0] + c * os, x.template get<T>(off[1] + c * xs) - lse);
+    } else {
+      T inv = (T)1 / s;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        out.set(off[0] + c * os, cu_exp(x.template get<T>(off[1] + c * xs) - m) * inv);
+    }
+  }
+}
+
+/* softmax: dx = y (dy - sum(dy y));  log_softmax: dx = dy - exp(y) sum(dy) */
+template <class P, class T>
+__global__ void softmax_backward_kernel(P dx, P y, P dy, CuIdx<3> ix, int64_t rows, int64_t C, int64_t dxs,
+                                        int64_t ys, int64_t dys, int is_log) {
+  CU_ROW_LOOP(r, rows) {
+    int64_t off[3];
+    ix.offsets(r, off);
+    T s = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T g = dy.template get<T>(off[2] + c * dys);
+      s += is_log ? g : g * y.template get<T>(off[1] + c * ys);
+    }
+    s = cu_block_reduce(s, CuSum(), (T)0);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T g = dy.template get<T>(off[2] + c * dys), yv = y.template get<T>(off[1] + c * ys);
+      dx.set(off[0] + c * dxs, is_log ? g - cu_exp(yv) * s : yv * (g - s));
+    }
+  }
+}
+
+static int64_t row_count(const gl_tensor *x) {
+  int64_t C = x->shape[x->ndim - 1];
+  return C ? x->numel / C : 0;
+}
+
+extern "C" int cuda_softmax(gl_tensor *out, const gl_tensor *x, int log) {
+  int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
+  if (rows == 0) return GL_OK;
+  cudaStream_t st;
+  GL_TRY(cu_begin(out->device, &st));
+  CuIdx<2> ix = row_idx<2>(x, {out, x});
+  int threads = cu_row_threads(C);
+  return cu_dispatch({out, x}, [&](auto p, auto t) -> int {
+    using P = decltype(p);
+    using T = decltype(t);
+    softmax_kernel<P, T><<<cu_row_grid(rows), threads, 0, st>>>(P::from(out), P::from(x), ix, rows, C,
+                                                             last_stride(out), last_stride(x), log);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}
+
+extern "C" int cuda_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, int log) {
+  int64_t C = y->shape[y->ndim - 1], rows = row_count(y);
+  if (rows == 0) return GL_OK;
+  cudaStream_t st;
+  GL_TRY(cu_begin(dx->device, &st));
+  CuIdx<3> ix = row_idx<3>(y, {dx, y, dy});
+  int threads = cu_row_threads(C);
+  return cu_dispatch({dx, y, dy}, [&](auto p, auto t) -> int {
+    using P = decltype(p);
+    using T = decltype(t);
+    softmax_backward_kernel<P, T><<<cu_row_grid(rows), threads, 0, st>>>(
+        P::from(dx), P::from(y), P::from(dy), ix, rows, C, last_stride(dx), last_stride(y), last_stride(dy), log);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}
+
+/* ---- layernorm / rmsnorm ------------------------------------------------------ */
+/* y = (x - mean) rstd w + b with rstd = 1 / sqrt(mean((x - mean)^2) + eps);
+   CENTER = false is rmsnorm (mean 0, no bias).  ix: y, x, mean, rstd.  The
+   statistics are read and written through AnyPtr (float32 / float64 arrays,
+   one element per row). */
+template <class P, class T, bool CENTER>
+__global__ void norm_forward_kernel(P y, P x, P w, P b, AnyPtr mean, AnyPtr rstd, CuIdx<4> ix, int64_t rows,
+                                    int64_t C, int64_t ys, int64_t xs, int64_t ws, int64_t bs, T eps) {
+  CU_ROW_LOOP(r, rows) {
+    int64_t off[4];
+    ix.offsets(r, off);
+    T m = 0;
+    if (CENTER) {
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m += x.template get<T>(off[1] + c * xs);
+      m = cu_block_reduce(m, CuSum(), (T)0) / (T)C;
+    }
+    T v = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T d = x.template get<T>(off[1] + c * xs) - m;
+      v += d * d;
+    }
+    v = cu_block_reduce(v, CuSum(), (T)0);
+    T rs = (T)1 / cu_sqrt(v / (T)C + eps);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T wv = w.null() ? (T)1 : w.template get<T>(c * ws);
+      T bv = (!CENTER || b.null()) ? (T)0 : b.template get<T>(c * bs);
+      y.set(off[0] + c * ys, (x.template get<T>(off[1] + c * xs) - m) * rs * wv + bv);
+    }
+    if (threadIdx.x == 0) {
+      if (CENTER && !mean.null()) mean.set(off[2], m);
+      if (!rstd.null()) rstd.set(off[3], rs);
+    }
+  }
+}
+
+/* xhat = (x - mean) rstd, g = dy w:
+   dx = rstd (g - mean(g) - xhat mean(g xhat))   (mean(g) only when centering);
+   block k adds dy xhat and dy of its rows into part[k][c] and part[k][C + c]
+   (each column owned by one thread, so no races).  ix: dx, dy, x, mean, rstd. */
+template <class P, class T, bool CENTER>
+__global__ void norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr rstd, T *part, CuIdx<5> ix,
+                                     int64_t rows, int64_t C, int64_t dxs, int64_t dys, int64_t xs, int64_t ws) {
+  T *pw = part ? part + (int64_t)blockIdx.x * 2 * C : nullptr;
+  if (pw)  /* zeroed by the thread that owns the column */
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) { pw[c] = 0; pw[C + c] = 0; }
+  CU_ROW_LOOP(r, rows) {
+    int64_t off[5];
+    ix.offsets(r, off);
+    T m = CENTER ? mean.get<T>(off[3]) : (T)0;
+    T rs = rstd.get<T>(off[4]);
+    T sg = 0, sgx = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T g = dy.template get<T>(off[1] + c * dys), xh = (x.template get<T>(off[2] + c * xs) - m) * rs;
+      T gw = g * (w.null() ? (T)1 : w.template get<T>(c * ws));
+      sg += gw;
+      sgx += gw * xh;
+      if (pw) { pw[c] += g * xh; pw[C + c] += g; }
+    }
+    sg = CENTER ? cu_block_reduce(sg, CuSum(), (T)0) / (T)C : (T)0;
+    sgx = cu_block_reduce(sgx, CuSum(), (T)0) / (T)C;
+    if (!dx.null())
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        T g = dy.template get<T>(off[1] + c * dys), xh = (x.template get<T>(off[2] + c * xs) - m) * rs;
+        T gw = g * (w.null() ? (T)1 : w.template get<T>(c * ws));
+        dx.set(off[0] + c * dxs, rs * (gw - sg - xh * sgx));
+      }
+  }
+}
+
+/* dweight[c] = sum_k part[k][c], dbias[c] = sum_k part[k][C + c], in k order */
+template <class T>
+__global__ void norm_param_grad_kernel(AnyPtr dw, int64_t dws, AnyPtr db, int64_t dbs, const T *part, int nparts,
+                                       int64_t C) {
+  CU_GRID_LOOP(c, C) {
+    T sw = 0, sb = 0;
+    for (int k = 0; k < nparts; k++) {
+      sw += part[(int64_t)k * 2 * C + c];
+      sb += part[(int64_t)k * 2 * C + C + c];
+    }
+    if (!dw.null()) dw.set(c * dws, sw);
+    if (!db.null()) db.set(c * dbs, sb);
+  }
+}
+
+template <class P, class T, bool CENTER>
+static void launch_norm_forward(cudaStream_t st, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd,
+                                const gl_tensor *x, const gl_tensor *w, const gl_tensor *b, double eps) {
+  int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
+  CuIdx<4> ix = row_idx<4>(x, {y, x, mean, rstd});
+  norm_forward_kernel<P, T, CENTER><<<cu_row_grid(rows), cu_row_threads(C), 0, st>>>(
+      P::from(y), P::from(x), P::from(w), P::from(b), AnyPtr::from(mean), AnyPtr::from(rstd), ix, rows, C,
+      last_stride(y), last_stride(x), last_stride(w), last_stride(b), (T)eps);
+}
+
+static int norm_forward(gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *w,
+                        const gl_tensor *b, double eps, bool center) {
+  if (row_count(x) == 0) return GL_OK;
+  cudaStream_t st;
+  GL_TRY(cu_begin(y->device, &st));
+  return cu_dispatch({y, x, w, b}, [&](auto p, auto t) -> int {
+    using P = decltype(p);
+    using T = decltype(t);
+    if (center) launch_norm_forward<P, T, true>(st, y, mean, rstd, x, w, b, eps);
+    else launch_norm_forward<P, T, false>(st, y, mean, rstd, x, w, b, eps);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}
+
+template <class P, class T, bool CENTER>
+static void launch_norm_backward(cudaStream_t st, unsigned blocks, T *part, gl_tensor *dx, const gl_tensor *dy,
+                                 const gl_tensor *x, const gl_tensor *w, const gl_tensor *mean,
+                                 const gl_tensor *rstd) {
+  int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
+  CuIdx<5> ix = row_idx<5>(x, {dx, dy, x, mean, rstd});
+  norm_backward_kernel<P, T, CENTER><<<blocks, cu_row_threads(C), 0, st>>>(
+      P::from(dx), P::from(dy), P::from(x), P::from(w), AnyPtr::from(mean), AnyPtr::from(rstd), part, ix, rows,
+      C, last_stride(dx), last_stride(dy), last_stride(x), last_stride(w));
+}
+
+static int norm_backward(gl_tensor *dx, gl_tensor *dw, gl_tensor *db, const gl_tensor *dy, const gl_tensor *x,
+                         const gl_tensor *w, const gl_tensor *mean, const gl_tensor *rstd, bool center) {
+  int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
+  if (rows == 0) return GL_OK;
+  int dev = x->device;
+  cudaStream_t st;
+  GL_TRY(cu_begin(dev, &st));
+  int sm = cu_sm_count(dev) > 0 ? cu_sm_count(dev) : 80;
+  /* enough blocks to fill the GPU, few enough that the partials stay small */
+  int64_t nb = std::min<int64_t>(rows, 2 * (int64_t)sm);
+  unsigned blocks = (unsigned)(nb < 1 ? 1 : nb);
+  bool need_params = dw || db;
+  return cu_dispatch({dx, dy, x, w}, [&](auto p, auto t) -> int {
+    using P = decltype(p);
+    using T = decltype(t);
+    CuTemp part;
+    if (need_params) GL_TRY(part.make(sizeof(T) == 8 ? GL_F64 : GL_F32, dev, (int64_t)blocks * 2 * C));
+    T *pp = part.ptr<T>();
+    if (center) launch_norm_backward<P, T, true>(st, blocks, pp, dx, dy, x, w, mean, rstd);
+    else launch_norm_backward<P, T, false>(st, blocks, pp, dx, dy, x, w, mean, rstd);
+    GL_CU_LAUNCHED();
+    if (need_params) {
+      norm_param_grad_kernel<T><<<cu_blocks(dev, C, 256), 256, 0, st>>>(
+          AnyPtr::from(dw), dw ? dw->stride[0] : 0, AnyPtr::from(db), db ? db->stride[0] : 0, pp, (int)blocks, C);
+      GL_CU_LAUNCHED();
+    }
+    return GL_OK;
+  });
+}
+
+extern "C" int cuda_layernorm_forward(gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
+                                      const gl_tensor *weight, const gl_tensor *bias, double eps) {
+  return norm_forward(y, mean, rstd, x, weight, bias, eps, true);
+}
+extern "C" int cuda_layernorm_backward(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy,
+                                       const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean,
+                                       const gl_tensor *rstd) {
+  return norm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, true);
+}
+extern "C" int cuda_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *weight,
+                                    double eps) {
+  return norm_forward(y, NULL, rstd, x, weight, NULL, eps, false);
+}
+extern "C" int cuda_rmsnorm_backward(gl_tensor *dx, gl_tensor *dweight, const gl_tensor *dy, const gl_tensor *x,
+                                     const gl_tensor *weight, const gl_tensor *rstd) {
+  return norm_backward(dx, dweight, NULL, dy, x, weight, NULL, rstd, false);
+}

@@ -1,0 +1,342 @@
+/* runtime.cu — device memory, copies, streams, events, pinned host memory
+ * and the per-device state every kernel file uses (common.cuh).
+ *
+ * Nothing here touches the driver until a CUDA device is asked for:
+ * cuda_device_count() is the only call made on a machine without a GPU, and
+ * it turns "no driver" / "no device" into 0. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <mutex>
+#include <atomic>
+#include "common.cuh"
+
+struct CuDevice {
+  std::once_flag once;
+  int init_rc = GL_ERR;
+  char init_err[512] = {0};
+  cudaStream_t stream[2] = {nullptr, nullptr}; /* compute, communication */
+  int sm_count = 0;
+  int smem_optin = 0;
+  unsigned long long *flag = nullptr;          /* 2 words, see cu_flag_reset */
+};
+static CuDevice devices[CU_MAX_DEVICES];
+
+static int device_count_cached = -1;
+static std::mutex count_mu;
+
+extern "C" int cuda_device_count(void) {
+  std::lock_guard<std::mutex> g(count_mu);
+  if (device_count_cached < 0) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) { (void)cudaGetLastError(); n = 0; }
+    device_count_cached = n > CU_MAX_DEVICES ? CU_MAX_DEVICES : n;
+  }
+  return device_count_cached;
+}
+
+static int check_device(int dev, const char *fn) {
+  int n = cuda_device_count();
+  if (dev < 0 || dev >= n)
+    return gl_error("%s: cuda:%d requested but %d CUDA device(s) are available", fn, dev, n);
+  return GL_OK;
+}
+
+/* Blocking streams (not cudaStreamNonBlocking): work on the legacy default
+   stream, e.g. a library's plain cudaMemcpy, stays ordered with ours. */
+static int init_device(int dev, CuDevice *d) {
+  GL_CU_CHECK(cudaSetDevice(dev));
+  GL_CU_CHECK(cudaDeviceGetAttribute(&d->sm_count, cudaDevAttrMultiProcessorCount, dev));
+  GL_CU_CHECK(cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  GL_CU_CHECK(cudaStreamCreateWithFlags(&d->stream[0], cudaStreamDefault));
+  GL_CU_CHECK(cudaStreamCreateWithFlags(&d->stream[1], cudaStreamDefault));
+  GL_CU_CHECK(cudaMalloc((void **)&d->flag, 2 * sizeof(unsigned long long)));
+  GL_CU_CHECK(cudaMemset(d->flag, 0, 2 * sizeof(unsigned long long)));
+  return GL_OK;
+}
+
+static int device_state(int dev, const char *fn, CuDevice **out) {
+  GL_TRY(check_device(dev, fn));
+  CuDevice *d = &devices[dev];
+  std::call_once(d->once, [&] {
+    d->init_rc = init_device(dev, d);
+    if (d->init_rc != GL_OK) snprintf(d->init_err, sizeof d->init_err, "%s", gl_last_error());
+  });
+  if (d->init_rc != GL_OK) return gl_error("%s: cuda:%d could not be initialised: %s", fn, dev, d->init_err);
+  *out = d;
+  return GL_OK;
+}
+
+/* the public entry points name themselves in errors; kernels say "cuda" */
+static int begin_named(int dev, const char *fn, cudaStream_t *stream) {
+  CuDevice *d = nullptr;
+  GL_TRY(device_state(dev, fn, &d));
+  GL_CU_CHECK(cudaSetDevice(dev));
+  *stream = d->stream[0];
+  return GL_OK;
+}
+int cu_begin(int dev, cudaStream_t *stream) { return begin_named(dev, "cuda", stream); }
+
+int cu_sm_count(int dev) { return (dev >= 0 && dev < CU_MAX_DEVICES) ? devices[dev].sm_count : 0; }
+int cu_smem_optin(int dev) { return (dev >= 0 && dev < CU_MAX_DEVICES) ? devices[dev].smem_optin : 0; }
+
+int cu_flag_reset(int dev, cudaStream_t st, int byte, unsigned long long **flag) {
+  CuDevice *d = nullptr;
+  GL_TRY(device_state(dev, "cuda", &d));
+  GL_CU_CHECK(cudaMemsetAsync(d->flag, byte, 2 * sizeof(unsigned long long), st));
+  *flag = d->flag;
+  return GL_OK;
+}
+
+int cu_flag_read(int dev, cudaStream_t st, long long out[2]) {
+  CuDevice *d = nullptr;
+  GL_TRY(device_state(dev, "cuda", &d));
+  unsigned long long h[2];
+  GL_CU_CHECK(cudaMemcpyAsync(h, d->flag, sizeof h, cudaMemcpyDeviceToHost, st));
+  GL_CU_CHECK(cudaStreamSynchronize(st));
+  out[0] = (long long)h[0];
+  out[1] = (long long)h[1];
+  return GL_OK;
+}
+
+/* ---- raw device memory (behind engine/alloc.c's caching allocator) ------ */
+extern "C" int cuda_malloc(int device, int64_t nbytes, void **out) {
+  cudaStream_t st = nullptr;
+  GL_TRY(begin_named(device, "cuda_malloc", &st));
+  void *p = nullptr;
+  cudaError_t e = cudaMalloc(&p, (size_t)(nbytes > 0 ? nbytes : 1));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) { (void)cudaGetLastError(); fr = tot = 0; }
+    return gl_error("cudaMalloc: cuda:%d out of memory allocating %lld bytes (%s; driver reports %lld of %lld bytes free) at %s:%d",
+                    device, (long long)nbytes, cudaGetErrorString(e), (long long)fr, (long long)tot,
+                    __FILE__, __LINE__);
+  }
+  *out = p;
+  return GL_OK;
+}
+
+/* cudaFree waits for the device, so a block still read by queued kernels is
+   never returned under them. */
+extern "C" int cuda_free(int device, void *ptr) {
+  if (!ptr) return GL_OK;
+  GL_TRY(check_device(device, "cuda_free"));
+  GL_CU_CHECK(cudaSetDevice(device));
+  GL_CU_CHECK(cudaFree(ptr));
+  return GL_OK;
+}
+
+/* Byte copy between any two of host / cuda:N.  Host involvement waits for
+   the copy (the caller may reuse or read host memory at once); device to
+   device on one GPU stays queued on its compute stream. */
+extern "C" int cuda_memcpy(void *dst, int dst_device, const void *src, int src_device, int64_t nbytes) {
+  if (nbytes <= 0) return GL_OK;
+  if (dst_device < 0 && src_device < 0) { memcpy(dst, src, (size_t)nbytes); return GL_OK; }
+  if (dst_device >= 0 && src_device >= 0 && dst_device != src_device) {
+    cudaStream_t ss = nullptr, ds = nullptr;
+    GL_TRY(cu_begin(src_device, &ss));
+    GL_CU_CHECK(cudaStreamSynchronize(ss));
+    GL_TRY(cu_begin(dst_device, &ds));
+    GL_CU_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, (size_t)nbytes, ds));
+    GL_CU_CHECK(cudaStreamSynchronize(ds));
+    return GL_OK;
+  }
+  int dev = dst_device >= 0 ? dst_device : src_device;
+  cudaStream_t st = nullptr;
+  GL_TRY(cu_begin(dev, &st));
+  GL_CU_CHECK(cudaMemcpyAsync(dst, src, (size_t)nbytes, cudaMemcpyDefault, st));
+  if (dst_device < 0 || src_device < 0) GL_CU_CHECK(cudaStreamSynchronize(st));
+  return GL_OK;
+}
+
+/* ---- the public runtime API (gl_cuda.h) ---------------------------------- */
+extern "C" int gl_cuda_get_props(int device, gl_cuda_props *out) {
+  if (!out) return gl_error("gl_cuda_get_props: out is NULL");
+  GL_TRY(check_device(device, "gl_cuda_get_props"));
+  cudaDeviceProp p;
+  GL_CU_CHECK(cudaGetDeviceProperties(&p, device));
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%s", p.name);
+  out->major = p.major;
+  out->minor = p.minor;
+  out->multiprocessor_count = p.multiProcessorCount;
+  out->max_threads_per_block = p.maxThreadsPerBlock;
+  out->warp_size = p.warpSize;
+  /* clock rates left cudaDeviceProp in CUDA 13: ask for the attributes */
+  GL_CU_CHECK(cudaDeviceGetAttribute(&out->clock_khz, cudaDevAttrClockRate, device));
+  GL_CU_CHECK(cudaDeviceGetAttribute(&out->memory_clock_khz, cudaDevAttrMemoryClockRate, device));
+  out->memory_bus_width = p.memoryBusWidth;
+  out->total_memory = (int64_t)p.totalGlobalMem;
+  out->shared_memory_per_block_optin = (int64_t)p.sharedMemPerBlockOptin;
+  out->l2_cache_size = (int64_t)p.l2CacheSize;
+  return GL_OK;
+}
+
+extern "C" int gl_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes) {
+  cudaStream_t st = nullptr;
+  GL_TRY(begin_named(device, "gl_cuda_mem_info", &st));
+  size_t fr = 0, tot = 0;
+  GL_CU_CHECK(cudaMemGetInfo(&fr, &tot));
+  if (free_bytes) *free_bytes = (int64_t)fr;
+  if (total_bytes) *total_bytes = (int64_t)tot;
+  return GL_OK;
+}
+
+extern "C" int gl_cuda_set_device(int device) {
+  cudaStream_t st = nullptr;
+  return begin_named(device, "gl_cuda_set_device", &st);
+}
+
+extern "C" int gl_cuda_synchronize(int device) {
+  if (device < 0) {
+    int n = cuda_device_count();
+    for (int i = 0; i < n; i++) GL_TRY(gl_cuda_synchronize(i));
+    return GL_OK;
+  }
+  cudaStream_t st = nullptr;
+  GL_TRY(begin_named(device, "gl_cuda_synchronize", &st));
+  GL_CU_CHECK(cudaDeviceSynchronize());
+  return GL_OK;
+}
+
+static int stream_of(int device, int kind, const char *fn, cudaStream_t *out) {
+  if (kind != GL_STREAM_COMPUTE && kind != GL_STREAM_COMM)
+    return gl_error("%s: stream kind expected 0 (compute) or 1 (comm), got %d", fn, kind);
+  CuDevice *d = nullptr;
+  GL_TRY(device_state(device, fn, &d));
+  GL_CU_CHECK(cudaSetDevice(device));
+  *out = d->stream[kind];
+  return GL_OK;
+}
+
+extern "C" void *gl_cuda_stream(int device, int kind) {
+  cudaStream_t s = nullptr;
+  if (stream_of(device, kind, "gl_cuda_stream", &s) != GL_OK) return NULL;
+  return (void *)s;
+}
+
+extern "C" int gl_cuda_stream_synchronize(int device, int kind) {
+  cudaStream_t s = nullptr;
+  GL_TRY(stream_of(device, kind, "gl_cuda_stream_synchronize", &s));
+  GL_CU_CHECK(cudaStreamSynchronize(s));
+  return GL_OK;
+}
+
+static int stream_wait(int device, int waiter, int waited) {
+  cudaStream_t a = nullptr, b = nullptr;
+  GL_TRY(stream_of(device, waiter, "gl_cuda_stream_wait", &a));
+  GL_TRY(stream_of(device, waited, "gl_cuda_stream_wait", &b));
+  if (a == b) return GL_OK;
+  cudaEvent_t e;
+  GL_CU_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaError_t rc = cudaEventRecord(e, b);
+  if (rc == cudaSuccess) rc = cudaStreamWaitEvent(a, e, 0);
+  cudaEventDestroy(e);  /* destruction is deferred until the wait is done */
+  GL_CU_CHECK(rc);
+  return GL_OK;
+}
+extern "C" int gl_cuda_stream_wait(int device, int waiter, int waited) {
+  return stream_wait(device, waiter, waited);
+}
+
+struct gl_cuda_event {
+  cudaEvent_t ev;
+  int device;
+  int recorded;
+};
+
+static int event_create(int device, gl_cuda_event **out) {
+  cudaStream_t st = nullptr;
+  GL_TRY(begin_named(device, "gl_cuda_event_create", &st));
+  gl_cuda_event *e = (gl_cuda_event *)calloc(1, sizeof *e);
+  if (!e) return gl_error("gl_cuda_event_create: out of host memory");
+  cudaError_t rc = cudaEventCreate(&e->ev);
+  if (rc != cudaSuccess) free(e);
+  GL_CU_CHECK(rc);
+  e->device = device;
+  *out = e;
+  return GL_OK;
+}
+extern "C" gl_cuda_event *gl_cuda_event_create(int device) {
+  gl_cuda_event *e = NULL;
+  return event_create(device, &e) == GL_OK ? e : NULL;
+}
+
+extern "C" void gl_cuda_event_destroy(gl_cuda_event *e) {
+  if (!e) return;
+  if (cudaSetDevice(e->device) == cudaSuccess) cudaEventDestroy(e->ev);
+  (void)cudaGetLastError();
+  free(e);
+}
+
+extern "C" int gl_cuda_event_record(gl_cuda_event *e, int kind) {
+  if (!e) return gl_error("gl_cuda_event_record: event is NULL");
+  cudaStream_t s = nullptr;
+  GL_TRY(stream_of(e->device, kind, "gl_cuda_event_record", &s));
+  GL_CU_CHECK(cudaEventRecord(e->ev, s));
+  e->recorded = 1;
+  return GL_OK;
+}
+
+extern "C" int gl_cuda_event_synchronize(gl_cuda_event *e) {
+  if (!e) return gl_error("gl_cuda_event_synchronize: event is NULL");
+  if (!e->recorded) return gl_error("gl_cuda_event_synchronize: event was never recorded");
+  GL_CU_CHECK(cudaSetDevice(e->device));
+  GL_CU_CHECK(cudaEventSynchronize(e->ev));
+  return GL_OK;
+}
+
+extern "C" int gl_cuda_event_query(gl_cuda_event *e) {
+  if (!e) return gl_error("gl_cuda_event_query: event is NULL");
+  if (!e->recorded) return 1;
+  GL_CU_CHECK(cudaSetDevice(e->device));
+  cudaError_t rc = cudaEventQuery(e->ev);
+  if (rc == cudaErrorNotReady) { (void)cudaGetLastError(); return 0; }
+  GL_CU_CHECK(rc);
+  return 1;
+}
+
+extern "C" int gl_cuda_event_elapsed_ms(const gl_cuda_event *start, const gl_cuda_event *end, double *ms) {
+  if (!start || !end || !ms) return gl_error("gl_cuda_event_elapsed_ms: NULL argument");
+  if (start->device != end->device)
+    return gl_error("gl_cuda_event_elapsed_ms: events of cuda:%d and cuda:%d, expected one device",
+                    start->device, end->device);
+  if (!start->recorded || !end->recorded)
+    return gl_error("gl_cuda_event_elapsed_ms: both events must be recorded first");
+  GL_CU_CHECK(cudaSetDevice(start->device));
+  GL_CU_CHECK(cudaEventSynchronize(end->ev));
+  float f = 0;
+  GL_CU_CHECK(cudaEventElapsedTime(&f, start->ev, end->ev));
+  *ms = f;
+  return GL_OK;
+}
+
+/* ---- pinned host memory --------------------------------------------------- */
+static std::atomic<int64_t> pinned_bytes{0};
+/* sizes of live blocks, to keep the counter exact on free */
+struct PinnedHeader { int64_t nbytes; int64_t pad[7]; };  /* 64 bytes: keeps alignment */
+
+static int host_alloc(int64_t nbytes, void **out) {
+  if (nbytes < 0) return gl_error("gl_cuda_host_alloc: nbytes expected >= 0, got %lld", (long long)nbytes);
+  if (cuda_device_count() == 0) return gl_error("gl_cuda_host_alloc: no CUDA device is available");
+  void *p = nullptr;
+  GL_CU_CHECK(cudaHostAlloc(&p, (size_t)nbytes + sizeof(PinnedHeader), cudaHostAllocPortable));
+  ((PinnedHeader *)p)->nbytes = nbytes;
+  pinned_bytes += nbytes;
+  *out = (char *)p + sizeof(PinnedHeader);
+  return GL_OK;
+}
+extern "C" void *gl_cuda_host_alloc(int64_t nbytes) {
+  void *p = NULL;
+  return host_alloc(nbytes, &p) == GL_OK ? p : NULL;
+}
+extern "C" int gl_cuda_host_free(void *ptr) {
+  if (!ptr) return GL_OK;
+  PinnedHeader *h = (PinnedHeader *)((char *)ptr - sizeof(PinnedHeader));
+  int64_t n = h->nbytes;
+  GL_CU_CHECK(cudaFreeHost(h));
+  pinned_bytes -= n;
+  return GL_OK;
+}
+extern "C" int64_t gl_cuda_pinned_bytes(void) { return pinned_bytes.load(); }

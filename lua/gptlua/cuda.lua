@@ -1,0 +1,209 @@
+-- gptlua.cuda — the CUDA runtime from Lua: devices and their properties,
+-- synchronisation, the compute / communication streams, timing events,
+-- memory statistics and pinned host buffers.
+--
+--   local cuda = require 'gptlua.cuda'
+--   if cuda.is_available() then
+--     print(cuda.get_device_properties(0).name)
+--     local t0, t1 = cuda.Event(), cuda.Event()
+--     t0:record(); work(); t1:record()
+--     print(t0:elapsed_time(t1), 'ms')
+--   end
+--
+-- Devices are given as 0, 1, ... or 'cuda', 'cuda:N' (nil means cuda:0).
+-- On an engine built without CUDA, or a machine without a GPU, only
+-- built / device_count / is_available answer; everything else raises a
+-- clear error.  Memory statistics are the caching allocator's (the same
+-- table as gl.memory_stats('cuda:N')).
+local G = require 'gptlua.ffi'
+local Tensor = require 'gptlua.tensor'
+local ffi, lib, check, check_ptr = G.ffi, G.lib, G.check, G.check_ptr
+
+local cuda = {}
+
+cuda.COMPUTE = 0   -- the stream every kernel runs on
+cuda.COMM = 1      -- the stream collectives run on (gptlua.dist)
+
+function cuda.built() return lib.gl_cuda_built() == 1 end
+function cuda.device_count() return tonumber(lib.gl_cuda_device_count()) end
+function cuda.is_available() return cuda.device_count() > 0 end
+
+-- the ordinal of dev (nil, a number, 'cuda' or 'cuda:N'); errors for 'cpu'
+-- and when the engine has no CUDA
+local function ordinal(dev, what)
+  what = what or 'gptlua.cuda'
+  if not cuda.built() then error(what .. ': this engine was built without CUDA', 3) end
+  local id
+  if dev == nil then id = 0
+  elseif type(dev) == 'number' then id = dev
+  else id = Tensor.device_id(dev, what) end
+  if id < 0 or id ~= math.floor(id) then
+    error(('%s: expected a CUDA device (N, "cuda" or "cuda:N"), got %s'):format(what, tostring(dev)), 3)
+  end
+  return id
+end
+cuda.ordinal = ordinal
+
+local function stream_kind(kind, what)
+  if kind == nil or kind == 'compute' then return cuda.COMPUTE end
+  if kind == 'comm' then return cuda.COMM end
+  if kind == cuda.COMPUTE or kind == cuda.COMM then return kind end
+  error(('%s: stream expected "compute" or "comm", got %s'):format(what, tostring(kind)), 3)
+end
+
+function cuda.set_device(dev) check(lib.gl_cuda_set_device(ordinal(dev, 'cuda.set_device')), 2) end
+
+-- waits for every stream of dev; with no argument, of every device
+function cuda.synchronize(dev)
+  if dev == nil then
+    if not cuda.built() then return end
+    check(lib.gl_cuda_synchronize(-1), 2)
+  else
+    check(lib.gl_cuda_synchronize(ordinal(dev, 'cuda.synchronize')), 2)
+  end
+end
+
+function cuda.get_device_properties(dev)
+  local p = ffi.new('gl_cuda_props')
+  check(lib.gl_cuda_get_props(ordinal(dev, 'cuda.get_device_properties'), p), 2)
+  return {
+    name = ffi.string(p.name), major = p.major, minor = p.minor,
+    multiprocessor_count = p.multiprocessor_count, max_threads_per_block = p.max_threads_per_block,
+    warp_size = p.warp_size, clock_khz = p.clock_khz, memory_clock_khz = p.memory_clock_khz,
+    memory_bus_width = p.memory_bus_width, total_memory = tonumber(p.total_memory),
+    shared_memory_per_block_optin = tonumber(p.shared_memory_per_block_optin),
+    l2_cache_size = tonumber(p.l2_cache_size),
+  }
+end
+function cuda.get_device_name(dev) return cuda.get_device_properties(dev).name end
+
+-- free and total device memory in bytes as the driver sees it
+function cuda.mem_get_info(dev)
+  local f, t = ffi.new('int64_t[1]'), ffi.new('int64_t[1]')
+  check(lib.gl_cuda_mem_info(ordinal(dev, 'cuda.mem_get_info'), f, t), 2)
+  return tonumber(f[0]), tonumber(t[0])
+end
+
+-- ---------------------------------------------------------------- memory
+function cuda.memory_stats(dev)
+  local st = ffi.new('gl_mem_stats')
+  check(lib.gl_mem_stats_get(ordinal(dev, 'cuda.memory_stats'), st), 2)
+  return { allocated = tonumber(st.allocated), reserved = tonumber(st.reserved), peak = tonumber(st.peak),
+           n_allocs = tonumber(st.n_allocs), n_frees = tonumber(st.n_frees),
+           cache_hits = tonumber(st.cache_hits), n_live = tonumber(st.n_live) }
+end
+function cuda.memory_allocated(dev) return cuda.memory_stats(dev).allocated end
+function cuda.max_memory_allocated(dev) return cuda.memory_stats(dev).peak end
+function cuda.memory_reserved(dev) return cuda.memory_stats(dev).reserved end
+function cuda.reset_peak_memory_stats(dev) check(lib.gl_mem_reset_peak(ordinal(dev, 'cuda.reset_peak_memory_stats')), 2) end
+function cuda.empty_cache(dev) check(lib.gl_empty_cache(ordinal(dev, 'cuda.empty_cache')), 2) end
+
+-- ---------------------------------------------------------------- streams
+-- the cudaStream_t of (dev, 'compute' | 'comm') as a void* cdata (for FFI
+-- callers such as the NCCL backend)
+function cuda.stream(dev, kind)
+  return check_ptr(lib.gl_cuda_stream(ordinal(dev, 'cuda.stream'), stream_kind(kind, 'cuda.stream')), 2)
+end
+function cuda.stream_synchronize(dev, kind)
+  check(lib.gl_cuda_stream_synchronize(ordinal(dev, 'cuda.stream_synchronize'),
+                                       stream_kind(kind, 'cuda.stream_synchronize')), 2)
+end
+-- stream `waiter` of dev waits (on the GPU) for work queued so far on `waited`
+function cuda.stream_wait(dev, waiter, waited)
+  check(lib.gl_cuda_stream_wait(ordinal(dev, 'cuda.stream_wait'), stream_kind(waiter, 'cuda.stream_wait'),
+                                stream_kind(waited, 'cuda.stream_wait')), 2)
+end
+
+-- ---------------------------------------------------------------- events
+local Event = {}
+Event.__index = Event
+Event.__name = 'cuda.Event'
+
+-- cuda.Event(dev): a timing event on dev (default cuda:0)
+function cuda.Event(dev)
+  local id = ordinal(dev, 'cuda.Event')
+  local e = check_ptr(lib.gl_cuda_event_create(id), 2)
+  ffi.gc(e, lib.gl_cuda_event_destroy)
+  return setmetatable({ e = e, device = id }, Event)
+end
+function Event:record(kind) check(lib.gl_cuda_event_record(self.e, stream_kind(kind, 'Event:record')), 2); return self end
+function Event:synchronize() check(lib.gl_cuda_event_synchronize(self.e), 2); return self end
+-- true once everything recorded before the event has run
+function Event:query()
+  local r = lib.gl_cuda_event_query(self.e)
+  check(r < 0 and r or 0, 2)
+  return r == 1
+end
+-- milliseconds from this event to `later` (waits for `later`)
+function Event:elapsed_time(later)
+  local ms = ffi.new('double[1]')
+  check(lib.gl_cuda_event_elapsed_ms(self.e, later.e, ms), 2)
+  return ms[0]
+end
+
+-- Times fn on dev's compute stream: `warmup` untimed calls, then `iters`
+-- timed ones between two events; returns milliseconds per call.
+function cuda.time(fn, opts)
+  opts = opts or {}
+  local dev, iters, warmup = opts.device, opts.iters or 10, opts.warmup or 2
+  for _ = 1, warmup do fn() end
+  local t0, t1 = cuda.Event(dev), cuda.Event(dev)
+  t0:record()
+  for _ = 1, iters do fn() end
+  t1:record()
+  return t0:elapsed_time(t1) / iters
+end
+
+-- ---------------------------------------------------------------- pinned host memory
+-- A block of page-locked host memory.  Tensors made from it (buf:tensor)
+-- are CPU tensors whose copies to and from the GPU run at full PCIe speed.
+-- The buffer owns the memory: it is freed when the buffer is collected or
+-- buf:free() is called, so keep the buffer alive as long as its tensors (and
+-- any views of them) are in use; each tensor keeps a reference to it.
+local HostBuffer = {}
+HostBuffer.__index = HostBuffer
+HostBuffer.__name = 'cuda.HostBuffer'
+
+function cuda.HostBuffer(nbytes)
+  if type(nbytes) ~= 'number' or nbytes < 0 or nbytes ~= math.floor(nbytes) then
+    error('cuda.HostBuffer: nbytes expected a non-negative integer, got ' .. tostring(nbytes), 2)
+  end
+  if not cuda.built() then error('cuda.HostBuffer: this engine was built without CUDA', 2) end
+  local p = check_ptr(lib.gl_cuda_host_alloc(nbytes), 2)
+  ffi.gc(p, lib.gl_cuda_host_free)
+  return setmetatable({ ptr = p, nbytes = nbytes }, HostBuffer)
+end
+
+-- a CPU tensor of shape and dtype over the buffer's first bytes
+function HostBuffer:tensor(shape, dtype)
+  if not self.ptr then error('HostBuffer:tensor: the buffer was freed', 2) end
+  local dt, dname = Tensor.dtype_id(dtype or Tensor.get_default_dtype(), 'HostBuffer:tensor')
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  local bytes = n * lib.gl_dtype_size(dt)
+  if bytes > self.nbytes then
+    error(('HostBuffer:tensor: %s of shape {%s} needs %d bytes, the buffer has %d'):format(
+      dname, table.concat(shape, ','), bytes, self.nbytes), 2)
+  end
+  local dims = ffi.new('int64_t[8]')
+  for i, s in ipairs(shape) do dims[i - 1] = s end
+  local t = Tensor.wrap(lib.gl_from_external(self.ptr, self.nbytes, dt, #shape, dims))
+  t._host_buffer = self
+  return t
+end
+
+function HostBuffer:free()
+  if self.ptr then
+    local p = ffi.gc(self.ptr, nil)
+    self.ptr = nil
+    check(lib.gl_cuda_host_free(p), 2)
+  end
+end
+
+-- bytes of pinned host memory currently allocated
+function cuda.pinned_bytes()
+  if not cuda.built() then return 0 end
+  return tonumber(lib.gl_cuda_pinned_bytes())
+end
+
+return cuda

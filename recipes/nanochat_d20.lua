@@ -1,0 +1,12 @@
+-- nanochat's d20 base model: depth 20 (width 1280, 10 heads of 128), context
+-- 2048, device batch 32, 0.5M tokens per step, Muon for hidden matrices and
+-- AdamW for embeddings/head, warmup-stable-decay schedule, bf16.
+return {
+  name = 'nanochat_d20', model = 'nanochat', depth = 20, softcap = 15,
+  data = 'shards', data_dir = 'data/fineweb', tokenizer = 'data/fineweb/tokenizer.tiktoken', vocab_size = 65536,
+  block_size = 2048, batch_size = 32, total_batch_size = 524288,
+  optimizer = 'nanochat', matrix_lr = 0.02, embedding_lr = 0.2, unembedding_lr = 0.004, grad_clip = 1.0,
+  schedule = 'wsd', warmup_iters = 0, cooldown_frac = 0.2, max_iters = 21400,
+  eval_interval = 250, eval_iters = 20, log_interval = 10, sample_length = 200, checkpoint_interval = 2000,
+  device = 'auto', dtype = 'bfloat16', seed = 1337,
+}

@@ -1,0 +1,91 @@
+-- recipes/prepare.lua — tokenize text into token shards for training.
+--
+--   gptlua recipes/prepare.lua --input FILE_OR_DIR --tokenizer PATH --out DIR
+--                              [--val-fraction 0.01] [--vocab-size N] [--shard-tokens N] [--quiet]
+--
+-- --tokenizer PATH   a saved tokenizer (PATH + PATH.json, see Tokenizer:save);
+--                    'char' builds a character tokenizer over the input.  If
+--                    PATH does not exist and --vocab-size is given, a byte-level
+--                    BPE tokenizer (GPT-4 split, special <|bos|>) is trained
+--                    on the input first and saved to PATH.
+-- Writes DIR/train_000000.bin ..., DIR/val_000000.bin ... (each file of the
+-- input is a BOS-prefixed document; the last val-fraction of the bytes is
+-- val), and DIR/tokenizer (+ .json) so the shards carry their tokenizer.
+-- Example (the default data):
+--   gptlua recipes/prepare.lua --input data/tinyshakespeare.txt \
+--     --tokenizer out/shakespeare.tok --vocab-size 4096 --out out/shakespeare
+local tok = require 'gptlua.tokenizer'
+local data = require 'gptlua.data'
+
+local USAGE = 'usage: gptlua recipes/prepare.lua --input FILE_OR_DIR --tokenizer PATH|char --out DIR ' ..
+              '[--val-fraction 0.01] [--vocab-size N] [--shard-tokens N] [--quiet]'
+local KEYS = { input = 'string', tokenizer = 'string', out = 'string', val_fraction = 'number',
+               vocab_size = 'number', shard_tokens = 'number', quiet = 'flag' }
+
+-- --key value and --key=value; dashes in keys become underscores
+local function parse(args)
+  local o, i = {}, 1
+  while args[i] do
+    local a = args[i]
+    local k, v = a:match('^%-%-([%w%-_]+)=(.*)$')
+    if not k then k = a:match('^%-%-([%w%-_]+)$') end
+    if not k then error(('prepare: unexpected argument %q\n%s'):format(a, USAGE), 0) end
+    k = k:gsub('%-', '_')
+    local ty = KEYS[k]
+    if not ty then error(('prepare: unknown option --%s\n%s'):format(k, USAGE), 0) end
+    if ty == 'flag' then v = true
+    elseif v == nil then
+      i = i + 1
+      v = args[i]
+      if v == nil then error(('prepare: --%s needs a value\n%s'):format(k, USAGE), 0) end
+    end
+    if ty == 'number' then
+      local n = tonumber(v)
+      if not n then error(('prepare: --%s expects a number, got %q'):format(k, v), 0) end
+      v = n
+    end
+    o[k] = v
+    i = i + 1
+  end
+  for _, k in ipairs({ 'input', 'tokenizer', 'out' }) do
+    if not o[k] then error(('prepare: --%s is required\n%s'):format(k:gsub('_', '-'), USAGE), 0) end
+  end
+  return o
+end
+
+local function exists(path) local f = io.open(path, 'rb'); if f then f:close() end; return f ~= nil end
+
+local function main(args)
+  local o = parse(args)
+  local t
+  if o.tokenizer == 'char' then
+    local files = select(2, pcall(data.list_files, o.input))
+    if type(files) ~= 'table' then files = { o.input } end
+    local parts = {}
+    for i, p in ipairs(files) do local f = assert(io.open(p, 'rb')); parts[i] = f:read('*a'); f:close() end
+    t = tok.char(table.concat(parts))
+  elseif exists(o.tokenizer) then
+    t = tok.load(o.tokenizer)
+  elseif o.vocab_size then
+    local files = select(2, pcall(data.list_files, o.input))
+    if type(files) ~= 'table' then files = { o.input } end
+    local t0 = os.clock()
+    t = tok.train(files, o.vocab_size, { special_tokens = { '<|bos|>' } })
+    t:save(o.tokenizer)
+    if not o.quiet then
+      print(('prepare: trained a %d-token BPE tokenizer in %.1f s CPU -> %s'):format(t.vocab_size, os.clock() - t0, o.tokenizer))
+    end
+  else
+    error(('prepare: tokenizer %s does not exist (give --vocab-size N to train one)'):format(o.tokenizer), 0)
+  end
+  local r = data.prepare { input = o.input, tokenizer = t, out = o.out, val_fraction = o.val_fraction,
+                           shard_tokens = o.shard_tokens, progress = not o.quiet }
+  t:save(o.out .. '/tokenizer')
+  if not o.quiet then
+    print(('prepare: %d train tokens in %d shard(s), %d val tokens in %d shard(s), %.1f MB in %.2f s -> %s')
+      :format(r.train_tokens, #r.train, r.val_tokens, #r.val, r.bytes / 1e6, r.seconds, o.out))
+  end
+  return 0
+end
+
+return main({ ... })

@@ -1,0 +1,678 @@
+-- The CUDA backend against its CPU twins (make test-cuda).
+--
+-- Every kernel runs on fresh random inputs (a new seed each run, printed in
+-- failure messages) of odd sizes, contiguous and not (transposed, narrowed,
+-- broadcast views), with every GPU output poisoned (NaN) before the call,
+-- and is compared with the CPU kernel on the same values:
+--   float32: max |gpu - cpu| <= 1e-5 * max |cpu|     (relative to the result's scale)
+--   bfloat16: the same with 1e-2;  float64: 1e-10;  integer results exactly.
+-- All tests sit in describes tagged #cuda, so `make test` (which excludes
+-- the tag) only loads this file; without a GPU every GPU test is pending.
+local gl = require 'gptlua'
+local cuda = require 'gptlua.cuda'
+local ffi, lib = gl.ffi, gl.lib
+
+local HAVE_GPU = cuda.is_available()
+local DEV = 'cuda:0'
+local NO_GPU = 'no CUDA device on this machine'
+local TOL = { float32 = 1e-5, bfloat16 = 1e-2, float16 = 1e-2, float64 = 1e-10 }
+
+local function gpu_it(name, fn)
+  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
+end
+
+-- ------------------------------------------------------------ inputs
+local RUN_SEED = (os.time() % 1000000) * 1000
+local seq = 0
+local function next_seed() seq = seq + 1; return RUN_SEED + seq end
+
+local function copy_shape(s) local r = {} for i, v in ipairs(s) do r[i] = v end return r end
+
+-- A pair {cpu, gpu} of tensors with identical values of `shape`:
+--   opts.dtype   float dtype (default float32)
+--   opts.dist    'normal' (default) or {lo, hi} uniform
+--   opts.layout  'contiguous' | 'transposed' (last two dims swapped in memory)
+--                | 'narrow' (rows padded: stride[-2] > size[-1]) | 'broadcast' (dim 1 expanded)
+local function pair(shape, opts)
+  opts = opts or {}
+  local dtype, layout = opts.dtype or 'float32', opts.layout or 'contiguous'
+  local nd = #shape
+  local bshape = copy_shape(shape)
+  if layout == 'transposed' then bshape[nd - 1], bshape[nd] = shape[nd], shape[nd - 1]
+  elseif layout == 'narrow' then bshape[nd] = shape[nd] + 3
+  elseif layout == 'broadcast' then bshape[1] = 1 end
+  local seed = next_seed()
+  local base
+  if type(opts.dist) == 'table' then base = gl.uniform(bshape, opts.dist[1], opts.dist[2], { seed = seed })
+  else base = gl.randn(bshape, { seed = seed }) end
+  if dtype ~= 'float32' then base = base:to(dtype) end
+  local gbase = base:to(DEV)
+  local function view(t)
+    if layout == 'transposed' then return t:transpose(nd - 1, nd)
+    elseif layout == 'narrow' then return t:narrow(nd, 2, shape[nd])
+    elseif layout == 'broadcast' then return t:expand(shape) end
+    return t
+  end
+  return { view(base), view(gbase) }
+end
+
+-- random integer ids in [0, limit) (some replaced by `ignore` when given)
+local function id_pair(shape, limit, dtype, ignore)
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  math.randomseed(next_seed())
+  local vals = {}
+  for i = 1, n do vals[i] = math.random(0, limit - 1) end
+  if ignore then for i = 1, n, 5 do vals[i] = ignore end end
+  local t = gl.tensor(vals, { dtype = dtype or 'int64' }):view(shape)
+  return { t, t:to(DEV) }
+end
+
+-- an output of shape: on the GPU poisoned with NaN (integers with -7);
+-- layout 'transposed' gives a non-contiguous view
+local function output(shape, dtype, on_gpu, layout)
+  dtype = dtype or 'float32'
+  local nd = #shape
+  local bshape = copy_shape(shape)
+  if layout == 'transposed' then bshape[nd - 1], bshape[nd] = shape[nd], shape[nd - 1] end
+  local t = gl.empty(bshape, { dtype = dtype, device = on_gpu and DEV or 'cpu' })
+  if on_gpu then t:fill_(gl.Tensor.FLOATING[dtype] and 0 / 0 or -7) end
+  if layout == 'transposed' then t = t:transpose(nd - 1, nd) end
+  return t
+end
+
+-- The same body on both devices: S.name is the side's tensor of pair
+-- ins.name, S.out(shape, dtype, layout) a fresh output (poisoned on the
+-- GPU), S.gpu whether this is the GPU run.  body returns its outputs.
+local function side(on_gpu, ins)
+  local S = { gpu = on_gpu, device = on_gpu and DEV or 'cpu' }
+  for k, p in pairs(ins) do S[k] = on_gpu and p[2] or p[1] end
+  function S.out(shape, dtype, layout) return output(shape, dtype, on_gpu, layout) end
+  return S
+end
+
+local function max_abs(t)
+  local m = 0
+  for _, v in ipairs(t:tolist()) do
+    local a = math.abs(v)
+    if a > m then m = a end
+  end
+  return m
+end
+
+-- got (any device) against ref (cpu): max abs difference within tol of ref's scale
+local function check_close(got, ref, dtype, what)
+  local g = got:to('cpu')
+  assert.same(ref.shape, g.shape, what .. ': shape')
+  if not gl.Tensor.FLOATING[ref.dtype] then
+    assert.same(ref:tolist(), g:tolist(), what .. ' (exact)')
+    return
+  end
+  local d = g:to('float64'):max_abs_diff(ref:to('float64'))
+  local scale = math.max(max_abs(ref), 1e-30)
+  local tol = TOL[dtype] or TOL.float32
+  assert(d == d and d <= tol * scale,
+         ('%s: max |gpu - cpu| = %g, allowed %g (scale %g, run seed %d)'):format(what, d, tol * scale, scale, RUN_SEED))
+end
+
+-- runs body on both devices and compares every output
+local function compare(ins, body, dtype, what)
+  local rc = { body(side(false, ins)) }
+  local rg = { body(side(true, ins)) }
+  assert.equal(#rc, #rg)
+  for i = 1, #rc do
+    if type(rc[i]) == 'number' then
+      local tol = (TOL[dtype] or 1e-5) * math.max(math.abs(rc[i]), 1e-30)
+      assert(math.abs(rg[i] - rc[i]) <= tol,
+             ('%s: gpu %.17g cpu %.17g (run seed %d)'):format(what, rg[i], rc[i], RUN_SEED))
+    else
+      check_close(rg[i], rc[i], dtype, what .. ' output ' .. i)
+    end
+  end
+end
+
+local function K(rc) gl.check(rc, 2) end
+
+-- ------------------------------------------------------------ runtime
+describe('gptlua.cuda runtime #cuda', function()
+  it('counts devices consistently and reports the build', function()
+    assert.equal(lib.gl_cuda_device_count(), cuda.device_count())
+    assert.equal(cuda.device_count() > 0, cuda.is_available())
+    assert.is_boolean(cuda.built())
+    assert.equal(cuda.is_available() and 'cuda:0' or 'cpu', gl.default_device())
+  end)
+
+  if not HAVE_GPU then
+    it('raises clear errors when no GPU is present', function()
+      assert.has_error(function() gl.randn({ 2, 2 }, { device = DEV }) end)
+      if cuda.built() then
+        local ok, err = pcall(cuda.Event)
+        assert.is_false(ok)
+        assert.matches('CUDA device', err)
+        ok, err = pcall(cuda.get_device_properties, 0)
+        assert.is_false(ok)
+        assert.matches('cuda:0', err)
+        assert.equal(0, cuda.pinned_bytes())
+      end
+      assert.has_error(function() cuda.Event('cpu') end)
+    end)
+  end
+
+  gpu_it('reports device properties and memory', function()
+    local p = cuda.get_device_properties(0)
+    assert.is_true(#p.name > 0)
+    assert.is_true(p.major >= 7)
+    assert.is_true(p.multiprocessor_count > 0)
+    local free, total = cuda.mem_get_info(0)
+    assert.is_true(total > 0 and free > 0 and free <= total)
+    assert.equal(p.total_memory, total)
+  end)
+
+  gpu_it('times work with events and orders the streams', function()
+    local a, b = cuda.Event(), cuda.Event()
+    local x = gl.randn({ 512, 512 }, { device = DEV })
+    a:record()
+    for _ = 1, 3 do K(lib.gl_unary(lib.GL_U_EXP, x.c, x.c, 0, 0)) end
+    b:record()
+    assert.is_true(a:elapsed_time(b) >= 0)
+    b:synchronize()
+    assert.is_true(b:query())
+    assert.is_true(cuda.time(function() K(lib.gl_unary(lib.GL_U_NEG, x.c, x.c, 0, 0)) end, { iters = 3 }) >= 0)
+    local s0, s1 = cuda.stream(0, 'compute'), cuda.stream(0, 'comm')
+    assert.is_not_nil(s0)
+    assert.is_false(s0 == s1)
+    cuda.stream_wait(0, 'comm', 'compute')
+    cuda.stream_synchronize(0, 'comm')
+    cuda.synchronize()
+  end)
+
+  gpu_it('keeps allocator statistics for the device', function()
+    collectgarbage(); collectgarbage()
+    collectgarbage('stop')  -- no tensor of another test is freed while we count
+    cuda.synchronize(0)
+    local before = cuda.memory_stats(0)
+    local t = gl.empty({ 1024, 1024 }, { device = DEV })
+    local mid = cuda.memory_stats(0)
+    assert.is_true(mid.allocated >= before.allocated + 4 * 1024 * 1024)
+    assert.is_true(mid.peak >= mid.allocated)
+    t:free()
+    assert.equal(before.allocated, cuda.memory_stats(0).allocated)
+    collectgarbage('restart')
+    cuda.empty_cache(0)
+    assert.is_true(cuda.memory_reserved(0) <= mid.reserved)
+  end)
+
+  gpu_it('moves tensors of every dtype to the GPU and back unchanged', function()
+    for _, dt in ipairs({ 'float32', 'float64', 'bfloat16', 'float16', 'int32', 'int64', 'uint16', 'uint8', 'bool' }) do
+      local vals = { { 1, 0, 3 }, { 4, 5, 0 } }
+      local t = gl.tensor(vals, { dtype = dt })
+      local g = t:to(DEV)
+      assert.equal(DEV, g.device)
+      assert.same(t:totable(), g:to('cpu'):totable(), dt)
+      assert.same(t:t():totable(), g:t():to('cpu'):totable(), dt .. ' transposed')
+    end
+  end)
+
+  gpu_it('copies through pinned host buffers', function()
+    local buf = cuda.HostBuffer(4 * 1000)
+    assert.is_true(cuda.pinned_bytes() >= 4000)
+    local h = buf:tensor({ 10, 100 }, 'float32')
+    h:copy_(gl.randn({ 10, 100 }, { seed = next_seed() }))
+    local g = h:to(DEV)
+    assert.equal(0, g:to('cpu'):max_abs_diff(h))
+    assert.has_error(function() buf:tensor({ 2000 }, 'float32') end)
+    h = nil; g = nil
+    collectgarbage()
+    buf:free()
+  end)
+end)
+
+-- ------------------------------------------------------------ elementwise
+describe('CUDA elementwise kernels vs CPU #cuda', function()
+  local U = {
+    { 'neg', lib.GL_U_NEG }, { 'exp', lib.GL_U_EXP }, { 'log', lib.GL_U_LOG, pos = true },
+    { 'sqrt', lib.GL_U_SQRT, pos = true }, { 'rsqrt', lib.GL_U_RSQRT, pos = true }, { 'tanh', lib.GL_U_TANH },
+    { 'abs', lib.GL_U_ABS }, { 'relu', lib.GL_U_RELU }, { 'relu2', lib.GL_U_RELU2 },
+    { 'gelu', lib.GL_U_GELU_TANH }, { 'silu', lib.GL_U_SILU }, { 'sigmoid', lib.GL_U_SIGMOID },
+    { 'sin', lib.GL_U_SIN }, { 'cos', lib.GL_U_COS }, { 'square', lib.GL_U_SQUARE },
+    { 'reciprocal', lib.GL_U_RECIPROCAL, pos = true }, { 'clamp', lib.GL_U_CLAMP, -0.5, 0.7 },
+    { 'pow', lib.GL_U_POW, 1.7, pos = true }, { 'add_scalar', lib.GL_U_ADD_SCALAR, 0.25 },
+    { 'mul_scalar', lib.GL_U_MUL_SCALAR, -1.5 }, { 'affine', lib.GL_U_AFFINE, 0.5, -2 },
+    { 'rsub_scalar', lib.GL_U_RSUB_SCALAR, 3 }, { 'rdiv_scalar', lib.GL_U_RDIV_SCALAR, 2, pos = true },
+    { 'softcap', lib.GL_U_SOFTCAP, 1.5 },
+  }
+
+  gpu_it('unary forward and backward, every op, float32 and bfloat16, strided', function()
+    for _, u in ipairs(U) do
+      local name, op, p0, p1 = u[1], u[2], u[3] or 0, u[4] or 0
+      for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+        for _, layout in ipairs({ 'contiguous', 'transposed' }) do
+          local shape = { 37, 29 }
+          local dist = u.pos and { 0.5, 2 } or nil
+          local ins = { x = pair(shape, { dtype = dt, layout = layout, dist = dist }),
+                        dy = pair(shape, { dtype = dt }) }
+          compare(ins, function(S)
+            local y = S.out(shape, dt, layout == 'transposed' and 'transposed' or nil)
+            K(lib.gl_unary(op, y.c, S.x.c, p0, p1))
+            local dx = S.out(shape, dt)
+            K(lib.gl_unary_backward(op, dx.c, S.dy.c, S.x.c, p0, p1))
+            return y, dx
+          end, dt, ('unary %s %s %s'):format(name, dt, layout))
+        end
+      end
+    end
+  end)
+
+  gpu_it('unary into another dtype and in place', function()
+    local ins = { x = pair({ 5, 7, 9 }, { dtype = 'bfloat16' }), z = pair({ 5, 7, 9 }) }
+    compare(ins, function(S)
+      local y = S.out({ 5, 7, 9 }, 'float32')
+      K(lib.gl_unary(lib.GL_U_GELU_TANH, y.c, S.x.c, 0, 0))
+      local z = S.z:clone()
+      K(lib.gl_unary(lib.GL_U_TANH, z.c, z.c, 0, 0))
+      return y, z
+    end, 'bfloat16', 'unary mixed / in place')
+  end)
+
+  local B = {
+    { 'add', lib.GL_B_ADD }, { 'sub', lib.GL_B_SUB }, { 'mul', lib.GL_B_MUL }, { 'div', lib.GL_B_DIV },
+    { 'pow', lib.GL_B_POW, pos = true }, { 'maximum', lib.GL_B_MAXIMUM }, { 'minimum', lib.GL_B_MINIMUM },
+    { 'eq', lib.GL_B_EQ, cmp = true }, { 'ne', lib.GL_B_NE, cmp = true }, { 'lt', lib.GL_B_LT, cmp = true },
+    { 'le', lib.GL_B_LE, cmp = true }, { 'gt', lib.GL_B_GT, cmp = true }, { 'ge', lib.GL_B_GE, cmp = true },
+  }
+
+  gpu_it('binary, every op, with broadcast and transposed operands', function()
+    for _, b in ipairs(B) do
+      for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+        local shape = { 13, 3, 41 }
+        local dist = b.pos and { 0.5, 2 } or nil
+        local ins = { a = pair(shape, { dtype = dt, layout = 'transposed', dist = dist }),
+                      b = pair(shape, { dtype = dt, layout = 'broadcast', dist = dist }) }
+        compare(ins, function(S)
+          local y = S.out(shape, dt)
+          K(lib.gl_binary(b[2], y.c, S.a.c, S.b.c))
+          if not b.cmp then return y end
+          local mask = S.out(shape, 'uint8')  -- comparisons into any dtype, e.g. a mask
+          K(lib.gl_binary(b[2], mask.c, S.a.c, S.b.c))
+          return y, mask
+        end, dt, ('binary %s %s'):format(b[1], dt))
+      end
+    end
+  end)
+
+  gpu_it('where with a uint8 condition', function()
+    local shape = { 17, 23 }
+    local c = id_pair(shape, 2, 'int64')
+    local ins = { c = { c[1]:to('uint8'), c[2]:to('uint8') }, a = pair(shape), b = pair(shape, { layout = 'transposed' }) }
+    compare(ins, function(S)
+      local y = S.out(shape)
+      K(lib.gl_where(y.c, S.c.c, S.a.c, S.b.c))
+      return y
+    end, 'float32', 'where')
+  end)
+
+  gpu_it('copies across dtypes and layouts, and fills', function()
+    local ins = { x = pair({ 19, 31 }, { layout = 'transposed' }), i = id_pair({ 19, 31 }, 1000, 'int32') }
+    compare(ins, function(S)
+      local a = S.out({ 19, 31 }, 'bfloat16'); K(lib.gl_copy(a.c, S.x.c))
+      local b = S.out({ 19, 31 }, 'float64'); K(lib.gl_copy(b.c, a.c))
+      local c = S.out({ 19, 31 }, 'int64'); K(lib.gl_copy(c.c, S.i.c))
+      local d = S.out({ 19, 31 }, 'float32', 'transposed'); K(lib.gl_copy(d.c, S.x.c))
+      local e = S.out({ 19, 31 }, 'int64'); K(lib.gl_copy(e.c, S.x.c))  -- truncation toward zero
+      local f = S.out({ 19, 31 }); K(lib.gl_copy(f.c, S.x:narrow(1, 1, 1):expand({ 19, 31 }).c))
+      local g = S.out({ 7, 5 }, 'bfloat16'); K(lib.gl_fill(g.c, 1.2345))
+      local h = S.out({ 7, 5 }, 'int32', 'transposed'); K(lib.gl_fill(h.c, -3))
+      local z = S.out({ 9, 4 }); K(lib.gl_fill(z.c, 0))
+      return a, b, c, d, e, f, g, h, z
+    end, 'float32', 'copy / fill')
+  end)
+
+  gpu_it('draws the same Philox numbers as the CPU', function()
+    local seed = next_seed()
+    for _, dt in ipairs({ 'float32', 'float64', 'bfloat16' }) do
+      check_close(gl.randn({ 33, 65 }, { seed = seed, offset = 7, dtype = dt, device = DEV }),
+                  gl.randn({ 33, 65 }, { seed = seed, offset = 7, dtype = dt }), dt, 'randn ' .. dt)
+      check_close(gl.uniform({ 1001 }, -2, 3, { seed = seed, dtype = dt, device = DEV }),
+                  gl.uniform({ 1001 }, -2, 3, { seed = seed, dtype = dt }), dt, 'uniform ' .. dt)
+    end
+    local g = gl.empty({ 8, 12 }, { device = DEV }):t()
+    local c = gl.empty({ 8, 12 }):t()
+    g:normal_(1, 2, { seed = seed })
+    c:normal_(1, 2, { seed = seed })
+    check_close(g, c, 'float32', 'normal_ on a transposed view')
+  end)
+
+  gpu_it('dropout keeps the CPU mask', function()
+    local ins = { x = pair({ 23, 45 }, { layout = 'transposed' }), y = pair({ 11, 7 }, { dtype = 'bfloat16' }) }
+    local seed = next_seed()
+    compare(ins, function(S)
+      local a = S.out({ 23, 45 }); K(lib.gl_dropout(a.c, S.x.c, 0.3, seed, 11))
+      local b = S.out({ 11, 7 }, 'bfloat16'); K(lib.gl_dropout(b.c, S.y.c, 0.5, seed, 0))
+      local c = S.out({ 23, 45 }); K(lib.gl_dropout(c.c, S.x.c, 0, seed, 0))
+      local d = S.out({ 23, 45 }); K(lib.gl_dropout(d.c, S.x.c, 1, seed, 0))
+      return a, b, c, d
+    end, 'float32', 'dropout')
+  end)
+
+  gpu_it('rope forward and inverse, strided and in place', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+      local ins = { x = pair({ 2, 9, 3, 16 }, { dtype = dt, layout = 'transposed' }),
+                    cos = pair({ 9, 8 }), sin = pair({ 9, 8 }, { layout = 'narrow' }) }
+      compare(ins, function(S)
+        local y = S.out({ 2, 9, 3, 16 }, dt); K(lib.gl_rope(y.c, S.x.c, S.cos.c, S.sin.c, 0))
+        local z = y:clone(); K(lib.gl_rope(z.c, z.c, S.cos.c, S.sin.c, 1))
+        return y, z
+      end, dt, 'rope ' .. dt)
+    end
+  end)
+end)
+
+-- ------------------------------------------------------------ reductions
+describe('CUDA reductions vs CPU #cuda', function()
+  local R = { { 'sum', lib.GL_R_SUM }, { 'mean', lib.GL_R_MEAN }, { 'max', lib.GL_R_MAX }, { 'min', lib.GL_R_MIN },
+              { 'sumsq', lib.GL_R_SUMSQ }, { 'norm2', lib.GL_R_NORM2 } }
+
+  local function keep_shape(shape, mask)
+    local s = {}
+    for d = 1, #shape do s[d] = bit.band(mask, bit.lshift(1, d - 1)) ~= 0 and 1 or shape[d] end
+    return s
+  end
+
+  gpu_it('reduce over dims masks, row and column shapes, with splits', function()
+    local cases = {
+      { { 5, 7, 9 }, { 1, 2, 4, 5, 7 }, 'transposed' },
+      { { 3, 100003 }, { 2, 3 } },      -- long rows: block per output with splits
+      { { 4099, 7 }, { 1 } },           -- column sums: thread per output with splits
+      { { 33, 70 }, { 1, 2 }, 'narrow' },
+    }
+    for _, cs in ipairs(cases) do
+      local shape, masks, layout = cs[1], cs[2], cs[3]
+      for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+        local ins = { x = pair(shape, { dtype = dt, layout = layout, dist = { 0.5, 1.5 } }) }
+        for _, mask in ipairs(masks) do
+          for _, r in ipairs(R) do
+            compare(ins, function(S)
+              local out_dt = dt == 'float64' and 'float64' or 'float32'
+              local y = S.out(keep_shape(shape, mask), out_dt)
+              K(lib.gl_reduce(r[2], y.c, S.x.c, mask))
+              return y
+            end, dt == 'float64' and 'float64' or 'float32',
+               ('reduce %s mask %d %s {%s}'):format(r[1], mask, dt, table.concat(shape, ',')))
+          end
+        end
+      end
+    end
+  end)
+
+  gpu_it('max over a dim with first-occurrence argmax', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+      local shape = { 6, 77, 5 }
+      local ins = { x = pair(shape, { dtype = dt, layout = 'transposed' }) }
+      for dim = 0, 2 do
+        compare(ins, function(S)
+          local ks = { 6, 77, 5 }
+          ks[dim + 1] = 1
+          local v, i = S.out(ks, dt), S.out(ks, 'int64')
+          K(lib.gl_reduce_max_dim(v.c, i.c, S.x.c, dim))
+          return v, i
+        end, dt, ('max_dim %d %s'):format(dim, dt))
+      end
+    end
+  end)
+
+  gpu_it('sum of squares in float64', function()
+    for _, layout in ipairs({ 'contiguous', 'transposed' }) do
+      local ins = { x = pair({ 301, 257 }, { layout = layout }), b = pair({ 1001 }, { dtype = 'bfloat16' }) }
+      compare(ins, function(S)
+        local d1, d2 = ffi.new('double[1]'), ffi.new('double[1]')
+        K(lib.gl_sumsq(S.x.c, d1))
+        K(lib.gl_sumsq(S.b.c, d2))
+        return d1[0], d2[0]
+      end, 'float64', 'sumsq ' .. layout)
+    end
+  end)
+end)
+
+-- ------------------------------------------------------------ matmul
+describe('CUDA matmul (cuBLASLt) vs CPU #cuda', function()
+  local function mm(S, a, b, out_shape, dt, alpha, beta, out_layout)
+    local y = S.out(out_shape, dt, out_layout)
+    K(lib.gl_matmul(y.c, a.c, b.c, alpha or 1, beta or 0))
+    return y
+  end
+
+  gpu_it('2-d products in every operand layout', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+      local M, Kd, N = 37, 29, 41
+      for _, la in ipairs({ 'contiguous', 'transposed', 'narrow' }) do
+        for _, lb in ipairs({ 'contiguous', 'transposed' }) do
+          local ins = { a = pair({ M, Kd }, { dtype = dt, layout = la }), b = pair({ Kd, N }, { dtype = dt, layout = lb }) }
+          compare(ins, function(S)
+            return mm(S, S.a, S.b, { M, N }, dt), mm(S, S.a, S.b, { M, N }, dt, 0.5, 0, 'transposed')
+          end, dt, ('matmul %s a %s b %s'):format(dt, la, lb))
+        end
+      end
+    end
+  end)
+
+  gpu_it('batched, broadcast (folded) and strided batches, alpha and beta', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+      local ins = {
+        a = pair({ 3, 17, 24 }, { dtype = dt }), b = pair({ 3, 24, 9 }, { dtype = dt, layout = 'transposed' }),
+        w = pair({ 24, 9 }, { dtype = dt }), c = pair({ 3, 17, 9 }, { dtype = dt }),
+        q = pair({ 2, 5, 3, 8 }, { dtype = dt }), k = pair({ 2, 5, 3, 8 }, { dtype = dt }),
+        s = pair({ 17, 24, 2 }, { dtype = dt }),
+      }
+      compare(ins, function(S)
+        local plain = mm(S, S.a, S.b, { 3, 17, 9 }, dt)
+        local folded = mm(S, S.a, S.w:expand({ 3, 24, 9 }), { 3, 17, 9 }, dt)
+        local shared_a = mm(S, S.a:narrow(1, 1, 1):expand({ 3, 17, 24 }), S.b, { 3, 17, 9 }, dt)
+        local acc = S.c:clone()
+        K(lib.gl_matmul(acc.c, S.a.c, S.b.c, 2, 0.5))
+        -- (B, T, H, D) viewed as (B, H, T, D): batch dims that do not coalesce
+        local qh, kh = S.q:transpose(2, 3), S.k:transpose(2, 3):transpose(3, 4)
+        local att = mm(S, qh, kh, { 2, 3, 5, 5 }, dt)
+        -- a non-BLAS layout (stride 2 along K) goes through a copy
+        local odd = mm(S, S.s:select(3, 1), S.w, { 17, 9 }, dt)
+        return plain, folded, shared_a, acc, att, odd
+      end, dt, 'batched matmul ' .. dt)
+    end
+  end)
+end)
+
+-- ------------------------------------------------------------ rows
+describe('CUDA softmax and norms vs CPU #cuda', function()
+  gpu_it('softmax and log_softmax, forward and backward', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+      for _, shape in ipairs({ { 7, 13, 33 }, { 5, 3001 } }) do
+        local ins = { x = pair(shape, { dtype = dt, layout = 'transposed' }), g = pair(shape, { dtype = dt }) }
+        for log = 0, 1 do
+          compare(ins, function(S)
+            local y = S.out(shape, dt); K(lib.gl_softmax(y.c, S.x.c, log))
+            local dx = S.out(shape, dt, 'transposed'); K(lib.gl_softmax_backward(dx.c, y.c, S.g.c, log))
+            return y, dx
+          end, dt, ('softmax log=%d %s {%s}'):format(log, dt, table.concat(shape, ',')))
+        end
+      end
+    end
+  end)
+
+  gpu_it('layernorm and rmsnorm, forward and backward, with and without affine', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+      local sdt = dt == 'float64' and 'float64' or 'float32'
+      for _, shape in ipairs({ { 3, 17, 96 }, { 1000, 67 } }) do
+        local C, lead = shape[#shape], copy_shape(shape)
+        lead[#lead] = nil
+        local ins = { x = pair(shape, { dtype = dt, layout = 'narrow' }), g = pair(shape, { dtype = dt }),
+                      w = pair({ C }, { dtype = dt }), b = pair({ C }, { dtype = dt }) }
+        for _, affine in ipairs({ true, false }) do
+          compare(ins, function(S)
+            local w, b = affine and S.w or nil, affine and S.b or nil
+            local y, mean, rstd = S.out(shape, dt), S.out(lead, sdt), S.out(lead, sdt)
+            K(lib.gl_layernorm_forward(y.c, mean.c, rstd.c, S.x.c, w and w.c, b and b.c, 1e-5))
+            local dx, dw, db = S.out(shape, dt), S.out({ C }, dt), S.out({ C }, dt)
+            K(lib.gl_layernorm_backward(dx.c, dw.c, db.c, S.g.c, S.x.c, w and w.c, mean.c, rstd.c))
+            local ry, rr = S.out(shape, dt), S.out(lead, sdt)
+            K(lib.gl_rmsnorm_forward(ry.c, rr.c, S.x.c, w and w.c, 1e-6))
+            local rdx, rdw = S.out(shape, dt), S.out({ C }, dt)
+            K(lib.gl_rmsnorm_backward(rdx.c, rdw.c, S.g.c, S.x.c, w and w.c, rr.c))
+            return y, mean, rstd, dx, dw, db, ry, rr, rdx, rdw
+          end, dt, ('norms %s {%s} affine=%s'):format(dt, table.concat(shape, ','), tostring(affine)))
+        end
+      end
+    end
+  end)
+end)
+
+-- ------------------------------------------------------------ index ops
+describe('CUDA embedding and index ops vs CPU #cuda', function()
+  gpu_it('embedding forward and deterministic backward', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+      for _, idt in ipairs({ 'int64', 'int32' }) do
+        local V, C = 1000, 70
+        local ins = { tab = pair({ V, C }, { dtype = dt, layout = 'narrow' }), ids = id_pair({ 4, 33 }, 60, idt),
+                      g = pair({ 4, 33, C }, { dtype = dt, layout = 'transposed' }) }
+        compare(ins, function(S)
+          local e = S.out({ 4, 33, C }, dt); K(lib.gl_embedding_forward(e.c, S.tab.c, S.ids.c))
+          local d = S.out({ V, C }, dt); K(lib.gl_embedding_backward(d.c, S.g.c, S.ids.c))
+          local e2 = S.out({ 33, 4, C }, dt); K(lib.gl_embedding_forward(e2.c, S.tab.c, S.ids:t().c))
+          return e, d, e2
+        end, dt, ('embedding %s ids %s'):format(dt, idt))
+      end
+    end
+    -- wide tables use several column blocks; repeated ids keep position order
+    local ins = { ids = id_pair({ 3000 }, 7, 'int64'), g = pair({ 3000, 300 }) }
+    compare(ins, function(S)
+      local d = S.out({ 40, 300 }); K(lib.gl_embedding_backward(d.c, S.g.c, S.ids.c))
+      return d
+    end, 'float32', 'embedding backward, many repeats')
+  end)
+
+  gpu_it('rejects out-of-range ids with the CPU message before writing', function()
+    local tab = gl.randn({ 10, 4 })
+    local bad = gl.tensor({ 1, 2, 10, 3 }, { dtype = 'int64' })
+    local okc, errc = pcall(function() K(lib.gl_embedding_forward(gl.empty({ 4, 4 }).c, tab.c, bad.c)) end)
+    local out = output({ 4, 4 }, 'float32', true)
+    local okg, errg = pcall(function() K(lib.gl_embedding_forward(out.c, tab:to(DEV).c, bad:to(DEV).c)) end)
+    assert.is_false(okc)
+    assert.is_false(okg)
+    assert.equal((errc:gsub('^.-: gl_', 'gl_')), (errg:gsub('^.-: gl_', 'gl_')))
+    for _, v in ipairs(out:tolist()) do assert.is_true(v ~= v) end  -- still poisoned
+    local logits, tg = gl.randn({ 3, 5 }), gl.tensor({ 1, 7, 2 }, { dtype = 'int64' })
+    okg, errg = pcall(function()
+      K(lib.gl_cross_entropy_forward(output({ 3 }, 'float32', true).c, nil, logits:to(DEV).c, tg:to(DEV).c, -100, 0))
+    end)
+    assert.is_false(okg)
+    assert.matches('targets%[1%] is 7', errg)
+  end)
+
+  gpu_it('index_select, gather, scatter_add and index_add over every dim', function()
+    local shape = { 5, 7, 9 }
+    for _, dt in ipairs({ 'float32', 'int64', 'bfloat16' }) do
+      for dim = 0, 2 do
+        local n = shape[dim + 1]
+        local ishape = copy_shape(shape)
+        ishape[dim + 1] = 4
+        local xs = dt == 'int64' and id_pair(shape, 1000, 'int64') or pair(shape, { dtype = dt, layout = 'transposed' })
+        local src = dt == 'int64' and id_pair(ishape, 1000, 'int64') or pair(ishape, { dtype = dt })
+        local ins = { x = xs, src = src, i1 = id_pair({ 4 }, n, 'int32'), ig = id_pair(ishape, n, 'int64'),
+                      base = dt == 'int64' and id_pair(shape, 1000, 'int64') or pair(shape, { dtype = dt }) }
+        compare(ins, function(S)
+          local sel = S.out(ishape, dt); K(lib.gl_index_select(sel.c, S.x.c, dim, S.i1.c))
+          local gat = S.out(ishape, dt); K(lib.gl_gather(gat.c, S.x.c, dim, S.ig.c))
+          local sca = S.base:clone(); K(lib.gl_scatter_add(sca.c, dim, S.ig.c, S.src.c))
+          local iad = S.base:clone(); K(lib.gl_index_add(iad.c, dim, S.i1.c, S.src.c))
+          return sel, gat, sca, iad
+        end, dt, ('index ops %s dim %d'):format(dt, dim))
+      end
+    end
+  end)
+end)
+
+-- ------------------------------------------------------------ attention
+describe('CUDA attention vs CPU #cuda', function()
+  -- q (B, H, T, D), k / v (B, Hkv, S, D); layout 'bthd' makes q, k, v, dout
+  -- transposed views of (B, T, H, D) tensors, as a model produces them
+  local function attention_case(dt, B, H, Hkv, T, S_, D, window, layout)
+    local function qkv(heads, len)
+      if layout == 'bthd' then
+        local p = pair({ B, len, heads, D }, { dtype = dt })
+        return { p[1]:transpose(2, 3), p[2]:transpose(2, 3) }
+      end
+      return pair({ B, heads, len, D }, { dtype = dt })
+    end
+    local ins = { q = qkv(H, T), k = qkv(Hkv, S_), v = qkv(Hkv, S_), g = qkv(H, T) }
+    local sdt = dt == 'float64' and 'float64' or 'float32'
+    local scale = 1 / math.sqrt(D)
+    compare(ins, function(S)
+      local o, lse = S.out({ B, H, T, D }, dt), S.out({ B, H, T }, sdt)
+      K(lib.gl_attention_forward(o.c, lse.c, S.q.c, S.k.c, S.v.c, scale, window))
+      local dq, dk, dv = S.out({ B, H, T, D }, dt), S.out({ B, Hkv, S_, D }, dt), S.out({ B, Hkv, S_, D }, dt)
+      K(lib.gl_attention_backward(dq.c, dk.c, dv.c, S.g.c, S.q.c, S.k.c, S.v.c, o.c, lse.c, scale, window))
+      return o, lse, dq, dk, dv
+    end, dt, ('attention %s B=%d H=%d Hkv=%d T=%d S=%d D=%d window=%d %s'):format(
+      dt, B, H, Hkv, T, S_, D, window, layout or 'bhtd'))
+  end
+
+  gpu_it('flash path: bfloat16, head dims 64 and 128, GQA, KV offset, window', function()
+    for _, D in ipairs({ 64, 128 }) do
+      attention_case('bfloat16', 2, 4, 2, 77, 77, D, 0)
+      attention_case('bfloat16', 1, 4, 1, 50, 130, D, 0, 'bthd')
+      attention_case('bfloat16', 2, 2, 2, 100, 100, D, 20)
+      attention_case('bfloat16', 1, 3, 3, 1, 65, D, 0)  -- one query against a KV cache
+    end
+  end)
+
+  gpu_it('fallback: float32 / float64 and other head dims', function()
+    attention_case('float32', 2, 4, 2, 37, 37, 64, 0)
+    attention_case('float32', 1, 2, 1, 20, 45, 40, 7, 'bthd')
+    attention_case('float64', 1, 2, 2, 19, 23, 24, 0)
+    attention_case('bfloat16', 1, 2, 1, 33, 33, 40, 0)
+  end)
+end)
+
+-- ------------------------------------------------------------ loss and optimizers
+describe('CUDA cross-entropy and optimizers vs CPU #cuda', function()
+  gpu_it('cross-entropy forward and backward with ignore_index and softcap', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+      local N, V = 37, 1001
+      local ins = { x = pair({ N, V }, { dtype = dt, layout = 'narrow' }), t = id_pair({ N }, V, 'int64', -100) }
+      for _, cap in ipairs({ 0, 15 }) do
+        compare(ins, function(S)
+          local loss, lse = S.out({ N }, 'float32'), S.out({ N }, 'float32')
+          K(lib.gl_cross_entropy_forward(loss.c, lse.c, S.x.c, S.t.c, -100, cap))
+          local d = S.out({ N, V }, dt)
+          K(lib.gl_cross_entropy_backward(d.c, S.x.c, S.t.c, lse.c, -100, cap, 1 / N))
+          local inplace = S.x:clone()  -- dlogits may overwrite the logits
+          K(lib.gl_cross_entropy_backward(inplace.c, inplace.c, S.t.c, lse.c, -100, cap, 1 / N))
+          return loss, lse, d, inplace
+        end, dt, ('cross-entropy %s softcap %g'):format(dt, cap))
+      end
+    end
+  end)
+
+  gpu_it('AdamW and momentum on slices, with bfloat16 grads', function()
+    local n = 1003
+    for _, gdt in ipairs({ 'float32', 'bfloat16' }) do
+      local ins = { p = pair({ n }), g = pair({ n }, { dtype = gdt }), m = pair({ n }), v = pair({ n }, { dist = { 0, 1 } }) }
+      compare(ins, function(S)
+        local p, m, v = S.p:clone(), S.m:clone(), S.v:clone()
+        for step = 1, 3 do
+          K(lib.gl_adamw_update(p.c, S.g.c, m.c, v.c, 13, 900, 1e-3, 0.9, 0.95, 1e-8, 0.1, step))
+        end
+        local out, buf = S.out({ n }, 'float32'), S.m:clone()
+        K(lib.gl_momentum_update(out.c, buf.c, S.g.c, 0, n, 0.95, 1))
+        local g2, buf2 = S.g:clone(), S.v:clone()
+        K(lib.gl_momentum_update(g2.c, buf2.c, g2.c, 5, 500, 0.9, 0))  -- out aliasing grad
+        return p, m, v, out, buf, g2, buf2
+      end, 'float32', 'optimizers, grads ' .. gdt)
+    end
+    local ins = { p = pair({ 257 }, { dtype = 'float64' }), g = pair({ 257 }, { dtype = 'float64' }),
+                  m = pair({ 257 }, { dtype = 'float64' }), v = pair({ 257 }, { dtype = 'float64', dist = { 0, 1 } }) }
+    compare(ins, function(S)
+      local p, m, v = S.p:clone(), S.m:clone(), S.v:clone()
+      K(lib.gl_adamw_update(p.c, S.g.c, m.c, v.c, 0, 257, 1e-2, 0.9, 0.999, 1e-8, 0, 1))
+      return p, m, v
+    end, 'float64', 'AdamW float64')
+  end)
+end)

@@ -130,7 +130,7 @@ install: all
 	install -m 755 $(BUILD)/gptlua $(DESTDIR)$(PREFIX)/bin/gptlua
 	install -m 644 $(BUILD)/libgptlua.so $(MPI_LIB) $(DESTDIR)$(PREFIX)/lib/
 	cp -r lua $(DESTDIR)$(PREFIX)/share/gptlua/
-	cp -r recipes $(DESTDIR)$(PREFIX)/share/gptlua/
+	cp -r recipes data $(DESTDIR)$(PREFIX)/share/gptlua/
 
 clean:
 	rm -rf $(BUILD)

@@ -13,12 +13,19 @@ for _, a in ipairs({ ... }) do
   opts[k] = tonumber(v)
 end
 
+-- wall seconds per call (best of reps after a warm-up: the machine is shared)
+-- and process CPU seconds per call
 local function timeit(f, reps)
   reps = reps or 1
-  f()                               -- warm up
-  local t0 = now()
-  for _ = 1, reps do f() end
-  return (now() - t0) / reps
+  f()
+  local best, cpu = math.huge, 0
+  for _ = 1, reps do
+    local t0, c0 = now(), os.clock()
+    f()
+    best = math.min(best, now() - t0)
+    cpu = cpu + os.clock() - c0
+  end
+  return best, cpu / reps
 end
 
 local f = assert(io.open(gl.root .. '/data/tinyshakespeare.txt', 'rb'))
@@ -31,23 +38,23 @@ print(('data_bench: %d threads, text = tiny shakespeare x %d = %.1f MB'):format(
 
 -- training
 local t_small, bpe = nil, nil
-t_small = timeit(function() bpe = tok.train({ one }, opts.vocab, { texts = true, special_tokens = { '<|bos|>' } }) end)
+t_small = timeit(function() bpe = tok.train({ one }, opts.vocab, { texts = true, special_tokens = { '<|bos|>' } }) end, 3)
 print(('train  vocab %d on %.2f MB: %.3f s (%.1f MB/s)'):format(opts.vocab, #one / 1e6, t_small, #one / 1e6 / t_small))
-local t_big = timeit(function() tok.train({ big }, opts.vocab, { texts = true, special_tokens = { '<|bos|>' } }) end)
+local t_big = timeit(function() tok.train({ big }, opts.vocab, { texts = true, special_tokens = { '<|bos|>' } }) end, 3)
 print(('train  vocab %d on %.1f MB: %.3f s (%.1f MB/s)'):format(opts.vocab, MB, t_big, MB / t_big))
 
 -- encoding
 local n_ids
-local t_all = timeit(function() n_ids = bpe:encode(big, { tensor = true }):numel() end, 3)
-print(('encode bpe %.1f MB, %d threads: %.3f s (%.1f MB/s, %.1f M tokens/s, %.2f bytes/token)')
-  :format(MB, nt, t_all, MB / t_all, n_ids / t_all / 1e6, #big / n_ids))
+local t_all, c_all = timeit(function() n_ids = bpe:encode(big, { tensor = true }):numel() end, 5)
+print(('encode bpe %.1f MB, %d threads: %.3f s (%.1f MB/s, %.1f M tokens/s, %.2f bytes/token; %.1f MB/s per CPU second)')
+  :format(MB, nt, t_all, MB / t_all, n_ids / t_all / 1e6, #big / n_ids, MB / c_all))
 gl.set_num_threads(1)
-local t_one = timeit(function() bpe:encode(big, { tensor = true }) end, 1)
+local t_one, c_one = timeit(function() bpe:encode(big, { tensor = true }) end, 3)
 gl.set_num_threads(nt)
-print(('encode bpe %.1f MB, 1 thread:  %.3f s (%.1f MB/s)'):format(MB, t_one, MB / t_one))
+print(('encode bpe %.1f MB, 1 thread:  %.3f s (%.1f MB/s; %.1f MB/s per CPU second)'):format(MB, t_one, MB / t_one, MB / c_one))
 local docs = {}
 for i = 1, math.floor(#big / 4000) do docs[i] = big:sub((i - 1) * 4000 + 1, i * 4000) end
-local t_batch = timeit(function() bpe:encode_batch(docs, { tensor = true }) end, 1)
+local t_batch = timeit(function() bpe:encode_batch(docs, { tensor = true }) end, 3)
 print(('encode_batch %d docs of 4 KB: %.3f s (%.1f MB/s)'):format(#docs, t_batch, #docs * 4000 / 1e6 / t_batch))
 local ch = tok.char(one)
 local t_char = timeit(function() ch:encode(big, { tensor = true }) end, 3)
@@ -71,22 +78,22 @@ local function loader_bench(name, cfg)
   local t0 = now()
   for _ = 1, opts.steps do L:next_batch() end
   local dt = now() - t0
-  print(('loader %-24s B=%d T=%d: %.1f M tokens/s (%.2f ms/batch, consumer-bound loop)')
+  print(('loader %-26s B=%d T=%d: %7.1f M tokens/s (%.3f ms/batch, back-to-back next_batch)')
     :format(name, B, T, opts.steps * B * T / dt / 1e6, dt / opts.steps * 1e3))
-  -- steady state: the consumer computes for 5 ms per step; how long does next_batch block?
-  local waits, calls, worst = 0, 0, 0
-  for _ = 1, 50 do
+  -- steady state: the consumer computes for 5 ms per step; how long does next_batch take?
+  local calls, waited = {}, 0
+  for i = 1, 60 do
     local s = now(); while now() - s < 0.005 do end
     local c0 = now()
     L:next_batch()
-    local c = now() - c0
-    calls = calls + c
-    waits = waits + L:last_wait()
-    worst = math.max(worst, c)
+    calls[i] = now() - c0
+    if L:last_wait() > 0 then waited = waited + 1 end
   end
-  print(('loader %-24s steady state: next_batch %.1f us mean, %.1f us max, waited %.1f us mean')
-    :format(name, calls / 50 * 1e6, worst * 1e6, waits / 50 * 1e6))
+  table.sort(calls)
+  print(('loader %-26s steady state: next_batch median %.1f us, p90 %.1f us, max %.1f us; waited for data %d/60')
+    :format(name, calls[30] * 1e6, calls[54] * 1e6, calls[60] * 1e6, waited))
   L:close()
+  collectgarbage()
 end
 for _, recycle in ipairs({ false, true }) do
   local tag = recycle and ' recycle' or ''

@@ -42,7 +42,7 @@ class GPT(nn.Module):
         for blk in self.h:
             x = blk(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits.view(-1, V), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, V), targets.reshape(-1))
 
 model = GPT()
 decay = [p for p in model.parameters() if p.dim() >= 2]

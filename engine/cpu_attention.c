@@ -13,8 +13,10 @@
  * backward), then with dP = dout V^T and D = sum(P * dP),
  * dS = P * (dP - D), dq = scale dS K, dk += scale dS^T q, dv += P^T dout.
  *
- * All products are short dot products and axpys over contiguous rows, in
- * OpenMP over tasks; BLAS is not called from inside the parallel region.
+ * K (and V for dP) are also packed transposed, D x S, so the scores of one
+ * query against all its keys are D axpys along contiguous rows, and every
+ * other product is an axpy over D: all vectorize.  OpenMP over tasks; BLAS
+ * is not called from inside the parallel region.
  * Compiled as a template over real = float / double (generic section below). */
 #ifndef real
 #include "backend.h"
@@ -69,6 +71,7 @@ int cpu_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl
 
 const real *R(cpu_span_load)(const gl_tensor *t, int64_t off, int64_t st, int64_t n, real *buf);
 void R(cpu_span_store)(gl_tensor *t, int64_t off, int64_t st, int64_t n, const real *src);
+void R(cpu_vexp)(real *y, const real *x, int64_t n);
 
 /* the S x D block of head (b, h) as contiguous reals: in place or packed into buf */
 static const real *R(pack_head)(const gl_tensor *t, int64_t b, int64_t h, int64_t S, int64_t D, real *buf) {
@@ -81,11 +84,13 @@ static const real *R(pack_head)(const gl_tensor *t, int64_t b, int64_t h, int64_
   return buf;
 }
 
-static inline real R(dot)(const real *a, const real *b, int64_t n) {
-  real s = 0;
-  #pragma omp simd reduction(+:s)
-  for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-  return s;
+/* the same block transposed, D x S, so that the products of one query with
+   all keys run along contiguous rows (tmp holds one row of D) */
+static void R(pack_head_t)(const gl_tensor *t, int64_t b, int64_t h, int64_t S, int64_t D, real *buf, real *tmp) {
+  for (int64_t j = 0; j < S; j++) {
+    const real *p = R(cpu_span_load)(t, row_offset(t, b, h, j), t->stride[3], D, tmp);
+    for (int64_t d = 0; d < D; d++) buf[d * S + j] = p[d];
+  }
 }
 
 static inline void R(axpy)(real *y, real a, const real *x, int64_t n) {
@@ -93,11 +98,18 @@ static inline void R(axpy)(real *y, real a, const real *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+/* s[j] = scale * q . K[j] for j in [lo, hi], K given transposed (D x S) */
+static inline void R(scores)(real *s, const real *q, const real *Kt, int64_t S, int64_t D, int64_t lo, int64_t hi,
+                             real scale) {
+  for (int64_t j = lo; j <= hi; j++) s[j] = 0;
+  for (int64_t d = 0; d < D; d++) R(axpy)(s + lo, scale * q[d], Kt + d * S + lo, hi - lo + 1);
+}
+
 static int R(attention_forward)(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
                                 const gl_tensor *v, double scale, int64_t window) {
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3];
   int64_t Hkv = k->shape[1], S = k->shape[2], G = H / Hkv, ntask = B * H;
-  int64_t per = (2 * S * D + 2 * D + S + 15) & ~(int64_t)15;
+  int64_t per = (2 * S * D + 3 * D + S + 15) & ~(int64_t)15;
   int nt = gl_threads_for(ntask, T * S * D);
   real *ws = (real *)cpu_scratch(0, (size_t)(nt * per) * sizeof(real));
   if (!ws) return gl_error("gl_attention_forward: out of memory for per-thread K/V buffers (S=%lld, D=%lld)",
@@ -105,15 +117,19 @@ static int R(attention_forward)(gl_tensor *out, gl_tensor *lse, const gl_tensor 
   real sc = (real)scale;
   #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t task = 0; task < ntask; task++) {
-    real *kb = ws + thread_id() * per, *vb = kb + S * D, *qb = vb + S * D, *acc = qb + D, *p = acc + D;
+    real *Kt = ws + thread_id() * per, *vb = Kt + S * D, *qb = vb + S * D, *acc = qb + D, *tmp = acc + D, *p = tmp + D;
     int64_t b = task / H, h = task % H, hk = h / G;
-    const real *K = R(pack_head)(k, b, hk, S, D, kb), *V = R(pack_head)(v, b, hk, S, D, vb);
+    R(pack_head_t)(k, b, hk, S, D, Kt, tmp);
+    const real *V = R(pack_head)(v, b, hk, S, D, vb);
     for (int64_t t = 0; t < T; t++) {
       int64_t pos = S - T + t, lo = first_key(pos, window);
       const real *qr = R(cpu_span_load)(q, row_offset(q, b, h, t), q->stride[3], D, qb);
+      R(scores)(p, qr, Kt, S, D, lo, pos, sc);
       real m = -INFINITY, l = 0;
-      for (int64_t j = lo; j <= pos; j++) { p[j] = sc * R(dot)(qr, K + j * D, D); m = p[j] > m ? p[j] : m; }
-      for (int64_t j = lo; j <= pos; j++) { p[j] = exp(p[j] - m); l += p[j]; }
+      for (int64_t j = lo; j <= pos; j++) m = p[j] > m ? p[j] : m;
+      for (int64_t j = lo; j <= pos; j++) p[j] -= m;
+      R(cpu_vexp)(p + lo, p + lo, pos - lo + 1);
+      for (int64_t j = lo; j <= pos; j++) l += p[j];
       for (int64_t d = 0; d < D; d++) acc[d] = 0;
       for (int64_t j = lo; j <= pos; j++) R(axpy)(acc, p[j], V + j * D, D);
       real inv = 1 / l;
@@ -131,7 +147,7 @@ static int R(attention_backward)(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, co
                                  const gl_tensor *lse, double scale, int64_t window) {
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3];
   int64_t Hkv = k->shape[1], S = k->shape[2], G = H / Hkv, ntask = B * Hkv;
-  int64_t per = (4 * S * D + 3 * D + 2 * S + 15) & ~(int64_t)15;
+  int64_t per = (6 * S * D + 4 * D + 2 * S + 15) & ~(int64_t)15;
   int nt = gl_threads_for(ntask, 2 * G * T * S * D);
   real *ws = (real *)cpu_scratch(0, (size_t)(nt * per) * sizeof(real));
   if (!ws) return gl_error("gl_attention_backward: out of memory for per-thread K/V buffers (S=%lld, D=%lld)",
@@ -140,10 +156,13 @@ static int R(attention_backward)(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, co
   const real *lp = (const real *)lse->storage->data;
   #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t task = 0; task < ntask; task++) {
-    real *kb = ws + thread_id() * per, *vb = kb + S * D, *dK = vb + S * D, *dV = dK + S * D;
-    real *qb = dV + S * D, *gb = qb + D, *dqa = gb + D, *p = dqa + D, *dp = p + S;
+    real *Kt = ws + thread_id() * per, *Vt = Kt + S * D, *kb = Vt + S * D, *vb = kb + S * D;
+    real *dK = vb + S * D, *dV = dK + S * D, *qb = dV + S * D, *gb = qb + D, *dqa = gb + D, *tmp = dqa + D;
+    real *p = tmp + D, *dp = p + S;
     int64_t b = task / Hkv, hk = task % Hkv;
-    const real *K = R(pack_head)(k, b, hk, S, D, kb), *V = R(pack_head)(v, b, hk, S, D, vb);
+    R(pack_head_t)(k, b, hk, S, D, Kt, tmp);
+    R(pack_head_t)(v, b, hk, S, D, Vt, tmp);
+    const real *K = R(pack_head)(k, b, hk, S, D, kb);
     for (int64_t i = 0; i < 2 * S * D; i++) dK[i] = 0; /* dK and dV */
     for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
       for (int64_t t = 0; t < T; t++) {
@@ -151,11 +170,11 @@ static int R(attention_backward)(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, co
         const real *qr = R(cpu_span_load)(q, row_offset(q, b, h, t), q->stride[3], D, qb);
         const real *g = R(cpu_span_load)(dout, row_offset(dout, b, h, t), dout->stride[3], D, gb);
         real l = lp[lse->offset + b * lse->stride[0] + h * lse->stride[1] + t * lse->stride[2]], Dt = 0;
-        for (int64_t j = lo; j <= pos; j++) {
-          p[j] = exp(sc * R(dot)(qr, K + j * D, D) - l);
-          dp[j] = R(dot)(g, V + j * D, D);
-          Dt += p[j] * dp[j];
-        }
+        R(scores)(p, qr, Kt, S, D, lo, pos, sc);
+        R(scores)(dp, g, Vt, S, D, lo, pos, 1);
+        for (int64_t j = lo; j <= pos; j++) p[j] -= l;
+        R(cpu_vexp)(p + lo, p + lo, pos - lo + 1);
+        for (int64_t j = lo; j <= pos; j++) Dt += p[j] * dp[j];
         for (int64_t d = 0; d < D; d++) dqa[d] = 0;
         for (int64_t j = lo; j <= pos; j++) {
           real ds = p[j] * (dp[j] - Dt) * sc;

@@ -219,6 +219,8 @@ int cpu_dropout(gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uin
 
 const real *R(cpu_span_load)(const gl_tensor *t, int64_t off, int64_t st, int64_t n, real *buf);
 void R(cpu_span_store)(gl_tensor *t, int64_t off, int64_t st, int64_t n, const real *src);
+void R(cpu_vexp)(real *y, const real *x, int64_t n);
+void R(cpu_vtanh)(real *y, const real *x, int64_t n);
 
 /* nt per-thread blocks of n reals (64-byte aligned) in scratch slot 0 */
 static real *R(thread_blocks)(int nt, int64_t n, int64_t *stride) {
@@ -247,25 +249,26 @@ static int R(softmax)(gl_tensor *out, const gl_tensor *x, int is_log) {
   int nd = x->ndim - 1;
   int64_t C = x->shape[nd], rows = C ? x->numel / C : 0, xs = x->stride[nd], ys = out->stride[nd], bs;
   int nt = gl_threads_for(rows, 4 * C);
-  real *ws = R(thread_blocks)(nt, 2 * C, &bs);
+  real *ws = R(thread_blocks)(nt, 3 * C, &bs);
   if (!ws) return OOM("gl_softmax", "row buffers");
   #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t r = 0; r < rows; r++) {
-    real *xb = ws + thread_id() * bs, *yb = xb + C;
+    real *xb = ws + thread_id() * bs, *yb = xb + C, *e = yb + C;
     int64_t yo = walk_offset(out, out->shape, nd, -1, r);
     const real *xr = R(cpu_span_load)(x, walk_offset(x, x->shape, nd, -1, r), xs, C, xb);
     real *y = R(row_out)(out, yo, ys, yb), m = xr[0], s = 0;
     #pragma omp simd reduction(max:m)
     for (int64_t c = 0; c < C; c++) m = xr[c] > m ? xr[c] : m;
+    for (int64_t c = 0; c < C; c++) e[c] = xr[c] - m;
+    R(cpu_vexp)(e, e, C);
+    #pragma omp simd reduction(+:s)
+    for (int64_t c = 0; c < C; c++) s += e[c];
     if (is_log) {
-      #pragma omp simd reduction(+:s)
-      for (int64_t c = 0; c < C; c++) s += exp(xr[c] - m);
       real lse = m + log(s);
       for (int64_t c = 0; c < C; c++) y[c] = xr[c] - lse;
     } else {
-      for (int64_t c = 0; c < C; c++) { y[c] = exp(xr[c] - m); s += y[c]; }
       real inv = 1 / s;
-      for (int64_t c = 0; c < C; c++) y[c] *= inv;
+      for (int64_t c = 0; c < C; c++) y[c] = e[c] * inv;
     }
     R(cpu_span_store)(out, yo, ys, C, y);
   }
@@ -277,11 +280,11 @@ static int R(softmax_backward)(gl_tensor *dx, const gl_tensor *y, const gl_tenso
   int nd = y->ndim - 1;
   int64_t C = y->shape[nd], rows = C ? y->numel / C : 0, bs;
   int nt = gl_threads_for(rows, 4 * C);
-  real *ws = R(thread_blocks)(nt, 3 * C, &bs);
+  real *ws = R(thread_blocks)(nt, 4 * C, &bs);
   if (!ws) return OOM("gl_softmax_backward", "row buffers");
   #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t r = 0; r < rows; r++) {
-    real *yb = ws + thread_id() * bs, *gb = yb + C, *xb = gb + C;
+    real *yb = ws + thread_id() * bs, *gb = yb + C, *xb = gb + C, *e = xb + C;
     int64_t xo = walk_offset(dx, dx->shape, nd, -1, r);
     const real *yr = R(cpu_span_load)(y, walk_offset(y, y->shape, nd, -1, r), y->stride[nd], C, yb);
     const real *g = R(cpu_span_load)(dy, walk_offset(dy, dy->shape, nd, -1, r), dy->stride[nd], C, gb);
@@ -289,7 +292,8 @@ static int R(softmax_backward)(gl_tensor *dx, const gl_tensor *y, const gl_tenso
     if (is_log) {
       #pragma omp simd reduction(+:s)
       for (int64_t c = 0; c < C; c++) s += g[c];
-      for (int64_t c = 0; c < C; c++) d[c] = g[c] - exp(yr[c]) * s;
+      R(cpu_vexp)(e, yr, C);
+      for (int64_t c = 0; c < C; c++) d[c] = g[c] - e[c] * s;
     } else {
       #pragma omp simd reduction(+:s)
       for (int64_t c = 0; c < C; c++) s += g[c] * yr[c];
@@ -477,24 +481,28 @@ static int R(ce_forward)(gl_tensor *losses, gl_tensor *lse, const gl_tensor *log
   int64_t N = logits->shape[0], V = logits->shape[1], bs;
   real sc = (real)softcap;
   int nt = gl_threads_for(N, 4 * V);
-  real *ws = R(thread_blocks)(nt, 2 * V, &bs);
+  real *ws = R(thread_blocks)(nt, 3 * V, &bs);
   if (!ws) return OOM("gl_cross_entropy_forward", "row buffers");
   real *lp = (real *)losses->storage->data, *ep = lse ? (real *)lse->storage->data : NULL;
   #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t r = 0; r < N; r++) {
-    real *xb = ws + thread_id() * bs, *zb = xb + V, loss = 0, l = 0;
+    real *xb = ws + thread_id() * bs, *zb = xb + V, *e = zb + V, loss = 0, l = 0;
     int64_t tg = load_id(targets, targets->offset + r * targets->stride[0]);
     if (tg != ignore) {
       const real *z = R(cpu_span_load)(logits, logits->offset + r * logits->stride[0], logits->stride[1], V, xb);
       if (sc > 0) {
-        for (int64_t c = 0; c < V; c++) zb[c] = sc * tanh(z[c] / sc);
+        for (int64_t c = 0; c < V; c++) zb[c] = z[c] / sc;
+        R(cpu_vtanh)(zb, zb, V);
+        for (int64_t c = 0; c < V; c++) zb[c] *= sc;
         z = zb;
       }
       real m = z[0], s = 0;
       #pragma omp simd reduction(max:m)
       for (int64_t c = 0; c < V; c++) m = z[c] > m ? z[c] : m;
+      for (int64_t c = 0; c < V; c++) e[c] = z[c] - m;
+      R(cpu_vexp)(e, e, V);
       #pragma omp simd reduction(+:s)
-      for (int64_t c = 0; c < V; c++) s += exp(z[c] - m);
+      for (int64_t c = 0; c < V; c++) s += e[c];
       l = m + log(s);
       loss = l - z[tg];
     }
@@ -509,12 +517,12 @@ static int R(ce_backward)(gl_tensor *dlogits, const gl_tensor *logits, const gl_
   int64_t N = logits->shape[0], V = logits->shape[1], ds = dlogits->stride[1], bs;
   real sc = (real)softcap, k = (real)scale;
   int nt = gl_threads_for(N, 4 * V);
-  real *ws = R(thread_blocks)(nt, 2 * V, &bs);
+  real *ws = R(thread_blocks)(nt, 4 * V, &bs);
   if (!ws) return OOM("gl_cross_entropy_backward", "row buffers");
   const real *ep = (const real *)lse->storage->data;
   #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t r = 0; r < N; r++) {
-    real *xb = ws + thread_id() * bs, *db = xb + V;
+    real *xb = ws + thread_id() * bs, *db = xb + V, *t = db + V, *e = t + V;
     int64_t tg = load_id(targets, targets->offset + r * targets->stride[0]);
     int64_t dof = dlogits->offset + r * dlogits->stride[0];
     real *d = R(row_out)(dlogits, dof, ds, db);
@@ -523,13 +531,16 @@ static int R(ce_backward)(gl_tensor *dlogits, const gl_tensor *logits, const gl_
     } else {
       const real *x = R(cpu_span_load)(logits, logits->offset + r * logits->stride[0], logits->stride[1], V, xb);
       real l = ep[lse->offset + r * lse->stride[0]];
-      if (sc > 0) {
-        for (int64_t c = 0; c < V; c++) {
-          real t = tanh(x[c] / sc);
-          d[c] = k * (exp(sc * t - l) - (c == tg)) * (1 - t * t);
-        }
+      if (sc > 0) { /* t = tanh(x / sc), z = sc t, dz/dx = 1 - t^2 */
+        for (int64_t c = 0; c < V; c++) t[c] = x[c] / sc;
+        R(cpu_vtanh)(t, t, V);
+        for (int64_t c = 0; c < V; c++) e[c] = sc * t[c] - l;
+        R(cpu_vexp)(e, e, V);
+        for (int64_t c = 0; c < V; c++) d[c] = k * (e[c] - (c == tg)) * (1 - t[c] * t[c]);
       } else {
-        for (int64_t c = 0; c < V; c++) d[c] = k * (exp(x[c] - l) - (c == tg));
+        for (int64_t c = 0; c < V; c++) e[c] = x[c] - l;
+        R(cpu_vexp)(e, e, V);
+        for (int64_t c = 0; c < V; c++) d[c] = k * (e[c] - (c == tg));
       }
     }
     R(cpu_span_store)(dlogits, dof, ds, V, d);

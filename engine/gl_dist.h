@@ -159,6 +159,10 @@ int gl_work_test(gl_work *w, int *done); /* never blocks */
 int gl_work_wait(gl_work *w);           /* blocks; on timeout aborts every rank */
 void gl_work_free(gl_work *w);          /* detaches an unfinished work */
 int gl_comm_run(gl_comm *c, const gl_coll_args *a); /* start + wait + free */
+/* Advances every in-flight collective without blocking.  MPI moves data
+   only inside MPI calls: call this between pieces of compute (the DDP
+   backward hooks) so started collectives overlap with it. */
+int gl_dist_progress(void);
 const char *gl_coll_name(int coll);
 const char *gl_dist_op_name(int op);
 

@@ -20,7 +20,9 @@
  * slot's tensors to the caller and puts fresh ones (from the caching
  * allocator, on the caller's thread) in their place, so nothing is copied and
  * the producer never touches memory the caller owns. */
+#define _GNU_SOURCE /* SCHED_BATCH */
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 #include "backend.h"
@@ -197,6 +199,10 @@ static void fill(gl_loader *L, int64_t batch, int64_t *x, int64_t *y) {
 static void *producer(void *arg) {
   gl_loader *L = arg;
   int K = L->cfg.prefetch;
+  /* a batch-class thread does not preempt the trainer when next() wakes it
+     on a busy core; best effort, the default policy works too */
+  struct sched_param sp = {0};
+  pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
   pthread_mutex_lock(&L->mu);
   while (!L->stop) {
     slot *sl = &L->ring[L->produced % K];
@@ -358,8 +364,8 @@ int gl_loader_next(gl_loader *L, gl_tensor **x, gl_tensor **y) {
   sl->x = nx; sl->y = ny;
   sl->full = 0;
   L->consumed++;
-  pthread_cond_signal(&L->can_fill);
   pthread_mutex_unlock(&L->mu);
+  pthread_cond_signal(&L->can_fill);
   L->last_wait = t0 > 0 ? now_seconds() - t0 : 0.0;
   return GL_OK;
 }

@@ -26,6 +26,12 @@ _Static_assert(sizeof(gl_shard_header) == GL_SHARD_HEADER_BYTES, "shard header m
 
 void gl_data_free(void *p) { free(p); }
 
+/* token i of a payload of tb-byte little-endian tokens */
+static inline uint32_t token_at(const uint8_t *data, uint32_t tb, int64_t i) {
+  if (tb == 2) { uint16_t u; memcpy(&u, data + 2 * i, 2); return u; }
+  uint32_t u; memcpy(&u, data + 4 * i, 4); return u;
+}
+
 /* ------------------------------------------------------------ writer */
 
 struct gl_shard_writer {
@@ -219,17 +225,13 @@ gl_shard *gl_shard_open(const char *path, int64_t vocab_limit) {
     int64_t end = start + FNV_BLOCK < n ? start + FNV_BLOCK : n;
     uint32_t bmax = 0;
     for (int64_t i = start; i < end; i++) {
-      uint32_t v;
-      if (h.token_bytes == 2) { uint16_t u; memcpy(&u, data + 2 * i, 2); v = u; }
-      else memcpy(&v, data + 4 * i, 4);
+      uint32_t v = token_at(data, h.token_bytes, i);
       hsum = (hsum ^ v) * FNV_PRIME;
       if (v > bmax) bmax = v;
     }
     if (bmax >= limit) /* find the first offender for the message */
       for (int64_t i = start; i < end; i++) {
-        uint32_t v;
-        if (h.token_bytes == 2) { uint16_t u; memcpy(&u, data + 2 * i, 2); v = u; }
-        else memcpy(&v, data + 4 * i, 4);
+        uint32_t v = token_at(data, h.token_bytes, i);
         if (v >= limit) { bad = i; maxv = v; break; }
       }
   }
@@ -273,10 +275,7 @@ gl_tensor *gl_shard_tokens(const gl_shard *s, int64_t start, int64_t n) {
   if (!out) return NULL;
   int32_t *dst = gl_data_ptr(out);
   const uint8_t *data = gl_shard_data(s);
-  for (int64_t i = 0; i < n; i++) {
-    if (s->h.token_bytes == 2) { uint16_t u; memcpy(&u, data + 2 * (start + i), 2); dst[i] = u; }
-    else { uint32_t u; memcpy(&u, data + 4 * (start + i), 4); dst[i] = (int32_t)u; }
-  }
+  for (int64_t i = 0; i < n; i++) dst[i] = (int32_t)token_at(data, s->h.token_bytes, start + i);
   return out;
 }
 

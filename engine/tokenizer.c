@@ -52,6 +52,45 @@ static int resize(void **p, int64_t n, size_t elem) {
   return 0;
 }
 
+/* Binary heaps: DEFINE_HEAP(name, T, before) makes name_push(&arr, &n, &cap, x)
+   and name_pop(arr, &n); before(a, b) is true when a must come out first. */
+#define DEFINE_HEAP(name, T, before)                                                   \
+  static int name##_push(T **arr, int64_t *n, int64_t *cap, T x) {                     \
+    if (grow((void **)arr, cap, *n + 1, sizeof(T))) return -1;                         \
+    T *h = *arr;                                                                       \
+    int64_t i = (*n)++;                                                                \
+    while (i > 0) {                                                                    \
+      int64_t p = (i - 1) / 2;                                                         \
+      if (!before(x, h[p])) break;                                                     \
+      h[i] = h[p]; i = p;                                                              \
+    }                                                                                  \
+    h[i] = x;                                                                          \
+    return 0;                                                                          \
+  }                                                                                    \
+  static T name##_pop(T *h, int64_t *n) {                                              \
+    T top = h[0], v = h[--*n];                                                         \
+    int64_t i = 0, m = *n;                                                             \
+    for (;;) {                                                                         \
+      int64_t c = 2 * i + 1;                                                           \
+      if (c >= m) break;                                                               \
+      if (c + 1 < m && before(h[c + 1], h[c])) c++;                                    \
+      if (!before(h[c], v)) break;                                                     \
+      h[i] = h[c]; i = c;                                                              \
+    }                                                                                  \
+    if (m > 0) h[i] = v;                                                               \
+    return top;                                                                        \
+  }
+
+/* encoding: (rank << 32 | position), lowest first */
+static inline int u64_less(uint64_t a, uint64_t b) { return a < b; }
+DEFINE_HEAP(rankheap, uint64_t, u64_less)
+/* training: (count, pair key), most frequent first, ties to the smallest pair */
+typedef struct { int64_t count; uint64_t key; } heap_item;
+static inline int heap_before(heap_item a, heap_item b) {
+  return a.count > b.count || (a.count == b.count && a.key < b.key);
+}
+DEFINE_HEAP(pairheap, heap_item, heap_before)
+
 typedef struct { int32_t *v; int64_t n, cap; } i32vec;
 static inline int i32vec_push(i32vec *a, int32_t x) {
   if (a->n == a->cap && GROW(a->v, a->cap, a->n + 1)) return -1;
@@ -348,30 +387,7 @@ typedef struct {
 } merge_scratch;
 static void merge_scratch_free(merge_scratch *s) { free(s->next); free(s->prev); free(s->heap); memset(s, 0, sizeof *s); }
 
-static int heap_push_min(merge_scratch *s, uint64_t v) {
-  if (GROW(s->heap, s->heap_cap, s->heap_n + 1)) return -1;
-  int64_t i = s->heap_n++;
-  while (i > 0) {
-    int64_t p = (i - 1) / 2;
-    if (s->heap[p] <= v) break;
-    s->heap[i] = s->heap[p]; i = p;
-  }
-  s->heap[i] = v;
-  return 0;
-}
-static uint64_t heap_pop_min(merge_scratch *s) {
-  uint64_t top = s->heap[0], v = s->heap[--s->heap_n];
-  int64_t i = 0, n = s->heap_n;
-  for (;;) {
-    int64_t c = 2 * i + 1;
-    if (c >= n) break;
-    if (c + 1 < n && s->heap[c + 1] < s->heap[c]) c++;
-    if (v <= s->heap[c]) break;
-    s->heap[i] = s->heap[c]; i = c;
-  }
-  if (n > 0) s->heap[i] = v;
-  return top;
-}
+static int heap_push_min(merge_scratch *s, uint64_t v) { return rankheap_push(&s->heap, &s->heap_n, &s->heap_cap, v); }
 
 enum { MERGE_SCAN_MAX = 64 }; /* chunks up to this many ids use the plain scan */
 
@@ -420,7 +436,7 @@ static int64_t bpe_merge(const gl_tokenizer *t, int32_t *ids, int64_t n, merge_s
     }
   }
   while (s->heap_n > 0) {
-    uint64_t top = heap_pop_min(s);
+    uint64_t top = rankheap_pop(s->heap, &s->heap_n);
     int32_t r = (int32_t)(top >> 32), p = (int32_t)(top & 0xffffffffu);
     if (s->prev[p] == -2) continue;            /* p was merged into its left */
     int32_t q = s->next[p];
@@ -581,6 +597,23 @@ int64_t gl_tok_safe_cut(const gl_tokenizer *t, const char *text, int64_t len) {
 
 enum { PARALLEL_MIN_BYTES = 1 << 20 };
 
+/* Cut points for spreading a big text over nthreads (about 8 pieces per
+   thread, at least 256 KB each, at safe cuts): cuts[0] = 0 < ... <
+   cuts[*npieces] = len.  NULL when out of memory. */
+static int64_t *make_cuts(const uint8_t *s, int64_t len, int nthreads, int64_t *npieces) {
+  int64_t target = len / ((int64_t)nthreads * 8);
+  if (target < (1 << 18)) target = 1 << 18;
+  int64_t cap = len / target + 2;
+  int64_t *cuts = malloc((size_t)(cap + 1) * sizeof(int64_t));
+  if (!cuts) return NULL;
+  int64_t n = 0;
+  cuts[0] = 0;
+  while (cuts[n] < len && n < cap - 1) { cuts[n + 1] = next_safe_cut(s, len, cuts[n] + target); n++; }
+  if (cuts[n] < len) { cuts[n + 1] = len; n++; }
+  *npieces = n;
+  return cuts;
+}
+
 gl_tensor *gl_tok_encode(const gl_tokenizer *t, const char *text, int64_t len, int32_t prepend_id) {
   const char *fn = "gl_tok_encode";
   if (check_tok(fn, t) || check_text(fn, text, len) || check_prepend(fn, t, prepend_id)) return NULL;
@@ -589,19 +622,9 @@ gl_tensor *gl_tok_encode(const gl_tokenizer *t, const char *text, int64_t len, i
   /* pieces: one for small texts, else cut at safe points and spread */
   int64_t npieces = 1;
   int64_t *cuts = NULL;
-  if (t->safe_split && nthreads > 1 && len >= PARALLEL_MIN_BYTES) {
-    int64_t target = len / ((int64_t)nthreads * 8);
-    if (target < (1 << 18)) target = 1 << 18;
-    int64_t cap = len / target + 2;
-    cuts = malloc((size_t)(cap + 1) * sizeof(int64_t));
-    if (!cuts) return gl_error_null("%s: out of memory", fn);
-    cuts[0] = 0; npieces = 0;
-    while (cuts[npieces] < len && npieces < cap - 1) {
-      int64_t c = next_safe_cut(s, len, cuts[npieces] + target);
-      cuts[++npieces] = c;
-    }
-    if (cuts[npieces] < len) cuts[++npieces] = len;
-  }
+  if (t->safe_split && nthreads > 1 && len >= PARALLEL_MIN_BYTES &&
+      !(cuts = make_cuts(s, len, nthreads, &npieces)))
+    return gl_error_null("%s: out of memory", fn);
   if (npieces == 1) {
     encoder e;
     if (encoder_init(&e, t, len)) { encoder_free(&e); free(cuts); return gl_error_null("%s: out of memory", fn); }
@@ -878,22 +901,55 @@ static int count_chunk(void *ud, const uint8_t *s, int64_t n, int64_t off) {
   return 0;
 }
 
+/* counts the chunks of text into m; failures described in *err */
+static void count_text(const pcre2_code *re, const uint8_t *text, int64_t len, bytemap *m, enc_err *err) {
+  splitter sp;
+  count_acc acc = {m, 0};
+  if (splitter_init(&sp, re)) err->kind = ENC_NOMEM;
+  else if (split_text(&sp, text, len, count_chunk, &acc, err) && err->kind == ENC_OK)
+    err->kind = acc.oom == 2 ? ENC_TOO_LONG : ENC_NOMEM;
+  splitter_free(&sp);
+}
+
+/* Big texts split with the GPT-4 pattern are counted on all threads, each
+   into its own map, merged at the end (the cuts do not change the chunks). */
 int gl_bpe_trainer_add(gl_bpe_trainer *tr, const char *text, int64_t len) {
   const char *fn = "gl_bpe_trainer_add";
   if (!tr) return gl_error("%s: trainer expected, got NULL", fn);
   GL_TRY(check_text(fn, text, len));
-  splitter sp;
+  const uint8_t *s = (const uint8_t *)text;
+  int nthreads = gl_get_num_threads();
   enc_err err = {0};
-  count_acc acc = {&tr->chunks, 0};
-  int rc = GL_OK;
-  if (splitter_init(&sp, tr->re)) rc = gl_error("%s: out of memory", fn);
-  else if (split_text(&sp, (const uint8_t *)text, len, count_chunk, &acc, &err)) {
-    if (err.kind) rc = report_enc_err(fn, &err, -1);
-    else if (acc.oom == 2) rc = gl_error("%s: a chunk is longer than 2^31 bytes", fn);
-    else rc = gl_error("%s: out of memory", fn);
+  if (nthreads < 2 || len < 4 * PARALLEL_MIN_BYTES || !tr->pattern || strcmp(tr->pattern, GPT4_PATTERN) != 0) {
+    count_text(tr->re, s, len, &tr->chunks, &err);
+    return err.kind ? report_enc_err(fn, &err, -1) : GL_OK;
   }
-  splitter_free(&sp);
-  return rc;
+  int64_t npieces;
+  int64_t *cuts = make_cuts(s, len, nthreads, &npieces);
+  bytemap *maps = calloc((size_t)nthreads, sizeof(bytemap));
+  enc_err *errs = calloc((size_t)nthreads, sizeof(enc_err));
+  if (!cuts || !maps || !errs) { free(cuts); free(maps); free(errs); return gl_error("%s: out of memory", fn); }
+  #pragma omp parallel num_threads(nthreads)
+  {
+    int me = omp_get_thread_num();
+    if (bytemap_init(&maps[me], 1 << 12)) errs[me].kind = ENC_NOMEM;
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < npieces; i++)
+      if (errs[me].kind == ENC_OK) count_text(tr->re, s + cuts[i], cuts[i + 1] - cuts[i], &maps[me], &errs[me]);
+  }
+  for (int k = 0; k < nthreads && err.kind == ENC_OK; k++) {
+    err = errs[k];
+    for (int64_t i = 0; i < maps[k].cap && err.kind == ENC_OK; i++) {
+      const bm_entry *e = &maps[k].e[i];
+      if (!e->used) continue;
+      bm_entry *d = bytemap_slot(&tr->chunks, maps[k].arena + e->off, e->len);
+      if (!d) err.kind = ENC_NOMEM;
+      else d->val += e->val;
+    }
+  }
+  for (int k = 0; k < nthreads; k++) bytemap_free(&maps[k]);
+  free(maps); free(errs); free(cuts);
+  return err.kind ? report_enc_err(fn, &err, -1) : GL_OK;
 }
 
 int64_t gl_bpe_trainer_unique_chunks(const gl_bpe_trainer *tr) {
@@ -903,7 +959,6 @@ int64_t gl_bpe_trainer_unique_chunks(const gl_bpe_trainer *tr) {
 /* Training state.  Words are the unique chunks: ids in one arena, each with
    its occurrence count.  Pair p: count[p] and the words it occurs in (may
    hold words it no longer occurs in; a merge skips those). */
-typedef struct { int64_t count; uint64_t key; } heap_item;
 typedef struct {
   int32_t *wids; int64_t *woff, *wcount; int32_t *wlen, *wstamp; int64_t nwords;
   pairmap pidx;                   /* pair key -> pair index */
@@ -914,33 +969,7 @@ typedef struct {
   int oom;
 } bpe_state;
 
-static inline int heap_before(heap_item a, heap_item b) {
-  return a.count > b.count || (a.count == b.count && a.key < b.key);
-}
-static int heap_push_max(bpe_state *st, heap_item it) {
-  if (GROW(st->heap, st->heap_cap, st->heap_n + 1)) return -1;
-  int64_t i = st->heap_n++;
-  while (i > 0) {
-    int64_t p = (i - 1) / 2;
-    if (!heap_before(it, st->heap[p])) break;
-    st->heap[i] = st->heap[p]; i = p;
-  }
-  st->heap[i] = it;
-  return 0;
-}
-static heap_item heap_pop_max(bpe_state *st) {
-  heap_item top = st->heap[0], v = st->heap[--st->heap_n];
-  int64_t i = 0, n = st->heap_n;
-  for (;;) {
-    int64_t c = 2 * i + 1;
-    if (c >= n) break;
-    if (c + 1 < n && heap_before(st->heap[c + 1], st->heap[c])) c++;
-    if (!heap_before(st->heap[c], v)) break;
-    st->heap[i] = st->heap[c]; i = c;
-  }
-  if (n > 0) st->heap[i] = v;
-  return top;
-}
+static int heap_push_max(bpe_state *st, heap_item it) { return pairheap_push(&st->heap, &st->heap_n, &st->heap_cap, it); }
 
 /* count[(a,b)] += delta; word w (>= 0) is recorded as containing the pair */
 static void add_pair(bpe_state *st, int32_t a, int32_t b, int64_t delta, int32_t w) {
@@ -1034,7 +1063,7 @@ gl_tokenizer *gl_bpe_trainer_train(gl_bpe_trainer *tr, int vocab_size, int n_spe
     /* the most frequent live pair; stale heap entries are refreshed */
     int32_t p = -1, a = 0, b = 0;
     while (st.heap_n > 0) {
-      heap_item it = heap_pop_max(&st);
+      heap_item it = pairheap_pop(st.heap, &st.heap_n);
       int32_t q = pairmap_get(&st.pidx, it.key);
       int64_t cur = st.pcount[q];
       if (cur != it.count) {

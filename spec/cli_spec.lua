@@ -84,3 +84,17 @@ describe('REPL over a pipe', function()
     assert.truthy(out:find('%(%d+%.%d+ s%)'))
   end)
 end)
+
+describe('make install', function()
+  it('installs a gptlua that finds its library and Lua tree without environment variables', function()
+    local prefix = os.tmpname(); os.remove(prefix)
+    local build = GPTLUA.libdir:match('([^/]+)$')
+    local cuda = require('gptlua').lib.gl_cuda_built() == 1 and '' or 'CUDA=0'
+    local out, err, st = run(('make -s install PREFIX=%s BUILD=%s ' .. cuda .. ' >/dev/null 2>&1 && env -i %s/bin/gptlua -e ' ..
+      [['local gl = require "gptlua"; print(gl.version, gl.ones({2}):sum():item(), io.open(gl.root .. "/data/tinyshakespeare.txt") ~= nil)']]):format(
+      prefix, build, prefix))
+    assert.equal(0, st, err)
+    assert.truthy(out:match('^%d+%.%d+%.%d+\t2\ttrue'), out .. err)
+    os.execute('rm -rf ' .. prefix)
+  end)
+end)

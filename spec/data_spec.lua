@@ -301,6 +301,19 @@ describe('loader', function()
     raises('the loader is closed', L.next_batch, L)
   end)
 
+  it('recycles the previous batch on request: no new memory in steady state', function()
+    local L = data.loader { tokens = tokens, batch_size = 8, block_size = 64, recycle = true }
+    local x = L:next_batch()
+    for _ = 1, 5 do L:next_batch() end
+    assert.is_true(x:is_freed())
+    local before = gl.memory_stats('cpu')
+    for _ = 1, 20 do L:next_batch() end
+    local after = gl.memory_stats('cpu')
+    assert.equal(before.reserved, after.reserved)
+    assert.equal(before.n_allocs - before.cache_hits, after.n_allocs - after.cache_hits)
+    L:close()
+  end)
+
   it('rejects bad options clearly', function()
     raises('expected exactly one of tokens, files, text, source; got none', data.loader, { batch_size = 1, block_size = 1 })
     raises('got tokens, source', data.loader, { tokens = tokens, source = 'random', batch_size = 1, block_size = 1 })
@@ -361,5 +374,21 @@ describe('recipes/prepare.lua', function()
     local f = io.popen(exe .. ' ' .. ROOT .. '/recipes/prepare.lua --input x 2>&1')
     local out = f:read('*a'); f:close()
     assert.is_truthy(out:find('prepare: --tokenizer is required', 1, true), out)
+  end)
+end)
+
+describe('loader on a GPU #cuda', function()
+  it('moves batches to the device with the same values as on the CPU', function()
+    local tokens = gl.arange(3000, { dtype = 'int32' })
+    local C = data.loader { tokens = tokens, batch_size = 4, block_size = 32, seed = 21 }
+    local D = data.loader { tokens = tokens, batch_size = 4, block_size = 32, seed = 21, device = 'cuda:0' }
+    for _ = 1, 3 do
+      local cx, cy = C:next_batch()
+      local dx, dy = D:next_batch()
+      assert.equal('cuda:0', dx.device)
+      assert.equal('int64', dx.dtype)
+      assert.same(cx:tolist(), dx:to('cpu'):tolist())
+      assert.same(cy:tolist(), dy:to('cpu'):tolist())
+    end
   end)
 end)

@@ -180,6 +180,43 @@ describe('unary kernels', function()
     unary(UNARY[1], f, ints)
     assert.same({ -1, 2, -3 }, f:tolist())
   end)
+  it('float32 tanh (a vectorized rational approximation) stays within 1e-6 relative', function()
+    local x = gl.tensor({ -12, -7.9, -3, -1, -0.5, -1e-3, -1e-30, 0, 1e-7, 0.01, 0.3, 0.55, 0.9, 2, 5, 8, 40 },
+      { dtype = 'float32' })
+    local xs = uniform({ 4001 }, -10, 10, 'float32')
+    for _, input in ipairs({ x, xs }) do
+      local out = empty(input.shape, 'float32')
+      check(lib.gl_unary(lib.GL_U_TANH, out.c, input.c, 0, 0))
+      local got = out:tolist()
+      for i, v in ipairs(input:tolist()) do
+        local want = math.tanh(v)
+        assert.is_true(math.abs(got[i] - want) <= 1e-6 * math.abs(want) + 1e-38, ('tanh(%g) = %g, expected %g'):format(v, got[i], want))
+      end
+    end
+    local nan = gl.tensor({ 0 / 0 }, { dtype = 'float32' })
+    local o = empty({ 1 }, 'float32')
+    check(lib.gl_unary(lib.GL_U_TANH, o.c, nan.c, 0, 0))
+    assert.is_true(o:item() ~= o:item())
+  end)
+  it('float32 exp (vectorized Cephes polynomial) stays within 1e-6 relative, with IEEE edge cases', function()
+    local x = gl.tensor({ -1 / 0, -200, -87.5, -86.9, -20, -1, -1e-8, 0, 1e-8, 0.34657, 0.5, 1, 10, 50, 88, 88.7, 1 / 0 },
+      { dtype = 'float32' })
+    for _, input in ipairs({ x, uniform({ 4001 }, -87, 88, 'float32') }) do
+      local out = empty(input.shape, 'float32')
+      check(lib.gl_unary(lib.GL_U_EXP, out.c, input.c, 0, 0))
+      local got = out:tolist()
+      for i, v in ipairs(input:tolist()) do
+        local want = math.exp(v)
+        if v > 88.7 or v < -87.3 then want = v > 0 and 1 / 0 or 0 end
+        assert.is_true(got[i] == want or math.abs(got[i] - want) <= 1e-6 * want + 2e-38,
+          ('exp(%g) = %g, expected %g'):format(v, got[i], want))
+      end
+    end
+    local nan = gl.tensor({ 0 / 0 }, { dtype = 'float32' })
+    local o = empty({ 1 }, 'float32')
+    check(lib.gl_unary(lib.GL_U_EXP, o.c, nan.c, 0, 0))
+    assert.is_true(o:item() ~= o:item())
+  end)
   it('backward matches a finite difference of the forward kernel', function()
     for _, u in ipairs(UNARY) do
       local x = uniform({ 2, 5 }, u.lo or -2, u.hi or 2)

@@ -219,6 +219,17 @@ describe('BPE training', function()
       assert.is_nil(seen[b]); seen[b] = true
     end
   end)
+  it('trains the same on one thread and many (big texts are counted in parallel)', function()
+    local big = shakespeare:rep(4)
+    local nt = gl.get_num_threads()
+    gl.set_num_threads(1)
+    local one = tok.train({ big }, 400, { texts = true })
+    gl.set_num_threads(math.max(nt, 2))
+    local many = tok.train({ big }, 400, { texts = true })
+    gl.set_num_threads(nt)
+    assert.same(one:merges(), many:merges())
+    assert.same(tok.train({ shakespeare }, 400, { texts = true }):merges(), one:merges())
+  end)
   it('stops early on a corpus without enough pairs', function()
     local t = tok.train({ 'abab' }, 300, { texts = true, quiet = true })
     assert.equal(258, t.vocab_size)  -- 'ab', then 'abab'

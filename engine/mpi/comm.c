@@ -167,6 +167,14 @@ static void progress_detached(void) {
   }
 }
 
+int gl_dist_progress(void) {
+  gl_comm *w = gl_dist_world();
+  if (!w) return gl_error("gl_dist_progress: gptlua.dist is not initialised (or already finalised)");
+  progress_detached();
+  if (w->backend->serve) w->backend->serve(NULL);   /* polls the backend, not blocked in anything */
+  return GL_OK;
+}
+
 void gl_work_drain_detached(void) {
   while (detached) {
     gl_work *w = detached;

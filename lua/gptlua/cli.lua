@@ -55,8 +55,10 @@ end
 function M.protected(f, ...)
   local res = { xpcall(f, M.traceback, ...) }
   if not res[1] then
-    io.stderr:write(res[2], '\n')
-    io.stderr:flush()
+    -- on a rank of a distributed job: prefix with the rank and bring every rank down
+    local d = package.loaded['gptlua.dist']
+    if d and d.on_error then d.on_error(res[2])
+    else io.stderr:write(res[2], '\n'); io.stderr:flush() end
     return false
   end
   return true, unpack(res, 2, table.maxn(res))

@@ -26,8 +26,9 @@
 -- tensor pairs; next_batch hands over a filled pair (no copy) and the ring
 -- gets fresh tensors from the caching allocator, so in steady state the only
 -- allocation per step is the returned tensors themselves.  They come from the
--- allocator's cache once earlier batches are freed — which LuaJIT's collector
--- does late, as it does not see tensor memory.  recycle = true frees the
+-- allocator's cache once earlier batches are freed (gl.scope around a step,
+-- or LuaJIT's collector, which runs late as it does not see tensor memory;
+-- fresh pages cost page faults).  recycle = true frees the
 -- previous batch on each next_batch call instead: the steady state then
 -- touches no new memory, and the previous x, y (the exact objects returned;
 -- views of them stay valid) raise 'tensor has been freed' if used again.  For

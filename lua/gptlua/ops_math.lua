@@ -356,10 +356,10 @@ function O.matmul(a, b)
     if #b.shape == 1 then r = r:squeeze(-1) end
     return r
   end
-  local out = matmul_raw(a, b)
+  local out = O.matmul_raw(a, b)
   return record(out, { a, b }, function(_, g)
-    local ga = a.requires_grad and sum_to(matmul_raw(g, b:transpose(-1, -2)), a.shape) or nil
-    local gb = b.requires_grad and sum_to(matmul_raw(a:transpose(-1, -2), g), b.shape) or nil
+    local ga = a.requires_grad and sum_to(O.matmul_raw(g, b:transpose(-1, -2)), a.shape) or nil
+    local gb = b.requires_grad and sum_to(O.matmul_raw(a:transpose(-1, -2), g), b.shape) or nil
     return ga, gb
   end, nil, 'matmul')
 end
@@ -385,14 +385,14 @@ function O.linear(x, W, bias)
     end
     out2:copy_(bias)
   end
-  matmul_raw(x2, W:transpose(1, 2), out2, bias and 1 or 0)
+  O.matmul_raw(x2, W:transpose(1, 2), out2, bias and 1 or 0)
   local inputs = bias and { x, W, bias } or { x, W }
   return record(out, inputs, function(_, g)
     local g2 = g:is_contiguous() and g or g:contiguous()
     g2 = g2:_as_strided({ lead, W.shape[1] }, { W.shape[1], 1 }, g2:storage_offset())
     local gx, gW, gb
-    if x.requires_grad then gx = matmul_raw(g2, W):_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0) end
-    if W.requires_grad then gW = matmul_raw(g2:transpose(1, 2), x2) end
+    if x.requires_grad then gx = O.matmul_raw(g2, W):_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0) end
+    if W.requires_grad then gW = O.matmul_raw(g2:transpose(1, 2), x2) end
     if bias and bias.requires_grad then gb = reduce_raw(R.sum, g2, 1, false, 'linear') end
     return gx, gW, gb
   end, nil, 'linear')

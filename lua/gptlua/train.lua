@@ -237,6 +237,21 @@ local function fmt_time(s)
   return string.format('%dh%02dm', math.floor(s / 3600), math.floor(s % 3600 / 60))
 end
 
+-- ------------------------------------------------------------ local policy
+-- The interface every data-parallel policy implements (gptlua.dist.policy
+-- returns the distributed ones); this is the single-process one.
+local Local = {}
+Local.__index = Local
+M.LocalPolicy = Local
+function Local.new(o) return setmetatable({ params = o.params, optimizer = o.optimizer }, Local) end
+function Local:zero_grad() for _, p in ipairs(self.params) do if p.grad then p.grad:zero_() end end end
+function Local:before_micro_step(micro, accum) end        -- DDP: skip communication before the last
+function Local:after_backward() end                        -- DDP/ZeRO: finish gradient reductions
+function Local:average_number(x) return x end              -- mean of a number over ranks
+function Local:grad_norm() return optim.clip_grad_norm(self.params, 0) end  -- global L2 norm (over shards)
+function Local:scale_grads(s) for _, p in ipairs(self.params) do if p.grad then p.grad:mul_(s) end end end
+function Local:step() self.optimizer:step() end            -- ZeRO: update own shard, all-gather
+
 -- --------------------------------------------------------------- trainer
 local Trainer = {}
 Trainer.__index = Trainer
@@ -273,10 +288,9 @@ function M.new(recipe, args)
   self.schedule = (hooks.lr_schedule or M.lr_schedule)(cfg)
   self.momentum_schedule = optim.schedules.muon_momentum()
   self.params = model:parameters()
-  if self.dist then
-    self.policy = self.dist.policy(cfg.dist, { comm = self.comm, model = model, optimizer = self.optimizer,
-      params = self.params, bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size })
-  end
+  local popts = { comm = self.comm, model = model, optimizer = self.optimizer, params = self.params,
+                  bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size, cfg = cfg }
+  self.policy = self.dist and self.dist.policy(cfg.dist, popts) or Local.new(popts)
   self.run_dir = cfg.out_dir .. '/' .. cfg.name
   self.ckpt_dir = self.run_dir .. '/checkpoints'
   self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * self.world
@@ -304,7 +318,7 @@ function Trainer:evaluate()
       end)
     end
     local mean = total / cfg.eval_iters
-    if self.comm then mean = self.comm:all_reduce_number(mean, 'avg') end
+    mean = self.policy:average_number(mean)
     out[split] = mean
   end
   model:train()
@@ -331,7 +345,7 @@ function Trainer:save_checkpoint()
   local state = { rng = gl.get_rng_state(), opt_step = opt_sd.step, opt_steps = opt_sd.steps,
                   data = self.data.train:state(), config = cfg, history = self.history,
                   bad_steps = self.bad_steps }
-  if self.policy and self.policy.save_checkpoint then
+  if self.policy.save_checkpoint then  -- sharded state: the policy writes its shards
     return self.policy:save_checkpoint(self, model_sd, opt_sd, state)
   end
   if self.rank ~= 0 then return end
@@ -361,41 +375,34 @@ function Trainer:load_checkpoint(path)
   self:print(('resumed from %s at step %d'):format(path, self.step))
 end
 
--- one optimizer step; returns the mean loss and the gradient norm
+-- one optimizer step; returns the mean loss, the gradient norm, the lr
+-- multiplier, and whether the step was taken (false: non-finite, skipped)
 function Trainer:train_step()
-  local cfg, model = self.cfg, self.model
+  local cfg, model, policy = self.cfg, self.model, self.policy
   local accum = cfg.gradient_accumulation_steps
   local lr_mult = self.schedule(self.step)
   self.optimizer:set_lr_mult(lr_mult)
   if self.optimizer.set_momentum then self.optimizer:set_momentum(self.momentum_schedule(self.step)) end
-  for _, p in ipairs(self.params) do if p.grad then p.grad:zero_() end end
+  policy:zero_grad()
   local loss_sum = 0
   for micro = 1, accum do
     gl.scope(function()
       local x, y = self.data.train:next_batch()
-      if self.policy then self.policy:before_micro_step(micro, accum) end
+      policy:before_micro_step(micro, accum)
       local _, loss = model:forward(x, y)
       loss_sum = loss_sum + loss:item()
       local scaled = loss * (1 / accum)
       scaled:backward()
     end)
   end
-  local loss = loss_sum / accum
-  if self.policy then self.policy:after_backward() end
-  local norm
-  if self.policy and self.policy.grad_norm then norm = self.policy:grad_norm()
-  else norm = optim.clip_grad_norm(self.params, 0) end
-  if self.comm then loss = self.comm:all_reduce_number(loss, 'avg') end
+  policy:after_backward()
+  local loss = policy:average_number(loss_sum / accum)
+  local norm = policy:grad_norm()
   if loss ~= loss or loss == math.huge or norm ~= norm or norm == math.huge then
     return loss, norm, lr_mult, false
   end
-  if cfg.grad_clip > 0 and norm > cfg.grad_clip then
-    local s = cfg.grad_clip / (norm + 1e-6)
-    for _, p in ipairs(self.params) do if p.grad then p.grad:mul_(s) end end
-  end
-  gl.scope(function()
-    if self.policy then self.policy:step() else self.optimizer:step() end
-  end)
+  if cfg.grad_clip > 0 and norm > cfg.grad_clip then policy:scale_grads(cfg.grad_clip / (norm + 1e-6)) end
+  gl.scope(function() policy:step() end)
   return loss, norm, lr_mult, true
 end
 

@@ -198,6 +198,9 @@ do
     check(hs[k]:test() == true, 'test() after wait')
     same(t, seq(1000 * k, function() return N * k + N * (N - 1) / 2 end), 'async all_reduce ' .. k)
   end
+  local big = world:all_reduce_async(gl.full({ 1048576 }, 1), 'sum')
+  for _ = 1, 100 do dist.progress() end
+  same(big:wait(), seq(1048576, function() return N end), 'async all_reduce advanced by progress()')
   local h = world:all_gather(gl.zeros({ N }), gl.full({ 1 }, R), { async = true })
   same(h:wait(), seq(N, function(j) return j - 1 end), 'async all_gather via opts')
 end
@@ -266,6 +269,18 @@ end
 -- topology and threads: one node, cores shared among its ranks
 check(world.local_size == N and world.local_rank == R and world.node == 0 and world.nnodes == 1, 'world topology')
 if backend == 'mpi' then
+  -- big temporaries stay in the heap (no mmap per MPI call; see mpi.c)
+  local ffi = require 'ffi'
+  ffi.cdef [[
+    struct spec_mallinfo2 { size_t arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks,
+                            fordblks, keepcost; };
+    struct spec_mallinfo2 mallinfo2(void);
+  ]]
+  if not pcall(function() return ffi.C.malloc end) then ffi.cdef 'void *malloc(size_t); void free(void *);' end
+  local before = tonumber(ffi.C.mallinfo2().hblks)
+  local p = ffi.C.malloc(64 * 2 ^ 20)
+  check(tonumber(ffi.C.mallinfo2().hblks) == before, 'a 64 MB malloc was served by mmap')
+  ffi.C.free(p)
   local cores = dist.backend_lib().gl_dist_cpu_count()
   check(os.getenv('OMP_NUM_THREADS') ~= nil or gl.get_num_threads() == dist.default_threads(cores, N),
     ('threads %d, expected %d'):format(gl.get_num_threads(), dist.default_threads(cores, N)))

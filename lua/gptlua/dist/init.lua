@@ -159,8 +159,9 @@ function Comm:split(color, key)
 end
 
 -- ------------------------------------------------- argument normalising --
-local function check_tensor(x, fn, what)
-  if not is_tensor(x) then error(('%s: %s expected a tensor, got %s'):format(fn, what, type(x)), 4) end
+-- level: of the user's call, counted from here (4: called by a method)
+local function check_tensor(x, fn, what, level)
+  if not is_tensor(x) then error(('%s: %s expected a tensor, got %s'):format(fn, what, type(x)), level or 4) end
   return x
 end
 
@@ -180,7 +181,7 @@ local function pack(self, x, fn, what, like)
   end
   local counts, total = {}, 0
   for i, t in ipairs(x) do
-    check_tensor(t, fn, ('%s[%d]'):format(what, i))
+    check_tensor(t, fn, ('%s[%d]'):format(what, i), 5)
     if t.dtype ~= x[1].dtype then
       error(('%s: %s[%d] is %s but %s[1] is %s, expected one dtype'):format(fn, what, i, t.dtype, what, x[1].dtype), 4)
     end
@@ -233,14 +234,14 @@ end
 -- engine/mpi/comm.c for size 1.
 local function local_total(counts, total, fn, what)
   if counts and counts[1] ~= total then
-    error(('%s: %s add up to %d elements but the tensor has %d'):format(fn, what, counts[1], total), 5)
+    error(('%s: %s add up to %d elements but the tensor has %d'):format(fn, what, counts[1], total), 6)
   end
   return total
 end
 
 local function local_numel(t, n, fn, what, why)
   if t:numel() ~= n then
-    error(('%s: %s expected %d elements (%s), got %d'):format(fn, what, n, why, t:numel()), 5)
+    error(('%s: %s expected %d elements (%s), got %d'):format(fn, what, n, why, t:numel()), 6)
   end
 end
 
@@ -489,6 +490,12 @@ function dist.init(opts)
     dist.default_threads(mpi.gl_dist_cpu_count(), w.local_size))
   if threads then G.check(lib.gl_set_num_threads(threads), 2) end
   return world
+end
+
+-- Advances in-flight collectives without blocking (MPI moves data only
+-- inside MPI calls): call it between pieces of compute to overlap them.
+function dist.progress()
+  if world and world.c then G.check(mpi.gl_dist_progress(), 2) end
 end
 
 function dist.is_initialized() return world ~= nil end

@@ -57,7 +57,7 @@ MPI_LIB  = $(if $(MPI_SRC),$(BUILD)/libgptlua_mpi.so)
 MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null)
 MPI_LIBS   = $(shell pkg-config --libs ompi-c 2>/dev/null)
 
-.PHONY: all deps deps-if-missing run test test-cuda bench bench-cuda install clean cuda-check
+.PHONY: all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB)
 
 $(BUILD)/obj:
@@ -121,6 +121,10 @@ test-cuda: deps-if-missing all
 
 bench: all
 	$(BUILD)/gptlua recipes/bench.lua $(ARGS)
+
+# the default recipe's full run against nanoGPT's val-loss figure (minutes, not in CI)
+acceptance: all
+	$(BUILD)/gptlua recipes/acceptance.lua $(ARGS)
 
 bench-cuda: all
 	$(BUILD)/gptlua recipes/bench.lua --device=cuda $(ARGS)

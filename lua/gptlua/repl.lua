@@ -43,15 +43,14 @@ function M.run()
     local hist = history_path()
     if hist then GPTLUA.read_history(hist) end
     io.write('gptlua ', GPTLUA.version, ' — Lua REPL on the gptlua engine. `gl` is loaded; Ctrl-D exits.\n')
-    read = function(prompt)
-      local line = GPTLUA.readline(prompt)
-      if line and line:match('%S') then GPTLUA.add_history(line) end
-      return line
-    end
+    read = function(prompt) return GPTLUA.readline(prompt) end
+    -- a whole statement (all its lines) is one history entry
+    M.remember = function(src) if src:match('%S') then GPTLUA.add_history(src) end end
     M.save_history = function() if hist then GPTLUA.write_history(hist, 1000) end end
   else
     read = function() return io.read('*l') end
     M.save_history = function() end
+    M.remember = function() end
   end
   if rawget(_G, 'gl') == nil then
     local ok, gl = pcall(require, 'gptlua')
@@ -67,14 +66,17 @@ function M.run()
     local f, err = loadstring('return ' .. src, '=stdin')
     if not f then f, err = loadstring(src, '=stdin') end
     if not f then
-      if err:match("<eof>$") or err:match("'<eof>'") then
+      -- only an error *at* the end of input means "unfinished" ("... near '<eof>'")
+      if err:sub(-7) == "'<eof>'" then
         buffer = src  -- unfinished statement: keep reading
       else
         io.stderr:write(err, '\n')
+        M.remember(src)
         buffer = nil
       end
     else
       buffer = nil
+      M.remember(src)
       local t0 = cli.now()
       local res = { xpcall(f, cli.traceback) }
       local dt = cli.now() - t0

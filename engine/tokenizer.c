@@ -614,10 +614,34 @@ static int64_t *make_cuts(const uint8_t *s, int64_t len, int nthreads, int64_t *
   return cuts;
 }
 
+/* character level: one id per byte, written straight into the result */
+static gl_tensor *encode_char(const char *fn, const gl_tokenizer *t, const uint8_t *s, int64_t len, int32_t prepend_id) {
+  int64_t shape[1] = {len + (prepend_id >= 0)};
+  gl_tensor *out = gl_empty(GL_I32, GL_DEVICE_CPU, 1, shape);
+  if (!out) return NULL;
+  int32_t *dst = gl_data_ptr(out);
+  if (prepend_id >= 0) *dst++ = prepend_id;
+  int64_t bad = len;
+  #pragma omp parallel for num_threads(gl_threads_for(len, 1)) reduction(min : bad)
+  for (int64_t i = 0; i < len; i++) {
+    int32_t id = t->byte_id[s[i]];
+    if (id < 0 && i < bad) bad = i;
+    dst[i] = id;
+  }
+  if (bad < len) {
+    gl_tensor_free(out);
+    enc_err err = {ENC_BYTE, s[bad], bad};
+    report_enc_err(fn, &err, -1);
+    return NULL;
+  }
+  return out;
+}
+
 gl_tensor *gl_tok_encode(const gl_tokenizer *t, const char *text, int64_t len, int32_t prepend_id) {
   const char *fn = "gl_tok_encode";
   if (check_tok(fn, t) || check_text(fn, text, len) || check_prepend(fn, t, prepend_id)) return NULL;
   const uint8_t *s = (const uint8_t *)text;
+  if (t->is_char) return encode_char(fn, t, s, len, prepend_id);
   int nthreads = gl_get_num_threads();
   /* pieces: one for small texts, else cut at safe points and spread */
   int64_t npieces = 1;
@@ -636,21 +660,31 @@ gl_tensor *gl_tok_encode(const gl_tokenizer *t, const char *text, int64_t len, i
     free(cuts);
     return out;
   }
-  i32vec *parts = calloc((size_t)npieces, sizeof(i32vec));
+  /* each thread appends its pieces to one buffer of its own (grown in place,
+     so no per-piece allocations); pieces are stitched in order afterwards */
+  typedef struct { int thread; int64_t off, n; } piece_out;
+  piece_out *parts = calloc((size_t)npieces, sizeof(piece_out));
   enc_err *errs = calloc((size_t)npieces, sizeof(enc_err));
-  if (!parts || !errs) { free(parts); free(errs); free(cuts); return gl_error_null("%s: out of memory", fn); }
+  i32vec *bufs = calloc((size_t)nthreads, sizeof(i32vec));
+  if (!parts || !errs || !bufs) {
+    free(parts); free(errs); free(bufs); free(cuts);
+    return gl_error_null("%s: out of memory", fn);
+  }
   #pragma omp parallel num_threads(nthreads)
   {
+    int me = omp_get_thread_num();
     encoder e;
     int ok = encoder_init(&e, t, len) == 0;
     #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < npieces; i++) {
       if (!ok) { errs[i].kind = ENC_NOMEM; continue; }
-      e.out.n = 0; e.err.kind = ENC_OK;
+      int64_t start = e.out.n;
+      e.err.kind = ENC_OK;
       if (encode_text(&e, s + cuts[i], cuts[i + 1] - cuts[i], cuts[i])) { errs[i] = e.err; continue; }
-      parts[i] = e.out;            /* hand the buffer over, start a fresh one */
-      memset(&e.out, 0, sizeof e.out);
+      parts[i] = (piece_out){me, start, e.out.n - start};
     }
+    bufs[me] = e.out;
+    memset(&e.out, 0, sizeof e.out);
     encoder_free(&e);
   }
   gl_tensor *out = NULL;
@@ -665,13 +699,13 @@ gl_tensor *gl_tok_encode(const gl_tokenizer *t, const char *text, int64_t len, i
       int32_t *dst = gl_data_ptr(out);
       if (prepend_id >= 0) *dst++ = prepend_id;
       for (int64_t i = 0; i < npieces; i++) {
-        if (parts[i].n) memcpy(dst, parts[i].v, (size_t)parts[i].n * sizeof(int32_t));
+        if (parts[i].n) memcpy(dst, bufs[parts[i].thread].v + parts[i].off, (size_t)parts[i].n * sizeof(int32_t));
         dst += parts[i].n;
       }
     }
   }
-  for (int64_t i = 0; i < npieces; i++) free(parts[i].v);
-  free(parts); free(errs); free(cuts);
+  for (int k = 0; k < nthreads; k++) free(bufs[k].v);
+  free(bufs); free(parts); free(errs); free(cuts);
   return out;
 }
 

@@ -1,0 +1,33 @@
+-- The shipped recipes are valid configurations, and the helper recipes run.
+local train = require 'gptlua.train'
+local root, exe = GPTLUA.root, GPTLUA.exe
+
+describe('shipped recipes', function()
+  for _, name in ipairs({ 'shakespeare', 'shakespeare_gpu', 'gpt2_124m', 'nanochat_d20' }) do
+    it(name .. '.lua is a valid config', function()
+      local r = dofile(root .. '/recipes/' .. name .. '.lua')
+      local cfg = train.resolve_config(r, { '--device=cpu' })
+      assert.equal('cpu', cfg.device)
+      assert.is_true(cfg.max_iters > 0)
+    end)
+  end
+  it('gpt2_124m and nanochat_d20 are the documented sizes', function()
+    local g = train.resolve_config(dofile(root .. '/recipes/gpt2_124m.lua'), { '--device=cpu' })
+    assert.same({ 12, 12, 768, 1024 }, { g.n_layer, g.n_head, g.n_embd, g.block_size })
+    local n = require('gptlua.models.nanochat').resolve({ depth = 20, vocab_size = 65536, block_size = 2048 })
+    assert.same({ 20, 1280, 10 }, { n.n_layer, n.n_embd, n.n_head })
+  end)
+  it('sample.lua generates from a checkpoint, deterministically for a seed', function()
+    local d = os.tmpname(); os.remove(d)
+    local function sh(cmd) local p = io.popen('cd ' .. root .. ' && ' .. cmd .. ' 2>&1'); local s = p:read('*a'); p:close(); return s end
+    sh(('%s recipes/shakespeare.lua --max_iters=2 --eval_interval=0 --sample_length=0 --n_layer=1 --out_dir=%s'):format(exe, d))
+    local cmd = ('%s recipes/sample.lua --ckpt %s/shakespeare/checkpoints --prompt "ROMEO:" --n=30 --seed=3'):format(exe, d)
+    local a, b = sh(cmd), sh(cmd)
+    assert.truthy(a:match('^ROMEO:'), a)
+    assert.equal(a, b)
+    assert.is_true(#a >= 36)
+    local bad = sh(exe .. ' recipes/sample.lua --bogus=1')
+    assert.truthy(bad:find('sample: unknown argument --bogus=1', 1, true), bad)
+    os.execute('rm -rf ' .. d)
+  end)
+end)

@@ -26,7 +26,7 @@ ifeq ($(CUDA),1)
 endif
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 
-WARN    = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
+WARN    = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-format-truncation
 CFLAGS  ?= -O3 -march=native
 CFLAGS  += -std=gnu11 -fPIC -fopenmp $(WARN) -Iengine -I$(BUILD) -I/usr/include/luajit-2.1 \
            -I$(BLAS_DIR:/usr/lib/%=/usr/include/%)

@@ -2,7 +2,10 @@
 configuration (n_layer 4, n_head 4, n_embd 128, block 64, batch 12, dropout 0,
 bias False, AdamW lr 1e-3 betas (0.9, 0.99), weight decay 0.1 on matrices,
 grad clip 1.0), timed the way nanoGPT's train.py reports ms/iter.
-Usage: python3 bench/torch_gpt.py ITERS THREADS [--check-loss] ; prints one JSON line."""
+Usage: python3 bench/torch_gpt.py ITERS THREADS          time ITERS steps on a fixed batch; one JSON line
+       python3 bench/torch_gpt.py ITERS THREADS --train  nanoGPT's full recipe on data/tinyshakespeare.txt
+         (90/10 split, random windows, cosine lr with warmup 100 to ITERS, eval every 250 over 50
+         batches), printing nanoGPT's "step N: train loss X, val loss Y" lines."""
 import json, math, sys, time
 import torch
 import torch.nn as nn
@@ -45,10 +48,53 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, V), targets.reshape(-1))
 
 model = GPT()
+# nanoGPT's init: N(0, 0.02) everywhere, residual projections 0.02/sqrt(2L), zero biases
+for name, p in model.named_parameters():
+    if p.dim() >= 2:
+        std = 0.02 / math.sqrt(2 * L) if name.endswith('c_proj.weight') or name.endswith('mlp_proj.weight') else 0.02
+        torch.nn.init.normal_(p, mean=0.0, std=std)
 decay = [p for p in model.parameters() if p.dim() >= 2]
 nodecay = [p for p in model.parameters() if p.dim() < 2]
 opt = torch.optim.AdamW([{'params': decay, 'weight_decay': 0.1}, {'params': nodecay, 'weight_decay': 0.0}],
                         lr=1e-3, betas=(0.9, 0.99))
+if '--train' in sys.argv:
+    import os
+    text = open(os.path.join(os.path.dirname(__file__), '..', 'data', 'tinyshakespeare.txt'), 'rb').read()
+    chars = sorted(set(text))
+    ids = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
+    n = int(0.9 * len(ids))
+    splits = {'train': ids[:n], 'val': ids[n:]}
+    def batch(split):
+        d = splits[split]
+        ix = torch.randint(len(d) - T, (B,))
+        return torch.stack([d[i:i + T] for i in ix]), torch.stack([d[i + 1:i + 1 + T] for i in ix])
+    def lr_at(it, warmup=100, lr=1e-3, min_lr=1e-4):
+        if it < warmup:
+            return lr * (it + 1) / (warmup + 1)
+        ratio = (it - warmup) / (iters - warmup)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+    @torch.no_grad()
+    def estimate():
+        model.eval()
+        out = {k: sum(model(*batch(k)).item() for _ in range(50)) / 50 for k in ('train', 'val')}
+        model.train()
+        return out
+    t0 = time.time()
+    for it in range(iters + 1):
+        if it % 250 == 0:
+            e = estimate()
+            print(f"step {it}: train loss {e['train']:.4f}, val loss {e['val']:.4f}", flush=True)
+        if it == iters:
+            break
+        for g in opt.param_groups:
+            g['lr'] = lr_at(it)
+        loss = model(*batch('train'))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    print(f"done: {iters} steps in {time.time() - t0:.0f}s", flush=True)
+    sys.exit(0)
 data = torch.randint(0, V, (B, T + 1))
 x, y = data[:, :T], data[:, 1:]
 times = []

@@ -1,6 +1,10 @@
 /* cpu_elementwise.c — CPU kernels for the elementwise ops (unary forward and
- * backward, binary, where), plus the span and scratch helpers that every
- * cpu_*.c kernel file shares.
+ * backward, binary, where), plus the helpers the other kernel files
+ * (cpu_reduce, cpu_matmul, cpu_nn, cpu_attention, cpu_optim) share and
+ * declare where they use them: cpu_scratch (thread-local buffers),
+ * cpu_span_load_f32/_f64 and cpu_span_store_f32/_f64 (strided elements of
+ * any dtype <-> contiguous reals), cpu_vexp_f32/_f64 and cpu_vtanh_f32/_f64
+ * (vectorized exp and tanh over arrays).
  *
  * An elementwise op walks a gl_iter of its operands in chunks of at most
  * CHUNK elements of the inner dim; (outer index, chunk) pairs are the
@@ -16,7 +20,7 @@
 /* No code here traps on floating-point exceptions; telling GCC so lets it
    if-convert the clamps of exp/tanh below and vectorize their loops. */
 #pragma GCC optimize("no-trapping-math")
-#include "backend.h"
+#include "cpu_kernels.h"
 #include <stdlib.h>
 #include <tgmath.h>
 

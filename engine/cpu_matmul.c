@@ -12,15 +12,10 @@
  *
  * BLAS runs its own threads, so this file never calls it from inside an
  * OpenMP region. */
-#include "backend.h"
+#include "cpu_kernels.h"
 #include <cblas.h>
 #include <limits.h>
 
-void *cpu_scratch(int slot, size_t bytes);
-const float *cpu_span_load_f32(const gl_tensor *t, int64_t off, int64_t st, int64_t n, float *buf);
-const double *cpu_span_load_f64(const gl_tensor *t, int64_t off, int64_t st, int64_t n, double *buf);
-void cpu_span_store_f32(gl_tensor *t, int64_t off, int64_t st, int64_t n, const float *src);
-void cpu_span_store_f64(gl_tensor *t, int64_t off, int64_t st, int64_t n, const double *src);
 
 /* One operand as BLAS sees it: rows x cols with strides (sr, sc). */
 typedef struct {
@@ -151,11 +146,13 @@ int cpu_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double al
       r /= out->shape[d];
       offa += i * a->stride[d]; offb += i * b->stride[d]; offc += i * out->stride[d];
     }
-    const char *A = (const char *)a->storage->data + offa * esz, *B = (const char *)b->storage->data + offb * esz;
-    char *C = (char *)out->storage->data + offc * esz;
-    if (oa.copy) { if (offa != packed_a) pack(&oa, offa, bufa, wd); packed_a = offa; A = bufa; }
-    if (ob.copy) { if (offb != packed_b) pack(&ob, offb, bufb, wd); packed_b = offb; B = bufb; }
-    if (oc.copy) { if (beta != 0) pack(&oc, offc, bufc, wd); C = bufc; }
+    /* a copy is packed once for a run of batches sharing it (a broadcast weight) */
+    if (oa.copy && offa != packed_a) { pack(&oa, offa, bufa, wd); packed_a = offa; }
+    if (ob.copy && offb != packed_b) { pack(&ob, offb, bufb, wd); packed_b = offb; }
+    if (oc.copy && beta != 0) pack(&oc, offc, bufc, wd);
+    const void *A = oa.copy ? bufa : (const char *)a->storage->data + offa * esz;
+    const void *B = ob.copy ? bufb : (const char *)b->storage->data + offb * esz;
+    void *C = oc.copy ? bufc : (char *)out->storage->data + offc * esz;
     if (oc.trans == 0)
       gemm(wd, oa.trans, ob.trans, rows, N, K, alpha, A, oa.ld, B, ob.ld, beta, C, oc.ld);
     else /* out is a transposed view: out^T = b^T a^T */

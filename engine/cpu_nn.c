@@ -19,7 +19,7 @@
  * Compiled as a template: the generic section at the bottom is included
  * with real = float and real = double. */
 #ifndef real
-#include "backend.h"
+#include "cpu_kernels.h"
 #include <tgmath.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -27,7 +27,6 @@
 
 enum { CHUNK = 512 };
 
-void *cpu_scratch(int slot, size_t bytes);
 
 static inline int thread_id(void) {
 #ifdef _OPENMP
@@ -217,10 +216,6 @@ int cpu_dropout(gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uin
 
 #else /* ---- generic section: real is float or double, R(name) its suffix ---- */
 
-const real *R(cpu_span_load)(const gl_tensor *t, int64_t off, int64_t st, int64_t n, real *buf);
-void R(cpu_span_store)(gl_tensor *t, int64_t off, int64_t st, int64_t n, const real *src);
-void R(cpu_vexp)(real *y, const real *x, int64_t n);
-void R(cpu_vtanh)(real *y, const real *x, int64_t n);
 
 /* nt per-thread blocks of n reals (64-byte aligned) in scratch slot 0 */
 static real *R(thread_blocks)(int nt, int64_t n, int64_t *stride) {
@@ -550,8 +545,9 @@ static int R(ce_backward)(gl_tensor *dlogits, const gl_tensor *logits, const gl_
 
 /* ---- dropout ---------------------------------------------------------------
    Element e (row-major index) is kept when the unit value of Philox word
-   (offset + e) is < 1 - p; kept values are scaled by 1 / (1 - p).  One Philox
-   block yields 4 consecutive words, so each is computed once per 4 elements. */
+   (offset + e) is < 1 - p; kept values are scaled by 1 / (1 - p).  p = 0
+   keeps everything (a unit value can be exactly 1).  One Philox block
+   yields 4 consecutive words, so each is computed once per 4 elements. */
 static void R(dropout)(gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uint64_t offset) {
   int nd = x->ndim, lead = nd > 0 ? nd - 1 : 0;
   int64_t L = nd > 0 ? x->shape[nd - 1] : 1, rows = L ? x->numel / L : 0;
@@ -575,7 +571,7 @@ static void R(dropout)(gl_tensor *out, const gl_tensor *x, double p, uint64_t se
         blk = c >> 2;
         gl_philox4x32((uint32_t)seed, (uint32_t)(seed >> 32), (uint32_t)blk, (uint32_t)(blk >> 32), 0, 0, words);
       }
-      y[j] = gl_u32_to_unit(words[c & 3]) < keep ? xr[j] * scale : 0;
+      y[j] = (p == 0 || gl_u32_to_unit(words[c & 3]) < keep) ? xr[j] * scale : 0;
     }
     R(cpu_span_store)(out, yo, ys, n, y);
   }

@@ -8,7 +8,7 @@
  * through a stack buffer.  Compiled as a template over real = float / double
  * (generic section below). */
 #ifndef real
-#include "backend.h"
+#include "cpu_kernels.h"
 #include <tgmath.h>
 
 enum { CHUNK = 1024 };
@@ -41,8 +41,6 @@ int cpu_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, i
 
 #else /* ---- generic section: real is float or double, R(name) its suffix ---- */
 
-const real *R(cpu_span_load)(const gl_tensor *t, int64_t off, int64_t st, int64_t n, real *buf);
-void R(cpu_span_store)(gl_tensor *t, int64_t off, int64_t st, int64_t n, const real *src);
 
 /* a writable contiguous view of n elements of t at off: t's memory when it
    holds reals, else buf filled with the current values */

@@ -11,7 +11,7 @@
  * Compiled as a template over the accumulation type: the generic section at
  * the bottom is included with real = float and real = double. */
 #ifndef real
-#include "backend.h"
+#include "cpu_kernels.h"
 #include <tgmath.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -69,7 +69,6 @@ int cpu_sumsq(const gl_tensor *x, double *out) {
 
 #else /* ---- generic section: real is float or double, R(name) its suffix ---- */
 
-const real *R(cpu_span_load)(const gl_tensor *t, int64_t off, int64_t st, int64_t n, real *buf);
 
 /* running state of a reduction */
 typedef struct { real acc; int64_t n; } R(red_state);

@@ -49,7 +49,7 @@ static void locate(char *exe, char *root, char *libdir, size_t n) {
   ssize_t k = readlink("/proc/self/exe", exe, n - 1);
   if (k <= 0) { snprintf(exe, n, "gptlua"); k = 6; }
   exe[k] = 0;
-  char dir[PATH_MAX - 64];
+  char dir[PATH_MAX];
   snprintf(dir, sizeof dir, "%s", exe);
   char *slash = strrchr(dir, '/');
   if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
@@ -69,6 +69,10 @@ static void locate(char *exe, char *root, char *libdir, size_t n) {
 
 int main(int argc, char **argv) {
   char exe[PATH_MAX], root[PATH_MAX], libdir[PATH_MAX];
+  /* OpenMP threads that spin between parallel regions steal the core the
+     other thread (or rank, or loader) needs on small machines: sleep instead.
+     Must be set before libgomp initialises; a user's setting wins. */
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   locate(exe, root, libdir, PATH_MAX);
 
   lua_State *L = luaL_newstate();

@@ -327,6 +327,7 @@ int gl_embedding_forward(gl_tensor *out, const gl_tensor *table, const gl_tensor
   ids_rows_shape(ids, table->shape[1], want);
   GL_TRY(check_shape(out, fn, "out", ids->ndim + 1, want, "ids.shape followed by C = %lld of table",
                      (long long)table->shape[1]));
+  GL_TRY(check_no_overlap(fn, out, "out", table, "table"));
   if (out->numel == 0) return GL_OK;
   return GL_DISPATCH(out->device, embedding_forward, out, table, ids);
 }
@@ -354,6 +355,7 @@ int gl_index_select(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor
   for (int d = 0; d < x->ndim; d++) want[d] = d == dim ? idx->shape[0] : x->shape[d];
   GL_TRY(check_shape(out, fn, "out", x->ndim, want, "x's shape with dim %d of size #idx = %lld", dim + 1,
                      (long long)idx->shape[0]));
+  GL_TRY(check_no_overlap(fn, out, "out", x, "x"));
   if (out->numel == 0) return GL_OK;
   return GL_DISPATCH(out->device, index_select, out, x, dim, idx);
 }
@@ -376,6 +378,7 @@ int gl_gather(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx)
   GL_TRY(check_dtype(out, fn, "out", x->dtype, "the dtype of x"));
   GL_TRY(check_index_fits(fn, idx, x, "x", dim));
   GL_TRY(gl_check_same_shape(idx, out, fn, "idx", "out"));
+  GL_TRY(check_no_overlap(fn, out, "out", x, "x"));
   if (out->numel == 0) return GL_OK;
   return GL_DISPATCH(out->device, gather, out, x, dim, idx);
 }

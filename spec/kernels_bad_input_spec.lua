@@ -129,6 +129,9 @@ local cases = {
       ids({ { 0, 1 }, { 4, 5 } }).c) end, 'gl_embedding_backward: ids[3] is 5, expected 0 <= ids < 5 (rows of dtable)' },
   { 'index_select idx', function() return lib.gl_index_select(t({ 2, 3 }).c, t({ 4, 3 }).c, 0, ids({ 1, 4 }).c) end,
     'gl_index_select: idx[1] is 4, expected 0 <= idx < 4 (size of x in dim)' },
+  { 'gather into its own input', function() local x = t({ 2, 3 })
+      return lib.gl_gather(x:narrow(2, 1, 2).c, x.c, 1, ids({ { 0, 1 }, { 1, 2 } }).c) end,
+    'gl_gather: out overlaps the memory of x; the output must not alias this input' },
   { 'index_select dim', function() return lib.gl_index_select(t({ 2, 3 }).c, t({ 4, 3 }).c, 2, ids({ 1, 2 }).c) end,
     'gl_index_select: dim is 2, expected -2 <= dim < 2' },
   { 'gather idx', function() return lib.gl_gather(t({ 2, 2 }).c, t({ 2, 3 }).c, 1, ids({ { 0, 1 }, { 2, 3 } }).c) end,

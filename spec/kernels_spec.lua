@@ -679,8 +679,9 @@ describe('embedding and index kernels', function()
     local V, C = 7, 5
     local table_ = randn({ V, C })
     for _, idt in ipairs({ 'int32', 'int64' }) do
-      for _, ishape in ipairs({ { 4 }, { 2, 3 }, { 1, 1, 2 } }) do
+      for _, ishape in ipairs({ { 4 }, { 2, 3 }, { 1, 1, 2 }, { 3, 5 } }) do
         local ids = randint(ishape, 0, V - 1, idt)
+        if ishape[2] == 5 then ids = ids:narrow(1, 1, 1):expand(ishape) end -- 0-stride ids
         for _, kind in ipairs({ 'contiguous', 'transposed' }) do
           local tv = layout(table_, kind)
           local oshape = copy_shape(ishape); oshape[#oshape + 1] = C
@@ -714,7 +715,7 @@ describe('embedding and index kernels', function()
       local n = 6
       local idx = randint({ n }, 0, x.shape[d + 1] - 1)
       local oshape = copy_shape(x.shape); oshape[d + 1] = n
-      for _, kind in ipairs({ 'contiguous', 'transposed' }) do
+      for _, kind in ipairs({ 'contiguous', 'transposed', 'broadcast' }) do
         local xv = layout(x, kind)
         local out = empty(oshape)
         check(lib.gl_index_select(out.c, xv.c, dim, idx.c))
@@ -805,7 +806,7 @@ describe('rope kernel', function()
     local cs, sn = rope_tables(8, 6)
     cs, sn = cs:narrow(1, 4, 3), sn:narrow(1, 4, 3) -- positions 3..5 of a cache
     for _, inv in ipairs({ 0, 1 }) do
-      for _, kind in ipairs({ 'contiguous', 'transposed', 'narrowed' }) do
+      for _, kind in ipairs(LAYOUTS) do
         local xv = layout(x, kind)
         local out = empty(x.shape)
         check(lib.gl_rope(out.c, xv.c, cs.c, sn.c, inv))
@@ -870,11 +871,14 @@ describe('attention kernels', function()
     { B = 1, H = 2, Hkv = 2, T = 4, S = 4, D = 5, window = 2 },
     { B = 2, H = 3, Hkv = 1, T = 1, S = 6, D = 4, window = 0 },
     { B = 1, H = 2, Hkv = 1, T = 5, S = 7, D = 2, window = 3 },
+    { B = 3, H = 2, Hkv = 2, T = 2, S = 3, D = 20, window = 0, shared_kv = true },
+    { B = 1, H = 2, Hkv = 1, T = 20, S = 37, D = 17, window = 11 }, -- spans several blocks of keys and dims
   }
   it('forward matches the reference (GQA, KV offset, window, strided heads)', function()
     for ci, c in ipairs(cases) do
       local q = heads_view(randn({ c.B, c.H, c.T, c.D }))
       local k, v = randn({ c.B, c.Hkv, c.S, c.D }), layout(randn({ c.B, c.Hkv, c.S, c.D }), 'narrowed')
+      if c.shared_kv then k, v = layout(k, 'broadcast'), layout(v, 'broadcast') end -- 0 batch stride
       local out, lse = empty({ c.B, c.H, c.T, c.D }), empty({ c.B, c.H, c.T })
       local scale = 1 / math.sqrt(c.D)
       check(lib.gl_attention_forward(out.c, lse.c, q.c, k.c, v.c, scale, c.window))
@@ -934,7 +938,7 @@ describe('cross-entropy kernels', function()
         check(lib.gl_unary(lib.GL_U_MUL_SCALAR, logits.c, logits.c, 4, 0)) -- large enough for the cap to bite
         local targets = randint({ 6 }, 0, 10, idt)
         targets:set(-100, 3)
-        for _, kind in ipairs({ 'contiguous', 'transposed', 'narrowed' }) do
+        for _, kind in ipairs(LAYOUTS) do
           local lv = layout(logits, kind)
           local losses, lse = empty({ 6 }), empty({ 6 })
           check(lib.gl_cross_entropy_forward(losses.c, lse.c, lv.c, targets.c, -100, softcap))

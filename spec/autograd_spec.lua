@@ -166,3 +166,20 @@ describe('autograd', function()
     assert.equal(5, r:get(1))
   end)
 end)
+
+describe('fused attention from a qkv projection', function()
+  it('matches split + scaled_dot_product_attention and passes a gradient check', function()
+    local gl = require 'gptlua'
+    local gc = require 'support.gradcheck'
+    local B, T, H, D = 2, 4, 2, 3
+    local C = H * D
+    local qkv = gc.rand({ B, T, 3 * C }, 150)
+    local function split_path(x)
+      local function heads(i) return x:narrow(3, (i - 1) * C + 1, C):reshape(B, T, H, D):transpose(2, 3) end
+      return gl.scaled_dot_product_attention(heads(1), heads(2), heads(3)):transpose(2, 3):reshape(B, T, C)
+    end
+    assert.is_true(gl.attention_qkv(qkv, H):max_abs_diff(split_path(qkv)) < 1e-12)
+    gc.check(function(x) return gl.attention_qkv(x, H) end, { qkv })
+    gc.check(function(x) return gl.attention_qkv(x, H, { window = 2 }) end, { gc.rand({ 1, 5, 3 * C }, 151) })
+  end)
+end)

@@ -497,25 +497,68 @@ Tensor.index_select, Tensor.gather = O.index_select, O.gather
 
 -- ---------------------------------------------------------------- attention
 -- scaled_dot_product_attention(q, k, v, {scale=, window=}): causal,
--- q (B,H,T,D), k/v (B,Hkv,S,D); grouped-query when Hkv < H.
+-- q (B,H,T,D), k/v (B,Hkv,S,D); grouped-query when Hkv < H.  The kernels
+-- take strided views, so nothing is copied: the output (and the input
+-- gradients) are (B,H,T,D) views of (B,T,H,D) buffers, which makes the
+-- usual transpose(2,3):reshape(B,T,C) that follows a free view.
+local function heads_view(t)  -- (B,T,H,D) contiguous -> (B,H,T,D) view
+  local B, T, H, D = t.shape[1], t.shape[2], t.shape[3], t.shape[4]
+  return t:_as_strided({ B, H, T, D }, { T * H * D, D, H * D, 1 }, t:storage_offset())
+end
+local function heads_buffer(like)  -- a (B,T,H,D) buffer for a (B,H,T,D) tensor
+  local s = like.shape
+  return heads_view(Tensor.empty({ s[1], s[3], s[2], s[4] }, { dtype = like.dtype, device = like.device }))
+end
+
+local function attention_raw(q, k, v, out, lse, scale, window)
+  K(lib.gl_attention_forward(out.c, lse.c, q.c, k.c, v.c, scale, window))
+end
+
 function O.scaled_dot_product_attention(q, k, v, opts)
   opts = opts or {}
-  local D = q.shape[4]
-  local scale = opts.scale or 1 / math.sqrt(D or 1)
+  if #q.shape ~= 4 then error(('scaled_dot_product_attention: q has shape %s, expected (B,H,T,D)'):format(shape_str(q.shape)), 2) end
+  local scale = opts.scale or 1 / math.sqrt(q.shape[4])
   local window = opts.window or 0
-  local qc = q:is_contiguous() and q or q:contiguous()
-  local kc = k:is_contiguous() and k or k:contiguous()
-  local vc = v:is_contiguous() and v or v:contiguous()
-  local out = empty_like(qc)
-  local lse = Tensor.empty({ q.shape[1] or 0, q.shape[2] or 0, q.shape[3] or 0 },
-    { dtype = stat_dtype(q), device = q.device })
-  K(lib.gl_attention_forward(out.c, lse.c, qc.c, kc.c, vc.c, scale, window))
-  return record(out, { qc, kc, vc }, function(_, g)
-    local gc = g:is_contiguous() and g or g:contiguous()
-    local dq, dk, dv = empty_like(qc), empty_like(kc), empty_like(vc)
-    K(lib.gl_attention_backward(dq.c, dk.c, dv.c, gc.c, qc.c, kc.c, vc.c, out.c, lse.c, scale, window))
+  local out = heads_buffer(q)
+  local lse = Tensor.empty({ q.shape[1], q.shape[2], q.shape[3] }, { dtype = stat_dtype(q), device = q.device })
+  attention_raw(q, k, v, out, lse, scale, window)
+  return record(out, { q, k, v }, function(_, g)
+    local dq, dk, dv = heads_buffer(q), heads_buffer(k), heads_buffer(v)
+    K(lib.gl_attention_backward(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, out.c, lse.c, scale, window))
     return dq, dk, dv
   end, nil, 'attention', { lse })
+end
+
+-- attention_qkv(qkv (B,T,3C), n_head, opts) -> y (B,T,C): causal attention
+-- straight from the fused projection's output (GPT-2's c_attn) with no
+-- split/transpose copies; the backward writes dq, dk, dv into one dqkv.
+function O.attention_qkv(qkv, H, opts)
+  opts = opts or {}
+  local B, T, C3 = qkv.shape[1], qkv.shape[2], qkv.shape[3]
+  if #qkv.shape ~= 3 or C3 % (3 * H) ~= 0 then
+    error(('attention_qkv: qkv has shape %s, expected (B,T,3*C) with C divisible by n_head %d'):format(
+      shape_str(qkv.shape), H), 2)
+  end
+  local C = C3 / 3
+  local D = C / H
+  local scale = opts.scale or 1 / math.sqrt(D)
+  local window = opts.window or 0
+  local x = qkv:is_contiguous() and qkv or qkv:contiguous()
+  local function part(t, i)  -- (B,H,T,D) view of q, k or v inside a (B,T,3C) tensor
+    return t:_as_strided({ B, H, T, D }, { T * C3, D, C3, 1 }, t:storage_offset() + (i - 1) * C)
+  end
+  local y = Tensor.empty({ B, T, C }, { dtype = qkv.dtype, device = qkv.device })
+  local yv = heads_view(y:_as_strided({ B, T, H, D }, { T * C, H * D, D, 1 }, 0))
+  local lse = Tensor.empty({ B, H, T }, { dtype = stat_dtype(qkv), device = qkv.device })
+  attention_raw(part(x, 1), part(x, 2), part(x, 3), yv, lse, scale, window)
+  return record(y, { x }, function(_, g)
+    local gc = g:is_contiguous() and g or g:contiguous()
+    local gv = heads_view(gc:_as_strided({ B, T, H, D }, { T * C, H * D, D, 1 }, gc:storage_offset()))
+    local dx = Tensor.empty(x.shape, { dtype = x.dtype, device = x.device })
+    K(lib.gl_attention_backward(part(dx, 1).c, part(dx, 2).c, part(dx, 3).c, gv.c, part(x, 1).c, part(x, 2).c,
+      part(x, 3).c, yv.c, lse.c, scale, window))
+    return dx
+  end, nil, 'attention_qkv', { lse })
 end
 
 -- rotary embedding on x (B, T, H, D) with cos/sin (T, D/2)

@@ -22,13 +22,16 @@ function Attention:forward(x, cache)
   local B, T, C = x.shape[1], x.shape[2], x.shape[3]
   local H = self.n_head
   local qkv = self.c_attn(x)
-  local function heads(i)  -- (B, T, C) slice i -> (B, H, T, D)
-    return qkv:narrow(3, (i - 1) * C + 1, C):reshape(B, T, H, C / H):transpose(2, 3)
+  local y
+  if cache then  -- generation: keys and values accumulate in the cache
+    local function heads(i)  -- (B, T, C) slice i -> (B, H, T, D)
+      return qkv:narrow(3, (i - 1) * C + 1, C):reshape(B, T, H, C / H):transpose(2, 3)
+    end
+    local k, v = common.cache_append(cache, heads(2), heads(3))
+    y = gl.scaled_dot_product_attention(heads(1), k, v):transpose(2, 3):reshape(B, T, C)
+  else
+    y = gl.attention_qkv(qkv, H)  -- reads q, k, v in place, no split copies
   end
-  local q, k, v = heads(1), heads(2), heads(3)
-  if cache then k, v = common.cache_append(cache, k, v) end
-  local y = gl.scaled_dot_product_attention(q, k, v)
-  y = y:transpose(2, 3):reshape(B, T, C)
   return gl.dropout(self.c_proj(y), self.dropout, self.training)
 end
 

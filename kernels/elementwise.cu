@@ -326,15 +326,17 @@ extern "C" int cuda_rand_normal(gl_tensor *t, uint64_t seed, uint64_t offset, do
 
 /* ---- dropout ----------------------------------------------------------------- */
 /* element e (row-major) is kept when the unit value of Philox word
-   (offset + e) is < 1 - p, and then scaled by 1 / (1 - p) (engine/cpu_nn.c) */
+   (offset + e) is < 1 - p, and then scaled by 1 / (1 - p); p = 0 keeps
+   everything (a unit value can be exactly 1) — as engine/cpu_nn.c */
 template <class P, class T>
-__global__ void dropout_kernel(P out, P x, CuIdx<2> ix, int64_t n, uint64_t seed, uint64_t offset, double keep,
+__global__ void dropout_kernel(P out, P x, CuIdx<2> ix, int64_t n, uint64_t seed, uint64_t offset, double p,
                                T scale) {
+  const double keep = 1 - p;
   CU_GRID_LOOP(e, n) {
     int64_t off[2];
     ix.offsets(e, off);
-    double u = gl_u32_to_unit(gl_philox_word(seed, offset + (uint64_t)e));
-    out.set(off[0], u < keep ? x.template get<T>(off[1]) * scale : (T)0);
+    bool kept = p == 0 || gl_u32_to_unit(gl_philox_word(seed, offset + (uint64_t)e)) < keep;
+    out.set(off[0], kept ? x.template get<T>(off[1]) * scale : (T)0);
   }
 }
 
@@ -350,7 +352,7 @@ extern "C" int cuda_dropout(gl_tensor *out, const gl_tensor *x, double p, uint64
     using T = decltype(t);
     T scale = keep > 0 ? (T)(1 / keep) : (T)0;
     dropout_kernel<P, T><<<cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st>>>(
-        P::from(out), P::from(x), ix, n, seed, offset, keep, scale);
+        P::from(out), P::from(x), ix, n, seed, offset, p, scale);
     GL_CU_LAUNCHED();
     return GL_OK;
   });

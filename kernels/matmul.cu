@@ -20,10 +20,14 @@
 #include <map>
 #include <array>
 #include <limits.h>
+#include <stdlib.h>
 
 enum { LT_WORKSPACE = 32 << 20 };
 
+enum { LT_NO_ALGO = 1 };  /* lt_run: cuBLASLt has no algorithm for this problem */
+
 struct LtPlan {
+  int usable = 1;          /* 0: cached "no algorithm" answer */
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo;
@@ -126,11 +130,8 @@ static int lt_plan_build(LtDevice *d, const LtProblem &q, LtPlan *p) {
   if (s == CUBLAS_STATUS_SUCCESS)
     s = cublasLtMatmulAlgoGetHeuristic(d->handle, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || (s == CUBLAS_STATUS_SUCCESS && found < 1)) return LT_NO_ALGO;
   GL_CU_CHECK(s);
-  if (found < 1)
-    return gl_error("cuda_matmul: cuBLASLt has no algorithm for %s m=%lld n=%lld k=%lld (lda %lld ldb %lld ldc %lld, "
-                    "batch %lld)", gl_dtype_name(q.dtype), (long long)q.m, (long long)q.n, (long long)q.k,
-                    (long long)q.lda, (long long)q.ldb, (long long)q.ldc, (long long)q.batch);
   p->algo = res.algo;
   return GL_OK;
 }
@@ -149,10 +150,12 @@ static int lt_run(int dev, cudaStream_t st, const LtProblem &q, const void *A, c
     if (it != d->plans.end()) plan = it->second;
     else {
       int rc = lt_plan_build(d, q, &plan);
-      if (rc != GL_OK) { lt_plan_destroy(&plan); return GL_ERR; }
+      if (rc == LT_NO_ALGO) { lt_plan_destroy(&plan); plan.usable = 0; }
+      else if (rc != GL_OK) { lt_plan_destroy(&plan); return GL_ERR; }
       d->plans[key] = plan;
     }
   }
+  if (!plan.usable) return LT_NO_ALGO;
   float af = (float)alpha, bf = (float)beta;
   const void *pa = q.dtype == GL_F64 ? (const void *)&alpha : (const void *)&af;
   const void *pb = q.dtype == GL_F64 ? (const void *)&beta : (const void *)&bf;
@@ -191,6 +194,70 @@ static int lowest_align(uint64_t v) {
   return a;
 }
 
+/* ---- fallback: a plain tiled GEMM for what cuBLASLt declines -------------- */
+/* out[batch] = alpha a[batch] @ b[batch] + beta out[batch] for any strides and
+   dtypes, one 16x16 output tile per block (16-deep K slices through shared
+   memory), batches over blockIdx.z.  Slow but general: used only when
+   cuBLASLt has no algorithm for a layout, or when GL_CUDA_MATMUL_FALLBACK is
+   set in the environment (a debugging switch). */
+enum { FB_TILE = 16 };
+struct GemmStrides { int64_t a0, a1, b0, b1, o0, o1; };
+
+template <class P, class T>
+__global__ void gemm_fallback_kernel(P out, P a, P b, CuIdx<3> batch, int64_t nbatch, int64_t M, int64_t N,
+                                     int64_t K, GemmStrides s, T alpha, T beta) {
+  __shared__ T As[FB_TILE][FB_TILE + 1], Bs[FB_TILE][FB_TILE + 1];
+  const int ty = threadIdx.x / FB_TILE, tx = threadIdx.x % FB_TILE;
+  const int64_t row = (int64_t)blockIdx.y * FB_TILE + ty, col = (int64_t)blockIdx.x * FB_TILE + tx;
+  for (int64_t bi = blockIdx.z; bi < nbatch; bi += gridDim.z) {
+    int64_t off[3];
+    batch.offsets(bi, off);
+    T acc = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += FB_TILE) {
+      __syncthreads();  /* the previous slice has been used */
+      const int64_t ka = k0 + tx, kb = k0 + ty;
+      As[ty][tx] = row < M && ka < K ? a.template get<T>(off[0] + row * s.a0 + ka * s.a1) : (T)0;
+      Bs[ty][tx] = kb < K && col < N ? b.template get<T>(off[1] + kb * s.b0 + col * s.b1) : (T)0;
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < FB_TILE; kk++) acc += As[ty][kk] * Bs[kk][tx];
+    }
+    if (row < M && col < N) {
+      const int64_t e = off[2] + row * s.o0 + col * s.o1;
+      out.set(e, alpha * acc + (beta != (T)0 ? beta * out.template get<T>(e) : (T)0));
+    }
+  }
+}
+
+static int gemm_fallback(cudaStream_t st, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha,
+                         double beta) {
+  int nd = out->ndim;
+  int64_t M = out->shape[nd - 2], N = out->shape[nd - 1], K = a->shape[nd - 1], nbatch = 1;
+  for (int d = 0; d < nd - 2; d++) nbatch *= out->shape[d];
+  const int64_t *bst[3] = {a->stride, b->stride, out->stride};
+  CuIdx<3> batch = cu_idx<3>(nd - 2, out->shape, bst);
+  GemmStrides s = {a->stride[nd - 2], a->stride[nd - 1], b->stride[nd - 2], b->stride[nd - 1],
+                   out->stride[nd - 2], out->stride[nd - 1]};
+  int64_t gx = (N + FB_TILE - 1) / FB_TILE, gy = (M + FB_TILE - 1) / FB_TILE;
+  if (gx > 0x7fffffffLL || gy > 65535)
+    return gl_error("cuda_matmul: %lld x %lld output exceeds the fallback kernel's grid", (long long)M, (long long)N);
+  dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)(nbatch < 65535 ? nbatch : 65535));
+  return cu_dispatch({out, a, b}, [&](auto p, auto t) -> int {
+    using P = decltype(p);
+    using T = decltype(t);
+    gemm_fallback_kernel<P, T><<<grid, FB_TILE * FB_TILE, 0, st>>>(P::from(out), P::from(a), P::from(b), batch,
+                                                                   nbatch, M, N, K, s, (T)alpha, (T)beta);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}
+
+static bool force_fallback() {
+  static int v = -1;
+  if (v < 0) { const char *e = getenv("GL_CUDA_MATMUL_FALLBACK"); v = e && *e && strcmp(e, "0") != 0; }
+  return v == 1;
+}
+
 extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta) {
   int nd = out->ndim;
   if (nd < 2 || a->ndim != nd || b->ndim != nd)
@@ -205,6 +272,8 @@ extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *
   int dev = out->device;
   cudaStream_t st;
   GL_TRY(cu_begin(dev, &st));
+  if (force_fallback()) return gemm_fallback(st, out, a, b, alpha, beta);
+  const gl_tensor *a0 = a, *b0 = b;
 
   /* the work dtype: native when all three agree, else float32 / float64 */
   int wd = out->dtype;
@@ -306,7 +375,9 @@ extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *
     if (!folded && nd > 2 && bix.ndim > 0) bix.offsets(bi, off);
     const char *pa = A0 + off[0] * esz, *pb = B0 + off[1] * esz;
     const char *p1 = trc == 0 ? pb : pa, *p2 = trc == 0 ? pa : pb;  /* cuBLASLt's A, B */
-    GL_TRY(lt_run(dev, st, q, p1, p2, C0 + off[2] * esz, alpha, beta));
+    int rc = lt_run(dev, st, q, p1, p2, C0 + off[2] * esz, alpha, beta);
+    if (rc == LT_NO_ALGO) return gemm_fallback(st, out, a0, b0, alpha, beta);  /* bi == 0: nothing written */
+    GL_TRY(rc);
   }
   if (o != out) GL_TRY(cuda_copy(out, o));
   return GL_OK;

@@ -5,7 +5,8 @@
 -- broadcast views), with every GPU output poisoned (NaN) before the call,
 -- and is compared with the CPU kernel on the same values:
 --   float32: max |gpu - cpu| <= 1e-5 * max |cpu|     (relative to the result's scale)
---   bfloat16: the same with 1e-2;  float64: 1e-10;  integer results exactly.
+--   bfloat16: the same with 1e-2, against the CPU twin run in float32 on the
+--             same bfloat16 input values;  float64: 1e-10;  integers exactly.
 -- All tests sit in describes tagged #cuda, so `make test` (which excludes
 -- the tag) only loads this file; without a GPU every GPU test is pending.
 local gl = require 'gptlua'
@@ -16,6 +17,8 @@ local HAVE_GPU = cuda.is_available()
 local DEV = 'cuda:0'
 local NO_GPU = 'no CUDA device on this machine'
 local TOL = { float32 = 1e-5, bfloat16 = 1e-2, float16 = 1e-2, float64 = 1e-10 }
+-- GL_CUDA_SPEC_VERBOSE=1 prints every comparison's error against its tolerance
+local VERBOSE = os.getenv('GL_CUDA_SPEC_VERBOSE') ~= nil
 
 local function gpu_it(name, fn)
   if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
@@ -84,10 +87,21 @@ end
 -- The same body on both devices: S.name is the side's tensor of pair
 -- ins.name, S.out(shape, dtype, layout) a fresh output (poisoned on the
 -- GPU), S.gpu whether this is the GPU run.  body returns its outputs.
-local function side(on_gpu, ins)
+local HALF = { bfloat16 = true, float16 = true }
+-- For 16-bit float runs the CPU reference computes in float32 on the same
+-- (16-bit) input values, so the comparison measures the GPU kernel's own
+-- error rather than two roundings to bfloat16.
+local function side(on_gpu, ins, ref32)
   local S = { gpu = on_gpu, device = on_gpu and DEV or 'cpu' }
-  for k, p in pairs(ins) do S[k] = on_gpu and p[2] or p[1] end
-  function S.out(shape, dtype, layout) return output(shape, dtype, on_gpu, layout) end
+  for k, p in pairs(ins) do
+    local t = on_gpu and p[2] or p[1]
+    if ref32 and HALF[t.dtype] then t = t:to('float32') end
+    S[k] = t
+  end
+  function S.out(shape, dtype, layout)
+    if ref32 and HALF[dtype or 'float32'] then dtype = 'float32' end
+    return output(shape, dtype, on_gpu, layout)
+  end
   return S
 end
 
@@ -111,13 +125,14 @@ local function check_close(got, ref, dtype, what)
   local d = g:to('float64'):max_abs_diff(ref:to('float64'))
   local scale = math.max(max_abs(ref), 1e-30)
   local tol = TOL[dtype] or TOL.float32
+  if VERBOSE then print(('%-70s rel err %.3g (tolerance %g)'):format(what, d / scale, tol)) end
   assert(d == d and d <= tol * scale,
          ('%s: max |gpu - cpu| = %g, allowed %g (scale %g, run seed %d)'):format(what, d, tol * scale, scale, RUN_SEED))
 end
 
 -- runs body on both devices and compares every output
 local function compare(ins, body, dtype, what)
-  local rc = { body(side(false, ins)) }
+  local rc = { body(side(false, ins, HALF[dtype])) }
   local rg = { body(side(true, ins)) }
   assert.equal(#rc, #rg)
   for i = 1, #rc do
@@ -165,7 +180,7 @@ describe('gptlua.cuda runtime #cuda', function()
     assert.is_true(p.multiprocessor_count > 0)
     local free, total = cuda.mem_get_info(0)
     assert.is_true(total > 0 and free > 0 and free <= total)
-    assert.equal(p.total_memory, total)
+    assert.is_true(total <= p.total_memory and total > 0.5 * p.total_memory)
   end)
 
   gpu_it('times work with events and orders the streams', function()

@@ -16,10 +16,18 @@ torch.set_num_threads(threads)
 torch.manual_seed(1337)
 V, T, B, L, H, C = 65, 64, 12, 4, 4, 128
 
+class LayerNorm(nn.Module):
+    """nanoGPT's LayerNorm with bias=False (torch 1.13's nn.LayerNorm always has a bias)"""
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(C))
+    def forward(self, x):
+        return F.layer_norm(x, (C,), self.weight, None, 1e-5)
+
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(C, elementwise_affine=True), nn.LayerNorm(C)
+        self.ln_1, self.ln_2 = LayerNorm(), LayerNorm()
         self.c_attn, self.c_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
         self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
     def forward(self, x):
@@ -39,7 +47,7 @@ class GPT(nn.Module):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
         self.h = nn.ModuleList([Block() for _ in range(L)])
-        self.ln_f = nn.LayerNorm(C)
+        self.ln_f = LayerNorm()
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
         for blk in self.h:
@@ -57,6 +65,36 @@ decay = [p for p in model.parameters() if p.dim() >= 2]
 nodecay = [p for p in model.parameters() if p.dim() < 2]
 opt = torch.optim.AdamW([{'params': decay, 'weight_decay': 0.1}, {'params': nodecay, 'weight_decay': 0.0}],
                         lr=1e-3, betas=(0.9, 0.99))
+if '--replay' in sys.argv:
+    # identical initial weights and batches from gptlua (recipes/compare_torch.lua)
+    import numpy as np, os
+    d = sys.argv[sys.argv.index('--replay') + 1]
+    names = {'transformer.wte.weight': 'wte.weight', 'transformer.wpe.weight': 'wpe.weight',
+             'transformer.ln_f.weight': 'ln_f.weight'}
+    for i in range(L):
+        for ours, theirs in (('ln_1.weight', 'ln_1.weight'), ('ln_2.weight', 'ln_2.weight'),
+                             ('attn.c_attn.weight', 'c_attn.weight'), ('attn.c_proj.weight', 'c_proj.weight'),
+                             ('mlp.c_fc.weight', 'c_fc.weight'), ('mlp.c_proj.weight', 'mlp_proj.weight')):
+            names[f'transformer.h.{i}.{ours}'] = f'h.{i}.{theirs}'
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for ours, theirs in names.items():
+            p = params[theirs]
+            p.copy_(torch.from_numpy(np.fromfile(os.path.join(d, ours + '.f32'), dtype=np.float32)).view(p.shape))
+    batches = torch.from_numpy(np.fromfile(os.path.join(d, 'batches.i64'), dtype=np.int64)).view(iters, B, T + 1)
+    losses = []
+    for it in range(iters):
+        lr = 1e-3 * (it + 1) / 100 if it < 100 else 1e-4 + 0.5 * (1 + math.cos(math.pi * (it - 100) / 1900)) * 9e-4
+        for g in opt.param_groups:
+            g['lr'] = lr
+        loss = model(batches[it, :, :T], batches[it, :, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    print(json.dumps({'losses': losses}))
+    sys.exit(0)
 if '--train' in sys.argv:
     import os
     text = open(os.path.join(os.path.dirname(__file__), '..', 'data', 'tinyshakespeare.txt'), 'rb').read()

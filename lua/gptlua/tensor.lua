@@ -121,7 +121,14 @@ function Tensor.empty(shape, opts)
   local dt = Tensor.dtype_id(opts.dtype or default_dtype, 'empty')
   local dev = Tensor.device_id(opts.device, 'empty')
   local nd = fill_shape(shape, 'empty')
-  return Tensor.wrap(lib.gl_empty(dt, dev, nd, shape_buf))
+  local p = lib.gl_empty(dt, dev, nd, shape_buf)
+  if p == nil and ffi.string(lib.gl_last_error()):find('out of', 1, true) then
+    -- the engine already emptied its cache; tensors the Lua GC has not yet
+    -- collected may still hold memory: collect them and retry once
+    collectgarbage('collect'); collectgarbage('collect')
+    p = lib.gl_empty(dt, dev, nd, shape_buf)
+  end
+  return Tensor.wrap(p)
 end
 
 -- ---------------------------------------------------------------- views --

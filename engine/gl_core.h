@@ -40,7 +40,8 @@ typedef struct gl_storage {
   int64_t capacity;   /* bytes of the allocator block behind data */
   int32_t refcount;
   int32_t device;
-  int32_t external;   /* 1: memory not owned (e.g. mmap), never freed here */
+  int32_t external;   /* 0: allocator block; 1: borrowed (e.g. mmap), never
+                         freed here; 2: pinned host memory, freed with it */
   int32_t pad_;
 } gl_storage;
 
@@ -83,6 +84,13 @@ gl_tensor *gl_as_strided(const gl_tensor *src, int ndim, const int64_t *shape,
                          const int64_t *stride, int64_t offset);
 gl_tensor *gl_from_external(void *data, int64_t nbytes, int dtype, int ndim,
                             const int64_t *shape);
+/* CPU tensor in page-locked (pinned) host memory for fast device copies;
+   the memory is freed when the last tensor sharing it is released.
+   Needs a CUDA build with a device. */
+gl_tensor *gl_empty_pinned(int dtype, int ndim, const int64_t *shape);
+/* A tensor of another dtype over the same bytes as src (contiguous src,
+   byte offset within its storage), bounds-checked against the storage. */
+gl_tensor *gl_view_dtype(const gl_tensor *src, int dtype, int ndim, const int64_t *shape, int64_t byte_offset);
 void gl_tensor_free(gl_tensor *t);    /* drops the struct and its storage ref */
 int gl_tensor_release(gl_tensor *t);  /* drops the storage ref, keeps the struct */
 int gl_tensor_check(const gl_tensor *t, const char *fn, const char *arg);

@@ -9,10 +9,18 @@
 int gl_alloc(int device, int64_t nbytes, void **out, int64_t *capacity);
 void gl_dealloc(int device, void *p, int64_t capacity);
 
+#ifdef GL_WITH_CUDA
+void *gl_cuda_host_alloc(int64_t nbytes);
+int gl_cuda_host_free(void *ptr);
+#endif
+
 static void storage_decref(gl_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-    if (!s->external && s->data) gl_dealloc(s->device, s->data, s->capacity);
+    if (s->external == 0 && s->data) gl_dealloc(s->device, s->data, s->capacity);
+#ifdef GL_WITH_CUDA
+    if (s->external == 2 && s->data) gl_cuda_host_free(s->data);
+#endif
     free(s);
   }
 }
@@ -91,6 +99,49 @@ gl_tensor *gl_from_external(void *data, int64_t nbytes, int dtype, int ndim, con
   gl_tensor *t = new_struct(dtype, GL_DEVICE_CPU, ndim, shape);
   if (!t) { free(s); return NULL; }
   t->storage = s;
+  return t;
+}
+
+gl_tensor *gl_empty_pinned(int dtype, int ndim, const int64_t *shape) {
+  int64_t numel;
+  if (check_dtype_device("gl_empty_pinned", dtype, GL_DEVICE_CPU) ||
+      check_shape("gl_empty_pinned", ndim, shape, &numel)) return NULL;
+  if (numel > INT64_MAX / gl_dtype_size(dtype)) return gl_error_null("gl_empty_pinned: shape overflows the byte count");
+#ifdef GL_WITH_CUDA
+  int64_t nbytes = numel * gl_dtype_size(dtype);
+  void *data = gl_cuda_host_alloc(nbytes > 0 ? nbytes : 1);
+  if (!data) return NULL;
+  gl_storage *s = calloc(1, sizeof *s);
+  gl_tensor *t = s ? new_struct(dtype, GL_DEVICE_CPU, ndim, shape) : NULL;
+  if (!t) { free(s); gl_cuda_host_free(data); return gl_error_null("gl_empty_pinned: out of host memory"); }
+  s->data = data; s->nbytes = nbytes; s->capacity = nbytes; s->refcount = 1;
+  s->device = GL_DEVICE_CPU; s->external = 2;
+  t->storage = s;
+  return t;
+#else
+  return gl_error_null("gl_empty_pinned: pinned memory needs a CUDA build");
+#endif
+}
+
+gl_tensor *gl_view_dtype(const gl_tensor *src, int dtype, int ndim, const int64_t *shape, int64_t byte_offset) {
+  if (gl_tensor_check(src, "gl_view_dtype", "src")) return NULL;
+  int64_t numel;
+  if (check_dtype_device("gl_view_dtype", dtype, GL_DEVICE_CPU) || check_shape("gl_view_dtype", ndim, shape, &numel))
+    return NULL;
+  int es = gl_dtype_size(dtype);
+  int64_t base = src->offset * gl_dtype_size(src->dtype) + byte_offset;
+  if (byte_offset < 0 || base % es != 0)
+    return gl_error_null("gl_view_dtype: byte offset %lld is not a multiple of the %s size %d",
+                         (long long)byte_offset, gl_dtype_name(dtype), es);
+  if (numel > (src->storage->nbytes - base) / es)
+    return gl_error_null("gl_view_dtype: %lld elements of %s need %lld bytes, %lld are available",
+                         (long long)numel, gl_dtype_name(dtype), (long long)(numel * es),
+                         (long long)(src->storage->nbytes - base));
+  gl_tensor *t = new_struct(dtype, src->device, ndim, shape);
+  if (!t) return NULL;
+  t->offset = base / es;
+  t->storage = src->storage;
+  __atomic_add_fetch(&src->storage->refcount, 1, __ATOMIC_ACQ_REL);
   return t;
 }
 

@@ -236,9 +236,13 @@ describe('gptlua.cuda runtime #cuda', function()
     local g = h:to(DEV)
     assert.equal(0, g:to('cpu'):max_abs_diff(h))
     assert.has_error(function() buf:tensor({ 2000 }, 'float32') end)
+    local keep = buf:tensor({ 1000 }, 'float32')
+    keep:fill_(3)
     h = nil; g = nil
     collectgarbage()
-    buf:free()
+    buf:free()  -- the memory stays while `keep` uses it
+    assert.equal(3, keep:get(1000))
+    assert.equal(3, keep:to(DEV):to('cpu'):get(1))
   end)
 end)
 

@@ -169,35 +169,25 @@ function cuda.HostBuffer(nbytes)
     error('cuda.HostBuffer: nbytes expected a non-negative integer, got ' .. tostring(nbytes), 2)
   end
   if not cuda.built() then error('cuda.HostBuffer: this engine was built without CUDA', 2) end
-  local p = check_ptr(lib.gl_cuda_host_alloc(nbytes), 2)
-  ffi.gc(p, lib.gl_cuda_host_free)
-  return setmetatable({ ptr = p, nbytes = nbytes }, HostBuffer)
+  -- the pinned bytes are a refcounted storage: every tensor made from the
+  -- buffer shares it, so the memory lives until the last of them is gone
+  local dims = ffi.new('int64_t[1]', nbytes)
+  local base = Tensor.wrap(lib.gl_empty_pinned(lib.GL_U8, 1, dims)):keep()
+  return setmetatable({ base = base, nbytes = nbytes }, HostBuffer)
 end
 
--- a CPU tensor of shape and dtype over the buffer's first bytes
+-- a tensor of shape/dtype over the start of the buffer (shares its memory)
 function HostBuffer:tensor(shape, dtype)
-  if not self.ptr then error('HostBuffer:tensor: the buffer was freed', 2) end
-  local dt, dname = Tensor.dtype_id(dtype or Tensor.get_default_dtype(), 'HostBuffer:tensor')
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  local bytes = n * lib.gl_dtype_size(dt)
-  if bytes > self.nbytes then
-    error(('HostBuffer:tensor: %s of shape {%s} needs %d bytes, the buffer has %d'):format(
-      dname, table.concat(shape, ','), bytes, self.nbytes), 2)
-  end
+  if not self.base then error('HostBuffer:tensor: the buffer was freed', 2) end
+  local dt = Tensor.dtype_id(dtype or Tensor.get_default_dtype(), 'HostBuffer:tensor')
   local dims = ffi.new('int64_t[8]')
   for i, s in ipairs(shape) do dims[i - 1] = s end
-  local t = Tensor.wrap(lib.gl_from_external(self.ptr, self.nbytes, dt, #shape, dims))
-  t._host_buffer = self
-  return t
+  return Tensor.wrap(lib.gl_view_dtype(self.base.c, dt, #shape, dims, 0))
 end
 
+-- drops the buffer's reference; tensors made from it keep the memory alive
 function HostBuffer:free()
-  if self.ptr then
-    local p = ffi.gc(self.ptr, nil)
-    self.ptr = nil
-    check(lib.gl_cuda_host_free(p), 2)
-  end
+  if self.base then self.base:free(); self.base = nil end
 end
 
 -- bytes of pinned host memory currently allocated

@@ -16,6 +16,13 @@ for k, v in pairs(O) do gl[k] = v end
 
 gl.empty = Tensor.empty
 gl.scope = Tensor.scope
+-- a CPU tensor in pinned (page-locked) memory; needs a CUDA build and device
+function gl.empty_pinned(shape, opts)
+  local dt = Tensor.dtype_id((opts and opts.dtype) or Tensor.get_default_dtype(), 'empty_pinned')
+  local dims = G.ffi.new('int64_t[8]')
+  for i, n in ipairs(shape) do dims[i - 1] = n end
+  return Tensor.wrap(G.lib.gl_empty_pinned(dt, #shape, dims))
+end
 gl.tensor = Tensor.from_table
 gl.is_tensor = O.is_tensor
 gl.set_default_dtype, gl.get_default_dtype = Tensor.set_default_dtype, Tensor.get_default_dtype

@@ -159,6 +159,14 @@ function Tensor:_as_strided(shape, stride, offset)
   return Tensor.wrap(lib.gl_as_strided(self.c, nd, shape_buf, stride_buf, offset or tonumber(self.c.offset)))
 end
 
+-- the same bytes as another dtype and shape (a reinterpreting view)
+function Tensor:view_dtype(dtype, shape)
+  if not self:is_contiguous() then error('view_dtype: tensor must be contiguous', 2) end
+  local dt = Tensor.dtype_id(dtype, 'view_dtype')
+  local nd = fill_shape(shape, 'view_dtype')
+  return Tensor.wrap(lib.gl_view_dtype(self.c, dt, nd, shape_buf, 0))
+end
+
 function Tensor:is_contiguous() return lib.gl_is_contiguous(self.c) == 1 end
 function Tensor:numel() return tonumber(self.c.numel) end
 function Tensor:dim() return #self.shape end

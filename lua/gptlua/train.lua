@@ -368,7 +368,12 @@ function Trainer:load_checkpoint(path)
     end
   end
   self.model:load_state_dict(c.model)
-  self.optimizer:load_state_dict({ step = st.opt_step, steps = st.opt_steps, tensors = c.optim })
+  if self.policy.load_checkpoint then  -- sharded state: the policy takes its part
+    self.policy:load_checkpoint(self, c, path)
+  else  -- a sharded checkpoint (st.shards) is assembled whole
+    local tensors = st.shards and require('gptlua.dist.policies.shards').full_tensors(path, c) or c.optim
+    self.optimizer:load_state_dict({ step = st.opt_step, steps = st.opt_steps, tensors = tensors })
+  end
   gl.set_rng_state(st.rng)
   self.data.train:set_state(st.data)
   self.step = st.step

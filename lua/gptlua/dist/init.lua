@@ -7,6 +7,8 @@
 --   local h = world:all_reduce(grad, 'sum', {async = true})   -- or all_reduce_async
 --   ... h:test() ... h:wait()
 --   local tp = world:split(world.rank % 2)             -- sub-communicator
+--   world:all_reduce_number(loss, 'avg')               -- a Lua number
+--   local policy = dist.policy('zero2', {params = ..., optimizer = ...})  -- what the trainer runs
 --
 -- A process started without a launcher is a world of one: no MPI is loaded
 -- and every collective is a copy.  Under a launcher (gptlua -n N, mpirun,
@@ -442,6 +444,26 @@ for name, build in pairs(methods) do
   end
 end
 
+-- A number reduced over the ranks (op: 'sum', 'avg', 'max', 'min'), in
+-- float64 through one buffer per communicator: losses, norms, counts.
+function Comm:all_reduce_number(x, op)
+  if type(x) ~= 'number' then error('all_reduce_number: x expected a number, got ' .. type(x), 2) end
+  op = op or 'sum'
+  if OPS[op] == nil then
+    error(("all_reduce_number: op expected 'sum', 'avg', 'max' or 'min', got %s"):format(tostring(op)), 2)
+  end
+  if self.size == 1 then return x end
+  local buf = self._number
+  if not buf then
+    buf = Tensor.empty({ 1 }, { dtype = 'float64' })
+    buf._keep = true
+    self._number = buf
+  end
+  ffi.cast('double *', lib.gl_data_ptr(buf.c))[0] = x
+  self:all_reduce(buf, op)
+  return ffi.cast('double *', lib.gl_data_ptr(buf.c))[0]
+end
+
 -- --------------------------------------------------------- process group --
 local function load_mpi()
   if mpi then return mpi end
@@ -490,6 +512,23 @@ function dist.init(opts)
     dist.default_threads(mpi.gl_dist_cpu_count(), w.local_size))
   if threads then G.check(lib.gl_set_num_threads(threads), 2) end
   return world
+end
+
+-- The data-parallel policies the trainer runs (cfg.dist), in
+-- lua/gptlua/dist/policies/.  opts: params, optimizer, comm (default: the
+-- world), bucket_mb (default 25), overlap (default true: collectives start
+-- from the gradient-ready hooks).  See the trainer's policy interface
+-- (gptlua.train, LocalPolicy).
+dist.POLICIES = { ddp = 'gptlua.dist.policies.ddp', zero1 = 'gptlua.dist.policies.zero',
+  zero2 = 'gptlua.dist.policies.zero' }
+
+function dist.policy(name, opts)
+  local mod = dist.POLICIES[name]
+  if not mod then
+    error(("dist.policy: unknown policy %s (expected 'ddp', 'zero1' or 'zero2')"):format(tostring(name)), 2)
+  end
+  local p = require(mod).new(name, opts)
+  return p
 end
 
 -- Advances in-flight collectives without blocking (MPI moves data only

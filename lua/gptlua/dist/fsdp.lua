@@ -1,0 +1,976 @@
+-- gptlua.dist.fsdp — fully sharded data parallel (ZeRO-3, dist = 'fsdp')
+-- and hybrid sharding (dist = 'hsdp'), for the trainer's policy interface.
+--
+--   local fsdp = require 'gptlua.dist.fsdp'
+--   local policy = fsdp.new('fsdp', {comm = world, model = model, optimizer = opt,
+--                                    params = model:parameters(), cfg = cfg})
+--   local policy = fsdp.new('hsdp', {..., shard_size = 2})
+--
+-- Units.  The model's parameters are cut into wrapping units (default: each
+-- block model.transformer.h[i]; the embeddings wte/wpe; everything left —
+-- head, final norm — as one more unit; opts.units(model) may return its
+-- own list).  A unit's parameters live in one flat buffer padded to a
+-- multiple of the shard group size S and split evenly: rank s of the group
+-- keeps elements [s*c, (s+1)*c), c = padded/S, of the parameters (pshard),
+-- of the averaged gradient (gshard) and of the optimizer state, and nothing
+-- else.  Between uses a parameter tensor has no storage (t:is_freed());
+-- while its unit is gathered it is a view into the unit's full buffer.
+--
+-- Two kinds of units:
+--   block units (the default for modules with a forward of their own): the
+--     module's forward is wrapped.  Before it runs the unit is all-gathered
+--     (the next unit's gather is started first, so it overlaps this unit's
+--     compute: prefetch), the forward runs without recording inside a
+--     tensor scope, and the full buffer is released (reshard_after_forward;
+--     the last block stays gathered for backward, which starts with it).
+--     The unit's output is recorded as one autograd node whose backward
+--     re-gathers the unit (prefetching the previous one), re-runs its
+--     forward with recording under the forward's RNG state and back-
+--     propagates through it inside a tensor scope: autograd sees full
+--     weights, nothing of the unit outlives its backward, and no full
+--     parameter stays alive between forward and backward.  This is
+--     activation checkpointing at unit granularity, with the memory
+--     actually released (the scopes), at the cost of one more forward.
+--     The unit's gradients are final when that node's backward ends.
+--   root units (the embeddings and the head, and any unit given root = true):
+--     the model's code uses these weights directly (the tied lm_head of
+--     GPT-2, nanochat's lm_head.weight), so they are gathered when the
+--     model's forward starts and stay gathered until their gradients are
+--     final, which the gradient-ready hooks report (the embedding: at the
+--     end of backward).
+-- With reshard_after_forward = false, blocks behave like root units: kept
+-- gathered from their forward until their gradients are final (no
+-- recompute).  A block called with recording outside the model's forward
+-- (the model's own activation checkpointing recomputing it in backward)
+-- is treated the same way, so gl.checkpoint around a block costs no third
+-- forward.
+--
+-- Gradients.  Once a unit's gradients are final (parameter .grad tensors are
+-- views into one zeroed full buffer, so autograd accumulates in place),
+-- the buffer is reduce-scattered (average; in opts.reduce_dtype, float32
+-- or bfloat16) asynchronously into the gradient shard and freed when the
+-- collective completes; the parameters are released.  With gradient
+-- accumulation the default (accumulate = 'sharded') reduce-scatters every
+-- micro-step and adds into the shard; accumulate = 'unsharded' keeps every
+-- unit gathered and its full gradient from the first micro-step to the
+-- last (DDP-like memory during the step) and communicates once.  HSDP
+-- reduce-scatters inside the shard group, then all-reduces (average) the
+-- shard over the replica group (the ranks holding the same shard).
+-- after_backward waits for all of it, so clipping sees the global norm
+-- (the shards' squares summed over the shard group).
+--
+-- Optimizer.  AdamW runs the C kernel on each parameter's part of the rank's
+-- shard, with that parameter's group settings (state for those parts only).
+-- Muon needs whole matrices: each Muon matrix has an owner rank in the
+-- shard group (greedy by size, ties to the rank holding most of it).  At
+-- step, one all-to-all sends every rank's pieces of the averaged gradients
+-- to the owners (it overlaps the AdamW updates); each owner runs momentum
+-- and Newton–Schulz on its whole matrices and keeps their momentum; a
+-- second all-to-all returns each rank the orthogonalised update for its
+-- pieces, applied to the shard as p += -lr * sqrt(max(1, rows/cols)) * X.
+-- Parameters are not gathered at step: the next forward gathers them.
+--
+-- Communication per optimizer step and rank (P parameter elements, M of
+-- them Muon matrices, S ranks per shard group, R = N/S replicas, A
+-- micro-steps; an all-gather or reduce-scatter of P moves (S-1)/S * P):
+--   forward      all-gather every unit                      A * (S-1)/S * P
+--   backward     all-gather every block again (not the last
+--                block, not the root units)                 A * (S-1)/S * P_blocks
+--   gradients    reduce-scatter every unit                  A * (S-1)/S * P
+--                (accumulate = 'unsharded': one all-gather and one
+--                reduce-scatter per unit and step, no backward gathers)
+--   HSDP         all-reduce of the shard over replicas      2 (R-1)/R * P/S
+--   Muon         gradient pieces to owners + updates back   2 * about (S-1)/S^2 * M
+-- So FSDP moves about 3 P per micro-step where DDP moves 2 P (all-reduce);
+-- Muon adds about 2/S of its matrices per step.  Every collective is issued
+-- in the same order on every rank of its communicator (units in a fixed
+-- order, completions processed oldest first), which is what lets the
+-- asynchronous collectives of several communicators interleave safely.
+--
+-- Gathers move the parameters' own dtype (a bfloat16 model gathers
+-- bfloat16; the engine keeps no separate fp32 master copy to cast from).
+--
+-- Memory per rank: 1/S of the parameters, gradients and optimizer state
+-- between steps (gl.memory_stats shows it); during the step in addition
+-- the root units, at most two gathered blocks (the current one and the
+-- prefetched one; stats.peak_live counts them), one unit's full gradient,
+-- the gradients whose reduce-scatter is in flight, and the block-boundary
+-- activations plus one block's recomputation.
+--
+-- Checkpoints: every rank writes its pieces of the parameters
+-- ("param.<name>@<offset>") and of the optimizer state (the optimizer's own
+-- key names, "<key>@<offset>") in the format of gptlua.dist.policies.shards;
+-- in HSDP the first replica writes them.  Rank 0 also writes the whole
+-- model.safetensors (gathered unit by unit), so sampling, any other policy
+-- or a single process can start from it.  Loading re-cuts the pieces for
+-- the current ranks and shard size.
+local gl = require 'gptlua'
+local dist = require 'gptlua.dist'
+local optim = require 'gptlua.optim'
+local A = require 'gptlua.autograd'
+local B = require 'gptlua.dist.policies.base'
+local G = require 'gptlua.ffi'
+local now = require('gptlua.cli').now
+local Tensor = gl.Tensor
+local ffi, lib = G.ffi, G.lib
+
+local M = {}
+
+-- Options (opts.<key>, else cfg.fsdp.<key>, else these).
+M.defaults = {
+  reshard_after_forward = true,  -- free a block's gathered parameters after its forward (recompute in backward)
+  prefetch = true,               -- start the next unit's all-gather before this one computes
+  accumulate = 'sharded',        -- 'sharded': reduce-scatter every micro-step; 'unsharded': once per step
+  reduce_dtype = 'float32',      -- dtype of the gradient reduce-scatter: 'float32' or 'bfloat16'
+}
+
+local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
+local function is_tensor(x) return getmetatable(x) == Tensor end
+local function fail(msg, level) error('dist.policy: ' .. msg, (level or 1) + 1) end
+
+-- contiguous 1-D (or shaped) view at element off of a flat buffer; never
+-- released by tensor scopes (B.view keeps it)
+local function view(buf, off, shape) return B.view(buf, off, shape) end
+local function tmp_view(buf, off, n) return B.view(buf, off, { n }, false) end
+local function shaped(buf, off, shape) return B.view(buf, off, shape, false) end
+
+-- ------------------------------------------------------------------ units --
+-- The default units: every block of model.transformer.h, the embeddings
+-- (wte, wpe) as a root unit; what no unit claims becomes the root unit
+-- 'head' (lm_head, ln_f, ...).
+function M.default_units(model)
+  local tr, units = model.transformer, {}
+  if type(tr) == 'table' and type(tr.h) == 'table' and type(tr.h.n) == 'number' then
+    for i = 1, tr.h.n do units[#units + 1] = { name = 'transformer.h.' .. (i - 1), module = tr.h[i] } end
+    local emb = {}
+    for _, k in ipairs({ 'wte', 'wpe' }) do if type(tr[k]) == 'table' then emb[#emb + 1] = tr[k] end end
+    if #emb > 0 then units[#units + 1] = { name = 'embeddings', modules = emb, root = true } end
+  end
+  return units
+end
+
+local function is_module(x) return type(x) == 'table' and type(x.named_parameters) == 'function' end
+
+-- Normalises the unit list: entries are modules or {name=, module=,
+-- modules=, params=, root=}; returns {name, module, root, params} with
+-- each parameter in exactly one unit, and the leftover root unit 'head'.
+local function plan_units(list, model, trainable, name_of)
+  local claimed, out = {}, {}
+  for i, e in ipairs(list) do
+    if is_module(e) then e = { module = e } end
+    if type(e) ~= 'table' then fail(('fsdp unit %d expected a module or a table, got %s'):format(i, type(e)), 4) end
+    local u = { name = e.name or ('unit' .. i), module = e.module, root = e.root == true, params = {} }
+    local mods = e.modules or (e.module and { e.module }) or {}
+    local ps = {}
+    for _, m in ipairs(mods) do
+      if not is_module(m) then fail(('fsdp unit %s: modules expected nn modules'):format(u.name), 4) end
+      for _, p in ipairs(m:parameters()) do ps[#ps + 1] = p end
+    end
+    for _, p in ipairs(e.params or {}) do ps[#ps + 1] = p end
+    for _, p in ipairs(ps) do
+      if trainable[p] then
+        if claimed[p] and claimed[p] ~= u then
+          fail(('fsdp: parameter %s is in units %s and %s'):format(name_of[p], claimed[p].name, u.name), 4)
+        end
+        if not claimed[p] then claimed[p] = u; u.params[#u.params + 1] = p end
+      end
+    end
+    if u.module and not u.root and rawget(u.module, '_fsdp_unit') then
+      fail(('fsdp: module of unit %s is wrapped twice'):format(u.name), 4)
+    end
+    if #u.params > 0 then out[#out + 1] = u end
+  end
+  local rest = { name = 'head', root = true, params = {} }
+  for _, np in ipairs(model:named_parameters()) do
+    local p = np[2]
+    if trainable[p] and not claimed[p] then rest.params[#rest.params + 1] = p; claimed[p] = rest end
+  end
+  if #rest.params > 0 then out[#out + 1] = rest end
+  return out
+end
+
+-- param -> {opt, group, name, kind} for every parameter the optimizer updates
+local function owners(optimizer, name)
+  local own = {}
+  for _, o in ipairs(optimizer.optimizers or { optimizer }) do
+    local mt = getmetatable(o)
+    local kind = (mt == optim.AdamW and 'adamw') or (mt == optim.Muon and 'muon') or nil
+    if not kind then
+      fail(("%s shards optim.AdamW and optim.Muon (alone or in optim.Combined), got another optimizer; "
+        .. "use dist = 'ddp' for it"):format(name), 4)
+    end
+    for _, g in ipairs(o.groups) do
+      for i, p in ipairs(g.params) do own[p] = { opt = o, group = g, name = g.names[i], kind = kind } end
+    end
+  end
+  return own
+end
+
+local function option(o, key)
+  local v = o[key]
+  if v == nil and type(o.cfg) == 'table' and type(o.cfg.fsdp) == 'table' then v = o.cfg.fsdp[key] end
+  if v == nil then v = M.defaults[key] end
+  local want = M.defaults[key]
+  if type(v) ~= type(want) then
+    fail(('fsdp option %s expected a %s, got %s %s'):format(key, type(want), type(v), tostring(v)), 4)
+  end
+  return v
+end
+
+-- --------------------------------------------------------------- the policy --
+local FSDP = {}
+FSDP.__index = FSDP
+M.FSDP = FSDP
+
+-- new(name, opts) with name 'fsdp' or 'hsdp' (or new(opts), name from
+-- opts.name or opts.cfg.dist).  opts: comm (default: the world), model,
+-- optimizer, params, cfg, shard_size (hsdp: ranks per shard group, dividing
+-- the world; fsdp: the world), units (function(model) -> list, or a list),
+-- and the options of M.defaults.
+function M.new(name, o)
+  if type(name) == 'table' then
+    o = name
+    name = o.name or (type(o.cfg) == 'table' and o.cfg.dist) or 'fsdp'
+  end
+  if name ~= 'fsdp' and name ~= 'hsdp' then fail(("fsdp.new: name expected 'fsdp' or 'hsdp', got %s"):format(tostring(name))) end
+  if type(o) ~= 'table' then fail(('%s expected an options table, got %s'):format(name, type(o))) end
+  if not is_module(o.model) then fail(('%s expected opts.model, the nn module to shard'):format(name)) end
+  if type(o.optimizer) ~= 'table' or type(o.optimizer.step) ~= 'function' then
+    fail(('%s expected opts.optimizer, an optimizer with step()'):format(name))
+  end
+  -- collective_forward: every forward of the model (evaluation, sampling)
+  -- gathers, so every rank must run it
+  local self = setmetatable({ name = name, model = o.model, optimizer = o.optimizer, collective_forward = true }, FSDP)
+  self.comm = o.comm or dist.init()
+  local N = self.comm.size
+  local S = N
+  if name == 'hsdp' then
+    S = o.shard_size
+    if type(S) ~= 'number' or S < 1 or S ~= math.floor(S) or N % S ~= 0 then
+      fail(('hsdp needs shard_size dividing the world size %d (ranks per shard group), got %s'):format(N, tostring(S)))
+    end
+  end
+  for k in pairs(M.defaults) do self[k] = option(o, k) end
+  if self.accumulate ~= 'sharded' and self.accumulate ~= 'unsharded' then
+    fail(("fsdp option accumulate expected 'sharded' or 'unsharded', got %s"):format(self.accumulate))
+  end
+  if self.reduce_dtype ~= 'float32' and self.reduce_dtype ~= 'bfloat16' then
+    fail(("fsdp option reduce_dtype expected 'float32' or 'bfloat16', got %s"):format(self.reduce_dtype))
+  end
+  -- shard group: consecutive ranks; replica group: the ranks holding the same shard
+  local r = self.comm.rank
+  self.shard = self.comm:split(math.floor(r / S), r)
+  self.replica = self.comm:split(r % S, r)
+  self.S, self.s, self.replica_rank = S, self.shard.rank, self.replica.rank
+
+  local name_of, trainable = {}, {}
+  for _, np in ipairs(self.model:named_parameters()) do name_of[np[2]] = np[1] end
+  for _, p in ipairs(B.trainable(o.params or self.model:parameters())) do
+    if not name_of[p] then fail(('%s: a parameter in opts.params is not a parameter of opts.model'):format(name)) end
+    trainable[p] = true
+  end
+  self.name_of = name_of
+  self.own = owners(self.optimizer, name)
+  local list = o.units or M.default_units
+  if type(list) == 'function' then list = list(self.model) end
+  if type(list) ~= 'table' then fail(('%s: opts.units expected a list or a function returning one'):format(name)) end
+
+  self.units, self.wrap, self.roots, self.unit_of = {}, {}, {}, {}
+  self.pending, self.hooks = {}, {}
+  -- gathers started, seconds spent waiting for them, reduce-scatters
+  -- started, bytes of gathered parameters now and at most
+  self.stats = { gathers = 0, gather_wait = 0, reduces = 0, live = 0, peak_live = 0 }
+  self.phase, self.final = 'idle', true
+  for _, spec in ipairs(plan_units(list, self.model, trainable, name_of)) do self:_add_unit(spec) end
+  self:_plan_muon()
+  self:_install()
+  return self
+end
+
+-- The unit's flat layout, its shards (from rank 0's values, so every rank
+-- and replica starts equal) and optimizer state; the parameters' own
+-- storage is released.
+function FSDP:_add_unit(u)
+  local S, s = self.S, self.s
+  u.offs, u.names = {}, {}
+  local n = 0
+  for i, p in ipairs(u.params) do
+    if p.dtype ~= u.params[1].dtype or p.device ~= u.params[1].device then
+      fail(('fsdp unit %s mixes %s@%s and %s@%s parameters'):format(u.name, p.dtype, p.device,
+        u.params[1].dtype, u.params[1].device), 3)
+    end
+    u.offs[i], u.names[i] = n, self.name_of[p]
+    n = n + p:numel()
+    self.unit_of[p] = u
+  end
+  u.dtype, u.device = u.params[1].dtype, u.params[1].device
+  u.numel, u.c = n, math.ceil(n / S)
+  u.padded = S * u.c
+  local full = gl.zeros({ u.padded }, { dtype = u.dtype, device = u.device })
+  for i, p in ipairs(u.params) do K(lib.gl_copy(shaped(full, u.offs[i], p.shape).c, p.c)) end
+  self.comm:broadcast(full, 0)
+  u.pshard = B.flat(u.c, u.dtype, u.device)
+  K(lib.gl_copy(u.pshard.c, tmp_view(full, s * u.c, u.c).c))
+  full:free()
+  for _, p in ipairs(u.params) do
+    if p.grad then p.grad:free(); p.grad = nil end
+    lib.gl_tensor_release(p.c)
+  end
+  u.gshard = B.flat(u.c, u.dtype, u.device)
+  -- this rank's piece of each parameter: [start, start+len) of the shard
+  -- is [poff, poff+len) of the parameter
+  u.pieces, u.adam = {}, {}
+  local lo_r, hi_r, nadam = s * u.c, (s + 1) * u.c, 0
+  for i, p in ipairs(u.params) do
+    local lo, hi = math.max(u.offs[i], lo_r), math.min(u.offs[i] + p:numel(), hi_r)
+    if hi > lo then
+      local pc = { i = i, p = p, name = u.names[i], w = self.own[p], start = lo - lo_r, len = hi - lo,
+                   poff = lo - u.offs[i] }
+      u.pieces[#u.pieces + 1] = pc
+      if pc.w and pc.w.kind == 'adamw' then
+        pc.moff = nadam
+        nadam = nadam + pc.len
+        u.adam[#u.adam + 1] = pc
+      end
+    end
+  end
+  if nadam > 0 then
+    u.m, u.v = B.flat(nadam, 'float32', u.device), B.flat(nadam, 'float32', u.device)
+    for _, pc in ipairs(u.adam) do
+      pc.pv, pc.gv = view(u.pshard, pc.start, { pc.len }), view(u.gshard, pc.start, { pc.len })
+      pc.mv, pc.vv = view(u.m, pc.moff, { pc.len }), view(u.v, pc.moff, { pc.len })
+    end
+  end
+  u.state, u.pending_calls, u.ready = 'sharded', 0, 0
+  self.units[#self.units + 1] = u
+  if u.root or not u.module then
+    u.root = true
+    self.roots[#self.roots + 1] = u
+  else
+    self.wrap[#self.wrap + 1] = u
+    u.index = #self.wrap
+  end
+end
+
+-- Muon: owners of whole matrices, and the all-to-all layouts.  For each
+-- pair of ranks the pieces travel in matrix order, so both sides agree on
+-- the layout without telling each other.
+function FSDP:_plan_muon()
+  local S, s = self.S, self.s
+  local mats = {}
+  for _, u in ipairs(self.units) do
+    for i, p in ipairs(u.params) do
+      local w = self.own[p]
+      if w and w.kind == 'muon' then
+        local m = { u = u, i = i, p = p, w = w, pieces = {} }
+        for q = 0, S - 1 do   -- rank q holds [lo, hi) of the matrix's elements
+          local lo = math.max(u.offs[i], q * u.c) - u.offs[i]
+          local hi = math.min(u.offs[i] + p:numel(), (q + 1) * u.c) - u.offs[i]
+          if hi > lo then m.pieces[q] = { eoff = lo, len = hi - lo, start = u.offs[i] + lo - q * u.c } end
+        end
+        mats[#mats + 1] = m
+      end
+    end
+  end
+  if #mats == 0 then return end
+  local dtype, device = mats[1].u.dtype, mats[1].u.device
+  for _, m in ipairs(mats) do
+    if m.u.dtype ~= dtype or m.u.device ~= device then
+      fail(('fsdp: Muon matrices must share one dtype and device (%s is %s@%s)'):format(
+        self.name_of[m.p], m.u.dtype, m.u.device), 3)
+    end
+  end
+  local load = {}
+  for q = 0, S - 1 do load[q] = 0 end
+  for _, m in ipairs(mats) do
+    local best
+    for q = 0, S - 1 do
+      local held = m.pieces[q] and m.pieces[q].len or 0
+      if not best or load[q] < load[best] or (load[q] == load[best] and held > (m.pieces[best] and m.pieces[best].len or 0)) then
+        best = q
+      end
+    end
+    m.owner = best
+    load[best] = load[best] + m.p:numel()
+  end
+  local mu = { send = {}, owned = {}, send_counts = {}, recv_counts = {} }
+  local pos = 0
+  for d = 0, S - 1 do                 -- my pieces, grouped by owner
+    local n = 0
+    for _, m in ipairs(mats) do
+      local pc = m.pieces[s]
+      if m.owner == d and pc then
+        mu.send[#mu.send + 1] = { m = m, pos = pos, start = pc.start, len = pc.len }
+        pos, n = pos + pc.len, n + pc.len
+      end
+    end
+    mu.send_counts[d + 1] = n
+  end
+  mu.nsend, pos = pos, 0
+  for _, m in ipairs(mats) do
+    if m.owner == s then
+      m.buf = gl.zeros(m.p.shape, { dtype = 'float32', device = device }):keep()
+      m.from = {}
+      mu.owned[#mu.owned + 1] = m
+    end
+  end
+  for q = 0, S - 1 do                 -- pieces of my matrices, grouped by holder
+    local n = 0
+    for _, m in ipairs(mu.owned) do
+      local pc = m.pieces[q]
+      if pc then
+        m.from[#m.from + 1] = { pos = pos, eoff = pc.eoff, len = pc.len }
+        pos, n = pos + pc.len, n + pc.len
+      end
+    end
+    mu.recv_counts[q + 1] = n
+  end
+  mu.nrecv, mu.dtype, mu.device = pos, dtype, device
+  self.muon = mu
+end
+
+-- Wraps the model's forward and each block's forward, replaces
+-- load_state_dict, registers the gradient-ready hooks.
+function FSDP:_install()
+  local model = self.model
+  self.saved = { forward = rawget(model, 'forward'), load_state_dict = rawget(model, 'load_state_dict') }
+  local root_forward = model.forward
+  model.forward = function(m, ...) return self:_root_forward(root_forward, m, ...) end
+  local orig_load = model.load_state_dict
+  model.load_state_dict = function(m, sd, opts) return self:_load_full(orig_load, m, sd, opts) end
+  for _, u in ipairs(self.wrap) do
+    local mod = u.module
+    u.saved_forward = rawget(mod, 'forward')
+    u.orig = mod.forward
+    mod._fsdp_unit = u
+    mod.forward = function(m, ...) return self:_unit_forward(u, m, ...) end
+  end
+  for _, u in ipairs(self.units) do
+    for _, p in ipairs(u.params) do
+      local fn = function(t) self:_grad_ready(t) end
+      p:register_hook(fn)
+      self.hooks[#self.hooks + 1] = { p, fn }
+    end
+  end
+end
+
+-- --------------------------------------------------- gather and release --
+function FSDP:_start_gather(u)
+  u.full = gl.empty({ u.padded }, { dtype = u.dtype, device = u.device }):keep()
+  u.work = self.shard:all_gather_async(u.full, u.pshard)
+  u.state = 'gathering'
+  local st = self.stats
+  st.gathers = st.gathers + 1
+  st.live = st.live + B.bytes(u.full)
+  if st.live > st.peak_live then st.peak_live = st.live end
+end
+
+function FSDP:_wait_gather(u)
+  local t0 = now()
+  u.work:wait()
+  self.stats.gather_wait = self.stats.gather_wait + (now() - t0)
+  u.work = nil
+  for i, p in ipairs(u.params) do p.c = view(u.full, u.offs[i], p.shape).c end
+  u.state = 'gathered'
+end
+
+-- frees the gathered parameters (the unit is sharded again)
+function FSDP:_release(u)
+  if u.state == 'gathering' then self:_wait_gather(u) end
+  if u.state == 'gathered' then
+    for _, p in ipairs(u.params) do lib.gl_tensor_release(p.c) end
+    self.stats.live = self.stats.live - B.bytes(u.full)
+    u.full:free()
+    u.full, u.state = nil, 'sharded'
+  end
+end
+
+function FSDP:_neighbour(u)
+  if u.root then return nil end
+  return self.wrap[u.index + (self.phase == 'forward' and 1 or -1)]
+end
+
+-- u gathered on return; the unit after it (forward) or before it
+-- (backward) is being gathered
+function FSDP:_acquire(u)
+  if u.state == 'sharded' then self:_start_gather(u) end
+  local v = self.prefetch and self:_neighbour(u)
+  if v and v.state == 'sharded' then self:_start_gather(v) end
+  if u.state == 'gathering' then self:_wait_gather(u) end
+end
+
+-- After a block's forward: keep it gathered when backward will need it at
+-- once (the last block), when blocks do not reshard, or through the
+-- micro-steps of an unsharded accumulation.
+function FSDP:_keep_after_forward(u)
+  return self.fwd_grad and self.phase == 'forward'
+    and (not self.reshard_after_forward or u == self.wrap[#self.wrap] or self.accumulate == 'unsharded')
+end
+
+-- ------------------------------------------------------------- forwards --
+function FSDP:_root_forward(orig, m, ...)
+  local grad = A.is_grad_enabled()
+  self.fwd_grad, self.phase = grad, 'forward'
+  for _, u in ipairs(self.roots) do if u.state == 'sharded' then self:_start_gather(u) end end
+  local first = self.wrap[1]
+  if self.prefetch and first and first.state == 'sharded' then self:_start_gather(first) end
+  for _, u in ipairs(self.roots) do
+    if u.state == 'gathering' then self:_wait_gather(u) end
+    if grad then self:_expect_hooks(u) end
+  end
+  local res = { pcall(orig, m, ...) }
+  self.phase = grad and 'backward' or 'idle'
+  if not grad then for _, u in ipairs(self.units) do self:_release(u) end end
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, table.maxn(res))
+end
+
+function FSDP:_unit_forward(u, m, ...)
+  if not A.is_grad_enabled() then return self:_plain_call(u, m, ...) end
+  if self.phase == 'forward' and self.reshard_after_forward then return self:_recompute_call(u, m, ...) end
+  -- kept gathered until the hooks report its gradients final
+  self:_acquire(u)
+  self:_expect_hooks(u)
+  local r = { u.orig(m, ...) }
+  return unpack(r, 1, table.maxn(r))
+end
+
+-- without recording: gather, run (its temporaries go with a scope), release
+function FSDP:_plain_call(u, m, ...)
+  self:_acquire(u)
+  local r = { gl.scope(u.orig, m, ...) }
+  if not self:_keep_after_forward(u) then self:_release(u) end
+  self:_poll()
+  return unpack(r, 1, table.maxn(r))
+end
+
+-- forward without recording, backward by recomputation (see the top)
+function FSDP:_recompute_call(u, m, ...)
+  local args = { n = select('#', ...), ... }
+  self:_acquire(u)
+  local rng = gl.get_rng_state()
+  local res = { gl.scope(function() return A.no_grad(u.orig, m, unpack(args, 1, args.n)) end) }
+  if not self:_keep_after_forward(u) then self:_release(u) end
+  self:_poll()
+  local out = res[1]
+  if not is_tensor(out) or table.maxn(res) > 1 then
+    error(('fsdp: unit %s returned %s; a unit that reshards after forward must return one tensor '
+      .. '(give it root = true)'):format(u.name, table.maxn(res) > 1 and (table.maxn(res) .. ' values') or type(out)), 3)
+  end
+  -- inputs: the tensor arguments, then the unit's parameters (so the node
+  -- exists whenever they need gradients; it returns none for them)
+  local inputs = {}
+  for i = 1, args.n do if is_tensor(args[i]) then inputs[#inputs + 1] = args[i] end end
+  local ntensors = #inputs
+  for _, p in ipairs(u.params) do inputs[#inputs + 1] = p end
+  u.pending_calls = u.pending_calls + 1
+  return A.record(out:detach(), inputs, function(_, g)
+    return self:_recompute_backward(u, m, args, rng, g, ntensors)
+  end, nil, 'fsdp ' .. u.name)
+end
+
+function FSDP:_recompute_backward(u, m, args, rng, g, ntensors)
+  self:_acquire(u)
+  self:_grad_buffers(u)
+  local grads = { gl.scope(function()
+    local rerun, detached = {}, {}
+    for i = 1, args.n do
+      local a = args[i]
+      if is_tensor(a) then
+        local d = a:detach()
+        d.requires_grad = a.requires_grad
+        detached[#detached + 1] = d
+        rerun[i] = d
+      else
+        rerun[i] = a
+      end
+    end
+    local saved = gl.get_rng_state()
+    gl.set_rng_state(rng)
+    local prev = A.set_grad_enabled(true)
+    local ok, res = pcall(u.orig, m, unpack(rerun, 1, args.n))
+    if ok and is_tensor(res) and res.requires_grad then
+      local ok2, err = pcall(A.backward, res, g)
+      if not ok2 then ok, res = false, err end
+    end
+    A.set_grad_enabled(prev)
+    gl.set_rng_state(saved)
+    if not ok then error(res, 0) end
+    local out = {}
+    for i, d in ipairs(detached) do
+      local gx = d.grad
+      if gx then gx._keep = nil end   -- an ordinary temporary of the micro-step from here
+      out[i] = gx
+    end
+    return unpack(out, 1, #detached)
+  end) }
+  u.pending_calls = u.pending_calls - 1
+  if u.pending_calls <= 0 then
+    u.pending_calls = 0
+    self:_finalize(u)
+  end
+  dist.progress()
+  return unpack(grads, 1, ntensors)
+end
+
+-- ------------------------------------------------------------ gradients --
+-- parameter gradients become views into one zeroed full buffer
+function FSDP:_grad_buffers(u)
+  if u.gfull then return end
+  u.gfull = gl.zeros({ u.padded }, { dtype = u.dtype, device = u.device }):keep()
+  for i, p in ipairs(u.params) do p.grad = view(u.gfull, u.offs[i], p.shape) end
+end
+
+-- a gathered unit whose gradients the hooks will report
+function FSDP:_expect_hooks(u)
+  self:_grad_buffers(u)
+  if not u.expecting then u.expecting, u.ready, u.seen = true, 0, {} end
+end
+
+function FSDP:_grad_ready(p)
+  local u = self.unit_of[p]
+  if u and u.expecting and not u.seen[p] then
+    u.seen[p] = true
+    u.ready = u.ready + 1
+    if u.ready == #u.params then self:_finalize(u) end
+  end
+  self:_poll()
+  dist.progress()
+end
+
+-- The unit's gradients are final for this micro-step: reduce-scatter them
+-- and release the unit (or keep both through an unsharded accumulation).
+function FSDP:_finalize(u, force)
+  if not u.gfull then return end
+  u.expecting = false
+  if self.accumulate == 'unsharded' and not self.final and not force then return end
+  for _, p in ipairs(u.params) do
+    if p.grad then lib.gl_tensor_release(p.grad.c); p.grad = nil end
+  end
+  local send = u.gfull
+  u.gfull = nil
+  if send.dtype ~= self.reduce_dtype then
+    local cast = gl.empty({ u.padded }, { dtype = self.reduce_dtype, device = u.device }):keep()
+    K(lib.gl_copy(cast.c, send.c))
+    send:free()
+    send = cast
+  end
+  local first = not u.received
+  u.received = true
+  local recv = (first and send.dtype == u.dtype) and u.gshard
+    or gl.empty({ u.c }, { dtype = send.dtype, device = u.device }):keep()
+  self.pending[#self.pending + 1] = { u = u, send = send, recv = recv, first = first, final = self.final,
+    work = self.shard:reduce_scatter_async(recv, send, 'avg') }
+  self.stats.reduces = self.stats.reduces + 1
+  self:_release(u)
+  self:_poll()
+end
+
+-- a finished collective: fold the received shard in, free the buffers; the
+-- last reduce-scatter of a step starts the replica all-reduce (HSDP)
+function FSDP:_complete(e)
+  if not e.send then return end   -- an all-reduce over replicas
+  local u = e.u
+  if e.recv ~= u.gshard then
+    if e.first then K(lib.gl_copy(u.gshard.c, e.recv.c))
+    elseif e.recv.dtype == u.gshard.dtype then u.gshard:add_(e.recv)
+    else
+      local t = e.recv:to(u.gshard.dtype)
+      u.gshard:add_(t)
+      t:free()
+    end
+    e.recv:free()
+  end
+  e.send:free()
+  if e.final and self.replica.size > 1 then
+    self.pending[#self.pending + 1] = { work = self.replica:all_reduce_async(u.gshard, 'avg') }
+  end
+end
+
+-- completes finished collectives, oldest first, without blocking
+function FSDP:_poll()
+  local q = self.pending
+  while q[1] and q[1].work:test() do self:_complete(table.remove(q, 1)) end
+end
+
+function FSDP:_drain()
+  local q = self.pending
+  while q[1] do
+    local e = table.remove(q, 1)
+    e.work:wait()
+    self:_complete(e)
+  end
+end
+
+-- End of a micro-step's backward: units whose hooks did not all report
+-- (parameters without a gradient) are reduced now; gathered units are
+-- released unless an unsharded accumulation keeps them.
+function FSDP:_end_micro(force)
+  for _, u in ipairs(self.units) do
+    u.pending_calls = 0
+    if u.gfull then self:_finalize(u, force) end
+    u.expecting = false
+    if force or self.accumulate ~= 'unsharded' then self:_release(u) end
+    if not u.gfull then
+      for _, p in ipairs(u.params) do
+        if p.grad then
+          error(('fsdp: parameter %s of unit %s got a gradient after its unit was reduced; a unit\'s '
+            .. 'parameters must be used by one call per forward (give the unit root = true)'):format(
+            self.name_of[p], u.name), 0)
+        end
+      end
+    end
+  end
+  self.phase = 'idle'
+end
+
+-- ------------------------------------------------- the policy interface --
+function FSDP:zero_grad()
+  self:_drain()
+  for _, u in ipairs(self.units) do u.gshard:zero_(); u.received = false end
+end
+
+function FSDP:before_micro_step(micro, accum)
+  self:_end_micro(false)
+  self.final = micro == accum
+end
+
+-- Reduces what backward left, releases every unit, waits for every
+-- collective: the gradient shards are complete.  grad_norm and step call
+-- it too (nothing to do after the trainer's after_backward), so a loop
+-- that skips after_backward still sees complete gradients.
+function FSDP:after_backward()
+  self.final = true
+  self:_end_micro(true)
+  self:_drain()
+end
+
+function FSDP:average_number(x) return self.comm:all_reduce_number(x, 'avg') end
+
+-- L2 norm of the averaged gradient: the shards' squares over the shard
+-- group (every replica holds the same shards after the all-reduce)
+function FSDP:grad_norm()
+  self:after_backward()
+  local s = 0
+  for _, u in ipairs(self.units) do s = s + B.sumsq(u.gshard) end
+  return math.sqrt(self.shard:all_reduce_number(s, 'sum'))
+end
+
+function FSDP:scale_grads(s)
+  for _, u in ipairs(self.units) do u.gshard:mul_(s) end
+end
+
+-- Group settings (lr schedules, Muon momentum) are read from the wrapped
+-- optimizer's groups here, so set_lr_mult / set_momentum apply.
+function FSDP:step()
+  self:after_backward()
+  for _, o in ipairs(self.optimizer.optimizers or { self.optimizer }) do o.t = o.t + 1 end
+  gl.no_grad(function()
+    local exchange = self.muon and self:_muon_gather_grads()
+    for _, u in ipairs(self.units) do
+      for _, pc in ipairs(u.adam) do
+        local g = pc.w.group
+        K(lib.gl_adamw_update(pc.pv.c, pc.gv.c, pc.mv.c, pc.vv.c, 0, pc.len, g.lr, g.betas[1], g.betas[2],
+          g.eps, g.weight_decay, pc.w.opt.t))
+      end
+      dist.progress()
+    end
+    if exchange then self:_muon_update(exchange) end
+  end)
+end
+
+-- the averaged gradient pieces of every Muon matrix to its owner (async)
+function FSDP:_muon_gather_grads()
+  local mu = self.muon
+  local send = gl.empty({ mu.nsend }, { dtype = mu.dtype, device = mu.device })
+  for _, e in ipairs(mu.send) do
+    K(lib.gl_copy(tmp_view(send, e.pos, e.len).c, tmp_view(e.m.u.gshard, e.start, e.len).c))
+  end
+  local recv = gl.empty({ mu.nrecv }, { dtype = mu.dtype, device = mu.device })
+  local work = self.shard:all_to_all_async(recv, send, { send_counts = mu.send_counts, recv_counts = mu.recv_counts })
+  return { send = send, recv = recv, work = work }
+end
+
+-- owners: momentum + Newton–Schulz on whole matrices; the updates go back
+-- to the ranks holding the pieces, which apply them to their shards
+function FSDP:_muon_update(x)
+  local mu = self.muon
+  x.work:wait()
+  x.send:free()
+  local recv = x.recv
+  for _, m in ipairs(mu.owned) do
+    local grad = gl.empty(m.p.shape, { dtype = mu.dtype, device = mu.device })
+    for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(grad, f.eoff, f.len).c, tmp_view(recv, f.pos, f.len).c)) end
+    local X = optim.Muon.update_direction(grad, grad, m.buf, m.w.group)
+    if X.dtype ~= mu.dtype then X = X:to(mu.dtype) end
+    for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(recv, f.pos, f.len).c, tmp_view(X, f.eoff, f.len).c)) end
+    grad:free()
+    dist.progress()
+  end
+  local back = gl.empty({ mu.nsend }, { dtype = mu.dtype, device = mu.device })
+  self.shard:all_to_all(back, recv, { send_counts = mu.recv_counts, recv_counts = mu.send_counts })
+  recv:free()
+  for _, e in ipairs(mu.send) do
+    local g, shape = e.m.w.group, e.m.p.shape
+    local scale = math.sqrt(math.max(1, shape[1] / shape[2]))
+    tmp_view(e.m.u.pshard, e.start, e.len):add_(tmp_view(back, e.pos, e.len), -g.lr * scale)
+  end
+  back:free()
+end
+
+-- ---------------------------------------------------------- inspection --
+-- Bytes this rank holds persistently: parameter shards, gradient shards,
+-- optimizer state (AdamW m and v of its pieces, Muon momentum of its
+-- matrices).
+function FSDP:state_bytes()
+  local r = { params = 0, grads = 0, optimizer = 0 }
+  for _, u in ipairs(self.units) do
+    r.params = r.params + B.bytes(u.pshard)
+    r.grads = r.grads + B.bytes(u.gshard)
+    if u.m then r.optimizer = r.optimizer + B.bytes(u.m) + B.bytes(u.v) end
+  end
+  for _, m in ipairs(self.muon and self.muon.owned or {}) do r.optimizer = r.optimizer + B.bytes(m.buf) end
+  return r
+end
+
+function FSDP:optimizer_state_bytes() return self:state_bytes().optimizer end
+
+-- name -> whole parameter (a fresh CPU tensor) and persistent buffers.
+-- Collective over the shard group (every rank must call it); with
+-- on_rank (a world rank) only that rank copies, the others get {}.
+function FSDP:full_state_dict(on_rank)
+  local out = {}
+  local copy = on_rank == nil or on_rank == self.comm.rank
+  for _, u in ipairs(self.units) do
+    local was = u.state
+    if u.state == 'sharded' then self:_start_gather(u) end
+    if u.state == 'gathering' then self:_wait_gather(u) end
+    for i, p in ipairs(u.params) do
+      if copy then
+        local t = Tensor.empty(p.shape, { dtype = p.dtype, device = 'cpu' })
+        K(lib.gl_copy(t.c, shaped(u.full, u.offs[i], p.shape).c))
+        out[u.names[i]] = t
+      end
+    end
+    if was == 'sharded' then self:_release(u) end
+  end
+  if not copy then return out end
+  for _, nb in ipairs(self.model:named_buffers()) do out[nb[1]] = nb[2] end
+  return out
+end
+
+-- load_state_dict of the wrapped model: a whole state dict (a checkpoint's
+-- model.safetensors, pretrained weights) goes into the shards.  The module's
+-- own load_state_dict checks and copies it into local full buffers (no
+-- communication); each rank keeps its range.
+function FSDP:_load_full(orig, m, sd, opts)
+  for _, u in ipairs(self.units) do
+    self:_release(u)
+    u.full = gl.empty({ u.padded }, { dtype = u.dtype, device = u.device }):keep()
+    for i, p in ipairs(u.params) do p.c = view(u.full, u.offs[i], p.shape).c end
+  end
+  local ok, missing, extra = pcall(orig, m, sd, opts)
+  for _, u in ipairs(self.units) do
+    if ok then
+      for _, pc in ipairs(u.pieces) do
+        if sd[pc.name] ~= nil then
+          K(lib.gl_copy(tmp_view(u.pshard, pc.start, pc.len).c, tmp_view(u.full, u.offs[pc.i] + pc.poff, pc.len).c))
+        end
+      end
+    end
+    for _, p in ipairs(u.params) do lib.gl_tensor_release(p.c) end
+    u.full:free()
+    u.full = nil
+  end
+  if not ok then error(missing, 2) end
+  return missing, extra
+end
+
+-- -------------------------------------------------------------- checkpoints --
+local function key(w, k) return w.opt.prefix .. w.name .. '.' .. k end
+
+-- f(key, tensor, offset) for every piece this rank holds: parameters
+-- ("param.<name>"), AdamW m and v, Muon momentum.  Only the first replica
+-- reports (HSDP replicas hold the same pieces) unless all is true.
+function FSDP:each_state(f, all)
+  if self.replica_rank ~= 0 and not all then return end
+  for _, u in ipairs(self.units) do
+    for _, pc in ipairs(u.pieces) do f('param.' .. pc.name, tmp_view(u.pshard, pc.start, pc.len), pc.poff) end
+    for _, pc in ipairs(u.adam) do
+      f(key(pc.w, 'm'), pc.mv, pc.poff)
+      f(key(pc.w, 'v'), pc.vv, pc.poff)
+    end
+  end
+  for _, m in ipairs(self.muon and self.muon.owned or {}) do f(key(m.w, 'momentum_buffer'), m.buf, 0) end
+end
+
+-- key -> shape of every tensor of the whole (unsharded) optimizer state
+function FSDP:state_layout()
+  local out = {}
+  for p, w in pairs(self.own) do
+    if self.unit_of[p] then
+      for _, k in ipairs(w.opt.state_keys) do out[key(w, k)] = p.shape end
+    end
+  end
+  return out
+end
+
+-- Collective over the world: every rank writes its pieces, rank 0 the
+-- state and the whole model.
+function FSDP:save_checkpoint(trainer, model_sd, opt_sd, state)
+  local full = self:full_state_dict(0)
+  state.fsdp = { shard_size = self.S }
+  return require('gptlua.dist.policies.shards').save(trainer, self, full, state)
+end
+
+-- Parameters from their pieces when the checkpoint has them (else the
+-- trainer's load_state_dict already put the whole model in), optimizer
+-- state from pieces or whole tensors, re-cut for this layout.
+function FSDP:load_checkpoint(trainer, c, path)
+  local shards = require 'gptlua.dist.policies.shards'
+  local index = shards.index(path, c)
+  for _, u in ipairs(self.units) do
+    for _, pc in ipairs(u.pieces) do
+      local k = 'param.' .. pc.name
+      if index[k] then shards.fill(index, k, pc.poff, tmp_view(u.pshard, pc.start, pc.len), path) end
+    end
+  end
+  self:each_state(function(k, t, off)
+    if not k:match('^param%.') then shards.fill(index, k, off, t, path) end
+  end, true)
+  shards.set_steps(self.optimizer, c.state)
+end
+
+-- ------------------------------------------------------------------ detach --
+-- Gathers every unit back into ordinary parameter tensors, restores the
+-- model's and blocks' methods and removes the hooks: the model is whole
+-- and unwrapped again.  Collective over the shard group.
+function FSDP:detach()
+  self:_drain()
+  for _, u in ipairs(self.units) do
+    if u.state == 'sharded' then self:_start_gather(u) end
+    if u.state == 'gathering' then self:_wait_gather(u) end
+    for i, p in ipairs(u.params) do
+      local t = Tensor.empty(p.shape, { dtype = p.dtype, device = p.device }):keep()
+      K(lib.gl_copy(t.c, shaped(u.full, u.offs[i], p.shape).c))
+      lib.gl_tensor_release(p.c)
+      p.c = t.c
+      if p.grad then p.grad = nil end
+    end
+    self.stats.live = self.stats.live - B.bytes(u.full)
+    u.full:free()
+    u.full, u.state = nil, 'detached'
+  end
+  self.model.forward, self.model.load_state_dict = self.saved.forward, self.saved.load_state_dict
+  for _, u in ipairs(self.wrap) do
+    u.module.forward = u.saved_forward
+    u.module._fsdp_unit = nil
+  end
+  for _, h in ipairs(self.hooks) do
+    local list = h[1]._hooks
+    for i = #list, 1, -1 do if list[i] == h[2] then table.remove(list, i) end end
+  end
+  self.hooks = {}
+end
+
+return M

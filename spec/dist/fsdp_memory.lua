@@ -1,0 +1,72 @@
+-- Run on every rank by spec/dist_fsdp_spec.lua: allocator statistics of a
+-- GPT-2 whose parameters dominate its activations, trained for two steps
+-- unsharded (dist = 'none', no communication) and then under FSDP:
+--   persistent  bytes allocated between steps (parameters, gradients,
+--               optimizer state) over the baseline before the trainer
+--   forward     peak over the baseline during one forward
+--   step        peak over the baseline during one whole step
+-- Rank 0 writes OUT/memory.json {world, none = {...}, fsdp = {per rank}}.
+-- args: OUT.  Prints "OK rank R of N".
+local gl = require 'gptlua'
+local dist = require 'gptlua.dist'
+local train = require 'gptlua.train'
+local cjson = require 'cjson'
+dist.POLICIES.fsdp = dist.POLICIES.fsdp or 'gptlua.dist.fsdp'
+
+local out = arg[1]
+local world = dist.init { backend = 'mpi', timeout = 120 }
+
+local function recipe(pol)
+  return { name = 'mem', model = 'gpt2', data = 'random', vocab_size = 256, n_layer = 6, n_head = 4, n_embd = 128,
+    block_size = 16, batch_size = 1, max_iters = 10, eval_interval = 0, log_interval = 0, sample_length = 0,
+    warmup_iters = 0, quiet = true, device = 'cpu', peak_flops = 1e12, bias = false, seed = 3, dist = pol,
+    out_dir = out .. '/runs' }
+end
+
+local function settle() collectgarbage('collect'); collectgarbage('collect') end
+
+local function measure(pol)
+  settle()
+  local a0 = gl.memory_stats().allocated
+  local t = train.new(recipe(pol), {})
+  t:train_step(); t.step = 1
+  t:train_step(); t.step = 2
+  settle()
+  local r = { persistent = gl.memory_stats().allocated - a0 }
+  local policy, model = t.policy, t.model
+  gl.reset_peak_memory()
+  policy:zero_grad()
+  gl.scope(function()
+    local x, y = t.data.train:next_batch()
+    policy:before_micro_step(1, 1)
+    local _, loss = model:forward(x, y)
+    r.forward = gl.memory_stats().peak - a0
+    loss:backward()
+  end)
+  policy:after_backward()
+  gl.scope(function() policy:step() end)
+  r.step = gl.memory_stats().peak - a0
+  if policy.state_bytes then r.state = policy:state_bytes() end
+  if policy.detach then policy:detach() end
+  t = nil
+  settle()
+  return r
+end
+
+local none = measure('none')
+local mine = measure('fsdp')
+local all = {}
+for q = 0, world.size - 1 do
+  local e = {}
+  for _, k in ipairs({ 'persistent', 'forward', 'step' }) do
+    e[k] = world:all_reduce_number(q == world.rank and mine[k] or 0, 'sum')
+  end
+  all[q + 1] = e
+end
+if world.rank == 0 then
+  local f = assert(io.open(out .. '/memory.json', 'wb'))
+  f:write(cjson.encode({ world = world.size, none = none, fsdp = all, state = mine.state }))
+  f:close()
+end
+world:barrier()
+print(('OK rank %d of %d'):format(world.rank, world.size))

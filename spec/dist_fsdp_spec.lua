@@ -231,6 +231,30 @@ describe('gptlua.dist.fsdp in one process', function()
       'dist.policy: fsdp: opts.units expected a list or a function returning one')
   end)
 
+  it('reduces a block called twice in one forward once, after the backward of its last call', function()
+    local nn = require 'gptlua.nn'
+    local Twice = nn.class('Twice', nn.Module)
+    function Twice:__init() self:add('fc', nn.Linear(4, 4)); self:add('out', nn.Linear(4, 1)) end
+    function Twice:forward(x) return self.out(gl.tanh(self.fc(gl.tanh(self.fc(x))))):sum() end
+    gl.manual_seed(5)
+    local ref = Twice()
+    gl.manual_seed(5)
+    local net = Twice()
+    local x = gl.randn({ 3, 4 }, { seed = 1 })
+    ref:forward(x):backward()
+    local pol = fsdp.new('fsdp', { model = net, optimizer = require('gptlua.optim').AdamW(net:parameters()),
+      units = { { name = 'fc', module = net.fc } } })
+    pol:zero_grad()
+    pol:before_micro_step(1, 1)
+    net:forward(x):backward()
+    pol:after_backward()
+    assert.equal(2, pol.stats.reduces)   -- fc once, the head unit (out) once
+    local fc = pol.units[1]
+    assert.equal('fc', fc.name)
+    local want = gl.cat({ ref.fc.weight.grad:reshape(16), ref.fc.bias.grad }, 1)
+    assert.equal(0, want:max_abs_diff(fc.gshard))
+  end)
+
   it('refuses bad options and optimizers it cannot shard', function()
     local t = train.new(recipe({ max_iters = 1, out_dir = out }), {})
     local o = { model = t.model, optimizer = t.optimizer, params = t.params }

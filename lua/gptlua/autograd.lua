@@ -102,10 +102,21 @@ local function finish_leaf(x, g)
 end
 
 -- backward(root [, grad]): root must be a scalar unless grad is given.
+-- backward(root [, grad [, opts]]): root must be a scalar unless grad is
+-- given.  opts.retain_graph keeps the graph for another backward;
+-- opts.free_activations releases each intermediate op output as soon as its
+-- node has run (the trainer sets it: nothing outside the graph reads them).
+--
+-- Gradients are released as soon as they are consumed: a gradient tensor is
+-- held by the grads[] slots that refer to it, and when the last slot lets
+-- go (added into an accumulator, written into a leaf's .grad, or passed on
+-- to the inputs) its storage is dropped.  Backward functions must return
+-- fresh tensors, views, or the incoming gradient itself.
 function A.backward(root, grad, opts)
   if not root.requires_grad then
     error('backward: tensor does not require grad (no differentiable op on a requires_grad tensor produced it)', 2)
   end
+  local user_grad = grad ~= nil
   if grad == nil then
     if root:numel() ~= 1 then
       error(('backward: grad can be implicit only for a 1-element tensor, this one has shape {%s}'):format(
@@ -114,22 +125,37 @@ function A.backward(root, grad, opts)
     grad = Tensor.full(root.shape, 1, { dtype = root.dtype, device = root.device })
   end
   local retain = opts and opts.retain_graph
+  local free_activations = opts and opts.free_activations and not retain
   local prev = grad_enabled
   grad_enabled = false
   local ok, err = pcall(function()
+    local held = {}
+    local function hold(g) held[g] = (held[g] or 0) + 1 end
+    local function drop(g)
+      local n = held[g]
+      if n == nil then return end
+      if n <= 1 then held[g] = nil; release(g) else held[g] = n - 1 end
+    end
     -- Kahn's algorithm: a tensor is ready once all its consumers have run
     local deps = count_deps(root)
     local grads = { [root] = grad }
+    hold(grad)
+    if user_grad then hold(grad) end  -- never release the caller's tensor
     local ready = { root }
+    local function leaf_done(x)
+      finish_leaf(x, grads[x])
+      if grads[x] ~= nil then drop(grads[x]) end
+      grads[x] = nil
+    end
     while #ready > 0 do
       local t = ready[#ready]
       ready[#ready] = nil
       local fn = t.grad_fn
-      local g = grads[t]
-      grads[t] = nil
       if fn == nil then
-        finish_leaf(t, g)
+        leaf_done(t)
       else
+        local g = grads[t]
+        grads[t] = nil
         if fn.inputs == nil then
           error('backward: the graph was already freed by an earlier backward (pass {retain_graph=true})', 0)
         end
@@ -139,19 +165,28 @@ function A.backward(root, grad, opts)
             local gx = in_grads[j]
             if gx ~= nil then
               if gx.shape and #gx.shape ~= #x.shape then gx = gx:view(x.shape) end
-              grads[x] = add_into(grads[x], gx)
+              local acc = grads[x]
+              if acc == nil then
+                grads[x] = gx; hold(gx)
+              else
+                local sum = acc:add(gx)
+                grads[x] = sum; hold(sum)
+                drop(acc)
+                if held[gx] == nil and gx ~= g then release(gx) end
+              end
             end
             deps[x] = deps[x] - 1
             if deps[x] == 0 then
               -- a leaf's gradient is final now: write it and fire its hooks
-              if x.grad_fn == nil then finish_leaf(x, grads[x]); grads[x] = nil
-              else ready[#ready + 1] = x end
+              if x.grad_fn == nil then leaf_done(x) else ready[#ready + 1] = x end
             end
           end
         end
+        if g ~= nil then drop(g) end
         if not retain then
           if fn.owned then for _, o in ipairs(fn.owned) do release(o) end end
           fn.saved, fn.inputs, fn.owned = nil, nil, nil
+          if free_activations and t ~= root then release(t) end
         end
       end
     end
@@ -165,7 +200,8 @@ end
 function A.checkpoint(fn, ...)
   local args = { ... }
   local rng_state = A.get_rng_state and A.get_rng_state()
-  local out = A.no_grad(fn, unpack(args, 1, table.maxn(args)))
+  -- the no-grad forward keeps nothing but its output
+  local out = Tensor.scope(A.no_grad, fn, unpack(args, 1, table.maxn(args)))
   if not grad_enabled then return out end
   local inputs = {}
   for _, a in ipairs(args) do if getmetatable(a) == Tensor then inputs[#inputs + 1] = a end end
@@ -185,17 +221,19 @@ function A.checkpoint(fn, ...)
     local saved_rng = A.get_rng_state and A.get_rng_state()
     if rng_state then A.set_rng_state(rng_state) end
     local prev = A.set_grad_enabled(true)
-    local ok, res = pcall(fn, unpack(rerun_args, 1, table.maxn(args)))
-    if ok and res.requires_grad then
-      local ok2, err2 = pcall(A.backward, res, g)
-      if not ok2 then ok, res = false, err2 end
-    end
+    -- recompute and backpropagate inside a scope: only the input gradients
+    -- survive it (parameters' .grad buffers are kept by finish_leaf)
+    local res = { pcall(Tensor.scope, function()
+      local out2 = fn(unpack(rerun_args, 1, table.maxn(args)))
+      if out2.requires_grad then A.backward(out2, g, { free_activations = true }) end
+      local grads = {}
+      for i, d in ipairs(detached) do grads[i] = d.grad end
+      return unpack(grads, 1, #detached)
+    end) }
     A.set_grad_enabled(prev)
     if saved_rng then A.set_rng_state(saved_rng) end
-    if not ok then error(res, 0) end
-    local grads = {}
-    for i, d in ipairs(detached) do grads[i] = d.grad end
-    return unpack(grads, 1, #inputs)
+    if not res[1] then error(res[2], 0) end
+    return unpack(res, 2, #detached + 1)
   end
   local o = out:detach()
   return A.record(o, inputs, backward, nil, 'checkpoint')

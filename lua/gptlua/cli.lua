@@ -11,7 +11,8 @@ options:
   -e CODE        run CODE (may be repeated; runs before the script)
   -i             enter the REPL after running the script (its globals in scope)
   -n N           launch N ranks of the script (through mpirun)
-  --plan         print the memory plan of a recipe instead of running it
+  --plan         print the per-rank memory plan of a recipe instead of running it
+                 (gptlua --plan recipe.lua [--world=N] [--device_memory=80GiB] [--margin=0.1] [--key=value])
   -v, --version  print the version
   -h, --help     print this help
   --             stop option parsing
@@ -23,6 +24,7 @@ examples:
   gptlua -e 'local gl = require "gptlua"; print(gl.randn({2, 3}))'
   gptlua -i recipes/shakespeare.lua --max_iters=10
   gptlua -n 2 recipes/shakespeare.lua --dist=ddp
+  gptlua --plan recipes/gpt2_124m.lua --world=8
 ]==]
 
 local function now()

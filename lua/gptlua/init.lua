@@ -48,6 +48,9 @@ function gl.cuda_available() return G.lib.gl_cuda_device_count() > 0 end
 -- "cuda if available, else cpu"
 function gl.default_device() return gl.cuda_available() and 'cuda:0' or 'cpu' end
 
+-- the memory plan of a config (see lua/gptlua/plan.lua): gl.plan(cfg, opts)
+function gl.plan(...) return require('gptlua.plan').plan(...) end
+
 -- the project (or install) root: recipes/ and data/ live there
 gl.root = (GPTLUA and GPTLUA.root) or G.libdir .. '/..'
 

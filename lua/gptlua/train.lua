@@ -399,7 +399,7 @@ function Trainer:train_step()
       local _, loss = model:forward(x, y)
       loss_sum = loss_sum + loss:item()
       local scaled = loss * (1 / accum)
-      scaled:backward()
+      scaled:backward(nil, { free_activations = true })
     end)
   end
   policy:after_backward()

@@ -214,7 +214,9 @@ end
 -- gradient holds it back) collects gradients of several micro-steps.
 function Zero:_take_grad(b, p)
   if self.stage ~= 2 or b.kind == 'replicated' or not p.grad then return end
-  B.view(self:_send_buffer(b), b.offs[b.index_of[p]], p.shape, false):add_(p.grad)
+  local v = B.view(self:_send_buffer(b), b.offs[b.index_of[p]], p.shape, false)
+  v:add_(p.grad)
+  v:free()  -- a view holds the send buffer's storage: drop it now, not at scope end
   p.grad:free()
   p.grad = nil
 end

@@ -22,6 +22,24 @@ describe('optimizers', function()
     local got = p:tolist()
     for i = 1, 3 do assert.near(ref[i], got[i], 1e-5) end
   end)
+  it('keeps an fp32 master copy for bfloat16 parameters (mixed precision)', function()
+    local p32 = gl.randn({ 4, 3 }, { seed = 8 }):requires_grad_()
+    local pb = p32:to('bfloat16'):detach():requires_grad_()
+    p32 = pb:to('float32'):detach():requires_grad_()  -- same starting values
+    local o32 = optim.AdamW({ p32 }, { lr = 0.01, weight_decay = 0.1 })
+    local ob = optim.AdamW({ pb }, { lr = 0.01, weight_decay = 0.1 })
+    for t = 1, 5 do
+      local g = gl.randn({ 4, 3 }, { seed = 20 + t }):to('bfloat16')
+      p32.grad, pb.grad = g:to('float32'), g
+      o32:step(); ob:step()
+    end
+    local master = ob.state[pb].master
+    assert.is_true(master:max_abs_diff(p32) < 1e-6)  -- the update ran in fp32
+    assert.equal('bfloat16', pb.dtype)
+    assert.same(p32:to('bfloat16'):totable(), pb:totable())
+    local sd = ob:state_dict()
+    assert.is_not_nil(sd.tensors['adamw.g1.1.master'])
+  end)
   it('Newton-Schulz orthogonalises: singular values land near 1', function()
     local G = gl.randn({ 16, 8 }, { seed = 3 })
     local X = optim.newton_schulz(G, 5)

@@ -40,6 +40,20 @@ local function make_groups(params, defaults, what)
   return groups
 end
 
+-- Mixed precision: a parameter stored in bfloat16/float16 gets an fp32
+-- master copy in its optimizer state; the update runs on the master and is
+-- rounded into the parameter afterwards.
+local function needs_master(p) return p.dtype ~= 'float32' and p.dtype ~= 'float64' end
+local function new_state(p, keys)
+  local st = {}
+  for _, k in ipairs(keys) do st[k] = gl.zeros(p.shape, { dtype = 'float32', device = p.device }):keep() end
+  if needs_master(p) then st.master = p:to('float32'):detach():keep() end
+  return st
+end
+local function update_target(p, st) return st.master or p end
+local function write_back(p, st) if st.master then gl.no_grad(function() p:copy_(st.master) end) end end
+optim.needs_master = needs_master
+
 -- sets every group's lr to initial_lr * mult (schedules call this)
 local function set_lr_mult(self, mult)
   for _, g in ipairs(self.groups) do g.lr = g.initial_lr * mult end
@@ -60,7 +74,9 @@ local function load_state_dict(self, sd)
   local pending = {}
   for _, g in ipairs(self.groups) do
     for i, p in ipairs(g.params) do
-      for _, k in ipairs(self.state_keys) do
+      local keys = self.state_keys
+      if needs_master(p) then keys = { unpack(keys) }; keys[#keys + 1] = 'master' end
+      for _, k in ipairs(keys) do
         local key = self.prefix .. g.names[i] .. '.' .. k
         local t = sd.tensors[key]
         if t == nil then error('optimizer state: missing ' .. key, 3) end
@@ -109,13 +125,10 @@ function AdamW:step()
     for _, p in ipairs(g.params) do
       if p.grad then
         local st = self.state[p]
-        if not st then
-          st = { m = gl.zeros(p.shape, { dtype = 'float32', device = p.device }):keep(),
-                 v = gl.zeros(p.shape, { dtype = 'float32', device = p.device }):keep() }
-          self.state[p] = st
-        end
-        K(lib.gl_adamw_update(p.c, p.grad.c, st.m.c, st.v.c, 0, p:numel(), g.lr, g.betas[1], g.betas[2],
-          g.eps, g.weight_decay, self.t))
+        if not st then st = new_state(p, self.state_keys); self.state[p] = st end
+        K(lib.gl_adamw_update(update_target(p, st).c, p.grad.c, st.m.c, st.v.c, 0, p:numel(), g.lr, g.betas[1],
+          g.betas[2], g.eps, g.weight_decay, self.t))
+        write_back(p, st)
       end
     end
   end
@@ -182,13 +195,12 @@ function Muon:step()
       for _, p in ipairs(g.params) do
         if p.grad then
           local st = self.state[p]
-          if not st then
-            st = { momentum_buffer = gl.zeros(p.shape, { dtype = 'float32', device = p.device }):keep() }
-            self.state[p] = st
-          end
+          if not st then st = new_state(p, self.state_keys); self.state[p] = st end
           local X = Muon.update_direction(p, p.grad, st.momentum_buffer, g)
           local scale = math.sqrt(math.max(1, p.shape[1] / p.shape[2]))
-          p:add_(X:to(p.dtype), -g.lr * scale)
+          local target = update_target(p, st)
+          target:add_(X:to(target.dtype), -g.lr * scale)
+          write_back(p, st)
         end
       end
     end

@@ -110,13 +110,23 @@ deps-if-missing:
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	 if [ -n "$$missing" ]; then echo "missing packages: $$missing"; $(MAKE) --no-print-directory deps; fi
 
-run: deps-if-missing all
+# packages first, then a parallel build, then the job
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+define prepare
+	@$(MAKE) --no-print-directory deps-if-missing
+	@$(MAKE) --no-print-directory -j$(NPROC) all
+endef
+
+run:
+	$(prepare)
 	$(BUILD)/gptlua recipes/shakespeare.lua $(ARGS)
 
-test: deps-if-missing all
+test:
+	$(prepare)
 	$(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
 
-test-cuda: deps-if-missing all
+test-cuda:
+	$(prepare)
 	$(BUILD)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
 
 bench: all

@@ -291,26 +291,34 @@ static void R(chunk)(int kind, int op, real *y, const real *const *in, int64_t n
   }
 }
 
+/* one task: chunk `task % nchunk` of outer row `task / nchunk` */
+static void R(elementwise_task)(int kind, int op, int nops, gl_tensor *const *ts, const gl_iter *it,
+                                int64_t nchunk, int64_t task, double p0, double p1) {
+  real buf[GL_ITER_MAX_OPS][CHUNK];
+  const real *in[GL_ITER_MAX_OPS];
+  int64_t off[GL_ITER_MAX_OPS];
+  int64_t i0 = (task % nchunk) * CHUNK, n = it->inner - i0 < CHUNK ? it->inner - i0 : CHUNK;
+  gl_iter_offsets(it, task / nchunk, off);
+  for (int k = 0; k < nops; k++) off[k] += i0 * it->istride[k];
+  for (int k = 1; k < nops; k++) in[k] = R(cpu_span_load)(ts[k], off[k], it->istride[k], n, buf[k]);
+  gl_tensor *out = ts[0];
+  real *y = (out->dtype == RDT && it->istride[0] == 1) ? (real *)out->storage->data + off[0] : buf[0];
+  R(chunk)(kind, op, y, in, n, (real)p0, (real)p1);
+  R(cpu_span_store)(out, off[0], it->istride[0], n, y);
+}
+
 /* ts[0] is the output, ts[1..nops-1] the inputs, all of ts[0]'s shape */
 static void R(elementwise)(int kind, int op, int nops, gl_tensor *const *ts, double p0, double p1) {
   gl_iter it;
   gl_iter_init(&it, nops, (const gl_tensor *const *)ts);
   int64_t nchunk = (it.inner + CHUNK - 1) / CHUNK, ntask = it.outer * nchunk;
   int nt = gl_threads_for(ntask, CHUNK);
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t task = 0; task < ntask; task++) {
-    real buf[GL_ITER_MAX_OPS][CHUNK];
-    const real *in[GL_ITER_MAX_OPS];
-    int64_t off[GL_ITER_MAX_OPS];
-    int64_t i0 = (task % nchunk) * CHUNK, n = it.inner - i0 < CHUNK ? it.inner - i0 : CHUNK;
-    gl_iter_offsets(&it, task / nchunk, off);
-    for (int k = 0; k < nops; k++) off[k] += i0 * it.istride[k];
-    for (int k = 1; k < nops; k++) in[k] = R(cpu_span_load)(ts[k], off[k], it.istride[k], n, buf[k]);
-    gl_tensor *out = ts[0];
-    real *y = (out->dtype == RDT && it.istride[0] == 1) ? (real *)out->storage->data + off[0] : buf[0];
-    R(chunk)(kind, op, y, in, n, (real)p0, (real)p1);
-    R(cpu_span_store)(out, off[0], it.istride[0], n, y);
+  if (nt <= 1) {  /* small tensors: no OpenMP region at all (entering one costs microseconds) */
+    for (int64_t task = 0; task < ntask; task++) R(elementwise_task)(kind, op, nops, ts, &it, nchunk, task, p0, p1);
+    return;
   }
+  #pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t task = 0; task < ntask; task++) R(elementwise_task)(kind, op, nops, ts, &it, nchunk, task, p0, p1);
 }
 
 #undef real

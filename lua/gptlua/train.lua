@@ -479,7 +479,7 @@ function Trainer:run()
       local mfu = tps * self.flops_per_token / (peak * self.world)
       local mem = gl.memory_stats(cfg.device)
       local eta = (cfg.max_iters - self.step) * elapsed / steps_since
-      local lr = cfg.learning_rate * lr_mult
+      local lr = self.optimizer.groups[1].lr  -- the first group's scheduled lr
       self:print(('step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.1f ms/step | mem %s | ETA %s'):format(
         self.step, cfg.max_iters, loss, lr, norm, tps, 100 * mfu, 1000 * elapsed / steps_since,
         fmt_bytes(mem.peak), fmt_time(eta)))

@@ -50,14 +50,8 @@ static inline int64_t first_key(int64_t pos, int64_t window) {
   return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
-#define real float
-#define RDT GL_F32
-#define R(name) name##_f32
-#include "cpu_attention.c"
-#define real double
-#define RDT GL_F64
-#define R(name) name##_f64
-#include "cpu_attention.c"
+#define GL_TEMPLATE "cpu_attention.c"
+#include "cpu_template.h"
 
 int cpu_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
                           const gl_tensor *v, double scale, int64_t window) {

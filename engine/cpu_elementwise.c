@@ -124,14 +124,8 @@ static int needs_double(const gl_tensor *const *ts, int n) {
   return 0;
 }
 
-#define real float
-#define RDT GL_F32
-#define R(name) name##_f32
-#include "cpu_elementwise.c"
-#define real double
-#define RDT GL_F64
-#define R(name) name##_f64
-#include "cpu_elementwise.c"
+#define GL_TEMPLATE "cpu_elementwise.c"
+#include "cpu_template.h"
 
 static void elementwise(int kind, int op, int nops, gl_tensor *const *ts, double p0, double p1) {
   if (needs_double((const gl_tensor *const *)ts, nops)) elementwise_f64(kind, op, nops, ts, p0, p1);

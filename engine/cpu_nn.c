@@ -112,14 +112,8 @@ static void gather_lines(gl_tensor *out, const gl_tensor *x, int dim, const gl_t
   }
 }
 
-#define real float
-#define RDT GL_F32
-#define R(name) name##_f32
-#include "cpu_nn.c"
-#define real double
-#define RDT GL_F64
-#define R(name) name##_f64
-#include "cpu_nn.c"
+#define GL_TEMPLATE "cpu_nn.c"
+#include "cpu_template.h"
 
 /* compute in double for float64 (or wide integer) data, float otherwise */
 static int wide(const gl_tensor *t) { return t && (t->dtype == GL_F64 || t->dtype == GL_I32 || t->dtype == GL_I64); }

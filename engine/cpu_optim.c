@@ -13,14 +13,8 @@
 
 enum { CHUNK = 1024 };
 
-#define real float
-#define RDT GL_F32
-#define R(name) name##_f32
-#include "cpu_optim.c"
-#define real double
-#define RDT GL_F64
-#define R(name) name##_f64
-#include "cpu_optim.c"
+#define GL_TEMPLATE "cpu_optim.c"
+#include "cpu_template.h"
 
 int cpu_adamw_update(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v, int64_t start,
                      int64_t len, double lr, double beta1, double beta2, double eps, double weight_decay,

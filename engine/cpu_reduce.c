@@ -39,14 +39,8 @@ static int64_t elem_offset(const gl_tensor *t, int64_t r) {
 
 static int is_wide(int dtype) { return dtype == GL_F64 || dtype == GL_I32 || dtype == GL_I64; }
 
-#define real float
-#define RDT GL_F32
-#define R(name) name##_f32
-#include "cpu_reduce.c"
-#define real double
-#define RDT GL_F64
-#define R(name) name##_f64
-#include "cpu_reduce.c"
+#define GL_TEMPLATE "cpu_reduce.c"
+#include "cpu_template.h"
 
 int cpu_reduce(int op, gl_tensor *out, const gl_tensor *x, uint32_t dims_mask) {
   if (is_wide(x->dtype) || is_wide(out->dtype)) reduce_f64(op, out, x, dims_mask);

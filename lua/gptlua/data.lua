@@ -109,14 +109,7 @@ function Writer:abort()
   lib.gl_shard_writer_abort(c)
 end
 
-local function read_file(path, what)
-  local f, err = io.open(path, 'rb')
-  if not f then error(('%s: cannot open %s'):format(what, err), 3) end
-  local s, rerr = f:read('*a')
-  f:close()
-  if not s then error(('%s: cannot read %s: %s'):format(what, path, tostring(rerr)), 3) end
-  return s
-end
+local function read_file(path, what) return require('gptlua.util').read_file(path, what, 2) end  -- a tail call
 
 -- A plain text file for the character-level recipes:
 -- {tokenizer = t, train = int32 tensor, val = int32 tensor}.  The split is

@@ -77,14 +77,7 @@ function M.from_merges(merges, opts)
   return wrap(lib.gl_tok_from_merges(opts.pattern, #merges, pairs_buf, n, arr))
 end
 
-local function read_file(path, what)
-  local f, err = io.open(path, 'rb')
-  if not f then error(('%s: cannot open %s'):format(what, err), 3) end
-  local s, rerr = f:read('*a')
-  f:close()
-  if not s then error(('%s: cannot read %s: %s'):format(what, path, tostring(rerr)), 3) end
-  return s
-end
+local function read_file(path, what) return require('gptlua.util').read_file(path, what, 2) end  -- a tail call
 
 -- A string is a file path when opts.texts is not set, it has no newline and
 -- a file of that name exists; otherwise it is the text itself.

@@ -31,3 +31,19 @@ describe('shipped recipes', function()
     os.execute('rm -rf ' .. d)
   end)
 end)
+
+describe('distributed recipes', function()
+  it('runs the default recipe on 2 ranks under fsdp, evaluating and sampling on every rank', function()
+    local d = os.tmpname(); os.remove(d)
+    local p = io.popen(('cd %s && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 %s -n 2 ' ..
+      'recipes/shakespeare.lua --dist=fsdp --max_iters=4 --eval_interval=2 --eval_iters=1 --log_interval=2 ' ..
+      '--sample_length=20 --n_layer=2 --out_dir=%s 2>&1; echo "exit=$?"'):format(root, exe, d))
+    local out = p:read('*a'); p:close()
+    assert.truthy(out:find('exit=0', 1, true), out)
+    assert.truthy(out:find('step 4: train loss', 1, true), out)
+    assert.truthy(out:find('--- sample ---', 1, true), out)
+    local _, n = out:gsub('step 4: train loss', '')
+    assert.equal(1, n)  -- rank 0 prints, the others stay quiet
+    os.execute('rm -rf ' .. d)
+  end)
+end)

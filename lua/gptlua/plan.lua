@@ -11,41 +11,53 @@
 -- request rounded up to its size class (engine/alloc.c; the CUDA path uses
 -- the same classes), tensor by tensor.
 --
--- Activations model this engine's autograd, op by op (lua/gptlua/ops*.lua):
--- each op's backward closure holds the tensors it reads, so every tensor a
--- forward makes stays alive until backward, and the trainer runs each
--- micro-step inside one tensor scope that releases its tensors only when
--- the micro-step ends.  Only op-internal statistics (norm mean/rstd,
--- attention and cross-entropy log-sum-exp) are released during backward.
--- The activation peak of a micro-batch is therefore
---   forward (everything the forward allocates)
--- + backward temporaries (everything the backward allocates)
--- - the released statistics.
--- With units BTC = B*T*C elements (B micro-batch, T context, C width),
--- BTK = B*T*C*Hkv/H, BT, BTH = B*T*H (H heads), BTV = B*T*V (V vocab); a =
--- bytes per activation (the model dtype), f = bytes per statistic (fp32,
--- fp64 for float64 models), 1 = a one-element tensor (one 512-byte block):
---   gpt2 forward, per layer:      18*BTC*a + 4*BT*f + BTH*f   (+2*BTC*a with dropout)
+-- Activations: a dry run of the trainer's micro-step on symbolic tensors
+-- (sizes and shared storages, no data).  The ops allocate and view as
+-- lua/gptlua/ops*.lua do, the models call them as gptlua.models.* do, and
+-- backward walks the graph as gptlua.autograd does with free_activations
+-- (same order, same held counts), so the running total of live bytes is
+-- the allocator's, tensor by tensor, and the peak is its maximum.  What it
+-- shows for this engine:
+--   - the forward keeps everything it makes until backward reaches it;
+--   - backward releases, as it passes a layer, the norm statistics and the
+--     attention/cross-entropy log-sum-exp, the residual-stream sums and
+--     the gradients nothing else views, and each weight-gradient
+--     temporary once it is added into .grad;
+--   - a view made inside an op is a tensor of the micro-step's scope, so
+--     its storage stays until the micro-step ends even after the op's
+--     output is released: a linear's input and output (its x2/out2
+--     views), its incoming gradient, dx and bias gradient (views of raw
+--     products); attention's qkv, output and dqkv (or q/k/v gradient
+--     buffers); the logits and their gradient.
+-- So the live set grows layer by layer through backward too, and the peak
+-- usually comes at its end (the embedding's gradient; for GPT-2's tied
+-- embedding the head's and the lookup's gradient and their sum).  With
+-- units BTC = B*T*C elements (B micro-batch, T context, C width), BTK =
+-- B*T*C*Hkv/H, BT, BTH = B*T*H (H heads), BTV = B*T*V (V vocab), CC = C*C
+-- (weights), a = bytes per activation (the model dtype), f = bytes per
+-- statistic (fp32; fp64 for float64 models):
+--   gpt2 forward, per layer:     18*BTC*a + 4*BT*f + BTH*f   (+2*BTC*a with dropout)
 --     ln_1, qkv (3), attention out, c_proj, residual, ln_2, c_fc (4), gelu (4),
 --     c_proj, residual; mean/rstd of both norms, attention lse
---   gpt2 backward, per layer:     18*BTC*a + one temporary per block weight
---     mlp: c_proj dx (4), gelu dx (4), c_fc dx, ln_2 dx, residual grad sum;
---     attn: c_proj dx, dqkv (3), c_attn dx, ln_1 dx, residual grad sum
---   nanochat forward, per layer:  18*BTC*a + 4*BTK*a + 2*BT*f + 2*BTH*f + BTHk*f
---     norm, c_q, c_k/c_v (2 BTK), rope and norm of q, of k (2 BTK),
---     attention out, c_proj, residual, norm, c_fc (4), relu2 (4), c_proj, residual
---   nanochat backward, per layer: 22*BTC*a + 4*BTK*a + one temporary per block weight
---   head forward: final norm BTC*a, logits BTV*a, CE losses/lse 2*BT*f, ignore mask BT*8
---   head backward: dlogits BTV*a, dx of the head and of the final norm 2*BTC*a
---   every parameter: one gradient temporary (a tied embedding three: head,
---   lookup and their sum); they go with the micro-step's scope too.
--- For a big vocabulary the logits and their gradient, 2*B*T*V*a, dominate.
+--   gpt2 backward, per layer:    18*BTC*a + 12*CC*a + 13*C*a (weight and bias gradients);
+--     31*BTC*a of the forward's and backward's 36 stay to the end of the micro-step
+--   nanochat forward, per layer: 18*BTC*a + 4*BTK*a + 2*BTH*f + BTHk*f + 2*BT*f
+--     norm, c_q, c_k/c_v (2 BTK), rope and norm of q, of k (2 BTK), attention
+--     out, c_proj, residual, norm, c_fc (4), relu2 (4), c_proj, residual;
+--     the norms' rstd, attention lse
+--   head: final norm BTC*a, logits BTV*a, CE losses/lse 2*BT*f, target mask BT*8; dlogits BTV*a
+-- and `gptlua --plan` prints these formulas for the recipe, what of them
+-- stays to the end of the micro-step, and where the peak comes.  For a big
+-- vocabulary the logits and their gradient, 2*B*T*V*a, dominate.
 --
--- Activation checkpointing (gl.checkpoint per block) runs the block without
--- recording, but the micro-step's scope still holds what that forward
--- made, and backward recomputes the block and keeps the recomputation plus
--- the input-gradient leaf: per layer + (forward of a layer + BTC*a).  With
--- this engine it costs memory instead of saving it; the plan says so.
+-- Activation checkpointing (gl.checkpoint per block) runs each block
+-- without recording inside a tensor scope, so only the block's output
+-- stays (B*T*C*a per layer, plus the embedding output its backward views);
+-- backward recomputes one block at a time and backpropagates through it
+-- inside a scope that keeps only the input gradient.  The peak becomes
+-- the layers' outputs + one layer's forward and backward + the outside
+-- parts: less than without for two layers or more; the plan suggests it
+-- when it saves memory.
 --
 -- Parameters, gradients, optimizer state (AdamW m+v fp32, Muon momentum
 -- fp32), fp32 master weights when the model is bfloat16, and what each
@@ -208,169 +220,654 @@ local function optimizer_of(cfg, q)
 end
 
 -- ----------------------------------------------------------- activations --
--- Allocation lists: {count, coefficient, unit, dtype tag, what, owned}.
--- owned = released during backward (op-internal statistics).
-local function item(n, k, u, t, what, owned) return { n = n, k = k, u = u, t = t, what = what, owned = owned } end
+-- A dry run of one micro-step on symbolic tensors: each has a size and a
+-- storage shared with its views, nothing else.  The ops below allocate,
+-- view and record exactly as lua/gptlua/ops*.lua do, and backward() is
+-- gptlua.autograd's walk (same order, same held counts, same releases),
+-- so the running total of live storage bytes is the allocator's, block by
+-- block; spec/plan_spec.lua checks it against gl.memory_stats().
+local function sz(k, unit, tag) return { k = k, unit = unit, tag = tag or 'a' } end
 
--- The tensors each part of the forward and backward allocates (see the
--- header).  This mirrors the ops in lua/gptlua/ops*.lua and the models'
--- forward; spec/plan_spec.lua checks it byte for byte against the
--- allocator, so a change to either shows there.
-local TRACE = {}
-
-function TRACE.gpt2(m)
-  local drop = m.dropout > 0 and 1 or 0
-  local F = {
-    item(1, 1, 'BTC', 'a', 'ln_1'), item(2, 1, 'BT', 'f', 'ln_1 mean/rstd', true),
-    item(1, 3, 'BTC', 'a', 'qkv'), item(1, 1, 'BTC', 'a', 'attention out'),
-    item(1, 1, 'BTH', 'f', 'attention lse', true),
-    item(1, 1, 'BTC', 'a', 'attn c_proj'), item(drop, 1, 'BTC', 'a', 'attn dropout'),
-    item(1, 1, 'BTC', 'a', 'residual'), item(1, 1, 'BTC', 'a', 'ln_2'), item(2, 1, 'BT', 'f', 'ln_2 mean/rstd', true),
-    item(1, 4, 'BTC', 'a', 'c_fc'), item(1, 4, 'BTC', 'a', 'gelu'), item(1, 1, 'BTC', 'a', 'mlp c_proj'),
-    item(drop, 1, 'BTC', 'a', 'mlp dropout'), item(1, 1, 'BTC', 'a', 'residual'),
-  }
-  local G = {
-    item(2 * drop, 1, 'BTC', 'a', 'dropout dx'),
-    item(1, 4, 'BTC', 'a', 'mlp c_proj dx'), item(1, 4, 'BTC', 'a', 'gelu dx'), item(1, 1, 'BTC', 'a', 'c_fc dx'),
-    item(1, 1, 'BTC', 'a', 'ln_2 dx'), item(1, 1, 'BTC', 'a', 'residual grad sum'),
-    item(1, 1, 'BTC', 'a', 'attn c_proj dx'), item(1, 3, 'BTC', 'a', 'dqkv'),
-    item(1, 1, 'BTC', 'a', 'c_attn dx'), item(1, 1, 'BTC', 'a', 'ln_1 dx'), item(1, 1, 'BTC', 'a', 'residual grad sum'),
-  }
-  local EF = { item(1, 1, 'T', 'i64', 'positions'), item(1, 1, 'BTC', 'a', 'wte lookup'),
-               item(1, 1, 'TC', 'a', 'wpe lookup'), item(1, 1, 'BTC', 'a', 'embedding sum'),
-               item(drop, 1, 'BTC', 'a', 'embedding dropout') }
-  local EG = { item(drop, 1, 'BTC', 'a', 'dropout dx'), item(1, 1, 'TC', 'a', 'wpe grad sum') }
-  local HF = { item(1, 1, 'BTC', 'a', 'ln_f'), item(2, 1, 'BT', 'f', 'ln_f mean/rstd', true) }
-  local HG = { item(1, 1, 'BTC', 'a', 'ln_f dx') }
-  return F, G, EF, EG, HF, HG
+-- Storages are of a kind: 'act' (activations and gradients), 'gathered'
+-- (FSDP's gathered parameters) or 'comm' (FSDP's full gradients waiting
+-- for their reduce-scatter); the peak records what each kind held then.
+local KINDS = { 'act', 'gathered', 'comm' }
+local function new_sim(u, sizes)
+  local S = { u = u, cur = 0, peak = 0, scopes = {}, grad = true, part = 0, phase = 'forward', allocs = {},
+              live = { act = 0, gathered = 0, comm = 0 }, at_peak = { act = 0, gathered = 0, comm = 0 } }
+  local function register(t)
+    local s = S.scopes[#S.scopes]
+    if s then s[#s + 1] = t end
+    return t
+  end
+  -- a fresh storage holding sz, and the tensor that owns it
+  function S.new(size, what, kind)
+    kind = kind or 'act'
+    local st = { bytes = block(size.k * u[size.unit] * sizes[size.tag]), refs = 1, sz = size, what = what,
+                 part = S.part, phase = S.phase, kind = kind }
+    S.cur = S.cur + st.bytes
+    S.live[kind] = S.live[kind] + st.bytes
+    if S.cur > S.peak then
+      S.peak, S.peak_at = S.cur, S.where
+      for _, k in ipairs(KINDS) do S.at_peak[k] = S.live[k] end
+    end
+    S.allocs[#S.allocs + 1] = st
+    return register({ st = st, sz = size, live = true })
+  end
+  -- another tensor on t's storage
+  function S.view(t)
+    t.st.refs = t.st.refs + 1
+    return register({ st = t.st, sz = t.sz, live = true })
+  end
+  -- gl_tensor_release: the storage goes with its last tensor
+  function S.release(t)
+    if not t.live then return end
+    t.live = false
+    local st = t.st
+    st.refs = st.refs - 1
+    if st.refs == 0 then
+      S.cur = S.cur - st.bytes
+      S.live[st.kind] = S.live[st.kind] - st.bytes
+      st.freed = S.phase
+    end
+  end
+  -- a parameter: its .grad exists and backward adds into it (unless a
+  -- policy takes it away, see take_grad).  Its storage counts elsewhere
+  -- (persistent state, or FSDP's gathered buffer it then shares).
+  function S.leaf(size)
+    return { st = { bytes = 0, refs = 1, kind = 'act' }, sz = size, live = true, requires_grad = true, grad = true }
+  end
+  -- zero2's hook: the gradient moves into the bucket's send buffer and goes
+  function S.take_grad(x)
+    x.grad = nil
+    x.hook = function() if x.grad then S.release(x.grad); x.grad = nil end end
+  end
+  -- Tensor.scope: releases what fn made, except its result and kept tensors
+  function S.scope(fn)
+    local list = {}
+    S.scopes[#S.scopes + 1] = list
+    local res = fn()
+    S.scopes[#S.scopes] = nil
+    local outer = S.scopes[#S.scopes]
+    for _, t in ipairs(list) do
+      if t == res or t.keep then
+        if outer and not t.keep then outer[#outer + 1] = t end
+      else
+        S.release(t)
+        t.grad_fn = nil
+      end
+    end
+    return res
+  end
+  function S.at(what) S.where = { part = S.part, what = what, phase = S.phase, recompute = S.recompute } end
+  -- autograd.record
+  function S.record(out, inputs, backward, what, owned)
+    if not S.grad then return out end
+    local needs = false
+    for _, x in ipairs(inputs) do if x.requires_grad then needs = true end end
+    if not needs then return out end
+    out.requires_grad = true
+    out.grad_fn = { inputs = inputs, backward = backward, what = what, owned = owned, part = S.part,
+                    recompute = S.recompute }
+    return out
+  end
+  local function count_deps(root)
+    local deps, seen, stack = {}, { [root] = true }, { root }
+    while #stack > 0 do
+      local t = table.remove(stack)
+      local fn = t.grad_fn
+      if fn and fn.inputs then
+        for _, x in ipairs(fn.inputs) do
+          if x.requires_grad then
+            deps[x] = (deps[x] or 0) + 1
+            if not seen[x] then seen[x] = true; stack[#stack + 1] = x end
+          end
+        end
+      end
+    end
+    return deps
+  end
+  -- autograd.backward (the trainer's and gl.checkpoint's with
+  -- free_activations)
+  function S.backward(root, grad, free_activations)
+    local user = grad ~= nil
+    if not user then grad = S.new(root.sz, 'loss gradient') end
+    local prev = S.grad
+    S.grad = false
+    local held = {}
+    local function hold(g) held[g] = (held[g] or 0) + 1 end
+    local function drop(g)
+      local n = held[g]
+      if n == nil then return end
+      if n <= 1 then held[g] = nil; S.release(g) else held[g] = n - 1 end
+    end
+    local deps = count_deps(root)
+    local grads = { [root] = grad }
+    hold(grad)
+    if user then hold(grad) end
+    local ready = { root }
+    local function leaf_done(x)
+      local g = grads[x]
+      -- a parameter adds into its .grad; a checkpointed block's input (or a
+      -- parameter whose .grad a policy took) gets a copy
+      if g ~= nil and not x.grad then x.grad = S.new(g.sz, 'gradient copy'); x.grad.keep = true end
+      if x.hook then x.hook(x) end  -- the gradient-ready hooks (policies)
+      if g ~= nil then drop(g) end
+      grads[x] = nil
+    end
+    while #ready > 0 do
+      local t = table.remove(ready)
+      local fn = t.grad_fn
+      if fn == nil then
+        leaf_done(t)
+      else
+        local g = grads[t]
+        grads[t] = nil
+        S.part, S.where = fn.part, { part = fn.part, what = fn.what, phase = 'backward', recompute = fn.recompute }
+        local in_grads = g ~= nil and { fn.backward(g) } or {}
+        for j, x in ipairs(fn.inputs) do
+          if x.requires_grad then
+            local gx = in_grads[j]
+            if gx ~= nil then
+              local acc = grads[x]
+              if acc == nil then
+                grads[x] = gx; hold(gx)
+              else
+                local sum = S.new(acc.sz, 'gradient sum')
+                grads[x] = sum; hold(sum)
+                drop(acc)
+                if held[gx] == nil and gx ~= g then S.release(gx) end
+              end
+            end
+            deps[x] = deps[x] - 1
+            if deps[x] == 0 then
+              if x.grad_fn == nil then leaf_done(x) else ready[#ready + 1] = x end
+            end
+          end
+        end
+        if g ~= nil then drop(g) end
+        if fn.owned then for _, o in ipairs(fn.owned) do S.release(o) end end
+        fn.inputs, fn.owned = nil, nil
+        if free_activations and t ~= root then S.release(t) end
+      end
+    end
+    S.grad = prev
+  end
+  return S
 end
 
-function TRACE.nanochat()
-  local F = {
-    item(1, 1, 'BTC', 'a', 'norm'), item(1, 1, 'BT', 'f', 'norm rstd', true),
-    item(1, 1, 'BTC', 'a', 'c_q'), item(2, 1, 'BTK', 'a', 'c_k, c_v'),
-    item(1, 1, 'BTC', 'a', 'rope q'), item(1, 1, 'BTC', 'a', 'norm q'), item(1, 1, 'BTH', 'f', 'norm q rstd', true),
-    item(1, 1, 'BTK', 'a', 'rope k'), item(1, 1, 'BTK', 'a', 'norm k'), item(1, 1, 'BTHk', 'f', 'norm k rstd', true),
-    item(1, 1, 'BTC', 'a', 'attention out'), item(1, 1, 'BTH', 'f', 'attention lse', true),
-    item(1, 1, 'BTC', 'a', 'attn c_proj'), item(1, 1, 'BTC', 'a', 'residual'),
-    item(1, 1, 'BTC', 'a', 'norm'), item(1, 1, 'BT', 'f', 'norm rstd', true),
-    item(1, 4, 'BTC', 'a', 'c_fc'), item(1, 4, 'BTC', 'a', 'relu2'), item(1, 1, 'BTC', 'a', 'mlp c_proj'),
-    item(1, 1, 'BTC', 'a', 'residual'),
-  }
-  local G = {
-    item(1, 4, 'BTC', 'a', 'mlp c_proj dx'), item(1, 4, 'BTC', 'a', 'relu2 dx'), item(1, 1, 'BTC', 'a', 'c_fc dx'),
-    item(1, 1, 'BTC', 'a', 'norm dx'), item(1, 1, 'BTC', 'a', 'residual grad sum'),
-    item(1, 1, 'BTC', 'a', 'attn c_proj dx'), item(1, 1, 'BTC', 'a', 'dq'), item(2, 1, 'BTK', 'a', 'dk/dv'),
-    item(1, 1, 'BTC', 'a', 'norm q dx'), item(1, 1, 'BTC', 'a', 'rope q dx'), item(1, 1, 'BTC', 'a', 'c_q dx'),
-    item(1, 1, 'BTK', 'a', 'norm k dx'), item(1, 1, 'BTK', 'a', 'rope k dx'), item(2, 1, 'BTC', 'a', 'c_k/c_v dx'),
-    item(2, 1, 'BTC', 'a', 'q/k/v input grad sums'), item(1, 1, 'BTC', 'a', 'norm dx'),
-    item(1, 1, 'BTC', 'a', 'residual grad sum'),
-  }
-  local EF = { item(1, 1, 'BTC', 'a', 'wte lookup'), item(1, 1, 'BTC', 'a', 'norm'),
-               item(1, 1, 'BT', 'f', 'norm rstd', true) }
-  local EG = { item(1, 1, 'BTC', 'a', 'norm dx') }
-  local HF = { item(1, 1, 'BTC', 'a', 'final norm'), item(1, 1, 'BT', 'f', 'final norm rstd', true) }
-  local HG = { item(1, 1, 'BTC', 'a', 'final norm dx') }
-  return F, G, EF, EG, HF, HG
+-- The ops' memory behaviour (lua/gptlua/ops*.lua).  What matters besides
+-- the allocations is which storages a view pins: a view made inside an op
+-- is a tensor of the micro-step's scope, released only when the scope
+-- ends, so its storage outlives the release of the op's output.  Pinned
+-- that way until the micro-step ends: a linear's input and output (the
+-- forward views x2/out2), its incoming gradient (g2) and its dx and bias
+-- gradient (views of raw products); attention's qkv, output and dqkv
+-- (the q/k/v part views); the cross-entropy logits and their gradient.
+local function sim_ops(S)
+  local O = {}
+  local function unary(x, what)
+    S.at(what)
+    local out = S.new(x.sz, what)
+    return S.record(out, { x }, function() return S.new(x.sz, what .. ' dx') end, what)
+  end
+  O.unary, O.dropout, O.rope = unary, unary, unary
+  -- view, reshape of a contiguous tensor, transpose: a view both ways
+  function O.view(x, what)
+    return S.record(S.view(x), { x }, function(g) return S.view(g) end, what)
+  end
+  function O.linear(x, W, b, osize, what)
+    S.at(what)
+    S.view(x)
+    local out = S.new(osize, what)
+    S.view(out)
+    if b then S.view(b) end   -- the bias broadcast into out
+    S.view(W)                 -- W^T
+    return S.record(out, b and { x, W, b } or { x, W }, function(g)
+      S.view(g)
+      local gx, gW, gb
+      if x.requires_grad then gx = S.view(S.new(x.sz, what .. ' dx')) end
+      if W.requires_grad then gW = S.new(W.sz, what .. ' weight gradient') end
+      if b and b.requires_grad then gb = S.view(S.new(b.sz, what .. ' bias gradient')) end
+      return gx, gW, gb
+    end, what)
+  end
+  -- layer_norm (mean and rstd) and rms_norm (rstd): the statistics are
+  -- owned by the node, released once its backward has run
+  local function norm(x, w, b, stat, what, with_mean)
+    S.at(what)
+    local y = S.new(x.sz, what)
+    local owned = {}
+    if with_mean then owned[1] = S.new(sz(1, stat, 'f'), what .. ' mean') end
+    owned[#owned + 1] = S.new(sz(1, stat, 'f'), what .. ' rstd')
+    local inputs = { x }
+    if w then inputs[#inputs + 1] = w end
+    if b then inputs[#inputs + 1] = b end
+    return S.record(y, inputs, function()
+      local dx = S.new(x.sz, what .. ' dx')
+      local dw = w and S.new(w.sz, what .. ' weight gradient')
+      local db = b and S.new(b.sz, what .. ' bias gradient')
+      if dw then return dx, dw, db end
+      return dx, db
+    end, what, owned)
+  end
+  function O.layer_norm(x, w, b, what) return norm(x, w, b, 'BT', what, true) end
+  function O.rms_norm(x, stat, what) return norm(x, nil, nil, stat, what, false) end
+  -- a + b, b broadcast over the batch when smaller (GPT-2's positions)
+  function O.add(a, b, what)
+    S.at(what)
+    local out = S.new(a.sz, what)
+    local bcast = b.sz.unit ~= a.sz.unit
+    if bcast then S.view(b) end
+    return S.record(out, { a, b }, function(g)
+      return g, bcast and S.view(S.new(b.sz, what .. ' broadcast gradient')) or g
+    end, what)
+  end
+  function O.embedding(W, osize, what)
+    S.at(what)
+    local out = S.new(osize, what)
+    return S.record(out, { W }, function() return S.new(W.sz, what .. ' gradient') end, what)
+  end
+  -- GPT-2's fused attention on the c_attn output
+  function O.attention_qkv(qkv, stat, what)
+    S.at(what)
+    S.view(qkv)
+    local y = S.new(sz(qkv.sz.k / 3, qkv.sz.unit, qkv.sz.tag), what)
+    S.view(y)
+    local lse = S.new(sz(1, stat, 'f'), what .. ' lse')
+    return S.record(y, { qkv }, function(g)
+      S.view(g)
+      return S.view(S.new(qkv.sz, what .. ' dqkv'))
+    end, what, { lse })
+  end
+  -- scaled_dot_product_attention: output and input gradients are views of
+  -- (B,T,H,D) buffers that stay
+  function O.sdpa(q, k, v, stat, what)
+    S.at(what)
+    local out = S.view(S.new(q.sz, what))
+    local lse = S.new(sz(1, stat, 'f'), what .. ' lse')
+    return S.record(out, { q, k, v }, function()
+      return S.view(S.new(q.sz, what .. ' dq')), S.view(S.new(k.sz, what .. ' dk')), S.view(S.new(v.sz, what .. ' dv'))
+    end, what, { lse })
+  end
+  -- cross-entropy with ignore_index: per-row losses, the count of targets
+  -- kept (a float64 mask), scalar sums; the gradient is a view of dlogits
+  function O.cross_entropy(logits, what)
+    S.at(what)
+    S.view(logits)
+    S.new(sz(1, 'BT', 'f'), what .. ' losses')
+    local lse = S.new(sz(1, 'BT', 'f'), what .. ' lse')
+    S.new(sz(1, '1', 'i64'), 'ignore_index scalar')
+    S.new(sz(1, 'BT', 'f64'), 'target mask')
+    S.new(sz(1, '1', 'f64'), 'target count')
+    local total = S.new(sz(1, '1', 'f'), 'loss sum')
+    local loss = S.new(total.sz, 'loss')
+    return S.record(loss, { logits }, function()
+      return S.view(S.new(logits.sz, 'dlogits'))
+    end, what, { lse })
+  end
+  -- gl.checkpoint: the block runs without recording inside a scope (only
+  -- its output stays, pinned by the detached view that is recorded); its
+  -- backward views the input (pinned to the end of the micro-step), reruns
+  -- the block and backpropagates inside a scope that keeps only the input
+  -- gradient (a fresh copy)
+  function O.checkpoint(fn, x)
+    local out = S.scope(function()
+      S.grad = false
+      local r = fn(x)
+      S.grad = true
+      return r
+    end)
+    local o = S.view(out)
+    return S.record(o, { x }, function(g)
+      local d = S.view(x)
+      d.requires_grad = true
+      S.grad, S.recompute = true, true
+      local dg = S.scope(function()
+        local out2 = fn(d)
+        S.backward(out2, g, true)
+        return d.grad
+      end)
+      S.grad, S.recompute = false, false
+      return dg
+    end, 'block')
+  end
+  return O
 end
 
--- the loss head both models share: lm head, cross-entropy, the trainer's
--- loss scaling; one-element tensors cost one 512-byte block each
-local function loss_trace()
-  local F = { item(1, 1, 'BTV', 'a', 'logits'), item(1, 1, 'BT', 'f', 'CE losses'),
-              item(1, 1, 'BT', 'f', 'CE lse', true), item(1, 1, 'BT', 'f64', 'CE ignore mask'),
-              item(5, 1, '1', 'f', 'loss scalars') }
-  local G = { item(2, 1, '1', 'f', 'loss grads'), item(1, 1, 'BTV', 'a', 'dlogits'),
-              item(1, 1, 'BTC', 'a', 'lm head dx') }
-  return F, G
+-- gptlua.dist.fsdp on the simulated tensors, with its default options
+-- (reshard_after_forward, prefetch, accumulate = 'sharded', reduce_dtype
+-- float32).  Units: each block (gathered for its forward, which runs
+-- without recording; recomputed in backward, which re-gathers it and
+-- backpropagates without free_activations inside a scope), the embeddings
+-- and the head (root units: gathered, with their full gradient buffer,
+-- from the model's forward until their gradients are final).  A unit's
+-- full gradient goes to a reduce-scatter (cast to fp32 first for a
+-- bfloat16 model) and stays until it completes: at worst when a third is
+-- started (the policy's bound); in a one-rank world at once, but the
+-- local communicator's copy leaves a view of it until the micro-step ends.
+-- n: ranks per shard group; accum > 1: a micro-step after the first,
+-- whose reduce-scatters land in fresh buffers before adding to the shard.
+local MAX_IN_FLIGHT = 2           -- gptlua.dist.fsdp.MAX_IN_FLIGHT
+local function sim_fsdp(S, m, params, n, sizes, accum, local_comm)
+  local F = { phase = 'forward', wrap = {}, roots = {}, pending = {} }
+  local L = m.n_layer
+  local units = {}
+  for i = 0, L + 1 do
+    units[i] = { index = i, params = {}, numel = 0, state = 'sharded', received = accum > 1,
+                 name = i == 0 and 'embeddings' or i == L + 1 and 'head' or ('block %d'):format(i) }
+  end
+  for _, q in ipairs(m.params) do
+    local u = units[q.unit]
+    u.numel = u.numel + q.numel
+    u.params[#u.params + 1] = params[q.name]
+  end
+  local cast = sizes.a ~= 4
+  for i = 0, L + 1 do
+    local u = units[i]
+    local c = math.ceil(u.numel / n)
+    u.full_size, u.shard_size = sz(1, 'unit' .. i), sz(1, 'shard' .. i, cast and 'f32' or 'a')
+    S.u['unit' .. i], S.u['shard' .. i] = n * c, c
+    if i >= 1 and i <= L then F.wrap[#F.wrap + 1] = u elseif u.numel > 0 then F.roots[#F.roots + 1] = u end
+  end
+  F.units = units
+
+  local function start_gather(u)
+    u.full = S.new(u.full_size, 'gathered ' .. u.name, 'gathered')
+    for _, p in ipairs(u.params) do   -- the parameters become views of it
+      p.st, p.live = u.full.st, true
+      u.full.st.refs = u.full.st.refs + 1
+    end
+    u.state = 'gathered'
+  end
+  local function release(u)
+    if u.state ~= 'gathered' then return end
+    for _, p in ipairs(u.params) do S.release(p) end
+    S.release(u.full)
+    u.full, u.state = nil, 'sharded'
+  end
+  local function acquire(u)
+    if u.state == 'sharded' then start_gather(u) end
+    local v = not u.root and F.wrap[u.index + (F.phase == 'forward' and 1 or -1)]
+    if v and v.state == 'sharded' then start_gather(v) end
+  end
+  local function grad_buffer(u)
+    if not u.gfull then u.gfull = S.new(u.full_size, 'full gradient of ' .. u.name, 'comm') end
+  end
+  local function complete(e)
+    if e.recv then S.release(e.recv) end
+    if not local_comm then S.release(e.send) end
+  end
+  -- the policy's poll: the local communicator has completed everything;
+  -- on MPI ranks completion depends on the other ranks, and the plan
+  -- takes the worst case, where only the bound on those in flight waits
+  local function poll()
+    if local_comm then while F.pending[1] do complete(table.remove(F.pending, 1)) end end
+  end
+  local function finalize(u)
+    if not u.gfull then return end
+    u.expecting = false
+    local send = u.gfull
+    u.gfull = nil
+    if cast then
+      local c = S.new(sz(1, 'unit' .. u.index, 'f32'), 'fp32 gradient of ' .. u.name, 'comm')
+      S.release(send)
+      send = c
+    end
+    local recv = (u.received or cast) and S.new(u.shard_size, 'received shard of ' .. u.name, 'comm') or nil
+    u.received = true
+    F.pending[#F.pending + 1] = { send = send, recv = recv }
+    release(u)
+    poll()
+    while #F.pending > MAX_IN_FLIGHT do complete(table.remove(F.pending, 1)) end
+  end
+  local function hook(p)
+    local u = p.unit
+    if u.expecting and not u.seen[p] then
+      u.seen[p] = true
+      u.ready = u.ready + 1
+      if u.ready == #u.params then finalize(u) end
+    end
+    poll()
+  end
+  for i = 0, L + 1 do for _, p in ipairs(units[i].params) do p.unit, p.hook = units[i], hook end end
+  local function expect_hooks(u)
+    grad_buffer(u)
+    if not u.expecting then u.expecting, u.ready, u.seen = true, 0, {} end
+  end
+
+  -- the model's forward starts: root units gathered, the first block prefetched
+  function F.start()
+    for _, u in ipairs(F.roots) do start_gather(u) end
+    if F.wrap[1] then start_gather(F.wrap[1]) end
+    for _, u in ipairs(F.roots) do expect_hooks(u) end
+  end
+  function F.forward_done() F.phase = 'backward' end
+
+  local function keep_after_forward(u) return F.phase == 'forward' and u == F.wrap[#F.wrap] end
+  -- block i called on x; fn runs the block
+  function F.call(i, fn, x)
+    local u = units[i]
+    if not S.grad then   -- without recording (the model's checkpoint)
+      acquire(u)
+      local r = S.scope(function() return fn(x) end)
+      if not keep_after_forward(u) then release(u) end
+      poll()
+      return r
+    end
+    if F.phase ~= 'forward' then  -- recording in backward: the model's checkpoint recomputing
+      acquire(u)
+      expect_hooks(u)
+      return fn(x)
+    end
+    acquire(u)
+    local out = S.scope(function()
+      S.grad = false
+      local r = fn(x)
+      S.grad = true
+      return r
+    end)
+    if not keep_after_forward(u) then release(u) end
+    poll()
+    local inputs = { x }
+    for _, p in ipairs(u.params) do inputs[#inputs + 1] = p end
+    return S.record(S.view(out), inputs, function(g)
+      acquire(u)
+      grad_buffer(u)
+      local dg = S.scope(function()
+        local d = S.view(x)
+        d.requires_grad = true
+        S.grad, S.recompute = true, true
+        S.backward(fn(d), g, false)
+        S.grad, S.recompute = false, false
+        return d.grad
+      end)
+      finalize(u)
+      return dg
+    end, 'block')
+  end
+  return F
 end
 
-local function concat(...)
-  local out = {}
-  for _, list in ipairs({ ... }) do for _, it in ipairs(list) do out[#out + 1] = it end end
-  return out
+-- The models' forward (gptlua.models.*) on the simulated ops; P(name) is
+-- the parameter of that name (nil for a missing bias).
+local FORWARD = {}
+
+function FORWARD.gpt2(O, S, m, P, checkpointing)
+  local L, drop = m.n_layer, m.dropout > 0
+  local BTC = sz(1, 'BTC')
+  local function dropout(x, what) if drop then return O.dropout(x, what) end return x end
+  S.part = 0
+  S.at('positions')
+  S.new(sz(1, 'T', 'i64'), 'positions')
+  local tok = O.embedding(P('transformer.wte.weight'), BTC, 'wte lookup')
+  local pos = O.embedding(P('transformer.wpe.weight'), sz(1, 'TC'), 'wpe lookup')
+  local x = dropout(O.add(tok, pos, 'embedding sum'), 'embedding dropout')
+  for i = 1, L do
+    S.part = i
+    local h = 'transformer.h.' .. (i - 1) .. '.'
+    local function block(xi)
+      local a = O.layer_norm(xi, P(h .. 'ln_1.weight'), P(h .. 'ln_1.bias'), 'ln_1')
+      a = O.linear(a, P(h .. 'attn.c_attn.weight'), P(h .. 'attn.c_attn.bias'), sz(3, 'BTC'), 'c_attn')
+      a = O.attention_qkv(a, 'BTH', 'attention')
+      a = dropout(O.linear(a, P(h .. 'attn.c_proj.weight'), P(h .. 'attn.c_proj.bias'), BTC, 'attn c_proj'),
+        'attn dropout')
+      xi = O.add(xi, a, 'residual')
+      local f = O.layer_norm(xi, P(h .. 'ln_2.weight'), P(h .. 'ln_2.bias'), 'ln_2')
+      f = O.unary(O.linear(f, P(h .. 'mlp.c_fc.weight'), P(h .. 'mlp.c_fc.bias'), sz(4, 'BTC'), 'c_fc'), 'gelu')
+      f = dropout(O.linear(f, P(h .. 'mlp.c_proj.weight'), P(h .. 'mlp.c_proj.bias'), BTC, 'mlp c_proj'), 'mlp dropout')
+      return O.add(xi, f, 'residual')
+    end
+    local function call(xi) return S.call_block(i, block, xi) end
+    if checkpointing then x = O.checkpoint(call, x) else x = call(x) end
+  end
+  S.part = L + 1
+  x = O.layer_norm(x, P('transformer.ln_f.weight'), P('transformer.ln_f.bias'), 'ln_f')
+  return O.linear(x, P('transformer.wte.weight'), nil, sz(1, 'BTV'), 'lm head (tied)')
+end
+
+function FORWARD.nanochat(O, S, m, P, checkpointing)
+  local L = m.n_layer
+  local BTC, BTK = sz(1, 'BTC'), sz(1, 'BTK')
+  S.part = 0
+  local x = O.rms_norm(O.embedding(P('transformer.wte.weight'), BTC, 'wte lookup'), 'BT', 'embedding norm')
+  for i = 1, L do
+    S.part = i
+    local h = 'transformer.h.' .. (i - 1) .. '.'
+    local function block(xi)
+      local a = O.rms_norm(xi, 'BT', 'attn norm')
+      local q = O.view(O.linear(a, P(h .. 'attn.c_q.weight'), nil, BTC, 'c_q'), 'q view')
+      local k = O.view(O.linear(a, P(h .. 'attn.c_k.weight'), nil, BTK, 'c_k'), 'k view')
+      local v = O.view(O.linear(a, P(h .. 'attn.c_v.weight'), nil, BTK, 'c_v'), 'v view')
+      q = O.rms_norm(O.rope(q, 'rope q'), 'BTH', 'norm q')
+      k = O.rms_norm(O.rope(k, 'rope k'), 'BTHk', 'norm k')
+      q, k, v = O.view(q, 'q transpose'), O.view(k, 'k transpose'), O.view(v, 'v transpose')
+      local y = O.view(O.view(O.sdpa(q, k, v, 'BTH', 'attention'), 'y transpose'), 'y reshape')
+      xi = O.add(xi, O.linear(y, P(h .. 'attn.c_proj.weight'), nil, BTC, 'attn c_proj'), 'residual')
+      local f = O.rms_norm(xi, 'BT', 'mlp norm')
+      f = O.unary(O.linear(f, P(h .. 'mlp.c_fc.weight'), nil, sz(4, 'BTC'), 'c_fc'), 'relu2')
+      return O.add(xi, O.linear(f, P(h .. 'mlp.c_proj.weight'), nil, BTC, 'mlp c_proj'), 'residual')
+    end
+    local function call(xi) return S.call_block(i, block, xi) end
+    if checkpointing then x = O.checkpoint(call, x) else x = call(x) end
+  end
+  S.part = L + 1
+  x = O.rms_norm(x, 'BT', 'final norm')
+  return O.linear(x, P('lm_head.weight'), nil, sz(1, 'BTV'), 'lm head')
 end
 
 local function units(d)
   return { BTC = d.B * d.T * d.C, BTK = d.B * d.T * d.Ck, BT = d.B * d.T, BTH = d.B * d.T * d.H,
-           BTHk = d.B * d.T * d.Hk, BTV = d.B * d.T * d.V, TC = d.T * d.C, T = d.T, ['1'] = 1 }
+           BTHk = d.B * d.T * d.Hk, BTV = d.B * d.T * d.V, TC = d.T * d.C, T = d.T, ['1'] = 1,
+           C = d.C, CC = d.C * d.C, CkC = d.Ck * d.C, VC = d.V * d.C }
 end
 
--- bytes of an allocation list, and the part released during backward
-local function list_bytes(list, u, sizes)
-  local total, owned = 0, 0
-  for _, it in ipairs(list) do
-    if it.n > 0 then
-      local b = it.n * block(it.k * u[it.u] * sizes[it.t])
-      total = total + b
-      if it.owned then owned = owned + b end
-    end
-  end
-  return total, owned
+-- a parameter's size in the formula units (bytes are exact either way)
+local function param_size(m, u, q)
+  local C, Ck, unit = m.n_embd, m.n_embd * m.n_kv_head / m.n_head, 'CC'
+  if q.name:match('wte%.weight$') or q.name:match('^lm_head') then unit = 'VC'
+  elseif q.name:match('wpe%.weight$') then unit = 'TC'
+  elseif #q.shape == 1 then unit = 'C'
+  elseif (q.name:match('c_k%.weight$') or q.name:match('c_v%.weight$')) and Ck ~= C then unit = 'CkC' end
+  local k = q.numel / u[unit]
+  if k ~= math.floor(k) then return sz(q.numel, '1') end
+  return sz(k, unit)
 end
 
--- "18*BTC*a + BTH*f + 4*BT*f" for an allocation list
+-- "18*BTC*a + BTH*f + 4*BT*f" for a list of storages
 local TAG_BYTES = { a = 'a', f = 'f', f64 = '8', i64 = '8' }
-local UNIT_ORDER = { 'BTV', 'BTC', 'BTK', 'TC', 'BTH', 'BTHk', 'BT', 'T', '1' }
+local UNIT_ORDER = { 'BTV', 'BTC', 'BTK', 'TC', 'BTH', 'BTHk', 'BT', 'T', 'VC', 'CC', 'CkC', 'C', '1' }
+local UNIT_RANK = {}
+for i, name in ipairs(UNIT_ORDER) do UNIT_RANK[name] = i end
 local function formula(list)
-  local acc, seen = {}, {}
-  local keys = {}
-  for _, it in ipairs(list) do
-    if it.n > 0 then
-      local key = it.u .. '*' .. it.t
-      if not acc[key] then acc[key] = 0; keys[#keys + 1] = key; seen[key] = it end
-      acc[key] = acc[key] + it.n * it.k
-    end
+  local acc, keys = {}, {}
+  for _, st in ipairs(list) do
+    local key = st.sz.unit == '1' and '1' or (st.sz.unit .. '*' .. st.sz.tag)
+    if not acc[key] then acc[key] = { n = 0, unit = st.sz.unit, tag = st.sz.tag }; keys[#keys + 1] = key end
+    acc[key].n = acc[key].n + st.sz.k
   end
-  local rank = {}
-  for i, u in ipairs(UNIT_ORDER) do rank[u] = i end
   table.sort(keys, function(a, b)
-    local ra, rb = rank[seen[a].u], rank[seen[b].u]
+    local ra, rb = UNIT_RANK[acc[a].unit], UNIT_RANK[acc[b].unit]
     if ra ~= rb then return ra < rb end
     return a < b
   end)
   local parts = {}
   for _, key in ipairs(keys) do
-    local c, it = acc[key], seen[key]
-    if it.u == '1' then parts[#parts + 1] = c .. ' scalars'
-    else parts[#parts + 1] = (c == 1 and '' or (c .. '*')) .. it.u .. '*' .. TAG_BYTES[it.t] end
+    local e = acc[key]
+    if e.unit == '1' then parts[#parts + 1] = e.n .. (e.n == 1 and ' scalar' or ' scalars')
+    else parts[#parts + 1] = (e.n == 1 and '' or (e.n .. '*')) .. e.unit .. '*' .. TAG_BYTES[e.tag] end
   end
-  return table.concat(parts, ' + ')
+  return #parts > 0 and table.concat(parts, ' + ') or 'nothing'
+end
+local function sum_bytes(list)
+  local n = 0
+  for _, st in ipairs(list) do n = n + st.bytes end
+  return n
+end
+local function filter(list, pred)
+  local out = {}
+  for _, st in ipairs(list) do if pred(st) then out[#out + 1] = st end end
+  return out
+end
+local function concat(...)
+  local out = {}
+  for _, list in ipairs({ ... }) do for _, x in ipairs(list) do out[#out + 1] = x end end
+  return out
 end
 
--- Activation bytes of one micro-batch for the model m (model_shapes) at
--- micro-batch B; param_temp = bytes of the backward's weight-gradient
--- temporaries (per block and outside the blocks).
-local function activations(m, B, sizes, param_temp, checkpointing)
+-- Activation bytes of one micro-step of the trainer (forward, the loss
+-- scaled by 1/accumulation, backward with free_activations, inside one
+-- tensor scope) for model m at micro-batch B: the bytes live at the end
+-- of the forward, the peak over the micro-step, and where it comes.
+-- pol: nil, {taken = predicate} (zero2's parameters whose gradients it
+-- takes) or {fsdp = {n=, accum=, local_comm=}}.
+local function activations(m, B, sizes, checkpointing, pol)
   local d = { B = B, T = m.block_size, C = m.n_embd, H = m.n_head, Hk = m.n_kv_head, V = m.vocab_size,
               Ck = m.n_embd * m.n_kv_head / m.n_head }
   local u = units(d)
-  local F, G, EF, EG, HF, HG = TRACE[m.kind](m)
-  local LF, LG = loss_trace()
-  local f_layer, o_layer = list_bytes(F, u, sizes)
-  local g_layer = list_bytes(G, u, sizes)
-  local f_emb, o_emb = list_bytes(EF, u, sizes)
-  local g_emb = list_bytes(EG, u, sizes)
-  local f_head, o_head = list_bytes(HF, u, sizes)
-  local g_head = list_bytes(HG, u, sizes)
-  local f_loss, o_loss = list_bytes(LF, u, sizes)
-  local g_loss = list_bytes(LG, u, sizes)
+  local S = new_sim(u, sizes)
+  local O = sim_ops(S)
+  local params = {}
+  for _, q in ipairs(m.params) do
+    params[q.name] = S.leaf(param_size(m, u, q))
+    if pol and pol.taken and pol.taken(q) then S.take_grad(params[q.name]) end
+  end
+  local function P(name) return params[name] end
+  local F = pol and pol.fsdp and sim_fsdp(S, m, params, pol.fsdp.n, sizes, pol.fsdp.accum, pol.fsdp.local_comm)
+  S.call_block = F and F.call or function(_, fn, x) return fn(x) end
+  local forward
+  S.scope(function()
+    if F then F.start() end
+    local loss = O.cross_entropy(FORWARD[m.kind](O, S, m, P, checkpointing), 'cross-entropy')
+    if F then F.forward_done() end
+    local scaled = O.unary(loss, 'loss / accumulation')
+    forward = S.live.act
+    S.phase = 'backward'
+    S.backward(scaled, nil, true)
+    S.phase = 'end'
+  end)
+  -- what one layer allocates and what of it stays to the end of the micro-step
+  -- (a middle layer: the first and last differ only in where gradients come from)
   local L = m.n_layer
-  local forward = f_emb + L * f_layer + f_head + f_loss
-  local backward = g_emb + L * g_layer + g_head + g_loss + param_temp
-  local released = o_emb + L * o_layer + o_head + o_loss
-  local r = { forward = forward, backward = backward - released, layer_forward = f_layer, layer_backward = g_layer,
-              logits = block(u.BTV * sizes.a), units = d,
-              formula = { layer_forward = formula(F), layer_backward = formula(G),
-                          outside_forward = formula(concat(EF, HF, LF)), outside_backward = formula(concat(EG, HG, LG)) } }
-  -- checkpointing: the recomputed forward of each layer and the layer's
-  -- input-gradient leaf stay too; the no-grad forward's statistics are not
-  -- released (only the recomputation's are)
-  r.checkpoint_extra = L * (f_layer + block(u.BTC * sizes.a))
-  r.checkpointing = checkpointing
-  r.total = r.forward + r.backward + (checkpointing and r.checkpoint_extra or 0)
-  if checkpointing then r.backward = r.backward + r.checkpoint_extra end
-  return r
+  local mid = math.max(1, math.floor((L + 1) / 2))
+  local acts = filter(S.allocs, function(st) return st.kind == 'act' end)
+  local function part(p, phase) return filter(acts, function(st) return st.part == p and st.phase == phase end) end
+  local lf, lb = part(mid, 'forward'), part(mid, 'backward')
+  local outside_f = filter(acts, function(st) return (st.part == 0 or st.part == L + 1) and st.phase == 'forward' end)
+  local outside_b = filter(acts, function(st) return (st.part == 0 or st.part == L + 1) and st.phase == 'backward' end)
+  local function stays(st) return st.freed == nil or st.freed == 'end' end
+  local layer_kept = concat(filter(lf, stays), filter(lb, stays))
+  local kept_fwd = filter(lf, function(st) return st.freed ~= 'forward' end)
+  return {
+    forward = forward, peak = S.peak, at_peak = S.at_peak, backward = S.at_peak.act - forward,
+    checkpointing = checkpointing, recomputes = checkpointing or F ~= nil,
+    peak_at = S.peak_at, n_layer = L, units = d, logits = block(B * d.T * d.V * sizes.a),
+    layer_forward = sum_bytes(lf), layer_forward_kept = sum_bytes(kept_fwd), layer_backward = sum_bytes(lb),
+    layer_kept = sum_bytes(layer_kept),
+    formula = { layer_forward = formula(lf), layer_forward_kept = formula(kept_fwd), layer_backward = formula(lb),
+                layer_kept = formula(layer_kept), outside_forward = formula(outside_f),
+                outside_backward = formula(outside_b) },
+  }
 end
 
 -- ---------------------------------------------------------------- policies
@@ -451,7 +948,7 @@ local function zero(stage)
       end
     end
     local cap = cfg.bucket_mb * 2 ^ 20
-    local largest_send = 0
+    local sends = {}
     -- replicated: the parameters stay, gradients are views of all-reduced buffers
     for _, q in ipairs(small) do
       r.params = r.params + block(q.numel * sp)
@@ -469,7 +966,7 @@ local function zero(stage)
         r.grads = r.grads + block(c * sp)
       end
       r.optimizer = r.optimizer + state
-      largest_send = math.max(largest_send, block(padded * sp))
+      sends[#sends + 1] = block(padded * sp)
       -- the step's all-gather sends the rank's slice of the buffer it
       -- gathers into: the communicator stages a copy of the slice
       if n > 1 then r.step_extra = r.step_extra + block(c * sp) end
@@ -489,57 +986,113 @@ local function zero(stage)
       r.notes.comm = 'the gradient shards the reduce-scatters fill'
     else
       r.notes.grads = 'the reduce-scattered shards; tensors under 1024 elements whole'
-      r.comm_fb = 2 * largest_send
-      r.notes.comm = 'two packed gradient buckets in flight during backward'
+      -- a bucket's send buffer lives from its first gradient until its
+      -- reduce-scatter completes: one filling while the one before reduces.
+      -- In a one-rank world the local communicator's copy leaves a view of
+      -- each send buffer in the micro-step's scope: all of them stay.
+      table.sort(sends, function(a, b) return a > b end)
+      if r.local_comm then
+        r.comm_fb = 0
+        for _, b in ipairs(sends) do r.comm_fb = r.comm_fb + b end
+        r.notes.comm = 'every bucket\'s send buffer (one rank: kept until the micro-step ends)'
+      else
+        r.comm_fb = (sends[1] or 0) + (sends[2] or 0)
+        r.notes.comm = 'send buffers of the two largest buckets in flight during backward'
+      end
     end
   end
 end
 POLICY.zero1, POLICY.zero2 = zero(1), zero(2)
 
--- FSDP: one flat buffer per unit, padded to a multiple of n; AdamW state on
--- the rank's slice of the unit, Muon on whole owned matrices.  Gathered:
--- the current unit and its prefetched neighbour (the head gathers the tied
--- embedding again); the unit's full gradients wait for their reduce-scatter.
-function POLICY.fsdp(m, cfg, n, sizes, r)
-  local sp, bf16 = sizes.p, cfg.dtype == 'bfloat16'
-  local nunits = m.n_layer + 2
-  local total, adam = {}, {}
-  for i = 0, nunits - 1 do total[i], adam[i] = 0, 0 end
+-- FSDP (gptlua.dist.fsdp): units = the embeddings, each block, the head
+-- (what is left: ln_f or lm_head), each one flat buffer padded to a
+-- multiple of n of which every rank keeps c = ceil(unit/n) elements: the
+-- parameter shard and the gradient shard (parameter dtype; no fp32 master
+-- copy: AdamW updates the shard in place), AdamW m+v fp32 for the adamw
+-- parameters' part of the rank's range, Muon momentum fp32 of the whole
+-- matrices the rank owns (greedy by size over the ranks, ties to the rank
+-- holding more of the matrix).  Per rank: the busiest rank.  The gathered
+-- units and full gradients come from the dry run of the step (sim_fsdp).
+local function fsdp_layout(m, cfg, n)
+  local units = {}
+  for i = 0, m.n_layer + 1 do units[i] = { numel = 0, params = {} } end
   for _, q in ipairs(m.params) do
-    total[q.unit] = total[q.unit] + q.numel
-    if optimizer_of(cfg, q) == 'adamw' then adam[q.unit] = adam[q.unit] + q.numel end
+    local u = units[q.unit]
+    u.params[#u.params + 1] = { q = q, off = u.numel }
+    u.numel = u.numel + q.numel
   end
-  for i = 0, nunits - 1 do
-    if total[i] > 0 then
-      local sh = ceil_div(total[i], n)
-      r.params = r.params + block(sh * sp)
-      r.grads = r.grads + block(sh * sp)
-      if bf16 then r.master = r.master + block(sh * 4) end
-      if adam[i] > 0 then r.optimizer = r.optimizer + 2 * block(ceil_div(adam[i], n) * 4) end
+  -- the rank's optimizer state: AdamW pieces, then Muon owners
+  local opt, owned, nsend, nrecv, pieces = {}, {}, {}, {}, {}
+  for s = 0, n - 1 do opt[s], owned[s], nsend[s], nrecv[s], pieces[s] = 0, {}, 0, 0, {} end
+  local load = {}
+  for s = 0, n - 1 do load[s] = 0 end
+  -- self.units order: the blocks, then the embeddings, then the head
+  local order = {}
+  for i = 1, m.n_layer do order[#order + 1] = units[i] end
+  order[#order + 1], order[#order + 2] = units[0], units[m.n_layer + 1]
+  for _, u in ipairs(order) do
+    local c = math.ceil(u.numel / n)
+    u.c = c
+    for s = 0, n - 1 do
+      local nadam = 0
+      for _, e in ipairs(u.params) do
+        local held = math.max(0, math.min(e.off + e.q.numel, (s + 1) * c) - math.max(e.off, s * c))
+        if optimizer_of(cfg, e.q) == 'adamw' then nadam = nadam + held end
+      end
+      if nadam > 0 then opt[s] = opt[s] + 2 * block(nadam * 4) end
+    end
+    for _, e in ipairs(u.params) do
+      if optimizer_of(cfg, e.q) == 'muon' then
+        local best, held = nil, {}
+        for s = 0, n - 1 do
+          held[s] = math.max(0, math.min(e.off + e.q.numel, (s + 1) * c) - math.max(e.off, s * c))
+          if not best or load[s] < load[best] or (load[s] == load[best] and held[s] > held[best]) then best = s end
+        end
+        load[best] = load[best] + e.q.numel
+        owned[best][#owned[best] + 1] = e.q
+        opt[best] = opt[best] + block(e.q.numel * 4)
+        for s = 0, n - 1 do
+          if held[s] > 0 then nsend[s] = nsend[s] + held[s]; pieces[s][#pieces[s] + 1] = held[s] end
+        end
+        nrecv[best] = nrecv[best] + e.q.numel
+      end
     end
   end
-  for _, g in ipairs(muon_groups(m, cfg)) do r.optimizer = r.optimizer + ceil_div(g.count, n) * block(g.numel * 4) end
-  local eff = {}
-  for i = 0, nunits - 1 do eff[i] = total[i] end
-  if m.tied then eff[nunits - 1] = eff[nunits - 1] + m.params[1].numel end
-  local pair, largest = 0, 0
-  for i = 0, nunits - 1 do
-    largest = math.max(largest, eff[i])
-    if i + 1 < nunits then pair = math.max(pair, block(eff[i] * sp) + block(eff[i + 1] * sp)) end
+  return units, opt, owned, nsend, nrecv, pieces
+end
+
+function POLICY.fsdp(m, cfg, n, sizes, r)
+  local sp = sizes.p
+  local units, opt, owned, nsend, nrecv, pieces = fsdp_layout(m, cfg, n)
+  for i = 0, m.n_layer + 1 do
+    if units[i].numel > 0 then
+      r.params = r.params + block(units[i].c * sp)
+      r.grads = r.grads + block(units[i].c * sp)
+    end
   end
-  r.gathered = pair
-  r.comm_fb = block(largest * sp)
+  local busiest = 0   -- the rank with the most optimizer state
+  for s = 1, n - 1 do if opt[s] > opt[busiest] then busiest = s end end
+  r.optimizer = opt[busiest]
+  -- the step's Muon exchange, all of it kept by views until the step's
+  -- scope ends: the rank's pieces to the owners (send, recv), each owned
+  -- matrix's whole gradient and Newton–Schulz temporaries (as
+  -- optimizer_step_bytes), the updates back and their scaled copies
+  r.muon_owned = owned[busiest]
+  if nsend[busiest] > 0 or nrecv[busiest] > 0 then
+    r.step_extra = 2 * block(nsend[busiest] * sp) + block(nrecv[busiest] * sp)
+    for _, len in ipairs(pieces[busiest]) do r.step_extra = r.step_extra + block(len * sp) end
+  end
   r.notes.grads = 'shards of the flat units'
-  r.notes.gathered = 'the largest unit and its prefetched neighbour'
-  r.notes.comm = 'full gradients of the largest unit before its reduce-scatter'
+  r.notes.master = 'none (AdamW updates the parameter shard)'
+  r.fsdp = true
 end
 POLICY.hsdp = POLICY.fsdp
 
 -- per-rank bytes of the persistent components for policy `pol` sharded
 -- over n ranks (the world; shard_size for hsdp)
-local function persistent(m, cfg, pol, n, sizes)
+local function persistent(m, cfg, pol, n, sizes, local_comm)
   local r = { params = 0, grads = 0, optimizer = 0, master = 0, gathered = 0, comm = 0, comm_fb = 0, step_extra = 0,
-              buffers = 0, notes = {} }
+              buffers = 0, notes = {}, local_comm = local_comm }
   for _, b in ipairs(m.buffers) do r.buffers = r.buffers + block(b.numel * sizes.p) end
   POLICY[pol](m, cfg, n, sizes, r)
   return r
@@ -550,17 +1103,23 @@ end
 -- momentum direction r*c, scaled copy r*c, 5 Newton–Schulz iterations of
 -- 3*r^2 + 2*r*c (fp32), transposed copies for tall matrices, the cast and
 -- the scaled update in the parameter dtype.
-local function optimizer_step_bytes(m, cfg, pol, n, sizes)
-  local sharded = POLICY_RANK[pol] >= POLICY_RANK.zero1
-  local total = 0
-  for _, g in ipairs(muon_groups(m, cfg)) do
-    local rows, cols = g.shape[1], g.shape[2]
+local function optimizer_step_bytes(m, cfg, pol, n, sizes, owned)
+  local function one(shape)
+    local rows, cols = shape[1], shape[2]
     local r, c = math.min(rows, cols), math.max(rows, cols)
     local tall = rows > cols and 1 or 0
-    local one = block(r * c * 4) * (2 + 2 * tall) + NS_STEPS * (3 * block(r * r * 4) + 2 * block(r * c * 4))
-    if sizes.p ~= 4 then one = one + block(r * c * sizes.p) end
-    one = one + block(r * c * sizes.p)
-    total = total + (sharded and ceil_div(g.count, n) or g.count) * one
+    local bytes = block(r * c * 4) * (2 + 2 * tall) + NS_STEPS * (3 * block(r * r * 4) + 2 * block(r * c * 4))
+    if sizes.p ~= 4 then bytes = bytes + block(r * c * sizes.p) end
+    return bytes + block(r * c * sizes.p)
+  end
+  local total = 0
+  if owned then   -- FSDP: the matrices this rank owns
+    for _, q in ipairs(owned) do total = total + one(q.shape) end
+    return total
+  end
+  local sharded = POLICY_RANK[pol] >= POLICY_RANK.zero1
+  for _, g in ipairs(muon_groups(m, cfg)) do
+    total = total + (sharded and ceil_div(g.count, n) or g.count) * one(g.shape)
   end
   return total
 end
@@ -687,25 +1246,33 @@ end
 local function compute(cfg, o)
   local m = M.model_shapes(cfg)
   local sp = DTYPE_BYTES[cfg.dtype]
-  local sizes = { a = sp, p = sp, f = cfg.dtype == 'float64' and 8 or 4, f64 = 8, i64 = 8 }
+  local sizes = { a = sp, p = sp, f = cfg.dtype == 'float64' and 8 or 4, f32 = 4, f64 = 8, i64 = 8 }
   local pol = cfg.dist
   local n = pol == 'hsdp' and o.shard or (pol == 'none' and 1 or o.world)
-  local per = persistent(m, cfg, pol, n, sizes)
-  -- weight-gradient temporaries of backward (the tied embedding: three)
-  local ptemp = 0
-  for _, q in ipairs(m.params) do ptemp = ptemp + block(q.numel * sp) end
-  if m.tied then ptemp = ptemp + 2 * block(m.params[1].numel * sp) end
-  local act = activations(m, cfg.batch_size, sizes, ptemp, cfg.activation_checkpointing)
-  local other = activations(m, cfg.batch_size, sizes, ptemp, not cfg.activation_checkpointing)
-  local step = optimizer_step_bytes(m, cfg, pol, n, sizes) + per.step_extra
+  local per = persistent(m, cfg, pol, n, sizes, o.world == 1)
+  -- zero2 frees the gradients of its flat buckets once moved into a send
+  -- buffer: backward makes each afresh; FSDP runs its units in the dry run
+  local polsim
+  if per.fsdp then
+    polsim = { fsdp = { n = n, accum = o.accum, local_comm = o.world == 1 } }
+  elseif pol == 'zero2' then
+    polsim = { taken = function(q) return optimizer_of(cfg, q) == 'muon' or q.numel >= MIN_SHARD end }
+  end
+  local act = activations(m, cfg.batch_size, sizes, cfg.activation_checkpointing, polsim)
+  local other = activations(m, cfg.batch_size, sizes, not cfg.activation_checkpointing, polsim)
+  local step = optimizer_step_bytes(m, cfg, pol, n, sizes, per.fsdp and (per.muon_owned or {})) + per.step_extra
   -- persistent state lives through the whole step; activations, gathered
-  -- parameters and in-flight buckets only through forward and backward,
-  -- Muon's temporaries only through the optimizer step
+  -- parameters and in-flight buffers only through forward and backward
+  -- (FSDP: as the dry run had them at its peak), Muon's temporaries only
+  -- through the optimizer step
+  local gathered = per.fsdp and act.at_peak.gathered or per.gathered
+  local comm_fb = per.fsdp and act.at_peak.comm or per.comm_fb
+  local function fb(a) return a.peak + (per.fsdp and 0 or per.gathered + per.comm_fb) end
   local b = { params = per.params + per.buffers, grads = per.grads, optimizer = per.optimizer, master = per.master,
-              gathered = per.gathered, comm = per.comm + per.comm_fb, act_forward = act.forward,
-              act_backward = act.backward, activations = act.total, optimizer_step = step }
+              gathered = gathered, comm = per.comm + comm_fb, act_forward = act.forward,
+              act_backward = act.backward, activations = act.at_peak.act, optimizer_step = step }
   b.persistent = b.params + b.grads + b.optimizer + b.master + per.comm
-  b.forward_backward = act.total + per.gathered + per.comm_fb
+  b.forward_backward = fb(act)
   b.total = b.persistent + math.max(b.forward_backward, step)
   local with_ac = cfg.activation_checkpointing and act or other
   local without_ac = cfg.activation_checkpointing and other or act
@@ -714,11 +1281,12 @@ local function compute(cfg, o)
   if per.step_extra > 0 then step_notes[#step_notes + 1] = 'all-gather staging copies of the shards' end
   per.notes.step = #step_notes > 0 and table.concat(step_notes, ' + ') or 'none (AdamW updates in place)'
   return { model = m, bytes = b, act = act, notes = per.notes, sizes = sizes, shard = n,
-           activations = { without_checkpointing = without_ac.total, with_checkpointing = with_ac.total,
+           activations = { without_checkpointing = without_ac.at_peak.act, with_checkpointing = with_ac.at_peak.act,
                            forward = act.forward, backward = act.backward, formula = act.formula,
                            layer_forward = act.layer_forward, layer_backward = act.layer_backward,
-                           logits = act.logits, units = act.units },
-           total_other_checkpointing = b.persistent + math.max(other.total + per.gathered + per.comm_fb, step) }
+                           layer_forward_kept = act.layer_forward_kept, layer_kept = act.layer_kept,
+                           peak_at = act.peak_at, logits = act.logits, units = act.units, recomputes = act.recomputes },
+           total_other_checkpointing = b.persistent + math.max(fb(other), step) }
 end
 
 local function with(cfg, changes)
@@ -799,6 +1367,14 @@ local function suggestions(cfg, o, base, usable)
 end
 
 local function pad(s, n) return s .. string.rep(' ', math.max(0, n - #s)) end
+
+-- "in backward at layer 3's c_fc (recomputed)"
+local function describe_peak(at, L)
+  if not at then return 'at the start' end
+  local part = at.part == 0 and "the embeddings'" or at.part == L + 1 and "the head's" or ("layer %d's"):format(at.part)
+  return ('in %s at %s %s%s'):format(at.phase == 'forward' and 'the forward' or 'backward', part, at.what,
+    at.recompute and ' (recomputed)' or '')
+end
 local function lpad(s, n) return string.rep(' ', math.max(0, n - #s)) .. s end
 
 local function render(r)
@@ -839,8 +1415,8 @@ local function render(r)
       sharding >= POLICY_RANK.zero1 and shard or '') or 'none (weights are ' .. cfg.dtype .. ')' },
     { 'gathered parameters', b.gathered, r.notes.gathered or 'none (parameters are whole on every rank)' },
     { 'communication buffers', b.comm, r.notes.comm or 'none' },
-    { 'activations, forward', b.act_forward, 'every forward tensor of a micro-batch (formulas below)' },
-    { 'activations, backward', b.act_backward, 'backward temporaries incl. one per weight gradient' },
+    { 'activations, forward', b.act_forward, 'live when the forward ends (formulas below)' },
+    { 'activations, backward', b.act_backward, 'what backward adds by the micro-step\'s peak' },
     { 'optimizer step', b.optimizer_step, r.notes.step },
   }
   local width = 0
@@ -853,14 +1429,34 @@ local function render(r)
   local u = a.units
   w(('activations per micro-batch: B=%d T=%d C=%d H=%d%s V=%d; a=%d B (%s), f=%d B (statistics)'):format(
     u.B, u.T, u.C, u.H, u.Hk ~= u.H and (' Hkv=' .. u.Hk) or '', u.V, sp, cfg.dtype, r.sizes.f))
-  w('  forward, per layer   ', a.formula.layer_forward, ' = ', fmt(a.layer_forward), (' x %d'):format(m.n_layer))
-  w('  backward, per layer  ', a.formula.layer_backward, ' + weight grads = ', fmt(a.layer_backward), ' + weights')
-  w('  outside the layers   forward ', a.formula.outside_forward)
-  w('                       backward ', a.formula.outside_backward)
-  w('  logits B*T*V*a       ', fmt(a.logits), ' (and as much again for their gradient)')
-  w(('  without checkpointing %s, with %s%s'):format(fmt(a.without_checkpointing), fmt(a.with_checkpointing),
-    a.with_checkpointing >= a.without_checkpointing
-      and ' (more: the micro-step scope keeps the no-grad forward and the recomputation)' or ''))
+  local L, ac = m.n_layer, a.recomputes
+  if ac then
+    w('  forward, per layer    ', a.formula.layer_forward, ' = ', fmt(a.layer_forward),
+      (', one block at a time without recording; kept: %s = %s x %d'):format(a.formula.layer_forward_kept,
+        fmt(a.layer_forward_kept), L))
+    w('  backward, per layer   ', a.formula.layer_backward, ' = ', fmt(a.layer_backward),
+      ', the recomputation included, one block at a time')
+  else
+    w('  forward, per layer    ', a.formula.layer_forward, ' = ', fmt(a.layer_forward), (' x %d'):format(L))
+    w('  backward, per layer   ', a.formula.layer_backward, ' = ', fmt(a.layer_backward), ' (weight gradients included)')
+  end
+  if ac then
+    w('  to the end, per layer ', a.formula.layer_kept, ' = ', fmt(a.layer_kept),
+      (" x %d: the block's output, which the checkpoint's detached view keeps"):format(L))
+  else
+    w('  to the end, per layer ', a.formula.layer_kept, ' = ', fmt(a.layer_kept),
+      (' x %d: pinned by views inside the ops until the micro-step ends;'):format(L))
+    w('                        the rest goes as backward passes the layer')
+  end
+  w('  outside the layers    forward ', a.formula.outside_forward)
+  w('                        backward ', a.formula.outside_backward)
+  w('  logits B*T*V*a        ', fmt(a.logits), ' (and as much again for their gradient)')
+  w('  peak                  ', fmt(b.activations), ' = forward ', fmt(b.act_forward), ' + ', fmt(b.act_backward),
+    ', ', describe_peak(a.peak_at, L))
+  local saves = a.with_checkpointing < a.without_checkpointing
+  w(('  without checkpointing %s, with %s (%s)'):format(fmt(a.without_checkpointing), fmt(a.with_checkpointing),
+    saves and 'checkpointing keeps each block\'s output and recomputes one block at a time'
+      or 'more: with one layer the recomputation adds to what stays'))
   w('')
   local src = r.memory_from == 'given' and 'given' or r.memory_from
   w(('device memory %s (%s); usable %s with a %d%% margin'):format(fmt(r.device_memory), src, fmt(r.usable),

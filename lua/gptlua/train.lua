@@ -39,10 +39,11 @@ M.defaults = {
   peak_flops = 0, quiet = false,
   -- distributed policy (gptlua.dist): 'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp'
   dist = 'none', bucket_mb = 25, shard_size = 0,
+  fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
 local HOOKS = { build_model = true, build_data = true, build_optimizer = true, lr_schedule = true,
-                param_groups = true, on_log = true, on_eval = true }
+                param_groups = true, on_log = true, on_eval = true, fsdp_units = true }
 
 -- splits a recipe table into config values and hook functions
 local function split_recipe(recipe)
@@ -291,7 +292,7 @@ function M.new(recipe, args)
   self.momentum_schedule = optim.schedules.muon_momentum()
   self.params = model:parameters()
   local popts = { comm = self.comm, model = model, optimizer = self.optimizer, params = self.params,
-                  bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size, cfg = cfg }
+                  bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size, cfg = cfg, units = hooks.fsdp_units }
   self.policy = self.dist and self.dist.policy(cfg.dist, popts) or Local.new(popts)
   self.run_dir = cfg.out_dir .. '/' .. cfg.name
   self.ckpt_dir = self.run_dir .. '/checkpoints'
@@ -325,6 +326,12 @@ function Trainer:evaluate()
   end
   model:train()
   return out
+end
+
+-- rank 0 samples; under a policy whose forward is collective (FSDP gathers
+-- parameters across ranks) every rank must run it, and rank 0 prints
+function Trainer:samples_here()
+  return self.rank == 0 or (self.policy and self.policy.collective_forward) or false
 end
 
 function Trainer:sample(n)
@@ -488,8 +495,9 @@ function Trainer:run()
       if self.hooks.on_log then self.hooks.on_log(self, { loss = loss, norm = norm, tps = tps }) end
       t_last, tokens_since, steps_since = now(), 0, 0
     end
-    if cfg.sample_interval > 0 and self.step % cfg.sample_interval == 0 and self.rank == 0 then
-      self:print('--- sample ---\n' .. (self:sample(200) or '') .. '\n---')
+    if cfg.sample_interval > 0 and self.step % cfg.sample_interval == 0 and self:samples_here() then
+      local text = self:sample(200)
+      self:print('--- sample ---\n' .. (text or '') .. '\n---')
     end
     if cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0 and self.step < cfg.max_iters then
       self:save_checkpoint()
@@ -513,8 +521,9 @@ function Trainer:run()
   local total = now() - t_start
   self:print(('done: %d steps in %s (%.1f ms/step), final val loss %s'):format(self.step, fmt_time(total),
     1000 * total / math.max(1, #losses), last_eval and string.format('%.4f', last_eval.val) or 'n/a'))
-  if cfg.sample_length > 0 and self.rank == 0 and self.data.tokenizer then
-    self:print('--- sample ---\n' .. self:sample() .. '\n---')
+  if cfg.sample_length > 0 and self:samples_here() and self.data.tokenizer then
+    local text = self:sample()
+    self:print('--- sample ---\n' .. text .. '\n---')
   end
   final.eval, final.losses = last_eval, losses
   if self.metrics_file then self.metrics_file:close() end

@@ -23,10 +23,10 @@ local function recipe(pol)
     out_dir = out .. '/runs' }
 end
 
-local function settle() collectgarbage('collect'); collectgarbage('collect') end
+-- compiled traces can keep a dropped trainer reachable: flush them first
+local function settle() jit.flush(); collectgarbage('collect'); collectgarbage('collect') end
 
 local function measure(pol)
-  settle()
   local a0 = gl.memory_stats().allocated
   local t = train.new(recipe(pol), {})
   t:train_step(); t.step = 1
@@ -48,12 +48,12 @@ local function measure(pol)
   r.step = gl.memory_stats().peak - a0
   if policy.state_bytes then r.state = policy:state_bytes() end
   if policy.detach then policy:detach() end
-  t = nil
-  settle()
   return r
 end
 
+settle()
 local none = measure('none')
+settle()
 local mine = measure('fsdp')
 local all = {}
 for q = 0, world.size - 1 do

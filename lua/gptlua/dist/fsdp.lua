@@ -84,8 +84,10 @@
 -- So FSDP moves about 3 P per micro-step where DDP moves 2 P (all-reduce);
 -- Muon adds about 2/S of its matrices per step.  Every collective is issued
 -- in the same order on every rank of its communicator (units in a fixed
--- order, completions processed oldest first), which is what lets the
--- asynchronous collectives of several communicators interleave safely.
+-- order, completions processed oldest first), and during backward a rank
+-- blocks only on shard-group collectives (replica all-reduces are waited
+-- for in after_backward), so the two groups' collectives interleave
+-- without deadlock.
 --
 -- Gathers move the parameters' own dtype (a bfloat16 model gathers
 -- bfloat16; the engine keeps no separate fp32 master copy to cast from).
@@ -123,6 +125,10 @@ M.defaults = {
   accumulate = 'sharded',        -- 'sharded': reduce-scatter every micro-step; 'unsharded': once per step
   reduce_dtype = 'float32',      -- dtype of the gradient reduce-scatter: 'float32' or 'bfloat16'
 }
+
+-- reduce-scatters in flight at most (each holds a unit's full gradient);
+-- the oldest is waited for beyond it
+M.MAX_IN_FLIGHT = 2
 
 local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 local function is_tensor(x) return getmetatable(x) == Tensor end
@@ -276,7 +282,7 @@ function M.new(name, o)
   if type(list) ~= 'table' then fail(('%s: opts.units expected a list or a function returning one'):format(name)) end
 
   self.units, self.wrap, self.roots, self.unit_of = {}, {}, {}, {}
-  self.pending, self.hooks = {}, {}
+  self.pending, self.syncs, self.hooks = {}, {}, {}
   -- gathers started, seconds spent waiting for them, reduce-scatters
   -- started, bytes of gathered parameters now and at most
   self.stats = { gathers = 0, gather_wait = 0, reduces = 0, live = 0, peak_live = 0 }
@@ -664,12 +670,17 @@ function FSDP:_finalize(u, force)
   self.stats.reduces = self.stats.reduces + 1
   self:_release(u)
   self:_poll()
+  -- each reduce-scatter in flight holds a unit's full gradient: bound them
+  while #self.pending > M.MAX_IN_FLIGHT do
+    local e = table.remove(self.pending, 1)
+    e.work:wait()
+    self:_complete(e)
+  end
 end
 
 -- a finished collective: fold the received shard in, free the buffers; the
 -- last reduce-scatter of a step starts the replica all-reduce (HSDP)
 function FSDP:_complete(e)
-  if not e.send then return end   -- an all-reduce over replicas
   local u = e.u
   if e.recv ~= u.gshard then
     if e.first then K(lib.gl_copy(u.gshard.c, e.recv.c))
@@ -683,7 +694,8 @@ function FSDP:_complete(e)
   end
   e.send:free()
   if e.final and self.replica.size > 1 then
-    self.pending[#self.pending + 1] = { work = self.replica:all_reduce_async(u.gshard, 'avg') }
+    u.synced = true
+    self.syncs[#self.syncs + 1] = self.replica:all_reduce_async(u.gshard, 'avg')
   end
 end
 
@@ -693,6 +705,10 @@ function FSDP:_poll()
   while q[1] and q[1].work:test() do self:_complete(table.remove(q, 1)) end
 end
 
+-- Waits for every reduce-scatter, then for the replica all-reduces.  Only
+-- here does a rank block on the replica group: during backward it waits
+-- for shard-group collectives only, which every rank of the group issues
+-- in the same order, so no wait can close a cycle across the two groups.
 function FSDP:_drain()
   local q = self.pending
   while q[1] do
@@ -700,6 +716,8 @@ function FSDP:_drain()
     e.work:wait()
     self:_complete(e)
   end
+  for _, w in ipairs(self.syncs) do w:wait() end
+  self.syncs = {}
 end
 
 -- End of a micro-step's backward: units whose hooks did not all report
@@ -727,7 +745,7 @@ end
 -- ------------------------------------------------- the policy interface --
 function FSDP:zero_grad()
   self:_drain()
-  for _, u in ipairs(self.units) do u.gshard:zero_(); u.received = false end
+  for _, u in ipairs(self.units) do u.gshard:zero_(); u.received, u.synced = false, false end
 end
 
 function FSDP:before_micro_step(micro, accum)
@@ -743,6 +761,16 @@ function FSDP:after_backward()
   self.final = true
   self:_end_micro(true)
   self:_drain()
+  -- HSDP: a unit reduced on earlier micro-steps but not on the last one
+  -- still needs its all-reduce over the replicas
+  if self.replica.size > 1 then
+    for _, u in ipairs(self.units) do
+      if u.received and not u.synced then
+        u.synced = true
+        self.replica:all_reduce(u.gshard, 'avg')
+      end
+    end
+  end
 end
 
 function FSDP:average_number(x) return self.comm:all_reduce_number(x, 'avg') end

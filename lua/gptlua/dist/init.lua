@@ -286,8 +286,9 @@ local function run_local(self, name, s)
     if s.pack_in then s.pack_in() end
     -- row-major order of send onto recv's shape, whatever the two shapes
     local src = s.send:is_contiguous() and s.send or s.send:contiguous()
-    G.check(lib.gl_copy(s.recv.c, src:_as_strided(s.recv.shape, Tensor.contiguous_strides(s.recv.shape),
-      src:storage_offset()).c))
+    local view = src:_as_strided(s.recv.shape, Tensor.contiguous_strides(s.recv.shape), src:storage_offset())
+    G.check(lib.gl_copy(s.recv.c, view.c))
+    view:free()  -- the view holds send's storage: let it go now, not at scope end
     if s.unpack_out then s.unpack_out() end
   end
   return completed(s.result)
@@ -520,12 +521,12 @@ end
 -- from the gradient-ready hooks).  See the trainer's policy interface
 -- (gptlua.train, LocalPolicy).
 dist.POLICIES = { ddp = 'gptlua.dist.policies.ddp', zero1 = 'gptlua.dist.policies.zero',
-  zero2 = 'gptlua.dist.policies.zero' }
+  zero2 = 'gptlua.dist.policies.zero', fsdp = 'gptlua.dist.fsdp', hsdp = 'gptlua.dist.fsdp' }
 
 function dist.policy(name, opts)
   local mod = dist.POLICIES[name]
   if not mod then
-    error(("dist.policy: unknown policy %s (expected 'ddp', 'zero1' or 'zero2')"):format(tostring(name)), 2)
+    error(("dist.policy: unknown policy %s (expected 'ddp', 'zero1', 'zero2', 'fsdp' or 'hsdp')"):format(tostring(name)), 2)
   end
   local p = require(mod).new(name, opts)
   return p

@@ -317,14 +317,9 @@ function Tensor.from_table(tbl, opts)
 end
 
 -- ------------------------------------------------------------ printing --
-local function fmt_num(v, is_float)
-  if not is_float then return string.format('%d', v) end
-  if v ~= v then return 'nan' end
-  if v == math.huge then return 'inf' elseif v == -math.huge then return '-inf' end
-  return string.format('%.4f', v)
-end
-
--- Torch/PyTorch style: values, elided in the middle beyond 1000 elements.
+-- Torch/PyTorch style: values right-aligned to a common width, elided in
+-- the middle beyond 1000 elements; floats switch to scientific notation
+-- when their magnitudes span too much for a fixed format.
 function Tensor:__tostring()
   if not self.c.storage or self.c.storage.data == nil then
     return ('tensor(<freed>, shape={%s}, dtype=%s, device=%s)'):format(table.concat(self.shape, ','), self.dtype, self.device)
@@ -333,27 +328,59 @@ function Tensor:__tostring()
   local shape, isf = t.shape, FLOATING[t.dtype]
   local summarize = t:numel() > 1000
   local edge = 3
-  local flat = t:tolist()
-  local strides = contiguous_strides(shape)
+  -- only the shown elements are read (a huge tensor is never copied whole)
+  local st = t:stride()
+  local function shown(n) return summarize and n > 2 * edge end
+  local values, flat = {}, {}
+  local function collect(d, off)
+    if d > #shape then
+      check(lib.gl_get_item(t.c, off, dbl1), 3)
+      flat[#flat + 1] = dbl1[0]; values[off] = dbl1[0]
+      return
+    end
+    local n = shape[d]
+    for i = 1, n do
+      if not (shown(n) and i > edge and i <= n - edge) then collect(d + 1, off + (i - 1) * st[d]) end
+    end
+  end
+  if t:numel() > 0 then collect(1, 0) end
+  -- the elements that will be shown, to choose one format for all of them
+  local lo, hi = math.huge, 0
+  for _, v in ipairs(flat) do
+    local a = math.abs(v)
+    if a == a and a ~= math.huge and a ~= 0 then lo = math.min(lo, a); hi = math.max(hi, a) end
+  end
+  local sci = isf and hi > 0 and (hi >= 1e8 or lo < 1e-4 or hi / lo >= 1e6)
+  local function fmt(v)
+    if not isf then return string.format('%d', v) end
+    if v ~= v then return 'nan' end
+    if v == math.huge then return 'inf' elseif v == -math.huge then return '-inf' end
+    return string.format(sci and '%.4e' or '%.4f', v)
+  end
+  local width = 0
+  for _, v in ipairs(flat) do width = math.max(width, #fmt(v)) end
+  local cell = '%' .. width .. 's'
   local parts = {}
-  local function emit(s) parts[#parts + 1] = s end
-  local function rec(d, base, indent)
-    if d > #shape then emit(fmt_num(flat[base + 1], isf)) return end
+  local function emit(x) parts[#parts + 1] = x end
+  local function rec(d, off, indent)
+    if d > #shape then emit(cell:format(fmt(values[off]))) return end
     local n = shape[d]
     emit('[')
     local i = 1
     while i <= n do
-      if summarize and n > 2 * edge and i == edge + 1 then
-        emit(d == #shape and '...' or '...'); i = n - edge + 1
-        if i <= n then emit(d == #shape and ', ' or (',\n' .. string.rep(' ', indent + 1))) end
+      if shown(n) and i == edge + 1 then
+        emit('...')
+        emit(d == #shape and ', ' or (',\n' .. string.rep(' ', indent + 1)))
+        i = n - edge + 1
       end
-      rec(d + 1, base + (i - 1) * strides[d], indent + 1)
+      rec(d + 1, off + (i - 1) * st[d], indent + 1)
       if i < n then emit(d == #shape and ', ' or (',' .. string.rep('\n', #shape - d) .. string.rep(' ', indent + 1))) end
       i = i + 1
     end
     emit(']')
   end
-  if #shape == 0 then emit(fmt_num(flat[1], isf)) else rec(1, 0, 7) end
+  if #shape == 0 then emit(fmt(flat[1])) else rec(1, 0, 7) end
+  if t:numel() == 0 then parts = { '[]' } end
   local extra = {}
   extra[#extra + 1] = 'shape={' .. table.concat(shape, ',') .. '}'
   extra[#extra + 1] = 'dtype=' .. self.dtype

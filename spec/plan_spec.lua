@@ -10,8 +10,6 @@ local train = require 'gptlua.train'
 local plan = require 'gptlua.plan'
 local cjson = require 'cjson'
 
-local dist = require 'gptlua.dist'
-
 local ROOT, EXE = GPTLUA.root, GPTLUA.exe
 -- the issue's bound for the planner against the allocator's peak of whole
 -- training steps on CPU (the activations are exact: the plan replays the
@@ -69,17 +67,6 @@ local function measure_trainer(r)
   local after = settled() - base
   if t.policy.detach then t.policy:detach() end
   return peak, after, t
-end
-
--- fsdp and hsdp as trainer policies (gptlua.dist.fsdp), for the tests that
--- run them, as long as gptlua.dist does not list them itself
-local function with_fsdp_policies(fn)
-  local saved = { dist.POLICIES.fsdp, dist.POLICIES.hsdp }
-  dist.POLICIES.fsdp = saved[1] or 'gptlua.dist.fsdp'
-  dist.POLICIES.hsdp = saved[2] or 'gptlua.dist.fsdp'
-  local ok, err = pcall(fn)
-  dist.POLICIES.fsdp, dist.POLICIES.hsdp = saved[1], saved[2]
-  if not ok then error(err, 0) end
 end
 
 -- one micro-step as Trainer:train_step runs it
@@ -231,29 +218,26 @@ describe('memory planner', function()
   end)
 
   it('follows the ddp, zero1, zero2, fsdp and hsdp policies of gptlua.dist (world of one)', function()
-    -- (zero2: the plan counts the send buffers of the two largest buckets in
-    -- flight, one here; zero2 with small buckets is not compared: on one
-    -- rank the local communicator's view keeps every send buffer until the
-    -- micro-step ends, on MPI ranks it depends on when reductions complete)
-    -- (fsdp: units gathered, recomputed and reduce-scattered as the policy
-    -- does; in a one-rank world every full gradient stays to the end of
-    -- the micro-step, see the planner)
-    with_fsdp_policies(function()
-      for _, over in ipairs({ { dist = 'ddp', bucket_mb = 0.1 }, { dist = 'zero1', bucket_mb = 0.1 }, { dist = 'zero2' },
-                              { dist = 'zero1', model = 'nanochat', optimizer = 'nanochat' },
-                              { dist = 'zero2', model = 'nanochat', optimizer = 'nanochat' },
-                              { dist = 'fsdp', gradient_accumulation_steps = 2 },
-                              { dist = 'fsdp', model = 'nanochat', optimizer = 'nanochat' },
-                              { dist = 'hsdp', shard_size = 1, activation_checkpointing = true } }) do
-        local what = cjson.encode(over)
-        local r = with_fixed_data(recipe(over))
-        local p = plan.plan(r, { device_memory = '1GiB' })
-        local peak, after = measure_trainer(r)
-        close(p.bytes.total, peak, what .. ' peak')
-        close(p.bytes.persistent, after, what .. ' after the steps')
-        if over.dist == 'fsdp' then assert.is_true(p.bytes.gathered > 0 and p.bytes.comm > 0, what) end
-      end
-    end)
+    -- (zero2: on one rank a bucket's send buffer goes as soon as it is
+    -- reduced, the plan counts the largest; fsdp: units gathered,
+    -- recomputed and reduce-scattered as the policy does, with its options)
+    for _, over in ipairs({ { dist = 'ddp', bucket_mb = 0.1 }, { dist = 'zero1', bucket_mb = 0.1 }, { dist = 'zero2' },
+                            { dist = 'zero2', bucket_mb = 0.1 },
+                            { dist = 'zero1', model = 'nanochat', optimizer = 'nanochat' },
+                            { dist = 'zero2', model = 'nanochat', optimizer = 'nanochat' },
+                            { dist = 'fsdp', gradient_accumulation_steps = 2 },
+                            { dist = 'fsdp', model = 'nanochat', optimizer = 'nanochat' },
+                            { dist = 'fsdp', fsdp = { reshard_after_forward = false, prefetch = false } },
+                            { dist = 'fsdp', gradient_accumulation_steps = 2, fsdp = { accumulate = 'unsharded' } },
+                            { dist = 'hsdp', shard_size = 1, activation_checkpointing = true } }) do
+      local what = cjson.encode(over)
+      local r = with_fixed_data(recipe(over))
+      local p = plan.plan(r, { device_memory = '1GiB' })
+      local peak, after = measure_trainer(r)
+      close(p.bytes.total, peak, what .. ' peak')
+      close(p.bytes.persistent, after, what .. ' after the steps')
+      if over.dist == 'fsdp' then assert.is_true(p.bytes.gathered > 0 and p.bytes.comm > 0, what) end
+    end
   end)
 
   it('matches the per-rank bytes of the sharded policies on 2 MPI ranks', function()
@@ -268,8 +252,6 @@ local gl = require 'gptlua'
 local train = require 'gptlua.train'
 local cjson = require 'cjson'
 local dist = require 'gptlua.dist'
-dist.POLICIES.fsdp = dist.POLICIES.fsdp or 'gptlua.dist.fsdp'
-dist.POLICIES.hsdp = dist.POLICIES.hsdp or 'gptlua.dist.fsdp'
 local function settled() jit.flush(); for _ = 1, 3 do collectgarbage() end; return gl.memory_stats().allocated end
 local out = {}
 -- hsdp with shard groups of 2 (fsdp) and of 1 (two replicas)
@@ -459,6 +441,8 @@ f:close()
     assert.truthy(err(function() plan.plan(recipe({ total_batch_size = 1000 })) end):find('not a multiple', 1, true))
     assert.truthy(err(function() plan.plan(recipe({ vocab_size = 0, data = 'shards' })) end):find('pass --vocab_size', 1, true))
     assert.truthy(err(function() plan.plan(recipe({ build_model = function() end })) end):find('builds its own model', 1, true))
+    assert.truthy(err(function() plan.plan(recipe({ dist = 'fsdp', fsdp_units = function() end })) end)
+      :find('gives its own FSDP units', 1, true))
     assert.truthy(err(function() plan.plan(42) end):find('expected a recipe or config table', 1, true))
     if not gl.cuda_available() then  -- a GPU recipe planned here needs the GPU's memory spelled out
       assert.truthy(err(function() plan.plan(recipe({ device = 'cuda:0' })) end):find('pass --device_memory', 1, true))

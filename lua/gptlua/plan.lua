@@ -40,7 +40,7 @@
 --     ln_1, qkv (3), attention out, c_proj, residual, ln_2, c_fc (4), gelu (4),
 --     c_proj, residual; mean/rstd of both norms, attention lse
 --   gpt2 backward, per layer:    18*BTC*a + 12*CC*a + 13*C*a (weight and bias gradients);
---     31*BTC*a of the forward's and backward's 36 stay to the end of the micro-step
+--     of the forward's and backward's 36*BTC*a, 32 stay to the end of the micro-step
 --   nanochat forward, per layer: 18*BTC*a + 4*BTK*a + 2*BTH*f + BTHk*f + 2*BT*f
 --     norm, c_q, c_k/c_v (2 BTK), rope and norm of q, of k (2 BTK), attention
 --     out, c_proj, residual, norm, c_fc (4), relu2 (4), c_proj, residual;
@@ -72,16 +72,25 @@
 --             under 1024 elements replicated; Muon matrices stacked by
 --             shape, each rank owning ceil(K/N) whole ones.  The step's
 --             all-gathers stage a copy of each shard (N > 1)
---   zero2     as zero1, but only the gradient shards persist; two packed
---             buckets are in flight during backward
+--   zero2     as zero1, but only the gradient shards persist: backward makes
+--             each gradient afresh and the hook moves it into its bucket's
+--             send buffer (two in flight on MPI ranks, one on one rank)
 --   fsdp      one flat buffer per unit (embeddings, each block, head) padded
---             to N: parameters, gradients, AdamW state and master weights
---             ceil(unit/N); gathered: the largest unit and its prefetched
---             neighbour; the unit's full gradients for its reduce-scatter
+--             to N: each rank keeps ceil(unit/N) of the parameters and of
+--             the gradients, AdamW state for its part, Muon momentum of the
+--             whole matrices it owns (greedy owners; the plan takes the
+--             busiest rank); no fp32 master copy.  Gathered units and full
+--             unit gradients come from the dry run, which runs FSDP's units
+--             (sim_fsdp; cfg.fsdp's options): blocks recomputed in backward,
+--             root units gathered throughout, prefetch, reduce-scatters in
+--             flight (at worst two, on MPI ranks)
 --   hsdp      fsdp within groups of S ranks, replicated across N/S groups
+--             (the replica all-reduce works in place)
 -- The total is persistent state + the larger of forward/backward
 -- (activations, gathered units, buckets in flight) and the optimizer step
--- (Muon's Newton–Schulz temporaries, all-gather staging).
+-- (Muon's Newton–Schulz temporaries, all-gather staging, FSDP's Muon
+-- exchange).  Where completion of a collective depends on other ranks the
+-- plan takes the worst case, so on MPI ranks it is an upper bound.
 local train = require 'gptlua.train'
 
 local M = {}
@@ -535,26 +544,34 @@ local function sim_ops(S)
   return O
 end
 
--- gptlua.dist.fsdp on the simulated tensors, with its default options
--- (reshard_after_forward, prefetch, accumulate = 'sharded', reduce_dtype
--- float32).  Units: each block (gathered for its forward, which runs
--- without recording; recomputed in backward, which re-gathers it and
--- backpropagates without free_activations inside a scope), the embeddings
--- and the head (root units: gathered, with their full gradient buffer,
--- from the model's forward until their gradients are final).  A unit's
--- full gradient goes to a reduce-scatter (cast to fp32 first for a
--- bfloat16 model) and stays until it completes: at worst when a third is
--- started (the policy's bound); in a one-rank world at once, but the
--- local communicator's copy leaves a view of it until the micro-step ends.
--- n: ranks per shard group; accum > 1: a micro-step after the first,
--- whose reduce-scatters land in fresh buffers before adding to the shard.
+-- gptlua.dist.fsdp on the simulated tensors.  Units: each block, the
+-- embeddings and the head (what is left: ln_f or lm_head).  Root units
+-- (the embeddings, the head) are gathered, with their full gradient
+-- buffer, from the model's forward until their gradients are final.  A
+-- block that reshards after forward (the default) is gathered for its
+-- forward, which runs without recording; backward re-gathers it, recomputes
+-- and backpropagates through it inside a scope (without free_activations).
+-- Otherwise blocks behave like root units.  The next block's gather is
+-- started before a block runs (prefetch; the previous one in backward).
+-- A unit's full gradient goes to a reduce-scatter (cast to the reduce
+-- dtype first when it differs) and stays until that completes: in a
+-- one-rank world at once; on MPI ranks it depends on the others, and the
+-- plan takes the worst case, where only the bound of two in flight makes
+-- the policy wait.  accumulate = 'unsharded' keeps every unit gathered with
+-- its full gradient across micro-steps; the plan is of the last micro-step,
+-- which starts with all of them.  o: n (ranks per shard group), accum,
+-- local_comm, and cfg.fsdp's options.
 local MAX_IN_FLIGHT = 2           -- gptlua.dist.fsdp.MAX_IN_FLIGHT
-local function sim_fsdp(S, m, params, n, sizes, accum, local_comm)
+local function sim_fsdp(S, m, params, sizes, o)
   local F = { phase = 'forward', wrap = {}, roots = {}, pending = {} }
-  local L = m.n_layer
+  local L, n = m.n_layer, o.n
+  local unsharded = o.accumulate == 'unsharded'
+  local cast = o.reduce_dtype ~= o.dtype
+  local rtag = o.reduce_dtype == 'bfloat16' and 'bf16' or 'f32'
   local units = {}
   for i = 0, L + 1 do
-    units[i] = { index = i, params = {}, numel = 0, state = 'sharded', received = accum > 1,
+    units[i] = { index = i, params = {}, numel = 0, state = 'sharded', root = i == 0 or i == L + 1,
+                 received = o.accum > 1 and not unsharded,
                  name = i == 0 and 'embeddings' or i == L + 1 and 'head' or ('block %d'):format(i) }
   end
   for _, q in ipairs(m.params) do
@@ -562,15 +579,13 @@ local function sim_fsdp(S, m, params, n, sizes, accum, local_comm)
     u.numel = u.numel + q.numel
     u.params[#u.params + 1] = params[q.name]
   end
-  local cast = sizes.a ~= 4
   for i = 0, L + 1 do
     local u = units[i]
     local c = math.ceil(u.numel / n)
-    u.full_size, u.shard_size = sz(1, 'unit' .. i), sz(1, 'shard' .. i, cast and 'f32' or 'a')
+    u.full_size, u.shard_size = sz(1, 'unit' .. i), sz(1, 'shard' .. i, cast and rtag or 'a')
     S.u['unit' .. i], S.u['shard' .. i] = n * c, c
-    if i >= 1 and i <= L then F.wrap[#F.wrap + 1] = u elseif u.numel > 0 then F.roots[#F.roots + 1] = u end
+    if not u.root then F.wrap[#F.wrap + 1] = u elseif u.numel > 0 then F.roots[#F.roots + 1] = u end
   end
-  F.units = units
 
   local function start_gather(u)
     u.full = S.new(u.full_size, 'gathered ' .. u.name, 'gathered')
@@ -588,7 +603,7 @@ local function sim_fsdp(S, m, params, n, sizes, accum, local_comm)
   end
   local function acquire(u)
     if u.state == 'sharded' then start_gather(u) end
-    local v = not u.root and F.wrap[u.index + (F.phase == 'forward' and 1 or -1)]
+    local v = o.prefetch and not u.root and F.wrap[u.index + (F.phase == 'forward' and 1 or -1)]
     if v and v.state == 'sharded' then start_gather(v) end
   end
   local function grad_buffer(u)
@@ -596,13 +611,10 @@ local function sim_fsdp(S, m, params, n, sizes, accum, local_comm)
   end
   local function complete(e)
     if e.recv then S.release(e.recv) end
-    if not local_comm then S.release(e.send) end
+    S.release(e.send)
   end
-  -- the policy's poll: the local communicator has completed everything;
-  -- on MPI ranks completion depends on the other ranks, and the plan
-  -- takes the worst case, where only the bound on those in flight waits
   local function poll()
-    if local_comm then while F.pending[1] do complete(table.remove(F.pending, 1)) end end
+    if o.local_comm then while F.pending[1] do complete(table.remove(F.pending, 1)) end end
   end
   local function finalize(u)
     if not u.gfull then return end
@@ -610,7 +622,7 @@ local function sim_fsdp(S, m, params, n, sizes, accum, local_comm)
     local send = u.gfull
     u.gfull = nil
     if cast then
-      local c = S.new(sz(1, 'unit' .. u.index, 'f32'), 'fp32 gradient of ' .. u.name, 'comm')
+      local c = S.new(sz(1, 'unit' .. u.index, rtag), 'gradient of ' .. u.name .. ' in ' .. o.reduce_dtype, 'comm')
       S.release(send)
       send = c
     end
@@ -636,15 +648,24 @@ local function sim_fsdp(S, m, params, n, sizes, accum, local_comm)
     if not u.expecting then u.expecting, u.ready, u.seen = true, 0, {} end
   end
 
-  -- the model's forward starts: root units gathered, the first block prefetched
+  -- the model's forward starts: root units gathered, the first block
+  -- prefetched (an unsharded accumulation: everything from the micro-steps
+  -- before)
   function F.start()
-    for _, u in ipairs(F.roots) do start_gather(u) end
-    if F.wrap[1] then start_gather(F.wrap[1]) end
+    if unsharded and o.accum > 1 then
+      for i = 0, L + 1 do
+        if units[i].numel > 0 then start_gather(units[i]); grad_buffer(units[i]) end
+      end
+    end
+    for _, u in ipairs(F.roots) do if u.state == 'sharded' then start_gather(u) end end
+    if o.prefetch and F.wrap[1] and F.wrap[1].state == 'sharded' then start_gather(F.wrap[1]) end
     for _, u in ipairs(F.roots) do expect_hooks(u) end
   end
   function F.forward_done() F.phase = 'backward' end
 
-  local function keep_after_forward(u) return F.phase == 'forward' and u == F.wrap[#F.wrap] end
+  local function keep_after_forward(u)
+    return F.phase == 'forward' and (not o.reshard or u == F.wrap[#F.wrap] or unsharded)
+  end
   -- block i called on x; fn runs the block
   function F.call(i, fn, x)
     local u = units[i]
@@ -655,7 +676,7 @@ local function sim_fsdp(S, m, params, n, sizes, accum, local_comm)
       poll()
       return r
     end
-    if F.phase ~= 'forward' then  -- recording in backward: the model's checkpoint recomputing
+    if F.phase ~= 'forward' or not o.reshard then  -- kept gathered until its gradients are final
       acquire(u)
       expect_hooks(u)
       return fn(x)
@@ -820,7 +841,7 @@ end
 -- tensor scope) for model m at micro-batch B: the bytes live at the end
 -- of the forward, the peak over the micro-step, and where it comes.
 -- pol: nil, {taken = predicate} (zero2's parameters whose gradients it
--- takes) or {fsdp = {n=, accum=, local_comm=}}.
+-- takes) or {fsdp = options of sim_fsdp}.
 local function activations(m, B, sizes, checkpointing, pol)
   local d = { B = B, T = m.block_size, C = m.n_embd, H = m.n_head, Hk = m.n_kv_head, V = m.vocab_size,
               Ck = m.n_embd * m.n_kv_head / m.n_head }
@@ -833,7 +854,7 @@ local function activations(m, B, sizes, checkpointing, pol)
     if pol and pol.taken and pol.taken(q) then S.take_grad(params[q.name]) end
   end
   local function P(name) return params[name] end
-  local F = pol and pol.fsdp and sim_fsdp(S, m, params, pol.fsdp.n, sizes, pol.fsdp.accum, pol.fsdp.local_comm)
+  local F = pol and pol.fsdp and sim_fsdp(S, m, params, sizes, pol.fsdp)
   S.call_block = F and F.call or function(_, fn, x) return fn(x) end
   local forward
   S.scope(function()
@@ -987,14 +1008,12 @@ local function zero(stage)
     else
       r.notes.grads = 'the reduce-scattered shards; tensors under 1024 elements whole'
       -- a bucket's send buffer lives from its first gradient until its
-      -- reduce-scatter completes: one filling while the one before reduces.
-      -- In a one-rank world the local communicator's copy leaves a view of
-      -- each send buffer in the micro-step's scope: all of them stay.
+      -- reduce-scatter completes: at once in a one-rank world; on MPI ranks
+      -- the plan counts one filling while the one before reduces
       table.sort(sends, function(a, b) return a > b end)
       if r.local_comm then
-        r.comm_fb = 0
-        for _, b in ipairs(sends) do r.comm_fb = r.comm_fb + b end
-        r.notes.comm = 'every bucket\'s send buffer (one rank: kept until the micro-step ends)'
+        r.comm_fb = sends[1] or 0
+        r.notes.comm = 'the send buffer of the bucket being filled during backward'
       else
         r.comm_fb = (sends[1] or 0) + (sends[2] or 0)
         r.notes.comm = 'send buffers of the two largest buckets in flight during backward'
@@ -1200,6 +1219,9 @@ local function resolve(recipe, args, opts)
   cfg.device = device
   if hooks.build_model then fail('the recipe builds its own model (build_model); the planner knows gpt2 and nanochat') end
   if hooks.build_optimizer then fail('the recipe builds its own optimizer (build_optimizer); the planner knows adamw and nanochat') end
+  if hooks.fsdp_units and (cfg.dist == 'fsdp' or cfg.dist == 'hsdp') then
+    fail("the recipe gives its own FSDP units (fsdp_units); the planner knows the default ones (blocks, embeddings, head)")
+  end
   if cfg.vocab_size == 0 then cfg.vocab_size = infer_vocab(cfg, hooks) end
 
   local world = popts.world == nil and 1 or tonumber(popts.world)
@@ -1246,7 +1268,7 @@ end
 local function compute(cfg, o)
   local m = M.model_shapes(cfg)
   local sp = DTYPE_BYTES[cfg.dtype]
-  local sizes = { a = sp, p = sp, f = cfg.dtype == 'float64' and 8 or 4, f32 = 4, f64 = 8, i64 = 8 }
+  local sizes = { a = sp, p = sp, f = cfg.dtype == 'float64' and 8 or 4, f32 = 4, bf16 = 2, f64 = 8, i64 = 8 }
   local pol = cfg.dist
   local n = pol == 'hsdp' and o.shard or (pol == 'none' and 1 or o.world)
   local per = persistent(m, cfg, pol, n, sizes, o.world == 1)
@@ -1254,7 +1276,10 @@ local function compute(cfg, o)
   -- buffer: backward makes each afresh; FSDP runs its units in the dry run
   local polsim
   if per.fsdp then
-    polsim = { fsdp = { n = n, accum = o.accum, local_comm = o.world == 1 } }
+    local fo = cfg.fsdp or {}
+    polsim = { fsdp = { n = n, accum = o.accum, local_comm = o.world == 1, dtype = cfg.dtype,
+      reshard = fo.reshard_after_forward ~= false, prefetch = fo.prefetch ~= false,
+      accumulate = fo.accumulate or 'sharded', reduce_dtype = fo.reduce_dtype or 'float32' } }
   elseif pol == 'zero2' then
     polsim = { taken = function(q) return optimizer_of(cfg, q) == 'muon' or q.numel >= MIN_SHARD end }
   end
@@ -1267,6 +1292,10 @@ local function compute(cfg, o)
   -- through the optimizer step
   local gathered = per.fsdp and act.at_peak.gathered or per.gathered
   local comm_fb = per.fsdp and act.at_peak.comm or per.comm_fb
+  if per.fsdp then
+    per.notes.gathered = 'units gathered at the peak (embeddings, head, blocks in use or prefetched)'
+    per.notes.comm = 'full unit gradients at the peak (filling, or waiting for their reduce-scatter)'
+  end
   local function fb(a) return a.peak + (per.fsdp and 0 or per.gathered + per.comm_fb) end
   local b = { params = per.params + per.buffers, grads = per.grads, optimizer = per.optimizer, master = per.master,
               gathered = gathered, comm = per.comm + comm_fb, act_forward = act.forward,
@@ -1278,7 +1307,9 @@ local function compute(cfg, o)
   local without_ac = cfg.activation_checkpointing and other or act
   local step_notes = {}
   if step > per.step_extra then step_notes[#step_notes + 1] = 'Muon Newton-Schulz temporaries' end
-  if per.step_extra > 0 then step_notes[#step_notes + 1] = 'all-gather staging copies of the shards' end
+  if per.step_extra > 0 then
+    step_notes[#step_notes + 1] = per.fsdp and 'the Muon pieces exchanged with the owners' or 'all-gather staging copies of the shards'
+  end
   per.notes.step = #step_notes > 0 and table.concat(step_notes, ' + ') or 'none (AdamW updates in place)'
   return { model = m, bytes = b, act = act, notes = per.notes, sizes = sizes, shard = n,
            activations = { without_checkpointing = without_ac.at_peak.act, with_checkpointing = with_ac.at_peak.act,
@@ -1411,8 +1442,8 @@ local function render(r)
       (pol == 'zero1' or pol == 'zero2') and '; flat buffers padded to the ranks' or '') },
     { 'gradients', b.grads, ('%s x %d B%s%s'):format(M_(P), sp, sharding >= POLICY_RANK.zero2 and shard or '', note('grads')) },
     { 'optimizer state', b.optimizer, optdesc .. (sharding >= POLICY_RANK.zero1 and shard or '') },
-    { 'master weights', b.master, cfg.dtype == 'bfloat16' and ('fp32 copy: %s x 4 B%s'):format(M_(P),
-      sharding >= POLICY_RANK.zero1 and shard or '') or 'none (weights are ' .. cfg.dtype .. ')' },
+    { 'master weights', b.master, r.notes.master or (cfg.dtype == 'bfloat16' and ('fp32 copy: %s x 4 B%s'):format(M_(P),
+      sharding >= POLICY_RANK.zero1 and shard or '') or 'none (weights are ' .. cfg.dtype .. ')') },
     { 'gathered parameters', b.gathered, r.notes.gathered or 'none (parameters are whole on every rank)' },
     { 'communication buffers', b.comm, r.notes.comm or 'none' },
     { 'activations, forward', b.act_forward, 'live when the forward ends (formulas below)' },
@@ -1442,7 +1473,7 @@ local function render(r)
   end
   if ac then
     w('  to the end, per layer ', a.formula.layer_kept, ' = ', fmt(a.layer_kept),
-      (" x %d: the block's output, which the checkpoint's detached view keeps"):format(L))
+      (" x %d: the block's output, kept by the view recorded for its backward"):format(L))
   else
     w('  to the end, per layer ', a.formula.layer_kept, ' = ', fmt(a.layer_kept),
       (' x %d: pinned by views inside the ops until the micro-step ends;'):format(L))

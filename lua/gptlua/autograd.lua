@@ -159,6 +159,7 @@ function A.backward(root, grad, opts)
         if fn.inputs == nil then
           error('backward: the graph was already freed by an earlier backward (pass {retain_graph=true})', 0)
         end
+        fn.retaining = retain  -- a backward may drop its captured views unless the graph is kept
         local in_grads = g ~= nil and { fn.backward(fn.saved, g, fn) } or {}
         for j, x in ipairs(fn.inputs) do
           if x.requires_grad then

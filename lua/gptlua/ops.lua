@@ -102,8 +102,10 @@ function Tensor:fill_(v) K(lib.gl_fill(self.c, v)); return self end
 function Tensor:zero_() K(lib.gl_fill(self.c, 0)); return self end
 function Tensor:copy_(src)
   if not is_tensor(src) then error('copy_: src must be a tensor', 2) end
-  if not same_shape(self.shape, src.shape) then src = O.expand_raw(src, self.shape, 'copy_') end
-  K(lib.gl_copy(self.c, src.c)); return self
+  local v = same_shape(self.shape, src.shape) and src or O.expand_raw(src, self.shape, 'copy_')
+  K(lib.gl_copy(self.c, v.c))
+  if v ~= src then lib.gl_tensor_release(v.c) end
+  return self
 end
 function Tensor:detach()
   local t = self:_as_strided(self.shape, self:stride(), self:storage_offset())

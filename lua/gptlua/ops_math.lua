@@ -104,6 +104,15 @@ local function bview(t, shape) -- raw broadcast view for kernel inputs
   return O.expand_raw(t, shape, 'broadcast')
 end
 
+-- Releases temporary views made inside an op as soon as the kernel has run:
+-- a view holds a reference to its base's storage, and one left to the end
+-- of the step's scope would keep that memory alive (activations, logits).
+-- `base`: a view equal to it is the tensor itself and is left alone.
+local function drop(v, base)
+  if v ~= nil and v ~= base and v.c.storage ~= nil then lib.gl_tensor_release(v.c) end
+end
+O.drop_view = drop
+
 local function result_dtype(a, b)
   if a.dtype == b.dtype then return a.dtype end
   local fa, fb = Tensor.FLOATING[a.dtype], Tensor.FLOATING[b.dtype]
@@ -120,7 +129,9 @@ local function binary_raw(op, a, b, what, out_dtype)
   end
   local shape = broadcast_shape(a.shape, b.shape, what)
   local out = Tensor.empty(shape, { dtype = out_dtype or result_dtype(a, b), device = a.device })
-  K(lib.gl_binary(op, out.c, bview(a, shape).c, bview(b, shape).c))
+  local va, vb = bview(a, shape), bview(b, shape)
+  K(lib.gl_binary(op, out.c, va.c, vb.c))
+  drop(va, a); drop(vb, b)
   return out
 end
 O.binary_raw = binary_raw
@@ -202,14 +213,19 @@ end
 function Tensor:add_(b, alpha)
   inplace_guard(self, 'add_')
   if type(b) == 'number' then K(lib.gl_unary(U.add_scalar, self.c, self.c, b, 0)) return self end
-  if alpha and alpha ~= 1 then b = unary_raw(U.mul_scalar, b, alpha) end
-  K(lib.gl_binary(B.add, self.c, self.c, bview(b, self.shape).c))
+  local scaled = alpha and alpha ~= 1 and unary_raw(U.mul_scalar, b, alpha) or nil
+  local src = scaled or b
+  local v = bview(src, self.shape)
+  K(lib.gl_binary(B.add, self.c, self.c, v.c))
+  drop(v, src); drop(scaled)
   return self
 end
 function Tensor:mul_(b)
   inplace_guard(self, 'mul_')
   if type(b) == 'number' then K(lib.gl_unary(U.mul_scalar, self.c, self.c, b, 0)) return self end
-  K(lib.gl_binary(B.mul, self.c, self.c, bview(b, self.shape).c))
+  local v = bview(b, self.shape)
+  K(lib.gl_binary(B.mul, self.c, self.c, v.c))
+  drop(v, b)
   return self
 end
 function Tensor:clamp_(lo, hi)
@@ -222,7 +238,9 @@ function O.where(cond, a, b)
   if type(b) == 'number' then b = O.full({}, b, { dtype = a.dtype, device = a.device }) end
   local shape = broadcast_shape(broadcast_shape(cond.shape, a.shape, 'where'), b.shape, 'where')
   local out = Tensor.empty(shape, { dtype = result_dtype(a, b), device = a.device })
-  K(lib.gl_where(out.c, bview(cond, shape).c, bview(a, shape).c, bview(b, shape).c))
+  local vc, va, vb = bview(cond, shape), bview(a, shape), bview(b, shape)
+  K(lib.gl_where(out.c, vc.c, va.c, vb.c))
+  drop(vc, cond); drop(va, a); drop(vb, b)
   return record(out, { a, b }, function(_, g)
     local z = O.zeros({}, { dtype = g.dtype, device = g.device })
     local ga = a.requires_grad and sum_to(O.where(cond, g, z), a.shape) or nil
@@ -254,21 +272,33 @@ local function reduce_raw(op, x, dims, keepdim, what)
   local mask, kshape, oshape = reduce_dims(x, dims, what)
   local out = empty_like(x, kshape)
   K(lib.gl_reduce(op, out.c, x.c, mask))
-  if not keepdim then out = out:_as_strided(oshape, Tensor.contiguous_strides(oshape), out:storage_offset()) end
+  if not keepdim then
+    local v = out:_as_strided(oshape, Tensor.contiguous_strides(oshape), out:storage_offset())
+    drop(out)
+    out = v
+  end
   return out, kshape
 end
 
 function O.sum(x, dims, keepdim)
   local out, kshape = reduce_raw(R.sum, x, dims, keepdim, 'sum')
   return record(out, { x }, function(_, g)
-    return O.expand_raw(g:reshape(kshape), x.shape):contiguous()
+    local r = g:reshape(kshape)
+    local e = O.expand_raw(r, x.shape)
+    local gx = e:contiguous()
+    drop(e, gx); drop(r, g)
+    return gx
   end, nil, 'sum')
 end
 function O.mean(x, dims, keepdim)
   local out, kshape = reduce_raw(R.mean, x, dims, keepdim, 'mean')
   local n = x:numel() / math.max(out:numel(), 1)
   return record(out, { x }, function(_, g)
-    return O.expand_raw(g:reshape(kshape), x.shape):contiguous() * (1 / n)
+    local r = g:reshape(kshape)
+    local e = O.expand_raw(r, x.shape)
+    local gx = unary_raw(U.mul_scalar, e, 1 / n)
+    drop(e); drop(r, g)
+    return gx
   end, nil, 'mean')
 end
 -- max/min: over all elements (value only) or over one dim (values, indices)
@@ -340,7 +370,9 @@ local function matmul_raw(a, b, out, beta, alpha)
   sb[#batch + 1], sb[#batch + 2] = Kb, N
   so[#batch + 1], so[#batch + 2] = M, N
   if not out then out = Tensor.empty(so, { dtype = a.dtype, device = a.device }) end
-  K(lib.gl_matmul(out.c, bview(a, sa).c, bview(b, sb).c, alpha or 1, beta or 0))
+  local va, vb = bview(a, sa), bview(b, sb)
+  K(lib.gl_matmul(out.c, va.c, vb.c, alpha or 1, beta or 0))
+  drop(va, a); drop(vb, b)
   return out
 end
 O.matmul_raw = matmul_raw
@@ -366,34 +398,62 @@ end
 Tensor.matmul = O.matmul
 
 -- linear(x, W, b): y = x W^T + b with W (out, in) as in PyTorch/GPT-2
+-- raw helpers outside autograd: a transposed view of a 2-d tensor, and a
+-- contiguous copy
+local function raw_t(m)
+  return m:_as_strided({ m.shape[2], m.shape[1] }, { m:stride(2), m:stride(1) }, m:storage_offset())
+end
+local function raw_contiguous(t)
+  if t:is_contiguous() then return t end
+  local c = empty_like(t)
+  K(lib.gl_copy(c.c, t.c))
+  return c
+end
+O.raw_contiguous = raw_contiguous
+
 function O.linear(x, W, bias)
   local nx = #x.shape
   if #W.shape ~= 2 or W.shape[2] ~= x.shape[nx] then
     error(('linear: weight has shape %s, expected {*,%d} (in_features of x %s)'):format(shape_str(W.shape),
       x.shape[nx], shape_str(x.shape)), 2)
   end
+  local n_in, n_out = W.shape[2], W.shape[1]
   local lead = 1
   for i = 1, nx - 1 do lead = lead * x.shape[i] end
-  local x2 = x:is_contiguous() and x or x:contiguous()
-  x2 = x2:_as_strided({ lead, x.shape[nx] }, { x.shape[nx], 1 }, x2:storage_offset())
-  local oshape = x:size(); oshape[nx] = W.shape[1]
+  local xc = raw_contiguous(x)
+  local x2 = xc:_as_strided({ lead, n_in }, { n_in, 1 }, xc:storage_offset())
+  local oshape = x:size(); oshape[nx] = n_out
   local out = Tensor.empty(oshape, { dtype = x.dtype, device = x.device })
-  local out2 = out:_as_strided({ lead, W.shape[1] }, { W.shape[1], 1 }, 0)
+  local out2 = out:_as_strided({ lead, n_out }, { n_out, 1 }, 0)
   if bias then
-    if #bias.shape ~= 1 or bias.shape[1] ~= W.shape[1] then
-      error(('linear: bias has shape %s, expected {%d}'):format(shape_str(bias.shape), W.shape[1]), 2)
+    if #bias.shape ~= 1 or bias.shape[1] ~= n_out then
+      error(('linear: bias has shape %s, expected {%d}'):format(shape_str(bias.shape), n_out), 2)
     end
-    out2:copy_(bias)
+    local bv = O.expand_raw(bias, out2.shape)
+    K(lib.gl_copy(out2.c, bv.c))
+    drop(bv)
   end
-  O.matmul_raw(x2, W:transpose(1, 2), out2, bias and 1 or 0)
+  local Wt = raw_t(W)
+  O.matmul_raw(x2, Wt, out2, bias and 1 or 0)
+  drop(Wt); drop(out2)
   local inputs = bias and { x, W, bias } or { x, W }
-  return record(out, inputs, function(_, g)
-    local g2 = g:is_contiguous() and g or g:contiguous()
-    g2 = g2:_as_strided({ lead, W.shape[1] }, { W.shape[1], 1 }, g2:storage_offset())
+  return record(out, inputs, function(_, g, node)
+    local gc = raw_contiguous(g)
+    local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
     local gx, gW, gb
-    if x.requires_grad then gx = O.matmul_raw(g2, W):_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0) end
-    if W.requires_grad then gW = O.matmul_raw(g2:transpose(1, 2), x2) end
+    if x.requires_grad then
+      local raw = O.matmul_raw(g2, W)
+      gx = raw:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
+      drop(raw)
+    end
+    if W.requires_grad then
+      local g2t = raw_t(g2)
+      gW = O.matmul_raw(g2t, x2)
+      drop(g2t)
+    end
     if bias and bias.requires_grad then gb = reduce_raw(R.sum, g2, 1, false, 'linear') end
+    drop(g2); drop(gc, g)
+    if not node.retaining then drop(x2); drop(xc, x) end
     return gx, gW, gb
   end, nil, 'linear')
 end
@@ -507,7 +567,10 @@ local function heads_view(t)  -- (B,T,H,D) contiguous -> (B,H,T,D) view
 end
 local function heads_buffer(like)  -- a (B,T,H,D) buffer for a (B,H,T,D) tensor
   local s = like.shape
-  return heads_view(Tensor.empty({ s[1], s[3], s[2], s[4] }, { dtype = like.dtype, device = like.device }))
+  local buf = Tensor.empty({ s[1], s[3], s[2], s[4] }, { dtype = like.dtype, device = like.device })
+  local v = heads_view(buf)
+  drop(buf)  -- the view now holds the only reference
+  return v
 end
 
 local function attention_raw(q, k, v, out, lse, scale, window)
@@ -548,15 +611,23 @@ function O.attention_qkv(qkv, H, opts)
     return t:_as_strided({ B, H, T, D }, { T * C3, D, C3, 1 }, t:storage_offset() + (i - 1) * C)
   end
   local y = Tensor.empty({ B, T, C }, { dtype = qkv.dtype, device = qkv.device })
-  local yv = heads_view(y:_as_strided({ B, T, H, D }, { T * C, H * D, D, 1 }, 0))
+  local y4 = y:_as_strided({ B, T, H, D }, { T * C, H * D, D, 1 }, 0)
+  local yv = heads_view(y4)
+  drop(y4)
   local lse = Tensor.empty({ B, H, T }, { dtype = stat_dtype(qkv), device = qkv.device })
-  attention_raw(part(x, 1), part(x, 2), part(x, 3), yv, lse, scale, window)
-  return record(y, { x }, function(_, g)
-    local gc = g:is_contiguous() and g or g:contiguous()
-    local gv = heads_view(gc:_as_strided({ B, T, H, D }, { T * C, H * D, D, 1 }, gc:storage_offset()))
+  local q, k, v = part(x, 1), part(x, 2), part(x, 3)
+  attention_raw(q, k, v, yv, lse, scale, window)
+  drop(q); drop(k); drop(v)
+  return record(y, { x }, function(_, g, node)
+    local gc = raw_contiguous(g)
+    local g4 = gc:_as_strided({ B, T, H, D }, { T * C, H * D, D, 1 }, gc:storage_offset())
+    local gv = heads_view(g4)
     local dx = Tensor.empty(x.shape, { dtype = x.dtype, device = x.device })
-    K(lib.gl_attention_backward(part(dx, 1).c, part(dx, 2).c, part(dx, 3).c, gv.c, part(x, 1).c, part(x, 2).c,
-      part(x, 3).c, yv.c, lse.c, scale, window))
+    local v6 = { part(dx, 1), part(dx, 2), part(dx, 3), part(x, 1), part(x, 2), part(x, 3) }
+    K(lib.gl_attention_backward(v6[1].c, v6[2].c, v6[3].c, gv.c, v6[4].c, v6[5].c, v6[6].c, yv.c, lse.c, scale, window))
+    for _, t in ipairs(v6) do drop(t) end
+    drop(gv); drop(g4); drop(gc, g)
+    if not node.retaining then drop(yv) end
     return dx
   end, nil, 'attention_qkv', { lse })
 end
@@ -587,24 +658,31 @@ function O.cross_entropy(logits, targets, opts)
     error(('cross_entropy: targets have %d elements, expected %d (one per row of logits %s)'):format(
       targets:numel(), N, shape_str(logits.shape)), 2)
   end
-  local l2 = (logits:is_contiguous() and logits or logits:contiguous())
-  l2 = l2:_as_strided({ N, V }, { V, 1 }, l2:storage_offset())
-  local t2 = targets:is_contiguous() and targets or targets:contiguous()
-  t2 = t2:_as_strided({ N }, { 1 }, t2:storage_offset())
+  local lc = raw_contiguous(logits)
+  local l2 = lc:_as_strided({ N, V }, { V, 1 }, lc:storage_offset())
+  local tc = raw_contiguous(targets)
+  local t2 = tc:_as_strided({ N }, { 1 }, tc:storage_offset())
   local sopt = { dtype = stat_dtype(logits), device = logits.device }
   local losses, lse = Tensor.empty({ N }, sopt), Tensor.empty({ N }, sopt)
   K(lib.gl_cross_entropy_forward(losses.c, lse.c, l2.c, t2.c, ignore, softcap))
   local count = N
   if opts.ignore_index then
-    count = reduce_raw(R.sum, binary_raw(B.ne, t2, O.full({}, ignore, { dtype = t2.dtype }), 'cross_entropy',
-      'float64'), nil, false, 'cross_entropy'):item()
+    local ig = O.full({}, ignore, { dtype = t2.dtype, device = t2.device })
+    local ne = binary_raw(B.ne, t2, ig, 'cross_entropy', 'float64')
+    local cnt = reduce_raw(R.sum, ne, nil, false, 'cross_entropy')
+    count = cnt:item()
+    drop(ig); drop(ne); drop(cnt)
   end
   local total = reduce_raw(R.sum, losses, nil, false, 'cross_entropy')
   local loss = unary_raw(U.mul_scalar, total, 1 / math.max(count, 1))
-  return record(loss, { logits }, function(_, g)
+  drop(total); drop(losses)
+  return record(loss, { logits }, function(_, g, node)
     local dl = empty_like(l2)
     K(lib.gl_cross_entropy_backward(dl.c, l2.c, t2.c, lse.c, ignore, softcap, g:item() / math.max(count, 1)))
-    return dl:_as_strided(logits.shape, Tensor.contiguous_strides(logits.shape), 0)
+    local out = dl:_as_strided(logits.shape, Tensor.contiguous_strides(logits.shape), 0)
+    drop(dl)
+    if not node.retaining then drop(l2); drop(lc, logits); drop(t2); drop(tc, targets) end
+    return out
   end, nil, 'cross_entropy', { lse })
 end
 

@@ -140,22 +140,31 @@ end
 local NS = { 3.4445, -4.7750, 2.0315 }
 function optim.newton_schulz(G, steps)
   steps = steps or 5
+  -- temporaries are released as soon as they are used: Muon runs this per
+  -- matrix, and a whole model's worth of them would otherwise pile up
+  local function free(t) if t ~= G and t.c.storage ~= nil then gl.lib.gl_tensor_release(t.c) end end
   return gl.no_grad(function()
-    local X = G
     local rows, cols = G.shape[1], G.shape[2]
     local tall = rows > cols
-    if tall then X = X:t() end
-    X = X:contiguous()
-    X = X * (1 / (gl.global_norm({ X }) + 1e-7))
+    local X = gl.raw_contiguous(tall and G:t() or G)
+    local Xs = X * (1 / (gl.global_norm({ X }) + 1e-7))
+    free(X); X = Xs
     for _ = 1, steps do
-      local Am = gl.matmul_raw(X, X:t())
+      local Xt = X:t()
+      local Am = gl.matmul_raw(X, Xt)
       local Bm = gl.matmul_raw(Am, Am)
       Bm:mul_(NS[3]):add_(Am, NS[2])
       local Xn = gl.matmul_raw(Bm, X)
       Xn:add_(X, NS[1])
+      free(Xt); free(Am); free(Bm); free(X)
       X = Xn
     end
-    if tall then X = X:t():contiguous() end
+    if tall then
+      local Xt = X:t()
+      local out = gl.raw_contiguous(Xt)
+      free(Xt); free(X)
+      X = out
+    end
     return X
   end)
 end
@@ -185,7 +194,9 @@ Muon.set_lr_mult, Muon.state_dict, Muon.load_state_dict = set_lr_mult, state_dic
 function Muon.update_direction(p, grad, buf, g)
   local upd = gl.empty(p.shape, { dtype = 'float32', device = p.device })
   K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0))
-  return optim.newton_schulz(upd, g.ns_steps)
+  local X = optim.newton_schulz(upd, g.ns_steps)
+  lib.gl_tensor_release(upd.c)
+  return X
 end
 
 function Muon:step()
@@ -199,8 +210,11 @@ function Muon:step()
           local X = Muon.update_direction(p, p.grad, st.momentum_buffer, g)
           local scale = math.sqrt(math.max(1, p.shape[1] / p.shape[2]))
           local target = update_target(p, st)
-          target:add_(X:to(target.dtype), -g.lr * scale)
+          local Xd = X:to(target.dtype)
+          target:add_(Xd, -g.lr * scale)
           write_back(p, st)
+          gl.lib.gl_tensor_release(X.c)  -- one matrix's temporaries at a time
+          if Xd ~= X then gl.lib.gl_tensor_release(Xd.c) end
         end
       end
     end

@@ -7,22 +7,67 @@ local gl = require 'gptlua'
 local now = require('gptlua.cli').now
 local train = require 'gptlua.train'
 
-local opts = { iters = 30, threads = 0, only = '', device = 'cpu' }
+local opts = { iters = 30, threads = 0, only = '', device = 'cpu', models = 'gpt2_124m,nanochat_d12,nanochat_d20',
+               kernels = 1, small = 0 }
 for _, a in ipairs(arg) do
   local k, v = a:match('^%-%-([%w_]+)=(.*)$')
   if not k or opts[k] == nil then error('bench: unknown argument ' .. a .. ' (--iters, --threads, --only, --device)', 0) end
   opts[k] = tonumber(v) or v
 end
-if opts.device ~= 'cpu' then
-  return dofile(gl.root .. '/bench/cuda_bench.lua')
+local function median(t) table.sort(t); return t[math.ceil(#t / 2)] end
+
+-- Whole-model training steps of the full-size GPU configurations on random
+-- tokens: tokens/s, MFU (the model's FLOPs/token against the device's peak,
+-- 989 TFLOP/s bf16 for an H100), ms/step, peak memory.  --small=1 shrinks
+-- the models (a smoke test of this path on any device).
+local function model_bench(device)
+  local configs = {
+    gpt2_124m = { recipe = 'gpt2_124m', over = { '--batch_size=32', '--block_size=1024' } },
+    nanochat_d12 = { recipe = 'nanochat_d20', over = { '--depth=12', '--batch_size=32', '--block_size=2048' } },
+    nanochat_d20 = { recipe = 'nanochat_d20', over = { '--depth=20', '--batch_size=32', '--block_size=2048' } },
+  }
+  for name in tostring(opts.models):gmatch('[^,]+') do
+    local c = configs[name]
+    if not c then error('bench: unknown model ' .. name .. ' (gpt2_124m, nanochat_d12, nanochat_d20)', 0) end
+    local args = { '--data=random', '--device=' .. device, '--total_batch_size=0', '--quiet=true',
+                   '--max_iters=' .. opts.iters, '--eval_interval=0', '--sample_length=0' }
+    for _, a in ipairs(c.over) do args[#args + 1] = a end
+    if opts.small == 1 then
+      for _, a in ipairs({ '--batch_size=2', '--block_size=64', '--n_layer=2', '--n_head=2', '--n_embd=64',
+                           '--depth=2', '--vocab_size=512', '--dtype=float32' }) do args[#args + 1] = a end
+    end
+    local r = dofile(gl.root .. '/recipes/' .. c.recipe .. '.lua')
+    local t = train.new(r, args)
+    for _ = 1, 3 do t:train_step() end
+    if device ~= 'cpu' then require('gptlua.cuda').synchronize() end
+    gl.reset_peak_memory(device)
+    local times = {}
+    for _ = 1, opts.iters do
+      local t0 = now()
+      t:train_step()
+      if device ~= 'cpu' then require('gptlua.cuda').synchronize() end
+      times[#times + 1] = now() - t0
+    end
+    local dt = median(times)
+    local tps = t.tokens_per_step / dt
+    local peak = device == 'cpu' and train.measure_cpu_flops() or 989e12
+    print(('%s: %.1f ms/step, %.0f tokens/s, MFU %.1f%%, peak memory %s (%.1fM parameters, %d tokens/step)'):format(
+      name, dt * 1000, tps, 100 * tps * t.flops_per_token / peak, train.fmt_bytes(gl.memory_stats(device).peak),
+      t.model:num_params() / 1e6, t.tokens_per_step))
+  end
 end
+
+if opts.device ~= 'cpu' then
+  if opts.kernels == 1 then dofile(gl.root .. '/bench/cuda_bench.lua') end
+  return model_bench(opts.device)
+end
+if opts.only == 'models' then return model_bench('cpu') end
 if opts.threads > 0 then gl.set_num_threads(opts.threads) end
 local threads = gl.get_num_threads()
 local want = {}
 for w in tostring(opts.only):gmatch('[^,]+') do want[w] = true end
 local function on(name) return next(want) == nil or want[name] end
 
-local function median(t) table.sort(t); return t[math.ceil(#t / 2)] end
 print(('gptlua %s benchmark, %d threads, %s'):format(gl.version, threads, jit.version))
 
 if on('dispatch') then

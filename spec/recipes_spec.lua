@@ -47,3 +47,14 @@ describe('distributed recipes', function()
     os.execute('rm -rf ' .. d)
   end)
 end)
+
+describe('benchmarks', function()
+  it('the whole-model benchmark path runs (shrunk models on CPU)', function()
+    local p = io.popen(('cd %s && %s recipes/bench.lua --only=models --small=1 --iters=1 2>&1; echo "exit=$?"'):format(root, exe))
+    local out = p:read('*a'); p:close()
+    assert.truthy(out:find('exit=0', 1, true), out)
+    for _, m in ipairs({ 'gpt2_124m', 'nanochat_d12', 'nanochat_d20' }) do
+      assert.truthy(out:find(m .. ': [%d.]+ ms/step, %d+ tokens/s, MFU'), out)
+    end
+  end)
+end)

@@ -1,10 +1,26 @@
 -- gptlua.dist.fsdp (dist = 'fsdp' and 'hsdp'): units, sharding and release
 -- in this process (a world of one, where FSDP must equal the unsharded
--- trainer bit for bit); then on 2, 3 and 4 MPI ranks (spec/dist/fsdp_*.lua
--- workers): equivalence with one process running N times the gradient
--- accumulation, the HSDP identities (shard_size = N is FSDP, 1 is DDP),
--- bytes per rank from the allocator, and checkpoints re-cut from 2 ranks
--- to 3, to 4 as HSDP and to one unsharded process.
+-- trainer bit for bit, in float32 and in bfloat16 with fp32 master
+-- shards); then on 2, 3 and 4 MPI ranks (spec/dist/fsdp_*.lua workers):
+-- equivalence with one process running N times the gradient accumulation
+-- (float32, and bfloat16 with masters), the HSDP identities (shard_size = N
+-- is FSDP, 1 is DDP), bytes per rank from the allocator, and checkpoints
+-- re-cut from 2 ranks to 3, to 4 as HSDP and to one unsharded process.
+--
+-- bfloat16 tolerances.  bfloat16 keeps 8 significant bits (a rounding moves
+-- a value by up to 2^-9 of itself), and FSDP on N ranks rounds the gradient
+-- differently from one process accumulating N micro-steps: each rank
+-- rounds its own gradient and the fp32 average is rounded once, where the
+-- single process rounds after every micro-step's addition.  AdamW divides
+-- by sqrt(v) per element, so such a difference reaches the update at about
+-- its own relative size, a few 2^-9 over the steps: losses and fp32
+-- masters are compared at 1e-2.  (On 2 ranks with the fp32 reduce both
+-- sides happen to round the same sums — halving is exact and the fp32 sum
+-- of two bfloat16 values is exact — and agree bit for bit; on 3 ranks
+-- AdamW's masters differ by about 2e-3.  Muon is checked on 2 ranks only:
+-- Newton–Schulz multiplies the small singular values of the gradient by
+-- up to ~480 over its 5 iterations, so an ulp of gradient noise moves a
+-- zero-initialised projection's update by several percent.)
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local train = require 'gptlua.train'
@@ -88,6 +104,59 @@ local function assert_params(want, got, what, tol)
   assert.is_true(e < (tol or 1e-5), ('%s: final parameters differ, relative error %.3g'):format(what, e))
 end
 
+-- the fp32 masters by the optimizers' state keys ("<prefix><name>.master"):
+-- of a single-process optimizer, of a policy in a world of one (its pieces
+-- are the whole tensors), of a checkpoint (assembled from its pieces)
+local function optimizer_masters(opt)
+  local out = {}
+  for _, o in ipairs(opt.optimizers or { opt }) do
+    for _, g in ipairs(o.groups) do
+      for i, p in ipairs(g.params) do out[o.prefix .. g.names[i] .. '.master'] = o.state[p].master end
+    end
+  end
+  return out
+end
+
+local function policy_masters(pol)
+  local layout, out = pol:state_layout(), {}
+  pol:each_state(function(k, t, off, _, kind)
+    if kind == 'master' then
+      out[k] = out[k] or gl.zeros(layout[k], { dtype = 'float32' })
+      B.view(out[k], off, { t:numel() }, false):copy_(t)
+    end
+  end)
+  return out
+end
+
+local function checkpoint_masters(path)
+  local out = {}
+  for k, t in pairs(require('gptlua.dist.policies.shards').full_tensors(path, ckpt.load(path))) do
+    if k:match('%.master$') then out[k] = t end
+  end
+  return out
+end
+
+-- elements of the shards of every unit on one rank of S: sum of ceil(unit/S)
+-- over the default units of policy_recipe's models (each block, the
+-- embeddings, the rest), from a whole state dict
+local function shard_elements(params, S)
+  local units = {}
+  for name, p in pairs(params) do
+    local u = name:match('^transformer%.h%.(%d+)%.') or (name:match('^transformer%.w[tp]e%.') and 'embeddings') or 'head'
+    units[u] = (units[u] or 0) + p:numel()
+  end
+  local n = 0
+  for _, numel in pairs(units) do n = n + math.ceil(numel / S) end
+  return n
+end
+
+local function merged(a, b)
+  local out = {}
+  for k, v in pairs(a) do out[k] = v end
+  for k, v in pairs(b or {}) do out[k] = v end
+  return out
+end
+
 local function unit_names(pol)
   local out = {}
   for _, u in ipairs(pol.units) do out[#out + 1] = u.name .. (u.root and ' (root)' or '') end
@@ -154,6 +223,56 @@ describe('gptlua.dist.fsdp in one process', function()
         assert.same(want, t:run().losses, what)
         assert.equal(0, rel_error(params_of(ref.model), t.policy:full_state_dict()), what)
       end
+    end
+  end)
+
+  it('keeps fp32 master shards for a bfloat16 model: the bfloat16 trainer bit for bit, checkpoints both ways', function()
+    use_policy()
+    for _, opt in ipairs({ 'adamw', 'nanochat' }) do
+      local r = { optimizer = opt, dtype = 'bfloat16', max_iters = 4, gradient_accumulation_steps = 2,
+                  checkpoint_interval = 2, out_dir = out .. '/bf_ref_' .. opt }
+      local ref = train.new(recipe(r), {})
+      local want = ref:run().losses
+      local rf = merged(r, { dist = 'fsdp', out_dir = out .. '/bf_fsdp_' .. opt })
+      local t = train.new(recipe(rf), {})
+      assert.same(want, t:run().losses, opt)
+      local pol = t.policy
+      local padded = 0
+      for _, u in ipairs(pol.units) do
+        assert.equal('bfloat16', u.pshard.dtype)
+        assert.equal('float32', u.master.dtype)
+        assert.equal(u.c, u.master:numel())   -- one rank: the master is the whole padded unit
+        padded = padded + u.padded
+      end
+      local bytes = pol:state_bytes()
+      assert.equal(4 * padded, bytes.master)
+      assert.equal(2 * bytes.params, bytes.master)
+      assert.equal(0, rel_error(optimizer_masters(ref.optimizer), policy_masters(pol)), opt)
+      assert.equal(0, rel_error(params_of(ref.model), pol:full_state_dict()), opt)
+      -- the plain trainer's checkpoint (whole "<key>.master" tensors)
+      -- resumed under FSDP, and FSDP's (pieces) by the plain trainer
+      local function resume(from, pol_name)
+        local x = merged(r, { dist = pol_name, out_dir = ('%s/bf_resume_%s_%s'):format(out, opt, pol_name) })
+        local t2 = train.new(recipe(x), { '--resume=' .. from .. '/p/checkpoints/step_0000002' })
+        return t2, t2:run().losses
+      end
+      local a, la = resume(r.out_dir, 'fsdp')
+      assert.same({ want[3], want[4] }, la, opt .. ': unsharded checkpoint resumed under fsdp')
+      assert.equal(0, rel_error(optimizer_masters(ref.optimizer), policy_masters(a.policy)), opt)
+      local b, lb = resume(rf.out_dir, 'none')
+      assert.same({ want[3], want[4] }, lb, opt .. ': fsdp checkpoint resumed by the plain trainer')
+      assert.equal(0, rel_error(optimizer_masters(ref.optimizer), optimizer_masters(b.optimizer)), opt)
+    end
+    -- a float32 run's checkpoint has no masters: they start from its float32
+    -- parameter pieces (the bfloat16 shards from them rounded)
+    local f32 = train.new(recipe({ dist = 'fsdp', max_iters = 2, out_dir = out .. '/f32' }), {})
+    f32:run()
+    local t = train.new(recipe({ dist = 'fsdp', dtype = 'bfloat16', max_iters = 2, out_dir = out .. '/f32b' }), {})
+    t:load_checkpoint(out .. '/f32/p/checkpoints/step_0000002')
+    for i, u in ipairs(t.policy.units) do
+      local v = f32.policy.units[i]
+      assert.equal(0, u.master:max_abs_diff(v.pshard), u.name)
+      assert.equal(0, u.pshard:max_abs_diff(v.pshard:to('bfloat16')), u.name)
     end
   end)
 
@@ -315,13 +434,16 @@ describe('gptlua.dist.fsdp over MPI ranks', function()
   teardown(function() os.execute('rm -rf ' .. out) end)
 
   -- one process with N*accum micro-steps reads the same rows per step
+  -- (bf16: 10 steps of the bfloat16 model, whose masters are kept too)
   local refs = {}
-  local function reference(opt, n_accum)
-    local k = opt .. n_accum
+  local BF16 = { dtype = 'bfloat16', max_iters = 10 }
+  local function reference(opt, n_accum, over)
+    local k = opt .. n_accum .. (over and over.dtype or '')
     if not refs[k] then
-      local t = train.new(recipe({ optimizer = opt, gradient_accumulation_steps = n_accum, max_iters = 12,
-        out_dir = out .. '/ref' }), {})
+      local t = train.new(recipe(merged({ optimizer = opt, gradient_accumulation_steps = n_accum, max_iters = 12,
+        out_dir = out .. '/ref' }, over)), {})
       refs[k] = { losses = t:run().losses, params = params_of(t.model) }
+      if over then refs[k].masters = optimizer_masters(t.optimizer) end
     end
     return refs[k]
   end
@@ -348,6 +470,25 @@ describe('gptlua.dist.fsdp over MPI ranks', function()
     local ref = reference(opt, n_accum)
     assert_losses(ref.losses, res[label].losses, label, tol)
     assert_params(ref.params, res[label].params, label, tol)
+  end
+
+  -- a bfloat16 run on n ranks (label=...,dtype=bfloat16,max_iters=10):
+  -- losses and its last checkpoint's fp32 masters against the bfloat16
+  -- process with n micro-steps, and master bytes per rank: 4 B for each
+  -- element of the rank's shards
+  local function check_bf16(res, label, opt, n)
+    local ref = reference(opt, n, BF16)
+    assert_losses(ref.losses, res[label].losses, label, 1e-2)
+    local ckdir = ('%s/n%d/runs_%s/p/checkpoints'):format(out, n, label)
+    local final = checkpoint_masters(ckdir .. '/step_0000010')
+    assert_params(ref.masters, final, label .. ' masters', 1e-2)
+    local want = 4 * shard_elements(res[label].params, n)
+    for r = 1, n do
+      local b = res[label].bytes[r]
+      assert.equal(want, b.master, ('%s rank %d master bytes'):format(label, r - 1))
+      assert.equal(2 * b.params, b.master)   -- fp32 masters of the bfloat16 shards
+    end
+    return ckdir, final
   end
 
   local function identical(a, b, what)
@@ -381,11 +522,29 @@ describe('gptlua.dist.fsdp over MPI ranks', function()
     end
   end)
 
+  it('bfloat16 with fp32 master shards on 2 ranks matches 1 rank with 2 micro-steps and resumes in one process', function()
+    local res = run(2, 1, { { 'a_mixed', 'adamw,fsdp,dtype=bfloat16,max_iters=10,checkpoint_interval=5' },
+      { 'n_mixed', 'nanochat,fsdp,dtype=bfloat16,max_iters=10,checkpoint_interval=5' } })
+    for _, opt in ipairs({ 'adamw', 'nanochat' }) do
+      local label = opt:sub(1, 1) .. '_mixed'
+      local ckdir, final = check_bf16(res, label, opt, 2)
+      -- the 2-rank checkpoint at step 5 in one bfloat16 process: its
+      -- optimizer gets exactly the masters the pieces hold, and continues
+      local t = train.new(recipe({ optimizer = opt, dtype = 'bfloat16', gradient_accumulation_steps = 2,
+        max_iters = 10, out_dir = out .. '/bf_r1_' .. opt }), {})
+      t:load_checkpoint(ckdir .. '/step_0000005')
+      assert.equal(0, rel_error(checkpoint_masters(ckdir .. '/step_0000005'), optimizer_masters(t.optimizer)), label)
+      assert_losses({ unpack(res[label].losses, 6, 10) }, t:run().losses, label .. ' resumed in one process', 1e-2)
+      assert_params(final, optimizer_masters(t.optimizer), label .. ' resumed in one process: masters', 1e-2)
+    end
+  end)
+
   it('... and on 3 ranks (padded shards, Muon owners over 3 ranks) match 1 rank with 3', function()
     local res = run(3, 1, { { 'a_fsdp', 'adamw,fsdp' }, { 'n_fsdp', 'nanochat,fsdp' },
-      { 'n_hsdp3', 'nanochat,hsdp,shard_size=3' } })
+      { 'n_hsdp3', 'nanochat,hsdp,shard_size=3' }, { 'a_mixed', 'adamw,fsdp,dtype=bfloat16,max_iters=10' } })
     check(res, 'a_fsdp', 'adamw', 3)
     check(res, 'n_fsdp', 'nanochat', 3)
+    check_bf16(res, 'a_mixed', 'adamw', 3)
     identical(res.n_fsdp, res.n_hsdp3, 'hsdp shard_size 3 vs fsdp')
     local sum = 0
     for r = 1, 3 do sum = sum + res.n_fsdp.bytes[r].optimizer end
@@ -416,11 +575,23 @@ describe('gptlua.dist.fsdp over MPI ranks', function()
         assert.is_true(f.step < 0.85 * m.none.step, ('rank %d step peak %d vs unsharded %d'):format(r - 1, f.step,
           m.none.step))
       end
-      -- the allocator agrees with the policy's own count (rank 0)
-      local st = m.state
-      local held = st.params + st.grads + st.optimizer
-      assert.is_true(math.abs(m.fsdp[1].persistent - held) / held < 0.03,
-        ('allocator %d bytes vs policy %d'):format(m.fsdp[1].persistent, held))
+      -- the allocator agrees with the policy's own count, float32 (no
+      -- masters) and bfloat16 (fp32 master shards: 4 B per shard element,
+      -- so bfloat16 + master holds what float32 holds)
+      for r = 1, n do
+        for _, k in ipairs({ 'fsdp', 'bf16' }) do
+          local e = m[k][r]
+          local st = e.state
+          local held = st.params + st.grads + st.optimizer + st.master
+          assert.is_true(math.abs(e.persistent - held) / held < 0.03,
+            ('%s rank %d: allocator %d bytes vs policy %d'):format(k, r - 1, e.persistent, held))
+        end
+        local f, b = m.fsdp[r].state, m.bf16[r].state
+        assert.equal(0, f.master)
+        assert.equal(f.params, b.master)
+        assert.equal(2 * b.params, b.master)
+        assert.is_true(math.abs(m.bf16[r].persistent / m.fsdp[r].persistent - 1) < 0.01)
+      end
     end)
   end
 

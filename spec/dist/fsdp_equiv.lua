@@ -3,9 +3,10 @@
 -- rank 0, writes what the spec compares with one process running N times
 -- the gradient accumulation:
 --   OUT/<label>.safetensors   final parameters (gathered)
---   OUT/<label>.json          {losses, world, bytes = per-rank {params, grads, optimizer}}
+--   OUT/<label>.json          {losses, world, bytes = per-rank {params, grads, optimizer, master}}
 -- args: OUT ACCUM RUN...; RUN is label=optimizer,dist[,key=value...] where
--- keys are recipe keys (shard_size, activation_checkpointing, max_iters) or
+-- keys are recipe keys (shard_size, activation_checkpointing, max_iters,
+-- dtype, checkpoint_interval: checkpoints under OUT/runs_<label>) or
 -- options of gptlua.dist.fsdp (accumulate, reshard_after_forward,
 -- reduce_dtype, prefetch).  Prints "OK rank R of N" at the end.
 local gl = require 'gptlua'
@@ -50,7 +51,7 @@ for i = 3, #arg do
   local bytes = {}
   for q = 0, world.size - 1 do
     local b = {}
-    for _, k in ipairs({ 'params', 'grads', 'optimizer' }) do
+    for _, k in ipairs({ 'params', 'grads', 'optimizer', 'master' }) do
       b[k] = world:all_reduce_number(q == world.rank and (mine[k] or 0) or 0, 'sum')
     end
     bytes[q + 1] = b

@@ -12,8 +12,9 @@
 -- own list).  A unit's parameters live in one flat buffer padded to a
 -- multiple of the shard group size S and split evenly: rank s of the group
 -- keeps elements [s*c, (s+1)*c), c = padded/S, of the parameters (pshard),
--- of the averaged gradient (gshard) and of the optimizer state, and nothing
--- else.  Between uses a parameter tensor has no storage (t:is_freed());
+-- of the averaged gradient (gshard) and of the optimizer state (for a
+-- bfloat16 model with an fp32 master of pshard: see Mixed precision), and
+-- nothing else.  Between uses a parameter tensor has no storage (t:is_freed());
 -- while its unit is gathered it is a view into the unit's full buffer.
 --
 -- Two kinds of units:
@@ -70,6 +71,18 @@
 -- pieces, applied to the shard as p += -lr * sqrt(max(1, rows/cols)) * X.
 -- Parameters are not gathered at step: the next forward gathers them.
 --
+-- Mixed precision.  A unit whose parameters are bfloat16 (or float16:
+-- optim.needs_master) also keeps an fp32 master shard u.master, the same c
+-- elements as pshard, as the single-process optimizers keep a master per
+-- parameter.  AdamW and the Muon updates run on the master; after the
+-- step each master shard is rounded into pshard (one copy per unit), and
+-- pshard, in the parameters' dtype, is what the forward gathers.  So the
+-- gathers, the gradients (full and shard) and the Muon gradient pieces
+-- stay in the parameters' dtype, while Muon's updates travel back to the
+-- pieces' ranks in fp32 (the master's dtype, so an update is applied as
+-- the single-process Muon applies it).  Loading weights
+-- (model:load_state_dict) sets the loaded pieces' masters from them.
+--
 -- Communication per optimizer step and rank (P parameter elements, M of
 -- them Muon matrices, S ranks per shard group, R = N/S replicas, A
 -- micro-steps; an all-gather or reduce-scatter of P moves (S-1)/S * P):
@@ -81,6 +94,8 @@
 --                reduce-scatter per unit and step, no backward gathers)
 --   HSDP         all-reduce of the shard over replicas      2 (R-1)/R * P/S
 --   Muon         gradient pieces to owners + updates back   2 * about (S-1)/S^2 * M
+--                (elements; with fp32 masters the updates move as fp32,
+--                so a bfloat16 model moves 2 + 4 bytes per such element)
 -- So FSDP moves about 3 P per micro-step where DDP moves 2 P (all-reduce);
 -- Muon adds about 2/S of its matrices per step.  Every collective is issued
 -- in the same order on every rank of its communicator (units in a fixed
@@ -89,11 +104,10 @@
 -- for in after_backward), so the two groups' collectives interleave
 -- without deadlock.
 --
--- Gathers move the parameters' own dtype (a bfloat16 model gathers
--- bfloat16; the engine keeps no separate fp32 master copy to cast from).
---
 -- Memory per rank: 1/S of the parameters, gradients and optimizer state
--- between steps (gl.memory_stats shows it); during the step in addition
+-- between steps (gl.memory_stats shows it), and for a bfloat16 model the
+-- master shards: 4 bytes * sum over units of ceil(unit/S) (state_bytes()
+-- .master); during the step in addition
 -- the root units, at most two gathered blocks (the current one and the
 -- prefetched one; stats.peak_live counts them), one unit's full gradient,
 -- the gradients whose reduce-scatter is in flight, and the block-boundary
@@ -101,11 +115,14 @@
 --
 -- Checkpoints: every rank writes its pieces of the parameters
 -- ("param.<name>@<offset>") and of the optimizer state (the optimizer's own
--- key names, "<key>@<offset>") in the format of gptlua.dist.policies.shards;
--- in HSDP the first replica writes them.  Rank 0 also writes the whole
--- model.safetensors (gathered unit by unit), so sampling, any other policy
--- or a single process can start from it.  Loading re-cuts the pieces for
--- the current ranks and shard size.
+-- key names, "<key>@<offset>", the masters as "<prefix><name>.master" like
+-- the single-process optimizers' state) in the format of
+-- gptlua.dist.policies.shards; in HSDP the first replica writes them.
+-- Rank 0 also writes the whole model.safetensors (gathered unit by unit),
+-- so sampling, any other policy or a single process can start from it.
+-- Loading re-cuts the pieces for the current ranks and shard size; a
+-- master the checkpoint lacks (one written by a float32 run) starts from
+-- the loaded parameter pieces.
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local optim = require 'gptlua.optim'
@@ -318,6 +335,11 @@ function FSDP:_add_unit(u)
   u.pshard = B.flat(u.c, u.dtype, u.device)
   K(lib.gl_copy(u.pshard.c, tmp_view(full, s * u.c, u.c).c))
   full:free()
+  -- mixed precision: the fp32 master of the shard, which the optimizer updates
+  if optim.needs_master(u.params[1]) then
+    u.master = B.flat(u.c, 'float32', u.device)
+    K(lib.gl_copy(u.master.c, u.pshard.c))
+  end
   for _, p in ipairs(u.params) do
     if p.grad then p.grad:free(); p.grad = nil end
     lib.gl_tensor_release(p.c)
@@ -343,7 +365,8 @@ function FSDP:_add_unit(u)
   if nadam > 0 then
     u.m, u.v = B.flat(nadam, 'float32', u.device), B.flat(nadam, 'float32', u.device)
     for _, pc in ipairs(u.adam) do
-      pc.pv, pc.gv = view(u.pshard, pc.start, { pc.len }), view(u.gshard, pc.start, { pc.len })
+      -- the update target: the master where there is one, else the shard itself
+      pc.pv, pc.gv = view(u.master or u.pshard, pc.start, { pc.len }), view(u.gshard, pc.start, { pc.len })
       pc.mv, pc.vv = view(u.m, pc.moff, { pc.len }), view(u.v, pc.moff, { pc.len })
     end
   end
@@ -431,7 +454,9 @@ function FSDP:_plan_muon()
     end
     mu.recv_counts[q + 1] = n
   end
+  -- the updates go back in the dtype they are applied in (the masters')
   mu.nrecv, mu.dtype, mu.device = pos, dtype, device
+  mu.update_dtype = mats[1].u.master and mats[1].u.master.dtype or dtype
   self.muon = mu
 end
 
@@ -804,6 +829,10 @@ function FSDP:step()
       dist.progress()
     end
     if exchange then self:_muon_update(exchange) end
+    -- mixed precision: the updated masters, rounded, are the shards the forward gathers
+    for _, u in ipairs(self.units) do
+      if u.master then K(lib.gl_copy(u.pshard.c, u.master.c)) end
+    end
   end)
 end
 
@@ -826,22 +855,27 @@ function FSDP:_muon_update(x)
   x.work:wait()
   x.send:free()
   local recv = x.recv
+  -- the updates take the gradients' places in recv, or (fp32 masters) a
+  -- buffer of the masters' dtype laid out alike
+  local upd = mu.update_dtype == mu.dtype and recv
+    or gl.empty({ mu.nrecv }, { dtype = mu.update_dtype, device = mu.device })
   for _, m in ipairs(mu.owned) do
     local grad = gl.empty(m.p.shape, { dtype = mu.dtype, device = mu.device })
     for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(grad, f.eoff, f.len).c, tmp_view(recv, f.pos, f.len).c)) end
     local X = optim.Muon.update_direction(grad, grad, m.buf, m.w.group)
-    if X.dtype ~= mu.dtype then X = X:to(mu.dtype) end
-    for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(recv, f.pos, f.len).c, tmp_view(X, f.eoff, f.len).c)) end
+    if X.dtype ~= mu.update_dtype then X = X:to(mu.update_dtype) end
+    for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(upd, f.pos, f.len).c, tmp_view(X, f.eoff, f.len).c)) end
     grad:free()
     dist.progress()
   end
-  local back = gl.empty({ mu.nsend }, { dtype = mu.dtype, device = mu.device })
-  self.shard:all_to_all(back, recv, { send_counts = mu.recv_counts, recv_counts = mu.send_counts })
-  recv:free()
+  if upd ~= recv then recv:free() end
+  local back = gl.empty({ mu.nsend }, { dtype = mu.update_dtype, device = mu.device })
+  self.shard:all_to_all(back, upd, { send_counts = mu.recv_counts, recv_counts = mu.send_counts })
+  upd:free()
   for _, e in ipairs(mu.send) do
-    local g, shape = e.m.w.group, e.m.p.shape
+    local g, shape, u = e.m.w.group, e.m.p.shape, e.m.u
     local scale = math.sqrt(math.max(1, shape[1] / shape[2]))
-    tmp_view(e.m.u.pshard, e.start, e.len):add_(tmp_view(back, e.pos, e.len), -g.lr * scale)
+    tmp_view(u.master or u.pshard, e.start, e.len):add_(tmp_view(back, e.pos, e.len), -g.lr * scale)
   end
   back:free()
 end
@@ -849,13 +883,14 @@ end
 -- ---------------------------------------------------------- inspection --
 -- Bytes this rank holds persistently: parameter shards, gradient shards,
 -- optimizer state (AdamW m and v of its pieces, Muon momentum of its
--- matrices).
+-- matrices), fp32 master shards (0 unless the parameters are bfloat16).
 function FSDP:state_bytes()
-  local r = { params = 0, grads = 0, optimizer = 0 }
+  local r = { params = 0, grads = 0, optimizer = 0, master = 0 }
   for _, u in ipairs(self.units) do
     r.params = r.params + B.bytes(u.pshard)
     r.grads = r.grads + B.bytes(u.gshard)
     if u.m then r.optimizer = r.optimizer + B.bytes(u.m) + B.bytes(u.v) end
+    if u.master then r.master = r.master + B.bytes(u.master) end
   end
   for _, m in ipairs(self.muon and self.muon.owned or {}) do r.optimizer = r.optimizer + B.bytes(m.buf) end
   return r
@@ -902,7 +937,9 @@ function FSDP:_load_full(orig, m, sd, opts)
     if ok then
       for _, pc in ipairs(u.pieces) do
         if sd[pc.name] ~= nil then
-          K(lib.gl_copy(tmp_view(u.pshard, pc.start, pc.len).c, tmp_view(u.full, u.offs[pc.i] + pc.poff, pc.len).c))
+          local src = tmp_view(u.full, u.offs[pc.i] + pc.poff, pc.len)
+          K(lib.gl_copy(tmp_view(u.pshard, pc.start, pc.len).c, src.c))
+          if u.master then K(lib.gl_copy(tmp_view(u.master, pc.start, pc.len).c, src.c)) end
         end
       end
     end
@@ -917,27 +954,36 @@ end
 -- -------------------------------------------------------------- checkpoints --
 local function key(w, k) return w.opt.prefix .. w.name .. '.' .. k end
 
--- f(key, tensor, offset) for every piece this rank holds: parameters
--- ("param.<name>"), AdamW m and v, Muon momentum.  Only the first replica
--- reports (HSDP replicas hold the same pieces) unless all is true.
+-- f(key, tensor, offset, false, kind) for every piece this rank holds:
+-- parameters ("param.<name>", kind 'param'), AdamW m and v, Muon momentum
+-- (kind 'state') and fp32 masters (kind 'master').  (The fourth argument
+-- is gptlua.dist.policies.shards' `replicated`: no piece is.)  Only the
+-- first replica reports (HSDP replicas hold the same pieces) unless all is
+-- true.
 function FSDP:each_state(f, all)
   if self.replica_rank ~= 0 and not all then return end
   for _, u in ipairs(self.units) do
-    for _, pc in ipairs(u.pieces) do f('param.' .. pc.name, tmp_view(u.pshard, pc.start, pc.len), pc.poff) end
+    for _, pc in ipairs(u.pieces) do
+      f('param.' .. pc.name, tmp_view(u.pshard, pc.start, pc.len), pc.poff, false, 'param')
+      if u.master and pc.w then f(key(pc.w, 'master'), tmp_view(u.master, pc.start, pc.len), pc.poff, false, 'master') end
+    end
     for _, pc in ipairs(u.adam) do
-      f(key(pc.w, 'm'), pc.mv, pc.poff)
-      f(key(pc.w, 'v'), pc.vv, pc.poff)
+      f(key(pc.w, 'm'), pc.mv, pc.poff, false, 'state')
+      f(key(pc.w, 'v'), pc.vv, pc.poff, false, 'state')
     end
   end
-  for _, m in ipairs(self.muon and self.muon.owned or {}) do f(key(m.w, 'momentum_buffer'), m.buf, 0) end
+  for _, m in ipairs(self.muon and self.muon.owned or {}) do f(key(m.w, 'momentum_buffer'), m.buf, 0, false, 'state') end
 end
 
--- key -> shape of every tensor of the whole (unsharded) optimizer state
+-- key -> shape of every tensor of the whole (unsharded) optimizer state,
+-- masters included (as the single-process optimizers name them)
 function FSDP:state_layout()
   local out = {}
   for p, w in pairs(self.own) do
-    if self.unit_of[p] then
+    local u = self.unit_of[p]
+    if u then
       for _, k in ipairs(w.opt.state_keys) do out[key(w, k)] = p.shape end
+      if u.master then out[key(w, 'master')] = p.shape end
     end
   end
   return out
@@ -954,17 +1000,23 @@ end
 -- Parameters from their pieces when the checkpoint has them (else the
 -- trainer's load_state_dict already put the whole model in), optimizer
 -- state from pieces or whole tensors, re-cut for this layout.
+-- Masters come from the checkpoint's master pieces or whole tensors; where
+-- it has none (a float32 run's checkpoint) from its parameter pieces, else
+-- from the whole model load_state_dict put in.
 function FSDP:load_checkpoint(trainer, c, path)
   local shards = require 'gptlua.dist.policies.shards'
   local index = shards.index(path, c)
   for _, u in ipairs(self.units) do
     for _, pc in ipairs(u.pieces) do
       local k = 'param.' .. pc.name
-      if index[k] then shards.fill(index, k, pc.poff, tmp_view(u.pshard, pc.start, pc.len), path) end
+      if index[k] then
+        shards.fill(index, k, pc.poff, tmp_view(u.pshard, pc.start, pc.len), path)
+        if u.master then shards.fill(index, k, pc.poff, tmp_view(u.master, pc.start, pc.len), path) end
+      end
     end
   end
-  self:each_state(function(k, t, off)
-    if not k:match('^param%.') then shards.fill(index, k, off, t, path) end
+  self:each_state(function(k, t, off, _, kind)
+    if kind == 'state' or (kind == 'master' and index[k]) then shards.fill(index, k, off, t, path) end
   end, true)
   shards.set_steps(self.optimizer, c.state)
 end

@@ -19,34 +19,39 @@
 -- the allocator's, tensor by tensor, and the peak is its maximum.  What it
 -- shows for this engine:
 --   - the forward keeps everything it makes until backward reaches it;
---   - backward releases, as it passes a layer, the norm statistics and the
---     attention/cross-entropy log-sum-exp, the residual-stream sums and
---     the gradients nothing else views, and each weight-gradient
---     temporary once it is added into .grad;
---   - a view made inside an op is a tensor of the micro-step's scope, so
---     its storage stays until the micro-step ends even after the op's
---     output is released: a linear's input and output (its x2/out2
---     views), its incoming gradient, dx and bias gradient (views of raw
---     products); attention's qkv, output and dqkv (or q/k/v gradient
---     buffers); the logits and their gradient.
--- So the live set grows layer by layer through backward too, and the peak
--- usually comes at its end (the embedding's gradient; for GPT-2's tied
--- embedding the head's and the lookup's gradient and their sum).  With
--- units BTC = B*T*C elements (B micro-batch, T context, C width), BTK =
--- B*T*C*Hkv/H, BT, BTH = B*T*H (H heads), BTV = B*T*V (V vocab), CC = C*C
--- (weights), a = bytes per activation (the model dtype), f = bytes per
--- statistic (fp32; fp64 for float64 models):
+--   - the ops release their temporary views as soon as the kernel has
+--     run (broadcasts, W^T, a linear's output view, attention's q/k/v
+--     parts), so a view pins its storage only while its op needs it: the
+--     views an op captures for its backward (a linear's input, attention's
+--     output, the logits) go when that backward has run;
+--   - backward releases, as it passes an op, its output, the norm
+--     statistics and the attention/cross-entropy log-sum-exp, and each
+--     gradient once consumed (a weight-gradient temporary once added into
+--     .grad).  Only a broadcast's gradient stays to the end of the
+--     micro-step (sum_to's reduction buffer: GPT-2's positions).
+-- So the live set shrinks layer by layer through backward, and the peak
+-- comes where backward starts: the whole forward plus the logits'
+-- gradient and the head's input and weight gradients (the head's
+-- backward), or, for a vocabulary small next to the width, inside the
+-- last layer's backward.  With units BTC = B*T*C elements (B
+-- micro-batch, T context, C width), BTK = B*T*C*Hkv/H, BT, BTH = B*T*H
+-- (H heads), BTV = B*T*V (V vocab), CC = C*C (weights), a = bytes per
+-- activation (the model dtype), f = bytes per statistic (fp32; fp64 for
+-- float64 models):
 --   gpt2 forward, per layer:     18*BTC*a + 4*BT*f + BTH*f   (+2*BTC*a with dropout)
 --     ln_1, qkv (3), attention out, c_proj, residual, ln_2, c_fc (4), gelu (4),
 --     c_proj, residual; mean/rstd of both norms, attention lse
---   gpt2 backward, per layer:    18*BTC*a + 12*CC*a + 13*C*a (weight and bias gradients);
---     of the forward's and backward's 36*BTC*a, 32 stay to the end of the micro-step
+--   gpt2 backward, per layer:    18*BTC*a + 12*CC*a + 13*C*a (weight and bias gradients)
 --   nanochat forward, per layer: 18*BTC*a + 4*BTK*a + 2*BTH*f + BTHk*f + 2*BT*f
 --     norm, c_q, c_k/c_v (2 BTK), rope and norm of q, of k (2 BTK), attention
 --     out, c_proj, residual, norm, c_fc (4), relu2 (4), c_proj, residual;
 --     the norms' rstd, attention lse
---   head: final norm BTC*a, logits BTV*a, CE losses/lse 2*BT*f, target mask BT*8; dlogits BTV*a
--- and `gptlua --plan` prints these formulas for the recipe, what of them
+--   nanochat backward, per layer: 22*BTC*a + 4*BTK*a + 12*CC*a
+--   head: final norm BTC*a, logits BTV*a, CE losses/lse 2*BT*f, target mask
+--     BT*8 (the mask and the losses go within the loss); dlogits BTV*a
+-- Backward allocates a layer's gradients while the layer's forward is
+-- still live and releases both by the time it leaves the layer.
+-- `gptlua --plan` prints these formulas for the recipe, what of them
 -- stays to the end of the micro-step, and where the peak comes.  For a big
 -- vocabulary the logits and their gradient, 2*B*T*V*a, dominate.
 --
@@ -55,9 +60,11 @@
 -- stays (B*T*C*a per layer, plus the embedding output its backward views);
 -- backward recomputes one block at a time and backpropagates through it
 -- inside a scope that keeps only the input gradient.  The peak becomes
--- the layers' outputs + one layer's forward and backward + the outside
--- parts: less than without for two layers or more; the plan suggests it
--- when it saves memory.
+-- the layers' outputs + the larger of the head's backward and one layer's
+-- forward and backward + the outside parts: less than without for two
+-- layers or more; for one layer only when the logits and their gradient
+-- outweigh what the recomputation adds.  The plan suggests it when it
+-- saves memory.
 --
 -- Parameters, gradients, optimizer state (AdamW m+v fp32, Muon momentum
 -- fp32), fp32 master weights when the model is bfloat16, and what each
@@ -79,11 +86,14 @@
 --             to N: each rank keeps ceil(unit/N) of the parameters and of
 --             the gradients, AdamW state for its part, Muon momentum of the
 --             whole matrices it owns (greedy owners; the plan takes the
---             busiest rank); no fp32 master copy.  Gathered units and full
---             unit gradients come from the dry run, which runs FSDP's units
---             (sim_fsdp; cfg.fsdp's options): blocks recomputed in backward,
---             root units gathered throughout, prefetch, reduce-scatters in
---             flight (at worst two, on MPI ranks)
+--             busiest rank); for a bfloat16 model fp32 master shards, the
+--             same ceil(unit/N) elements of each unit (the optimizer
+--             updates them, the parameter shards are rounded from them).
+--             Gathered units and full unit gradients come from the dry
+--             run, which runs FSDP's units (sim_fsdp; cfg.fsdp's
+--             options): blocks recomputed in backward, root units gathered
+--             throughout, prefetch, reduce-scatters in flight (at worst
+--             two, on MPI ranks)
 --   hsdp      fsdp within groups of S ranks, replicated across N/S groups
 --             (the replica all-reduce works in place)
 -- The total is persistent state + the larger of forward/backward
@@ -405,14 +415,19 @@ local function new_sim(u, sizes)
   return S
 end
 
--- The ops' memory behaviour (lua/gptlua/ops*.lua).  What matters besides
--- the allocations is which storages a view pins: a view made inside an op
--- is a tensor of the micro-step's scope, released only when the scope
--- ends, so its storage outlives the release of the op's output.  Pinned
--- that way until the micro-step ends: a linear's input and output (the
--- forward views x2/out2), its incoming gradient (g2) and its dx and bias
--- gradient (views of raw products); attention's qkv, output and dqkv
--- (the q/k/v part views); the cross-entropy logits and their gradient.
+-- The ops' memory behaviour (lua/gptlua/ops*.lua).  Besides the
+-- allocations, what matters is which storages a view pins.  The ops drop
+-- their temporary views as soon as the kernel has run (broadcast views,
+-- W^T, a linear's output view, attention's q/k/v parts, the reduction's
+-- keepdim buffer), so those pin nothing; a view an op captures for its
+-- backward (a linear's x2, attention's (B,H,T,D) output view,
+-- cross-entropy's logits view) pins its base until that backward has run
+-- (unless the graph is retained, which the trainer never does).  A
+-- recorded view (.view/.transpose of nanochat's q, k, v, y) is an op
+-- output like any other: free_activations releases it once its node has
+-- run.  What a view pins to the end of the micro-step: a broadcast
+-- operand's gradient (sum_to's reduction buffer behind a view: GPT-2's
+-- positions).
 local function sim_ops(S)
   local O = {}
   local function unary(x, what)
@@ -425,19 +440,19 @@ local function sim_ops(S)
   function O.view(x, what)
     return S.record(S.view(x), { x }, function(g) return S.view(g) end, what)
   end
+  -- x2 (x as a matrix) stays for the backward's weight gradient; dx and
+  -- the bias gradient are views of raw products that hold their storage
+  -- alone
   function O.linear(x, W, b, osize, what)
     S.at(what)
-    S.view(x)
+    local x2 = S.view(x)
     local out = S.new(osize, what)
-    S.view(out)
-    if b then S.view(b) end   -- the bias broadcast into out
-    S.view(W)                 -- W^T
-    return S.record(out, b and { x, W, b } or { x, W }, function(g)
-      S.view(g)
+    return S.record(out, b and { x, W, b } or { x, W }, function()
       local gx, gW, gb
-      if x.requires_grad then gx = S.view(S.new(x.sz, what .. ' dx')) end
+      if x.requires_grad then gx = S.new(x.sz, what .. ' dx') end
       if W.requires_grad then gW = S.new(W.sz, what .. ' weight gradient') end
-      if b and b.requires_grad then gb = S.view(S.new(b.sz, what .. ' bias gradient')) end
+      if b and b.requires_grad then gb = S.new(b.sz, what .. ' bias gradient') end
+      S.release(x2)
       return gx, gW, gb
     end, what)
   end
@@ -462,12 +477,13 @@ local function sim_ops(S)
   end
   function O.layer_norm(x, w, b, what) return norm(x, w, b, 'BT', what, true) end
   function O.rms_norm(x, stat, what) return norm(x, nil, nil, stat, what, false) end
-  -- a + b, b broadcast over the batch when smaller (GPT-2's positions)
+  -- a + b, b broadcast over the batch when smaller (GPT-2's positions):
+  -- b's gradient is sum_to's reduction, reached through a view that
+  -- leaves the reduction buffer in the micro-step's scope
   function O.add(a, b, what)
     S.at(what)
     local out = S.new(a.sz, what)
     local bcast = b.sz.unit ~= a.sz.unit
-    if bcast then S.view(b) end
     return S.record(out, { a, b }, function(g)
       return g, bcast and S.view(S.new(b.sz, what .. ' broadcast gradient')) or g
     end, what)
@@ -477,42 +493,49 @@ local function sim_ops(S)
     local out = S.new(osize, what)
     return S.record(out, { W }, function() return S.new(W.sz, what .. ' gradient') end, what)
   end
-  -- GPT-2's fused attention on the c_attn output
+  -- GPT-2's fused attention on the c_attn output: the backward reads the
+  -- output through its (B,H,T,D) view, and writes dq, dk, dv into one dqkv
   function O.attention_qkv(qkv, stat, what)
     S.at(what)
-    S.view(qkv)
     local y = S.new(sz(qkv.sz.k / 3, qkv.sz.unit, qkv.sz.tag), what)
-    S.view(y)
+    local yv = S.view(y)
     local lse = S.new(sz(1, stat, 'f'), what .. ' lse')
-    return S.record(y, { qkv }, function(g)
-      S.view(g)
-      return S.view(S.new(qkv.sz, what .. ' dqkv'))
+    return S.record(y, { qkv }, function()
+      local dqkv = S.new(qkv.sz, what .. ' dqkv')
+      S.release(yv)
+      return dqkv
     end, what, { lse })
   end
-  -- scaled_dot_product_attention: output and input gradients are views of
-  -- (B,T,H,D) buffers that stay
+  -- scaled_dot_product_attention: output and input gradients are (B,H,T,D)
+  -- views that alone hold their (B,T,H,D) buffers
   function O.sdpa(q, k, v, stat, what)
     S.at(what)
-    local out = S.view(S.new(q.sz, what))
+    local out = S.new(q.sz, what)
     local lse = S.new(sz(1, stat, 'f'), what .. ' lse')
     return S.record(out, { q, k, v }, function()
-      return S.view(S.new(q.sz, what .. ' dq')), S.view(S.new(k.sz, what .. ' dk')), S.view(S.new(v.sz, what .. ' dv'))
+      return S.new(q.sz, what .. ' dq'), S.new(k.sz, what .. ' dk'), S.new(v.sz, what .. ' dv')
     end, what, { lse })
   end
-  -- cross-entropy with ignore_index: per-row losses, the count of targets
-  -- kept (a float64 mask), scalar sums; the gradient is a view of dlogits
+  -- cross-entropy with ignore_index: per-row losses (summed, then gone),
+  -- the count of targets kept (a float64 mask, gone once counted), the
+  -- loss; the logits view stays for the backward, whose dlogits is a view
+  -- holding its storage alone
   function O.cross_entropy(logits, what)
     S.at(what)
-    S.view(logits)
-    S.new(sz(1, 'BT', 'f'), what .. ' losses')
+    local l2 = S.view(logits)
+    local losses = S.new(sz(1, 'BT', 'f'), what .. ' losses')
     local lse = S.new(sz(1, 'BT', 'f'), what .. ' lse')
-    S.new(sz(1, '1', 'i64'), 'ignore_index scalar')
-    S.new(sz(1, 'BT', 'f64'), 'target mask')
-    S.new(sz(1, '1', 'f64'), 'target count')
+    local ig = S.new(sz(1, '1', 'i64'), 'ignore_index scalar')
+    local mask = S.new(sz(1, 'BT', 'f64'), 'target mask')
+    local count = S.new(sz(1, '1', 'f64'), 'target count')
+    S.release(ig); S.release(mask); S.release(count)
     local total = S.new(sz(1, '1', 'f'), 'loss sum')
     local loss = S.new(total.sz, 'loss')
+    S.release(total); S.release(losses)
     return S.record(loss, { logits }, function()
-      return S.view(S.new(logits.sz, 'dlogits'))
+      local dl = S.new(logits.sz, 'dlogits')
+      S.release(l2)
+      return dl
     end, what, { lse })
   end
   -- gl.checkpoint: the block runs without recording inside a scope (only
@@ -1000,7 +1023,7 @@ local function zero(stage)
     for _, g in ipairs(muon_groups(m, cfg)) do
       local per = ceil_div(g.count, n)
       flat(n * per * g.numel, per * g.numel, per * block(g.numel * 4))
-      if bf16 then r.master = r.master + per * block(g.numel * 4) end
+      if bf16 then r.master = r.master + block(per * g.numel * 4) end   -- the stack slice's master
     end
     if stage == 1 then
       r.notes.grads = 'views of flat buffers (padded to a multiple of the ranks)'
@@ -1026,12 +1049,13 @@ POLICY.zero1, POLICY.zero2 = zero(1), zero(2)
 -- FSDP (gptlua.dist.fsdp): units = the embeddings, each block, the head
 -- (what is left: ln_f or lm_head), each one flat buffer padded to a
 -- multiple of n of which every rank keeps c = ceil(unit/n) elements: the
--- parameter shard and the gradient shard (parameter dtype; no fp32 master
--- copy: AdamW updates the shard in place), AdamW m+v fp32 for the adamw
--- parameters' part of the rank's range, Muon momentum fp32 of the whole
--- matrices the rank owns (greedy by size over the ranks, ties to the rank
--- holding more of the matrix).  Per rank: the busiest rank.  The gathered
--- units and full gradients come from the dry run of the step (sim_fsdp).
+-- parameter shard and the gradient shard (parameter dtype; for a bfloat16
+-- model also an fp32 master shard, which the optimizer updates), AdamW
+-- m+v fp32 for the adamw parameters' part of the rank's range, Muon
+-- momentum fp32 of the whole matrices the rank owns (greedy by size over
+-- the ranks, ties to the rank holding more of the matrix).  Per rank: the
+-- busiest rank.  The gathered units and full gradients come from the dry
+-- run of the step (sim_fsdp).
 local function fsdp_layout(m, cfg, n)
   local units = {}
   for i = 0, m.n_layer + 1 do units[i] = { numel = 0, params = {} } end
@@ -1083,26 +1107,27 @@ end
 function POLICY.fsdp(m, cfg, n, sizes, r)
   local sp = sizes.p
   local units, opt, owned, nsend, nrecv, pieces = fsdp_layout(m, cfg, n)
+  r.fsdp_masters = cfg.dtype == 'bfloat16'   -- optim.needs_master
   for i = 0, m.n_layer + 1 do
     if units[i].numel > 0 then
       r.params = r.params + block(units[i].c * sp)
       r.grads = r.grads + block(units[i].c * sp)
+      if r.fsdp_masters then r.master = r.master + block(units[i].c * 4) end
     end
   end
   local busiest = 0   -- the rank with the most optimizer state
   for s = 1, n - 1 do if opt[s] > opt[busiest] then busiest = s end end
   r.optimizer = opt[busiest]
-  -- the step's Muon exchange, all of it kept by views until the step's
-  -- scope ends: the rank's pieces to the owners (send, recv), each owned
-  -- matrix's whole gradient and Newton–Schulz temporaries (as
-  -- optimizer_step_bytes), the updates back and their scaled copies
+  -- the step's Muon exchange (optimizer_step_bytes): the rank's pieces to
+  -- the owners and back, the matrices it owns
   r.muon_owned = owned[busiest]
-  if nsend[busiest] > 0 or nrecv[busiest] > 0 then
-    r.step_extra = 2 * block(nsend[busiest] * sp) + block(nrecv[busiest] * sp)
-    for _, len in ipairs(pieces[busiest]) do r.step_extra = r.step_extra + block(len * sp) end
+  if #muon_groups(m, cfg) > 0 then
+    r.muon_exchange = { nsend = nsend[busiest], nrecv = nrecv[busiest], pieces = pieces[busiest] }
   end
   r.notes.grads = 'shards of the flat units'
-  r.notes.master = 'none (AdamW updates the parameter shard)'
+  if r.fsdp_masters then
+    r.notes.master = ('fp32 shards of the flat units: %.2fM x 4 B / %d ranks'):format(m.num_params / 1e6, n)
+  end
   r.fsdp = true
 end
 POLICY.hsdp = POLICY.fsdp
@@ -1117,30 +1142,92 @@ local function persistent(m, cfg, pol, n, sizes, local_comm)
   return r
 end
 
--- Muon's optimizer-step temporaries (optim.Muon:step inside the trainer's
--- step scope): per matrix with r = min(rows, cols), c = max(rows, cols):
--- momentum direction r*c, scaled copy r*c, 5 Newton–Schulz iterations of
--- 3*r^2 + 2*r*c (fp32), transposed copies for tall matrices, the cast and
--- the scaled update in the parameter dtype.
-local function optimizer_step_bytes(m, cfg, pol, n, sizes, owned)
-  local function one(shape)
-    local rows, cols = shape[1], shape[2]
-    local r, c = math.min(rows, cols), math.max(rows, cols)
-    local tall = rows > cols and 1 or 0
-    local bytes = block(r * c * 4) * (2 + 2 * tall) + NS_STEPS * (3 * block(r * r * 4) + 2 * block(r * c * 4))
-    if sizes.p ~= 4 then bytes = bytes + block(r * c * sizes.p) end
-    return bytes + block(r * c * sizes.p)
+-- The optimizer step's temporaries (inside the trainer's step scope),
+-- replayed allocation by allocation on a running total: the peak is the
+-- allocator's.  AdamW updates in place; Muon, per matrix, in the order the
+-- policy runs them:
+--   optim.Muon.update_direction: the momentum direction upd (fp32 r x c,
+--     r = min(rows, cols), c = max), Newton–Schulz on the wide orientation:
+--     X/|X|, then per iteration A = X X^T, B = A A, b*A added into B,
+--     X' = B X, a*X added into X' (r x r and r x c, fp32), each released
+--     as soon as it is used; for a tall matrix a contiguous copy of upd^T
+--     on the way in and of X^T on the way out.  The transposed view of a
+--     tall matrix's upd is left in the step's scope: its upd stays to the
+--     end of the step.
+--   none/ddp (optim.Muon:step, in model order) and zero1/zero2 (the
+--     rank's matrices of each Muon stack, stacks in bucket order: the
+--     last-used shape first): X cast to the update target's dtype (the
+--     parameter, or its fp32 master), the scaled update, all released
+--     before the next matrix;
+--   fsdp/hsdp: the rank's pieces to the owners (send, recv), each owned
+--     matrix's whole gradient, X (and its cast to the updates' dtype), the
+--     updates back, each applied through a scaled copy; all but the scaled
+--     copies stay viewed until the step ends.
+local function step_counter()
+  local c = { cur = 0, peak = 0 }
+  function c.new(b) c.cur = c.cur + b; if c.cur > c.peak then c.peak = c.cur end; return b end
+  function c.free(b) c.cur = c.cur - b end
+  return c
+end
+
+-- optim.Muon.update_direction on the counter: leaves X (fp32) live
+local function update_direction(c, shape)
+  local rows, cols = shape[1], shape[2]
+  local r, k = math.min(rows, cols), math.max(rows, cols)
+  local X, A = block(r * k * 4), block(r * r * 4)
+  local tall = rows > cols
+  c.new(X)                                -- upd
+  if tall then c.new(X) end               -- upd^T, contiguous
+  c.new(X)                                -- X / |X|
+  if tall then c.free(X) end
+  for _ = 1, NS_STEPS do
+    c.new(A); c.new(A)                    -- A = X X^T, B = A A
+    c.new(A); c.free(A)                   -- b*A, added into B
+    c.new(X); c.new(X); c.free(X)         -- X' = B X; a*X, added into X'
+    c.free(A); c.free(A); c.free(X)       -- A, B and the old X go
   end
-  local total = 0
-  if owned then   -- FSDP: the matrices this rank owns
-    for _, q in ipairs(owned) do total = total + one(q.shape) end
-    return total
+  if tall then c.new(X); c.free(X) end    -- X^T, contiguous, replaces X
+  if not tall then c.free(X) end          -- upd goes (a tall one stays viewed)
+  return X
+end
+
+local function optimizer_step_bytes(m, cfg, pol, n, sizes, per)
+  local c, sp = step_counter(), sizes.p
+  if per.fsdp then
+    local x = per.muon_exchange
+    if not x then return 0 end
+    local ub = per.fsdp_masters and 4 or sp      -- the updates' dtype: the masters'
+    c.new(block(x.nsend * sp))                   -- send
+    c.new(block(x.nrecv * sp))                   -- recv
+    if ub ~= sp then c.new(block(x.nrecv * ub)) end
+    for _, q in ipairs(per.muon_owned) do
+      c.new(block(q.numel * sp))                 -- the whole gradient
+      update_direction(c, q.shape)
+      if ub ~= 4 then c.new(block(q.numel * ub)) end
+    end
+    c.new(block(x.nsend * ub))                   -- the updates back
+    for _, len in ipairs(x.pieces) do c.free(c.new(block(len * ub))) end
+    return c.peak
   end
-  local sharded = POLICY_RANK[pol] >= POLICY_RANK.zero1
-  for _, g in ipairs(muon_groups(m, cfg)) do
-    total = total + (sharded and ceil_div(g.count, n) or g.count) * one(g.shape)
+  -- the matrices in the order they are updated: the rank's matrices of
+  -- each zero stack, or all of them in model order
+  local list = {}
+  if POLICY_RANK[pol] >= POLICY_RANK.zero1 then
+    local groups = muon_groups(m, cfg)
+    for i = #groups, 1, -1 do
+      for _ = 1, ceil_div(groups[i].count, n) do list[#list + 1] = groups[i] end
+    end
+  else
+    for _, q in ipairs(m.params) do if optimizer_of(cfg, q) == 'muon' then list[#list + 1] = q end end
   end
-  return total
+  local tb = sp == 8 and 8 or 4   -- the update target: the parameter, or its fp32 master
+  for _, q in ipairs(list) do
+    local X = update_direction(c, q.shape)
+    local cast = tb ~= 4 and c.new(block(q.numel * tb)) or 0
+    c.free(c.new(block(q.numel * tb)))                   -- the scaled update
+    c.free(X); c.free(cast)
+  end
+  return c.peak
 end
 
 -- ------------------------------------------------------------ config in --
@@ -1285,7 +1372,8 @@ local function compute(cfg, o)
   end
   local act = activations(m, cfg.batch_size, sizes, cfg.activation_checkpointing, polsim)
   local other = activations(m, cfg.batch_size, sizes, not cfg.activation_checkpointing, polsim)
-  local step = optimizer_step_bytes(m, cfg, pol, n, sizes, per.fsdp and (per.muon_owned or {})) + per.step_extra
+  local muon_step = optimizer_step_bytes(m, cfg, pol, n, sizes, per)
+  local step = muon_step + per.step_extra
   -- persistent state lives through the whole step; activations, gathered
   -- parameters and in-flight buffers only through forward and backward
   -- (FSDP: as the dry run had them at its peak), Muon's temporaries only
@@ -1306,10 +1394,11 @@ local function compute(cfg, o)
   local with_ac = cfg.activation_checkpointing and act or other
   local without_ac = cfg.activation_checkpointing and other or act
   local step_notes = {}
-  if step > per.step_extra then step_notes[#step_notes + 1] = 'Muon Newton-Schulz temporaries' end
-  if per.step_extra > 0 then
-    step_notes[#step_notes + 1] = per.fsdp and 'the Muon pieces exchanged with the owners' or 'all-gather staging copies of the shards'
+  if muon_step > 0 then
+    step_notes[#step_notes + 1] = per.fsdp and 'Muon Newton-Schulz temporaries and the pieces exchanged with the owners'
+      or 'Muon Newton-Schulz temporaries'
   end
+  if per.step_extra > 0 then step_notes[#step_notes + 1] = 'all-gather staging copies of the shards' end
   per.notes.step = #step_notes > 0 and table.concat(step_notes, ' + ') or 'none (AdamW updates in place)'
   return { model = m, bytes = b, act = act, notes = per.notes, sizes = sizes, shard = n,
            activations = { without_checkpointing = without_ac.at_peak.act, with_checkpointing = with_ac.at_peak.act,
@@ -1474,9 +1563,11 @@ local function render(r)
   if ac then
     w('  to the end, per layer ', a.formula.layer_kept, ' = ', fmt(a.layer_kept),
       (" x %d: the block's output, kept by the view recorded for its backward"):format(L))
+  elseif a.layer_kept == 0 then
+    w('  to the end, per layer nothing: backward releases a layer\'s activations and gradients as it passes it')
   else
     w('  to the end, per layer ', a.formula.layer_kept, ' = ', fmt(a.layer_kept),
-      (' x %d: pinned by views inside the ops until the micro-step ends;'):format(L))
+      (' x %d: pinned by views until the micro-step ends;'):format(L))
     w('                        the rest goes as backward passes the layer')
   end
   w('  outside the layers    forward ', a.formula.outside_forward)

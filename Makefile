@@ -54,8 +54,20 @@ endif
 # never loads MPI (lua/gptlua/dist/ loads it on demand)
 MPI_SRC  = $(wildcard engine/mpi/*.c)
 MPI_LIB  = $(if $(MPI_SRC),$(BUILD)/libgptlua_mpi.so)
-MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null)
-MPI_LIBS   = $(shell pkg-config --libs ompi-c 2>/dev/null)
+MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null) $(MPI_NCCL_CFLAGS)
+MPI_LIBS   = $(shell pkg-config --libs ompi-c 2>/dev/null) $(MPI_NCCL_LIBS)
+# NCCL for CUDA tensors (engine/mpi/nccl.c): on in a CUDA build whose
+# toolkit (or MPI_NCCL_HOME, or /usr) has nccl.h; MPI_NCCL=0 turns it off.
+# Without it nccl.c only reports that this build has no NCCL.
+MPI_NCCL_HOME ?= $(CUDA_HOME)
+MPI_NCCL_H    := $(if $(NVCC),$(if $(filter 0,$(MPI_NCCL)),,$(firstword $(wildcard \
+                   $(MPI_NCCL_HOME)/include/nccl.h /usr/include/nccl.h))))
+ifneq ($(MPI_NCCL_H),)
+  MPI_NCCL_ROOT   = $(patsubst %/include/nccl.h,%,$(MPI_NCCL_H))
+  MPI_NCCL_CFLAGS = -DGL_WITH_NCCL -I$(MPI_NCCL_ROOT)/include
+  MPI_NCCL_LIBS   = -L$(MPI_NCCL_ROOT)/lib64 -Wl,-rpath,$(MPI_NCCL_ROOT)/lib64 -lnccl \
+                    -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+endif
 
 .PHONY: all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB)

@@ -26,8 +26,12 @@ typedef struct gl_cuda_props {
 } gl_cuda_props;
 
 /* The streams of a device: kernels run on the compute stream, the
-   distributed backend's collectives on the communication stream. */
-typedef enum gl_cuda_stream_kind { GL_STREAM_COMPUTE = 0, GL_STREAM_COMM = 1 } gl_cuda_stream_kind;
+   distributed backend's collectives on the communication stream (the NCCL
+   backend gives each communicator a stream of its own), and host<->device
+   transfers started by gl_copy_async on the copy stream. */
+typedef enum gl_cuda_stream_kind {
+  GL_STREAM_COMPUTE = 0, GL_STREAM_COMM = 1, GL_STREAM_COPY = 2
+} gl_cuda_stream_kind;
 
 int gl_cuda_get_props(int device, gl_cuda_props *out);
 /* device memory as the driver sees it (all processes), bytes */
@@ -48,11 +52,30 @@ typedef struct gl_cuda_event gl_cuda_event;
 gl_cuda_event *gl_cuda_event_create(int device);
 void gl_cuda_event_destroy(gl_cuda_event *e);
 int gl_cuda_event_record(gl_cuda_event *e, int kind);
+/* stream `kind` of e's device waits (on the device, not the host) for the
+   work recorded before e; an event never recorded is a no-op */
+int gl_cuda_stream_wait_event(gl_cuda_event *e, int kind);
 int gl_cuda_event_synchronize(gl_cuda_event *e);
 /* 1 if everything recorded before the event has finished, 0 if not, GL_ERR */
 int gl_cuda_event_query(gl_cuda_event *e);
 /* milliseconds between two recorded events of one device */
 int gl_cuda_event_elapsed_ms(const gl_cuda_event *start, const gl_cuda_event *end, double *ms);
+
+/* Asynchronous copy of src into dst (same dtype and numel, both
+   contiguous) between the host and cuda:N, or within cuda:N, queued on the
+   copy stream of N behind the work queued so far on its compute stream (dst
+   may be memory the caching allocator just handed out again).  The host
+   does not wait when the host side is pinned memory (gl_empty_pinned).
+   The engine holds both tensors until a later gl_copy_async (or
+   gl_cuda_synchronize) finds the copy done, so either may be freed at once.  done NULL: the compute stream waits for the copy, so dst
+   is ready for everything queued after the call.  done given (an event of
+   cuda:N): it is recorded after the copy instead and the compute stream
+   does not wait: call gl_cuda_stream_wait_event(done, GL_STREAM_COMPUTE)
+   before dst is used there; compute queued in between overlaps the copy
+   (how the data loader prefetches). */
+int gl_copy_async(gl_tensor *dst, const gl_tensor *src, gl_cuda_event *done);
+/* copies started by gl_copy_async whose tensors are still held */
+int gl_copy_async_pending(void);
 
 /* Page-locked host memory (for the data loader: fast, overlappable copies).
    Pinned blocks are counted in gl_cuda_pinned_bytes(). */

@@ -19,7 +19,14 @@
  * fills a ring of `prefetch` slots in that order; next() hands the filled
  * slot's tensors to the caller and puts fresh ones (from the caching
  * allocator, on the caller's thread) in their place, so nothing is copied and
- * the producer never touches memory the caller owns. */
+ * the producer never touches memory the caller owns.
+ *
+ * For a CUDA device (gl_loader_pin_memory) the batches live in pinned host
+ * memory, so the caller's host-to-device copy is a DMA that does not block
+ * (gl_copy_async).  Pinning is expensive, so those buffers are recycled: the
+ * loader keeps a reference to every pinned buffer it made, and a buffer
+ * whose only reference left is the loader's (the caller and its copy have
+ * let go) is handed out again. */
 #define _GNU_SOURCE /* SCHED_BATCH */
 #include <pthread.h>
 #include <sched.h>
@@ -62,6 +69,10 @@ struct gl_loader {
   int64_t produced, consumed;  /* batches since the last start() */
   int64_t start_sample;
   double last_wait;
+  /* pinned batches (gl_loader_pin_memory): every buffer made so far */
+  int pinned;
+  gl_tensor **pool;
+  int npool;
 };
 
 static double now_seconds(void) {
@@ -230,9 +241,22 @@ static void stop_producer(gl_loader *L) {
   L->running = 0;
 }
 
-static gl_tensor *batch_tensor(const gl_loader *L) {
+/* More pinned buffers than this are not kept for reuse: the ring, the
+   pair the caller holds and the pairs whose copies are in flight fit. */
+static int pool_cap(const gl_loader *L) { return 2 * (L->cfg.prefetch + 4); }
+
+/* A (B, T) int64 host tensor for a ring slot, made on the caller's thread.
+   Pinned: a view of a pooled buffer nobody else holds, else a new one. */
+static gl_tensor *batch_tensor(gl_loader *L) {
   int64_t shape[2] = {L->cfg.batch_size, L->cfg.block_size};
-  return gl_empty(GL_I64, GL_DEVICE_CPU, 2, shape);
+  if (!L->pinned) return gl_empty(GL_I64, GL_DEVICE_CPU, 2, shape);
+  for (int i = 0; i < L->npool; i++)
+    if (__atomic_load_n(&L->pool[i]->storage->refcount, __ATOMIC_ACQUIRE) == 1)
+      return gl_as_strided(L->pool[i], 2, L->pool[i]->shape, L->pool[i]->stride, 0);
+  gl_tensor *t = gl_empty_pinned(GL_I64, 2, shape);
+  if (!t || L->npool == pool_cap(L)) return t;   /* beyond the cap: freed with its last user */
+  L->pool[L->npool++] = t;
+  return gl_as_strided(t, 2, t->shape, t->stride, 0);
 }
 
 /* ------------------------------------------------------------ API */
@@ -272,6 +296,22 @@ static int add_source(gl_loader *L, source s) {
   }
   L->src[L->nsrc++] = s;
   L->n_tokens += s.n;
+  return GL_OK;
+}
+
+/* Batches in pinned host memory, for a loader feeding a CUDA device.
+   Before the first start (which makes the ring). */
+int gl_loader_pin_memory(gl_loader *L, int on) {
+  const char *fn = "gl_loader_pin_memory";
+  if (!L) return gl_error("%s: loader expected, got NULL", fn);
+  if (L->ready) return gl_error("%s: expected before the first gl_loader_start (the ring already exists)", fn);
+  if (on && !gl_cuda_built())
+    return gl_error("%s: pinned batches need a CUDA device, but this engine was built without CUDA", fn);
+  if (on && gl_cuda_device_count() == 0)
+    return gl_error("%s: pinned batches need a CUDA device, but none is available", fn);
+  if (on && !L->pool && !(L->pool = calloc((size_t)pool_cap(L), sizeof(gl_tensor *))))
+    return gl_error("%s: out of memory", fn);
+  L->pinned = on != 0;
   return GL_OK;
 }
 
@@ -406,6 +446,9 @@ void gl_loader_free(gl_loader *L) {
   if (L->ring)
     for (int k = 0; k < L->cfg.prefetch; k++) { gl_tensor_free(L->ring[k].x); gl_tensor_free(L->ring[k].y); }
   for (int s = 0; s < L->nsrc; s++) gl_shard_close(L->src[s].shard);
+  /* pinned buffers still held by the caller or a copy live on (refcount) */
+  for (int i = 0; i < L->npool; i++) gl_tensor_free(L->pool[i]);
+  free(L->pool);
   free(L->src); free(L->ring);
   free(L->tok_prefix); free(L->win_prefix); free(L->starts);
   pthread_mutex_destroy(&L->mu);

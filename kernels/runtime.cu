@@ -8,13 +8,14 @@
 #include <stdlib.h>
 #include <mutex>
 #include <atomic>
+#include <vector>
 #include "common.cuh"
 
 struct CuDevice {
   std::once_flag once;
   int init_rc = GL_ERR;
   char init_err[512] = {0};
-  cudaStream_t stream[2] = {nullptr, nullptr}; /* compute, communication */
+  cudaStream_t stream[3] = {nullptr, nullptr, nullptr}; /* compute, communication, copy */
   int sm_count = 0;
   int smem_optin = 0;
   unsigned long long *flag = nullptr;          /* 2 words, see cu_flag_reset */
@@ -50,6 +51,7 @@ static int init_device(int dev, CuDevice *d) {
   GL_CU_CHECK(cudaDeviceGetAttribute(&d->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   GL_CU_CHECK(cudaStreamCreateWithFlags(&d->stream[0], cudaStreamDefault));
   GL_CU_CHECK(cudaStreamCreateWithFlags(&d->stream[1], cudaStreamDefault));
+  GL_CU_CHECK(cudaStreamCreateWithFlags(&d->stream[2], cudaStreamDefault));
   GL_CU_CHECK(cudaMalloc((void **)&d->flag, 2 * sizeof(unsigned long long)));
   GL_CU_CHECK(cudaMemset(d->flag, 0, 2 * sizeof(unsigned long long)));
   return GL_OK;
@@ -188,6 +190,8 @@ extern "C" int gl_cuda_set_device(int device) {
   return begin_named(device, "gl_cuda_set_device", &st);
 }
 
+static void reap_copies(void);
+
 extern "C" int gl_cuda_synchronize(int device) {
   if (device < 0) {
     int n = cuda_device_count();
@@ -197,12 +201,13 @@ extern "C" int gl_cuda_synchronize(int device) {
   cudaStream_t st = nullptr;
   GL_TRY(begin_named(device, "gl_cuda_synchronize", &st));
   GL_CU_CHECK(cudaDeviceSynchronize());
+  reap_copies();  /* every copy of the device has run: let its tensors go */
   return GL_OK;
 }
 
 static int stream_of(int device, int kind, const char *fn, cudaStream_t *out) {
-  if (kind != GL_STREAM_COMPUTE && kind != GL_STREAM_COMM)
-    return gl_error("%s: stream kind expected 0 (compute) or 1 (comm), got %d", fn, kind);
+  if (kind != GL_STREAM_COMPUTE && kind != GL_STREAM_COMM && kind != GL_STREAM_COPY)
+    return gl_error("%s: stream kind expected 0 (compute), 1 (comm) or 2 (copy), got %d", fn, kind);
   CuDevice *d = nullptr;
   GL_TRY(device_state(device, fn, &d));
   GL_CU_CHECK(cudaSetDevice(device));
@@ -279,6 +284,15 @@ extern "C" int gl_cuda_event_record(gl_cuda_event *e, int kind) {
   return GL_OK;
 }
 
+extern "C" int gl_cuda_stream_wait_event(gl_cuda_event *e, int kind) {
+  if (!e) return gl_error("gl_cuda_stream_wait_event: event is NULL");
+  cudaStream_t s = nullptr;
+  GL_TRY(stream_of(e->device, kind, "gl_cuda_stream_wait_event", &s));
+  if (!e->recorded) return GL_OK;
+  GL_CU_CHECK(cudaStreamWaitEvent(s, e->ev, 0));
+  return GL_OK;
+}
+
 extern "C" int gl_cuda_event_synchronize(gl_cuda_event *e) {
   if (!e) return gl_error("gl_cuda_event_synchronize: event is NULL");
   if (!e->recorded) return gl_error("gl_cuda_event_synchronize: event was never recorded");
@@ -310,6 +324,103 @@ extern "C" int gl_cuda_event_elapsed_ms(const gl_cuda_event *start, const gl_cud
   GL_CU_CHECK(cudaEventElapsedTime(&f, start->ev, end->ev));
   *ms = f;
   return GL_OK;
+}
+
+/* ---- asynchronous copies ------------------------------------------------- */
+/* A copy in flight: the event recorded after it on the copy stream, and
+   views that keep both tensors' storage alive until it has run (a pinned
+   loader buffer must not be refilled, nor a device block handed out again,
+   under the DMA).  Reaped by later calls once the event has passed. */
+struct PendingCopy { cudaEvent_t done; int device; gl_tensor *dst, *src; };
+static std::mutex copies_mu;
+static std::vector<PendingCopy> pending_copies;
+static std::vector<cudaEvent_t> spare_events[CU_MAX_DEVICES];
+
+static void reap_copies_locked(void) {
+  size_t keep = 0;
+  for (size_t i = 0; i < pending_copies.size(); i++) {
+    PendingCopy p = pending_copies[i];
+    cudaError_t e = cudaEventQuery(p.done);
+    if (e == cudaErrorNotReady) { (void)cudaGetLastError(); pending_copies[keep++] = p; continue; }
+    if (e == cudaSuccess) spare_events[p.device].push_back(p.done);
+    else { (void)cudaGetLastError(); cudaEventDestroy(p.done); (void)cudaGetLastError(); } /* failed device: the copy is over */
+    gl_tensor_free(p.dst);
+    gl_tensor_free(p.src);
+  }
+  pending_copies.resize(keep);
+}
+static void reap_copies(void) {
+  std::lock_guard<std::mutex> g(copies_mu);
+  reap_copies_locked();
+}
+
+/* a holding view of t (shares its storage) */
+static gl_tensor *hold(const gl_tensor *t) {
+  return gl_as_strided(t, t->ndim, t->shape, t->stride, t->offset);
+}
+
+extern "C" int gl_copy_async(gl_tensor *dst, const gl_tensor *src, gl_cuda_event *done) {
+  const char *fn = "gl_copy_async";
+  GL_TRY(gl_tensor_check(dst, fn, "dst"));
+  GL_TRY(gl_tensor_check(src, fn, "src"));
+  if (dst->dtype != src->dtype)
+    return gl_error("%s: dst is %s but src is %s, expected one dtype", fn, gl_dtype_name(dst->dtype),
+                    gl_dtype_name(src->dtype));
+  if (dst->numel != src->numel)
+    return gl_error("%s: dst has %lld elements but src has %lld, expected as many", fn, (long long)dst->numel,
+                    (long long)src->numel);
+  if (!gl_is_contiguous(dst) || !gl_is_contiguous(src))
+    return gl_error("%s: expected contiguous tensors, got %s dst and %s src (make them contiguous first)", fn,
+                    gl_is_contiguous(dst) ? "a contiguous" : "a strided",
+                    gl_is_contiguous(src) ? "a contiguous" : "a strided");
+  int dev = dst->device >= 0 ? dst->device : src->device;
+  if (dev < 0) return gl_error("%s: both tensors are on the CPU, expected one on a CUDA device (use gl_copy)", fn);
+  if (dst->device >= 0 && src->device >= 0 && dst->device != src->device)
+    return gl_error("%s: dst is on cuda:%d and src on cuda:%d, expected one device (use gl_copy)", fn, dst->device,
+                    src->device);
+  if (done && done->device != dev)
+    return gl_error("%s: done is an event of cuda:%d, expected one of cuda:%d", fn, done->device, dev);
+  CuDevice *d = nullptr;
+  GL_TRY(device_state(dev, fn, &d));
+  GL_CU_CHECK(cudaSetDevice(dev));
+  std::lock_guard<std::mutex> g(copies_mu);
+  reap_copies_locked();
+  cudaEvent_t ev = nullptr;
+  if (!spare_events[dev].empty()) { ev = spare_events[dev].back(); spare_events[dev].pop_back(); }
+  else GL_CU_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  gl_tensor *hd = hold(dst), *hs = hd ? hold(src) : nullptr;
+  if (!hs) {
+    gl_tensor_free(hd);
+    spare_events[dev].push_back(ev);
+    return GL_ERR;
+  }
+  cudaStream_t compute = d->stream[GL_STREAM_COMPUTE], copy = d->stream[GL_STREAM_COPY];
+  size_t nbytes = (size_t)dst->numel * (size_t)gl_dtype_size(dst->dtype);
+  /* ev first marks the compute stream's position (dst's earlier users), then the copy's end */
+  cudaError_t e = cudaEventRecord(ev, compute);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(copy, ev, 0);
+  if (e == cudaSuccess && nbytes > 0)
+    e = cudaMemcpyAsync(gl_data_ptr(dst), gl_data_ptr(src), nbytes, cudaMemcpyDefault, copy);
+  if (e == cudaSuccess) e = cudaEventRecord(ev, copy);
+  if (e == cudaSuccess) e = done ? cudaEventRecord(done->ev, copy) : cudaStreamWaitEvent(compute, ev, 0);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    cudaEventDestroy(ev);
+    (void)cudaGetLastError();
+    gl_tensor_free(hd);
+    gl_tensor_free(hs);
+    return gl_error("%s: copying %lld bytes to %s: %s", fn, (long long)nbytes,
+                    dst->device >= 0 ? "the device" : "the host", cudaGetErrorString(e));
+  }
+  if (done) done->recorded = 1;
+  pending_copies.push_back(PendingCopy{ev, dev, hd, hs});
+  return GL_OK;
+}
+
+extern "C" int gl_copy_async_pending(void) {
+  std::lock_guard<std::mutex> g(copies_mu);
+  reap_copies_locked();
+  return (int)pending_copies.size();
 }
 
 /* ---- pinned host memory --------------------------------------------------- */

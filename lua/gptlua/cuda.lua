@@ -23,6 +23,7 @@ local cuda = {}
 
 cuda.COMPUTE = 0   -- the stream every kernel runs on
 cuda.COMM = 1      -- the stream collectives run on (gptlua.dist)
+cuda.COPY = 2      -- the stream copy_async transfers run on (the data loader)
 
 function cuda.built() return lib.gl_cuda_built() == 1 end
 function cuda.device_count() return tonumber(lib.gl_cuda_device_count()) end
@@ -44,11 +45,13 @@ local function ordinal(dev, what)
 end
 cuda.ordinal = ordinal
 
+local STREAMS = { compute = cuda.COMPUTE, comm = cuda.COMM, copy = cuda.COPY,
+  [cuda.COMPUTE] = cuda.COMPUTE, [cuda.COMM] = cuda.COMM, [cuda.COPY] = cuda.COPY }
 local function stream_kind(kind, what)
-  if kind == nil or kind == 'compute' then return cuda.COMPUTE end
-  if kind == 'comm' then return cuda.COMM end
-  if kind == cuda.COMPUTE or kind == cuda.COMM then return kind end
-  error(('%s: stream expected "compute" or "comm", got %s'):format(what, tostring(kind)), 3)
+  if kind == nil then return cuda.COMPUTE end
+  local k = STREAMS[kind]
+  if k then return k end
+  error(('%s: stream expected "compute", "comm" or "copy", got %s'):format(what, tostring(kind)), 3)
 end
 
 function cuda.set_device(dev) check(lib.gl_cuda_set_device(ordinal(dev, 'cuda.set_device')), 2) end
@@ -128,6 +131,9 @@ function cuda.Event(dev)
 end
 function Event:record(kind) check(lib.gl_cuda_event_record(self.e, stream_kind(kind, 'Event:record')), 2); return self end
 function Event:synchronize() check(lib.gl_cuda_event_synchronize(self.e), 2); return self end
+-- stream `kind` (default compute) waits on the GPU for what was recorded
+-- before the event; the host does not wait
+function Event:wait(kind) check(lib.gl_cuda_stream_wait_event(self.e, stream_kind(kind, 'Event:wait')), 2); return self end
 -- true once everything recorded before the event has run
 function Event:query()
   local r = lib.gl_cuda_event_query(self.e)
@@ -152,6 +158,30 @@ function cuda.time(fn, opts)
   for _ = 1, iters do fn() end
   t1:record()
   return t0:elapsed_time(t1) / iters
+end
+
+-- ---------------------------------------------------------------- async copies
+-- Copies src into dst (same dtype and numel, contiguous; one side on a CUDA
+-- device) on that device's copy stream, behind the work queued so far on
+-- its compute stream.  From pinned host memory the host does not wait.  The
+-- engine keeps both tensors alive until the copy has run.  Without `done`
+-- the compute stream waits for the copy (dst is ready for what follows);
+-- with a cuda.Event `done` it is recorded after the copy instead, and
+-- done:wait() must come before dst is used on the compute stream.
+function cuda.copy_async(dst, src, done)
+  if not cuda.built() then error('cuda.copy_async: this engine was built without CUDA', 2) end
+  if getmetatable(dst) ~= Tensor or getmetatable(src) ~= Tensor then
+    error('cuda.copy_async: dst and src expected tensors', 2)
+  end
+  if done ~= nil and getmetatable(done) ~= Event then error('cuda.copy_async: done expected a cuda.Event', 2) end
+  check(lib.gl_copy_async(dst.c, src.c, done and done.e or nil), 2)
+  return dst
+end
+
+-- copies started by copy_async that still hold their tensors
+function cuda.copy_async_pending()
+  if not cuda.built() then return 0 end
+  return tonumber(lib.gl_copy_async_pending())
 end
 
 -- ---------------------------------------------------------------- pinned host memory

@@ -31,9 +31,15 @@
 -- fresh pages cost page faults).  recycle = true frees the
 -- previous batch on each next_batch call instead: the steady state then
 -- touches no new memory, and the previous x, y (the exact objects returned;
--- views of them stay valid) raise 'tensor has been freed' if used again.  For
--- a CUDA device the pair is moved with Loader:_transfer (the hook for pinned
--- buffers and an asynchronous copy stream); the CPU pair is always recycled.
+-- views of them stay valid) raise 'tensor has been freed' if used again.
+--
+-- For a CUDA device the ring holds pinned host buffers (recycled by the C
+-- loader once their copy has run), and Loader:_transfer starts each batch's
+-- host-to-device copy on the device's copy stream (cuda.copy_async) one
+-- batch ahead: next_batch returns the batch whose copy started on the
+-- previous call, after making the compute stream wait for it, and starts
+-- the next one, which overlaps the step's compute.  Nothing waits on the
+-- host.  state() and sample() count only the batches handed out.
 local gl = require 'gptlua'
 local tok = require 'gptlua.tokenizer'
 local ffi, lib = gl.ffi, gl.lib
@@ -48,6 +54,8 @@ Loader.__name = 'Loader'
 M.Loader = Loader
 
 local SAMPLING = { random = 0, sequential = 1 }
+
+pcall(ffi.cdef, 'int gl_loader_pin_memory(gl_loader *L, int on);')
 
 -- Sorted paths of the regular files dir/<prefix>*<suffix>.
 function M.list_files(dir, prefix, suffix)
@@ -304,6 +312,13 @@ function M.loader(opts)
   cfg.seed, cfg.sampling, cfg.bos_aligned, cfg.bos_id = seed, SAMPLING[sampling], self.bos_aligned and 1 or 0, bos or -1
   cfg.vocab_size, cfg.prefetch = vocab, int_opt(opts, 'prefetch', 4, 2)
   self.c = ffi.gc(check_ptr(lib.gl_loader_new(cfg), 2), lib.gl_loader_free)
+  if self.device ~= 'cpu' then
+    local id = Tensor.device_id(self.device, 'data.loader: device')
+    check(lib.gl_loader_pin_memory(self.c, 1), 2)
+    -- recorded after each batch's copy; one is enough: a batch is handed out
+    -- (the compute stream waits for the event) before the next copy starts
+    self._copied = require('gptlua.cuda').Event(id)
+  end
 
   if opts.text then
     local text = read_file(opts.text, 'data.loader')
@@ -338,21 +353,56 @@ function M.loader(opts)
   return self
 end
 
--- Moves a CPU batch to the loader's device.  The single place a CUDA-aware
--- path (pinned buffers, copy stream) plugs in.
+local function next_host_batch(self)
+  check(lib.gl_loader_next(self.c, self._x, self._y), 3)
+  return Tensor.wrap(self._x[0]), Tensor.wrap(self._y[0])
+end
+
+-- Starts moving a (pinned) CPU batch to the loader's device on the copy
+-- stream; returns the pending batch {x, y, event}.  The device tensors are
+-- kept out of any tensor scope until handed out (the copy may outlive the
+-- step that started it); the CPU pair goes back to the C loader's pool once
+-- the copy has run.
 function Loader:_transfer(x, y)
-  return x:to(self.device), y:to(self.device)
+  local cuda, ev = require 'gptlua.cuda', self._copied
+  local dx = Tensor.empty(x.shape, { dtype = x.dtype, device = self.device }):keep()
+  local dy = Tensor.empty(y.shape, { dtype = y.dtype, device = self.device }):keep()
+  cuda.copy_async(dx, x, ev)
+  cuda.copy_async(dy, y, ev)
+  x:free(); y:free()
+  return { x = dx, y = dy, event = ev }
+end
+
+-- the pending batch's tensors as fresh views owned by the caller (and its
+-- tensor scope), ordered after the copy on the compute stream
+local function hand_out(p)
+  p.event:wait('compute')
+  local x = p.x:_as_strided(p.x.shape, Tensor.contiguous_strides(p.x.shape), 0)
+  local y = p.y:_as_strided(p.y.shape, Tensor.contiguous_strides(p.y.shape), 0)
+  p.x:free(); p.y:free()
+  return x, y
+end
+
+-- drops the batch copied ahead (restart, close): its rows are not consumed
+local function drop_ahead(self)
+  local p = self._ahead
+  if p then
+    self._ahead = nil
+    p.x:free(); p.y:free()
+  end
 end
 
 function Loader:next_batch()
   if not self.c then error('Loader:next_batch: the loader is closed', 2) end
   if self._prev_x then self._prev_x:free(); self._prev_y:free(); self._prev_x, self._prev_y = nil, nil end
-  check(lib.gl_loader_next(self.c, self._x, self._y), 2)
-  local x, y = Tensor.wrap(self._x[0]), Tensor.wrap(self._y[0])
-  if self.device ~= 'cpu' then
-    local cx, cy = x, y
-    x, y = self:_transfer(cx, cy)
-    cx:free(); cy:free()
+  local x, y
+  if self.device == 'cpu' then
+    x, y = next_host_batch(self)
+  else
+    local p = self._ahead or self:_transfer(next_host_batch(self))
+    self._ahead = nil
+    x, y = hand_out(p)
+    self._ahead = self:_transfer(next_host_batch(self))
   end
   if self.recycle then self._prev_x, self._prev_y = x, y end
   return x, y
@@ -361,8 +411,13 @@ end
 -- seconds the last next_batch waited for the producer (0 in steady state)
 function Loader:last_wait() return self.c and lib.gl_loader_last_wait(self.c) or 0 end
 
--- global rows consumed so far (all ranks together)
-function Loader:sample() return tonumber(lib.gl_loader_sample(self.c)) end
+-- global rows consumed so far (all ranks together; a batch copied ahead to
+-- the device is not consumed until next_batch hands it out)
+function Loader:sample()
+  local s = tonumber(lib.gl_loader_sample(self.c))
+  if self._ahead then s = s - self.batch_size * self.world_size end
+  return s
+end
 
 -- A plain, serialisable table.  `sample` (global rows consumed) is what
 -- resumes; the rest identifies the stream and describes where it is.
@@ -387,11 +442,13 @@ function Loader:set_state(st)
         :format(k, tostring(st[k]), tostring(self[k])), 2)
     end
   end
+  drop_ahead(self)
   check(lib.gl_loader_start(self.c, st.sample), 2)
 end
 
 function Loader:close()
   if not self.c then return end
+  drop_ahead(self)
   local c = self.c
   self.c = nil
   ffi.gc(c, nil)

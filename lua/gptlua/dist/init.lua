@@ -15,6 +15,13 @@
 -- srun, torchrun-style variables) the ranks talk through
 -- build/libgptlua_mpi.so (engine/mpi/, contract in engine/gl_dist.h).
 --
+-- Backends: CPU tensors travel over MPI.  CUDA tensors travel over NCCL
+-- (engine/mpi/nccl.c, a communicator per group with its own stream) when
+-- every rank can use it: a build with NCCL, one GPU per rank; otherwise, or
+-- with dist.init{backend = 'mpi'}, over MPI through host copies (how
+-- several ranks share one GPU: NCCL refuses that).  Each rank of a
+-- multi-rank world binds to GPU local_rank % device_count (dist.device()).
+--
 -- Collectives take flat views of tensors: only numel matters.  Where a side
 -- is split over ranks it can be one tensor (even split, or opts.counts for
 -- uneven ones) or a Lua list of `size` tensors of any sizes.  Every method
@@ -34,6 +41,13 @@ local REDUCE_DTYPES = { float32 = true, float64 = true, bfloat16 = true, float16
 
 local mpi        -- the ffi.load'ed libgptlua_mpi, once a world of more than one rank exists
 local world      -- the world Comm, once dist.init ran
+local device_id  -- the CUDA device this rank is bound to (nil: none)
+
+-- NCCL entry points of libgptlua_mpi (engine/mpi/nccl.c)
+pcall(ffi.cdef, [[
+int gl_nccl_version(void);
+int gl_nccl_comm_create(gl_comm *parent, int device, gl_comm **out);
+]])
 
 -- ------------------------------------------------------------ discovery --
 -- Launchers, in the order their variables are trusted.
@@ -70,6 +84,31 @@ end
 -- CPU threads per rank: the node's cores shared by its ranks.
 function dist.default_threads(cores, local_size)
   return math.max(1, math.floor(cores / math.max(1, local_size)))
+end
+
+-- The GPU of the rank local_rank of a node with device_count GPUs (nil
+-- without any): ranks beyond the GPUs share them round-robin.
+function dist.gpu_for(local_rank, device_count)
+  if not device_count or device_count < 1 then return nil end
+  return local_rank % device_count
+end
+
+-- Whether this rank's CUDA tensors can travel over NCCL, else false and
+-- why.  o: backend ('auto' | 'mpi' | 'nccl'), nccl_version (0: built
+-- without NCCL), device (bound GPU or nil), local_size, device_count.
+-- dist.init asks every rank and uses NCCL only if all of them can.
+function dist.nccl_plan(o)
+  if o.backend == 'mpi' then return false, "backend 'mpi' was requested" end
+  if (o.nccl_version or 0) == 0 then
+    return false, 'libgptlua_mpi.so was built without NCCL (nccl.h not found, or a CPU-only build)'
+  end
+  if not o.device then return false, 'no CUDA device is available' end
+  if o.local_size > o.device_count then
+    return false, ('%d ranks on this node share %d GPU%s and NCCL needs a GPU per rank '
+      .. "(backend = 'mpi' lets ranks share GPUs)"):format(o.local_size, o.device_count,
+      o.device_count == 1 and '' or 's')
+  end
+  return true
 end
 
 -- ----------------------------------------------------------------- Work --
@@ -115,26 +154,55 @@ dist.Comm = Comm
 
 local function is_tensor(x) return getmetatable(x) == Tensor end
 
-local function wrap_comm(c, backend)
-  return setmetatable({ c = c, backend = backend, rank = c.rank, size = c.size,
+-- nccl: CUDA tensors of this group travel over NCCL (the NCCL
+-- communicator itself, _nccl_c, is made by the first such collective)
+local function wrap_comm(c, backend, nccl)
+  return setmetatable({ c = c, backend = backend, nccl = nccl or false, rank = c.rank, size = c.size,
     local_rank = c.local_rank, local_size = c.local_size, node = c.node, nnodes = c.nnodes,
     name = ffi.string(c.name) }, Comm)
 end
 
 local function local_comm(name)
-  return setmetatable({ backend = 'local', rank = 0, size = 1, local_rank = 0, local_size = 1,
+  return setmetatable({ backend = 'local', nccl = false, rank = 0, size = 1, local_rank = 0, local_size = 1,
     node = 0, nnodes = 1, name = name, nsplits = 0, timeout = dist.timeout }, Comm)
 end
 
 function Comm:__tostring()
-  return ("Comm(%s, rank %d of %d, %s)"):format(self.name, self.rank, self.size, self.backend)
+  return ("Comm(%s, rank %d of %d, %s)"):format(self.name, self.rank, self.size,
+    self.nccl and self.backend .. ' + nccl' or self.backend)
 end
 
 function Comm:set_timeout(seconds)
   if type(seconds) ~= 'number' or not (seconds > 0) then
     error('set_timeout: seconds expected a number > 0, got ' .. tostring(seconds), 2)
   end
-  if self.c then G.check(mpi.gl_comm_set_timeout(self.c, seconds), 2) else self.timeout = seconds end
+  if self.c then
+    G.check(mpi.gl_comm_set_timeout(self.c, seconds), 2)
+    if self._nccl_c then G.check(mpi.gl_comm_set_timeout(self._nccl_c, seconds), 2) end
+  else
+    self.timeout = seconds
+  end
+end
+
+-- The group's NCCL communicator, made on first use (collective: every rank
+-- reaches its first CUDA collective on this group together).
+function Comm:_nccl_comm(level)
+  if not self._nccl_c then
+    local out = ffi.new('gl_comm*[1]')
+    G.check(mpi.gl_nccl_comm_create(self.c, device_id, out), (level or 1) + 1)
+    self._nccl_c = ffi.gc(out[0], mpi.gl_comm_free)
+  end
+  return self._nccl_c
+end
+
+-- Drops this group's NCCL communicator (freed once its last work is done).
+function Comm:_drop_nccl()
+  local c = self._nccl_c
+  if c then
+    self._nccl_c = nil
+    ffi.gc(c, nil)
+    mpi.gl_comm_free(c)
+  end
 end
 
 -- Sub-communicator of the ranks that pass the same color, ordered by key
@@ -156,8 +224,14 @@ function Comm:split(color, key)
   end
   local out = ffi.new('gl_comm*[1]')
   G.check(mpi.gl_comm_split(self.c, color, key, out), 2)
-  if out[0] == nil then return nil end
-  return wrap_comm(ffi.gc(out[0], mpi.gl_comm_free), self.backend)
+  local child = out[0] ~= nil and wrap_comm(ffi.gc(out[0], mpi.gl_comm_free), self.backend, self.nccl) or nil
+  -- an existing NCCL communicator is split too (ncclCommSplit shares its
+  -- resources); otherwise the child makes its own on first use
+  if self._nccl_c then
+    G.check(mpi.gl_comm_split(self._nccl_c, color, key, out), 2)
+    if child then child._nccl_c = ffi.gc(out[0], mpi.gl_comm_free) end
+  end
+  return child
 end
 
 -- ------------------------------------------------- argument normalising --
@@ -304,7 +378,7 @@ local function counts_cdata(counts)
   return c
 end
 
-local function run_mpi(self, name, s)
+local function run_remote(self, c, name, s)
   if s.pack_in then s.pack_in() end
   local a = args_buf
   a.coll = COLL[name]
@@ -315,15 +389,32 @@ local function run_mpi(self, name, s)
   local sc, rc = counts_cdata(s.send_counts), counts_cdata(s.recv_counts)
   a.send_counts, a.recv_counts = sc, rc
   a.label = nil
-  local w = mpi.gl_comm_start(self.c, a)
+  local w = mpi.gl_comm_start(c, a)
   a.send, a.recv, a.send_counts, a.recv_counts = nil, nil, nil, nil
   if w == nil then error(ffi.string(lib.gl_last_error()), 4) end
   return setmetatable({ w = ffi.gc(w, mpi.gl_work_free), result = s.result, after = s.unpack_out,
     keep = { s.send, s.recv, s.keep } }, Work)
 end
 
+local function on_cuda(t) return t ~= nil and t.device ~= 'cpu' end
+
+-- Which backend carries a collective on send/recv: 'local' in a world of
+-- one, 'nccl' when the group uses NCCL and every tensor is on a GPU, else
+-- 'mpi' (CPU tensors, mixed devices, barrier).
+function Comm:route(send, recv)
+  if not self.c then return 'local' end
+  if self.nccl and (on_cuda(send) or on_cuda(recv)) and (send == nil or on_cuda(send))
+      and (recv == nil or on_cuda(recv)) then
+    return 'nccl'
+  end
+  return 'mpi'
+end
+
 local function run(self, name, s, async)
-  local work = (self.c and run_mpi or run_local)(self, name, s)
+  local r = self:route(s.send, s.recv)
+  local work
+  if r == 'local' then work = run_local(self, name, s)
+  else work = run_remote(self, r == 'nccl' and self:_nccl_comm(3) or self.c, name, s) end
   if async then return work end
   return work:wait()
 end
@@ -478,15 +569,42 @@ local function load_mpi()
   return mpi
 end
 
--- init{backend = 'auto'|'mpi', timeout = seconds, threads = n}: the world.
--- 'auto' uses MPI when a launcher started more than one rank; 'mpi' always
--- initialises MPI.  threads defaults to the node's cores over its ranks
--- (unless OMP_NUM_THREADS is set).  Later calls return the same world.
+-- Binds this rank to GPU local_rank % device_count when the engine has
+-- CUDA devices (none: device_id stays nil).
+local function bind_gpu(w)
+  local cuda = require 'gptlua.cuda'
+  device_id = dist.gpu_for(w.local_rank, cuda.device_count())
+  if device_id then cuda.set_device(device_id) end
+end
+
+-- Decides, the same way on every rank, whether w's CUDA tensors use NCCL;
+-- with backend 'nccl' returns nil and why not when they cannot.
+local function choose_nccl(w, backend)
+  if backend == 'mpi' then return false end
+  local cuda = require 'gptlua.cuda'
+  local ok, why = dist.nccl_plan { backend = backend, nccl_version = mpi.gl_nccl_version(), device = device_id,
+    local_size = w.local_size, device_count = cuda.device_count() }
+  local all = w:all_reduce_number(ok and 1 or 0, 'min') == 1
+  if backend == 'nccl' and not all then
+    return nil, ("dist.init: backend 'nccl': %s"):format(ok and 'another rank cannot use NCCL (see its error)' or why)
+  end
+  return all
+end
+
+-- init{backend = 'auto'|'mpi'|'nccl', timeout = seconds, threads = n}: the
+-- world.  'auto' uses MPI when a launcher started more than one rank, and
+-- NCCL for CUDA tensors when every rank can (a build with NCCL, a GPU per
+-- rank); 'mpi' always initialises MPI and moves CUDA tensors over it too
+-- (through host memory: ranks may share a GPU); 'nccl' always initialises
+-- MPI and fails unless CUDA tensors can use NCCL.  threads defaults to the
+-- node's cores over its ranks (unless OMP_NUM_THREADS is set).  Ranks of a
+-- multi-rank world bind to GPU local_rank % device_count.  Later calls
+-- return the same world.
 function dist.init(opts)
   opts = opts or {}
   local backend = opts.backend or 'auto'
-  if backend ~= 'auto' and backend ~= 'mpi' then
-    error(("dist.init: backend expected 'auto' or 'mpi', got %s"):format(tostring(backend)), 2)
+  if backend ~= 'auto' and backend ~= 'mpi' and backend ~= 'nccl' then
+    error(("dist.init: backend expected 'auto', 'mpi' or 'nccl', got %s"):format(tostring(backend)), 2)
   end
   local timeout = opts.timeout or dist.timeout
   if type(timeout) ~= 'number' or not (timeout > 0) then
@@ -512,6 +630,13 @@ function dist.init(opts)
   local threads = opts.threads or (os.getenv('OMP_NUM_THREADS') == nil and
     dist.default_threads(mpi.gl_dist_cpu_count(), w.local_size))
   if threads then G.check(lib.gl_set_num_threads(threads), 2) end
+  bind_gpu(w)
+  local nccl, why = choose_nccl(w, backend)
+  if nccl == nil then
+    world = nil   -- MPI stays up: dist.init{backend = 'mpi'} still gets the world
+    error(why, 2)
+  end
+  w.nccl = nccl
   return world
 end
 
@@ -539,6 +664,13 @@ function dist.progress()
 end
 
 function dist.is_initialized() return world ~= nil end
+-- The device this rank computes on: 'cuda:N' of its bound GPU in a world of
+-- several ranks, cuda:0 in a world of one when a GPU exists, else 'cpu'.
+function dist.device()
+  if device_id then return 'cuda:' .. device_id end
+  if not (world and world.c) and lib.gl_cuda_device_count() > 0 then return 'cuda:0' end
+  return 'cpu'
+end
 function dist.get_world() return world end
 function dist.rank() return world and world.rank or 0 end
 function dist.size() return world and world.size or 1 end
@@ -549,6 +681,7 @@ function dist.backend_lib() return mpi end
 -- with status 0 does this by itself.
 function dist.finalize()
   if world and world.c then
+    world:_drop_nccl()
     G.check(mpi.gl_dist_finalize(), 2)
     world.c = nil
   end

@@ -163,6 +163,8 @@ int gl_loader_add_tokens(gl_loader *L, const gl_tensor *tokens);
 /* a virtual source of n_tokens uniform ids in [0, vocab_size) */
 int gl_loader_add_random(gl_loader *L, int64_t n_tokens);
 /* (Re)starts the producer at global row `sample` (rows consumed so far). */
+/* batches in pinned host memory (needs a CUDA device), before the first start */
+int gl_loader_pin_memory(gl_loader *L, int on);
 int gl_loader_start(gl_loader *L, int64_t sample);
 /* The next (x, y) int64 (B, T) CPU tensors, handed over to the caller.
    Blocks only when the producer is behind. */

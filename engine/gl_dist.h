@@ -176,4 +176,12 @@ void gl_comm_free_world(gl_comm *c);
 /* Waits for every detached work and frees it (gl_dist_finalize). */
 void gl_work_drain_detached(void);
 
+/* NCCL (engine/mpi/nccl.c).  NCCL_VERSION_CODE of the linked NCCL, 0 when
+   built without it. */
+int gl_nccl_version(void);
+/* Collective over parent (an MPI communicator, which carries the unique id):
+   an NCCL communicator of the same ranks on cuda:device, named
+   "<parent>/nccl". */
+int gl_nccl_comm_create(gl_comm *parent, int device, gl_comm **out);
+
 #endif

@@ -378,6 +378,7 @@ describe('recipes/prepare.lua', function()
 end)
 
 describe('loader on a GPU #cuda', function()
+  local it = gl.cuda_available() and it or function(name) pending(name .. ' (no CUDA device on this machine)') end
   it('moves batches to the device with the same values as on the CPU', function()
     local tokens = gl.arange(3000, { dtype = 'int32' })
     local C = data.loader { tokens = tokens, batch_size = 4, block_size = 32, seed = 21 }

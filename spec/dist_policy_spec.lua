@@ -4,7 +4,9 @@
 -- (spec/dist/policy_*.lua workers): equivalence with one process running N
 -- times the gradient accumulation, optimizer-state bytes per rank,
 -- checkpoints re-sharded from 2 to 3 ranks, the overlap benchmark, and the
--- default recipe end to end.
+-- default recipe end to end.  bfloat16 models under ZeRO (fp32 master
+-- shards): equivalence and master bytes on 2 ranks, checkpoints between
+-- ZeRO and unsharded runs both ways.
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local train = require 'gptlua.train'
@@ -262,6 +264,45 @@ describe('gptlua.dist policies in one process', function()
     assert.equal(0, rel_error(want, params))
   end)
 
+  it('bfloat16: fp32 masters under ZeRO match the plain trainer exactly in a world of one, and resume both ways', function()
+    local r = { optimizer = 'nanochat', max_iters = 6, checkpoint_interval = 3, keep_last = 5, dtype = 'bfloat16',
+                gradient_accumulation_steps = 2, bucket_mb = 0.01 }
+    local function run(dir, over, args)
+      local rr = { out_dir = out .. '/bf16_' .. dir }
+      for k, v in pairs(r) do rr[k] = v end
+      for k, v in pairs(over or {}) do rr[k] = v end
+      local t = train.new(recipe(rr), args or {})
+      local res = t:run()
+      if t.policy.detach then t.policy:detach() end
+      return res.losses, state_of(t.model), t
+    end
+    local full, want = run('plain')
+    local tail = { full[4], full[5], full[6] }
+    local step3 = out .. '/bf16_plain/p/checkpoints/step_0000003'
+    for _, pol in ipairs({ 'zero1', 'zero2' }) do
+      local losses, params, t = run(pol, { dist = pol })
+      assert.same(full, losses, pol)
+      assert.equal(0, rel_error(want, params), pol)
+      local sb = t.policy:state_bytes()
+      assert.is_true(sb.master > 0, pol)
+      -- a world of one: the masters are the whole model's, once
+      local n = 0
+      for _, p in ipairs(t.params) do n = n + p:numel() end
+      assert.equal(4 * n, sb.master, pol)
+      -- the unsharded checkpoint's '...master' tensors go into the shards
+      losses, params = run(pol .. '_from_plain', { dist = pol }, { '--resume=' .. step3 })
+      assert.same(tail, losses, pol)
+      assert.equal(0, rel_error(want, params), pol)
+    end
+    -- a ZeRO checkpoint carries the masters: the plain trainer loads them
+    local zstep3 = out .. '/bf16_zero2/p/checkpoints/step_0000003'
+    local layout = read_json(zstep3 .. '/state.json').shards.layout
+    assert.is_not_nil(layout['adamw.transformer.wte.weight.master'])
+    local losses, params = run('from_zero', {}, { '--resume=' .. zstep3 })
+    assert.same(tail, losses)
+    assert.equal(0, rel_error(want, params))
+  end)
+
   it('re-cuts state pieces of a checkpoint for any layout, and names what is missing', function()
     local idx = {}
     local function add(name, values)
@@ -362,6 +403,91 @@ describe('gptlua.dist policies over MPI ranks', function()
     local bytes = check_equivalence(3, 1)
     -- Muon owns whole matrices: stacks of 2 spread over 3 ranks are uneven
     check_bytes(bytes, 3, { adamw = 1.1, nanochat = 1.35 })
+  end)
+
+  -- bfloat16 weights with fp32 masters: 2 ranks against one process with 2
+  -- micro-steps, both in bfloat16.  Each gradient element is a sum of two
+  -- bfloat16 terms rounded once to bfloat16 on both sides (one process: the
+  -- accumulation in backward; ZeRO: the averaging reduce-scatter), so the
+  -- runs agree to fp32 summation-order noise: measured here, losses within
+  -- 2e-14 and the masters identical.  That noise can still flip a bfloat16
+  -- rounding of a weight (BLAS thread counts differ between the runs; the
+  -- bfloat16 resume below moves losses by 1.6e-5 that way), so the bound is
+  -- 1e-3: 60 times that, and under bfloat16's own rounding step (2^-8 =
+  -- 3.9e-3), so masters rounded to bfloat16 (lost small updates), a missed
+  -- update or a shard written to the wrong place fail it.
+  it('bfloat16: ZeRO-1/2 AdamW and Muon on 2 ranks keep fp32 master shards and match 1 rank with 2 micro-steps', function()
+    local dir = out .. '/bf16'
+    os.execute('mkdir -p ' .. dir)
+    local o, rc = mpirun(2, 'spec/dist/policy_equiv.lua',
+      dir .. ' 1 0.01 dtype=bfloat16 adamw:zero1,zero2 nanochat:zero1,zero2')
+    assert.equal(0, rc, o)
+    for _, opt in ipairs({ 'adamw', 'nanochat' }) do
+      local rdir = out .. '/ref_bf16_' .. opt
+      local t = train.new(recipe({ optimizer = opt, gradient_accumulation_steps = 2, dtype = 'bfloat16',
+        out_dir = rdir }), {})
+      local want = t:run().losses
+      local masters, whole = {}, 0
+      for k, v in pairs(t.optimizer:state_dict().tensors) do
+        if k:match('%.master$') then masters[k] = v; whole = whole + 4 * v:numel() end
+      end
+      assert.is_true(whole > 0)
+      for _, pol in ipairs({ 'zero1', 'zero2' }) do
+        local what = ('bfloat16 %s %s on 2 ranks'):format(opt, pol)
+        local res = read_json(('%s/%s_%s.json'):format(dir, opt, pol))
+        assert_losses(want, res.losses, what, 'loss', 1e-3)
+        -- 4 bytes per element of each rank's slices (and replicated tensors)
+        local sum = 0
+        for r = 1, 2 do
+          assert.is_true(res.shard_elements[r] > 0, what)
+          assert.equal(4 * res.shard_elements[r], res.master_bytes[r], what .. ' rank ' .. (r - 1))
+          sum = sum + res.master_bytes[r]
+        end
+        -- together about one copy (padding, Muon stacks and replicated tensors aside)
+        assert.is_true(sum >= whole and sum / whole < 1.35, ('%s: %d master bytes on the ranks, %d whole'):format(
+          what, sum, whole))
+        -- the master pieces of both ranks, assembled, against the reference's masters
+        local pieces = {}
+        for r = 0, 1 do
+          for k, v in pairs(ckpt.load_safetensors(('%s/%s_%s.master%d.safetensors'):format(dir, opt, pol, r))) do
+            pieces[k] = v
+          end
+        end
+        local idx, got = shards.index('masters', { optim = pieces }), {}
+        for k, v in pairs(masters) do
+          got[k] = gl.zeros(v.shape)
+          shards.fill(idx, k, 0, got[k], 'masters')
+        end
+        local e = rel_error(masters, got)
+        assert.is_true(e < 1e-3, ('%s: fp32 masters differ, relative error %.3g'):format(what, e))
+      end
+    end
+  end)
+
+  it('bfloat16: a ZeRO-1 checkpoint of 2 ranks resumes in one process with its fp32 masters', function()
+    local d2 = out .. '/bf16_r2'
+    local o, rc = mpirun(2, 'spec/dist/policy_resume.lua', d2 .. ' nanochat zero1 6 dtype=bfloat16')
+    assert.equal(0, rc, o)
+    local step3 = d2 .. '/p/checkpoints/step_0000003'
+    local st = read_json(step3 .. '/state.json')
+    assert.equal(2, st.shards.world)
+    local n = 0
+    for k in pairs(st.shards.layout) do if k:match('%.master$') then n = n + 1 end end
+    assert.is_true(n > 0)
+    local r1 = ckpt.load_safetensors(step3 .. '/' .. st.shards.files[2])
+    local pieces = 0
+    for k in pairs(r1) do if k:match('%.master@%d+$') then pieces = pieces + 1 end end
+    assert.is_true(pieces > 0, 'rank 1 wrote no master pieces')
+    local full = read_json(d2 .. '/losses.json').losses
+    local tail = { full[4], full[5], full[6] }
+    local t = train.new(recipe({ optimizer = 'nanochat', max_iters = 6, total_batch_size = 2 * 16 * 6,
+      dtype = 'bfloat16', out_dir = out .. '/bf16_r1' }), { '--resume=' .. step3 })
+    -- the masters loaded are the checkpoint's, not the bfloat16 weights widened
+    local want = shards.full_tensors(step3, ckpt.load(step3))
+    for k, v in pairs(t.optimizer:state_dict().tensors) do
+      if k:match('%.master$') then assert.equal(0, v:max_abs_diff(want[k]), k) end
+    end
+    assert_losses(tail, t:run().losses, 'bfloat16 resumed in one process', 'loss', 1e-3)
   end)
 
   it('resumes a checkpoint of 2 ranks on 3 ranks and in one process, re-sharding the state', function()

@@ -55,7 +55,6 @@ M.Loader = Loader
 
 local SAMPLING = { random = 0, sequential = 1 }
 
-pcall(ffi.cdef, 'int gl_loader_pin_memory(gl_loader *L, int on);')
 
 -- Sorted paths of the regular files dir/<prefix>*<suffix>.
 function M.list_files(dir, prefix, suffix)

@@ -146,7 +146,9 @@ function optim.newton_schulz(G, steps)
   return gl.no_grad(function()
     local rows, cols = G.shape[1], G.shape[2]
     local tall = rows > cols
-    local X = gl.raw_contiguous(tall and G:t() or G)
+    local Gt = tall and G:t() or nil
+    local X = gl.raw_contiguous(Gt or G)
+    if Gt then free(Gt) end  -- the view would keep G (the update direction) alive
     local Xs = X * (1 / (gl.global_norm({ X }) + 1e-7))
     free(X); X = Xs
     for _ = 1, steps do

@@ -1187,7 +1187,7 @@ local function update_direction(c, shape)
     c.free(A); c.free(A); c.free(X)       -- A, B and the old X go
   end
   if tall then c.new(X); c.free(X) end    -- X^T, contiguous, replaces X
-  if not tall then c.free(X) end          -- upd goes (a tall one stays viewed)
+  c.free(X)                               -- upd goes
   return X
 end
 

@@ -269,6 +269,10 @@ function M.new(recipe, args)
     self.comm = self.dist.init({})
     self.rank, self.world = self.comm.rank, self.comm.size
   end
+  -- each rank of a distributed GPU run trains on the GPU it is bound to
+  if self.dist and (cfg.device == 'cuda' or cfg.device == 'cuda:0') and self.dist.device() ~= 'cpu' then
+    cfg.device = self.dist.device()
+  end
   if cfg.threads > 0 then gl.set_num_threads(cfg.threads) end
   gl.manual_seed(cfg.seed)
   local d = (hooks.build_data or M.build_data)(cfg, self.rank, self.world)

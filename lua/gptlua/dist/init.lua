@@ -43,11 +43,6 @@ local mpi        -- the ffi.load'ed libgptlua_mpi, once a world of more than one
 local world      -- the world Comm, once dist.init ran
 local device_id  -- the CUDA device this rank is bound to (nil: none)
 
--- NCCL entry points of libgptlua_mpi (engine/mpi/nccl.c)
-pcall(ffi.cdef, [[
-int gl_nccl_version(void);
-int gl_nccl_comm_create(gl_comm *parent, int device, gl_comm **out);
-]])
 
 -- ------------------------------------------------------------ discovery --
 -- Launchers, in the order their variables are trusted.

@@ -25,6 +25,21 @@
 -- backward (after_backward waits, so clipping can use the global norm over
 -- shards); per bucket: update own slice -> launch the all-gather of the
 -- parameters; then wait for every gather.
+--
+-- Mixed precision.  A bucket whose parameters are bfloat16 (or float16:
+-- optim.needs_master) also keeps an fp32 master of this rank's slice,
+-- b.master (c elements, as FSDP's master shards), the way the single-
+-- process optimizers keep an fp32 master per parameter.  AdamW and Muon
+-- update the master; after the update the slice is rounded into pshard,
+-- which is what the all-gather spreads, so gathers and gradients stay in
+-- the parameters' dtype.  Replicated parameters keep a whole master each
+-- (state key 'master' beside m and v, as optim.AdamW does).  Master bytes
+-- per rank: 4 * (sum over low-precision flat buckets of c + the elements
+-- of the low-precision replicated parameters); state_bytes().master.
+-- Checkpoints name the masters "<prefix><name>.master" like the single-
+-- process optimizers' state (pieces "...master@<offset>"), so they re-cut
+-- for any number of ranks and load into or from unsharded runs; a master
+-- the checkpoint lacks (a float32 run's) starts from the loaded weights.
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local optim = require 'gptlua.optim'
@@ -111,6 +126,7 @@ function Zero:_add_replicated(list)
     p.grad = v
     b.params[#b.params + 1] = p
     b.state[p] = { m = zeros32(p.shape, p.device), v = zeros32(p.shape, p.device) }
+    if optim.needs_master(p) then b.state[p].master = p:to('float32'):detach():keep() end
     off = off + p:numel()
   end
   self.buckets[#self.buckets + 1] = b
@@ -142,6 +158,11 @@ function Zero:_add_flat(kind, list)
     lib.gl_tensor_release(old)   -- its own storage goes now, not at the next GC
   end
   b.pshard = B.view(b.pflat, r * b.c, { b.c })
+  -- mixed precision: the fp32 master of this rank's slice (see the top)
+  if optim.needs_master(list[1]) then
+    b.master = zeros32({ b.c }, device)
+    K(lib.gl_copy(b.master.c, b.pshard.c))
+  end
   b.gshard = B.flat(b.c, dtype, device)
   if self.stage == 1 then
     b.grad = B.flat(b.padded, dtype, device)
@@ -171,7 +192,8 @@ function Zero:_add_flat(kind, list)
     for j = first + 1, math.min(#list, first + b.per_rank) do
       local p = list[j]
       b.owned[#b.owned + 1] = { p = p, w = self.own[p], grad = B.view(b.gshard, b.offs[j] - r * b.c, p.shape),
-                                buf = zeros32(p.shape, p.device) }
+                                buf = zeros32(p.shape, p.device),
+                                master = b.master and B.view(b.master, b.offs[j] - r * b.c, p.shape) }
     end
   end
   self.buckets[#self.buckets + 1] = b
@@ -283,7 +305,9 @@ local function adamw(p, grad, m, v, start, len, w)
 end
 
 -- Group settings (lr schedules, Muon momentum) are read from the wrapped
--- optimizer's groups here, so set_lr_mult / set_momentum apply.
+-- optimizer's groups here, so set_lr_mult / set_momentum apply.  The
+-- updates run on the fp32 masters where there are some, then round into
+-- the parameters (replicated) or the shard the all-gather spreads.
 function Zero:step()
   for _, o in ipairs(self.optimizer.optimizers or { self.optimizer }) do o.t = o.t + 1 end
   gl.no_grad(function()
@@ -292,18 +316,24 @@ function Zero:step()
       if b.kind == 'replicated' then
         for _, p in ipairs(b.params) do
           local st = b.state[p]
-          adamw(p, p.grad, st.m, st.v, 0, p:numel(), self.own[p])
+          adamw(st.master or p, p.grad, st.m, st.v, 0, p:numel(), self.own[p])
+          if st.master then K(lib.gl_copy(p.c, st.master.c)) end
         end
       else
         if b.kind == 'sharded' then
-          for _, s in ipairs(b.segs) do adamw(b.pshard, b.gshard, b.m, b.v, s.start, s.len, s.w) end
+          for _, s in ipairs(b.segs) do adamw(b.master or b.pshard, b.gshard, b.m, b.v, s.start, s.len, s.w) end
         else
           for _, e in ipairs(b.owned) do
             local g, p = e.w.group, e.p
+            local target = e.master or p
             local X = optim.Muon.update_direction(p, e.grad, e.buf, g)
-            p:add_(X:to(p.dtype), -g.lr * math.sqrt(math.max(1, p.shape[1] / p.shape[2])))
+            local Xd = X:to(target.dtype)
+            target:add_(Xd, -g.lr * math.sqrt(math.max(1, p.shape[1] / p.shape[2])))
+            lib.gl_tensor_release(X.c)   -- one matrix's temporaries at a time
+            if Xd ~= X then lib.gl_tensor_release(Xd.c) end
           end
         end
+        if b.master then K(lib.gl_copy(b.pshard.c, b.master.c)) end
         gathers[#gathers + 1] = self.comm:all_gather_async(b.pflat, b.pshard)
       end
       dist.progress()
@@ -313,57 +343,96 @@ function Zero:step()
 end
 
 -- --------------------------------------------------------------- state --
--- Bytes of optimizer state this rank holds.
-function Zero:optimizer_state_bytes()
-  local n = 0
+-- Bytes this rank holds persistently besides the parameters: optimizer
+-- state (AdamW m and v, Muon momentum) and fp32 masters (0 unless the
+-- parameters are low precision).
+function Zero:state_bytes()
+  local r = { optimizer = 0, master = 0 }
   for _, b in ipairs(self.buckets) do
     if b.kind == 'replicated' then
-      for _, st in pairs(b.state) do n = n + B.bytes(st.m) + B.bytes(st.v) end
-    elseif b.kind == 'sharded' then n = n + B.bytes(b.m) + B.bytes(b.v)
-    else for _, e in ipairs(b.owned) do n = n + B.bytes(e.buf) end end
+      for _, st in pairs(b.state) do
+        r.optimizer = r.optimizer + B.bytes(st.m) + B.bytes(st.v)
+        if st.master then r.master = r.master + B.bytes(st.master) end
+      end
+    else
+      if b.kind == 'sharded' then r.optimizer = r.optimizer + B.bytes(b.m) + B.bytes(b.v)
+      else for _, e in ipairs(b.owned) do r.optimizer = r.optimizer + B.bytes(e.buf) end end
+      if b.master then r.master = r.master + B.bytes(b.master) end
+    end
   end
-  return n
+  return r
 end
+
+function Zero:optimizer_state_bytes() return self:state_bytes().optimizer end
 
 local function key(w, k) return w.opt.prefix .. w.name .. '.' .. k end
 
--- Calls f(key, tensor, offset) for every piece of state this rank holds
--- (replicated: true for the pieces every rank holds alike).
+-- Calls f(key, tensor, offset, replicated, kind) for every piece of state
+-- this rank holds (replicated: true for the pieces every rank holds alike;
+-- kind: 'state' for m, v and momentum, 'master' for fp32 masters).
 function Zero:each_state(f)
   for _, b in ipairs(self.buckets) do
     if b.kind == 'replicated' then
       for _, p in ipairs(b.params) do
         local st, w = b.state[p], self.own[p]
-        f(key(w, 'm'), st.m, 0, true); f(key(w, 'v'), st.v, 0, true)
+        f(key(w, 'm'), st.m, 0, true, 'state'); f(key(w, 'v'), st.v, 0, true, 'state')
+        if st.master then f(key(w, 'master'), st.master, 0, true, 'master') end
       end
     elseif b.kind == 'sharded' then
       for _, s in ipairs(b.segs) do
-        f(key(s.w, 'm'), B.view(b.m, s.start, { s.len }, false), s.poff)
-        f(key(s.w, 'v'), B.view(b.v, s.start, { s.len }, false), s.poff)
+        f(key(s.w, 'm'), B.view(b.m, s.start, { s.len }, false), s.poff, false, 'state')
+        f(key(s.w, 'v'), B.view(b.v, s.start, { s.len }, false), s.poff, false, 'state')
+        if b.master then f(key(s.w, 'master'), B.view(b.master, s.start, { s.len }, false), s.poff, false, 'master') end
       end
     else
-      for _, e in ipairs(b.owned) do f(key(e.w, 'momentum_buffer'), e.buf, 0) end
+      for _, e in ipairs(b.owned) do
+        f(key(e.w, 'momentum_buffer'), e.buf, 0, false, 'state')
+        if e.master then f(key(e.w, 'master'), e.master, 0, false, 'master') end
+      end
     end
   end
 end
 
--- key -> shape of every tensor of the whole (unsharded) optimizer state
+-- key -> shape of every tensor of the whole (unsharded) optimizer state,
+-- masters included (as the single-process optimizers name them)
 function Zero:state_layout()
   local out = {}
   for p, w in pairs(self.own) do
     for _, k in ipairs(w.opt.state_keys) do out[key(w, k)] = p.shape end
+    if optim.needs_master(p) then out[key(w, 'master')] = p.shape end
   end
   return out
+end
+
+-- Sets every fp32 master from the current (low-precision) parameters:
+-- after weights were loaded into them from outside the optimizer.
+function Zero:reset_masters()
+  for _, b in ipairs(self.buckets) do
+    if b.kind == 'replicated' then
+      for _, p in ipairs(b.params) do
+        local st = b.state[p]
+        if st.master then K(lib.gl_copy(st.master.c, p.c)) end
+      end
+    elseif b.master then
+      K(lib.gl_copy(b.master.c, b.pshard.c))
+    end
+  end
 end
 
 function Zero:save_checkpoint(trainer, model_sd, opt_sd, state)
   return require('gptlua.dist.policies.shards').save(trainer, self, model_sd, state)
 end
 
+-- The weights are in (the trainer's model:load_state_dict wrote them into
+-- the flat buffers); the masters start from them and are replaced by the
+-- checkpoint's masters where it has them (a float32 run's has none).
 function Zero:load_checkpoint(trainer, c, path)
   local shards = require 'gptlua.dist.policies.shards'
   local index = shards.index(path, c)
-  self:each_state(function(k, t, off) shards.fill(index, k, off, t, path) end)
+  self:reset_masters()
+  self:each_state(function(k, t, off, _, kind)
+    if kind == 'state' or index[k] then shards.fill(index, k, off, t, path) end
+  end)
   shards.set_steps(self.optimizer, c.state)
 end
 

@@ -18,17 +18,8 @@ local EXE = GPTLUA.exe
 local MPIRUN = launch.which('mpirun')
 local NGPU = cuda.device_count()
 
-local function sh(cmd, limit)
-  local p = io.popen(('cd %s && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout %d %s 2>&1; echo "__rc=$?"')
-    :format(ROOT, limit or 120, cmd))
-  local out = p:read('*a')
-  p:close()
-  return out:gsub('__rc=%d+%s*$', ''), tonumber(out:match('__rc=(%d+)%s*$'))
-end
-
-local function mpirun(n, script, args)
-  return sh(('%s -np %d --oversubscribe --allow-run-as-root %s %s %s'):format(MPIRUN, n, EXE, script, args or ''))
-end
+local H = require 'support.mpi'
+local sh, mpirun = H.sh, H.mpirun
 
 local function assert_ranks_ok(out, rc, n, suffix)
   assert.equal(0, rc, out)

@@ -21,26 +21,12 @@ local EXE = GPTLUA.exe
 local MPIRUN = launch.which('mpirun')
 local recipe = dofile(ROOT .. '/spec/dist/policy_recipe.lua')
 
-local function sh(cmd, limit)
-  local p = io.popen(('cd %s && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout %d %s 2>&1; echo "__rc=$?"')
-    :format(ROOT, limit or 120, cmd))
-  local out = p:read('*a')
-  p:close()
-  return out:gsub('__rc=%d+%s*$', ''), tonumber(out:match('__rc=(%d+)%s*$'))
-end
+local H = require 'support.mpi'
+local sh, mpirun = H.sh, H.mpirun
+local tmpdir = H.tmpdir
+local read_json = H.read_json
 
-local function mpirun(n, script, args)
-  return sh(('%s -np %d --oversubscribe --allow-run-as-root %s %s %s'):format(MPIRUN, n, EXE, script, args or ''))
-end
 
-local function tmpdir() local d = os.tmpname(); os.remove(d); os.execute('mkdir -p ' .. d); return d end
-
-local function read_json(path)
-  local f = assert(io.open(path, 'rb'))
-  local s = f:read('*a')
-  f:close()
-  return cjson.decode(s)
-end
 
 -- the gradient norms of every step in a run's metrics.jsonl
 local function grad_norms(run_dir)

@@ -140,8 +140,7 @@ static int R(attention_forward)(gl_tensor *out, gl_tensor *lse, const gl_tensor 
   if (!ws) return gl_error("gl_attention_forward: out of memory for per-thread K/V buffers (S=%lld, D=%lld)",
                            (long long)S, (long long)D);
   real sc = (real)scale;
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t task = 0; task < ntask; task++) {
+  GL_PAR_FOR(nt, task, ntask, 
     real *Kt = ws + thread_id() * per, *V = Kt + D * Sp, *qb = V + S * Dp, *o = qb + Dp, *tmp = o + Dp, *p = tmp + Dp;
     int64_t b = task / H, h = task % H, hk = h / G;
     R(pack_head)(k, b, hk, S, D, Sp, Dp, 1, Kt, tmp);
@@ -158,7 +157,7 @@ static int R(attention_forward)(gl_tensor *out, gl_tensor *lse, const gl_tensor 
       if (lse) ((real *)lse->storage->data)[lse->offset + b * lse->stride[0] + h * lse->stride[1] + t * lse->stride[2]] =
           m + log(l);
     }
-  }
+  );
   return GL_OK;
 }
 
@@ -174,8 +173,7 @@ static int R(attention_backward)(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, co
                            (long long)S, (long long)D);
   real sc = (real)scale;
   const real *lp = (const real *)lse->storage->data;
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t task = 0; task < ntask; task++) {
+  GL_PAR_FOR(nt, task, ntask, 
     real *Kt = ws + thread_id() * per, *Vt = Kt + D * Sp, *K = Vt + D * Sp, *dK = K + S * Dp, *dV = dK + S * Dp;
     real *qb = dV + S * Dp, *gb = qb + Dp, *dqa = gb + Dp, *tmp = dqa + Dp, *p = tmp + Dp, *dp = p + Sp;
     int64_t b = task / Hkv, hk = task % Hkv;
@@ -206,7 +204,7 @@ static int R(attention_backward)(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, co
       R(cpu_span_store)(dk, row_offset(dk, b, hk, j), dk->stride[3], D, dK + j * Dp);
       R(cpu_span_store)(dv, row_offset(dv, b, hk, j), dv->stride[3], D, dV + j * Dp);
     }
-  }
+  );
   return GL_OK;
 }
 

@@ -311,8 +311,7 @@ static void R(elementwise)(int kind, int op, int nops, gl_tensor *const *ts, dou
     for (int64_t task = 0; task < ntask; task++) R(elementwise_task)(kind, op, nops, ts, &it, nchunk, task, p0, p1);
     return;
   }
-  #pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t task = 0; task < ntask; task++) R(elementwise_task)(kind, op, nops, ts, &it, nchunk, task, p0, p1);
+  GL_PAR_FOR(nt, task, ntask,  R(elementwise_task)(kind, op, nops, ts, &it, nchunk, task, p0, p1); );
 }
 
 #undef real

@@ -101,15 +101,14 @@ static void gather_lines(gl_tensor *out, const gl_tensor *x, int dim, const gl_t
   const char *xb = (const char *)x->storage->data;
   char *ob = (char *)out->storage->data;
   int nt = gl_threads_for(npos, L);
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t p = 0; p < npos; p++) {
+  GL_PAR_FOR(nt, p, npos, 
     int64_t oo = walk_offset(out, out->shape, nd, dim, p), io = walk_offset(idx, out->shape, nd, dim, p);
     int64_t xo = walk_offset(x, out->shape, nd, dim, p);
     for (int64_t j = 0; j < L; j++) {
       int64_t id = load_id(idx, io + j * idx->stride[dim]);
       copy_elem(ob + (oo + j * out->stride[dim]) * esz, xb + (xo + id * x->stride[dim]) * esz, esz);
     }
-  }
+  );
 }
 
 #define GL_TEMPLATE "cpu_nn.c"
@@ -148,14 +147,13 @@ int cpu_embedding_forward(gl_tensor *out, const gl_tensor *table, const gl_tenso
   const char *tb = (const char *)table->storage->data;
   char *ob = (char *)out->storage->data;
   int nt = gl_threads_for(n, C);
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < n; r++) {
+  GL_PAR_FOR(nt, r, n, 
     int64_t id = load_id(ids, walk_offset(ids, ids->shape, nd, -1, r));
     const char *src = tb + (table->offset + id * table->stride[0]) * esz;
     char *dst = ob + walk_offset(out, out->shape, nd, -1, r) * esz;
     if (tcs == 1 && ocs == 1) memcpy(dst, src, (size_t)(C * esz));
     else for (int64_t c = 0; c < C; c++) copy_elem(dst + c * ocs * esz, src + c * tcs * esz, esz);
-  }
+  );
   return GL_OK;
 }
 int cpu_embedding_backward(gl_tensor *dtable, const gl_tensor *dout, const gl_tensor *ids) {
@@ -240,17 +238,16 @@ static int R(softmax)(gl_tensor *out, const gl_tensor *x, int is_log) {
   int nt = gl_threads_for(rows, 4 * C);
   real *ws = R(thread_blocks)(nt, 3 * C, &bs);
   if (!ws) return OOM("gl_softmax", "row buffers");
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  GL_PAR_FOR(nt, r, rows, 
     real *xb = ws + thread_id() * bs, *yb = xb + C, *e = yb + C;
     int64_t yo = walk_offset(out, out->shape, nd, -1, r);
     const real *xr = R(cpu_span_load)(x, walk_offset(x, x->shape, nd, -1, r), xs, C, xb);
     real *y = R(row_out)(out, yo, ys, yb), m = xr[0], s = 0;
-    #pragma omp simd reduction(max:m)
+    _Pragma("omp simd reduction(max:m)")
     for (int64_t c = 0; c < C; c++) m = xr[c] > m ? xr[c] : m;
     for (int64_t c = 0; c < C; c++) e[c] = xr[c] - m;
     R(cpu_vexp)(e, e, C);
-    #pragma omp simd reduction(+:s)
+    _Pragma("omp simd reduction(+:s)")
     for (int64_t c = 0; c < C; c++) s += e[c];
     if (is_log) {
       real lse = m + log(s);
@@ -260,7 +257,7 @@ static int R(softmax)(gl_tensor *out, const gl_tensor *x, int is_log) {
       for (int64_t c = 0; c < C; c++) y[c] = e[c] * inv;
     }
     R(cpu_span_store)(out, yo, ys, C, y);
-  }
+  );
   return GL_OK;
 }
 
@@ -271,25 +268,24 @@ static int R(softmax_backward)(gl_tensor *dx, const gl_tensor *y, const gl_tenso
   int nt = gl_threads_for(rows, 4 * C);
   real *ws = R(thread_blocks)(nt, 4 * C, &bs);
   if (!ws) return OOM("gl_softmax_backward", "row buffers");
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  GL_PAR_FOR(nt, r, rows, 
     real *yb = ws + thread_id() * bs, *gb = yb + C, *xb = gb + C, *e = xb + C;
     int64_t xo = walk_offset(dx, dx->shape, nd, -1, r);
     const real *yr = R(cpu_span_load)(y, walk_offset(y, y->shape, nd, -1, r), y->stride[nd], C, yb);
     const real *g = R(cpu_span_load)(dy, walk_offset(dy, dy->shape, nd, -1, r), dy->stride[nd], C, gb);
     real *d = R(row_out)(dx, xo, dx->stride[nd], xb), s = 0;
     if (is_log) {
-      #pragma omp simd reduction(+:s)
+      _Pragma("omp simd reduction(+:s)")
       for (int64_t c = 0; c < C; c++) s += g[c];
       R(cpu_vexp)(e, yr, C);
       for (int64_t c = 0; c < C; c++) d[c] = g[c] - e[c] * s;
     } else {
-      #pragma omp simd reduction(+:s)
+      _Pragma("omp simd reduction(+:s)")
       for (int64_t c = 0; c < C; c++) s += g[c] * yr[c];
       for (int64_t c = 0; c < C; c++) d[c] = yr[c] * (g[c] - s);
     }
     R(cpu_span_store)(dx, xo, dx->stride[nd], C, d);
-  }
+  );
   return GL_OK;
 }
 
@@ -318,18 +314,17 @@ static int R(norm_forward)(const char *fn, gl_tensor *y, gl_tensor *mean, gl_ten
   int nt = gl_threads_for(rows, 4 * C);
   real *ws = R(thread_blocks)(nt, 2 * C, &bs);
   if (!ws) return OOM(fn, "row buffers");
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  GL_PAR_FOR(nt, r, rows, 
     real *xb = ws + thread_id() * bs, *yb = xb + C;
     int64_t yo = walk_offset(y, y->shape, nd, -1, r);
     const real *xr = R(cpu_span_load)(x, walk_offset(x, x->shape, nd, -1, r), x->stride[nd], C, xb);
     real m = 0, v = 0;
     if (center) {
-      #pragma omp simd reduction(+:m)
+      _Pragma("omp simd reduction(+:m)")
       for (int64_t c = 0; c < C; c++) m += xr[c];
       m /= (real)C;
     }
-    #pragma omp simd reduction(+:v)
+    _Pragma("omp simd reduction(+:v)")
     for (int64_t c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
     real rs = 1 / sqrt(v / (real)C + (real)eps);
     real *yr = R(row_out)(y, yo, y->stride[nd], yb);
@@ -337,7 +332,7 @@ static int R(norm_forward)(const char *fn, gl_tensor *y, gl_tensor *mean, gl_ten
     R(cpu_span_store)(y, yo, y->stride[nd], C, yr);
     if (mean) ((real *)mean->storage->data)[walk_offset(mean, x->shape, nd, -1, r)] = m;
     if (rstd) ((real *)rstd->storage->data)[walk_offset(rstd, x->shape, nd, -1, r)] = rs;
-  }
+  );
   return GL_OK;
 }
 
@@ -357,15 +352,14 @@ static int R(norm_backward)(const char *fn, gl_tensor *dx, gl_tensor *dw, gl_ten
   if (!ws) return OOM(fn, "row buffers");
   for (int k = 0; k < nt; k++) memset(ws + k * bs + 3 * C, 0, (size_t)(2 * C) * sizeof(real));
   const real *mp = mean ? (const real *)mean->storage->data : NULL, *rp = (const real *)rstd->storage->data;
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  GL_PAR_FOR(nt, r, rows, 
     real *xb = ws + thread_id() * bs, *gb = xb + C, *db_ = gb + C, *pw = db_ + C, *pb = pw + C;
     int64_t xo = walk_offset(dx, dx->shape, nd, -1, r);
     const real *xr = R(cpu_span_load)(x, walk_offset(x, x->shape, nd, -1, r), x->stride[nd], C, xb);
     const real *g = R(cpu_span_load)(dy, walk_offset(dy, dy->shape, nd, -1, r), dy->stride[nd], C, gb);
     real m = center ? mp[walk_offset(mean, x->shape, nd, -1, r)] : 0;
     real rs = rp[walk_offset(rstd, x->shape, nd, -1, r)], sg = 0, sgx = 0;
-    #pragma omp simd reduction(+:sg, sgx)
+    _Pragma("omp simd reduction(+:sg, sgx)")
     for (int64_t c = 0; c < C; c++) {
       real xh = (xr[c] - m) * rs, gw = g[c] * wr[c];
       sg += gw; sgx += gw * xh;
@@ -375,7 +369,7 @@ static int R(norm_backward)(const char *fn, gl_tensor *dx, gl_tensor *dw, gl_ten
     real *d = R(row_out)(dx, xo, dx->stride[nd], db_);
     for (int64_t c = 0; c < C; c++) d[c] = rs * (g[c] * wr[c] - sg - (xr[c] - m) * rs * sgx);
     R(cpu_span_store)(dx, xo, dx->stride[nd], C, d);
-  }
+  );
   real *sum = ws + 3 * C; /* thread 0's partials collect the others */
   for (int k = 1; k < nt; k++)
     for (int64_t c = 0; c < 2 * C; c++) sum[c] += ws[k * bs + 3 * C + c];
@@ -402,8 +396,7 @@ static int R(embedding_backward)(gl_tensor *dtable, const gl_tensor *dout, const
   int nt = gl_threads_for(V, C + C * n / (V ? V : 1));
   real *ws = R(thread_blocks)(nt, 2 * C, &bs);
   if (!ws) return OOM("gl_embedding_backward", "row buffers");
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t v = 0; v < V; v++) {
+  GL_PAR_FOR(nt, v, V, 
     real *acc = ws + thread_id() * bs, *rb = acc + C;
     for (int64_t c = 0; c < C; c++) acc[c] = 0;
     for (int64_t k = start[v]; k < start[v + 1]; k++) {
@@ -411,7 +404,7 @@ static int R(embedding_backward)(gl_tensor *dtable, const gl_tensor *dout, const
       for (int64_t c = 0; c < C; c++) acc[c] += row[c];
     }
     R(cpu_span_store)(dtable, dtable->offset + v * dtable->stride[0], dtable->stride[1], C, acc);
-  }
+  );
   return GL_OK;
 }
 
@@ -421,15 +414,14 @@ static void R(scatter_lines)(gl_tensor *out, int dim, const gl_tensor *idx, cons
   int nd = src->ndim;
   int64_t L = src->shape[dim], npos = L ? src->numel / L : 0;
   int nt = gl_threads_for(npos, L);
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t p = 0; p < npos; p++) {
+  GL_PAR_FOR(nt, p, npos, 
     int64_t oo = walk_offset(out, src->shape, nd, dim, p), io = walk_offset(idx, src->shape, nd, dim, p);
     int64_t so = walk_offset(src, src->shape, nd, dim, p);
     for (int64_t j = 0; j < L; j++) {
       int64_t e = oo + load_id(idx, io + j * idx->stride[dim]) * out->stride[dim];
       R(st)(out, e, R(ld)(out, e) + R(ld)(src, so + j * src->stride[dim]));
     }
-  }
+  );
 }
 
 /* ---- rotary embedding -----------------------------------------------------
@@ -442,8 +434,7 @@ static int R(rope)(gl_tensor *out, const gl_tensor *x, const gl_tensor *cs, cons
   real *ws = R(thread_blocks)(nt, 3 * D, &bs);
   if (!ws) return OOM("gl_rope", "row buffers");
   if (D == 0) return GL_OK;
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < rows; r++) {
+  GL_PAR_FOR(nt, r, rows, 
     real *xb = ws + thread_id() * bs, *yb = xb + D, *cb = yb + D, *sb = cb + half;
     int64_t t = (r / H) % T, yo = walk_offset(out, out->shape, 3, -1, r);
     const real *xr = R(cpu_span_load)(x, walk_offset(x, x->shape, 3, -1, r), x->stride[3], D, xb);
@@ -456,7 +447,7 @@ static int R(rope)(gl_tensor *out, const gl_tensor *x, const gl_tensor *cs, cons
       y[i + half] = x2 * c[i] - sg * x1 * s[i];
     }
     R(cpu_span_store)(out, yo, out->stride[3], D, y);
-  }
+  );
   return GL_OK;
 }
 
@@ -473,8 +464,7 @@ static int R(ce_forward)(gl_tensor *losses, gl_tensor *lse, const gl_tensor *log
   real *ws = R(thread_blocks)(nt, 3 * V, &bs);
   if (!ws) return OOM("gl_cross_entropy_forward", "row buffers");
   real *lp = (real *)losses->storage->data, *ep = lse ? (real *)lse->storage->data : NULL;
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < N; r++) {
+  GL_PAR_FOR(nt, r, N, 
     real *xb = ws + thread_id() * bs, *zb = xb + V, *e = zb + V, loss = 0, l = 0;
     int64_t tg = load_id(targets, targets->offset + r * targets->stride[0]);
     if (tg != ignore) {
@@ -486,18 +476,18 @@ static int R(ce_forward)(gl_tensor *losses, gl_tensor *lse, const gl_tensor *log
         z = zb;
       }
       real m = z[0], s = 0;
-      #pragma omp simd reduction(max:m)
+      _Pragma("omp simd reduction(max:m)")
       for (int64_t c = 0; c < V; c++) m = z[c] > m ? z[c] : m;
       for (int64_t c = 0; c < V; c++) e[c] = z[c] - m;
       R(cpu_vexp)(e, e, V);
-      #pragma omp simd reduction(+:s)
+      _Pragma("omp simd reduction(+:s)")
       for (int64_t c = 0; c < V; c++) s += e[c];
       l = m + log(s);
       loss = l - z[tg];
     }
     lp[losses->offset + r * losses->stride[0]] = loss;
     if (ep) ep[lse->offset + r * lse->stride[0]] = l;
-  }
+  );
   return GL_OK;
 }
 
@@ -509,8 +499,7 @@ static int R(ce_backward)(gl_tensor *dlogits, const gl_tensor *logits, const gl_
   real *ws = R(thread_blocks)(nt, 4 * V, &bs);
   if (!ws) return OOM("gl_cross_entropy_backward", "row buffers");
   const real *ep = (const real *)lse->storage->data;
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < N; r++) {
+  GL_PAR_FOR(nt, r, N, 
     real *xb = ws + thread_id() * bs, *db = xb + V, *t = db + V, *e = t + V;
     int64_t tg = load_id(targets, targets->offset + r * targets->stride[0]);
     int64_t dof = dlogits->offset + r * dlogits->stride[0];
@@ -533,7 +522,7 @@ static int R(ce_backward)(gl_tensor *dlogits, const gl_tensor *logits, const gl_
       }
     }
     R(cpu_span_store)(dlogits, dof, ds, V, d);
-  }
+  );
   return GL_OK;
 }
 
@@ -550,8 +539,7 @@ static void R(dropout)(gl_tensor *out, const gl_tensor *x, double p, uint64_t se
   double keep = 1 - p;
   real scale = keep > 0 ? (real)(1 / keep) : 0;
   int nt = gl_threads_for(ntask, 4 * CHUNK);
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t task = 0; task < ntask; task++) {
+  GL_PAR_FOR(nt, task, ntask, 
     real xb[CHUNK], yb[CHUNK];
     uint32_t words[4];
     int64_t r = task / nchunk, j0 = (task % nchunk) * CHUNK, n = L - j0 < CHUNK ? L - j0 : CHUNK;
@@ -568,7 +556,7 @@ static void R(dropout)(gl_tensor *out, const gl_tensor *x, double p, uint64_t se
       y[j] = (p == 0 || gl_u32_to_unit(words[c & 3]) < keep) ? xr[j] * scale : 0;
     }
     R(cpu_span_store)(out, yo, ys, n, y);
-  }
+  );
 }
 
 #undef OOM

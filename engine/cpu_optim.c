@@ -52,14 +52,13 @@ static void R(adamw)(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_t
   real rb1 = (real)b1, rb2 = (real)b2, cb1 = (real)(1 - b1), cb2 = (real)(1 - b2);
   int64_t ntask = (len + CHUNK - 1) / CHUNK;
   int nt = gl_threads_for(ntask, 8 * CHUNK);
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t task = 0; task < ntask; task++) {
+  GL_PAR_FOR(nt, task, ntask, 
     real pb[CHUNK], gb[CHUNK], mb[CHUNK], vb[CHUNK];
     int64_t i0 = start + task * CHUNK, n = start + len - i0 < CHUNK ? start + len - i0 : CHUNK;
     real *P = R(span_rw)(param, param->offset + i0, n, pb), *M = R(span_rw)(m, m->offset + i0, n, mb);
     real *Vv = R(span_rw)(v, v->offset + i0, n, vb);
     const real *g = R(cpu_span_load)(grad, grad->offset + i0, 1, n, gb);
-    #pragma omp simd
+    _Pragma("omp simd")
     for (int64_t i = 0; i < n; i++) {
       P[i] -= decay * P[i];
       M[i] = rb1 * M[i] + cb1 * g[i];
@@ -69,7 +68,7 @@ static void R(adamw)(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_t
     R(cpu_span_store)(param, param->offset + i0, 1, n, P);
     R(cpu_span_store)(m, m->offset + i0, 1, n, M);
     R(cpu_span_store)(v, v->offset + i0, 1, n, Vv);
-  }
+  );
 }
 
 /* buf = lerp(buf, g, 1 - mu);  out = nesterov ? lerp(g, buf, mu) : buf */
@@ -78,8 +77,7 @@ static void R(momentum)(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, i
   real rmu = (real)mu, cmu = (real)(1 - mu);
   int64_t ntask = (len + CHUNK - 1) / CHUNK;
   int nt = gl_threads_for(ntask, 4 * CHUNK);
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t task = 0; task < ntask; task++) {
+  GL_PAR_FOR(nt, task, ntask, 
     real bb[CHUNK], gb[CHUNK], ob[CHUNK];
     int64_t i0 = start + task * CHUNK, n = start + len - i0 < CHUNK ? start + len - i0 : CHUNK;
     real *Bf = R(span_rw)(buf, buf->offset + i0, n, bb);
@@ -92,7 +90,7 @@ static void R(momentum)(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, i
     }
     R(cpu_span_store)(buf, buf->offset + i0, 1, n, Bf);
     R(cpu_span_store)(out, out->offset + i0, 1, n, o);
-  }
+  );
 }
 
 #undef real

@@ -128,15 +128,14 @@ static real R(reduce_one)(int op, const gl_tensor *x, int64_t base, const gl_ten
   int nt = gl_threads_for(ntask, CHUNK);
   if (nt > MAX_THREADS) nt = MAX_THREADS;
   R(red_state) part[MAX_THREADS] = {{0}};
-  #pragma omp parallel num_threads(nt) if (nt > 1)
-  {
+  GL_PAR_REGION(nt, 
 #ifdef _OPENMP
     int tid = omp_get_thread_num(), nth = omp_get_num_threads();
 #else
     int tid = 0, nth = 1;
 #endif
     R(reduce_range)(op, &part[tid], x, base, &it, nchunk, ntask * tid / nth, ntask * (tid + 1) / nth);
-  }
+  );
   R(red_state) s = {0};
   for (int k = 0; k < nt; k++) R(combine)(op, &s, &part[k]);
   return R(finish)(op, &s);
@@ -156,12 +155,11 @@ static void R(reduce)(int op, gl_tensor *out, const gl_tensor *x, uint32_t mask)
   gl_iter it;
   gl_iter_init(&it, 1, (const gl_tensor *[]){&red});
   int64_t nchunk = (it.inner + CHUNK - 1) / CHUNK, ntask = it.outer * nchunk;
-  #pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < nout; r++) {
+  GL_PAR_FOR(nt, r, nout, 
     R(red_state) s = {0};
     R(reduce_range)(op, &s, x, elem_offset(&kept, r), &it, nchunk, 0, ntask);
     gl_store(out->storage->data, out->dtype, elem_offset(out, r), (double)R(finish)(op, &s));
-  }
+  );
 }
 
 static void R(reduce_max_dim)(gl_tensor *out, gl_tensor *indices, const gl_tensor *x, int dim) {
@@ -170,8 +168,7 @@ static void R(reduce_max_dim)(gl_tensor *out, gl_tensor *indices, const gl_tenso
   int64_t nout = out->numel, L = x->shape[dim], xs = x->stride[dim];
   int64_t *idx = (int64_t *)indices->storage->data;
   int nt = gl_threads_for(nout, L);
-  #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t r = 0; r < nout; r++) {
+  GL_PAR_FOR(nt, r, nout, 
     real buf[CHUNK];
     int64_t base = elem_offset(&kept, r), best = 0;
     real m = 0;
@@ -183,7 +180,7 @@ static void R(reduce_max_dim)(gl_tensor *out, gl_tensor *indices, const gl_tenso
     }
     gl_store(out->storage->data, out->dtype, elem_offset(out, r), (double)m);
     idx[elem_offset(indices, r)] = best;
-  }
+  );
 }
 
 #undef real

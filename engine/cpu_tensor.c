@@ -27,11 +27,10 @@ int cpu_copy(gl_tensor *dst, const gl_tensor *src) {
   gl_iter it; gl_iter_init(&it, 2, (const gl_tensor *[]){dst, src});
   char *db = dst->storage->data; const char *sb = src->storage->data;
   int nt = gl_threads_for(it.outer, it.inner);
-  #pragma omp parallel for num_threads(nt) if (nt > 1)
-  for (int64_t o = 0; o < it.outer; o++) {
+  GL_PAR_FOR(nt, o, it.outer, 
     int64_t off[GL_ITER_MAX_OPS]; gl_iter_offsets(&it, o, off);
     copy_run(db, dst->dtype, off[0], it.istride[0], sb, src->dtype, off[1], it.istride[1], it.inner);
-  }
+  );
   return GL_OK;
 }
 

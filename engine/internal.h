@@ -74,6 +74,34 @@ void gl_iter_offsets(const gl_iter *it, int64_t outer_index, int64_t *off);
    when n * work_per_item is large enough to pay for the fork. */
 int gl_threads_for(int64_t n, int64_t work_per_item);
 
+/* for (int64_t VAR = 0; VAR < N; VAR++) { BODY } on NT threads.  NT <= 1
+   runs the loop inline: entering an OpenMP region, even with one thread,
+   costs microseconds and futex calls (thousands per training step).
+   Pragmas inside BODY must be written _Pragma("..."). */
+#define GL_PAR_FOR(NT, VAR, N, ...)                                          \
+  do {                                                                       \
+    const int64_t gl_n_ = (N);                                               \
+    const int gl_nt_ = (NT);                                                 \
+    if (gl_nt_ > 1) {                                                        \
+      _Pragma("omp parallel for num_threads(gl_nt_) schedule(static)")       \
+      for (int64_t VAR = 0; VAR < gl_n_; VAR++) { __VA_ARGS__ }              \
+    } else {                                                                 \
+      for (int64_t VAR = 0; VAR < gl_n_; VAR++) { __VA_ARGS__ }              \
+    }                                                                        \
+  } while (0)
+/* { BODY } run by each of NT threads (omp_get_thread_num() tells which);
+   NT <= 1 runs it inline once, where omp_get_thread_num() is 0. */
+#define GL_PAR_REGION(NT, ...)                                               \
+  do {                                                                       \
+    const int gl_nt_ = (NT);                                                 \
+    if (gl_nt_ > 1) {                                                        \
+      _Pragma("omp parallel num_threads(gl_nt_)")                            \
+      { __VA_ARGS__ }                                                        \
+    } else {                                                                 \
+      { __VA_ARGS__ }                                                        \
+    }                                                                        \
+  } while (0)
+
 /* Device dispatch: cpu_NAME for device < 0, cuda_NAME otherwise (when the
    engine is built with CUDA; without it, a clear error). */
 #ifdef GL_WITH_CUDA

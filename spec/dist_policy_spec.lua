@@ -38,22 +38,9 @@ local function grad_norms(run_dir)
   return out
 end
 
-local function state_of(model)
-  local out = {}
-  for _, np in ipairs(model:named_parameters()) do out[np[1]] = np[2] end
-  return out
-end
+local state_of = H.params_of
 
--- relative L2 error of the whole parameter set b against a
-local function rel_error(a, b)
-  local num, den = 0, 0
-  for k, v in pairs(a) do
-    assert.is_not_nil(b[k], k)
-    num = num + gl.global_norm({ v - b[k] }) ^ 2
-    den = den + gl.global_norm({ v }) ^ 2
-  end
-  return math.sqrt(num / den)
-end
+local rel_error = H.rel_error
 
 local function assert_losses(want, got, what, quantity, tol)
   assert.equal(#want, #got, what)

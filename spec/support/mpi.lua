@@ -1,5 +1,6 @@
 -- Helpers the multi-rank specs share: run a shell command from the project
--- root with a time limit, launch a worker on N ranks, temp dirs, JSON files.
+-- root with a time limit, launch a worker on N ranks, temp dirs, JSON files,
+-- and comparing parameter sets.
 local cjson = require 'cjson'
 local launch = require 'gptlua.dist.launch'
 
@@ -28,6 +29,25 @@ function M.read_json(path)
   local s = f:read('*a')
   f:close()
   return cjson.decode(s)
+end
+
+-- name -> parameter of a model
+function M.params_of(model)
+  local out = {}
+  for _, np in ipairs(model:named_parameters()) do out[np[1]] = np[2] end
+  return out
+end
+
+-- relative L2 error of the whole parameter set b against a
+function M.rel_error(a, b)
+  local gl = require 'gptlua'
+  local num, den = 0, 0
+  for k, v in pairs(a) do
+    assert(b[k] ~= nil, 'missing ' .. k)
+    num = num + gl.global_norm({ v - b[k] }) ^ 2
+    den = den + gl.global_norm({ v }) ^ 2
+  end
+  return math.sqrt(num / den)
 end
 
 return M

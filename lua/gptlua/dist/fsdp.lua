@@ -212,22 +212,6 @@ local function plan_units(list, model, trainable, name_of)
   return out
 end
 
--- param -> {opt, group, name, kind} for every parameter the optimizer updates
-local function owners(optimizer, name)
-  local own = {}
-  for _, o in ipairs(optimizer.optimizers or { optimizer }) do
-    local mt = getmetatable(o)
-    local kind = (mt == optim.AdamW and 'adamw') or (mt == optim.Muon and 'muon') or nil
-    if not kind then
-      fail(("%s shards optim.AdamW and optim.Muon (alone or in optim.Combined), got another optimizer; "
-        .. "use dist = 'ddp' for it"):format(name), 4)
-    end
-    for _, g in ipairs(o.groups) do
-      for i, p in ipairs(g.params) do own[p] = { opt = o, group = g, name = g.names[i], kind = kind } end
-    end
-  end
-  return own
-end
 
 local function option(o, key)
   local v = o[key]
@@ -293,7 +277,7 @@ function M.new(name, o)
     trainable[p] = true
   end
   self.name_of = name_of
-  self.own = owners(self.optimizer, name)
+  self.own = B.owners(self.optimizer, name)
   local list = o.units or M.default_units
   if type(list) == 'function' then list = list(self.model) end
   if type(list) ~= 'table' then fail(('%s: opts.units expected a list or a function returning one'):format(name)) end

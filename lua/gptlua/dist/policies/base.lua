@@ -21,6 +21,7 @@ local dist = require 'gptlua.dist'
 local G = require 'gptlua.ffi'
 local Tensor = gl.Tensor
 local ffi, lib = G.ffi, G.lib
+local optim = require 'gptlua.optim'
 
 local B = {}
 
@@ -37,6 +38,24 @@ function B.view(buf, off, shape, keep)
   local v = buf:_as_strided(shape, Tensor.contiguous_strides(shape), buf:storage_offset() + off)
   if keep ~= false then v:keep() end
   return v
+end
+
+-- param -> {opt, group, name, kind} for every parameter the optimizer updates
+-- (the sharded policies zero1/zero2/fsdp/hsdp update these two kinds only)
+function B.owners(optimizer, name)
+  local own = {}
+  for _, o in ipairs(optimizer.optimizers or { optimizer }) do
+    local mt = getmetatable(o)
+    local kind = (mt == optim.AdamW and 'adamw') or (mt == optim.Muon and 'muon') or nil
+    if not kind then
+      error(("dist.policy: %s shards optim.AdamW and optim.Muon (alone or in optim.Combined), "
+        .. "got another optimizer; use dist = 'ddp' for it"):format(name), 4)
+    end
+    for _, g in ipairs(o.groups) do
+      for i, p in ipairs(g.params) do own[p] = { opt = o, group = g, name = g.names[i], kind = kind } end
+    end
+  end
+  return own
 end
 
 function B.bytes(t) return t:numel() * lib.gl_dtype_size(t.c.dtype) end

@@ -53,22 +53,6 @@ Zero.MIN_SHARD = 1024
 
 local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 
--- param -> {opt, group, name, kind} for every parameter the optimizer updates
-local function owners(optimizer, name)
-  local own = {}
-  for _, o in ipairs(optimizer.optimizers or { optimizer }) do
-    local mt = getmetatable(o)
-    local kind = (mt == optim.AdamW and 'adamw') or (mt == optim.Muon and 'muon') or nil
-    if not kind then
-      error(("dist.policy: %s shards optim.AdamW and optim.Muon (alone or in optim.Combined), "
-        .. "got another optimizer; use dist = 'ddp' for it"):format(name), 4)
-    end
-    for _, g in ipairs(o.groups) do
-      for i, p in ipairs(g.params) do own[p] = { opt = o, group = g, name = g.names[i], kind = kind } end
-    end
-  end
-  return own
-end
 
 local function zeros32(shape, device) return gl.zeros(shape, { dtype = 'float32', device = device }):keep() end
 
@@ -78,7 +62,7 @@ function Zero.new(name, o)
   self.stage = name == 'zero2' and 2 or 1
   self.reduce_every_micro_step = self.stage == 2
   self.N, self.r = self.comm.size, self.comm.rank
-  self.own = owners(self.optimizer, name)
+  self.own = B.owners(self.optimizer, name)
   self.pending = {}     -- zero2: reduce-scatters in flight, oldest first
   B.broadcast_params(self.comm, self.params)
 

@@ -69,10 +69,15 @@ static void locate(char *exe, char *root, char *libdir, size_t n) {
 
 int main(int argc, char **argv) {
   char exe[PATH_MAX], root[PATH_MAX], libdir[PATH_MAX];
-  /* OpenMP threads that spin between parallel regions steal the core the
-     other thread (or rank, or loader) needs on small machines: sleep instead.
-     Must be set before libgomp initialises; a user's setting wins. */
-  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+  /* OpenMP threads that spin long between parallel regions steal the core
+     the other thread (or rank, or loader) needs on small machines, and ones
+     that sleep at once pay a futex wake per region (hundreds per training
+     step): spin briefly (a few microseconds), then sleep.  Must be set
+     before libgomp initialises; a user's setting of either variable wins. */
+  if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT")) {
+    setenv("OMP_WAIT_POLICY", "ACTIVE", 1);
+    setenv("GOMP_SPINCOUNT", "2000", 1);
+  }
   locate(exe, root, libdir, PATH_MAX);
 
   lua_State *L = luaL_newstate();

@@ -66,6 +66,15 @@ describe('trainer', function()
     os.execute('rm -rf ' .. d)
   end)
 
+  it('evaluates the whole validation split exactly (evaluate_full)', function()
+    local t = train.new(recipe({ out_dir = tmpdir() }), {})
+    local loss, ntok = t:evaluate_full()
+    local n_val = t.data.val_tokens:numel()
+    assert.equal(math.floor(math.floor((n_val - 1) / 16) / 4) * 4 * 16, ntok)
+    assert.is_true(math.abs(loss - math.log(t.cfg.vocab_size)) < 0.3, 'loss at init ' .. loss)
+    assert.equal(loss, (t:evaluate_full()))  -- deterministic
+  end)
+
   it('parses --key=value overrides with types, and rejects unknown keys and bad values', function()
     local t = train.new(recipe({ out_dir = tmpdir() }), { '--n_embd=32', '--decay_lr=false', '--name=x', '--bias' })
     assert.equal(32, t.cfg.n_embd)

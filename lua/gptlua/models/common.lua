@@ -145,19 +145,23 @@ function M.generate(model, idx, n, opts)
     local caches = use_cache and model:new_caches(B, T0 + n) or nil
     local feed = idx:to('int64')
     for step = 1, n do
-      local ctx = feed
-      if not use_cache and ctx.shape[2] > cfg.block_size then
-        ctx = ctx:narrow(2, ctx.shape[2] - cfg.block_size + 1, cfg.block_size):contiguous()
-      end
-      local logits = model:forward(ctx, nil, caches)
-      local last = logits:select(2, logits.shape[2])
-      local u = gl.rand({ B }, { seed = seed, offset = (step - 1) * B, dtype = 'float64' }):tolist()
-      local next_ids = sample_rows(last, temperature, top_k, u)
-      for b = 1, B do ids[b][#ids[b] + 1] = next_ids[b] end
-      local col = {}
-      for b = 1, B do col[b] = { next_ids[b] } end
-      local nt = gl.tensor(col, { dtype = 'int64', device = idx.device })
-      feed = use_cache and nt or gl.cat({ feed, nt }, 2)
+      -- each step's temporaries are released when it ends (only the next
+      -- input leaves the scope); the KV caches were made outside it
+      feed = gl.scope(function()
+        local ctx = feed
+        if not use_cache and ctx.shape[2] > cfg.block_size then
+          ctx = ctx:narrow(2, ctx.shape[2] - cfg.block_size + 1, cfg.block_size):contiguous()
+        end
+        local logits = model:forward(ctx, nil, caches)
+        local last = logits:select(2, logits.shape[2])
+        local u = gl.rand({ B }, { seed = seed, offset = (step - 1) * B, dtype = 'float64' }):tolist()
+        local next_ids = sample_rows(last, temperature, top_k, u)
+        for b = 1, B do ids[b][#ids[b] + 1] = next_ids[b] end
+        local col = {}
+        for b = 1, B do col[b] = { next_ids[b] } end
+        local nt = gl.tensor(col, { dtype = 'int64', device = idx.device })
+        return use_cache and nt or gl.cat({ feed, nt }, 2)
+      end)
     end
   end)
   model:train(was_training)

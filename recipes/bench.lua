@@ -58,7 +58,7 @@ local function model_bench(device)
 end
 
 if opts.device ~= 'cpu' then
-  if opts.kernels == 1 then dofile(gl.root .. '/bench/cuda_bench.lua') end
+  if opts.kernels == 1 then dofile(gl.root .. '/recipes/bench_cuda.lua') end
   return model_bench(opts.device)
 end
 if opts.only == 'models' then return model_bench('cpu') end
@@ -190,7 +190,7 @@ if on('torch') then
   if tonumber(rc) ~= 0 then
     print('torch: skipped (PyTorch not installed: apt-get install python3-torch)')
   else
-    local p = io.popen(('%s %s/bench/torch_gpt.py %d %d'):format(py, gl.root, opts.iters, threads))
+    local p = io.popen(('%s %s/recipes/bench_torch_gpt.py %d %d'):format(py, gl.root, opts.iters, threads))
     local line = p:read('*a'); p:close()
     local ok, res = pcall(require('cjson').decode, line)
     if not ok then print('torch: failed: ' .. line)

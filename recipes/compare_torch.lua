@@ -36,7 +36,7 @@ local k = 0
 t.data.train = { next_batch = function() k = k + 1; local b = rows[k]; return b:narrow(2, 1, T):contiguous(), b:narrow(2, 2, T):contiguous() end }
 local ours = {}
 for s = 1, steps do ours[s] = t:train_step(); t.step = t.step + 1 end
-local p = io.popen(('/usr/bin/python3 %s/bench/torch_gpt.py %d 1 --replay %s'):format(gl.root, steps, dir))
+local p = io.popen(('/usr/bin/python3 %s/recipes/bench_torch_gpt.py %d 1 --replay %s'):format(gl.root, steps, dir))
 local out = p:read('*a'); p:close()
 os.execute('rm -rf ' .. dir)
 local ok, res = pcall(cjson.decode, out)

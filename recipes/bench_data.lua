@@ -1,5 +1,5 @@
--- bench/data_bench.lua — tokenizer and loader throughput on this machine.
---   build/gptlua bench/data_bench.lua [--mb 10] [--vocab 4096] [--steps 200]
+-- recipes/bench_data.lua — tokenizer and loader throughput on this machine.
+--   build/gptlua recipes/bench_data.lua [--mb 10] [--vocab 4096] [--steps 200]
 -- Text: data/tinyshakespeare.txt repeated to at least --mb megabytes.
 local gl = require 'gptlua'
 local tok = require 'gptlua.tokenizer'

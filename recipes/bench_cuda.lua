@@ -1,5 +1,5 @@
--- bench/cuda_bench.lua — throughput of the CUDA kernels at GPT training shapes.
---   build/gptlua bench/cuda_bench.lua [--B=32] [--T=1024] [--C=768] [--H=12] [--V=50304] [--iters=20]
+-- recipes/bench_cuda.lua — throughput of the CUDA kernels at GPT training shapes.
+--   build/gptlua recipes/bench_cuda.lua [--B=32] [--T=1024] [--C=768] [--H=12] [--V=50304] [--iters=20]
 --                                     [--square=4096] [--params=124e6]
 -- Defaults are GPT-2 124M (context 1024, device batch 32).  Times come from
 -- CUDA events on the compute stream (warm-up calls first); matmul and

@@ -1,7 +1,7 @@
--- bench/fsdp_bench.lua — step time and memory per rank of the data-parallel
+-- recipes/bench_fsdp.lua — step time and memory per rank of the data-parallel
 -- policies on one model, FSDP against no sharding.
 --
---   gptlua -n 2 bench/fsdp_bench.lua [--policies=none,ddp,zero2,fsdp,fsdp-noprefetch,fsdp-noreshard]
+--   gptlua -n 2 recipes/bench_fsdp.lua [--policies=none,ddp,zero2,fsdp,fsdp-noprefetch,fsdp-noreshard]
 --          [--n_layer=6] [--n_embd=256] [--vocab_size=4096] [--block_size=64]
 --          [--batch_size=4] [--rounds=5] [--steps=2] [--warmup=2] [--json=PATH]
 --
@@ -32,7 +32,7 @@ local opts = { policies = 'none,ddp,zero2,fsdp,fsdp-noprefetch,fsdp-noreshard', 
                json = '' }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match('^%-%-([%w_]+)=(.*)$')
-  if not k or opts[k] == nil then error('bench/fsdp_bench: unknown argument ' .. a, 0) end
+  if not k or opts[k] == nil then error('bench_fsdp: unknown argument ' .. a, 0) end
   opts[k] = v
 end
 

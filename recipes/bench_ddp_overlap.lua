@@ -1,7 +1,7 @@
--- bench/ddp_overlap.lua — how much of DDP's gradient communication hides
+-- recipes/bench_ddp_overlap.lua — how much of DDP's gradient communication hides
 -- behind backward, and tokens/s of the default recipe at 1 and N ranks.
 --
---   gptlua bench/ddp_overlap.lua [--ranks=2] [--steps=5] [--rounds=3] [--bucket_mb=1]
+--   gptlua recipes/bench_ddp_overlap.lua [--ranks=2] [--steps=5] [--rounds=3] [--bucket_mb=1]
 --                                [--recipe=recipes/shakespeare.lua]
 --
 -- Without a launcher it measures one rank (all cores), then starts
@@ -25,7 +25,7 @@ local opts = { ranks = '2', steps = '5', rounds = '3', bucket_mb = '1', recipe =
 local passthrough = {}
 for _, a in ipairs(arg or {}) do
   local k, v = a:match('^%-%-([%w_]+)=(.*)$')
-  if not k or opts[k] == nil then error('bench/ddp_overlap: unknown argument ' .. a, 0) end
+  if not k or opts[k] == nil then error('bench_ddp_overlap: unknown argument ' .. a, 0) end
   opts[k] = v
   passthrough[#passthrough + 1] = a
 end
@@ -78,7 +78,7 @@ if N == 1 then
     tpsN = tpsN or tonumber(line:match('^tokens/s: ([%d.]+)'))
   end
   local ok = p:close()
-  if not tpsN then error('bench/ddp_overlap: the ' .. opts.ranks .. '-rank run failed (' .. cmd .. ')', 0) end
+  if not tpsN then error('bench_ddp_overlap: the ' .. opts.ranks .. '-rank run failed (' .. cmd .. ')', 0) end
   print(('scaling 1 -> %s ranks: %.2fx tokens/s (ideal %sx)'):format(opts.ranks, tpsN / tps1, opts.ranks))
   return ok
 end

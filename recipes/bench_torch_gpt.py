@@ -2,8 +2,8 @@
 configuration (n_layer 4, n_head 4, n_embd 128, block 64, batch 12, dropout 0,
 bias False, AdamW lr 1e-3 betas (0.9, 0.99), weight decay 0.1 on matrices,
 grad clip 1.0), timed the way nanoGPT's train.py reports ms/iter.
-Usage: python3 bench/torch_gpt.py ITERS THREADS          time ITERS steps on a fixed batch; one JSON line
-       python3 bench/torch_gpt.py ITERS THREADS --train  nanoGPT's full recipe on data/tinyshakespeare.txt
+Usage: python3 recipes/bench_torch_gpt.py ITERS THREADS          time ITERS steps on a fixed batch; one JSON line
+       python3 recipes/bench_torch_gpt.py ITERS THREADS --train  nanoGPT's full recipe on data/tinyshakespeare.txt
          (90/10 split, random windows, cosine lr with warmup 100 to ITERS, eval every 250 over 50
          batches), printing nanoGPT's "step N: train loss X, val loss Y" lines."""
 import json, math, sys, time

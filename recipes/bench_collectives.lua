@@ -1,6 +1,6 @@
--- bench/collectives.lua — collective bandwidth in the style of nccl-tests.
+-- recipes/bench_collectives.lua — collective bandwidth in the style of nccl-tests.
 --
---   gptlua -n 2 bench/collectives.lua [--ops=all_reduce,all_gather,reduce_scatter,broadcast,all_to_all]
+--   gptlua -n 2 recipes/bench_collectives.lua [--ops=all_reduce,all_gather,reduce_scatter,broadcast,all_to_all]
 --          [--min=1K] [--max=256M] [--factor=2] [--dtype=float32] [--target=0.25]
 --
 -- For each size (bytes of the largest buffer, as nccl-tests counts them) it
@@ -18,7 +18,7 @@ local now = require('gptlua.cli').now
 
 local function parse_size(s)
   local n, unit = tostring(s):match('^(%d+%.?%d*)([KkMmGg]?)$')
-  if not n then error('bench/collectives: bad size ' .. tostring(s)) end
+  if not n then error('bench_collectives: bad size ' .. tostring(s)) end
   local mult = ({ [''] = 1, k = 1024, m = 1024 ^ 2, g = 1024 ^ 3 })[unit:lower()]
   return math.floor(tonumber(n) * mult)
 end
@@ -27,7 +27,7 @@ local opts = { ops = 'all_reduce,all_gather,reduce_scatter,broadcast,all_to_all'
                factor = '2', dtype = 'float32', target = '0.25' }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match('^%-%-([%w_]+)=(.*)$')
-  if not k or opts[k] == nil then error('bench/collectives: unknown argument ' .. a) end
+  if not k or opts[k] == nil then error('bench_collectives: unknown argument ' .. a) end
   opts[k] = v
 end
 
@@ -62,7 +62,7 @@ local function setup(op, count)
     local out, input = gl.empty({ per * N }, dt), gl.ones({ per * N }, dt)
     return function() world:all_to_all(out, input) end, per * N
   end
-  error('bench/collectives: unknown op ' .. op)
+  error('bench_collectives: unknown op ' .. op)
 end
 
 local slowest = gl.zeros({ 1 }, { dtype = 'float64' })

@@ -25,14 +25,12 @@ local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local train = require 'gptlua.train'
 local ckpt = require 'gptlua.checkpoint'
-local launch = require 'gptlua.dist.launch'
 local fsdp = require 'gptlua.dist.fsdp'
 local B = require 'gptlua.dist.policies.base'
 local cjson = require 'cjson'
 
-local ROOT = GPTLUA.root
-local EXE = GPTLUA.exe
-local MPIRUN = launch.which('mpirun')
+local H = require 'support.mpi'
+local ROOT, EXE, MPIRUN = H.ROOT, H.EXE, H.MPIRUN
 local recipe = dofile(ROOT .. '/spec/dist/policy_recipe.lua')
 
 -- The trainer reaches the policy through dist.policy (cfg.dist): each test
@@ -52,7 +50,6 @@ local function use_policy(opts)
   return function(o) opts = o end   -- changes the options of later trainers
 end
 
-local H = require 'support.mpi'
 local sh, mpirun = H.sh, H.mpirun
 local tmpdir = H.tmpdir
 local read_json = H.read_json

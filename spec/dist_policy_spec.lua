@@ -11,17 +11,14 @@ local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local train = require 'gptlua.train'
 local ckpt = require 'gptlua.checkpoint'
-local launch = require 'gptlua.dist.launch'
 local B = require 'gptlua.dist.policies.base'
 local shards = require 'gptlua.dist.policies.shards'
 local cjson = require 'cjson'
 
-local ROOT = GPTLUA.root
-local EXE = GPTLUA.exe
-local MPIRUN = launch.which('mpirun')
+local H = require 'support.mpi'
+local ROOT, EXE, MPIRUN = H.ROOT, H.EXE, H.MPIRUN
 local recipe = dofile(ROOT .. '/spec/dist/policy_recipe.lua')
 
-local H = require 'support.mpi'
 local sh, mpirun = H.sh, H.mpirun
 local tmpdir = H.tmpdir
 local read_json = H.read_json

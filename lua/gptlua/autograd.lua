@@ -112,6 +112,9 @@ end
 -- go (added into an accumulator, written into a leaf's .grad, or passed on
 -- to the inputs) its storage is dropped.  Backward functions must return
 -- fresh tensors, views, or the incoming gradient itself.
+-- shared with the memory planner's dry run (same graph shape)
+A.count_deps = count_deps
+
 function A.backward(root, grad, opts)
   if not root.requires_grad then
     error('backward: tensor does not require grad (no differentiable op on a requires_grad tensor produced it)', 2)

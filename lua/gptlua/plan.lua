@@ -330,22 +330,7 @@ local function new_sim(u, sizes)
                     recompute = S.recompute }
     return out
   end
-  local function count_deps(root)
-    local deps, seen, stack = {}, { [root] = true }, { root }
-    while #stack > 0 do
-      local t = table.remove(stack)
-      local fn = t.grad_fn
-      if fn and fn.inputs then
-        for _, x in ipairs(fn.inputs) do
-          if x.requires_grad then
-            deps[x] = (deps[x] or 0) + 1
-            if not seen[x] then seen[x] = true; stack[#stack + 1] = x end
-          end
-        end
-      end
-    end
-    return deps
-  end
+  local count_deps = require('gptlua.autograd').count_deps  -- the graph has autograd's shape
   -- autograd.backward (the trainer's and gl.checkpoint's with
   -- free_activations)
   function S.backward(root, grad, free_activations)

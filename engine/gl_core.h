@@ -77,6 +77,7 @@ const char *gl_dtype_name(int dtype);
 int gl_dtype_size(int dtype);
 int gl_set_num_threads(int n);
 int gl_get_num_threads(void);
+const char *gl_blas_info(void);
 
 /* tensors */
 gl_tensor *gl_empty(int dtype, int device, int ndim, const int64_t *shape);

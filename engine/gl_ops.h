@@ -68,6 +68,10 @@ int gl_sumsq(const gl_tensor *x, double *out);
    broadcast to out's.  A transposed operand is passed as a transposed view
    (stride[-2] == 1); other layouts are copied internally.  BLAS on CPU. */
 int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta);
+/* out1 = alpha a1 @ b1 + beta out1 and out2 = alpha a2 @ b2 + beta out2, the
+   two products run side by side on the CPU (one thread each) */
+int gl_matmul_pair(gl_tensor *out1, const gl_tensor *a1, const gl_tensor *b1, gl_tensor *out2,
+                   const gl_tensor *a2, const gl_tensor *b2, double alpha, double beta);
 
 /* softmax / log_softmax over the last dim; backward takes the forward output */
 int gl_softmax(gl_tensor *out, const gl_tensor *x, int log);

@@ -75,6 +75,14 @@ int gl_set_num_threads(int n) {
   openblas_set_num_threads(n);
   return GL_OK;
 }
+/* Which BLAS and which of its kernels run the matrix products, e.g.
+   "OpenBLAS 0.3.21 ... (SkylakeX kernels)": benchmarks print it so their
+   numbers can be compared across machines. */
+const char *gl_blas_info(void) {
+  static char info[256];
+  if (!info[0]) snprintf(info, sizeof info, "%s (%s kernels)", openblas_get_config(), openblas_get_corename());
+  return info;
+}
 int gl_get_num_threads(void) {
   if (n_threads == 0) {
 #ifdef _OPENMP

@@ -529,6 +529,25 @@ describe('matmul kernel', function()
       assert_close(out:tolist(), want, tol, 'matmul ' .. dt)
     end
   end)
+  it('runs a pair of independent products side by side, on 1 and 2 threads', function()
+    local nt = gl.get_num_threads()
+    local a1, b1 = randn({ 70, 33 }), randn({ 33, 21 })
+    local a2, b2 = layout(randn({ 33, 70 }), 'transposed'), randn({ 2, 70, 5 })
+    local c0 = randn({ 2, 33, 5 })
+    for _, threads in ipairs({ 1, 2 }) do
+      gl.set_num_threads(threads)
+      local o1, o2 = empty({ 70, 21 }), c0:clone()
+      check(lib.gl_matmul_pair(o1.c, a1.c, b1.c, o2.c, a2:expand({ 2, 33, 70 }).c, b2.c, 0.5, 2))
+      assert_close(o1:tolist(), ref_matmul(a1, b1, nil, 0.5, 0), 1e-13, 'first of the pair')
+      assert_close(o2:tolist(), ref_matmul(a2:expand({ 2, 33, 70 }), b2, c0, 0.5, 2), 1e-13, 'second of the pair')
+    end
+    gl.set_num_threads(nt)
+    local o1 = empty({ 70, 21 })
+    local rc = lib.gl_matmul_pair(o1.c, a1.c, b1.c, empty({ 4, 4 }).c, a1.c, b1.c, 1, 0)
+    assert.equal(-1, rc)
+    assert.equal('gl_matmul_pair (second product): out has shape {4,4}, expected {70,21} (M of a is 70, N of b is 21)',
+                 ffi.string(lib.gl_last_error()))
+  end)
 end)
 
 -- ================================================================== softmax

@@ -31,6 +31,8 @@ gl.backward, gl.checkpoint = A.backward, A.checkpoint
 
 function gl.set_num_threads(n) G.check(G.lib.gl_set_num_threads(n), 2) end
 function gl.get_num_threads() return G.lib.gl_get_num_threads() end
+-- the BLAS library and the kernels it picked for this CPU, as a string
+function gl.blas_info() return G.ffi.string(G.lib.gl_blas_info()) end
 
 -- memory statistics of a device ('cpu' or 'cuda:N') as a Lua table
 function gl.memory_stats(device)

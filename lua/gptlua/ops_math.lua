@@ -348,17 +348,18 @@ end
 for _, n in ipairs({ 'sum', 'mean', 'max', 'min', 'argmax', 'norm' }) do Tensor[n] = O[n] end
 
 -- ------------------------------------------------------------ matrix products
--- raw batched product with broadcast batch dims; out = a @ b (+ beta*out)
-local function matmul_raw(a, b, out, beta, alpha)
+-- the operands of a raw batched product with broadcast batch dims, as
+-- views over the batch shape, and its output (given or new)
+local function matmul_operands(a, b, out)
   local na, nb = #a.shape, #b.shape
   if na < 2 or nb < 2 then
     error(('matmul: expected operands with at least 2 dims, got %s and %s'):format(shape_str(a.shape),
-      shape_str(b.shape)), 3)
+      shape_str(b.shape)), 4)
   end
   local M, Ka, Kb, N = a.shape[na - 1], a.shape[na], b.shape[nb - 1], b.shape[nb]
   if Ka ~= Kb then
     error(('matmul: shapes %s and %s do not match (inner dims %d and %d)'):format(shape_str(a.shape),
-      shape_str(b.shape), Ka, Kb), 3)
+      shape_str(b.shape), Ka, Kb), 4)
   end
   local ba, bb = {}, {}
   for i = 1, na - 2 do ba[i] = a.shape[i] end
@@ -370,10 +371,25 @@ local function matmul_raw(a, b, out, beta, alpha)
   sb[#batch + 1], sb[#batch + 2] = Kb, N
   so[#batch + 1], so[#batch + 2] = M, N
   if not out then out = Tensor.empty(so, { dtype = a.dtype, device = a.device }) end
-  local va, vb = bview(a, sa), bview(b, sb)
+  return out, bview(a, sa), bview(b, sb)
+end
+
+-- raw batched product with broadcast batch dims; out = a @ b (+ beta*out)
+local function matmul_raw(a, b, out, beta, alpha)
+  local va, vb
+  out, va, vb = matmul_operands(a, b, out)
   K(lib.gl_matmul(out.c, va.c, vb.c, alpha or 1, beta or 0))
   drop(va, a); drop(vb, b)
   return out
+end
+-- two independent raw products a1 @ b1 and a2 @ b2 side by side (one thread
+-- each on the CPU): the two gradients of a backward step
+function O.matmul_pair_raw(a1, b1, a2, b2)
+  local out1, va1, vb1 = matmul_operands(a1, b1)
+  local out2, va2, vb2 = matmul_operands(a2, b2)
+  K(lib.gl_matmul_pair(out1.c, va1.c, vb1.c, out2.c, va2.c, vb2.c, 1, 0))
+  drop(va1, a1); drop(vb1, b1); drop(va2, a2); drop(vb2, b2)
+  return out1, out2
 end
 O.matmul_raw = matmul_raw
 
@@ -390,9 +406,14 @@ function O.matmul(a, b)
   end
   local out = O.matmul_raw(a, b)
   return record(out, { a, b }, function(_, g)
-    local ga = a.requires_grad and sum_to(O.matmul_raw(g, b:transpose(-1, -2)), a.shape) or nil
-    local gb = b.requires_grad and sum_to(O.matmul_raw(a:transpose(-1, -2), g), b.shape) or nil
-    return ga, gb
+    local ga, gb
+    if a.requires_grad and b.requires_grad then
+      ga, gb = O.matmul_pair_raw(g, b:transpose(-1, -2), a:transpose(-1, -2), g)
+    else
+      ga = a.requires_grad and O.matmul_raw(g, b:transpose(-1, -2)) or nil
+      gb = b.requires_grad and O.matmul_raw(a:transpose(-1, -2), g) or nil
+    end
+    return ga and sum_to(ga, a.shape), gb and sum_to(gb, b.shape)
   end, nil, 'matmul')
 end
 Tensor.matmul = O.matmul
@@ -440,16 +461,20 @@ function O.linear(x, W, bias)
   return record(out, inputs, function(_, g, node)
     local gc = raw_contiguous(g)
     local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
-    local gx, gW, gb
-    if x.requires_grad then
-      local raw = O.matmul_raw(g2, W)
-      gx = raw:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
-      drop(raw)
-    end
-    if W.requires_grad then
+    local gx, gW, gb, rawx
+    if x.requires_grad and W.requires_grad then
+      local g2t = raw_t(g2)
+      rawx, gW = O.matmul_pair_raw(g2, W, g2t, x2)
+      drop(g2t)
+    elseif x.requires_grad then rawx = O.matmul_raw(g2, W)
+    elseif W.requires_grad then
       local g2t = raw_t(g2)
       gW = O.matmul_raw(g2t, x2)
       drop(g2t)
+    end
+    if rawx then
+      gx = rawx:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
+      drop(rawx)
     end
     if bias and bias.requires_grad then gb = reduce_raw(R.sum, g2, 1, false, 'linear') end
     drop(g2); drop(gc, g)

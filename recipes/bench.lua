@@ -154,32 +154,36 @@ if on('block') then
     dt * 1000, flops / dt / 1e9, 100 * blas_total / total))
 end
 
--- The default recipe's training step on a fixed batch: median ms over
--- opts.iters steps, and the share of that time in BLAS.
-local step_trainer
-local function our_step()
-  if not step_trainer then
+-- The default recipe's training step on a fixed batch, with the given
+-- model ('gpt2': nanoGPT's block, the one PyTorch runs below; 'nanochat':
+-- the recipe's own): median ms over opts.iters steps, the share of that
+-- time in BLAS, and the trainer.
+local trainers = {}
+local function our_step(model)
+  local tr = trainers[model]
+  if not tr then
     local r = dofile(gl.root .. '/recipes/shakespeare.lua')
-    r.quiet, r.device = true, 'cpu'
+    r.quiet, r.device, r.model = true, 'cpu', model
     local x, y = fixed_batch(r.batch_size, r.block_size, 65)
     r.build_data = function()
       local L = { next_batch = function() return x, y end, state = function() return {} end, set_state = function() end }
       return { train = L, val = L, vocab_size = 65 }
     end
-    step_trainer = train.new(r, {})
-    for _ = 1, 3 do step_trainer:train_step() end
-    gl.reset_peak_memory()
+    tr = train.new(r, {})
+    trainers[model] = tr
+    for _ = 1, 3 do tr:train_step() end
   end
+  gl.reset_peak_memory()
   local times, total = {}, 0
   local blas = matmul_timer(function()
     for _ = 1, opts.iters do
       local t0 = now()
-      step_trainer:train_step()
+      tr:train_step()
       times[#times + 1] = now() - t0
       total = total + times[#times]
     end
   end)
-  return median(times) * 1000, blas / total
+  return median(times) * 1000, blas / total, tr, gl.memory_stats().peak
 end
 
 -- PyTorch running nanoGPT's model on the same configuration in a child
@@ -199,39 +203,48 @@ local function torch_step()
   return res.ms_per_iter, res.torch
 end
 
--- Both alternate for opts.rounds rounds on this (shared, noisy) machine;
--- the fastest round of each is its figure, the one least disturbed by
--- other load.
+-- gptlua (nanoGPT's block, then the recipe's own) and PyTorch alternate
+-- for opts.rounds rounds on this (shared, noisy) machine; the fastest round
+-- of each is its figure, the one least disturbed by other load.
 if on('step') or on('torch') then
-  local best_ours, best_torch, blas_share, torch_version, why = math.huge, math.huge, 0, nil, nil
+  local best = { gpt2 = math.huge, nanochat = math.huge, torch = math.huge }
+  local share, tr, peak_mem, torch_version, why = {}, {}, {}, nil, nil
   for round = 1, opts.rounds do
     local line = ('round %d:'):format(round)
     if on('step') then
-      local ms, share = our_step()
-      if ms < best_ours then best_ours, blas_share = ms, share end
-      line = line .. (' gptlua %.1f ms/iter'):format(ms)
+      for _, model in ipairs({ 'gpt2', 'nanochat' }) do
+        local ms, sh, t, mem = our_step(model)
+        if ms < best[model] then best[model], share[model], tr[model], peak_mem[model] = ms, sh, t, mem end
+        line = line .. (' gptlua %s %.1f ms/iter,'):format(model, ms)
+      end
     end
     if on('torch') and not why then
       local ms, info = torch_step()
       if ms then
-        best_torch, torch_version = math.min(best_torch, ms), info
-        line = line .. (', torch %.1f ms/iter'):format(ms)
+        best.torch, torch_version = math.min(best.torch, ms), info
+        line = line .. (' torch %.1f ms/iter'):format(ms)
       else why = info end
     end
-    if opts.rounds > 1 then print(line) end
+    if opts.rounds > 1 then print((line:gsub(',$', ''))) end
   end
   if on('step') then
-    local tps = step_trainer.cfg.batch_size * step_trainer.cfg.block_size / (best_ours / 1000)
     local peak = train.measure_cpu_flops()
-    print(('training step (default recipe: 4x128, batch 12, context 64): %.1f ms/iter, %.0f tokens/s, MFU %.1f%% of %.1f GFLOP/s sgemm, %.0f%% in BLAS, peak memory %s'):format(
-      best_ours, tps, 100 * tps * step_trainer.flops_per_token / peak, peak / 1e9, 100 * blas_share,
-      train.fmt_bytes(gl.memory_stats().peak)))
+    for _, model in ipairs({ 'gpt2', 'nanochat' }) do
+      local t = tr[model]
+      local tps = t.cfg.batch_size * t.cfg.block_size / (best[model] / 1000)
+      print(('training step, default recipe (4x128, batch 12, context 64) with the %s block%s: %.1f ms/iter, %.0f tokens/s, MFU %.1f%% of %.1f GFLOP/s sgemm, %.0f%% in BLAS, peak memory %s'):format(
+        model, model == 'gpt2' and ' (nanoGPT\'s)' or ' (the recipe\'s)', best[model], tps,
+        100 * tps * t.flops_per_token / peak, peak / 1e9, 100 * share[model], train.fmt_bytes(peak_mem[model])))
+    end
   end
   if on('torch') then
     if why then print('torch: ' .. why)
     else
-      print(('torch %s (nanoGPT model, same config, %d threads): %.1f ms/iter'):format(torch_version, threads, best_torch))
-      if on('step') then print(('speed-up of gptlua over PyTorch: %.2fx'):format(best_torch / best_ours)) end
+      print(('torch %s, nanoGPT\'s model at the same configuration, %d threads: %.1f ms/iter'):format(
+        torch_version, threads, best.torch))
+      if on('step') then
+        print(('speed-up of gptlua over PyTorch, same model and loss curve: %.2fx'):format(best.torch / best.gpt2))
+      end
     end
   end
 end

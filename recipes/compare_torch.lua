@@ -1,6 +1,7 @@
 -- Step-by-step comparison with PyTorch (needs python3-torch): the default
--- recipe's model and optimizer from identical initial weights on identical
--- batches, N steps in both, printing the largest relative loss difference.
+-- recipe's configuration with nanoGPT's GPT-2 block (--model=gpt2) and its
+-- optimizer from identical initial weights on identical batches, N steps in
+-- both, printing the largest relative loss difference.
 --   gptlua recipes/compare_torch.lua [--steps=50]
 local gl = require 'gptlua'
 local train = require 'gptlua.train'
@@ -15,7 +16,7 @@ for _, a in ipairs(arg) do
 end
 local dir = os.tmpname(); os.remove(dir); os.execute('mkdir -p ' .. dir)
 local r = dofile(gl.root .. '/recipes/shakespeare.lua')
-r.quiet, r.device = true, 'cpu'
+r.quiet, r.device, r.model = true, 'cpu', 'gpt2'
 local t = train.new(r, {})
 local function write(path, tensor, ctype)
   local c = tensor:contiguous()

@@ -10,11 +10,15 @@
  * (B, T)) and a and out walk their batch rows with one stride, the batch is
  * folded into M: one large GEMM instead of many small ones.
  *
- * BLAS runs its own threads, so this file never calls it from inside an
- * OpenMP region. */
+ * A large enough row-major product is split by rows over the threads, one
+ * single-threaded BLAS call per slice (gemm_split); otherwise BLAS runs its
+ * own threads. */
 #include "cpu_kernels.h"
 #include <cblas.h>
 #include <limits.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 
 /* One operand as BLAS sees it: rows x cols with strides (sr, sc). */
@@ -92,6 +96,36 @@ static void gemm(int wd, int ta, int tb, int64_t M, int64_t N, int64_t K, double
                 (float)beta, C, (int)ldc);
 }
 
+/* A row-major product with its rows dealt out to the threads, each slice a
+   single-threaded GEMM (OpenBLAS's OpenMP build runs one thread inside a
+   parallel region).  For the products of small models (768 x 128 x 512,
+   say) that is 1.4-2x faster than OpenBLAS splitting the product itself,
+   and no slower on large ones; slices keep at least MIN_SLICE rows so each
+   GEMM still amortises its packing of B.  Inside a parallel region (the
+   pair of gl_matmul_pair) it is one plain call. */
+enum { MIN_SLICE = 128 };
+static void gemm_split(int wd, int ta, int tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                       int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc) {
+#ifdef _OPENMP
+  int nt = 1;
+  if (!omp_in_parallel()) {
+    int64_t most = M / MIN_SLICE, threads = gl_get_num_threads();
+    nt = (int)(most < threads ? most : threads);
+  }
+  if (nt >= 2) {
+    size_t esz = (size_t)gl_dtype_size(wd);
+    GL_PAR_REGION(nt,
+      int64_t i = omp_get_thread_num(), r0 = M * i / nt, r1 = M * (i + 1) / nt;
+      /* row r0 of op(A): row r0 of A, or column r0 of A stored transposed */
+      const char *Ai = (const char *)A + (size_t)(ta ? r0 : r0 * lda) * esz;
+      gemm(wd, ta, tb, r1 - r0, N, K, alpha, Ai, lda, B, ldb, beta, (char *)C + (size_t)(r0 * ldc) * esz, ldc);
+    );
+    return;
+  }
+#endif
+  gemm(wd, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 /* out *= beta (0 writes zeros, whatever out held): the K == 0 product */
 static void scale_out(gl_tensor *out, double beta) {
   gl_iter it;
@@ -154,7 +188,7 @@ int cpu_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double al
     const void *B = ob.copy ? bufb : (const char *)b->storage->data + offb * esz;
     void *C = oc.copy ? bufc : (char *)out->storage->data + offc * esz;
     if (oc.trans == 0)
-      gemm(wd, oa.trans, ob.trans, rows, N, K, alpha, A, oa.ld, B, ob.ld, beta, C, oc.ld);
+      gemm_split(wd, oa.trans, ob.trans, rows, N, K, alpha, A, oa.ld, B, ob.ld, beta, C, oc.ld);
     else /* out is a transposed view: out^T = b^T a^T */
       gemm(wd, !ob.trans, !oa.trans, N, rows, K, alpha, B, ob.ld, A, oa.ld, beta, C, oc.ld);
     if (oc.copy) unpack(&oc, offc, bufc, wd);

@@ -529,6 +529,23 @@ describe('matmul kernel', function()
       assert_close(out:tolist(), want, tol, 'matmul ' .. dt)
     end
   end)
+  it('splits tall products by rows over the threads, a operand plain or transposed', function()
+    local nt = gl.get_num_threads()
+    local b, c0 = randn({ 5, 7 }), randn({ 301, 7 })
+    for _, threads in ipairs({ 1, 2, 3 }) do
+      gl.set_num_threads(threads)
+      for _, an in ipairs({ 'contiguous', 'transposed' }) do
+        local a = layout(randn({ 301, 5 }), an)
+        local out = c0:clone()
+        run(out, a, b, 0.5, 2)
+        assert_close(out:tolist(), ref_matmul(a, b, c0, 0.5, 2), 1e-13, ('%s a, %d threads'):format(an, threads))
+        local out32 = empty({ 301, 7 }, 'float32')
+        run(out32, a:to('float32'), b:to('float32'), 1, 0)
+        assert_close(out32:tolist(), ref_matmul(a, b, nil, 1, 0), 1e-5, ('float32 %s a, %d threads'):format(an, threads))
+      end
+    end
+    gl.set_num_threads(nt)
+  end)
   it('runs a pair of independent products side by side, on 1 and 2 threads', function()
     local nt = gl.get_num_threads()
     local a1, b1 = randn({ 70, 33 }), randn({ 33, 21 })

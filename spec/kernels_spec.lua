@@ -909,6 +909,8 @@ describe('attention kernels', function()
     { B = 1, H = 2, Hkv = 1, T = 5, S = 7, D = 2, window = 3 },
     { B = 3, H = 2, Hkv = 2, T = 2, S = 3, D = 20, window = 0, shared_kv = true },
     { B = 1, H = 2, Hkv = 1, T = 20, S = 37, D = 17, window = 11 }, -- spans several blocks of keys and dims
+    { B = 1, H = 2, Hkv = 1, T = 45, S = 50, D = 33, window = 0 },   -- several query tiles, a KV offset
+    { B = 1, H = 2, Hkv = 2, T = 70, S = 70, D = 8, window = 19 },   -- window edges inside and across tiles
   }
   it('forward matches the reference (GQA, KV offset, window, strided heads)', function()
     for ci, c in ipairs(cases) do

@@ -126,3 +126,30 @@ describe('nanochat', function()
     assert.same(seq, a:totable()[1])
   end)
 end)
+
+describe('both models', function()
+  it('are causal: changing token p changes no logit before position p', function()
+    for _, M in ipairs({ gpt2, nanochat }) do
+      gl.manual_seed(3)
+      local cfg = { vocab_size = 65, block_size = 70, n_layer = 2, n_head = 4, n_embd = 32 }
+      if M == nanochat then cfg.depth = 2 end
+      local m = M.GPT(cfg)
+      -- random weights everywhere (nanochat starts its projections at zero,
+      -- which would hide a leak through attention)
+      gl.no_grad(function()
+        for i, p in ipairs(m:parameters()) do p:add_(gl.randn(p.shape, { seed = 100 + i }), 0.3) end
+      end)
+      local ids = {}
+      for i = 1, 70 do ids[i] = (i * 37) % 65 end
+      local a = gl.tensor({ ids }, { dtype = 'int64' })
+      ids[41] = (ids[41] + 7) % 65
+      local b = gl.tensor({ ids }, { dtype = 'int64' })
+      gl.no_grad(function()
+        local d = (m:forward(a) - m:forward(b)):abs()
+        assert.equal(0, d:narrow(2, 1, 40):max():item())
+        assert.is_true(d:narrow(2, 41, 1):max():item() > 0)
+        assert.is_true(d:narrow(2, 42, 29):max(3):min():item() > 0)  -- every later position sees it
+      end)
+    end
+  end)
+end)

@@ -45,13 +45,6 @@
 #endif
 
 
-static inline int thread_id(void) {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
 
 /* storage offset of row (b, h, t) of a (B, H, T, D) tensor */
 static inline int64_t row_offset(const gl_tensor *t, int64_t b, int64_t h, int64_t i) {
@@ -442,7 +435,7 @@ static int R(attention_forward)(gl_tensor *out, gl_tensor *lse, const gl_tensor 
                            (long long)S, (long long)D);
   GL_PAR_FOR(nt, task, ntask,
     int64_t b = task / H, h = task % H;
-    R(forward_task)(&g, out, lse, q, k, v, b, h, h / G, ws + thread_id() * per);
+    R(forward_task)(&g, out, lse, q, k, v, b, h, h / G, ws + gl_thread_id() * per);
   );
   return GL_OK;
 }
@@ -497,7 +490,7 @@ static int R(attention_backward)(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, co
   if (!ws) return gl_error("gl_attention_backward: out of memory for per-thread buffers (S=%lld, D=%lld)",
                            (long long)S, (long long)D);
   GL_PAR_FOR(nt, task, ntask,
-    R(backward_task)(&g, dq, dk, dv, dout, q, k, v, lse, task / Hkv, task % Hkv, G, ws + thread_id() * per);
+    R(backward_task)(&g, dq, dk, dv, dout, q, k, v, lse, task / Hkv, task % Hkv, G, ws + gl_thread_id() * per);
   );
   return GL_OK;
 }

@@ -115,7 +115,7 @@ static void gemm_split(int wd, int ta, int tb, int64_t M, int64_t N, int64_t K, 
   if (nt >= 2) {
     size_t esz = (size_t)gl_dtype_size(wd);
     GL_PAR_REGION(nt,
-      int64_t i = omp_get_thread_num(), r0 = M * i / nt, r1 = M * (i + 1) / nt;
+      int64_t i = gl_thread_id(), r0 = M * i / nt, r1 = M * (i + 1) / nt;
       /* row r0 of op(A): row r0 of A, or column r0 of A stored transposed */
       const char *Ai = (const char *)A + (size_t)(ta ? r0 : r0 * lda) * esz;
       gemm(wd, ta, tb, r1 - r0, N, K, alpha, Ai, lda, B, ldb, beta, (char *)C + (size_t)(r0 * ldc) * esz, ldc);

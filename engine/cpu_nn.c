@@ -28,13 +28,6 @@
 enum { CHUNK = 512 };
 
 
-static inline int thread_id(void) {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
 
 /* Storage offset of position r of a row-major walk over `shape` (nd dims),
    with t's strides, leaving out dim `skip` (-1: none). */
@@ -239,7 +232,7 @@ static int R(softmax)(gl_tensor *out, const gl_tensor *x, int is_log) {
   real *ws = R(thread_blocks)(nt, 3 * C, &bs);
   if (!ws) return OOM("gl_softmax", "row buffers");
   GL_PAR_FOR(nt, r, rows, 
-    real *xb = ws + thread_id() * bs, *yb = xb + C, *e = yb + C;
+    real *xb = ws + gl_thread_id() * bs, *yb = xb + C, *e = yb + C;
     int64_t yo = walk_offset(out, out->shape, nd, -1, r);
     const real *xr = R(cpu_span_load)(x, walk_offset(x, x->shape, nd, -1, r), xs, C, xb);
     real *y = R(row_out)(out, yo, ys, yb), m = xr[0], s = 0;
@@ -269,7 +262,7 @@ static int R(softmax_backward)(gl_tensor *dx, const gl_tensor *y, const gl_tenso
   real *ws = R(thread_blocks)(nt, 4 * C, &bs);
   if (!ws) return OOM("gl_softmax_backward", "row buffers");
   GL_PAR_FOR(nt, r, rows, 
-    real *yb = ws + thread_id() * bs, *gb = yb + C, *xb = gb + C, *e = xb + C;
+    real *yb = ws + gl_thread_id() * bs, *gb = yb + C, *xb = gb + C, *e = xb + C;
     int64_t xo = walk_offset(dx, dx->shape, nd, -1, r);
     const real *yr = R(cpu_span_load)(y, walk_offset(y, y->shape, nd, -1, r), y->stride[nd], C, yb);
     const real *g = R(cpu_span_load)(dy, walk_offset(dy, dy->shape, nd, -1, r), dy->stride[nd], C, gb);
@@ -315,7 +308,7 @@ static int R(norm_forward)(const char *fn, gl_tensor *y, gl_tensor *mean, gl_ten
   real *ws = R(thread_blocks)(nt, 2 * C, &bs);
   if (!ws) return OOM(fn, "row buffers");
   GL_PAR_FOR(nt, r, rows, 
-    real *xb = ws + thread_id() * bs, *yb = xb + C;
+    real *xb = ws + gl_thread_id() * bs, *yb = xb + C;
     int64_t yo = walk_offset(y, y->shape, nd, -1, r);
     const real *xr = R(cpu_span_load)(x, walk_offset(x, x->shape, nd, -1, r), x->stride[nd], C, xb);
     real m = 0, v = 0;
@@ -353,7 +346,7 @@ static int R(norm_backward)(const char *fn, gl_tensor *dx, gl_tensor *dw, gl_ten
   for (int k = 0; k < nt; k++) memset(ws + k * bs + 3 * C, 0, (size_t)(2 * C) * sizeof(real));
   const real *mp = mean ? (const real *)mean->storage->data : NULL, *rp = (const real *)rstd->storage->data;
   GL_PAR_FOR(nt, r, rows, 
-    real *xb = ws + thread_id() * bs, *gb = xb + C, *db_ = gb + C, *pw = db_ + C, *pb = pw + C;
+    real *xb = ws + gl_thread_id() * bs, *gb = xb + C, *db_ = gb + C, *pw = db_ + C, *pb = pw + C;
     int64_t xo = walk_offset(dx, dx->shape, nd, -1, r);
     const real *xr = R(cpu_span_load)(x, walk_offset(x, x->shape, nd, -1, r), x->stride[nd], C, xb);
     const real *g = R(cpu_span_load)(dy, walk_offset(dy, dy->shape, nd, -1, r), dy->stride[nd], C, gb);
@@ -397,7 +390,7 @@ static int R(embedding_backward)(gl_tensor *dtable, const gl_tensor *dout, const
   real *ws = R(thread_blocks)(nt, 2 * C, &bs);
   if (!ws) return OOM("gl_embedding_backward", "row buffers");
   GL_PAR_FOR(nt, v, V, 
-    real *acc = ws + thread_id() * bs, *rb = acc + C;
+    real *acc = ws + gl_thread_id() * bs, *rb = acc + C;
     for (int64_t c = 0; c < C; c++) acc[c] = 0;
     for (int64_t k = start[v]; k < start[v + 1]; k++) {
       const real *row = R(cpu_span_load)(dout, walk_offset(dout, dout->shape, nd, -1, order[k]), dout->stride[nd], C, rb);
@@ -435,7 +428,7 @@ static int R(rope)(gl_tensor *out, const gl_tensor *x, const gl_tensor *cs, cons
   if (!ws) return OOM("gl_rope", "row buffers");
   if (D == 0) return GL_OK;
   GL_PAR_FOR(nt, r, rows, 
-    real *xb = ws + thread_id() * bs, *yb = xb + D, *cb = yb + D, *sb = cb + half;
+    real *xb = ws + gl_thread_id() * bs, *yb = xb + D, *cb = yb + D, *sb = cb + half;
     int64_t t = (r / H) % T, yo = walk_offset(out, out->shape, 3, -1, r);
     const real *xr = R(cpu_span_load)(x, walk_offset(x, x->shape, 3, -1, r), x->stride[3], D, xb);
     const real *c = R(cpu_span_load)(cs, cs->offset + t * cs->stride[0], cs->stride[1], half, cb);
@@ -465,7 +458,7 @@ static int R(ce_forward)(gl_tensor *losses, gl_tensor *lse, const gl_tensor *log
   if (!ws) return OOM("gl_cross_entropy_forward", "row buffers");
   real *lp = (real *)losses->storage->data, *ep = lse ? (real *)lse->storage->data : NULL;
   GL_PAR_FOR(nt, r, N, 
-    real *xb = ws + thread_id() * bs, *zb = xb + V, *e = zb + V, loss = 0, l = 0;
+    real *xb = ws + gl_thread_id() * bs, *zb = xb + V, *e = zb + V, loss = 0, l = 0;
     int64_t tg = load_id(targets, targets->offset + r * targets->stride[0]);
     if (tg != ignore) {
       const real *z = R(cpu_span_load)(logits, logits->offset + r * logits->stride[0], logits->stride[1], V, xb);
@@ -500,7 +493,7 @@ static int R(ce_backward)(gl_tensor *dlogits, const gl_tensor *logits, const gl_
   if (!ws) return OOM("gl_cross_entropy_backward", "row buffers");
   const real *ep = (const real *)lse->storage->data;
   GL_PAR_FOR(nt, r, N, 
-    real *xb = ws + thread_id() * bs, *db = xb + V, *t = db + V, *e = t + V;
+    real *xb = ws + gl_thread_id() * bs, *db = xb + V, *t = db + V, *e = t + V;
     int64_t tg = load_id(targets, targets->offset + r * targets->stride[0]);
     int64_t dof = dlogits->offset + r * dlogits->stride[0];
     real *d = R(row_out)(dlogits, dof, ds, db);

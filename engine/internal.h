@@ -6,6 +6,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Sets the thread-local error message and returns GL_ERR. */
 int gl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -89,8 +92,17 @@ int gl_threads_for(int64_t n, int64_t work_per_item);
       for (int64_t VAR = 0; VAR < gl_n_; VAR++) { __VA_ARGS__ }              \
     }                                                                        \
   } while (0)
-/* { BODY } run by each of NT threads (omp_get_thread_num() tells which);
-   NT <= 1 runs it inline once, where omp_get_thread_num() is 0. */
+/* The calling thread's number inside GL_PAR_FOR / GL_PAR_REGION (0 outside
+   them, or without OpenMP): the index of its slice of per-thread scratch. */
+static inline int gl_thread_id(void) {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+/* { BODY } run by each of NT threads (gl_thread_id() tells which);
+   NT <= 1 runs it inline once, where gl_thread_id() is 0. */
 #define GL_PAR_REGION(NT, ...)                                               \
   do {                                                                       \
     const int gl_nt_ = (NT);                                                 \

@@ -251,7 +251,7 @@ int gl_matmul_pair(gl_tensor *out1, const gl_tensor *a1, const gl_tensor *b1, gl
   int rc[2] = {GL_OK, GL_OK};
   char msg[2][512] = {"", ""};
   GL_PAR_REGION(2,
-    int i = omp_get_thread_num();
+    int i = gl_thread_id();
     if (i < 2) {
       rc[i] = i == 0 ? cpu_matmul(out1, a1, b1, alpha, beta) : cpu_matmul(out2, a2, b2, alpha, beta);
       if (rc[i] != GL_OK) snprintf(msg[i], sizeof msg[i], "%s", gl_last_error());

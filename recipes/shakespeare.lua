@@ -6,8 +6,9 @@
 -- loss <= 1.88, nanoGPT's figure for this configuration.
 --
 -- The block is nanochat's (rotary positions, parameter-free RMSNorm, QK-norm,
--- ReLU^2 MLP, untied head): at the same size, cost and optimizer it ends at
--- val loss 1.72 (three seeds: 1.717-1.720; 1.723-1.724 over the whole val split).
+-- ReLU^2 MLP, untied head): with the same parameter count and optimizer, and
+-- about 15% more time per step on a CPU, it ends at val loss 1.72 (three
+-- seeds: 1.717-1.720; 1.723-1.724 over the whole val split).
 -- nanoGPT's own GPT-2 block is `--model=gpt2`: it ends at 1.90-1.91 in
 -- gptlua and 1.90-1.92 in PyTorch (recipes/bench_torch_gpt.py --train),
 -- whose losses gptlua's match step for step (recipes/compare_torch.lua).

@@ -8,6 +8,32 @@
 #define GL_BACKEND_H
 #include "internal.h"
 
+/* Matrix layouts, shared by the CPU (BLAS) and CUDA (cuBLASLt) products.
+   gl_blas_layout: a rows x cols matrix with strides (sr, sc) is row-major
+   (returns 0, sc == 1, ld = sr >= cols) or a transposed view (returns 1,
+   sr == 1, ld = sc >= rows), or neither (-1, needs a copy).  Strides of
+   size-1 dims never matter, so they are chosen to fit. */
+static inline int gl_blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, int64_t *ld) {
+  if (cols == 1) sc = 1;
+  if (rows == 1) sr = sc == 1 ? cols : 1;
+  if (sc == 1 && sr >= cols && sr >= 1 && sr <= 2147483647) { *ld = sr; return 0; }
+  if (sr == 1 && sc >= rows && sc >= 1 && sc <= 2147483647) { *ld = sc; return 1; }
+  return -1;
+}
+/* Whether t's dims [0, nd-1) step through rows with a single stride (*sr):
+   then a batch of products with a shared right operand folds into one. */
+static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
+  int64_t expect = -1;
+  *sr = 0;
+  for (int d = t->ndim - 2; d >= 0; d--) {
+    if (t->shape[d] == 1) continue;
+    if (expect < 0) { *sr = t->stride[d]; expect = t->stride[d] * t->shape[d]; }
+    else if (t->stride[d] != expect) return 0;
+    else expect *= t->shape[d];
+  }
+  return 1;
+}
+
 #define GL_BACKEND_OPS(X) \
   X(unary, (int op, gl_tensor *out, const gl_tensor *x, double p0, double p1)) \
   X(unary_backward, (int op, gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, double p0, double p1)) \

@@ -30,38 +30,13 @@ typedef struct {
   int copy;      /* goes through a contiguous buffer of the work dtype */
 } operand;
 
-/* Row-major needs sc == 1 and ld = sr >= cols; a transposed view needs
-   sr == 1 and ld = sc >= rows.  Strides of size-1 dims never matter, so
-   they are chosen to fit. */
-static int blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, int64_t *ld) {
-  if (cols == 1) sc = 1;
-  if (rows == 1) sr = sc == 1 ? cols : 1;
-  if (sc == 1 && sr >= cols && sr >= 1 && sr <= INT_MAX) { *ld = sr; return 0; }
-  if (sr == 1 && sc >= rows && sc >= 1 && sc <= INT_MAX) { *ld = sc; return 1; }
-  return -1;
-}
-
 static void describe(operand *o, gl_tensor *t, int64_t rows, int64_t sr, int work_dtype) {
   int nd = t->ndim;
   o->t = t; o->rows = rows; o->cols = t->shape[nd - 1];
   o->sr = sr; o->sc = t->stride[nd - 1];
-  o->trans = blas_layout(o->rows, o->cols, o->sr, o->sc, &o->ld);
+  o->trans = gl_blas_layout(o->rows, o->cols, o->sr, o->sc, &o->ld);
   o->copy = o->trans < 0 || t->dtype != work_dtype;
   if (o->copy) { o->trans = 0; o->ld = o->cols > 1 ? o->cols : 1; }
-}
-
-/* Whether t's dims [0, nd-1) step through rows with a single stride (*sr):
-   then the batch folds into the row count. */
-static int fold_rows(const gl_tensor *t, int64_t *sr) {
-  int64_t expect = -1;
-  *sr = 0;
-  for (int d = t->ndim - 2; d >= 0; d--) {
-    if (t->shape[d] == 1) continue;
-    if (expect < 0) { *sr = t->stride[d]; expect = t->stride[d] * t->shape[d]; }
-    else if (t->stride[d] != expect) return 0;
-    else expect *= t->shape[d];
-  }
-  return 1;
 }
 
 /* rows x cols of o at storage offset off <-> contiguous work-dtype buffer */
@@ -156,7 +131,7 @@ int cpu_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double al
   int b_shared = 1;
   for (int d = 0; d < nd - 2; d++) if (out->shape[d] > 1 && b->stride[d] != 0) b_shared = 0;
   operand oa, ob, oc;
-  if (nbatch > 1 && b_shared && M * nbatch <= INT_MAX && fold_rows(a, &fa) && fold_rows(out, &fo)) {
+  if (nbatch > 1 && b_shared && M * nbatch <= INT_MAX && gl_fold_rows(a, &fa) && gl_fold_rows(out, &fo)) {
     describe(&oa, (gl_tensor *)a, M * nbatch, fa, wd);
     describe(&oc, out, M * nbatch, fo, wd);
     if (!oa.copy && oa.trans == 0 && !oc.copy && oc.trans == 0) {

@@ -164,30 +164,7 @@ static int lt_run(int dev, cudaStream_t st, const LtProblem &q, const void *A, c
   return GL_OK;
 }
 
-/* ---- operand layouts (as engine/cpu_matmul.c) ------------------------------ */
-/* Row-major needs sc == 1 and ld = sr >= cols; a transposed view needs
-   sr == 1 and ld = sc >= rows.  Strides of size-1 dims never matter. */
-static int blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t sc, int64_t *ld) {
-  if (cols == 1) sc = 1;
-  if (rows == 1) sr = sc == 1 ? cols : 1;
-  if (sc == 1 && sr >= cols && sr >= 1 && sr <= INT_MAX) { *ld = sr; return 0; }
-  if (sr == 1 && sc >= rows && sc >= 1 && sc <= INT_MAX) { *ld = sc; return 1; }
-  return -1;
-}
-
-/* whether t's dims [0, nd-1) step through rows with a single stride (*sr) */
-static int fold_rows(const gl_tensor *t, int64_t *sr) {
-  int64_t expect = -1;
-  *sr = 0;
-  for (int d = t->ndim - 2; d >= 0; d--) {
-    if (t->shape[d] == 1) continue;
-    if (expect < 0) { *sr = t->stride[d]; expect = t->stride[d] * t->shape[d]; }
-    else if (t->stride[d] != expect) return 0;
-    else expect *= t->shape[d];
-  }
-  return 1;
-}
-
+/* ---- operand layouts: gl_blas_layout / gl_fold_rows (engine/backend.h) ---- */
 static int lowest_align(uint64_t v) {
   int a = 256;
   while (a > 1 && (v & (uint64_t)(a - 1))) a >>= 1;
@@ -282,18 +259,18 @@ extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *
   /* operands that cuBLASLt cannot take in place become contiguous copies */
   CuTemp ta, tb, tc;
   int64_t ld;
-  if (a->dtype != wd || blas_layout(M, K, a->stride[nd - 2], a->stride[nd - 1], &ld) < 0) {
+  if (a->dtype != wd || gl_blas_layout(M, K, a->stride[nd - 2], a->stride[nd - 1], &ld) < 0) {
     GL_TRY(ta.make_like(wd, a));
     GL_TRY(cuda_copy(ta.t, a));
     a = ta.t;
   }
-  if (b->dtype != wd || blas_layout(K, N, b->stride[nd - 2], b->stride[nd - 1], &ld) < 0) {
+  if (b->dtype != wd || gl_blas_layout(K, N, b->stride[nd - 2], b->stride[nd - 1], &ld) < 0) {
     GL_TRY(tb.make_like(wd, b));
     GL_TRY(cuda_copy(tb.t, b));
     b = tb.t;
   }
   gl_tensor *o = out;
-  if (out->dtype != wd || blas_layout(M, N, out->stride[nd - 2], out->stride[nd - 1], &ld) < 0) {
+  if (out->dtype != wd || gl_blas_layout(M, N, out->stride[nd - 2], out->stride[nd - 1], &ld) < 0) {
     GL_TRY(tc.make_like(wd, out));
     if (beta != 0) GL_TRY(cuda_copy(tc.t, out));
     o = tc.t;
@@ -305,15 +282,15 @@ extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *
   int b_shared = 1;
   for (int d = 0; d < nd - 2; d++) if (out->shape[d] > 1 && b->stride[d] != 0) b_shared = 0;
   int64_t fa, fo, lda_f, ldo_f;
-  if (nbatch > 1 && b_shared && M * nbatch <= INT_MAX && fold_rows(a, &fa) && fold_rows(o, &fo) &&
-      blas_layout(M * nbatch, K, fa, a->stride[nd - 1], &lda_f) == 0 &&
-      blas_layout(M * nbatch, N, fo, o->stride[nd - 1], &ldo_f) == 0) {
+  if (nbatch > 1 && b_shared && M * nbatch <= INT_MAX && gl_fold_rows(a, &fa) && gl_fold_rows(o, &fo) &&
+      gl_blas_layout(M * nbatch, K, fa, a->stride[nd - 1], &lda_f) == 0 &&
+      gl_blas_layout(M * nbatch, N, fo, o->stride[nd - 1], &ldo_f) == 0) {
     rows = M * nbatch; sra = fa; sro = fo; folded = 1;
   }
   int64_t lda = 1, ldb = 1, ldc = 1;
-  int tra = blas_layout(rows, K, sra, a->stride[nd - 1], &lda);
-  int trb = blas_layout(K, N, b->stride[nd - 2], b->stride[nd - 1], &ldb);
-  int trc = blas_layout(rows, N, sro, o->stride[nd - 1], &ldc);
+  int tra = gl_blas_layout(rows, K, sra, a->stride[nd - 1], &lda);
+  int trb = gl_blas_layout(K, N, b->stride[nd - 2], b->stride[nd - 1], &ldb);
+  int trc = gl_blas_layout(rows, N, sro, o->stride[nd - 1], &ldc);
   if (tra < 0 || trb < 0 || trc < 0)  /* the copies above make every layout usable */
     gl_panic("cuda_matmul: operand layout %d %d %d after copies", tra, trb, trc);
 

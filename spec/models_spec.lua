@@ -109,6 +109,8 @@ describe('nanochat', function()
     local m = nanochat.GPT({ depth = 2, n_embd = 16, n_head = 2, n_kv_head = 1, vocab_size = 13, block_size = 8 })
     for _, np in ipairs(m:named_parameters()) do assert.is_nil(np[1]:match('bias')) end
     assert.is_truthy(m.lm_head.weight ~= m.transformer.wte.weight)
+    -- the token embedding is a lookup; the untied head counts
+    assert.equal(6 * (m:num_params() - 13 * 16) + 12 * 2 * 16 * 8, m:flops_per_token())
     local idx = gl.tensor({ { 1, 2, 3, 4 } }, { dtype = 'int64' })
     local _, loss = m:forward(idx, idx)
     assert.is_true(math.abs(loss:item() - math.log(13)) < 0.5)

@@ -66,6 +66,15 @@ function M.head(model, x, targets, linear, weight, softcap)
 end
 
 -- KV caches for generation: one per layer, capacity S positions
+-- Training FLOPs per token (forward + backward): 6 N for the weights, N
+-- without the embedding that is only looked up (lookup_weight), plus the
+-- attention scores and values, 12 * n_layer * n_embd * T (PaLM appendix B).
+function M.flops_per_token(model, lookup_weight, T)
+  local cfg = model.config
+  local N = model:num_params() - lookup_weight:numel()
+  return 6 * N + 12 * cfg.n_layer * cfg.n_embd * (T or cfg.block_size)
+end
+
 function M.new_caches(n_layer, B, Hkv, S, D, like)
   local caches = {}
   for i = 1, n_layer do

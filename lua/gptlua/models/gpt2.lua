@@ -97,14 +97,9 @@ function GPT:forward(idx, targets, caches)
   return common.head(self, x, targets, gl.linear, self.lm_head_weight, 0)
 end
 
--- FLOPs per token for training (forward + backward): 6 N for the weights
--- (N excludes the position embedding, which is a lookup) plus the attention
--- scores and values, 12 * n_layer * n_embd * T (PaLM appendix B).
-function GPT:flops_per_token(T)
-  local cfg = self.config
-  local N = self:num_params() - self.transformer.wpe.weight:numel()
-  return 6 * N + 12 * cfg.n_layer * cfg.n_embd * (T or cfg.block_size)
-end
+-- training FLOPs per token; the position embedding is only looked up (the
+-- token embedding also serves as the tied lm_head, so it counts)
+function GPT:flops_per_token(T) return common.flops_per_token(self, self.transformer.wpe.weight, T) end
 
 function GPT:new_caches(B, S)
   local cfg = self.config

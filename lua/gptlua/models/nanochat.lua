@@ -126,12 +126,8 @@ function GPT:forward(idx, targets, caches)
   return common.head(self, x, targets, gl.linear, self.lm_head.weight, cfg.softcap)
 end
 
--- 6 N (N without the token embedding, a lookup) + 12 * L * C * T
-function GPT:flops_per_token(T)
-  local cfg = self.config
-  local N = self:num_params() - self.transformer.wte.weight:numel()
-  return 6 * N + 12 * cfg.n_layer * cfg.n_embd * (T or cfg.block_size)
-end
+-- training FLOPs per token; the token embedding is only looked up
+function GPT:flops_per_token(T) return common.flops_per_token(self, self.transformer.wte.weight, T) end
 
 function GPT:new_caches(B, S)
   local cfg = self.config

@@ -424,8 +424,7 @@ describe('gptlua.dist.fsdp over MPI ranks', function()
     local list = {}
     for _, r in ipairs(runs) do list[#list + 1] = r[1] .. '=' .. r[2] end
     local o, rc = mpirun(n, 'spec/dist/fsdp_equiv.lua', ('%s %d %s'):format(dir, accum, table.concat(list, ' ')))
-    assert.equal(0, rc, o)
-    for r = 0, n - 1 do assert.truthy(o:find(('OK rank %d of %d'):format(r, n), 1, true), o) end
+    H.assert_ranks_ok(o, rc, n)
     local res = {}
     for _, r in ipairs(runs) do
       local label = r[1]

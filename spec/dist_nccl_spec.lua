@@ -21,12 +21,7 @@ local NGPU = cuda.device_count()
 local H = require 'support.mpi'
 local sh, mpirun = H.sh, H.mpirun
 
-local function assert_ranks_ok(out, rc, n, suffix)
-  assert.equal(0, rc, out)
-  for r = 0, n - 1 do
-    assert.truthy(out:find(('OK rank %d of %d%s'):format(r, n, suffix or ''), 1, true), out)
-  end
-end
+local assert_ranks_ok = H.assert_ranks_ok
 
 -- it() when `ok`, else pending with the reason
 local function it_if(ok, why, name, fn)

@@ -323,8 +323,7 @@ describe('gptlua.dist policies over MPI ranks', function()
     os.execute('mkdir -p ' .. dir)
     local o, rc = mpirun(n, 'spec/dist/policy_equiv.lua',
       ('%s %d 0.01 adamw:ddp,zero1,zero2 nanochat:ddp,zero1,zero2'):format(dir, accum))
-    assert.equal(0, rc, o)
-    for r = 0, n - 1 do assert.truthy(o:find(('OK rank %d of %d'):format(r, n), 1, true), o) end
+    H.assert_ranks_ok(o, rc, n)
     local bytes = {}
     for _, opt in ipairs({ 'adamw', 'nanochat' }) do
       local ref = reference(opt, n * accum)

@@ -5,33 +5,12 @@
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local launch = require 'gptlua.dist.launch'
-local now = require('gptlua.cli').now
 
-local ROOT = GPTLUA.root
-local EXE = GPTLUA.exe
-local MPIRUN = launch.which('mpirun')
-local ROOT_FLAGS = 'OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '
-
--- runs a shell command (bounded by `timeout`), returns output, status, seconds
-local function sh(cmd, limit)
-  local t0 = now()
-  local p = io.popen(('cd %s && %stimeout %d %s 2>&1; echo "__rc=$?"'):format(ROOT, ROOT_FLAGS, limit or 60, cmd))
-  local out = p:read('*a')
-  p:close()
-  local rc = tonumber(out:match('__rc=(%d+)%s*$'))
-  return out:gsub('__rc=%d+%s*$', ''), rc, now() - t0
-end
-
-local function mpirun(n, script, args)
-  return sh(('%s -np %d --oversubscribe --allow-run-as-root %s %s %s'):format(MPIRUN, n, EXE, script, args or ''))
-end
-
-local function assert_ranks_ok(out, rc, n)
-  assert.equal(0, rc, out)
-  for r = 0, n - 1 do
-    assert.truthy(out:find(('OK rank %d of %d'):format(r, n), 1, true), out)
-  end
-end
+local H = require 'support.mpi'
+local EXE, MPIRUN = H.EXE, H.MPIRUN
+local function sh(cmd) return H.sh(cmd, 60) end
+local function mpirun(n, script, args) return H.mpirun(n, script, args, 60) end
+local assert_ranks_ok = H.assert_ranks_ok
 
 describe('gptlua.dist rank discovery', function()
   local function env(t) return function(k) return t[k] end end

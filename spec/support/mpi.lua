@@ -8,18 +8,32 @@ local M = {}
 M.ROOT, M.EXE = GPTLUA.root, GPTLUA.exe
 M.MPIRUN = launch.which('mpirun')
 
--- output (exit status stripped) and exit status of cmd, run from the root
+-- output (exit status stripped), exit status and wall seconds of cmd, run
+-- from the root within limit seconds
 function M.sh(cmd, limit)
+  local now = require('gptlua.cli').now
+  local t0 = now()
   local p = io.popen(('cd %s && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout %d %s 2>&1; echo "__rc=$?"')
     :format(M.ROOT, limit or 120, cmd))
   local out = p:read('*a')
   p:close()
-  return out:gsub('__rc=%d+%s*$', ''), tonumber(out:match('__rc=(%d+)%s*$'))
+  return (out:gsub('__rc=%d+%s*$', '')), tonumber(out:match('__rc=(%d+)%s*$')), now() - t0
 end
 
 -- script on n ranks (oversubscribed: the CI machine has 2 cores)
-function M.mpirun(n, script, args)
-  return M.sh(('%s -np %d --oversubscribe --allow-run-as-root %s %s %s'):format(M.MPIRUN, n, M.EXE, script, args or ''))
+function M.mpirun(n, script, args, limit)
+  return M.sh(('%s -np %d --oversubscribe --allow-run-as-root %s %s %s'):format(M.MPIRUN, n, M.EXE, script, args or ''),
+    limit)
+end
+
+-- a worker run exited 0 and every one of its n ranks printed "OK rank R of N"
+-- (followed by suffix, when given)
+function M.assert_ranks_ok(out, rc, n, suffix)
+  local assert = require 'luassert'  -- busted's, not the global of this module's environment
+  assert.equal(0, rc, out)
+  for r = 0, n - 1 do
+    assert.truthy(out:find(('OK rank %d of %d%s'):format(r, n, suffix or ''), 1, true), out)
+  end
 end
 
 function M.tmpdir() local d = os.tmpname(); os.remove(d); os.execute('mkdir -p ' .. d); return d end

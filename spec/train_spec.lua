@@ -104,6 +104,9 @@ describe('trainer', function()
     { { device = 'cuda:0' }, 'device cuda:0 requested but no CUDA device is available' },
     { { data = 'web' }, "unknown data source 'web'" },
     { { dropout = 1 }, 'dropout must be in [0, 1), got 1' },
+    { { warmup_iters = -3 }, 'warmup_iters must be an integer >= 0, got -3' },
+    { { log_interval = 0.5 }, 'log_interval must be an integer >= 0, got 0.5' },
+    { { eval_interval = 5, eval_iters = 0 }, 'eval_iters must be >= 1 when eval_interval is set (5), got 0' },
   }
   for _, c in ipairs(bad) do
     it('rejects a bad config: ' .. c[2], function()

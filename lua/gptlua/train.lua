@@ -80,6 +80,15 @@ function M.resolve_config(recipe, args)
   for _, k in ipairs({ 'batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters' }) do
     if cfg[k] < 1 or cfg[k] ~= math.floor(cfg[k]) then fail(('%s must be a positive integer, got %s'):format(k, cfg[k])) end
   end
+  -- counts and intervals where 0 means "none" or "off"
+  for _, k in ipairs({ 'warmup_iters', 'lr_decay_iters', 'eval_interval', 'eval_iters', 'log_interval',
+                       'sample_interval', 'sample_length', 'checkpoint_interval', 'keep_last', 'max_bad_steps',
+                       'top_k', 'threads', 'total_batch_size' }) do
+    if cfg[k] < 0 or cfg[k] ~= math.floor(cfg[k]) then fail(('%s must be an integer >= 0, got %s'):format(k, cfg[k])) end
+  end
+  if cfg.eval_interval > 0 and cfg.eval_iters < 1 then
+    fail(('eval_iters must be >= 1 when eval_interval is set (%d), got %d'):format(cfg.eval_interval, cfg.eval_iters))
+  end
   if cfg.optimizer ~= 'adamw' and cfg.optimizer ~= 'nanochat' and not hooks.build_optimizer then
     fail(("unknown optimizer '%s' (expected 'adamw' or 'nanochat')"):format(cfg.optimizer))
   end

@@ -550,12 +550,13 @@ describe('matmul kernel', function()
     local nt = gl.get_num_threads()
     local a1, b1 = randn({ 70, 33 }), randn({ 33, 21 })
     local a2, b2 = layout(randn({ 33, 70 }), 'transposed'), randn({ 2, 70, 5 })
-    local c0 = randn({ 2, 33, 5 })
+    local c0, c1 = randn({ 2, 33, 5 }), randn({ 70, 21 })
     for _, threads in ipairs({ 1, 2 }) do
       gl.set_num_threads(threads)
-      local o1, o2 = empty({ 70, 21 }), c0:clone()
+      -- alpha and beta apply to both products
+      local o1, o2 = c1:clone(), c0:clone()
       check(lib.gl_matmul_pair(o1.c, a1.c, b1.c, o2.c, a2:expand({ 2, 33, 70 }).c, b2.c, 0.5, 2))
-      assert_close(o1:tolist(), ref_matmul(a1, b1, nil, 0.5, 0), 1e-13, 'first of the pair')
+      assert_close(o1:tolist(), ref_matmul(a1, b1, c1, 0.5, 2), 1e-13, 'first of the pair')
       assert_close(o2:tolist(), ref_matmul(a2:expand({ 2, 33, 70 }), b2, c0, 0.5, 2), 1e-13, 'second of the pair')
     end
     gl.set_num_threads(nt)

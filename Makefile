@@ -2,7 +2,10 @@
 #   make            build build/gptlua and build/libgptlua.so (+ CUDA objects when nvcc is found)
 #   make run        deps if missing, build, run the default recipe
 #   make test       deps if missing, build, run every spec
-#   make test-cuda  the CUDA-vs-CPU twin specs (needs a GPU)
+#   make test-cuda  the CUDA-vs-CPU twin specs on a real GPU
+#   make sim        build/sim/: the same engine with every CUDA kernel, cuBLASLt and
+#                   NCCL call running on the CPU in the CUDA simulator (kernels/sim/)
+#   make test-sim   the #cuda specs (and the simulator's own) under the simulator
 #   make bench      CPU benchmarks;  make bench-cuda  GPU benchmarks
 #   make deps       apt-get install the Debian packages listed in DEBIAN_PACKAGES
 #   make install PREFIX=/usr/local
@@ -30,12 +33,14 @@ WARN    = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -W
 CFLAGS  ?= -O3 -march=native
 # -fno-math-errno: no kernel reads errno, and with it sqrt and friends
 # vectorize (the AdamW update, norms) instead of running one lane at a time
+BASE_CFLAGS := $(CFLAGS)
 CFLAGS  += -std=gnu11 -fPIC -fopenmp -fno-math-errno $(WARN) -Iengine -I$(BUILD) -I/usr/include/luajit-2.1 \
            -I$(BLAS_DIR:/usr/lib/%=/usr/include/%)
 # OpenBLAS built on OpenMP: BLAS and our kernels share one thread pool
 # (the pthread build spins its own threads against OpenMP's on small cores)
 BLAS_DIR = /usr/lib/x86_64-linux-gnu/openblas-openmp
 LIBS    = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lpthread -lm -fopenmp
+BASE_LIBS := $(LIBS)
 
 ENGINE_SRC = $(filter-out engine/main.c,$(wildcard engine/*.c))
 ENGINE_OBJ = $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(ENGINE_SRC)) $(BUILD)/obj/gl_cdef.o $(BUILD)/obj/gl_abi.o
@@ -71,7 +76,53 @@ ifneq ($(MPI_NCCL_H),)
                     -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
 endif
 
-.PHONY: all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
+
+# ---- the CUDA simulator build (kernels/sim/, NOTES-cuda.md) ------------------
+# The engine and kernels/*.cu compiled by the host compilers against the
+# simulator's headers (kernels/sim/ stands in for the toolkit's): no nvcc, no
+# GPU, no CUDA libraries.  build/sim/gptlua finds build/sim/libgptlua.so.
+SIM        = $(BUILD)/sim
+CXX       ?= g++
+SIM_DEFS   = -DGL_WITH_CUDA -DGL_SIM -Ikernels/sim
+SIM_CFLAGS = $(BASE_CFLAGS) -std=gnu11 -fPIC -fopenmp -fno-math-errno $(WARN) -Iengine -I$(BUILD) \
+             -I/usr/include/luajit-2.1 -I$(BLAS_DIR:/usr/lib/%=/usr/include/%) $(SIM_DEFS)
+# -fsanitize=bounds: an index past a static shared (or any fixed-size) array
+# in a kernel stops the process with the file and line
+SIM_CXXFLAGS = -O2 -g -std=c++17 -fPIC -fno-math-errno -fno-strict-aliasing $(WARN) -Wno-unused-function \
+             -fsanitize=bounds -fno-sanitize-recover=bounds -Iengine -I$(BUILD) -Ikernels \
+             -I$(BLAS_DIR:/usr/lib/%=/usr/include/%) $(SIM_DEFS)
+SIM_HDR    = $(wildcard kernels/sim/*.h) $(CU_HDR) $(HEADERS)
+SIM_CORE   = $(filter-out kernels/sim/nccl.cpp,$(wildcard kernels/sim/*.cpp))
+SIM_OBJ    = $(patsubst engine/%.c,$(SIM)/obj/%.o,$(ENGINE_SRC)) $(SIM)/obj/gl_cdef.o $(SIM)/obj/gl_abi.o \
+             $(patsubst kernels/%.cu,$(SIM)/obj/cu_%.o,$(CU_SRC)) \
+             $(patsubst kernels/sim/%.cpp,$(SIM)/obj/sim_%.o,$(SIM_CORE))
+SIM_TEST_SRC = $(wildcard kernels/sim/test_*.cu)
+SIM_MPI_FLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null) -DOMPI_SKIP_MPICXX=1
+
+$(SIM)/obj:
+	@mkdir -p $@
+$(SIM)/obj/%.o: engine/%.c $(HEADERS) | $(SIM)/obj
+	$(CC) $(SIM_CFLAGS) -c $< -o $@
+$(SIM)/obj/gl_%.o: $(BUILD)/gl_%.c | $(SIM)/obj
+	$(CC) $(SIM_CFLAGS) -c $< -o $@
+$(SIM)/obj/cu_%.o: kernels/%.cu $(SIM_HDR) | $(SIM)/obj
+	$(CXX) $(SIM_CXXFLAGS) -x c++ -c $< -o $@
+$(SIM)/obj/sim_%.o: kernels/sim/%.cpp $(SIM_HDR) | $(SIM)/obj
+	$(CXX) $(SIM_CXXFLAGS) -c $< -o $@
+$(SIM)/libgptlua.so: $(SIM_OBJ)
+	$(CXX) -shared -Wl,-z,nodelete -fsanitize=bounds -o $@ $^ $(BASE_LIBS) -lstdc++
+$(SIM)/libgptlua_mpi.so: $(MPI_SRC) kernels/sim/nccl.cpp $(SIM_HDR) $(SIM)/libgptlua.so
+	$(CXX) $(SIM_CXXFLAGS) $(SIM_MPI_FLAGS) -c kernels/sim/nccl.cpp -o $(SIM)/obj/sim_nccl.o
+	$(CC) $(SIM_CFLAGS) $(SIM_MPI_FLAGS) -DGL_WITH_NCCL -shared -o $@ $(MPI_SRC) $(SIM)/obj/sim_nccl.o \
+	  -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua $(shell pkg-config --libs ompi-c 2>/dev/null) -lstdc++ -fsanitize=bounds
+$(SIM)/libgptlua_simtest.so: $(SIM_TEST_SRC) $(SIM_HDR) $(SIM)/libgptlua.so
+	$(CXX) $(SIM_CXXFLAGS) -x c++ -shared -o $@ $(SIM_TEST_SRC) -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua
+$(SIM)/gptlua: engine/main.c $(HEADERS) | $(SIM)/obj
+	$(CC) $(SIM_CFLAGS) -DGL_VERSION_STR='"$(shell cat VERSION)"' -o $@ engine/main.c -lluajit-5.1 -lreadline -ldl -lm
+
+sim: $(SIM)/gptlua $(SIM)/libgptlua.so $(if $(MPI_SRC),$(SIM)/libgptlua_mpi.so) $(SIM)/libgptlua_simtest.so
+
+.PHONY: sim test-sim all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB)
 
 $(BUILD)/obj:
@@ -135,13 +186,23 @@ run:
 	$(prepare)
 	$(BUILD)/gptlua recipes/shakespeare.lua $(ARGS)
 
+# every spec: the CPU ones with build/gptlua, then the #cuda ones (and the
+# simulator's own, #sim) with every kernel running in the CUDA simulator
 test:
 	$(prepare)
+	@$(MAKE) --no-print-directory -j$(NPROC) sim
 	$(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
+	$(SIM)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
 
+test-sim:
+	$(prepare)
+	@$(MAKE) --no-print-directory -j$(NPROC) sim
+	$(SIM)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
+
+# on a real GPU: the same #cuda specs against the hardware
 test-cuda:
 	$(prepare)
-	$(BUILD)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
+	$(BUILD)/gptlua spec/run.lua --tags=cuda --exclude-tags=sim $(SPEC_ARGS)
 
 bench: all
 	$(BUILD)/gptlua recipes/bench.lua $(ARGS)

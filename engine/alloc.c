@@ -88,6 +88,46 @@ static void release_cached(dev_cache *c, int device) {
   }
 }
 
+#ifdef GL_SIM
+/* In the CUDA simulator every raw device block ends at a guard page.  A
+   storage is placed at the END of its (class-sized) block, 16-byte aligned,
+   so an access past the tensor's last element faults instead of landing in
+   the class's slack.  The block start is found again on release through
+   this table (user pointer -> block), kept only in simulator builds. */
+typedef struct sim_place { void *user, *block; } sim_place;
+static sim_place *sim_places;
+static int64_t sim_nplaces, sim_cap_places;
+static pthread_mutex_t sim_places_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *sim_place_end(void *block, int64_t size, int64_t nbytes) {
+  int64_t tail = (size - (nbytes > 0 ? nbytes : 0)) & ~(int64_t)15;
+  void *user = (char *)block + tail;
+  pthread_mutex_lock(&sim_places_mu);
+  if (sim_nplaces == sim_cap_places) {
+    int64_t cap = sim_cap_places ? 2 * sim_cap_places : 1024;
+    sim_place *np = realloc(sim_places, (size_t)cap * sizeof *np);
+    if (!np) gl_panic("gl_alloc: out of host memory for the simulator's block table");
+    sim_places = np;
+    sim_cap_places = cap;
+  }
+  sim_places[sim_nplaces++] = (sim_place){user, block};
+  pthread_mutex_unlock(&sim_places_mu);
+  return user;
+}
+static void *sim_block_of(void *user) {
+  void *block = user;
+  pthread_mutex_lock(&sim_places_mu);
+  for (int64_t i = sim_nplaces - 1; i >= 0; i--)
+    if (sim_places[i].user == user) {
+      block = sim_places[i].block;
+      sim_places[i] = sim_places[--sim_nplaces];
+      break;
+    }
+  pthread_mutex_unlock(&sim_places_mu);
+  return block;
+}
+#endif
+
 /* Allocate nbytes on device; *capacity receives the block size. */
 int gl_alloc(int device, int64_t nbytes, void **out, int64_t *capacity) {
   dev_cache *c = cache_for(device);
@@ -125,6 +165,9 @@ int gl_alloc(int device, int64_t nbytes, void **out, int64_t *capacity) {
   c->st.n_live++;
   if (c->st.allocated > c->st.peak) c->st.peak = c->st.allocated;
   pthread_mutex_unlock(&c->mu);
+#ifdef GL_SIM
+  if (device >= 0) p = sim_place_end(p, size, nbytes);
+#endif
   *out = p;
   *capacity = size;
   return GL_OK;
@@ -136,6 +179,9 @@ void gl_dealloc(int device, void *p, int64_t capacity) {
   int64_t size = capacity;
   int k = size_class(&size);
   if (size != capacity) gl_panic("gl_dealloc: capacity %lld is not a class size", (long long)capacity);
+#ifdef GL_SIM
+  if (device >= 0) p = sim_block_of(p);
+#endif
   pthread_mutex_lock(&c->mu);
   block *b = c->spare;
   if (b) c->spare = b->next;

@@ -43,7 +43,7 @@ static int l_write_history(lua_State *L) {
 static int l_isatty(lua_State *L) { lua_pushboolean(L, isatty((int)luaL_optinteger(L, 1, 0))); return 1; }
 
 /* Finds the Lua tree and library next to the executable: the source tree
-   (build/gptlua with ../lua) or an install (bin/gptlua with
+   (build/gptlua with ../lua, build/sim/gptlua with ../../lua) or an install (bin/gptlua with
    ../share/gptlua/lua and ../lib). */
 static void locate(char *exe, char *root, char *libdir, size_t n) {
   ssize_t k = readlink("/proc/self/exe", exe, n - 1);
@@ -55,8 +55,13 @@ static void locate(char *exe, char *root, char *libdir, size_t n) {
   if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
   char probe[PATH_MAX + 64];
   snprintf(probe, sizeof probe, "%s/../lua/gptlua/init.lua", dir);
+  char probe2[PATH_MAX + 64];  /* build/sim/gptlua: the CUDA simulator build */
+  snprintf(probe2, sizeof probe2, "%s/../../lua/gptlua/init.lua", dir);
   if (file_exists(probe)) {
     snprintf(root, n, "%s/..", dir);
+    snprintf(libdir, n, "%s", dir);
+  } else if (file_exists(probe2)) {
+    snprintf(root, n, "%s/../..", dir);
     snprintf(libdir, n, "%s", dir);
   } else {
     snprintf(root, n, "%s/../share/gptlua", dir);

@@ -146,7 +146,7 @@ __device__ __forceinline__ void fa_key_range(const FlashParams &p, int64_t qt0, 
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
   typedef FaLd<D> L;
-  extern __shared__ __align__(128) unsigned char smem[];
+  GL_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16 *Qs = (bf16 *)smem;
   bf16 *Ks = Qs + FA_BR * L::Q;
   bf16 *Vs = Ks + FA_BC * L::Q;
@@ -249,7 +249,7 @@ __device__ __forceinline__ void fa_row_stats(const FlashParams &p, int64_t b, in
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS) flash_bwd_dkdv_kernel(FlashParams p) {
   typedef FaLd<D> L;
-  extern __shared__ __align__(128) unsigned char smem[];
+  GL_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16 *Ks = (bf16 *)smem;
   bf16 *Vs = Ks + FA_BC * L::Q;
   bf16 *Qs = Vs + FA_BC * L::Q;
@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_dkdv_kernel(FlashParams 
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS) flash_bwd_dq_kernel(FlashParams p) {
   typedef FaLd<D> L;
-  extern __shared__ __align__(128) unsigned char smem[];
+  GL_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16 *Qs = (bf16 *)smem;
   bf16 *dOs = Qs + FA_BR * L::Q;
   bf16 *Ks = dOs + FA_BR * L::Q;
@@ -374,7 +374,7 @@ template <int D> static int fa_forward(cudaStream_t st, FlashParams &p, int64_t 
   size_t smem = fa_fwd_smem<D>();
   GL_CU_CHECK(cudaFuncSetAttribute(flash_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   dim3 grid((unsigned)((p.T + FA_BR - 1) / FA_BR), (unsigned)p.H, (unsigned)B);
-  flash_fwd_kernel<D><<<grid, FA_THREADS, smem, st>>>(p);
+  GL_LAUNCH(grid, FA_THREADS, smem, st, flash_fwd_kernel<D>)(p);
   GL_CU_LAUNCHED();
   return GL_OK;
 }
@@ -383,10 +383,10 @@ template <int D> static int fa_backward(cudaStream_t st, FlashParams &p, int64_t
   GL_CU_CHECK(cudaFuncSetAttribute(flash_bwd_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1));
   GL_CU_CHECK(cudaFuncSetAttribute(flash_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
   dim3 g1((unsigned)((p.S + FA_BC - 1) / FA_BC), (unsigned)p.Hkv, (unsigned)B);
-  flash_bwd_dkdv_kernel<D><<<g1, FA_THREADS, s1, st>>>(p);
+  GL_LAUNCH(g1, FA_THREADS, s1, st, flash_bwd_dkdv_kernel<D>)(p);
   GL_CU_LAUNCHED();
   dim3 g2((unsigned)((p.T + FA_BR - 1) / FA_BR), (unsigned)p.H, (unsigned)B);
-  flash_bwd_dq_kernel<D><<<g2, FA_THREADS, s2, st>>>(p);
+  GL_LAUNCH(g2, FA_THREADS, s2, st, flash_bwd_dq_kernel<D>)(p);
   GL_CU_LAUNCHED();
   return GL_OK;
 }
@@ -407,7 +407,7 @@ __device__ __forceinline__ T fb_dot(const T *a, P x, int64_t off, int64_t st, in
 template <class P, class T>
 __global__ void attn_fwd_fallback_kernel(P q, Str4 qs, P k, Str4 ks, P v, Str4 vs, P o, Str4 os, AnyPtr lse,
                                          Str4 lss, AttnDims a, T scale) {
-  extern __shared__ __align__(16) unsigned char fb_smem[];
+  GL_DYNAMIC_SHARED(unsigned char, fb_smem, 16);
   T *qv = (T *)fb_smem, *acc = qv + a.D, *pr = acc + a.D;
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / a.G;
   const int64_t qo = b * qs.s[0] + h * qs.s[1] + t * qs.s[2];
@@ -448,7 +448,7 @@ __global__ void attn_fwd_fallback_kernel(P q, Str4 qs, P k, Str4 ks, P v, Str4 v
 template <class P, class T>
 __global__ void attn_dq_fallback_kernel(P dq, Str4 dqs, P dout, Str4 dos, P q, Str4 qs, P k, Str4 ks, P v, Str4 vs,
                                         AnyPtr lse, Str4 lss, const T *di, AttnDims a, T scale) {
-  extern __shared__ __align__(16) unsigned char fb_smem[];
+  GL_DYNAMIC_SHARED(unsigned char, fb_smem, 16);
   T *qv = (T *)fb_smem, *gv = qv + a.D, *acc = gv + a.D, *dsv = acc + a.D;
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / a.G;
   const int64_t qo = b * qs.s[0] + h * qs.s[1] + t * qs.s[2], go = b * dos.s[0] + h * dos.s[1] + t * dos.s[2];
@@ -491,7 +491,7 @@ template <class P, class T>
 __global__ void attn_dkdv_fallback_kernel(P dk, Str4 dks, P dv, Str4 dvs, P dout, Str4 dos, P q, Str4 qs, P k,
                                           Str4 ks, P v, Str4 vs, AnyPtr lse, Str4 lss, const T *di, AttnDims a,
                                           T scale) {
-  extern __shared__ __align__(16) unsigned char fb_smem[];
+  GL_DYNAMIC_SHARED(unsigned char, fb_smem, 16);
   T *kv = (T *)fb_smem, *vv = kv + a.D, *dka = vv + a.D, *dva = dka + a.D, *pv = dva + a.D, *dsv = pv + blockDim.x;
   const int64_t s = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int64_t ko = b * ks.s[0] + hk * ks.s[1] + s * ks.s[2], vo = b * vs.s[0] + hk * vs.s[1] + s * vs.s[2];
@@ -580,7 +580,7 @@ extern "C" int cuda_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_t
     using T = decltype(t);
     size_t sm = (size_t)(2 * D + FB_THREADS) * sizeof(T);
     if (sm > 48 * 1024) return gl_error("cuda_attention_forward: head dim %lld is too large", (long long)D);
-    attn_fwd_fallback_kernel<P, T><<<dim3((unsigned)T_, (unsigned)H, (unsigned)B), FB_THREADS, sm, st>>>(
+    GL_LAUNCH(dim3((unsigned)T_, (unsigned)H, (unsigned)B), FB_THREADS, sm, st, attn_fwd_fallback_kernel<P, T>)(
         P::from(q), str4(q), P::from(k), str4(k), P::from(v), str4(v), P::from(out), str4(out), AnyPtr::from(lse),
         lse_str(lse), a, (T)scale);
     GL_CU_LAUNCHED();
@@ -611,7 +611,7 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     using T = decltype(t);
     if (sizeof(T) != (wide ? 8u : 4u)) return gl_error("cuda_attention_backward: dout / out dtype mismatch");
     unsigned blocks = (unsigned)((rows * 32 + 255) / 256);
-    attn_di_kernel<P, T><<<blocks, 256, 0, st>>>(di.ptr<T>(), P::from(dout), str4(dout), P::from(out), str4(out), H,
+    GL_LAUNCH(blocks, 256, 0, st, attn_di_kernel<P, T>)(di.ptr<T>(), P::from(dout), str4(dout), P::from(out), str4(out), H,
                                                 T_, D, rows);
     GL_CU_LAUNCHED();
     return GL_OK;
@@ -636,11 +636,11 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     if (sizeof(T) != (wide ? 8u : 4u)) return gl_error("cuda_attention_backward: operands of mixed dtypes");
     size_t s1 = (size_t)(3 * D + FB_THREADS) * sizeof(T), s2 = (size_t)(4 * D + 2 * FB_THREADS) * sizeof(T);
     if (s2 > 48 * 1024) return gl_error("cuda_attention_backward: head dim %lld is too large", (long long)D);
-    attn_dq_fallback_kernel<P, T><<<dim3((unsigned)T_, (unsigned)H, (unsigned)B), FB_THREADS, s1, st>>>(
+    GL_LAUNCH(dim3((unsigned)T_, (unsigned)H, (unsigned)B), FB_THREADS, s1, st, attn_dq_fallback_kernel<P, T>)(
         P::from(dq), str4(dq), P::from(dout), str4(dout), P::from(q), str4(q), P::from(k), str4(k), P::from(v),
         str4(v), AnyPtr::from(lse), lse_str(lse), di.ptr<T>(), a, (T)scale);
     GL_CU_LAUNCHED();
-    attn_dkdv_fallback_kernel<P, T><<<dim3((unsigned)S, (unsigned)Hkv, (unsigned)B), FB_THREADS, s2, st>>>(
+    GL_LAUNCH(dim3((unsigned)S, (unsigned)Hkv, (unsigned)B), FB_THREADS, s2, st, attn_dkdv_fallback_kernel<P, T>)(
         P::from(dk), str4(dk), P::from(dv), str4(dv), P::from(dout), str4(dout), P::from(q), str4(q), P::from(k),
         str4(k), P::from(v), str4(v), AnyPtr::from(lse), lse_str(lse), di.ptr<T>(), a, (T)scale);
     GL_CU_LAUNCHED();

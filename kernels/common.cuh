@@ -36,6 +36,30 @@ extern "C" {
 #include "backend.h"
 }
 
+/* ---- the forms both compilers accept ------------------------------------- */
+/* kernels/*.cu build unchanged with nvcc for a GPU and with the host C++
+   compiler for the CUDA simulator (kernels/sim/, `make sim`), whose headers
+   stand in for the toolkit's and define GL_SIM.  Three constructs differ
+   between the two, so kernels write them only through these macros:
+     GL_LAUNCH(grid, block, smem, stream, kernel<T>)(args...);   a launch
+     GL_SHARED(T, name, [dims]);        a static __shared__ array
+     GL_DYNAMIC_SHARED(T, name, align); the extern __shared__ buffer
+   In the simulator a launch runs the grid on CPU fibers and shared memory
+   lives in a per-block arena that is poisoned (0xFF) at every block start. */
+#ifdef GL_SIM
+#define GL_LAUNCH(grid, block, smem, stream, ...) \
+  gl_sim_launcher(#__VA_ARGS__, __VA_ARGS__, grid, block, smem, stream)
+#define GL_SHARED(T, name, dims)                                                  \
+  static gl_sim_shared_slot gl_sim_slot_##name;                                 \
+  T(&name) dims = *reinterpret_cast<T(*) dims>(                                  \
+      gl_sim_static_shared(&gl_sim_slot_##name, sizeof(T dims), alignof(T)))
+#define GL_DYNAMIC_SHARED(T, name, align) T *name = (T *)gl_sim_dynamic_shared(align)
+#else
+#define GL_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define GL_SHARED(T, name, dims) __shared__ T name dims
+#define GL_DYNAMIC_SHARED(T, name, align) extern __shared__ __align__(align) T name[]
+#endif
+
 /* ---- the check macro ---------------------------------------------------- */
 static inline bool cu_ok(cudaError_t e) { return e == cudaSuccess; }
 static inline bool cu_ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
@@ -311,7 +335,7 @@ template <class T, class Op> __device__ __forceinline__ T cu_warp_reduce(T v, Op
    thread gets the result.  Safe to call repeatedly: the first barrier keeps
    a new call from overwriting partials the previous one is still reading. */
 template <class T, class Op> __device__ __forceinline__ T cu_block_reduce(T v, Op op, T identity) {
-  __shared__ T partial[32];
+  GL_SHARED(T, partial, [32]);
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   v = cu_warp_reduce(v, op);
   __syncthreads();

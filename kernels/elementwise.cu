@@ -191,7 +191,7 @@ extern "C" int cuda_unary(int op, gl_tensor *out, const gl_tensor *x, double p0,
   return cu_dispatch({out, x}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    unary_kernel<P, T><<<cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st>>>(
+    GL_LAUNCH(cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st, unary_kernel<P, T>)(
         op, P::from(out), P::from(x), ix, n, (T)p0, (T)p1);
     GL_CU_LAUNCHED();
     return GL_OK;
@@ -210,7 +210,7 @@ extern "C" int cuda_unary_backward(int op, gl_tensor *dx, const gl_tensor *dy, c
   return cu_dispatch({dx, dy, x}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    unary_backward_kernel<P, T><<<cu_blocks(dx->device, n, EW_THREADS), EW_THREADS, 0, st>>>(
+    GL_LAUNCH(cu_blocks(dx->device, n, EW_THREADS), EW_THREADS, 0, st, unary_backward_kernel<P, T>)(
         op, P::from(dx), P::from(dy), P::from(x), ix, n, (T)p0, (T)p1);
     GL_CU_LAUNCHED();
     return GL_OK;
@@ -227,7 +227,7 @@ extern "C" int cuda_binary(int op, gl_tensor *out, const gl_tensor *a, const gl_
   return cu_dispatch({out, a, b}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    binary_kernel<P, T><<<cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st>>>(
+    GL_LAUNCH(cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st, binary_kernel<P, T>)(
         op, P::from(out), P::from(a), P::from(b), ix, n);
     GL_CU_LAUNCHED();
     return GL_OK;
@@ -243,7 +243,7 @@ extern "C" int cuda_where(gl_tensor *out, const gl_tensor *cond, const gl_tensor
   return cu_dispatch({out, cond, a, b}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    where_kernel<P, T><<<cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st>>>(
+    GL_LAUNCH(cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st, where_kernel<P, T>)(
         P::from(out), P::from(cond), P::from(a), P::from(b), ix, n);
     GL_CU_LAUNCHED();
     return GL_OK;
@@ -258,7 +258,7 @@ template <class U> static int copy_bits(gl_tensor *dst, const gl_tensor *src, cu
                                 cudaMemcpyDeviceToDevice, st));
     return GL_OK;
   }
-  copy_bits_kernel<U><<<cu_blocks(dst->device, n, EW_THREADS), EW_THREADS, 0, st>>>(
+  GL_LAUNCH(cu_blocks(dst->device, n, EW_THREADS), EW_THREADS, 0, st, copy_bits_kernel<U>)(
       (U *)cu_ptr(dst), (const U *)cu_ptr(src), ix, n);
   GL_CU_LAUNCHED();
   return GL_OK;
@@ -276,7 +276,7 @@ extern "C" int cuda_copy(gl_tensor *dst, const gl_tensor *src) {
   if (dst->dtype == src->dtype)
     return cu_with_bits(dst->dtype, [&](auto u) -> int { return copy_bits<decltype(u)>(dst, src, st); });
   CuIdx<2> ix = cu_idx_of<2>({dst, src});
-  copy_convert_kernel<<<cu_blocks(dst->device, n, EW_THREADS), EW_THREADS, 0, st>>>(
+  GL_LAUNCH(cu_blocks(dst->device, n, EW_THREADS), EW_THREADS, 0, st, copy_convert_kernel)(
       AnyPtr::from(dst), AnyPtr::from(src), ix, n);
   GL_CU_LAUNCHED();
   return GL_OK;
@@ -300,7 +300,7 @@ extern "C" int cuda_fill(gl_tensor *t, double value) {
     using U = decltype(u);
     U v;
     memcpy(&v, &bits, sizeof v);
-    fill_bits_kernel<U><<<cu_blocks(t->device, n, EW_THREADS), EW_THREADS, 0, st>>>((U *)cu_ptr(t), v, ix, n);
+    GL_LAUNCH(cu_blocks(t->device, n, EW_THREADS), EW_THREADS, 0, st, fill_bits_kernel<U>)((U *)cu_ptr(t), v, ix, n);
     GL_CU_LAUNCHED();
     return GL_OK;
   });
@@ -312,7 +312,7 @@ static int rand_fill(gl_tensor *t, uint64_t seed, uint64_t offset, double a, dou
   cudaStream_t st;
   GL_TRY(cu_begin(t->device, &st));
   CuIdx<1> ix = cu_idx_of<1>({t});
-  rand_kernel<<<cu_blocks(t->device, n, EW_THREADS), EW_THREADS, 0, st>>>(AnyPtr::from(t), ix, n, seed, offset,
+  GL_LAUNCH(cu_blocks(t->device, n, EW_THREADS), EW_THREADS, 0, st, rand_kernel)(AnyPtr::from(t), ix, n, seed, offset,
                                                                          a, b, normal);
   GL_CU_LAUNCHED();
   return GL_OK;
@@ -351,7 +351,7 @@ extern "C" int cuda_dropout(gl_tensor *out, const gl_tensor *x, double p, uint64
     using P = decltype(pp);
     using T = decltype(t);
     T scale = keep > 0 ? (T)(1 / keep) : (T)0;
-    dropout_kernel<P, T><<<cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st>>>(
+    GL_LAUNCH(cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st, dropout_kernel<P, T>)(
         P::from(out), P::from(x), ix, n, seed, offset, p, scale);
     GL_CU_LAUNCHED();
     return GL_OK;
@@ -394,7 +394,7 @@ extern "C" int cuda_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *co
   return cu_dispatch({out, x, cos, sin}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    rope_kernel<P, T><<<cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st>>>(
+    GL_LAUNCH(cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st, rope_kernel<P, T>)(
         P::from(out), P::from(x), P::from(cos), P::from(sin), sd, n, T_, H, half, inverse ? (T)-1 : (T)1);
     GL_CU_LAUNCHED();
     return GL_OK;

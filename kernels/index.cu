@@ -38,7 +38,7 @@ int cu_check_ids(const char *fn, const char *arg, const gl_tensor *ids, int64_t 
   unsigned long long *flag;
   GL_TRY(cu_flag_reset(dev, st, 0xff, &flag));  /* word 0 = first bad position, all ones = none */
   CuIdx<1> ix = cu_idx_of<1>({ids});
-  check_ids_kernel<<<cu_blocks(dev, n, 256), 256, 0, st>>>(IdxPtr::from(ids), ix, n, limit, has_ignore, ignore,
+  GL_LAUNCH(cu_blocks(dev, n, 256), 256, 0, st, check_ids_kernel)(IdxPtr::from(ids), ix, n, limit, has_ignore, ignore,
                                                           flag, packed);
   GL_CU_LAUNCHED();
   long long words[2];
@@ -84,7 +84,7 @@ extern "C" int cuda_embedding_forward(gl_tensor *out, const gl_tensor *table, co
   int64_t ocs = out->stride[ids->ndim];
   return cu_with_bits(table->dtype, [&](auto u) -> int {
     using U = decltype(u);
-    embedding_forward_kernel<U><<<cu_blocks(out->device, n * C, 256), 256, 0, st>>>(
+    GL_LAUNCH(cu_blocks(out->device, n * C, 256), 256, 0, st, embedding_forward_kernel<U>)(
         (U *)cu_ptr(out), (const U *)cu_ptr(table), IdxPtr::from(ids), ix, n, C, ocs, table->stride[0],
         table->stride[1]);
     GL_CU_LAUNCHED();
@@ -100,9 +100,9 @@ template <class P, class T>
 __global__ void __launch_bounds__(EMB_THREADS)
 embedding_backward_kernel(P dtable, P dout, const int32_t *ids, int64_t n, CuIdx<1> drow, int64_t V, int64_t C,
                           int64_t ts0, int64_t tcs, int64_t dcs) {
-  __shared__ int64_t s_off[EMB_THREADS];
-  __shared__ int s_row[EMB_THREADS];
-  __shared__ int s_count[EMB_THREADS / 32];
+  GL_SHARED(int64_t, s_off, [EMB_THREADS]);
+  GL_SHARED(int, s_row, [EMB_THREADS]);
+  GL_SHARED(int, s_count, [EMB_THREADS / 32]);
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
   int64_t lo = (int64_t)blockIdx.x * EMB_ROWS;
   int64_t c = (int64_t)blockIdx.y * blockDim.x + tid;
@@ -166,7 +166,7 @@ extern "C" int cuda_embedding_backward(gl_tensor *dtable, const gl_tensor *dout,
   return cu_dispatch({dtable, dout}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    embedding_backward_kernel<P, T><<<grid, threads, 0, st>>>(P::from(dtable), P::from(dout),
+    GL_LAUNCH(grid, threads, 0, st, embedding_backward_kernel<P, T>)(P::from(dtable), P::from(dout),
                                                               packed.ptr<int32_t>(), n, drow, V, C,
                                                               dtable->stride[0], dtable->stride[1], dcs);
     GL_CU_LAUNCHED();
@@ -226,7 +226,7 @@ static int gather_common(const char *fn, gl_tensor *out, const gl_tensor *x, int
   IndexGeo g = index_geo(out, idx, idx_is_1d, x, dim);
   return cu_with_bits(x->dtype, [&](auto u) -> int {
     using U = decltype(u);
-    gather_kernel<U><<<cu_blocks(out->device, n, 256), 256, 0, st>>>((U *)cu_ptr(out), (const U *)cu_ptr(x),
+    GL_LAUNCH(cu_blocks(out->device, n, 256), 256, 0, st, gather_kernel<U>)((U *)cu_ptr(out), (const U *)cu_ptr(x),
                                                                      IdxPtr::from(idx), g, n);
     GL_CU_LAUNCHED();
     return GL_OK;
@@ -273,7 +273,7 @@ static int scatter_common(const char *fn, gl_tensor *out, int dim, const gl_tens
   return cu_dispatch({out, src}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    scatter_lines_kernel<P, T><<<cu_blocks(out->device, npos, 128), 128, 0, st>>>(P::from(out), P::from(src),
+    GL_LAUNCH(cu_blocks(out->device, npos, 128), 128, 0, st, scatter_lines_kernel<P, T>)(P::from(out), P::from(src),
                                                                                 IdxPtr::from(idx), g, npos);
     GL_CU_LAUNCHED();
     return GL_OK;

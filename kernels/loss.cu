@@ -80,7 +80,7 @@ extern "C" int cuda_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, con
   return cu_dispatch({logits}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    ce_forward_kernel<P, T><<<cu_row_grid(N), threads, 0, st>>>(
+    GL_LAUNCH(cu_row_grid(N), threads, 0, st, ce_forward_kernel<P, T>)(
         AnyPtr::from(losses), losses->stride[0], AnyPtr::from(lse), lse ? lse->stride[0] : 0, P::from(logits),
         logits->stride[0], logits->stride[1], IdxPtr::from(targets), targets->stride[0], N, V, ignore_index,
         (T)softcap);
@@ -101,7 +101,7 @@ extern "C" int cuda_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *
   return cu_dispatch({dlogits, logits}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    ce_backward_kernel<P, T><<<cu_row_grid(N), threads, 0, st>>>(
+    GL_LAUNCH(cu_row_grid(N), threads, 0, st, ce_backward_kernel<P, T>)(
         P::from(dlogits), dlogits->stride[0], dlogits->stride[1], P::from(logits), logits->stride[0],
         logits->stride[1], IdxPtr::from(targets), targets->stride[0], AnyPtr::from(lse), lse->stride[0], N, V,
         ignore_index, (T)softcap, (T)scale);

@@ -183,7 +183,8 @@ struct GemmStrides { int64_t a0, a1, b0, b1, o0, o1; };
 template <class P, class T>
 __global__ void gemm_fallback_kernel(P out, P a, P b, CuIdx<3> batch, int64_t nbatch, int64_t M, int64_t N,
                                      int64_t K, GemmStrides s, T alpha, T beta) {
-  __shared__ T As[FB_TILE][FB_TILE + 1], Bs[FB_TILE][FB_TILE + 1];
+  GL_SHARED(T, As, [FB_TILE][FB_TILE + 1]);
+  GL_SHARED(T, Bs, [FB_TILE][FB_TILE + 1]);
   const int ty = threadIdx.x / FB_TILE, tx = threadIdx.x % FB_TILE;
   const int64_t row = (int64_t)blockIdx.y * FB_TILE + ty, col = (int64_t)blockIdx.x * FB_TILE + tx;
   for (int64_t bi = blockIdx.z; bi < nbatch; bi += gridDim.z) {
@@ -222,7 +223,7 @@ static int gemm_fallback(cudaStream_t st, gl_tensor *out, const gl_tensor *a, co
   return cu_dispatch({out, a, b}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    gemm_fallback_kernel<P, T><<<grid, FB_TILE * FB_TILE, 0, st>>>(P::from(out), P::from(a), P::from(b), batch,
+    GL_LAUNCH(grid, FB_TILE * FB_TILE, 0, st, gemm_fallback_kernel<P, T>)(P::from(out), P::from(a), P::from(b), batch,
                                                                    nbatch, M, N, K, s, (T)alpha, (T)beta);
     GL_CU_LAUNCHED();
     return GL_OK;

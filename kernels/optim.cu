@@ -37,7 +37,7 @@ extern "C" int cuda_adamw_update(gl_tensor *param, const gl_tensor *grad, gl_ten
   return cu_dispatch({param, grad, m, v}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    adamw_kernel<P, T><<<cu_blocks(param->device, len, 256), 256, 0, st>>>(
+    GL_LAUNCH(cu_blocks(param->device, len, 256), 256, 0, st, adamw_kernel<P, T>)(
         P::from(param), P::from(grad), P::from(m), P::from(v), start, len, (T)(lr * weight_decay), (T)(lr / bc1),
         (T)(1 / bc2), (T)eps, (T)beta1, (T)beta2, (T)(1 - beta1), (T)(1 - beta2));
     GL_CU_LAUNCHED();
@@ -66,7 +66,7 @@ extern "C" int cuda_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_ten
   return cu_dispatch({out, buf, grad}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    momentum_kernel<P, T><<<cu_blocks(buf->device, len, 256), 256, 0, st>>>(
+    GL_LAUNCH(cu_blocks(buf->device, len, 256), 256, 0, st, momentum_kernel<P, T>)(
         P::from(out), P::from(buf), P::from(grad), start, len, (T)mu, (T)(1 - mu), nesterov);
     GL_CU_LAUNCHED();
     return GL_OK;

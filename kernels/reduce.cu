@@ -140,16 +140,16 @@ extern "C" int cuda_reduce(int op, gl_tensor *out, const gl_tensor *x, uint32_t 
     dim3 grid;
     if (by_block) {
       grid = dim3((unsigned)nout, (unsigned)splits);
-      reduce_block_kernel<P, T><<<grid, RED_THREADS, 0, st>>>(op, AnyPtr::from(out), pp, P::from(x), kept, red,
+      GL_LAUNCH(grid, RED_THREADS, 0, st, reduce_block_kernel<P, T>)(op, AnyPtr::from(out), pp, P::from(x), kept, red,
                                                               rlen, chunk);
     } else {
       grid = dim3((unsigned)cdiv(nout, RED_THREADS), (unsigned)splits);
-      reduce_thread_kernel<P, T><<<grid, RED_THREADS, 0, st>>>(op, AnyPtr::from(out), pp, P::from(x), kept, red,
+      GL_LAUNCH(grid, RED_THREADS, 0, st, reduce_thread_kernel<P, T>)(op, AnyPtr::from(out), pp, P::from(x), kept, red,
                                                                nout, rlen, chunk);
     }
     GL_CU_LAUNCHED();
     if (splits > 1) {
-      reduce_finish_kernel<T><<<cu_blocks(dev, nout, RED_THREADS), RED_THREADS, 0, st>>>(
+      GL_LAUNCH(cu_blocks(dev, nout, RED_THREADS), RED_THREADS, 0, st, reduce_finish_kernel<T>)(
           op, AnyPtr::from(out), pp, kept, nout, rlen, (int)splits);
       GL_CU_LAUNCHED();
     }
@@ -173,8 +173,8 @@ template <class T> __device__ __forceinline__ bool arg_better(T v, int64_t i, T 
 template <class P, class T>
 __global__ void max_dim_kernel(AnyPtr out, int64_t *indices, P x, CuIdx<3> kept, int64_t nout, int64_t L,
                                int64_t xs, int by_block) {
-  __shared__ T sv[32];
-  __shared__ int64_t si[32];
+  GL_SHARED(T, sv, [32]);
+  GL_SHARED(int64_t, si, [32]);
   int64_t o = by_block ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (o >= nout) return;  /* uniform per block when by_block */
   int64_t off[3];
@@ -230,7 +230,7 @@ extern "C" int cuda_reduce_max_dim(gl_tensor *out, gl_tensor *indices, const gl_
   auto run = [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    max_dim_kernel<P, T><<<grid, RED_THREADS, 0, st>>>(AnyPtr::from(out), (int64_t *)cu_ptr(indices), P::from(x),
+    GL_LAUNCH(grid, RED_THREADS, 0, st, max_dim_kernel<P, T>)(AnyPtr::from(out), (int64_t *)cu_ptr(indices), P::from(x),
                                                        kept, nout, L, xs, by_block);
     GL_CU_LAUNCHED();
     return GL_OK;
@@ -270,12 +270,12 @@ extern "C" int cuda_sumsq(const gl_tensor *x, double *out) {
   double *pp = partial.ptr<double>();
   int rc = cu_dispatch({x}, [&](auto p, auto) -> int {
     using P = decltype(p);
-    sumsq_partial_kernel<P><<<blocks, RED_THREADS, 0, st>>>(pp, P::from(x), ix, n);
+    GL_LAUNCH(blocks, RED_THREADS, 0, st, sumsq_partial_kernel<P>)(pp, P::from(x), ix, n);
     GL_CU_LAUNCHED();
     return GL_OK;
   });
   GL_TRY(rc);
-  sumsq_final_kernel<<<1, 1024, 0, st>>>(pp, (int)blocks);
+  GL_LAUNCH(1, 1024, 0, st, sumsq_final_kernel)(pp, (int)blocks);
   GL_CU_LAUNCHED();
   GL_CU_CHECK(cudaMemcpyAsync(out, pp, sizeof(double), cudaMemcpyDeviceToHost, st));
   GL_CU_CHECK(cudaStreamSynchronize(st));

@@ -87,7 +87,7 @@ extern "C" int cuda_softmax(gl_tensor *out, const gl_tensor *x, int log) {
   return cu_dispatch({out, x}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    softmax_kernel<P, T><<<cu_row_grid(rows), threads, 0, st>>>(P::from(out), P::from(x), ix, rows, C,
+    GL_LAUNCH(cu_row_grid(rows), threads, 0, st, softmax_kernel<P, T>)(P::from(out), P::from(x), ix, rows, C,
                                                              last_stride(out), last_stride(x), log);
     GL_CU_LAUNCHED();
     return GL_OK;
@@ -104,7 +104,7 @@ extern "C" int cuda_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl
   return cu_dispatch({dx, y, dy}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    softmax_backward_kernel<P, T><<<cu_row_grid(rows), threads, 0, st>>>(
+    GL_LAUNCH(cu_row_grid(rows), threads, 0, st, softmax_backward_kernel<P, T>)(
         P::from(dx), P::from(y), P::from(dy), ix, rows, C, last_stride(dx), last_stride(y), last_stride(dy), log);
     GL_CU_LAUNCHED();
     return GL_OK;
@@ -200,7 +200,7 @@ static void launch_norm_forward(cudaStream_t st, gl_tensor *y, gl_tensor *mean, 
                                 const gl_tensor *x, const gl_tensor *w, const gl_tensor *b, double eps) {
   int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
   CuIdx<4> ix = row_idx<4>(x, {y, x, mean, rstd});
-  norm_forward_kernel<P, T, CENTER><<<cu_row_grid(rows), cu_row_threads(C), 0, st>>>(
+  GL_LAUNCH(cu_row_grid(rows), cu_row_threads(C), 0, st, norm_forward_kernel<P, T, CENTER>)(
       P::from(y), P::from(x), P::from(w), P::from(b), AnyPtr::from(mean), AnyPtr::from(rstd), ix, rows, C,
       last_stride(y), last_stride(x), last_stride(w), last_stride(b), (T)eps);
 }
@@ -226,7 +226,7 @@ static void launch_norm_backward(cudaStream_t st, unsigned blocks, T *part, gl_t
                                  const gl_tensor *rstd) {
   int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
   CuIdx<5> ix = row_idx<5>(x, {dx, dy, x, mean, rstd});
-  norm_backward_kernel<P, T, CENTER><<<blocks, cu_row_threads(C), 0, st>>>(
+  GL_LAUNCH(blocks, cu_row_threads(C), 0, st, norm_backward_kernel<P, T, CENTER>)(
       P::from(dx), P::from(dy), P::from(x), P::from(w), AnyPtr::from(mean), AnyPtr::from(rstd), part, ix, rows,
       C, last_stride(dx), last_stride(dy), last_stride(x), last_stride(w));
 }
@@ -253,7 +253,7 @@ static int norm_backward(gl_tensor *dx, gl_tensor *dw, gl_tensor *db, const gl_t
     else launch_norm_backward<P, T, false>(st, blocks, pp, dx, dy, x, w, mean, rstd);
     GL_CU_LAUNCHED();
     if (need_params) {
-      norm_param_grad_kernel<T><<<cu_blocks(dev, C, 256), 256, 0, st>>>(
+      GL_LAUNCH(cu_blocks(dev, C, 256), 256, 0, st, norm_param_grad_kernel<T>)(
           AnyPtr::from(dw), dw ? dw->stride[0] : 0, AnyPtr::from(db), db ? db->stride[0] : 0, pp, (int)blocks, C);
       GL_CU_LAUNCHED();
     }

@@ -92,4 +92,19 @@ void gl_sim_warp_collective(unsigned mask, const char *op, uint64_t key, void *m
 /* the calling simulated thread's lane (threadIdx linear % 32) */
 int gl_sim_lane(void);
 
+/* ---- added by runtime.cpp (helper B): the stream check's blind spot ---------
+   RAII: device memory touched inside is neither recorded nor checked by the
+   stream-order check (GL_SIM_STREAMCHECK).  For simulator bookkeeping that
+   touches memory the work item itself does not, e.g. the race mode's
+   snapshots and restores of every allocation, which would otherwise count
+   as accesses of the kernel and clash with other streams' work.  On exit
+   the pages opened inside are closed again, so the item's own later
+   accesses are still seen.  Nestable; use inside a device context. */
+struct gl_sim_untracked_scope {
+  gl_sim_untracked_scope();
+  ~gl_sim_untracked_scope();
+  gl_sim_untracked_scope(const gl_sim_untracked_scope &) = delete;
+  gl_sim_untracked_scope &operator=(const gl_sim_untracked_scope &) = delete;
+};
+
 #endif

@@ -51,8 +51,9 @@
  *    kernels on Hopper use workspace), so a matmul given less workspace than
  *    the preference allowed fails with CUBLAS_STATUS_INVALID_VALUE (the
  *    real status for "workspaceSizeInBytes is less than workspace required
- *    by configured algo").  The work scribbles over that workspace, so data
- *    kept in it, or a workspace shared with concurrent work, shows up.
+ *    by configured algo").  The work scribbles over the ends of that
+ *    workspace, so data kept in it, or a workspace shared by work on
+ *    unordered streams (the runtime's stream-order check), shows up.
  *  - Type combinations (cuBLASLt's table for regular types): 16BF x 16BF ->
  *    16BF or 32F and 16F x 16F -> 16F or 32F with 32F compute, 32F with 32F
  *    compute or a FAST mode, 64F with 64F compute; scale type 32F / 64F to
@@ -1068,7 +1069,13 @@ static void run_job(const Job &j) {
   }
   if (j.algo.workspace > 0) {
     if (!check_extent("the workspace", j.workspace, (int64_t)j.algo.workspace)) return;
-    memset(j.workspace, 0xcb, (size_t)j.algo.workspace);  /* the algorithm's scratch */
+    /* the algorithm's scratch: its first and last 4 KiB are overwritten
+       (not all of it: every page touched costs a fault in the runtime's
+       access checks), enough for data kept there, or a workspace shared
+       by unordered streams, to show */
+    size_t ws = (size_t)j.algo.workspace, part = std::min<size_t>(ws, 4096);
+    memset(j.workspace, 0xcb, part);
+    memset(j.workspace + ws - part, 0xcb, part);
   }
   if (q.f64) compute<double>(j);
   else compute<float>(j);

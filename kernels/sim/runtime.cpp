@@ -60,8 +60,6 @@
 #include "sim.h"
 #include "runtime_api.h"
 
-#define TLS_IE __attribute__((tls_model("initial-exec")))
-
 enum { MAX_DEVICES = 16, READER_SLOTS = 3, FREED_RING = 256 };
 static const size_t PAGE = 4096;
 
@@ -340,7 +338,10 @@ struct Alloc {
   PageRec *pages = nullptr;        /* per data page (stream check only) */
 };
 
-struct FreedRange { uintptr_t begin, end; size_t size; int device; };
+/* A freed allocation in quarantine: its mapping stays reserved (PROT_NONE,
+   pages discarded) until FREED_RING later frees, so its addresses cannot be
+   handed to anyone else meanwhile and a use after free is recognised. */
+struct FreedRange { uintptr_t begin, end; size_t size; int device; uintptr_t map_begin, map_end; };
 
 /* The allocation table: sorted by map_begin, searched by the fault handler
    without allocating.  A spinlock (the handler cannot block on a mutex the
@@ -433,9 +434,11 @@ struct ItemCtx {
   const uint64_t *clock;
   size_t nclock;
 };
-static thread_local int tls_depth TLS_IE = 0;         /* device scopes entered */
-static thread_local int tls_untracked TLS_IE = 0;     /* gl_sim_untracked_scope depth */
-static thread_local ItemCtx *tls_item TLS_IE = nullptr;
+/* (the library is dlopen'd by LuaJIT, so these use the default TLS model;
+   a thread reaching the fault handler has normally touched them already) */
+static thread_local int tls_depth = 0;         /* device scopes entered */
+static thread_local int tls_untracked = 0;     /* gl_sim_untracked_scope depth */
+static thread_local ItemCtx *tls_item = nullptr;
 
 static struct sigaction old_segv;
 static void on_segv(int sig, siginfo_t *si, void *uctx);
@@ -1124,6 +1127,7 @@ extern "C" cudaError_t cudaFree(void *dev_ptr) {
   /* as the real cudaFree: wait for the device, so queued work never runs on freed memory */
   host_wait_device(dev);
   Alloc *al = nullptr;
+  FreedRange evicted{};
   char msg[512];
   msg[0] = 0;
   {
@@ -1142,13 +1146,18 @@ extern "C" cudaError_t cudaFree(void *dev_ptr) {
         snprintf(msg, sizeof msg, "out-of-bounds write found at cudaFree: %ld bytes %s a %zu-byte allocation of cuda:%d",
                  where < 0 ? -where : where, where < 0 ? "before the start of" : "past the end of", al->size,
                  al->device);
-      freed_ring[freed_next % FREED_RING] = FreedRange{al->begin, al->data_end, al->size, al->device};
+      evicted = freed_ring[freed_next % FREED_RING];
+      freed_ring[freed_next % FREED_RING] =
+          FreedRange{al->begin, al->data_end, al->size, al->device, al->map_begin, al->map_end};
       freed_next++;
     }
   }
   if (!al) return api_error(cudaErrorInvalidValue, "cudaFree: %p was freed by another thread", dev_ptr);
   if (msg[0]) fail_msg(cudaErrorIllegalAddress, msg);
-  munmap((void *)al->map_begin, al->map_end - al->map_begin);
+  /* quarantine: keep the range reserved, give the memory back */
+  mprotect((void *)al->map_begin, al->map_end - al->map_begin, PROT_NONE);
+  madvise((void *)al->map_begin, al->map_end - al->map_begin, MADV_DONTNEED);
+  if (evicted.map_end > evicted.map_begin) munmap((void *)evicted.map_begin, evicted.map_end - evicted.map_begin);
   R.in_use[al->device].fetch_sub((al->size + 255) & ~(size_t)255);
   free(al->pages);
   delete al;

@@ -273,8 +273,15 @@ describe('simulated cuBLASLt: faults inside the work (sticky errors) #cuda #sim'
   end)
 end)
 
-describe('simulated cuBLASLt: the engine falls back when there is no algorithm #cuda #sim', function()
-  sim_it('matmul.cu computes with its GEMM kernel, same results', function()
+describe('simulated cuBLASLt: the engine\'s matmul #cuda #sim', function()
+  sim_it('goes through cuBLASLt without a refusal', function()
+    local out, err, st = sh(('%s spec/sim/cublaslt_fallback.lua'):format(EXE))
+    assert(st == 0, ('exit %s\nstdout %s\nstderr %s'):format(tostring(st), out, err))
+    assert.equal(9, select(2, out:gsub(' ok\n', '')), out)
+    assert(not err:find('gptlua cuda-sim', 1, true), err)
+  end)
+
+  sim_it('falls back to matmul.cu\'s GEMM kernel when there is no algorithm, same results', function()
     local out, err, st = sh(('GL_SIM_CUBLASLT_NO_ALGO=1 %s spec/sim/cublaslt_fallback.lua'):format(EXE))
     assert(st == 0, ('exit %s\nstdout %s\nstderr %s'):format(tostring(st), out, err))
     local cases = select(2, out:gsub(' ok\n', ''))

@@ -1,9 +1,11 @@
--- The engine's matmul when cuBLASLt has no algorithm: run with
+-- The engine's matmul on cuda:0 against the CPU, batched, transposed, with
+-- alpha / beta, in float32, bfloat16 and float64.  Run with
 -- GL_SIM_CUBLASLT_NO_ALGO=1, every cublasLtMatmulAlgoGetHeuristic answers
 -- "no algorithm" and kernels/matmul.cu must compute with its fallback GEMM
--- kernel.  Prints each case's max |cuda - cpu| relative to the result's
--- scale and exits 0 when all are within the dtype's tolerance, 1 if not.
--- Run by spec/sim_cublaslt_spec.lua.
+-- kernel; without it the products go through the simulated cuBLASLt.
+-- Prints each case's max |cuda - cpu| relative to the result's scale and
+-- exits 0 when all are within the dtype's tolerance, 1 if not.  Run by
+-- spec/sim_cublaslt_spec.lua.
 local gl = require 'gptlua'
 local lib = gl.lib
 local TOL = { float32 = 1e-5, bfloat16 = 1e-2, float64 = 1e-10 }

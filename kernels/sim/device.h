@@ -44,20 +44,27 @@
 /* __restrict__ is a GNU keyword already. */
 
 /* ---- built-in variables ------------------------------------------------- */
-/* What device code can read about the simulated thread that is running.
-   The scheduler points gl_sim_self at the running thread's record at every
-   fiber switch; initial-exec TLS makes a read one instruction. */
+/* What device code can read about the simulated thread that is running and
+   its block.  The scheduler points gl_sim_self at the running thread's
+   record at every fiber switch and gl_sim_block at the block's at every
+   block start.  Plain globals, not thread-locals: one kernel runs at a time
+   in the process (exec.cpp serializes them), and libgptlua.so's thread-local
+   block is too large for the initial-exec model a dlopen'd library would
+   need to make a thread-local read cheap. */
 struct gl_sim_thread_ctx {
   uint3 thread_idx;
+};
+struct gl_sim_block_ctx {
   uint3 block_idx;
   dim3 block_dim;
   dim3 grid_dim;
 };
-extern __thread const gl_sim_thread_ctx *gl_sim_self __attribute__((tls_model("initial-exec")));
+extern const gl_sim_thread_ctx *gl_sim_self;
+extern const gl_sim_block_ctx *gl_sim_block;
 #define threadIdx (gl_sim_self->thread_idx)
-#define blockIdx (gl_sim_self->block_idx)
-#define blockDim (gl_sim_self->block_dim)
-#define gridDim (gl_sim_self->grid_dim)
+#define blockIdx (gl_sim_block->block_idx)
+#define blockDim (gl_sim_block->block_dim)
+#define gridDim (gl_sim_block->grid_dim)
 static constexpr int warpSize = 32;
 
 /* ---- barriers ------------------------------------------------------------ */

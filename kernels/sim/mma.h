@@ -21,7 +21,9 @@
  * violation stops the kernel (gl_sim_abort_kernel) with a message naming
  * the operation and the value: the pointer 256-bit (32-byte) aligned, ldm a
  * multiple of 8 elements for 16-bit types and of 4 for float (16 bytes),
- * every lane passing the same arguments.  fill_fragment is per lane.
+ * every lane passing the same arguments; load and store take the caller's
+ * file and line as hidden default arguments for that message (as device.h's
+ * collectives do).  fill_fragment is per lane.
  *
  * mma_sync computes D = A B + C with each product of two bf16 / half values
  * exact and the sum accumulated in fp32, one rounding per step, in k order
@@ -90,10 +92,12 @@ template <class T> inline T from_float(float v);
 template <> inline float from_float<float>(float v) { return v; }
 template <> inline __half from_float<__half>(float v) { return __float2half_rn(v); }
 
-/* Stops the kernel: "wmma::OP: <what>" (exec adds where it happened). */
-[[noreturn]] inline void fail(cudaError_t code, const char *op, const char *what) {
-  char msg[320];
-  snprintf(msg, sizeof msg, "%s: %s", op, what);
+/* Stops the kernel: "kernel K block (..) thread (..): wmma::OP at FILE:LINE:
+   <what>" (the simulated thread, the caller's line). */
+[[noreturn]] inline void fail(cudaError_t code, const char *op, const char *file, int line, const char *what) {
+  char msg[640];
+  const char *where = gl_sim_where();
+  snprintf(msg, sizeof msg, "%s%s%s at %s:%d: %s", where ? where : "", where ? ": " : "", op, file, line, what);
   gl_sim_abort_kernel(code, msg);
   /* outside a kernel there is nothing to abandon: the misuse is fatal */
   fprintf(stderr, "gptlua cuda-sim: %s (called outside a kernel)\n", msg);
@@ -101,16 +105,16 @@ template <> inline __half from_float<__half>(float v) { return __float2half_rn(v
 }
 
 /* The checks the hardware's load / store instructions require. */
-template <class T> inline void check_args(const char *op, const void *p, unsigned ldm) {
+template <class T> inline void check_args(const char *op, const char *file, int line, const void *p, unsigned ldm) {
   char what[200];
   if ((uintptr_t)p % 32 != 0) {
     snprintf(what, sizeof what, "pointer %p is not 256-bit (32-byte) aligned", p);
-    fail(cudaErrorMisalignedAddress, op, what);
+    fail(cudaErrorMisalignedAddress, op, file, line, what);
   }
   const unsigned multiple = 16 / sizeof(T);  /* 8 for 16-bit types, 4 for float */
   if (ldm % multiple != 0) {
     snprintf(what, sizeof what, "ldm %u is not a multiple of %u (%zu-byte elements)", ldm, multiple, sizeof(T));
-    fail(cudaErrorMisalignedAddress, op, what);
+    fail(cudaErrorMisalignedAddress, op, file, line, what);
   }
 }
 
@@ -124,23 +128,23 @@ struct mem_args {
 
 /* The leader's check that every lane passed lane 0's arguments (the
    collective's key covers the pointer; this also covers ldm and layout). */
-inline void check_lanes_agree(const char *op, void **lanes) {
+inline void check_lanes_agree(const char *op, const char *file, int line, void **lanes) {
   const mem_args *first = (const mem_args *)lanes[0];
   for (int l = 1; l < 32; l++) {
     const mem_args *a = (const mem_args *)lanes[l];
     char what[240];
     if (a->ptr != first->ptr) {
       snprintf(what, sizeof what, "lanes disagree on the pointer: lane 0 passed %p, lane %d %p", first->ptr, l, a->ptr);
-      fail(cudaErrorIllegalInstruction, op, what);
+      fail(cudaErrorIllegalInstruction, op, file, line, what);
     }
     if (a->ldm != first->ldm) {
       snprintf(what, sizeof what, "lanes disagree on ldm: lane 0 passed %u, lane %d %u", first->ldm, l, a->ldm);
-      fail(cudaErrorIllegalInstruction, op, what);
+      fail(cudaErrorIllegalInstruction, op, file, line, what);
     }
     if (a->col_major != first->col_major) {
       snprintf(what, sizeof what, "lanes disagree on the layout: lane 0 passed %s, lane %d %s",
                first->col_major ? "col_major" : "row_major", l, a->col_major ? "col_major" : "row_major");
-      fail(cudaErrorIllegalInstruction, op, what);
+      fail(cudaErrorIllegalInstruction, op, file, line, what);
     }
   }
 }
@@ -180,12 +184,12 @@ template <int ROWS, int COLS, int NE, class T> inline void scatter_tile(void **l
 
 /* One lane's part of a load or store: its own checks, then the rendezvous;
    the last lane to arrive checks that all agree and moves the tile. */
-template <class T> inline void load_store(const char *op, void *frag, const void *p, unsigned ldm, int col_major,
-                                          void (*move)(void **)) {
-  check_args<T>(op, p, ldm);
+template <class T> inline void load_store(const char *op, const char *file, int line, void *frag, const void *p,
+                                          unsigned ldm, int col_major, void (*move)(void **)) {
+  check_args<T>(op, file, line, p, ldm);
   mem_args mine = {frag, p, ldm, col_major};
   gl_sim_warp_collective(0xffffffffu, op, (uint64_t)(uintptr_t)p, &mine, [&](void **lanes, int) {
-    check_lanes_agree(op, lanes);
+    check_lanes_agree(op, file, line, lanes);
     move(lanes);
   });
 }
@@ -217,27 +221,30 @@ inline void fill_fragment(fragment<Use, M, N, K, T, Layout> &f,
 
 /* A or B tile from memory; the layout is the fragment's */
 template <class Use, int M, int N, int K, class T, class Layout>
-inline void load_matrix_sync(fragment<Use, M, N, K, T, Layout> &f, const T *p, unsigned ldm) {
+inline void load_matrix_sync(fragment<Use, M, N, K, T, Layout> &f, const T *p, unsigned ldm,
+                             const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
   static_assert(!std::is_same<Use, accumulator>::value, "wmma::load_matrix_sync: an accumulator needs a layout_t");
   typedef detail::tile<Use, M, N, K> Tile;
   enum { NE = fragment<Use, M, N, K, T, Layout>::num_elements };
-  detail::load_store<T>("wmma::load_matrix_sync", f.x, p, ldm, std::is_same<Layout, col_major>::value,
+  detail::load_store<T>("wmma::load_matrix_sync", file, line, f.x, p, ldm, std::is_same<Layout, col_major>::value,
                         &detail::gather_tile<Tile::rows, Tile::cols, NE, T>);
 }
 
 /* accumulator tile from memory in the given layout */
 template <int M, int N, int K, class T>
-inline void load_matrix_sync(fragment<accumulator, M, N, K, T> &f, const T *p, unsigned ldm, layout_t layout) {
+inline void load_matrix_sync(fragment<accumulator, M, N, K, T> &f, const T *p, unsigned ldm, layout_t layout,
+                             const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
   enum { NE = fragment<accumulator, M, N, K, T>::num_elements };
-  detail::load_store<T>("wmma::load_matrix_sync", f.x, p, ldm, layout == mem_col_major,
+  detail::load_store<T>("wmma::load_matrix_sync", file, line, f.x, p, ldm, layout == mem_col_major,
                         &detail::gather_tile<M, N, NE, T>);
 }
 
 /* accumulator tile to memory in the given layout */
 template <int M, int N, int K, class T>
-inline void store_matrix_sync(T *p, const fragment<accumulator, M, N, K, T> &f, unsigned ldm, layout_t layout) {
+inline void store_matrix_sync(T *p, const fragment<accumulator, M, N, K, T> &f, unsigned ldm, layout_t layout,
+                              const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
   enum { NE = fragment<accumulator, M, N, K, T>::num_elements };
-  detail::load_store<T>("wmma::store_matrix_sync", (void *)f.x, p, ldm, layout == mem_col_major,
+  detail::load_store<T>("wmma::store_matrix_sync", file, line, (void *)f.x, p, ldm, layout == mem_col_major,
                         &detail::scatter_tile<M, N, NE, T>);
 }
 

@@ -436,6 +436,17 @@ static int world_topology(MPI_Comm comm, gl_comm *c) {
   return GL_OK;
 }
 
+/* Only the Lua thread calls MPI (FUNNELED), except in the CUDA simulator
+   with GL_SIM_STREAMS=threads: its NCCL (kernels/sim/nccl.cpp) moves the
+   data of CUDA collectives over MPI from the simulated streams' threads. */
+static int thread_level(void) {
+#ifdef GL_SIM
+  const char *s = getenv("GL_SIM_STREAMS");
+  if (s && strcmp(s, "threads") == 0) return MPI_THREAD_MULTIPLE;
+#endif
+  return MPI_THREAD_FUNNELED;
+}
+
 int gl_dist_init(double timeout_s) {
   if (!(timeout_s > 0)) return gl_error("gl_dist_init: timeout expected > 0 seconds, got %g", timeout_s);
   if (finalized) return gl_error("gl_dist_init: MPI was finalised and cannot be initialised again");
@@ -444,7 +455,7 @@ int gl_dist_init(double timeout_s) {
   keep_freed_memory();
   int flag = 0, provided = 0;
   MPI_Initialized(&flag);
-  if (!flag && MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+  if (!flag && MPI_Init_thread(NULL, NULL, thread_level(), &provided) != MPI_SUCCESS)
     return gl_error("gl_dist_init: MPI_Init_thread failed");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   gl_comm *c = gl_comm_alloc(&mpi_backend, "world");

@@ -828,6 +828,9 @@ ncclResult_t launch(std::vector<Op> ops) {
   else snprintf(what, sizeof what, "%s", batch->ops[0].name);
   gl_sim_submit(main, what, [batch] { batch->run(); });
   batch.reset();   /* the work item holds it now */
+  /* in sync mode the work has run: what it failed with is this call's error */
+  if (gl_sim_sticky() != cudaSuccess)
+    return fail(ncclUnhandledCudaError, "%s: %s", fn, cudaGetErrorString(gl_sim_sticky()));
 
   for (size_t i = 0; i < others.size(); i++) {
     CUDA_OR_FAIL(cudaEventRecord(joins[i], main));

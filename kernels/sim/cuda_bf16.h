@@ -111,7 +111,9 @@ inline __nv_bfloat16 __double2bfloat16(double d) {
 }
 
 /* bfloat16 -> float: exact */
-inline float __bfloat162float(__nv_bfloat16 h) { return gl_sim_num::bits_float((uint32_t)__bfloat16_as_ushort(h) << 16); }
+inline float __bfloat162float(__nv_bfloat16 h) {
+  return gl_sim_num::bits_float((uint32_t)__bfloat16_as_ushort(h) << 16);
+}
 
 /* integers <-> bfloat16 */
 inline __nv_bfloat16 __ll2bfloat16_rn(long long v) {
@@ -125,8 +127,12 @@ inline __nv_bfloat16 __uint2bfloat16_rn(unsigned int v) { return __ull2bfloat16_
 inline __nv_bfloat16 __short2bfloat16_rn(short v) { return __ll2bfloat16_rn(v); }
 inline __nv_bfloat16 __ushort2bfloat16_rn(unsigned short v) { return __ull2bfloat16_rn(v); }
 inline int __bfloat162int_rz(__nv_bfloat16 h) { return gl_sim_num::float_to_int_rz<int>(__bfloat162float(h)); }
-inline unsigned int __bfloat162uint_rz(__nv_bfloat16 h) { return gl_sim_num::float_to_int_rz<unsigned int>(__bfloat162float(h)); }
-inline long long __bfloat162ll_rz(__nv_bfloat16 h) { return gl_sim_num::float_to_int_rz<long long>(__bfloat162float(h)); }
+inline unsigned int __bfloat162uint_rz(__nv_bfloat16 h) {
+  return gl_sim_num::float_to_int_rz<unsigned int>(__bfloat162float(h));
+}
+inline long long __bfloat162ll_rz(__nv_bfloat16 h) {
+  return gl_sim_num::float_to_int_rz<long long>(__bfloat162float(h));
+}
 inline unsigned long long __bfloat162ull_rz(__nv_bfloat16 h) {
   return gl_sim_num::float_to_int_rz<unsigned long long>(__bfloat162float(h));
 }

@@ -185,9 +185,15 @@ inline __half __float2half_rn(float f) {
   return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_NEAREST_EVEN));
 }
 inline __half __float2half(float f) { return __float2half_rn(f); }
-inline __half __float2half_rz(float f) { return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_TOWARD_ZERO)); }
-inline __half __float2half_rd(float f) { return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_DOWN)); }
-inline __half __float2half_ru(float f) { return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_UP)); }
+inline __half __float2half_rz(float f) {
+  return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_TOWARD_ZERO));
+}
+inline __half __float2half_rd(float f) {
+  return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_DOWN));
+}
+inline __half __float2half_ru(float f) {
+  return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_UP));
+}
 inline __half __double2half(double d) {
   return __ushort_as_half(gl_sim_num::double_to_16(d, 5, 10, gl_sim_num::ROUND_NEAREST_EVEN));
 }
@@ -204,7 +210,9 @@ inline float __half2float(__half h) {
 }
 
 /* integers <-> half */
-inline __half __ll2half_rn(long long v) { return __ushort_as_half(gl_sim_num::int_to_16(v, 5, 10, gl_sim_num::ROUND_NEAREST_EVEN)); }
+inline __half __ll2half_rn(long long v) {
+  return __ushort_as_half(gl_sim_num::int_to_16(v, 5, 10, gl_sim_num::ROUND_NEAREST_EVEN));
+}
 inline __half __ull2half_rn(unsigned long long v) {
   return __ushort_as_half(gl_sim_num::uint_to_16(v, 5, 10, gl_sim_num::ROUND_NEAREST_EVEN));
 }
@@ -215,9 +223,13 @@ inline __half __ushort2half_rn(unsigned short v) { return __ull2half_rn(v); }
 inline int __half2int_rz(__half h) { return gl_sim_num::float_to_int_rz<int>(__half2float(h)); }
 inline unsigned int __half2uint_rz(__half h) { return gl_sim_num::float_to_int_rz<unsigned int>(__half2float(h)); }
 inline long long __half2ll_rz(__half h) { return gl_sim_num::float_to_int_rz<long long>(__half2float(h)); }
-inline unsigned long long __half2ull_rz(__half h) { return gl_sim_num::float_to_int_rz<unsigned long long>(__half2float(h)); }
+inline unsigned long long __half2ull_rz(__half h) {
+  return gl_sim_num::float_to_int_rz<unsigned long long>(__half2float(h));
+}
 inline short __half2short_rz(__half h) { return gl_sim_num::float_to_int_rz<short>(__half2float(h)); }
-inline unsigned short __half2ushort_rz(__half h) { return gl_sim_num::float_to_int_rz<unsigned short>(__half2float(h)); }
+inline unsigned short __half2ushort_rz(__half h) {
+  return gl_sim_num::float_to_int_rz<unsigned short>(__half2float(h));
+}
 
 /* pairs */
 inline __half2 __halves2half2(__half a, __half b) { return __half2(a, b); }

@@ -37,6 +37,7 @@
  *   static + dynamic shared memory over the limit cudaErrorLaunchOutOfResources
  *     (known only once a block has touched its static slots) */
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -309,10 +310,13 @@ __thread char tl_where[512];
 enum { STATIC_ARENA = 16 << 20 };
 char *g_static_arena;
 size_t g_static_top;
-char *g_dyn_end; /* the guard page after the dynamic buffer */
+char *g_dyn_end;   /* the guard page after the dynamic buffer */
+char *g_dyn_begin; /* the guard page before it is the one below this */
+size_t g_page;
 std::mutex g_kernel_info_mutex;
 std::unordered_map<const void *, size_t> g_kernel_static; /* static shared bytes per kernel, once seen */
 std::unordered_set<std::string> g_names;                 /* interned kernel names */
+struct sigaction g_segv_at_launch; /* the SIGSEGV handler in force when the running grid started */
 
 char *map_or_die(size_t bytes, const char *what) {
   void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -328,6 +332,8 @@ void shared_init(void) {
   char *m = map_or_die(page + body + page, "the dynamic shared memory buffer");
   if (mprotect(m, page, PROT_NONE) != 0 || mprotect(m + page + body, page, PROT_NONE) != 0)
     die("mprotect of the dynamic shared memory guard pages failed: %s", strerror(errno));
+  g_page = page;
+  g_dyn_begin = m + page;
   g_dyn_end = m + page + body;
 }
 
@@ -573,10 +579,13 @@ void rendezvous(unsigned mask, const char *op, uint64_t key, void *mine, LeaderF
   if (mask & w.exited)
     kernel_fail(cudaErrorIllegalInstruction, "%s at %s: mask 0x%08x names lanes 0x%08x that have exited", op,
                 Site(file, line).s, mask, mask & w.exited);
-  /* Lanes meet in the open collective with the same op and mask.  Another
-     open one is no conflict as long as this call cannot starve it: lanes of
-     a warp may run different collectives one after another (lanes 16..31
-     sync among themselves before joining a full-warp shuffle). */
+  /* Lanes meet in the open collective with the same op and mask (from any
+     call site, as on sm_70+).  Other open collectives are no conflict:
+     lanes of a warp may run different collectives one after another (lanes
+     16..31 sync among themselves, then join a full-warp shuffle), and one
+     that can never complete shows up as a deadlock or an exited lane.  The
+     same call site reached with overlapping but different masks is the
+     classic bug, reported at once. */
   Rendezvous *r = nullptr;
   for (int k = 0; k < w.nopen; k++) {
     Rendezvous &o = w.open[k];
@@ -593,12 +602,7 @@ void rendezvous(unsigned mask, const char *op, uint64_t key, void *mine, LeaderF
   }
   for (int k = 0; !r && k < w.nopen; k++) {
     const Rendezvous &o = w.open[k];
-    if (mask & o.arrived) /* those lanes wait elsewhere: this one can never complete */
-      kernel_fail(cudaErrorIllegalInstruction,
-                  "bad shuffle mask: lane %u calls %s at %s with mask 0x%08x, but lanes 0x%08x of it wait at %s at %s "
-                  "with mask 0x%08x",
-                  lane, op, Site(file, line).s, mask, mask & o.arrived, o.op, Site(o.file, o.line).s, o.mask);
-    if ((o.mask & bit) && same_op(o.op, op) && o.file == file && o.line == line)
+    if ((o.mask & mask) && same_op(o.op, op) && o.file == file && o.line == line)
       kernel_fail(cudaErrorIllegalInstruction,
                   "bad shuffle mask: lanes disagree on the mask of %s at %s: lane %u passes 0x%08x, lane %u passed "
                   "0x%08x",
@@ -819,6 +823,7 @@ void run_grid(const LaunchDesc &d) {
   __asm__ __volatile__("stmxcsr %0" : "=m"(g_mxcsr));
   __asm__ __volatile__("fnstcw %0" : "=m"(g_fpucw));
 #endif
+  sigaction(SIGSEGV, nullptr, &g_segv_at_launch);
   L.name = d.name;
   L.kernel = d.kernel;
   L.grid = d.grid;
@@ -1062,6 +1067,47 @@ extern "C" void gl_sim_fiber_main(void) {
     __builtin_unreachable();
   }
 }
+
+/* ---- faults in the dynamic shared memory guard pages ---------------------- */
+/* Installed when the library loads, so runtime.cpp's handler (installed at
+   the runtime's first use) finds it as the previous handler and passes it
+   every fault outside device memory.  A fault on the guard pages around
+   the dynamic shared buffer, inside a kernel, stops the kernel; anything
+   else goes on to the handler that was there before this one. */
+namespace {
+struct sigaction g_prev_segv;
+
+void on_segv(int sig, siginfo_t *si, void *uctx) {
+  char *a = (char *)si->si_addr;
+  bool guard = g_dyn_end && ((a >= g_dyn_end && a < g_dyn_end + g_page) || (a >= g_dyn_begin - g_page && a < g_dyn_begin));
+  if (tl_on_fiber && guard) {
+    char msg[512];
+    const char *start = L.dyn_ptr ? L.dyn_ptr : g_dyn_end - L.dyn_smem;
+    snprintf(msg, sizeof msg,
+             "%s: out-of-bounds dynamic shared memory access at %p: byte %ld of the launch's %zu-byte buffer",
+             where_now(), (void *)a, (long)(a - start), L.dyn_smem);
+    /* runtime.cpp's handler passed this fault on by reinstalling this one:
+       put it back, it owns device memory faults */
+    if (!((g_segv_at_launch.sa_flags & SA_SIGINFO) && g_segv_at_launch.sa_sigaction == on_segv))
+      sigaction(SIGSEGV, &g_segv_at_launch, nullptr);
+    gl_sim_abort_kernel(cudaErrorIllegalAddress, msg);
+  }
+  /* not ours: the previous handler (or the default action) gets the fault
+     when the instruction runs again */
+  sigaction(SIGSEGV, &g_prev_segv, nullptr);
+  (void)sig;
+  (void)uctx;
+}
+
+__attribute__((constructor)) void install_segv_handler(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &g_prev_segv);
+}
+}  // namespace
 
 /* ---- -fsanitize=bounds reports (kernels are compiled with it) ------------ */
 /* GCC's bounds check calls these with its source location and the index.

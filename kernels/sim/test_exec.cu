@@ -5,16 +5,16 @@
  * Written exactly like the kernel sources in kernels/: common.cuh, GL_LAUNCH,
  * GL_SHARED, GL_DYNAMIC_SHARED, device memory only through the runtime API.
  *
- *   gl_simtest_*       correct kernels checked against plain host loops:
- *                      return the number of mismatches (0 = pass) or
- *                      -cudaError_t when a CUDA call failed; the first
- *                      mismatch is described by gl_simtest_message()
- *   gl_simtest_launch_config   a launch's error code for a configuration
- *   gl_simtest_planted(name)   runs a deliberately buggy kernel (a missing
- *                      barrier, a bad shuffle mask, ...) and returns the
- *                      error the next synchronize reports; these errors are
- *                      sticky, so the spec runs them in a subprocess
- *   gl_simtest_bench   launches/s, fiber switches/s */
+ *   gl_simtest_exec_NAME   correct kernels checked against plain host loops:
+ *                          return the number of mismatches (0 = pass) or
+ *                          -cudaError_t when a CUDA call failed; the first
+ *                          mismatch is described by gl_simtest_exec_message()
+ *   ..._launch_config      the error a launch configuration gets
+ *   ..._planted(name)      runs a deliberately buggy kernel (a missing
+ *                          barrier, a bad shuffle mask, ...) and returns the
+ *                          error the next synchronize reports; these errors
+ *                          are sticky, so the spec runs them in a subprocess
+ *   ..._bench              launches/s, fiber switches/s */
 #include "common.cuh"
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,6 +23,7 @@
 #include <vector>
 
 /* ---- harness -------------------------------------------------------------- */
+namespace {
 static std::string g_msg;
 __attribute__((format(printf, 1, 2))) static void note(const char *fmt, ...) {
   char buf[1024];
@@ -32,7 +33,9 @@ __attribute__((format(printf, 1, 2))) static void note(const char *fmt, ...) {
   va_end(ap);
   if (g_msg.empty()) g_msg = buf; /* the first problem is the one to read */
 }
-extern "C" const char *gl_simtest_message(void) { return g_msg.c_str(); }
+}  // namespace
+
+extern "C" const char *gl_simtest_exec_message(void) { return g_msg.c_str(); }
 
 #define TRY(call)                                                                   \
   do {                                                                              \
@@ -49,6 +52,7 @@ extern "C" const char *gl_simtest_message(void) { return g_msg.c_str(); }
     TRY(cudaDeviceSynchronize()); \
   } while (0)
 
+namespace {
 /* n elements of device memory, freed with the scope */
 template <class T> struct Dev {
   T *p = nullptr;
@@ -120,12 +124,15 @@ template <class T> static int block_reduce(int rows, int cols, int threads) {
   return bad;
 }
 
-extern "C" int gl_simtest_block_reduce(int rows, int cols, int threads, int is_double) {
+}  // namespace
+
+extern "C" int gl_simtest_exec_block_reduce(int rows, int cols, int threads, int is_double) {
   begin();
   return is_double ? block_reduce<double>(rows, cols, threads) : block_reduce<float>(rows, cols, threads);
 }
 
 /* ---- shuffles of every kind, width and type -------------------------------- */
+namespace {
 /* The value lane l holds: distinct per lane, using every byte of T. */
 template <class T> __host__ __device__ static T lane_value(int l) {
   if (sizeof(T) == 8) return (T)((T)(1ll << 40) + (T)l * 3 + (T)1) + (T)(std::is_floating_point<T>::value ? 0.25 : 0);
@@ -197,7 +204,9 @@ __global__ void k_shuffle_masks(int *out) {
   out[64 + lane] = __shfl_down_sync(mask, v, 4); /* lanes 12..15 would read the other half */
 }
 
-extern "C" int gl_simtest_shuffles(void) {
+}  // namespace
+
+extern "C" int gl_simtest_exec_shuffles(void) {
   begin();
   int bad = 0, r;
 #define SHUFFLE_TYPE(T)                  \
@@ -233,6 +242,7 @@ extern "C" int gl_simtest_shuffles(void) {
 }
 
 /* ---- votes, block votes, bit intrinsics --------------------------------- */
+namespace {
 __global__ void k_votes(unsigned *out) {
   int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   int pred = (lane % 3 == 0) ^ (warp & 1);
@@ -277,7 +287,9 @@ static int host_popc(unsigned long long x) {
   return n;
 }
 
-extern "C" int gl_simtest_votes(void) {
+}  // namespace
+
+extern "C" int gl_simtest_exec_votes(void) {
   begin();
   const int n = 128;
   ALLOC(out, unsigned, n * 12);
@@ -310,6 +322,7 @@ extern "C" int gl_simtest_votes(void) {
 }
 
 /* ---- atomics --------------------------------------------------------------- */
+namespace {
 struct AtomicSlots {
   int i[8];
   unsigned u[8];
@@ -366,7 +379,9 @@ __global__ void k_atomics(AtomicSlots *s, int *exch_old, int *probe) {
   if (r1 != t || r2 != t) probe[t] = -1000 - t;
 }
 
-extern "C" int gl_simtest_atomics(void) {
+}  // namespace
+
+extern "C" int gl_simtest_exec_atomics(void) {
   begin();
   const int blocks = 4, threads = 256, n = blocks * threads;
   AtomicSlots init;
@@ -469,6 +484,7 @@ extern "C" int gl_simtest_atomics(void) {
 }
 
 /* ---- 2-D / 3-D grids and blocks, parameter copies ------------------------- */
+namespace {
 struct Pair {
   int a, b;
 };
@@ -486,7 +502,9 @@ __global__ void k_grid3d(unsigned *out, int base, Pair pair) {
   o[3] = (unsigned)(base + pair.a * 1000 + pair.b * 1000000) ^ (gridDim.y << 28) ^ (gridDim.z << 30);
 }
 
-extern "C" int gl_simtest_grid3d(int gx, int gy, int gz, int bx, int by, int bz) {
+}  // namespace
+
+extern "C" int gl_simtest_exec_grid3d(int gx, int gy, int gz, int bx, int by, int bz) {
   begin();
   size_t nb = (size_t)gx * gy * gz, nt = (size_t)bx * by * bz;
   ALLOC(out, unsigned, nb * nt * 4);
@@ -518,6 +536,7 @@ extern "C" int gl_simtest_grid3d(int gx, int gy, int gz, int bx, int by, int bz)
 }
 
 /* ---- dynamic shared memory ------------------------------------------------ */
+namespace {
 /* OPTIN only makes two distinct kernels: the opt-in is per function */
 template <int OPTIN> __global__ void k_dynamic(int *out, int words) {
   GL_DYNAMIC_SHARED(int, buf, 16);
@@ -544,12 +563,15 @@ template <int OPTIN> static int dynamic_smem(int bytes) {
   return bad;
 }
 
-extern "C" int gl_simtest_dynamic_smem(int bytes, int optin) {
+}  // namespace
+
+extern "C" int gl_simtest_exec_dynamic_smem(int bytes, int optin) {
   begin();
   return optin ? dynamic_smem<1>(bytes) : dynamic_smem<0>(bytes);
 }
 
 /* ---- poison: shared memory nobody wrote reads as 0xFF (NaN) --------------- */
+namespace {
 /* block 0 writes all of s before reading; block 1 writes half: the other
    half must read as poison, not as block 0's values */
 __global__ void k_poison(float *out, unsigned char *dyn_out) {
@@ -563,7 +585,9 @@ __global__ void k_poison(float *out, unsigned char *dyn_out) {
   dyn_out[blockIdx.x * 64 + t] = d[t];
 }
 
-extern "C" int gl_simtest_poison(void) {
+}  // namespace
+
+extern "C" int gl_simtest_exec_poison(void) {
   begin();
   ALLOC(out, float, 128);
   ALLOC(dyn, unsigned char, 128);
@@ -594,6 +618,7 @@ extern "C" int gl_simtest_poison(void) {
 }
 
 /* ---- __syncwarp on part of a warp, and a custom collective ---------------- */
+namespace {
 /* gl_sim_warp_collective as WMMA uses it: every lane's operand at once */
 __global__ void k_collective(int *out) {
   int lane = threadIdx.x & 31;
@@ -613,7 +638,9 @@ __global__ void k_collective(int *out) {
   out[64 + threadIdx.x] = gl_sim_lane();
 }
 
-extern "C" int gl_simtest_collective(void) {
+}  // namespace
+
+extern "C" int gl_simtest_exec_collective(void) {
   begin();
   ALLOC(out, int, 96);
   GL_LAUNCH(1, 32, 0, 0, k_collective)(out.p);
@@ -631,6 +658,7 @@ extern "C" int gl_simtest_collective(void) {
 }
 
 /* ---- launch configurations ------------------------------------------------ */
+namespace {
 __global__ void k_noop(int *p) {
   if (p) p[threadIdx.x] = 1;
 }
@@ -641,7 +669,9 @@ __global__ void k_noop_optin(int *p) {
 
 /* The error cudaGetLastError reports after launching with this
    configuration (0: it ran); optin > 0 first raises the kernel's limit. */
-extern "C" int gl_simtest_launch_config(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+}  // namespace
+
+extern "C" int gl_simtest_exec_launch_config(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                         long smem, int optin) {
   begin();
   if (optin > 0) TRY(cudaFuncSetAttribute(k_noop_optin, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
@@ -654,6 +684,7 @@ extern "C" int gl_simtest_launch_config(unsigned gx, unsigned gy, unsigned gz, u
 }
 
 /* ---- planted bugs ----------------------------------------------------------- */
+namespace {
 /* each returns the error the next synchronize reports */
 __global__ void p_race(float *out) { /* reads a neighbour's slot without a barrier */
   GL_SHARED(float, s, [128]);
@@ -710,7 +741,9 @@ __global__ void p_static_over_limit(char *out) { /* 40000 static + 10000 dynamic
   out[threadIdx.x] = big[threadIdx.x];
 }
 
-extern "C" int gl_simtest_planted(const char *name) {
+}  // namespace
+
+extern "C" int gl_simtest_exec_planted(const char *name) {
   begin();
   ALLOC(out, float, 1024);
   std::string n = name;
@@ -740,7 +773,7 @@ extern "C" int gl_simtest_planted(const char *name) {
 /* the race kernel without the race mode: the natural order makes thread t
    read slot t+1 before thread t+1 wrote it, so poison (NaN) reaches the
    output; returns the number of NaN outputs */
-extern "C" int gl_simtest_race_natural(void) {
+extern "C" int gl_simtest_exec_race_natural(void) {
   begin();
   ALLOC(out, float, 256);
   GL_LAUNCH(2, 128, 0, 0, p_race)(out.p);
@@ -753,6 +786,7 @@ extern "C" int gl_simtest_race_natural(void) {
 }
 
 /* ---- speed ------------------------------------------------------------------ */
+namespace {
 __global__ void k_axpy(float *y, const float *x, float a, int64_t n) {
   CU_GRID_LOOP(i, n) y[i] += a * x[i];
 }
@@ -770,7 +804,9 @@ static double now_ms(void) {
 /* res[0] ms for one 4224 x 256 grid-stride elementwise launch (best of 3),
    res[1] tiny launches per second, res[2] ms for a 1024-row x 256-thread
    block reduction, res[3] fiber switches per second in it */
-extern "C" int gl_simtest_bench(double res[4]) {
+}  // namespace
+
+extern "C" int gl_simtest_exec_bench(double res[4]) {
   begin();
   const int64_t n = 4224 * 256 * 4;
   ALLOC(x, float, n);
@@ -802,3 +838,4 @@ extern "C" int gl_simtest_bench(double res[4]) {
   res[3] = (double)(s1[3] - s0[3]) / (res[2] / 1000.0);
   return 0;
 }
+

@@ -20,11 +20,12 @@
  * Stream-order checks (GL_SIM_STREAMCHECK, default on; needs the host
  * checks).  Every work item gets (stream, seq) and a vector clock of what it
  * is ordered after (stream order, events, the legacy default stream's
- * implicit syncs with blocking streams, host synchronizations).  Pages are
- * closed between work items, so the handler sees each item's first read and
- * first write of each page; per page it keeps the last writer and the last
- * reader per stream, and an access not ordered after a conflicting access
- * of another stream is a "missing stream wait" error.  The clocks model the
+ * implicit syncs with blocking streams, host synchronizations, and queries
+ * that found the work done).  Pages are closed between work items, so the
+ * handler sees each item's first read and first write of each page; per
+ * page it keeps the last writer and the last reader per stream, and an
+ * access not ordered after a conflicting access of another stream is a
+ * "missing stream wait" error.  The clocks model the
  * GPU's guarantees, not the simulator's actual order, so the check finds
  * the bug even though 'sync' mode runs everything in submission order.
  *
@@ -384,17 +385,25 @@ static const FreedRange *freed_find(uintptr_t a) {
   return nullptr;
 }
 
-bool gl_sim_find_alloc(const void *p, void **base, size_t *size, int *device) {
-  uintptr_t a = (uintptr_t)p;
+/* The live allocation whose data pages contain a (its slack included). */
+static bool find_data_page_owner(uintptr_t a, uintptr_t *base, size_t *size, int *device) {
   TableGuard g;
   Alloc *al = table_find_mapping(a);
-  if (!al || a < al->begin || a >= al->end) {
-    /* a 0-byte range right at the end still names its allocation */
-    if (!al || a != al->end) return false;
-  }
-  if (base) *base = (void *)al->begin;
-  if (size) *size = al->size;
-  if (device) *device = al->device;
+  if (!al || a < al->data_begin || a >= al->data_end) return false;
+  *base = al->begin;
+  *size = al->size;
+  *device = al->device;
+  return true;
+}
+
+bool gl_sim_find_alloc(const void *p, void **base, size_t *size, int *device) {
+  uintptr_t a = (uintptr_t)p, b = 0;
+  size_t n = 0;
+  int d = 0;
+  if (!find_data_page_owner(a, &b, &n, &d) || a < b || a >= b + n) return false;
+  if (base) *base = (void *)b;
+  if (size) *size = n;
+  if (device) *device = d;
   return true;
 }
 
@@ -827,12 +836,14 @@ static uint64_t submit_on(CUstream_st *s, const char *what, std::function<void()
 }
 
 /* The host waits until s has completed queue position `count`, then is
-   ordered after `clock`.  A thread running a work item (sync mode, nested)
-   does not wait: everything it submitted has already run. */
+   ordered after `clock`.  Code running inside a work item does not wait:
+   in sync mode everything it submitted has already run, and in threads mode
+   it could be waiting for its own stream (like a real stream callback, a
+   work item must not synchronise). */
 static void host_wait(CUstream_st *s, uint64_t count, const Clock &clock) {
   Runtime &R = *rt_state;
   std::unique_lock<std::mutex> lk(R.mu);
-  if (!(tls_item && !config.threaded)) R.cv.wait(lk, [&] { return s->completed >= count; });
+  if (!tls_item) R.cv.wait(lk, [&] { return s->completed >= count; });
   clock_merge(R.host_clock, clock);
 }
 
@@ -846,7 +857,7 @@ static void host_wait_device(int d) {
       targets.emplace_back(t, t->submitted);
       clock_merge(R.host_clock, t->clock);
     }
-  if (tls_item && !config.threaded) return;
+  if (tls_item) return;
   R.cv.wait(lk, [&] {
     for (auto &p : targets)
       if (p.first->completed < p.second) return false;
@@ -1105,13 +1116,13 @@ extern "C" cudaError_t cudaFree(void *dev_ptr) {
   }
   if (dev < 0) {
     /* describe the bad pointer (outside the spinlock: api_error formats with stdio) */
-    void *base = nullptr;
+    uintptr_t base = 0;
     size_t size = 0;
     int d = 0;
-    if (gl_sim_find_alloc(dev_ptr, &base, &size, &d))
+    if (find_data_page_owner(a, &base, &size, &d))
       return api_error(cudaErrorInvalidValue,
                        "cudaFree: %p is byte %ld of a %zu-byte allocation of cuda:%d, expected its start %p", dev_ptr,
-                       (long)(a - (uintptr_t)base), size, d, base);
+                       (long)(a - base), size, d, (void *)base);
     bool was_freed = false;
     FreedRange fr{};
     {
@@ -1214,14 +1225,8 @@ struct PtrInfo {
 
 static PtrInfo classify(const void *p, size_t n) {
   PtrInfo in{HOST_PAGEABLE, -1, 0, 0};
-  void *base = nullptr;
-  size_t size = 0;
-  int dev = 0;
-  if (gl_sim_find_alloc(p, &base, &size, &dev)) {
-    in.side = DEVICE;
-    in.device = dev;
-    in.base = (uintptr_t)base;
-    in.size = size;
+  if (find_data_page_owner((uintptr_t)p, &in.base, &in.size, &in.device)) {
+    in.side = DEVICE;  /* possibly outside [base, base + size): check_device_range says so */
     return in;
   }
   {
@@ -1272,7 +1277,10 @@ static cudaError_t check_device_range(const char *fn, const char *arg, const voi
     return api_error(cudaErrorInvalidValue, "%s: %s %p is host memory, expected device memory%s%s", fn, arg, p,
                      why ? " for " : "", why ? why : "");
   uintptr_t a = (uintptr_t)p, end = in.base + in.size;
-  if (n > end - a)
+  if (a < in.base)
+    return api_error(cudaErrorInvalidValue, "%s: %s %p starts %zu bytes before its %zu-byte allocation of cuda:%d at %p",
+                     fn, arg, p, (size_t)(in.base - a), in.size, in.device, (void *)in.base);
+  if (a > end || n > end - a)
     return api_error(cudaErrorInvalidValue,
                      "%s: %s range %p + %zu bytes runs %zu bytes past the end of its %zu-byte allocation of cuda:%d "
                      "at %p",
@@ -1544,7 +1552,9 @@ extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream) {
   cudaError_t e = resolve_stream("cudaStreamQuery", stream, &s);
   if (e != cudaSuccess) return e;
   std::lock_guard<std::mutex> g(R.mu);
-  return s->completed >= s->submitted ? cudaSuccess : cudaErrorNotReady;  /* NotReady is not an error: no last error */
+  if (s->completed < s->submitted) return cudaErrorNotReady;  /* not an error: no last error */
+  clock_merge(R.host_clock, s->clock);  /* the host has seen it finish: later work is ordered after */
+  return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
@@ -1629,7 +1639,9 @@ extern "C" cudaError_t cudaEventQuery(cudaEvent_t event) {
   std::lock_guard<std::mutex> g(R.mu);
   std::shared_ptr<CUevent_st> ev = find_event(event);
   if (!ev) return api_error(cudaErrorInvalidResourceHandle, "cudaEventQuery: %p is not a live event", (void *)event);
-  return event_done_locked(ev.get()) ? cudaSuccess : cudaErrorNotReady;
+  if (!event_done_locked(ev.get())) return cudaErrorNotReady;
+  if (ev->recorded) clock_merge(R.host_clock, ev->clock);  /* the host has seen it pass, as after a synchronize */
+  return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -1639,7 +1651,7 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::shared_ptr<CUevent_st> ev = find_event(event);
   if (!ev) return api_error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: %p is not a live event", (void *)event);
   if (!ev->recorded) return cudaSuccess;
-  if (!(tls_item && !config.threaded)) R.cv.wait(lk, [&] { return event_done_locked(ev.get()); });
+  if (!tls_item) R.cv.wait(lk, [&] { return event_done_locked(ev.get()); });
   clock_merge(R.host_clock, ev->clock);
   lk.unlock();
   RETURN_IF_STICKY();

@@ -216,6 +216,20 @@ void comm_release(ncclComm *c) {
   delete c;
 }
 
+/* Makes device current for the guard's lifetime (events belong to the
+   device current when they are made, and must match their streams'). */
+struct DeviceGuard {
+  int prev = -1;
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    if (prev != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (prev >= 0 && cudaGetDevice(&now) == cudaSuccess && now != prev) cudaSetDevice(prev);
+  }
+};
+
 /* A new communicator around data (ordered by rank), with its control
    duplicate, bound to device; registered as live. */
 ncclResult_t make_comm(MPI_Comm data, int device, const char *fn, ncclComm **out) {
@@ -225,7 +239,11 @@ ncclResult_t make_comm(MPI_Comm data, int device, const char *fn, ncclComm **out
   MPI_Comm_set_errhandler(data, MPI_ERRORS_RETURN);
   MPI_Comm_rank(data, &c->rank);
   MPI_Comm_size(data, &c->nranks);
-  cudaError_t e = cudaEventCreateWithFlags(&c->last_done, cudaEventDisableTiming);
+  cudaError_t e;
+  {
+    DeviceGuard on(device);
+    e = cudaEventCreateWithFlags(&c->last_done, cudaEventDisableTiming);
+  }
   if (MPI_Comm_dup(data, &c->ctrl) != MPI_SUCCESS || e != cudaSuccess) {
     ncclResult_t r = e != cudaSuccess ? fail(ncclUnhandledCudaError, "%s: cudaEventCreateWithFlags: %s", fn, cudaGetErrorString(e))
                                       : fail(ncclSystemError, "%s: MPI_Comm_dup of the new communicator failed", fn);
@@ -250,7 +268,10 @@ ncclResult_t drop_comm(ncclComm *c, const char *fn, bool abort) {
     live.erase(c);
   }
   if (abort) c->aborted = true;   /* queued and running work items give up */
-  if (c->last_done) cudaEventDestroy(c->last_done);   /* deferred by the runtime while pending */
+  if (c->last_done) {
+    DeviceGuard on(c->device);
+    cudaEventDestroy(c->last_done);   /* deferred by the runtime while pending */
+  }
   c->last_done = nullptr;
   comm_release(c);
   return ncclSuccess;
@@ -802,6 +823,7 @@ struct Batch {
    communicator's previous operation is waited for. */
 ncclResult_t launch(std::vector<Op> ops) {
   const char *fn = ops.size() > 1 ? "ncclGroupEnd" : ops[0].name;
+  DeviceGuard on(ops[0].comm->device);
   cudaStream_t main = ops[0].stream;
   std::vector<cudaStream_t> others;
   std::vector<ncclComm *> comms;

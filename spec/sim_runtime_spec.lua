@@ -120,7 +120,8 @@ describe('cuda-sim runtime: devices, copies, streams, events #cuda #sim', functi
   end)
 
   it('runs the correct twins of the planted bugs without complaint', function()
-    for _, name in ipairs({ 'event_wait_copy', 'event_wait_kernel', 'blocking_vs_legacy', 'reuse_with_wait' }) do
+    for _, name in ipairs({ 'event_wait_copy', 'event_wait_kernel', 'blocking_vs_legacy', 'reuse_with_wait',
+                            'unrelated_streams' }) do
       passes(name, simtest().gl_simtest_rt_planted(name))
     end
     assert.are.equal(0, simtest().gl_simtest_rt_sticky())
@@ -196,6 +197,18 @@ describe('cuda-sim runtime: planted bugs, each checker fires #cuda #sim', functi
       assert(out:find('gptlua cuda%-sim: ' .. c[2]), out)
     end)
   end
+
+  it('GL_SIM_STREAMCHECK=0 turns the stream-order check off', function()
+    local rc, code, _, out = subprocess('GL_SIM_STREAMCHECK=0', 'planted missing_wait_kernel')
+    assert(rc == 0 and code == 0, out)
+  end)
+
+  it('does not count the race mode\'s snapshots as accesses of the kernel (GL_SIM_RACECHECK=1)', function()
+    local rc, code, _, out = subprocess('GL_SIM_RACECHECK=1', 'planted unrelated_streams')
+    assert(rc == 0 and code == 0, out)
+    rc, code, _, out = subprocess('GL_SIM_RACECHECK=1', 'planted missing_wait_kernel')
+    assert(rc == 0 and code == E.LaunchFailure, out)
+  end)
 
   it('GL_SIM_HOSTCHECK=0 leaves device memory readable by host code', function()
     local rc, code, _, out = subprocess('GL_SIM_HOSTCHECK=0', 'planted host_read')

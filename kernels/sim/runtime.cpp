@@ -414,7 +414,10 @@ void gl_sim_for_each_alloc(const std::function<void(void *, size_t)> &f) {
     list.reserve(table_n);
     for (size_t i = 0; i < table_n; i++) list.emplace_back((void *)table[i]->begin, table[i]->size);
   }
-  for (auto &e : list) f(e.first, e.second);  /* unlocked: f touches the memory (faults) */
+  /* unlocked: f touches the memory (faults); untracked: the race mode's
+     snapshots are not accesses of the work item that runs them */
+  gl_sim_untracked_scope untracked;
+  for (auto &e : list) f(e.first, e.second);
 }
 
 /* First byte of the slack around the block that is no longer 0xFF, as an

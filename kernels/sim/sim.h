@@ -99,7 +99,8 @@ int gl_sim_lane(void);
    snapshots and restores of every allocation, which would otherwise count
    as accesses of the kernel and clash with other streams' work.  On exit
    the pages opened inside are closed again, so the item's own later
-   accesses are still seen.  Nestable; use inside a device context. */
+   accesses are still seen.  Nestable; use inside a device context.
+   gl_sim_for_each_alloc runs its callback in one. */
 struct gl_sim_untracked_scope {
   gl_sim_untracked_scope();
   ~gl_sim_untracked_scope();

@@ -548,6 +548,11 @@ extern "C" int gl_simtest_rt_planted(const char *name) {
       TRY(cudaEventDestroy(ev));
     }
     GL_LAUNCH(blocks_for(n), 256, 0, b, k_double)(x.as<float>(), y.as<float>(), n);
+  } else if (w == "unrelated_streams") {
+    /* two streams on separate buffers need no ordering (also under the race
+       mode, whose snapshots touch every allocation: they are untracked) */
+    GL_LAUNCH(blocks_for(n), 256, 0, a, k_fill)(x.as<float>(), 1.0f, n);
+    GL_LAUNCH(blocks_for(n), 256, 0, b, k_fill)(y.as<float>(), 2.0f, n);
   } else if (w == "missing_wait_war") {
     /* b reads x, then a overwrites it with nothing ordering the two */
     TRY(cudaMemset(x.p, 0, nb));

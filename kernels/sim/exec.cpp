@@ -26,6 +26,16 @@
  *   race mode       GL_SIM_RACECHECK=1: every grid runs twice, in order and in
  *                   a seeded random thread order from the same starting
  *                   memory, and the two results must be identical
+ *   order           in order: threads released from a barrier or collective
+ *                   (first released first), then unstarted ones by index;
+ *                   random: any ready or unstarted thread, drawn afresh at
+ *                   every scheduling point
+ *   faults          a SIGSEGV on the dynamic buffer's guard pages stops the
+ *                   kernel (runtime.cpp's handler passes on faults outside
+ *                   device memory); -fsanitize=bounds reports on fixed-size
+ *                   arrays (GL_SHARED included) stop it too
+ *   portability     x86-64 gets the hand-written switch; elsewhere (or with
+ *                   -DGL_SIM_UCONTEXT) ucontext, about 7x slower
  *
  * Errors found while a kernel runs are sticky (gl_sim_fail) and abandon the
  * rest of the grid.  The codes are the ones a GPU reports for the nearest

@@ -547,6 +547,20 @@ static void describe_bad_address(char *msg, size_t n, const char *kind, uintptr_
     snprintf(msg, n, "%s at 0x%lx: not device memory%s", kind, (unsigned long)a, tail);
 }
 
+/* Calls the handler installed before ours (if it is a function), then
+   takes SIGSEGV back: a handler that does not own a fault typically
+   reinstalls its own predecessor before returning. */
+static void chain_previous(int sig, siginfo_t *si, void *uctx) {
+  struct sigaction mine;
+  if (sigaction(SIGSEGV, nullptr, &mine) != 0) return;
+  if (old_segv.sa_flags & SA_SIGINFO) {
+    if (old_segv.sa_sigaction && old_segv.sa_sigaction != on_segv) old_segv.sa_sigaction(sig, si, uctx);
+  } else if (old_segv.sa_handler != SIG_DFL && old_segv.sa_handler != SIG_IGN) {
+    old_segv.sa_handler(sig);
+  }
+  sigaction(SIGSEGV, &mine, nullptr);
+}
+
 static void on_segv(int sig, siginfo_t *si, void *uctx) {
   uintptr_t a = (uintptr_t)si->si_addr;
 #if defined(__x86_64__)
@@ -560,11 +574,13 @@ static void on_segv(int sig, siginfo_t *si, void *uctx) {
   msg[0] = 0;
   bool in_device = tls_depth > 0;
   enum { OPENED, CONFLICT, OUT_OF_BOUNDS, HOST_ACCESS, NOT_OURS } outcome = NOT_OURS;
+  bool device_related = false;  /* the address is (or was) in a device mapping */
   {
     TableGuard g;
     Alloc *al = table_find_mapping(a);
     bool live_page = al && a >= al->data_begin && a < al->data_end;
     const FreedRange *fr = al ? nullptr : freed_find(a);
+    device_related = al || fr;
     if (in_device) {
       if (live_page) {
         outcome = stream_access(al, a, write, msg, sizeof msg) ? OPENED : CONFLICT;
@@ -603,6 +619,10 @@ static void on_segv(int sig, siginfo_t *si, void *uctx) {
       if (!gl_sim_abort_kernel(cudaErrorLaunchFailure, msg)) fail_msg(cudaErrorLaunchFailure, msg);
       return;
     case OUT_OF_BOUNDS:
+      /* not device memory at all: another part of the simulator (exec.cpp's
+         dynamic shared memory guard pages) may own the address; it stops
+         the kernel itself, or returns having passed the fault on */
+      if (!device_related) chain_previous(sig, si, uctx);
       if (!gl_sim_abort_kernel(cudaErrorIllegalAddress, msg)) {
         say_raw(msg);
         abort();

@@ -6,6 +6,7 @@
 #   make sim        build/sim/: the same engine with every CUDA kernel, cuBLASLt and
 #                   NCCL call running on the CPU in the CUDA simulator (kernels/sim/)
 #   make test-sim   the #cuda specs (and the simulator's own) under the simulator
+#   make test-race  the kernel twin specs in the simulator's race mode (two seeds)
 #   make bench      CPU benchmarks;  make bench-cuda  GPU benchmarks
 #   make deps       apt-get install the Debian packages listed in DEBIAN_PACKAGES
 #   make install PREFIX=/usr/local
@@ -88,7 +89,7 @@ SIM_CFLAGS = $(BASE_CFLAGS) -std=gnu11 -fPIC -fopenmp -fno-math-errno $(WARN) -I
              -I/usr/include/luajit-2.1 -I$(BLAS_DIR:/usr/lib/%=/usr/include/%) $(SIM_DEFS)
 # -fsanitize=bounds: an index past a static shared (or any fixed-size) array
 # in a kernel stops the process with the file and line
-SIM_CXXFLAGS = -O2 -g -std=c++17 -fPIC -fno-math-errno -fno-strict-aliasing $(WARN) -Wno-unused-function \
+SIM_CXXFLAGS = -O2 -g -std=c++17 -fPIC -fno-math-errno -fno-strict-aliasing $(WARN) -Wno-unused-function -Wno-unknown-pragmas \
              -fsanitize=bounds -fno-sanitize-recover=bounds -Iengine -I$(BUILD) -Ikernels \
              -I$(BLAS_DIR:/usr/lib/%=/usr/include/%) $(SIM_DEFS)
 SIM_HDR    = $(wildcard kernels/sim/*.h) $(CU_HDR) $(HEADERS)
@@ -122,7 +123,7 @@ $(SIM)/gptlua: engine/main.c $(HEADERS) | $(SIM)/obj
 
 sim: $(SIM)/gptlua $(SIM)/libgptlua.so $(if $(MPI_SRC),$(SIM)/libgptlua_mpi.so) $(SIM)/libgptlua_simtest.so
 
-.PHONY: sim test-sim all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
+.PHONY: sim test-sim test-race all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB)
 
 $(BUILD)/obj:
@@ -193,6 +194,14 @@ test:
 	@$(MAKE) --no-print-directory -j$(NPROC) sim
 	$(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
 	$(SIM)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
+	@$(MAKE) --no-print-directory test-race
+
+# the kernel twins again in the simulator's race mode, under two random thread
+# orders: each grid runs in order and in the seeded random order, and the two
+# must leave identical memory (NOTES-cuda.md)
+test-race: sim
+	GL_SIM_RACECHECK=1 GL_SIM_SEED=1 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_spec.lua
+	GL_SIM_RACECHECK=1 GL_SIM_SEED=2 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_spec.lua
 
 test-sim:
 	$(prepare)

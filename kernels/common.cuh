@@ -37,7 +37,7 @@ extern "C" {
 }
 
 /* ---- the forms both compilers accept ------------------------------------- */
-/* kernels/*.cu build unchanged with nvcc for a GPU and with the host C++
+/* kernels/NAME.cu build unchanged with nvcc for a GPU and with the host C++
    compiler for the CUDA simulator (kernels/sim/, `make sim`), whose headers
    stand in for the toolkit's and define GL_SIM.  Three constructs differ
    between the two, so kernels write them only through these macros:

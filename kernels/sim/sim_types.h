@@ -2,7 +2,7 @@
  * simulator defines them (numeric values are the real runtime's, so a
  * status printed by the simulator means what it means on a GPU).
  *
- * Part of the CUDA simulator (kernels/sim/): kernels/*.cu compile unchanged
+ * Part of the CUDA simulator (kernels/sim/): the kernels (kernels/NAME.cu) compile unchanged
  * with the host C++ compiler against these headers instead of the toolkit's
  * and run on the CPU.  Shared by every other header here. */
 #ifndef GL_SIM_TYPES_H

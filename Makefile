@@ -93,7 +93,8 @@ SIM_CXXFLAGS = -O2 -g -std=c++17 -fPIC -fno-math-errno -fno-strict-aliasing $(WA
              -fsanitize=bounds -fno-sanitize-recover=bounds -Iengine -I$(BUILD) -Ikernels \
              -I$(BLAS_DIR:/usr/lib/%=/usr/include/%) $(SIM_DEFS)
 SIM_HDR    = $(wildcard kernels/sim/*.h) $(CU_HDR) $(HEADERS)
-SIM_CORE   = $(filter-out kernels/sim/nccl.cpp,$(wildcard kernels/sim/*.cpp))
+SIM_NCCL   = $(wildcard kernels/sim/nccl*.cpp)
+SIM_CORE   = $(filter-out $(SIM_NCCL),$(wildcard kernels/sim/*.cpp))
 SIM_OBJ    = $(patsubst engine/%.c,$(SIM)/obj/%.o,$(ENGINE_SRC)) $(SIM)/obj/gl_cdef.o $(SIM)/obj/gl_abi.o \
              $(patsubst kernels/%.cu,$(SIM)/obj/cu_%.o,$(CU_SRC)) \
              $(patsubst kernels/sim/%.cpp,$(SIM)/obj/sim_%.o,$(SIM_CORE))
@@ -112,9 +113,12 @@ $(SIM)/obj/sim_%.o: kernels/sim/%.cpp $(SIM_HDR) | $(SIM)/obj
 	$(CXX) $(SIM_CXXFLAGS) -c $< -o $@
 $(SIM)/libgptlua.so: $(SIM_OBJ)
 	$(CXX) -shared -Wl,-z,nodelete -fsanitize=bounds -o $@ $^ $(BASE_LIBS) -lstdc++
-$(SIM)/libgptlua_mpi.so: $(MPI_SRC) kernels/sim/nccl.cpp $(SIM_HDR) $(SIM)/libgptlua.so
-	$(CXX) $(SIM_CXXFLAGS) $(SIM_MPI_FLAGS) -c kernels/sim/nccl.cpp -o $(SIM)/obj/sim_nccl.o
-	$(CC) $(SIM_CFLAGS) $(SIM_MPI_FLAGS) -DGL_WITH_NCCL -shared -o $@ $(MPI_SRC) $(SIM)/obj/sim_nccl.o \
+# the simulated NCCL (kernels/sim/nccl*.cpp) sits with the MPI backend it runs on
+$(SIM)/obj/mpi_%.o: kernels/sim/%.cpp $(SIM_HDR) | $(SIM)/obj
+	$(CXX) $(SIM_CXXFLAGS) $(SIM_MPI_FLAGS) -c $< -o $@
+$(SIM)/libgptlua_mpi.so: $(MPI_SRC) $(HEADERS) $(patsubst kernels/sim/%.cpp,$(SIM)/obj/mpi_%.o,$(SIM_NCCL)) $(SIM)/libgptlua.so
+	$(CC) $(SIM_CFLAGS) $(SIM_MPI_FLAGS) -DGL_WITH_NCCL -shared -o $@ $(MPI_SRC) \
+	  $(patsubst kernels/sim/%.cpp,$(SIM)/obj/mpi_%.o,$(SIM_NCCL)) \
 	  -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua $(shell pkg-config --libs ompi-c 2>/dev/null) -lstdc++ -fsanitize=bounds
 $(SIM)/libgptlua_simtest.so: $(SIM_TEST_SRC) $(SIM_HDR) $(SIM)/libgptlua.so
 	$(CXX) $(SIM_CXXFLAGS) -x c++ -shared -o $@ $(SIM_TEST_SRC) -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua

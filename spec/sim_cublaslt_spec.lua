@@ -13,57 +13,11 @@
 -- (spec/cuda_spec.lua covers the normal cuBLASLt path).
 -- Runs only in the simulator build: `build/sim/gptlua spec/run.lua --tags=cuda spec/sim_cublaslt_spec.lua`.
 local ffi = require 'ffi'
+local S = require 'support.sim'
+local simtest = S.lib
 
-local ROOT, EXE, LIBDIR = GPTLUA.root, GPTLUA.exe, GPTLUA.libdir
-local SIMTEST = LIBDIR .. '/libgptlua_simtest.so'
-
-local function exists(path)
-  local f = io.open(path)
-  if f then f:close() end
-  return f ~= nil
-end
-local IN_SIM = exists(SIMTEST)
-local sim_it = IN_SIM and it or function(name) pending(name .. ' (not a simulator build: no ' .. SIMTEST .. ')') end
-
-local T
-local function simtest()
-  if not T then
-    if not pcall(ffi.typeof, 'gl_simtest_lt_case') then
-      ffi.cdef [[
-        typedef struct gl_simtest_lt_case {
-          int atype, dtype, compute;
-          int opa, opb;
-          int m, n, k, batch;
-          int pad_a, pad_b, pad_c, pad_d;
-          int gap;
-          int offset;
-          int a_shared;
-          int interleave_d;
-          int in_place;
-          int epilogue;
-          int bias_type;
-          int bias_batched;
-          int exact;
-          int no_algo;
-          double alpha, beta;
-          unsigned seed;
-        } gl_simtest_lt_case;
-        typedef struct gl_simtest_lt_result {
-          int heuristic_status, found, matmul_status, sync_error;
-          double err, aux_err, bias_err;
-          long long mismatches, outside;
-          double fast_dev;
-          char message[256];
-        } gl_simtest_lt_result;
-        int gl_simtest_lt_run(const gl_simtest_lt_case *c, gl_simtest_lt_result *r);
-        int gl_simtest_lt_refusal(const char *name, char *msg, int cap);
-        int gl_simtest_lt_attributes(char *msg, int cap);
-      ]]
-    end
-    T = ffi.load(SIMTEST)
-  end
-  return T
-end
+local sim_it = S.available() and it
+  or function(name) pending(name .. ' (not a simulator build: no ' .. S.PATH .. ')') end
 
 -- the real library's numbers
 local R32F, R64F, R16F, R16BF = 0, 1, 2, 14
@@ -246,47 +200,34 @@ describe('simulated cuBLASLt: refusals #cuda #sim', function()
   end)
 end)
 
--- runs cmd in ROOT; returns stdout, stderr, exit status
-local function sh(cmd)
-  local out, err = os.tmpname(), os.tmpname()
-  local ok, _, code = os.execute(('cd %s && %s > %s 2> %s'):format(ROOT, cmd, out, err))
-  local function slurp(p) local h = io.open(p); local s = h:read('*a'); h:close(); os.remove(p); return s end
-  local status = type(ok) == 'number' and ok / 256 or code
-  return slurp(out), slurp(err), status
-end
-
 describe('simulated cuBLASLt: faults inside the work (sticky errors) #cuda #sim', function()
   local FAULTS = {
-    { 'a_overrun', 700, 'cublasLtMatmul: A at 0x', '728 past the end of its 4096-byte allocation' },
-    { 'host_b', 700, 'cublasLtMatmul: B at 0x', 'is not device memory' },
-    { 'bias_misaligned', 716, 'cublasLtMatmul: bias vector at 0x', 'is not 16-byte aligned' },
-    { 'workspace_host', 700, 'cublasLtMatmul: the workspace at 0x', 'is not device memory' },
+    { 'a_overrun', S.E.IllegalAddress, 'cublasLtMatmul: A at 0x', '728 past the end of its 4096-byte allocation' },
+    { 'host_b', S.E.IllegalAddress, 'cublasLtMatmul: B at 0x', 'is not device memory' },
+    { 'bias_misaligned', S.E.MisalignedAddress, 'cublasLtMatmul: bias vector at 0x', 'is not 16-byte aligned' },
+    { 'workspace_host', S.E.IllegalAddress, 'cublasLtMatmul: the workspace at 0x', 'is not device memory' },
   }
   sim_it('report the operand and leave the error a GPU would', function()
     for _, f in ipairs(FAULTS) do
-      local out, err, st = sh(('%s spec/sim/cublaslt_fault.lua %s %d'):format(EXE, f[1], f[2]))
-      assert(st == 0, ('%s: exit %s, stdout %q stderr %q'):format(f[1], tostring(st), out, err))
-      assert(out:find('cudaError ' .. f[2], 1, true), f[1] .. ': ' .. out)
-      assert(err:find('gptlua cuda-sim: ' .. f[3], 1, true) and err:find(f[4], 1, true),
-             ('%s: stderr %q'):format(f[1], err))
+      local _, out = S.expect('', 'lt fault ' .. f[1], f[2])
+      assert(out:find('gptlua cuda-sim: ' .. f[3], 1, true) and out:find(f[4], 1, true),
+             ('%s: output %q'):format(f[1], out))
     end
   end)
 end)
 
 describe('simulated cuBLASLt: the engine\'s matmul #cuda #sim', function()
   sim_it('goes through cuBLASLt without a refusal', function()
-    local out, err, st = sh(('%s spec/sim/cublaslt_fallback.lua'):format(EXE))
-    assert(st == 0, ('exit %s\nstdout %s\nstderr %s'):format(tostring(st), out, err))
+    local _, out = S.expect('', 'lt matmul', 0)
     assert.equal(9, select(2, out:gsub(' ok\n', '')), out)
-    assert(not err:find('gptlua cuda-sim', 1, true), err)
+    assert(not out:find('gptlua cuda-sim', 1, true), out)
   end)
 
   sim_it('falls back to matmul.cu\'s GEMM kernel when there is no algorithm, same results', function()
-    local out, err, st = sh(('GL_SIM_CUBLASLT_NO_ALGO=1 %s spec/sim/cublaslt_fallback.lua'):format(EXE))
-    assert(st == 0, ('exit %s\nstdout %s\nstderr %s'):format(tostring(st), out, err))
+    local _, out = S.expect('GL_SIM_CUBLASLT_NO_ALGO=1', 'lt matmul', 0)
     local cases = select(2, out:gsub(' ok\n', ''))
     assert.equal(9, cases, out)
-    assert(err:find('gptlua cuda-sim: cublasLtMatmulAlgoGetHeuristic: no algorithm (GL_SIM_CUBLASLT_NO_ALGO is set)', 1,
-                    true), err)
+    assert(out:find('gptlua cuda-sim: cublasLtMatmulAlgoGetHeuristic: no algorithm (GL_SIM_CUBLASLT_NO_ALGO is set)', 1,
+                    true), out)
   end)
 end)

@@ -10,56 +10,12 @@
 --
 -- The kernels live in kernels/sim/test_exec.cu (build/sim/
 -- libgptlua_simtest.so).  Planted bugs leave a sticky error, so they run
--- in a subprocess (spec/sim/exec_run.lua) and the spec reads its output.
+-- in a subprocess (spec/sim/run.lua exec) and the spec reads its output.
 -- Tagged #cuda #sim: only under the simulator (make test-sim).
 local ffi = require 'ffi'
-local ROOT, EXE = GPTLUA.root, GPTLUA.exe
-
-local T  -- the test library, loaded on first use (absent from CPU builds)
-local function simtest()
-  if not T then
-    require 'gptlua'  -- libgptlua.so first: the test library links against it
-    ffi.cdef [[
-      const char *gl_simtest_exec_message(void);
-      int gl_simtest_exec_block_reduce(int rows, int cols, int threads, int is_double);
-      int gl_simtest_exec_shuffles(void);
-      int gl_simtest_exec_votes(void);
-      int gl_simtest_exec_atomics(void);
-      int gl_simtest_exec_grid3d(int gx, int gy, int gz, int bx, int by, int bz);
-      int gl_simtest_exec_dynamic_smem(int bytes, int optin);
-      int gl_simtest_exec_poison(void);
-      int gl_simtest_exec_collective(void);
-      int gl_simtest_exec_race_natural(void);
-      int gl_simtest_exec_launch_config(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                        unsigned bz, long smem, int optin);
-      int gl_simtest_exec_bench(double res[4]);
-    ]]
-    T = ffi.load(GPTLUA.libdir .. '/libgptlua_simtest.so')
-  end
-  return T
-end
-local function message() return ffi.string(simtest().gl_simtest_exec_message()) end
-
--- the case returned 0 (no mismatch, no CUDA error), or fail with its description
-local function passes(name, r)
-  assert(r == 0, ('%s returned %d: %s'):format(name, r, message()))
-end
-
--- runs spec/sim/exec_run.lua with `env`; returns its exit status, result
--- code, result message and whole output (stdout and stderr)
-local function subprocess(env, args)
-  local cmd = ('cd %s && env %s %s spec/sim/exec_run.lua %s 2>&1; echo "__rc=$?"'):format(ROOT, env or '', EXE, args)
-  local p = io.popen(cmd)
-  local out = p:read('*a')
-  p:close()
-  local rc = tonumber(out:match('__rc=(%d+)%s*$'))
-  local code, msg = out:match('result (%-?%d+) ([^\n]*)')
-  return rc, tonumber(code), msg, out
-end
-
--- cudaError_t values (sim_types.h: the real runtime's numbers)
-local E = { InvalidValue = 1, InvalidConfiguration = 9, IllegalAddress = 700, LaunchOutOfResources = 701,
-            LaunchTimeout = 702, IllegalInstruction = 715, LaunchFailure = 719 }
+local S = require 'support.sim'
+local simtest, E = S.lib, S.E
+local message, passes = S.checks('exec')
 
 describe('cuda-sim execution: correct kernels against host loops #cuda #sim', function()
   it('block reductions (GL_SHARED, barriers, xor shuffles) with 32 to 1024 threads, float and double', function()
@@ -177,9 +133,7 @@ describe('cuda-sim execution: each checker fires on a planted bug #cuda #sim', f
   }
   for _, c in ipairs(cases) do
     it(c[1] .. (c[2] ~= '' and ' (' .. c[2] .. ')' or ''), function()
-      local rc, code, msg, out = subprocess(c[2], 'planted ' .. c[1])
-      assert.are.equal(0, rc, out)
-      assert.are.equal(c[3], code, out)
+      local msg, out = S.expect(c[2], 'exec planted ' .. c[1], c[3])
       assert.matches(c[4], out, 1, true)
       assert.matches('gptlua cuda-sim: ', out, 1, true)
       -- the error is sticky: a correct launch afterwards reports it too
@@ -188,21 +142,17 @@ describe('cuda-sim execution: each checker fires on a planted bug #cuda #sim', f
   end
 
   it('names the kernel, block and thread', function()
-    local _, _, _, out = subprocess('', 'planted divergence')
+    local _, _, _, out = S.subprocess('', 'exec planted divergence')
     assert.matches('kernel p_divergence block (0,0,0) thread (32,0,0): barrier divergence', out, 1, true)
   end)
 
   it('without the race mode the missing barrier is not reported as an error', function()
-    local rc, code, _, out = subprocess('', 'planted race')
-    assert.are.equal(0, rc, out)
-    assert.are.equal(0, code, out)
+    S.expect('', 'exec planted race', 0)
   end)
 
   it('the correct kernels pass the race mode (identical memory in a random thread order)', function()
     for _, seed in ipairs({ 1, 7, 12345 }) do
-      local rc, code, msg, out = subprocess('GL_SIM_RACECHECK=1 GL_SIM_SEED=' .. seed, 'correct')
-      assert.are.equal(0, rc, out)
-      assert.are.equal(0, code, msg)
+      S.expect('GL_SIM_RACECHECK=1 GL_SIM_SEED=' .. seed, 'exec correct', 0)
     end
   end)
 end)

@@ -23,29 +23,11 @@
 --
 -- Planted misuse (misaligned pointer, bad ldm, lanes disagreeing) must stop
 -- the kernel with a message naming the operation and the value; the error
--- is sticky, so each runs in its own process (spec/sim/numeric_planted.lua).
+-- is sticky, so each runs in its own process (spec/sim/run.lua num planted).
 -- Tagged #cuda #sim: only under the simulator (make test-sim).
 local ffi = require 'ffi'
-local ROOT, EXE = GPTLUA.root, GPTLUA.exe
-
-local T  -- the test library, loaded on first use (absent from CPU and GPU builds)
-local function simtest()
-  if not T then
-    ffi.cdef [[
-      long gl_simtest_num_16_to_float(void);
-      long gl_simtest_num_float_to_16(long n_random, unsigned seed, long *checked);
-      long gl_simtest_num_double_to_16(long n_random, unsigned seed, long *checked);
-      long gl_simtest_num_int_16(unsigned seed, long *checked);
-      long gl_simtest_num_arith(long n_pairs, unsigned seed);
-      long gl_simtest_num_pairs(void);
-      long gl_simtest_num_device(void);
-      long gl_simtest_num_wmma_gemm(int shape, int dtype, int a_col, int b_col, int half_acc, int accumulate,
-                                    int c_col_major, int scale_a, unsigned seed, double *worst);
-    ]]
-    T = ffi.load(GPTLUA.libdir .. '/libgptlua_simtest.so')
-  end
-  return T
-end
+local S = require 'support.sim'
+local simtest = S.lib
 
 -- a new seed each run, printed on failure (the inputs it drew are random)
 local SEED = os.time() % 100000
@@ -131,42 +113,29 @@ describe('CUDA simulator WMMA #cuda #sim', function()
     end
   end)
 
-  -- runs planted bug `which` in its own process: exit status, reported
-  -- status code and message, whole output
-  local function planted(which)
-    local cmd = ('cd %s && %s spec/sim/numeric_planted.lua %d 2>&1; echo "__rc=$?"'):format(ROOT, EXE, which)
-    local p = io.popen(cmd)
-    local out = p:read('*a')
-    p:close()
-    local code, msg = out:match('result (%-?%d+) ([^\n]*)')
-    return tonumber(out:match('__rc=(%d+)%s*$')), tonumber(code), msg, out
-  end
-  local MISALIGNED, ILLEGAL_INSTRUCTION = 716, 715
+  -- runs planted bug `which` in its own process, which must report status
+  -- `code`; returns the status's message and the whole output
+  local function planted(which, code) return S.expect('', 'num planted ' .. which, code) end
+  local MISALIGNED, ILLEGAL_INSTRUCTION = S.E.MisalignedAddress, S.E.IllegalInstruction
 
   it('stops a kernel whose pointer is not 256-bit aligned', function()
-    local rc, code, msg, out = planted(0)
-    assert.equal(0, rc, out)
-    assert.equal(MISALIGNED, code, out)
+    local msg, out = planted(0, MISALIGNED)
     assert.truthy(msg:find('wmma::load_matrix_sync at .*test_numeric.cu:%d+: pointer 0x%x+ is not 256%-bit %(32%-byte%) aligned'), out)
     assert.truthy(msg:find('kernel wmma_planted_kernel block (0,0,0) thread (', 1, true), out)
     assert.truthy(out:find('gptlua cuda-sim: ', 1, true), out)  -- also on stderr
-    rc, code, msg, out = planted(4)
-    assert.equal(MISALIGNED, code, out)
+    msg, out = planted(4, MISALIGNED)
     assert.truthy(msg:find('wmma::store_matrix_sync at .*: pointer 0x%x+ is not 256%-bit'), out)
   end)
 
   it('stops a kernel whose ldm is not a multiple of 16 bytes', function()
-    local _, code, msg, out = planted(1)
-    assert.equal(MISALIGNED, code, out)
+    local msg, out = planted(1, MISALIGNED)
     assert.truthy(msg:find('wmma::load_matrix_sync at .*: ldm 12 is not a multiple of 8 %(2%-byte elements%)'), out)
   end)
 
   it('stops a kernel whose lanes pass different pointers or ldm', function()
-    local _, code, msg, out = planted(2)
-    assert.equal(ILLEGAL_INSTRUCTION, code, out)
+    local msg, out = planted(2, ILLEGAL_INSTRUCTION)
     assert.truthy(msg:find('wmma::load_matrix_sync', 1, true) and msg:find('disagree', 1, true), out)
-    _, code, msg, out = planted(3)
-    assert.equal(ILLEGAL_INSTRUCTION, code, out)
+    msg, out = planted(3, ILLEGAL_INSTRUCTION)
     assert.truthy(msg:find('wmma::store_matrix_sync at .*: lanes disagree on ldm: lane 0 passed 16, lane 5 24'), out)
   end)
 end)

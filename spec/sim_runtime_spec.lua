@@ -10,49 +10,17 @@
 --
 -- The scenarios live in kernels/sim/test_runtime.cu (build/sim/
 -- libgptlua_simtest.so); bugs leave a sticky error or abort, so they run in
--- a subprocess (spec/sim/runtime_run.lua) and the spec reads its output.
+-- a subprocess (spec/sim/run.lua rt) and the spec reads its output.
 -- Tagged #cuda #sim: only under the simulator (make test-sim).
-local ffi = require 'ffi'
-local ROOT, EXE = GPTLUA.root, GPTLUA.exe
+local S = require 'support.sim'
+local simtest, E = S.lib, S.E
+local message, passes = S.checks('rt')
 
-local T  -- the test library, loaded on first use (absent from CPU builds)
-local function simtest()
-  if not T then
-    ffi.cdef [[
-      const char *gl_simtest_rt_message(void);
-      int gl_simtest_rt_sticky(void);
-      int gl_simtest_rt_copies(void);
-      int gl_simtest_rt_streams(void);
-      int gl_simtest_rt_func_attribute(void);
-      int gl_simtest_rt_bad_arg(const char *name);
-      int gl_simtest_rt_planted(const char *name);
-    ]]
-    T = ffi.load(GPTLUA.libdir .. '/libgptlua_simtest.so')
-  end
-  return T
-end
-local function message() return ffi.string(simtest().gl_simtest_rt_message()) end
-
--- the scenario returned 0, or fail with its description
-local function passes(name, r)
-  assert(r == 0, ('%s returned %d: %s'):format(name, r, message()))
-end
-
--- runs spec/sim/runtime_run.lua with `env` (e.g. 'GL_SIM_STREAMS=threads');
--- returns its exit status, result code, result message and whole output
-local function subprocess(env, args)
-  local cmd = ('cd %s && env %s %s spec/sim/runtime_run.lua %s 2>&1; echo "__rc=$?"'):format(ROOT, env or '', EXE, args)
-  local p = io.popen(cmd)
-  local out = p:read('*a')
-  p:close()
-  local rc = tonumber(out:match('__rc=(%d+)%s*$'))
-  local code, msg = out:match('result (%-?%d+) ([^\n]*)')
-  return rc, tonumber(code), msg, out
-end
-
--- cudaError_t values (sim_types.h: the real runtime's numbers)
-local E = { InvalidValue = 1, MemoryAllocation = 2, InvalidMemcpyDirection = 21, InvalidDevice = 101,
-            InvalidResourceHandle = 400, IllegalAddress = 700, LaunchFailure = 719 }
+-- spec/sim/run.lua rt ARGS in a subprocess with `env` (e.g.
+-- 'GL_SIM_STREAMS=threads'): exit status, result code, result message,
+-- whole output; or require exit status 0 and result `code`
+local function subprocess(env, args) return S.subprocess(env, 'rt ' .. args) end
+local function expect(env, args, code) return S.expect(env, 'rt ' .. args, code) end
 
 describe('cuda-sim runtime: devices, copies, streams, events #cuda #sim', function()
   local gl = require 'gptlua'
@@ -128,19 +96,17 @@ describe('cuda-sim runtime: devices, copies, streams, events #cuda #sim', functi
   end)
 
   it('copies between two simulated devices (GL_SIM_DEVICES=2)', function()
-    local rc, code, msg, out = subprocess('GL_SIM_DEVICES=2', 'scenario peer')
-    assert(rc == 0 and code == 0, out)
+    expect('GL_SIM_DEVICES=2', 'scenario peer', 0)
   end)
 
   it('bounds device memory by GL_SIM_MEMORY_MB', function()
-    local rc, code, msg, out = subprocess('GL_SIM_MEMORY_MB=1', 'oom')
-    assert(rc == 0 and code == 2, out)
+    local msg, out = expect('GL_SIM_MEMORY_MB=1', 'oom', 2)
     assert(msg:find('out of memory allocating 4194304 bytes', 1, true), out)
     assert(msg:find('which has 1048576 bytes', 1, true), out)
   end)
 
   it("runs the engine's runtime (transfers, caching allocator, copy_async, events, waits) under every check", function()
-    dofile(ROOT .. '/spec/sim/runtime_engine.lua')()
+    dofile(S.ROOT .. '/spec/sim/runtime_engine.lua')()
     assert.are.equal(0, simtest().gl_simtest_rt_sticky())
   end)
 end)
@@ -199,45 +165,37 @@ describe('cuda-sim runtime: planted bugs, each checker fires #cuda #sim', functi
   end
 
   it('GL_SIM_STREAMCHECK=0 turns the stream-order check off', function()
-    local rc, code, _, out = subprocess('GL_SIM_STREAMCHECK=0', 'planted missing_wait_kernel')
-    assert(rc == 0 and code == 0, out)
+    expect('GL_SIM_STREAMCHECK=0', 'planted missing_wait_kernel', 0)
   end)
 
   it('does not count the race mode\'s snapshots as accesses of the kernel (GL_SIM_RACECHECK=1)', function()
-    local rc, code, _, out = subprocess('GL_SIM_RACECHECK=1', 'planted unrelated_streams')
-    assert(rc == 0 and code == 0, out)
-    rc, code, _, out = subprocess('GL_SIM_RACECHECK=1', 'planted missing_wait_kernel')
-    assert(rc == 0 and code == E.LaunchFailure, out)
+    expect('GL_SIM_RACECHECK=1', 'planted unrelated_streams', 0)
+    expect('GL_SIM_RACECHECK=1', 'planted missing_wait_kernel', E.LaunchFailure)
   end)
 
   it('GL_SIM_HOSTCHECK=0 leaves device memory readable by host code', function()
-    local rc, code, _, out = subprocess('GL_SIM_HOSTCHECK=0', 'planted host_read')
-    assert(rc == 0 and code == 0, out)
+    expect('GL_SIM_HOSTCHECK=0', 'planted host_read', 0)
   end)
 end)
 
 describe('cuda-sim runtime: GL_SIM_STREAMS=threads #cuda #sim', function()
   it('runs streams concurrently: an item waits for a later item of another stream', function()
-    local rc, code, _, out = subprocess('GL_SIM_STREAMS=threads', 'scenario concurrent')
-    assert(rc == 0 and code == 0, out)
+    expect('GL_SIM_STREAMS=threads', 'scenario concurrent', 0)
   end)
 
   for _, name in ipairs({ 'copies', 'streams' }) do
     it('runs the correct ' .. name .. ' scenario correctly', function()
-      local rc, code, _, out = subprocess('GL_SIM_STREAMS=threads', 'scenario ' .. name)
-      assert(rc == 0 and code == 0, out)
+      expect('GL_SIM_STREAMS=threads', 'scenario ' .. name, 0)
     end)
   end
 
   for _, name in ipairs({ 'event_wait_copy', 'event_wait_kernel', 'blocking_vs_legacy', 'reuse_with_wait' }) do
     it('runs the fixed twin ' .. name .. ' without complaint', function()
-      local rc, code, _, out = subprocess('GL_SIM_STREAMS=threads', 'planted ' .. name)
-      assert(rc == 0 and code == 0, out)
+      expect('GL_SIM_STREAMS=threads', 'planted ' .. name, 0)
     end)
   end
 
   it("runs the engine's runtime cleanly under every check", function()
-    local rc, code, _, out = subprocess('GL_SIM_STREAMS=threads', 'engine')
-    assert(rc == 0 and code == 0, out)
+    expect('GL_SIM_STREAMS=threads', 'engine', 0)
   end)
 end)

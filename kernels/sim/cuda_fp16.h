@@ -1,5 +1,6 @@
 /* cuda_fp16.h — the CUDA simulator's IEEE half precision type (__half,
- * __half2) and the rounding core it shares with cuda_bf16.h.
+ * __half2), the rounding core it shares with cuda_bf16.h and the macro
+ * (GL_SIM_16BIT) that defines both types and their functions.
  *
  * Part of the CUDA simulator (kernels/sim/): the kernels/ sources compile unchanged
  * with the host C++ compiler against these headers instead of the toolkit's.
@@ -117,85 +118,233 @@ template <class I> inline I float_to_int_rz(float f) {
   return (I)t;
 }
 
+/* bit patterns of +inf and of 1 in a 16-bit format */
+constexpr uint16_t inf_bits(int ebits, int mbits) { return (uint16_t)(((1u << ebits) - 1) << mbits); }
+constexpr uint16_t one_bits(int ebits, int mbits) { return (uint16_t)(((1u << (ebits - 1)) - 1) << mbits); }
+
 }  // namespace gl_sim_num
 
-/* ---- __half -------------------------------------------------------------- */
-/* the raw bits, as the toolkit's __half_raw */
-struct __half_raw { unsigned short x; };
-struct __half2_raw { unsigned short x, y; };
-
-struct __half;
-inline __half __float2half_rn(float f);
-inline __half __double2half(double d);
-inline float __half2float(__half h);
-inline __half __ll2half_rn(long long v);
-inline __half __ull2half_rn(unsigned long long v);
-
-struct alignas(2) __half {
- protected:
-  unsigned short __x;
-
- public:
-  __half() = default;  /* trivial: usable in shared arrays and unions */
-  __half(const __half_raw &r) { __x = r.x; }
-  __half &operator=(const __half_raw &r) { __x = r.x; return *this; }
-  operator __half_raw() const { __half_raw r; r.x = __x; return r; }
-  /* construction from numbers rounds to nearest even */
-  __half(float f) { *this = __float2half_rn(f); }
-  __half(double d) { *this = __double2half(d); }
-  __half(short v) { *this = __ll2half_rn(v); }
-  __half(unsigned short v) { *this = __ull2half_rn(v); }
-  __half(int v) { *this = __ll2half_rn(v); }
-  __half(unsigned int v) { *this = __ull2half_rn(v); }
-  __half(long v) { *this = __ll2half_rn(v); }
-  __half(unsigned long v) { *this = __ull2half_rn(v); }
-  __half(long long v) { *this = __ll2half_rn(v); }
-  __half(unsigned long long v) { *this = __ull2half_rn(v); }
-  operator float() const { return __half2float(*this); }
-  /* to integers: toward zero, saturating, NaN -> 0 */
-  explicit operator short() const { return gl_sim_num::float_to_int_rz<short>(__half2float(*this)); }
-  explicit operator unsigned short() const { return gl_sim_num::float_to_int_rz<unsigned short>(__half2float(*this)); }
-  explicit operator int() const { return gl_sim_num::float_to_int_rz<int>(__half2float(*this)); }
-  explicit operator unsigned int() const { return gl_sim_num::float_to_int_rz<unsigned int>(__half2float(*this)); }
-  explicit operator long long() const { return gl_sim_num::float_to_int_rz<long long>(__half2float(*this)); }
-  explicit operator unsigned long long() const {
-    return gl_sim_num::float_to_int_rz<unsigned long long>(__half2float(*this));
+/* ---- GL_SIM_16BIT: what __half and __nv_bfloat16 share ----------------- */
+/* GL_SIM_16BIT(T, N, EBITS, MBITS) defines the 16-bit type T (its name in the
+   toolkit: __half, __nv_bfloat16) with EBITS exponent and MBITS mantissa
+   bits, its raw structs T_raw / T2_raw, its pair T2 and every function the
+   two types share, named as the toolkit names them after N (half,
+   bfloat16): __N_as_ushort, __float2N_rz / _rd / _ru, __double2N,
+   __ll2N_rn ..., __N2int_rz ..., __halves2N2, __hadd ..., __hmax, the
+   comparisons, the operators (as the toolkit defines them for sm_53 (half)
+   and sm_80 (bfloat16) and later), the shuffles and atomicAdd.  Each header
+   then defines the two conversions that differ: __float2N_rn and __N2float.
+   Arithmetic computes in float and rounds once to T.  Shuffles move the
+   bits unchanged (rules as device.h's); atomicAdd is a plain
+   read-modify-write, atomic because simulated threads switch only at
+   barriers and collectives (as device.h's atomics). */
+#define GL_SIM_16BIT(T, N, EBITS, MBITS)                                                                      \
+  /* the raw bits, as the toolkit's T_raw */                                                                  \
+  struct T##_raw { unsigned short x; };                                                                       \
+  struct T##2_raw { unsigned short x, y; };                                                                   \
+                                                                                                              \
+  struct T;                                                                                                   \
+  inline T __float2##N##_rn(float f);                                                                         \
+  inline T __double2##N(double d);                                                                            \
+  inline float __##N##2float(T h);                                                                            \
+  inline T __ll2##N##_rn(long long v);                                                                        \
+  inline T __ull2##N##_rn(unsigned long long v);                                                              \
+                                                                                                              \
+  struct alignas(2) T {                                                                                       \
+   protected:                                                                                                 \
+    unsigned short __x;                                                                                       \
+                                                                                                              \
+   public:                                                                                                    \
+    T() = default; /* trivial: usable in shared arrays and unions */                                          \
+    T(const T##_raw &r) { __x = r.x; }                                                                        \
+    T &operator=(const T##_raw &r) { __x = r.x; return *this; }                                               \
+    operator T##_raw() const { T##_raw r; r.x = __x; return r; }                                              \
+    /* construction from numbers rounds to nearest even */                                                    \
+    T(float f) { *this = __float2##N##_rn(f); }                                                               \
+    T(double d) { *this = __double2##N(d); }                                                                  \
+    T(short v) { *this = __ll2##N##_rn(v); }                                                                  \
+    T(unsigned short v) { *this = __ull2##N##_rn(v); }                                                        \
+    T(int v) { *this = __ll2##N##_rn(v); }                                                                    \
+    T(unsigned int v) { *this = __ull2##N##_rn(v); }                                                          \
+    T(long v) { *this = __ll2##N##_rn(v); }                                                                   \
+    T(unsigned long v) { *this = __ull2##N##_rn(v); }                                                         \
+    T(long long v) { *this = __ll2##N##_rn(v); }                                                              \
+    T(unsigned long long v) { *this = __ull2##N##_rn(v); }                                                    \
+    operator float() const { return __##N##2float(*this); }                                                   \
+    /* to integers: toward zero, saturating, NaN -> 0 */                                                      \
+    explicit operator short() const { return gl_sim_num::float_to_int_rz<short>(__##N##2float(*this)); }      \
+    explicit operator unsigned short() const {                                                                \
+      return gl_sim_num::float_to_int_rz<unsigned short>(__##N##2float(*this));                               \
+    }                                                                                                         \
+    explicit operator int() const { return gl_sim_num::float_to_int_rz<int>(__##N##2float(*this)); }          \
+    explicit operator unsigned int() const {                                                                  \
+      return gl_sim_num::float_to_int_rz<unsigned int>(__##N##2float(*this));                                 \
+    }                                                                                                         \
+    explicit operator long long() const { return gl_sim_num::float_to_int_rz<long long>(__##N##2float(*this)); } \
+    explicit operator unsigned long long() const {                                                            \
+      return gl_sim_num::float_to_int_rz<unsigned long long>(__##N##2float(*this));                           \
+    }                                                                                                         \
+    explicit operator bool() const { return (__x & 0x7fff) != 0; }                                           \
+  };                                                                                                          \
+                                                                                                              \
+  struct alignas(4) T##2 {                                                                                    \
+    T x, y;                                                                                                   \
+    T##2() = default;                                                                                         \
+    T##2(const T &a, const T &b) : x(a), y(b) {}                                                              \
+    T##2(const T##2_raw &r) { x = T##_raw{r.x}; y = T##_raw{r.y}; }                                           \
+    operator T##2_raw() const { return T##2_raw{T##_raw(x).x, T##_raw(y).x}; }                                \
+  };                                                                                                          \
+                                                                                                              \
+  /* bits <-> T */                                                                                            \
+  inline unsigned short __##N##_as_ushort(T h) { return T##_raw(h).x; }                                       \
+  inline T __ushort_as_##N(unsigned short u) { return T(T##_raw{u}); }                                        \
+  inline short __##N##_as_short(T h) { return (short)T##_raw(h).x; }                                         \
+  inline T __short_as_##N(short s) { return T(T##_raw{(unsigned short)s}); }                                  \
+                                                                                                              \
+  /* float / double -> T in the other rounding modes */                                                       \
+  inline T __float2##N(float f) { return __float2##N##_rn(f); }                                               \
+  inline T __float2##N##_rz(float f) {                                                                        \
+    return __ushort_as_##N(gl_sim_num::float_to_16(f, EBITS, MBITS, gl_sim_num::ROUND_TOWARD_ZERO));          \
+  }                                                                                                           \
+  inline T __float2##N##_rd(float f) {                                                                        \
+    return __ushort_as_##N(gl_sim_num::float_to_16(f, EBITS, MBITS, gl_sim_num::ROUND_DOWN));                 \
+  }                                                                                                           \
+  inline T __float2##N##_ru(float f) {                                                                        \
+    return __ushort_as_##N(gl_sim_num::float_to_16(f, EBITS, MBITS, gl_sim_num::ROUND_UP));                   \
+  }                                                                                                           \
+  inline T __double2##N(double d) {                                                                           \
+    return __ushort_as_##N(gl_sim_num::double_to_16(d, EBITS, MBITS, gl_sim_num::ROUND_NEAREST_EVEN));        \
+  }                                                                                                           \
+                                                                                                              \
+  /* integers <-> T */                                                                                        \
+  inline T __ll2##N##_rn(long long v) {                                                                       \
+    return __ushort_as_##N(gl_sim_num::int_to_16(v, EBITS, MBITS, gl_sim_num::ROUND_NEAREST_EVEN));           \
+  }                                                                                                           \
+  inline T __ull2##N##_rn(unsigned long long v) {                                                             \
+    return __ushort_as_##N(gl_sim_num::uint_to_16(v, EBITS, MBITS, gl_sim_num::ROUND_NEAREST_EVEN));          \
+  }                                                                                                           \
+  inline T __int2##N##_rn(int v) { return __ll2##N##_rn(v); }                                                 \
+  inline T __uint2##N##_rn(unsigned int v) { return __ull2##N##_rn(v); }                                      \
+  inline T __short2##N##_rn(short v) { return __ll2##N##_rn(v); }                                             \
+  inline T __ushort2##N##_rn(unsigned short v) { return __ull2##N##_rn(v); }                                  \
+  inline int __##N##2int_rz(T h) { return gl_sim_num::float_to_int_rz<int>(__##N##2float(h)); }               \
+  inline unsigned int __##N##2uint_rz(T h) {                                                                  \
+    return gl_sim_num::float_to_int_rz<unsigned int>(__##N##2float(h));                                      \
+  }                                                                                                           \
+  inline long long __##N##2ll_rz(T h) { return gl_sim_num::float_to_int_rz<long long>(__##N##2float(h)); }    \
+  inline unsigned long long __##N##2ull_rz(T h) {                                                             \
+    return gl_sim_num::float_to_int_rz<unsigned long long>(__##N##2float(h));                                 \
+  }                                                                                                           \
+  inline short __##N##2short_rz(T h) { return gl_sim_num::float_to_int_rz<short>(__##N##2float(h)); }         \
+  inline unsigned short __##N##2ushort_rz(T h) {                                                              \
+    return gl_sim_num::float_to_int_rz<unsigned short>(__##N##2float(h));                                    \
+  }                                                                                                           \
+                                                                                                              \
+  /* pairs */                                                                                                 \
+  inline T##2 __halves2##N##2(T a, T b) { return T##2(a, b); }                                                \
+  inline T##2 __floats2##N##2_rn(float a, float b) { return T##2(__float2##N##_rn(a), __float2##N##_rn(b)); } \
+  inline T##2 __float22##N##2_rn(float2 v) { return __floats2##N##2_rn(v.x, v.y); }                           \
+  inline float2 __##N##22float2(T##2 v) { return make_float2(__##N##2float(v.x), __##N##2float(v.y)); }       \
+  inline float __low2float(T##2 v) { return __##N##2float(v.x); }                                             \
+  inline float __high2float(T##2 v) { return __##N##2float(v.y); }                                            \
+  inline T __low2##N(T##2 v) { return v.x; }                                                                  \
+  inline T __high2##N(T##2 v) { return v.y; }                                                                 \
+                                                                                                              \
+  /* arithmetic: computed in float, rounded once to T */                                                      \
+  inline T __hadd(T a, T b) { return __float2##N##_rn(__##N##2float(a) + __##N##2float(b)); }                 \
+  inline T __hsub(T a, T b) { return __float2##N##_rn(__##N##2float(a) - __##N##2float(b)); }                 \
+  inline T __hmul(T a, T b) { return __float2##N##_rn(__##N##2float(a) * __##N##2float(b)); }                 \
+  inline T __hdiv(T a, T b) { return __float2##N##_rn(__##N##2float(a) / __##N##2float(b)); }                 \
+  inline T __hneg(T a) { return __ushort_as_##N(__##N##_as_ushort(a) ^ 0x8000); }                             \
+  inline T __habs(T a) { return __ushort_as_##N(__##N##_as_ushort(a) & 0x7fff); }                             \
+  inline bool __hisnan(T a) { return (__##N##_as_ushort(a) & 0x7fff) > gl_sim_num::inf_bits(EBITS, MBITS); }  \
+  /* -1 for -inf, 1 for +inf, else 0 */                                                                       \
+  inline int __hisinf(T a) {                                                                                  \
+    unsigned short b = __##N##_as_ushort(a);                                                                  \
+    return b == (0x8000 | gl_sim_num::inf_bits(EBITS, MBITS)) ? -1 : b == gl_sim_num::inf_bits(EBITS, MBITS) ? 1 : 0; \
+  }                                                                                                           \
+  /* max / min: a NaN operand yields the other one (two NaNs: the canonical                                   \
+     NaN); +0 counts as larger than -0 */                                                                     \
+  inline T __hmax(T a, T b) {                                                                                 \
+    if (__hisnan(a)) return __hisnan(b) ? __ushort_as_##N(0x7fff) : b;                                        \
+    if (__hisnan(b)) return a;                                                                                \
+    float fa = __##N##2float(a), fb = __##N##2float(b);                                                       \
+    if (fa == fb) return (__##N##_as_ushort(a) & 0x8000) ? b : a;                                             \
+    return fa > fb ? a : b;                                                                                   \
+  }                                                                                                           \
+  inline T __hmin(T a, T b) {                                                                                 \
+    if (__hisnan(a)) return __hisnan(b) ? __ushort_as_##N(0x7fff) : b;                                        \
+    if (__hisnan(b)) return a;                                                                                \
+    float fa = __##N##2float(a), fb = __##N##2float(b);                                                       \
+    if (fa == fb) return (__##N##_as_ushort(a) & 0x8000) ? a : b;                                             \
+    return fa < fb ? a : b;                                                                                   \
+  }                                                                                                           \
+  /* comparisons: the ordered ones are false when either is NaN; __hneu is true */                            \
+  inline bool __heq(T a, T b) { return __##N##2float(a) == __##N##2float(b); }                                \
+  inline bool __hne(T a, T b) { return __##N##2float(a) < __##N##2float(b) || __##N##2float(a) > __##N##2float(b); } \
+  inline bool __hneu(T a, T b) { return !(__##N##2float(a) == __##N##2float(b)); }                            \
+  inline bool __hlt(T a, T b) { return __##N##2float(a) < __##N##2float(b); }                                 \
+  inline bool __hle(T a, T b) { return __##N##2float(a) <= __##N##2float(b); }                                \
+  inline bool __hgt(T a, T b) { return __##N##2float(a) > __##N##2float(b); }                                 \
+  inline bool __hge(T a, T b) { return __##N##2float(a) >= __##N##2float(b); }                                \
+                                                                                                              \
+  /* operators */                                                                                             \
+  inline T operator+(const T &a, const T &b) { return __hadd(a, b); }                                         \
+  inline T operator-(const T &a, const T &b) { return __hsub(a, b); }                                         \
+  inline T operator*(const T &a, const T &b) { return __hmul(a, b); }                                         \
+  inline T operator/(const T &a, const T &b) { return __hdiv(a, b); }                                         \
+  inline T &operator+=(T &a, const T &b) { a = __hadd(a, b); return a; }                                      \
+  inline T &operator-=(T &a, const T &b) { a = __hsub(a, b); return a; }                                      \
+  inline T &operator*=(T &a, const T &b) { a = __hmul(a, b); return a; }                                      \
+  inline T &operator/=(T &a, const T &b) { a = __hdiv(a, b); return a; }                                      \
+  inline T operator+(const T &a) { return a; }                                                                \
+  inline T operator-(const T &a) { return __hneg(a); }                                                        \
+  inline T &operator++(T &a) { a = __hadd(a, __ushort_as_##N(gl_sim_num::one_bits(EBITS, MBITS))); return a; } \
+  inline T &operator--(T &a) { a = __hsub(a, __ushort_as_##N(gl_sim_num::one_bits(EBITS, MBITS))); return a; } \
+  inline T operator++(T &a, int) { T old = a; ++a; return old; }                                              \
+  inline T operator--(T &a, int) { T old = a; --a; return old; }                                              \
+  inline bool operator==(const T &a, const T &b) { return __heq(a, b); }                                      \
+  inline bool operator!=(const T &a, const T &b) { return __hneu(a, b); }                                     \
+  inline bool operator<(const T &a, const T &b) { return __hlt(a, b); }                                       \
+  inline bool operator<=(const T &a, const T &b) { return __hle(a, b); }                                      \
+  inline bool operator>(const T &a, const T &b) { return __hgt(a, b); }                                       \
+  inline bool operator>=(const T &a, const T &b) { return __hge(a, b); }                                      \
+                                                                                                              \
+  /* device functions: warp shuffles, atomicAdd */                                                            \
+  inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32, const char *file = __builtin_FILE(), \
+                       int line = __builtin_LINE()) {                                                         \
+    uint64_t bits = gl_sim_shfl(GL_SIM_SHFL_IDX, mask, __##N##_as_ushort(var), src_lane, width, file, line);  \
+    return __ushort_as_##N((unsigned short)bits);                                                             \
+  }                                                                                                           \
+  inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32,                               \
+                          const char *file = __builtin_FILE(), int line = __builtin_LINE()) {                 \
+    uint64_t bits = gl_sim_shfl(GL_SIM_SHFL_UP, mask, __##N##_as_ushort(var), (int)delta, width, file, line); \
+    return __ushort_as_##N((unsigned short)bits);                                                             \
+  }                                                                                                           \
+  inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32,                             \
+                            const char *file = __builtin_FILE(), int line = __builtin_LINE()) {               \
+    uint64_t bits = gl_sim_shfl(GL_SIM_SHFL_DOWN, mask, __##N##_as_ushort(var), (int)delta, width, file, line); \
+    return __ushort_as_##N((unsigned short)bits);                                                             \
+  }                                                                                                           \
+  inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32,                               \
+                           const char *file = __builtin_FILE(), int line = __builtin_LINE()) {                \
+    uint64_t bits = gl_sim_shfl(GL_SIM_SHFL_XOR, mask, __##N##_as_ushort(var), lane_mask, width, file, line); \
+    return __ushort_as_##N((unsigned short)bits);                                                             \
+  }                                                                                                           \
+  inline T atomicAdd(T *address, T val) {                                                                     \
+    T old = *address;                                                                                         \
+    *address = __hadd(old, val);                                                                              \
+    return old;                                                                                               \
   }
-  explicit operator bool() const { return (__x & 0x7fff) != 0; }
-};
-typedef __half half;
 
-struct alignas(4) __half2 {
-  __half x, y;
-  __half2() = default;
-  __half2(const __half &a, const __half &b) : x(a), y(b) {}
-  __half2(const __half2_raw &r) { x = __half_raw{r.x}; y = __half_raw{r.y}; }
-  operator __half2_raw() const { return __half2_raw{__half_raw(x).x, __half_raw(y).x}; }
-};
+/* ---- __half -------------------------------------------------------------- */
+GL_SIM_16BIT(__half, half, 5, 10)
+typedef __half half;
 typedef __half2 half2;
 
-/* bits <-> __half */
-inline unsigned short __half_as_ushort(__half h) { return __half_raw(h).x; }
-inline __half __ushort_as_half(unsigned short u) { return __half(__half_raw{u}); }
-inline short __half_as_short(__half h) { return (short)__half_raw(h).x; }
-inline __half __short_as_half(short s) { return __half(__half_raw{(unsigned short)s}); }
-
-/* float / double -> half */
+/* float -> half, nearest even */
 inline __half __float2half_rn(float f) {
   return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_NEAREST_EVEN));
-}
-inline __half __float2half(float f) { return __float2half_rn(f); }
-inline __half __float2half_rz(float f) {
-  return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_TOWARD_ZERO));
-}
-inline __half __float2half_rd(float f) {
-  return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_DOWN));
-}
-inline __half __float2half_ru(float f) {
-  return __ushort_as_half(gl_sim_num::float_to_16(f, 5, 10, gl_sim_num::ROUND_UP));
-}
-inline __half __double2half(double d) {
-  return __ushort_as_half(gl_sim_num::double_to_16(d, 5, 10, gl_sim_num::ROUND_NEAREST_EVEN));
 }
 
 /* half -> float: exact; NaN -> 0x7fffffff */
@@ -207,128 +356,6 @@ inline float __half2float(__half h) {
     return sign ? -f : f;
   }
   return gl_sim_num::bits_float(sign | ((e + 112) << 23) | (m << 13));
-}
-
-/* integers <-> half */
-inline __half __ll2half_rn(long long v) {
-  return __ushort_as_half(gl_sim_num::int_to_16(v, 5, 10, gl_sim_num::ROUND_NEAREST_EVEN));
-}
-inline __half __ull2half_rn(unsigned long long v) {
-  return __ushort_as_half(gl_sim_num::uint_to_16(v, 5, 10, gl_sim_num::ROUND_NEAREST_EVEN));
-}
-inline __half __int2half_rn(int v) { return __ll2half_rn(v); }
-inline __half __uint2half_rn(unsigned int v) { return __ull2half_rn(v); }
-inline __half __short2half_rn(short v) { return __ll2half_rn(v); }
-inline __half __ushort2half_rn(unsigned short v) { return __ull2half_rn(v); }
-inline int __half2int_rz(__half h) { return gl_sim_num::float_to_int_rz<int>(__half2float(h)); }
-inline unsigned int __half2uint_rz(__half h) { return gl_sim_num::float_to_int_rz<unsigned int>(__half2float(h)); }
-inline long long __half2ll_rz(__half h) { return gl_sim_num::float_to_int_rz<long long>(__half2float(h)); }
-inline unsigned long long __half2ull_rz(__half h) {
-  return gl_sim_num::float_to_int_rz<unsigned long long>(__half2float(h));
-}
-inline short __half2short_rz(__half h) { return gl_sim_num::float_to_int_rz<short>(__half2float(h)); }
-inline unsigned short __half2ushort_rz(__half h) {
-  return gl_sim_num::float_to_int_rz<unsigned short>(__half2float(h));
-}
-
-/* pairs */
-inline __half2 __halves2half2(__half a, __half b) { return __half2(a, b); }
-inline __half2 __floats2half2_rn(float a, float b) { return __half2(__float2half_rn(a), __float2half_rn(b)); }
-inline __half2 __float22half2_rn(float2 v) { return __floats2half2_rn(v.x, v.y); }
-inline float2 __half22float2(__half2 v) { return make_float2(__half2float(v.x), __half2float(v.y)); }
-inline float __low2float(__half2 v) { return __half2float(v.x); }
-inline float __high2float(__half2 v) { return __half2float(v.y); }
-inline __half __low2half(__half2 v) { return v.x; }
-inline __half __high2half(__half2 v) { return v.y; }
-
-/* arithmetic: computed in float, rounded once to half */
-inline __half __hadd(__half a, __half b) { return __float2half_rn(__half2float(a) + __half2float(b)); }
-inline __half __hsub(__half a, __half b) { return __float2half_rn(__half2float(a) - __half2float(b)); }
-inline __half __hmul(__half a, __half b) { return __float2half_rn(__half2float(a) * __half2float(b)); }
-inline __half __hdiv(__half a, __half b) { return __float2half_rn(__half2float(a) / __half2float(b)); }
-inline __half __hneg(__half a) { return __ushort_as_half(__half_as_ushort(a) ^ 0x8000); }
-inline __half __habs(__half a) { return __ushort_as_half(__half_as_ushort(a) & 0x7fff); }
-inline bool __hisnan(__half a) { return (__half_as_ushort(a) & 0x7fff) > 0x7c00; }
-/* -1 for -inf, 1 for +inf, else 0 */
-inline int __hisinf(__half a) {
-  unsigned short b = __half_as_ushort(a);
-  return b == 0xfc00 ? -1 : b == 0x7c00 ? 1 : 0;
-}
-/* max / min: a NaN operand yields the other one (two NaNs: the canonical
-   NaN); +0 counts as larger than -0 */
-inline __half __hmax(__half a, __half b) {
-  if (__hisnan(a)) return __hisnan(b) ? __ushort_as_half(0x7fff) : b;
-  if (__hisnan(b)) return a;
-  float fa = __half2float(a), fb = __half2float(b);
-  if (fa == fb) return (__half_as_ushort(a) & 0x8000) ? b : a;
-  return fa > fb ? a : b;
-}
-inline __half __hmin(__half a, __half b) {
-  if (__hisnan(a)) return __hisnan(b) ? __ushort_as_half(0x7fff) : b;
-  if (__hisnan(b)) return a;
-  float fa = __half2float(a), fb = __half2float(b);
-  if (fa == fb) return (__half_as_ushort(a) & 0x8000) ? a : b;
-  return fa < fb ? a : b;
-}
-/* comparisons: the ordered ones are false when either is NaN; __hneu is true */
-inline bool __heq(__half a, __half b) { return __half2float(a) == __half2float(b); }
-inline bool __hne(__half a, __half b) { return __half2float(a) < __half2float(b) || __half2float(a) > __half2float(b); }
-inline bool __hneu(__half a, __half b) { return !(__half2float(a) == __half2float(b)); }
-inline bool __hlt(__half a, __half b) { return __half2float(a) < __half2float(b); }
-inline bool __hle(__half a, __half b) { return __half2float(a) <= __half2float(b); }
-inline bool __hgt(__half a, __half b) { return __half2float(a) > __half2float(b); }
-inline bool __hge(__half a, __half b) { return __half2float(a) >= __half2float(b); }
-
-/* operators, as the toolkit defines them for sm_53 and later */
-inline __half operator+(const __half &a, const __half &b) { return __hadd(a, b); }
-inline __half operator-(const __half &a, const __half &b) { return __hsub(a, b); }
-inline __half operator*(const __half &a, const __half &b) { return __hmul(a, b); }
-inline __half operator/(const __half &a, const __half &b) { return __hdiv(a, b); }
-inline __half &operator+=(__half &a, const __half &b) { a = __hadd(a, b); return a; }
-inline __half &operator-=(__half &a, const __half &b) { a = __hsub(a, b); return a; }
-inline __half &operator*=(__half &a, const __half &b) { a = __hmul(a, b); return a; }
-inline __half &operator/=(__half &a, const __half &b) { a = __hdiv(a, b); return a; }
-inline __half operator+(const __half &a) { return a; }
-inline __half operator-(const __half &a) { return __hneg(a); }
-inline __half &operator++(__half &a) { a = __hadd(a, __ushort_as_half(0x3c00)); return a; }
-inline __half &operator--(__half &a) { a = __hsub(a, __ushort_as_half(0x3c00)); return a; }
-inline __half operator++(__half &a, int) { __half old = a; ++a; return old; }
-inline __half operator--(__half &a, int) { __half old = a; --a; return old; }
-inline bool operator==(const __half &a, const __half &b) { return __heq(a, b); }
-inline bool operator!=(const __half &a, const __half &b) { return __hneu(a, b); }
-inline bool operator<(const __half &a, const __half &b) { return __hlt(a, b); }
-inline bool operator<=(const __half &a, const __half &b) { return __hle(a, b); }
-inline bool operator>(const __half &a, const __half &b) { return __hgt(a, b); }
-inline bool operator>=(const __half &a, const __half &b) { return __hge(a, b); }
-
-/* ---- device functions on __half ----------------------------------------- */
-/* warp shuffles (the bits move unchanged; rules as device.h's) */
-inline __half __shfl_sync(unsigned mask, __half var, int src_lane, int width = 32,
-                          const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
-  uint64_t bits = gl_sim_shfl(GL_SIM_SHFL_IDX, mask, __half_as_ushort(var), src_lane, width, file, line);
-  return __ushort_as_half((unsigned short)bits);
-}
-inline __half __shfl_up_sync(unsigned mask, __half var, unsigned delta, int width = 32,
-                             const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
-  uint64_t bits = gl_sim_shfl(GL_SIM_SHFL_UP, mask, __half_as_ushort(var), (int)delta, width, file, line);
-  return __ushort_as_half((unsigned short)bits);
-}
-inline __half __shfl_down_sync(unsigned mask, __half var, unsigned delta, int width = 32,
-                               const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
-  uint64_t bits = gl_sim_shfl(GL_SIM_SHFL_DOWN, mask, __half_as_ushort(var), (int)delta, width, file, line);
-  return __ushort_as_half((unsigned short)bits);
-}
-inline __half __shfl_xor_sync(unsigned mask, __half var, int lane_mask, int width = 32,
-                              const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
-  uint64_t bits = gl_sim_shfl(GL_SIM_SHFL_XOR, mask, __half_as_ushort(var), lane_mask, width, file, line);
-  return __ushort_as_half((unsigned short)bits);
-}
-/* atomicAdd: simulated threads switch only at barriers and collectives, so a
-   plain read-modify-write is atomic (as device.h's atomics) */
-inline __half atomicAdd(__half *address, __half val) {
-  __half old = *address;
-  *address = __hadd(old, val);
-  return old;
 }
 
 #endif

@@ -1,4 +1,4 @@
-/* test_cublaslt.cu — checks of the simulator's cuBLASLt (kernels/sim/cublaslt.cpp),
+/* test_cublaslt.cu — checks of the simulator's cuBLASLt (kernels/sim/cublaslt*.cpp),
  * called from spec/sim_cublaslt_spec.lua through LuaJIT's ffi
  * (build/sim/libgptlua_simtest.so).
  *
@@ -17,18 +17,15 @@
  *                          error): the cudaError the stream reports.
  *
  * The rounding and bf16 / fp16 encoding here are written independently of
- * cublaslt.cpp's bit-level helpers (frexp / ldexp / nearbyint), so the two
+ * cublaslt_matmul.cpp's bit-level helpers (frexp / ldexp / nearbyint), so the two
  * check each other. */
-#include <cuda_runtime.h>
+#include "simtest.h"
 #include <cublasLt.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <algorithm>
-#include <string>
-#include <vector>
 
 extern "C" {
 typedef struct gl_simtest_lt_case {
@@ -67,7 +64,7 @@ int gl_simtest_lt_attributes(char *msg, int cap);
 int gl_simtest_lt_fault(const char *name);
 }
 
-/* ---- numbers, independent of cublaslt.cpp ---------------------------------- */
+/* ---- numbers, independent of cublaslt_matmul.cpp --------------------------- */
 static int tsize(int t) { return t == CUDA_R_64F ? 8 : t == CUDA_R_32F ? 4 : 2; }
 
 /* significand bits, smallest normal exponent, largest finite of a type */

@@ -16,35 +16,12 @@
  *                          are sticky, so the spec runs them in a subprocess
  *   ..._bench              launches/s, fiber switches/s */
 #include "common.cuh"
-#include <stdarg.h>
-#include <stdio.h>
+#include "simtest.h"
 #include <chrono>
-#include <string>
-#include <vector>
 
 /* ---- harness -------------------------------------------------------------- */
-namespace {
-static std::string g_msg;
-__attribute__((format(printf, 1, 2))) static void note(const char *fmt, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  if (g_msg.empty()) g_msg = buf; /* the first problem is the one to read */
-}
-}  // namespace
+SIMTEST_MESSAGE(exec)
 
-extern "C" const char *gl_simtest_exec_message(void) { return g_msg.c_str(); }
-
-#define TRY(call)                                                                   \
-  do {                                                                              \
-    cudaError_t e_ = (call);                                                        \
-    if (e_ != cudaSuccess) {                                                        \
-      note("%s: %s (line %d)", #call, cudaGetErrorString(e_), __LINE__);            \
-      return -(int)e_;                                                              \
-    }                                                                               \
-  } while (0)
 /* after a launch: the configuration was accepted and the grid ran */
 #define TRY_LAUNCH() \
   do {               \
@@ -77,8 +54,6 @@ template <class T> struct Dev {
     note("cudaMalloc of %zu %s failed", (size_t)(count), #T); \
     return -(int)cudaErrorMemoryAllocation;                  \
   }
-
-static void begin(void) { g_msg.clear(); }
 
 /* ---- block reduction (GL_SHARED, barriers, xor shuffles) ------------------ */
 template <class T> __global__ void k_block_reduce(const T *x, T *sum, T *mx, int cols) {

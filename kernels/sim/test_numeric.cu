@@ -15,12 +15,11 @@
  *    kernel; the spec runs them in a subprocess and reads the error.
  * Failures are printed to stderr, prefixed "gptlua cuda-sim: test_numeric: ". */
 #include "common.cuh"
+#include "simtest.h"
 #include <mma.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <algorithm>
 #include <limits>
-#include <vector>
 
 using namespace nvcuda;
 

@@ -24,36 +24,16 @@
  * -cudaError_t when a CUDA call failed; gl_simtest_rt_message() describes
  * the first problem. */
 #include "common.cuh"
-#include <stdarg.h>
-#include <stdio.h>
+#include "simtest.h"
 #include <unistd.h>
 #include <atomic>
 #include <chrono>
-#include <string>
 #include <thread>
-#include <vector>
 
 /* ---- harness -------------------------------------------------------------- */
-static std::string rt_msg;
-__attribute__((format(printf, 1, 2))) static void note(const char *fmt, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  if (rt_msg.empty()) rt_msg = buf;  /* the first problem is the one to read */
-}
-extern "C" const char *gl_simtest_rt_message(void) { return rt_msg.c_str(); }
+SIMTEST_MESSAGE(rt)
 extern "C" int gl_simtest_rt_sticky(void) { return (int)gl_sim_sticky(); }
 
-#define TRY(call)                                                         \
-  do {                                                                    \
-    cudaError_t e_ = (call);                                              \
-    if (e_ != cudaSuccess) {                                              \
-      note("%s: %s (line %d)", #call, cudaGetErrorString(e_), __LINE__); \
-      return -(int)e_;                                                    \
-    }                                                                     \
-  } while (0)
 #define EXPECT(cond, ...)  \
   do {                     \
     if (!(cond)) {         \
@@ -79,8 +59,6 @@ struct PinnedBuf {
   ~PinnedBuf() { if (p) cudaFreeHost(p); }
   template <class T> T *as() const { return (T *)p; }
 };
-
-static void begin(void) { rt_msg.clear(); }
 
 /* ---- kernels ----------------------------------------------------------------- */
 __global__ void k_fill(float *x, float v, int n) {
@@ -459,10 +437,10 @@ extern "C" int gl_simtest_rt_bad_arg(const char *name) {
     note("unknown misuse '%s'", name);
     return -1;
   }
-  rt_msg = cudaGetErrorString(e);
+  simtest_msg = cudaGetErrorString(e);
   cudaError_t last = cudaGetLastError(), again = cudaGetLastError();
   if (last != e || again != cudaSuccess) {
-    rt_msg = std::string("cudaGetLastError returned ") + cudaGetErrorName(last) + " then " + cudaGetErrorName(again) +
+    simtest_msg = std::string("cudaGetLastError returned ") + cudaGetErrorName(last) + " then " + cudaGetErrorName(again) +
              ", expected " + cudaGetErrorName(e) + " then cudaSuccess";
     return -2;
   }
@@ -601,7 +579,7 @@ extern "C" int gl_simtest_rt_planted(const char *name) {
     return -1;
   }
   cudaError_t e = cudaDeviceSynchronize();
-  rt_msg = cudaGetErrorString(e);
+  simtest_msg = cudaGetErrorString(e);
   if (e == cudaSuccess) {
     cudaStreamDestroy(a);
     cudaStreamDestroy(b);

@@ -2,7 +2,7 @@
 -- library uses it: transfers, the caching allocator, pinned buffers,
 -- copy_async with and without an event, timing events, stream waits, a
 -- cuBLASLt product.  Used by spec/sim_runtime_spec.lua in-process and in a
--- GL_SIM_STREAMS=threads subprocess (spec/sim/runtime_run.lua engine).
+-- GL_SIM_STREAMS=threads subprocess (spec/sim/run.lua rt engine).
 -- Returns a function that raises an error on the first wrong value.
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'

@@ -3,9 +3,10 @@
 -- GL_SIM_CUBLASLT_NO_ALGO=1, every cublasLtMatmulAlgoGetHeuristic answers
 -- "no algorithm" and kernels/matmul.cu must compute with its fallback GEMM
 -- kernel; without it the products go through the simulated cuBLASLt.
--- Prints each case's max |cuda - cpu| relative to the result's scale and
--- exits 0 when all are within the dtype's tolerance, 1 if not.  Run by
--- spec/sim_cublaslt_spec.lua.
+-- Returns a function that prints each case's max |cuda - cpu| relative to
+-- the result's scale and returns how many are beyond the dtype's
+-- tolerance.  Run by spec/sim_cublaslt_spec.lua in a process of its own
+-- (spec/sim/run.lua lt matmul).
 local gl = require 'gptlua'
 local lib = gl.lib
 local TOL = { float32 = 1e-5, bfloat16 = 1e-2, float64 = 1e-10 }
@@ -39,12 +40,14 @@ local function case(name, dt, a, b, c, alpha, beta)
   io.write(('%-34s rel %.3g %s\n'):format(name .. ' ' .. dt, rel, ok and 'ok' or 'FAIL'))
 end
 
-for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
-  local a, bt, c = randn({ 3, 17, 24 }, dt), randn({ 3, 9, 24 }, dt), randn({ 3, 17, 9 }, dt)
-  case('batched, b transposed', dt, a, bt:transpose(2, 3), c, 1, 0)
-  case('alpha 2, beta 0.5', dt, a, bt:transpose(2, 3), c, 2, 0.5)
-  local w = randn({ 24, 9 }, dt)
-  case('2-d, a transposed view', dt, randn({ 24, 17 }, dt):transpose(1, 2), w, randn({ 17, 9 }, dt), 1, 0)
+return function()
+  for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+    local a, bt, c = randn({ 3, 17, 24 }, dt), randn({ 3, 9, 24 }, dt), randn({ 3, 17, 9 }, dt)
+    case('batched, b transposed', dt, a, bt:transpose(2, 3), c, 1, 0)
+    case('alpha 2, beta 0.5', dt, a, bt:transpose(2, 3), c, 2, 0.5)
+    local w = randn({ 24, 9 }, dt)
+    case('2-d, a transposed view', dt, randn({ 24, 17 }, dt):transpose(1, 2), w, randn({ 17, 9 }, dt), 1, 0)
+  end
+  io.stdout:flush()
+  return failed
 end
-io.stdout:flush()
-os.exit(failed == 0 and 0 or 1)

@@ -1,0 +1,85 @@
+-- Runs one case of the CUDA simulator's own checks (kernels/sim/test_*.cu)
+-- in a process of its own, for spec/sim_*_spec.lua (spec/support/sim.lua's
+-- subprocess): planted bugs leave a sticky error or abort the process, and
+-- the GL_SIM_* settings (race mode, stream threads, devices, memory, no
+-- cuBLASLt algorithm) are read when the process starts.
+-- Prints "result <code> <message>" and exits 0.
+--   run.lua exec planted NAME   a buggy kernel of test_exec.cu: the error the next synchronize reports
+--   run.lua exec correct        every correct test_exec.cu case (0 when all pass)
+--   run.lua rt planted NAME     a planted bug of test_runtime.cu (or its fixed twin)
+--   run.lua rt scenario NAME    gl_simtest_rt_NAME()
+--   run.lua rt engine           the engine's runtime (spec/sim/runtime_engine.lua), then the sticky error
+--   run.lua rt oom              a 4 MiB tensor on cuda:0 (GL_SIM_MEMORY_MB bounds the device)
+--   run.lua num planted WHICH   WMMA misuse WHICH (0..4, see test_numeric.cu's wmma_planted_kernel):
+--                               the status and its text
+--   run.lua lt fault NAME       a cuBLASLt fault of test_cublaslt.cu: the cudaError the stream reports
+--   run.lua lt matmul           the engine's matmul against the CPU (spec/sim/cublaslt_matmul.lua):
+--                               the number of cases off
+package.path = GPTLUA.root .. '/spec/?.lua;' .. package.path
+local ffi = require 'ffi'
+local gl = require 'gptlua'
+local S = require 'support.sim'
+local T = S.lib()
+local ROOT = GPTLUA.root
+
+local CASES = {
+  exec = {
+    planted = function(name) return T.gl_simtest_exec_planted(name), S.message('exec') end,
+    correct = function()
+      -- atomicExch hands out values in thread order, which the race mode
+      -- rightly reports as order-dependent: left out here
+      local cases = {
+        { 'block_reduce float', function() return T.gl_simtest_exec_block_reduce(7, 1000, 256, 0) end },
+        { 'block_reduce double', function() return T.gl_simtest_exec_block_reduce(3, 3000, 1024, 1) end },
+        { 'shuffles', function() return T.gl_simtest_exec_shuffles() end },
+        { 'votes', function() return T.gl_simtest_exec_votes() end },
+        { 'grid3d', function() return T.gl_simtest_exec_grid3d(3, 2, 2, 8, 4, 2) end },
+        { 'dynamic_smem', function() return T.gl_simtest_exec_dynamic_smem(100000, 1) end },
+        { 'poison', function() return T.gl_simtest_exec_poison() end },
+        { 'collective', function() return T.gl_simtest_exec_collective() end },
+      }
+      for _, c in ipairs(cases) do
+        local r = c[2]()
+        if r ~= 0 then return r, c[1] .. ': ' .. S.message('exec') end
+      end
+      return 0, 'all passed'
+    end,
+  },
+  rt = {
+    planted = function(name) return T.gl_simtest_rt_planted(name), S.message('rt') end,
+    scenario = function(name) return T['gl_simtest_rt_' .. name](), S.message('rt') end,
+    engine = function()
+      local ok, err = pcall(dofile(ROOT .. '/spec/sim/runtime_engine.lua'))
+      return ok and T.gl_simtest_rt_sticky() or -1, ok and '' or tostring(err)
+    end,
+    oom = function()
+      -- a 4 MiB tensor on a 1 MiB device (GL_SIM_MEMORY_MB=1)
+      local ok, err = pcall(gl.empty, { 1024 * 1024 }, { device = 'cuda:0' })
+      return ok and 0 or 2, ok and 'allocated' or tostring(err)
+    end,
+  },
+  num = {
+    planted = function(which)
+      local n = tonumber(which)
+      if not n then error('run.lua num planted: expected a planted bug number, got ' .. tostring(which)) end
+      local msg = ffi.new('char[512]')
+      local code = T.gl_simtest_num_wmma_planted(n, msg, 512)
+      return code, ffi.string(msg)
+    end,
+  },
+  lt = {
+    fault = function(name) return T.gl_simtest_lt_fault(name), name end,
+    matmul = function()
+      local failed = dofile(ROOT .. '/spec/sim/cublaslt_matmul.lua')()
+      return failed, ('%d case(s) off'):format(failed)
+    end,
+  },
+}
+
+local suite, kind, name = arg[1], arg[2], arg[3]
+local run = CASES[suite] and CASES[suite][kind]
+if not run then
+  error(('run.lua: expected exec planted|correct, rt planted|scenario|engine|oom, num planted or lt fault|matmul, '
+         .. 'got %s %s'):format(tostring(suite), tostring(kind)))
+end
+S.result(run(name))

@@ -199,6 +199,7 @@ void gl_dealloc(int device, void *p, int64_t capacity) {
 }
 
 int gl_mem_stats_get(int device, gl_mem_stats *out) {
+  GL_NONNULL("gl_mem_stats_get", out);
   dev_cache *c = cache_for(device);
   if (!c) return gl_error("gl_mem_stats_get: device %d out of range", device);
   pthread_mutex_lock(&c->mu);

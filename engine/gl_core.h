@@ -13,6 +13,10 @@
  *    failure gl_last_error() holds a thread-local message naming the function,
  *    the argument and expected vs got.
  *  - The engine never exits or aborts on bad input.
+ *  - Pointer arguments must not be NULL unless their declaration says so
+ *    (optional outputs, destructors, which accept NULL as free() does); a
+ *    NULL one is an error naming the function and the argument
+ *    (spec/null_args_spec.lua calls every function with each one NULL).
  *  - Ownership: gl_tensor structs are heap objects owned by whoever created
  *    them (Lua: through ffi.gc).  Storage is reference counted; views share it.
  */
@@ -135,7 +139,8 @@ int gl_file_checksum(const char *path, uint64_t *out);
 int gl_max_abs_diff(const gl_tensor *a, const gl_tensor *b, double *out);
 
 /* safetensors: save n named tensors atomically (temp file + rename).
-   metadata_json may be NULL or a JSON object of string values. */
+   metadata_json may be NULL or a JSON object of string values; names and
+   tensors may be NULL when n is 0. */
 int gl_safetensors_save(const char *path, int n, const char **names,
                         const gl_tensor **tensors, const char *metadata_json);
 typedef struct gl_st_file gl_st_file;

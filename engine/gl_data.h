@@ -127,7 +127,7 @@ const char *gl_shard_path(const gl_shard *s);
 gl_tensor *gl_shard_tokens(const gl_shard *s, int64_t start, int64_t n);
 void gl_shard_close(gl_shard *s);
 /* sorted, '\n'-joined paths dir/NAME of the regular files whose NAME starts
-   with prefix and ends with suffix (hidden files skipped); free with
+   with prefix and ends with suffix (NULL: any; hidden files skipped); free with
    gl_data_free */
 char *gl_list_files(const char *dir, const char *prefix, const char *suffix);
 void gl_data_free(void *p);

@@ -78,7 +78,8 @@ int gl_softmax(gl_tensor *out, const gl_tensor *x, int log);
 int gl_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, int log);
 
 /* Normalisation over the last dim C.  weight/bias (C) may be NULL.
-   mean/rstd have x's shape without the last dim, float32 (float64 for f64). */
+   mean/rstd have x's shape without the last dim, float32 (float64 for f64);
+   in the forwards they may be NULL (statistics not kept). */
 int gl_layernorm_forward(gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
                          const gl_tensor *weight, const gl_tensor *bias, double eps);
 int gl_layernorm_backward(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias,
@@ -104,7 +105,8 @@ int gl_index_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor 
 /* Causal scaled-dot-product attention.  q (B, H, T, D), k/v (B, Hkv, S, D)
    with H % Hkv == 0 (grouped-query) and T <= S: query t sits at position
    S - T + t (KV cache).  window > 0 keeps keys with pos > qpos - window.
-   out (B, H, T, D); lse (B, H, T) float32 (float64 for f64) log-sum-exp. */
+   out (B, H, T, D); lse (B, H, T) float32 (float64 for f64) log-sum-exp,
+   or NULL in the forward (not kept). */
 int gl_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q,
                          const gl_tensor *k, const gl_tensor *v, double scale, int64_t window);
 int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
@@ -118,7 +120,8 @@ int gl_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_t
 
 /* Cross-entropy per row: logits (N, V), targets (N) int32/int64.  With
    softcap > 0 logits are first capped: z = softcap * tanh(logits / softcap).
-   losses (N) and lse (N) float32 (float64 for f64); ignored rows get 0.
+   losses (N) and lse (N) float32 (float64 for f64); ignored rows get 0;
+   lse may be NULL in the forward.
    Targets outside [0, V) other than ignore_index are an error. */
 int gl_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits,
                              const gl_tensor *targets, int64_t ignore_index, double softcap);

@@ -19,6 +19,23 @@ void gl_panic(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2
 
 #define GL_TRY(expr) do { if ((expr) != GL_OK) return GL_ERR; } while (0)
 
+/* Pointer arguments: every exported function names the pointers it needs
+   at its top, before anything reads them:
+     GL_NONNULL(fn, t, out);              returns GL_ERR (int, int64_t)
+     GL_NONNULL_OR(NULL, fn, path);       returns the given error value
+   The first NULL one sets "fn: out is NULL, expected a valid pointer".
+   Pointers whose contract allows NULL (optional outputs, destructors) are
+   not listed; gl_*.h says so at their declarations. */
+int gl_check_nonnull(const char *fn, const char *names, int n, const void *const *ptrs);
+#define GL_NARGS_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, N, ...) N
+#define GL_NARGS(...) GL_NARGS_(__VA_ARGS__, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define GL_NONNULL_OR(err, fn, ...)                                                       \
+  do {                                                                                    \
+    if (gl_check_nonnull((fn), #__VA_ARGS__, GL_NARGS(__VA_ARGS__),                      \
+                         (const void *const[]){__VA_ARGS__}) != GL_OK) return (err);      \
+  } while (0)
+#define GL_NONNULL(fn, ...) GL_NONNULL_OR(GL_ERR, fn, __VA_ARGS__)
+
 /* Validates a tensor argument: live struct, live storage.  fn/arg name it. */
 #define GL_CHECK_T(t, fn, arg) GL_TRY(gl_tensor_check((t), (fn), (arg)))
 

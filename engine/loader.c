@@ -316,7 +316,7 @@ int gl_loader_pin_memory(gl_loader *L, int on) {
 }
 
 int gl_loader_add_shard(gl_loader *L, const char *path) {
-  if (!L) return gl_error("gl_loader_add_shard: loader expected, got NULL");
+  GL_NONNULL("gl_loader_add_shard", L, path);
   gl_shard *sh = gl_shard_open(path, L->cfg.vocab_size);
   if (!sh) return GL_ERR;
   source s = {SRC_SHARD, gl_shard_token_bytes(sh), gl_shard_data(sh), gl_shard_n_tokens(sh), sh};
@@ -438,7 +438,10 @@ int gl_loader_position(const gl_loader *L, int64_t sample, gl_loader_pos *out) {
   return GL_OK;
 }
 
-double gl_loader_last_wait(const gl_loader *L) { return L ? L->last_wait : 0.0; }
+double gl_loader_last_wait(const gl_loader *L) {
+  GL_NONNULL("gl_loader_last_wait", L);  /* -1: an error */
+  return L->last_wait;
+}
 
 void gl_loader_free(gl_loader *L) {
   if (!L) return;

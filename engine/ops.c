@@ -229,6 +229,7 @@ int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alp
    split over the threads, whose halves are too small to keep BLAS busy. */
 int gl_matmul_pair(gl_tensor *out1, const gl_tensor *a1, const gl_tensor *b1, gl_tensor *out2,
                    const gl_tensor *a2, const gl_tensor *b2, double alpha, double beta) {
+  GL_NONNULL("gl_matmul_pair", out1, a1, b1, out2, a2, b2);
   GL_TRY(check_matmul("gl_matmul_pair (first product)", out1, a1, b1));
   GL_TRY(check_matmul("gl_matmul_pair (second product)", out2, a2, b2));
   GL_TRY(check_no_overlap("gl_matmul_pair", out1, "out1", out2, "out2"));

@@ -31,7 +31,8 @@ static int write_all(int fd, const void *buf, size_t n) {
 
 int gl_safetensors_save(const char *path, int n, const char **names,
                         const gl_tensor **ts, const char *metadata_json) {
-  if (!path) return gl_error("gl_safetensors_save: path is NULL");
+  GL_NONNULL("gl_safetensors_save", path);
+  if (n > 0) GL_NONNULL("gl_safetensors_save", names, ts);  /* n == 0: may be NULL */
   if (n < 0) return gl_error("gl_safetensors_save: n must be >= 0, got %d", n);
   cJSON *root = cJSON_CreateObject();
   if (metadata_json) {
@@ -211,15 +212,23 @@ gl_st_file *gl_safetensors_open(const char *path) {
   return f;
 }
 
-int gl_safetensors_count(const gl_st_file *f) { return f ? f->n : 0; }
+int gl_safetensors_count(const gl_st_file *f) {
+  GL_NONNULL("gl_safetensors_count", f);
+  return f->n;
+}
 const char *gl_safetensors_name(const gl_st_file *f, int i) {
-  if (!f || i < 0 || i >= f->n) return gl_error_null("gl_safetensors_name: index %d out of range", i);
+  GL_NONNULL_OR(NULL, "gl_safetensors_name", f);
+  if (i < 0 || i >= f->n) return gl_error_null("gl_safetensors_name: index %d out of range", i);
   return f->e[i].name;
 }
-const char *gl_safetensors_metadata(const gl_st_file *f) { return f ? f->metadata : NULL; }
+const char *gl_safetensors_metadata(const gl_st_file *f) {
+  GL_NONNULL_OR(NULL, "gl_safetensors_metadata", f);
+  return f->metadata;
+}
 
 gl_tensor *gl_safetensors_get(const gl_st_file *f, int i) {
-  if (!f || i < 0 || i >= f->n) return gl_error_null("gl_safetensors_get: index %d out of range", i);
+  GL_NONNULL_OR(NULL, "gl_safetensors_get", f);
+  if (i < 0 || i >= f->n) return gl_error_null("gl_safetensors_get: index %d out of range", i);
   const st_entry *e = &f->e[i];
   gl_tensor *t = gl_empty(e->dtype, GL_DEVICE_CPU, e->ndim, e->shape);
   if (!t) return NULL;
@@ -235,8 +244,9 @@ gl_tensor *gl_safetensors_get(const gl_st_file *f, int i) {
 }
 
 int gl_file_checksum(const char *path, uint64_t *out) {
-  int fd = path ? open(path, O_RDONLY) : -1;
-  if (fd < 0) return gl_error("gl_file_checksum: cannot open '%s': %s", path ? path : "(null)", strerror(errno));
+  GL_NONNULL("gl_file_checksum", path, out);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return gl_error("gl_file_checksum: cannot open '%s': %s", path, strerror(errno));
   uint64_t h = 1469598103934665603ull;
   static __thread unsigned char buf[1 << 16];
   for (;;) {

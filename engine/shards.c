@@ -178,7 +178,7 @@ static int check_header(const char *fn, const char *path, const gl_shard_header 
 
 int gl_shard_read_header(const char *path, gl_shard_header *out) {
   const char *fn = "gl_shard_read_header";
-  if (!path || !out) return gl_error("%s: path and out expected, got NULL", fn);
+  GL_NONNULL(fn, path, out);
   int fd = open(path, O_RDONLY);
   if (fd < 0) return gl_error("%s: cannot open '%s': %s", fn, path, strerror(errno));
   struct stat sb;
@@ -197,6 +197,7 @@ int gl_shard_read_header(const char *path, gl_shard_header *out) {
 gl_shard *gl_shard_open(const char *path, int64_t vocab_limit) {
   const char *fn = "gl_shard_open";
   gl_shard_header h;
+  GL_NONNULL_OR(NULL, fn, path);
   if (gl_shard_read_header(path, &h)) return NULL;
   int64_t limit = h.vocab_size;
   if (vocab_limit > 0 && vocab_limit < limit) limit = vocab_limit;
@@ -260,8 +261,14 @@ void gl_shard_close(gl_shard *s) {
 int64_t gl_shard_n_tokens(const gl_shard *s) { return s ? (int64_t)s->h.n_tokens : gl_error("gl_shard_n_tokens: shard expected, got NULL"); }
 int gl_shard_token_bytes(const gl_shard *s) { return s ? (int)s->h.token_bytes : gl_error("gl_shard_token_bytes: shard expected, got NULL"); }
 int64_t gl_shard_vocab_size(const gl_shard *s) { return s ? (int64_t)s->h.vocab_size : gl_error("gl_shard_vocab_size: shard expected, got NULL"); }
-const void *gl_shard_data(const gl_shard *s) { return s ? (const uint8_t *)s->map + GL_SHARD_HEADER_BYTES : NULL; }
-const char *gl_shard_path(const gl_shard *s) { return s ? s->path : NULL; }
+const void *gl_shard_data(const gl_shard *s) {
+  GL_NONNULL_OR(NULL, "gl_shard_data", s);
+  return (const uint8_t *)s->map + GL_SHARD_HEADER_BYTES;
+}
+const char *gl_shard_path(const gl_shard *s) {
+  GL_NONNULL_OR(NULL, "gl_shard_path", s);
+  return s->path;
+}
 
 gl_tensor *gl_shard_tokens(const gl_shard *s, int64_t start, int64_t n) {
   const char *fn = "gl_shard_tokens";

@@ -26,6 +26,7 @@ static void storage_decref(gl_storage *s) {
 }
 
 int gl_tensor_check(const gl_tensor *t, const char *fn, const char *arg) {
+  GL_NONNULL("gl_tensor_check", fn, arg);
   if (!t) return gl_error("%s: %s is nil, expected a tensor", fn, arg);
   if (t->magic != GL_TENSOR_MAGIC) return gl_error("%s: %s is not a valid tensor handle", fn, arg);
   if (!t->storage || !t->storage->data)
@@ -34,6 +35,7 @@ int gl_tensor_check(const gl_tensor *t, const char *fn, const char *arg) {
 }
 
 static int check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *numel) {
+  GL_NONNULL(fn, shape);
   if (ndim < 0 || ndim > GL_MAX_DIMS)
     return gl_error("%s: ndim must be in 0..%d, got %d", fn, GL_MAX_DIMS, ndim);
   int64_t n = 1;
@@ -85,10 +87,10 @@ gl_tensor *gl_empty(int dtype, int device, int ndim, const int64_t *shape) {
 }
 
 gl_tensor *gl_from_external(void *data, int64_t nbytes, int dtype, int ndim, const int64_t *shape) {
+  GL_NONNULL_OR(NULL, "gl_from_external", data, shape);
   int64_t numel;
   if (check_dtype_device("gl_from_external", dtype, GL_DEVICE_CPU) ||
       check_shape("gl_from_external", ndim, shape, &numel)) return NULL;
-  if (!data) return gl_error_null("gl_from_external: data is NULL");
   if (numel * gl_dtype_size(dtype) > nbytes)
     return gl_error_null("gl_from_external: shape needs %lld bytes, buffer has %lld",
                          (long long)(numel * gl_dtype_size(dtype)), (long long)nbytes);
@@ -124,6 +126,7 @@ gl_tensor *gl_empty_pinned(int dtype, int ndim, const int64_t *shape) {
 }
 
 gl_tensor *gl_view_dtype(const gl_tensor *src, int dtype, int ndim, const int64_t *shape, int64_t byte_offset) {
+  GL_NONNULL_OR(NULL, "gl_view_dtype", src, shape);
   if (gl_tensor_check(src, "gl_view_dtype", "src")) return NULL;
   int64_t numel;
   if (check_dtype_device("gl_view_dtype", dtype, GL_DEVICE_CPU) || check_shape("gl_view_dtype", ndim, shape, &numel))
@@ -147,6 +150,7 @@ gl_tensor *gl_view_dtype(const gl_tensor *src, int dtype, int ndim, const int64_
 
 gl_tensor *gl_as_strided(const gl_tensor *src, int ndim, const int64_t *shape,
                          const int64_t *stride, int64_t offset) {
+  GL_NONNULL_OR(NULL, "gl_as_strided", src, shape, stride);
   if (gl_tensor_check(src, "gl_as_strided", "src")) return NULL;
   int64_t numel;
   if (check_shape("gl_as_strided", ndim, shape, &numel)) return NULL;
@@ -182,7 +186,8 @@ void gl_tensor_free(gl_tensor *t) {
 }
 
 int gl_tensor_release(gl_tensor *t) {
-  if (!t || t->magic != GL_TENSOR_MAGIC) return gl_error("gl_tensor_release: not a valid tensor handle");
+  GL_NONNULL("gl_tensor_release", t);
+  if (t->magic != GL_TENSOR_MAGIC) return gl_error("gl_tensor_release: t is not a valid tensor handle");
   storage_decref(t->storage);
   t->storage = NULL;
   return GL_OK;
@@ -194,6 +199,7 @@ void *gl_data_ptr(const gl_tensor *t) {
 }
 
 int gl_is_contiguous(const gl_tensor *t) {
+  GL_NONNULL("gl_is_contiguous", t);
   int64_t expect = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
     if (t->shape[d] != 1 && t->stride[d] != expect) return 0;
@@ -203,10 +209,12 @@ int gl_is_contiguous(const gl_tensor *t) {
 }
 
 int64_t gl_storage_refcount(const gl_tensor *t) {
-  return (t && t->magic == GL_TENSOR_MAGIC && t->storage) ? t->storage->refcount : 0;
+  GL_NONNULL("gl_storage_refcount", t);
+  return (t->magic == GL_TENSOR_MAGIC && t->storage) ? t->storage->refcount : 0;
 }
 int gl_same_storage(const gl_tensor *a, const gl_tensor *b) {
-  return a && b && a->storage && a->storage == b->storage;
+  GL_NONNULL("gl_same_storage", a, b);
+  return a->storage && a->storage == b->storage;
 }
 
 /* ---- element access (CPU only; CUDA tensors go through a copy) ---------- */
@@ -219,6 +227,7 @@ static int check_elem(const gl_tensor *t, const char *fn, int64_t off) {
   return GL_OK;
 }
 int gl_get_item(const gl_tensor *t, int64_t off, double *out) {
+  GL_NONNULL("gl_get_item", t, out);
   GL_TRY(check_elem(t, "gl_get_item", off));
   *out = gl_load(t->storage->data, t->dtype, t->offset + off);
   return GL_OK;
@@ -243,10 +252,17 @@ static int to_from_doubles(gl_tensor *t, double *buf, int to, const char *fn) {
   }
   return GL_OK;
 }
-int gl_to_doubles(const gl_tensor *t, double *out) { return to_from_doubles((gl_tensor *)t, out, 1, "gl_to_doubles"); }
-int gl_from_doubles(gl_tensor *t, const double *in) { return to_from_doubles(t, (double *)in, 0, "gl_from_doubles"); }
+int gl_to_doubles(const gl_tensor *t, double *out) {
+  GL_NONNULL("gl_to_doubles", t, out);
+  return to_from_doubles((gl_tensor *)t, out, 1, "gl_to_doubles");
+}
+int gl_from_doubles(gl_tensor *t, const double *in) {
+  GL_NONNULL("gl_from_doubles", t, in);
+  return to_from_doubles(t, (double *)in, 0, "gl_from_doubles");
+}
 
 int gl_max_abs_diff(const gl_tensor *a, const gl_tensor *b, double *out) {
+  GL_NONNULL("gl_max_abs_diff", a, b, out);
   GL_CHECK_T(a, "gl_max_abs_diff", "a");
   GL_CHECK_T(b, "gl_max_abs_diff", "b");
   GL_TRY(gl_check_same_shape(a, b, "gl_max_abs_diff", "a", "b"));
@@ -327,6 +343,7 @@ int gl_rand_normal(gl_tensor *t, uint64_t seed, uint64_t offset, double mean, do
   return GL_DISPATCH(t->device, rand_normal, t, seed, offset, mean, std);
 }
 int gl_rand_u32(uint64_t seed, uint64_t counter, uint32_t out[4]) {
+  GL_NONNULL("gl_rand_u32", out);
   for (int i = 0; i < 4; i++) out[i] = gl_philox_word(seed, counter * 4 + (uint64_t)i);
   return GL_OK;
 }

@@ -788,10 +788,10 @@ gl_tensor *gl_tok_split(const gl_tokenizer *t, const char *text, int64_t len) {
 
 /* ------------------------------------------------------------ decoding */
 
-int64_t gl_tok_decoded_len(const gl_tokenizer *t, const int32_t *ids, int64_t n) {
-  const char *fn = "gl_tok_decode";
+static int64_t decoded_len(const char *fn, const gl_tokenizer *t, const int32_t *ids, int64_t n) {
   GL_TRY(check_tok(fn, t));
-  if (n < 0 || (n > 0 && !ids)) return gl_error("%s: expected n >= 0 ids, got %lld", fn, (long long)n);
+  if (n < 0) return gl_error("%s: expected n >= 0 ids, got %lld", fn, (long long)n);
+  if (n > 0) GL_NONNULL(fn, ids);  /* n == 0: ids may be NULL */
   int32_t v = t->n_ordinary + t->n_special;
   int64_t total = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -802,8 +802,12 @@ int64_t gl_tok_decoded_len(const gl_tokenizer *t, const int32_t *ids, int64_t n)
   return total;
 }
 
+int64_t gl_tok_decoded_len(const gl_tokenizer *t, const int32_t *ids, int64_t n) {
+  return decoded_len("gl_tok_decode", t, ids, n);  /* the sizing pass of gl_tok_decode */
+}
+
 int gl_tok_decode(const gl_tokenizer *t, const int32_t *ids, int64_t n, char *out) {
-  int64_t total = gl_tok_decoded_len(t, ids, n);
+  int64_t total = decoded_len("gl_tok_decode", t, ids, n);
   if (total < 0) return GL_ERR;
   if (total > 0 && !out) return gl_error("gl_tok_decode: out expected a buffer of %lld bytes, got NULL", (long long)total);
   for (int64_t i = 0; i < n; i++) {
@@ -818,12 +822,15 @@ int gl_tok_decode(const gl_tokenizer *t, const int32_t *ids, int64_t n, char *ou
 int gl_tok_vocab_size(const gl_tokenizer *t) { return t ? t->n_ordinary + t->n_special : gl_error("gl_tok_vocab_size: tokenizer expected, got NULL"); }
 int gl_tok_n_ordinary(const gl_tokenizer *t) { return t ? t->n_ordinary : gl_error("gl_tok_n_ordinary: tokenizer expected, got NULL"); }
 int gl_tok_is_char(const gl_tokenizer *t) { return t ? t->is_char : gl_error("gl_tok_is_char: tokenizer expected, got NULL"); }
-const char *gl_tok_pattern(const gl_tokenizer *t) { return t ? t->pattern : NULL; }
+const char *gl_tok_pattern(const gl_tokenizer *t) {
+  GL_NONNULL_OR(NULL, "gl_tok_pattern", t);
+  return t->pattern;
+}
 int gl_tok_n_merges(const gl_tokenizer *t) { return t ? t->n_merges : gl_error("gl_tok_n_merges: tokenizer expected, got NULL"); }
 int gl_tok_n_special(const gl_tokenizer *t) { return t ? t->n_special : gl_error("gl_tok_n_special: tokenizer expected, got NULL"); }
 
 int gl_tok_merge(const gl_tokenizer *t, int i, int32_t *left, int32_t *right, int32_t *id) {
-  GL_TRY(check_tok("gl_tok_merge", t));
+  GL_NONNULL("gl_tok_merge", t, left, right, id);
   if (i < 0 || i >= t->n_merges) return gl_error("gl_tok_merge: i expected in [0, %d), got %d", t->n_merges, i);
   int32_t m = t->merge_ids[i];
   *left = t->left[m]; *right = t->right[m]; *id = m;
@@ -831,7 +838,7 @@ int gl_tok_merge(const gl_tokenizer *t, int i, int32_t *left, int32_t *right, in
 }
 
 int gl_tok_special_id(const gl_tokenizer *t, const char *name) {
-  if (!t || !name) return -1;
+  GL_NONNULL("gl_tok_special_id", t, name);
   int64_t len = (int64_t)strlen(name);
   for (int32_t i = t->n_ordinary; i < t->n_ordinary + t->n_special; i++)
     if (t->tok_len[i] == len && memcmp(t->blob + t->tok_off[i], name, (size_t)len) == 0) return i;
@@ -839,7 +846,7 @@ int gl_tok_special_id(const gl_tokenizer *t, const char *name) {
 }
 
 const char *gl_tok_token_bytes(const gl_tokenizer *t, int id, int64_t *len) {
-  if (!t) return gl_error_null("gl_tok_token_bytes: tokenizer expected, got NULL");
+  GL_NONNULL_OR(NULL, "gl_tok_token_bytes", t, len);
   int32_t v = t->n_ordinary + t->n_special;
   if (id < 0 || id >= v) return gl_error_null("gl_tok_token_bytes: id %d is out of range [0, %d)", id, v);
   *len = t->tok_len[id];

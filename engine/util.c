@@ -30,6 +30,19 @@ void gl_panic(const char *fmt, ...) {
   va_end(ap);
   abort();
 }
+/* names: the stringified argument list "a, b, c" of GL_NONNULL */
+int gl_check_nonnull(const char *fn, const char *names, int n, const void *const *ptrs) {
+  for (int i = 0; i < n; i++) {
+    if (ptrs[i]) continue;
+    const char *s = names;
+    for (int k = 0; k < i; k++) { s = strchr(s, ','); s = s ? s + 1 : ""; }
+    while (*s == ' ') s++;
+    int len = (int)strcspn(s, ", ");
+    return gl_error("%s: %.*s is NULL, expected a valid pointer", fn, len, s);
+  }
+  return GL_OK;
+}
+
 const char *gl_last_error(void) { return err_buf[0] ? err_buf : "unknown engine error"; }
 void gl_clear_error(void) { err_buf[0] = 0; }
 

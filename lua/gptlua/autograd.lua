@@ -11,6 +11,7 @@
 -- backward has run; op-internal buffers it owns alone are released at once.
 local G = require 'gptlua.ffi'
 local Tensor = require 'gptlua.tensor'
+local check = require 'gptlua.check'
 local lib = G.lib
 
 local A = {}
@@ -242,5 +243,11 @@ function A.checkpoint(fn, ...)
   local o = out:detach()
   return A.record(o, inputs, backward, nil, 'checkpoint')
 end
+
+-- the public entry points check their arguments (gptlua.check.wrap)
+A.backward = check.wrap('backward', 'root:tensor, grad:tensor?, opts:opts?', A.backward)
+A.checkpoint = check.wrap('checkpoint', 'fn:callable', A.checkpoint)
+A.no_grad = check.wrap('no_grad', 'fn:callable', A.no_grad)
+A.set_grad_enabled = check.wrap('set_grad_enabled', 'flag:boolean', A.set_grad_enabled)
 
 return A

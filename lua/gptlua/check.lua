@@ -69,4 +69,118 @@ function M.one_of(v, choices, fn, what, level)
   fail(fn, what, 'one of ' .. table.concat(choices, ', '), v, level)
 end
 
+-- ------------------------------------------------------------ signatures
+-- M.wrap(fn, sig, f) returns f behind a check of its arguments against sig,
+-- a comma-separated list of `name:kind` (a trailing `?` allows nil), e.g.
+--   O.softmax = check.wrap('softmax', 'x:tensor, dim:integer?', O.softmax)
+-- so every public function declares its arguments in one line and a bad one
+-- raises "softmax: dim must be a finite integer < 2^62, got the string 'a'"
+-- at the caller's line.  Arguments past the signature are passed through
+-- unchecked.  Kinds are the entries of M.kinds (each kind(v, fn, what, level)).
+local function is_tensor(v)
+  local mt = type(v) == 'table' and getmetatable(v)
+  return mt and mt.__name == 'Tensor' or false
+end
+
+local kinds = {}
+M.kinds = kinds
+kinds.any = function() end
+kinds.tensor = function(v, fn, what, level) M.tensor(v, fn, what, level + 1) end
+kinds.number = function(v, fn, what, level) M.number(v, fn, what, level + 1) end
+kinds.integer = function(v, fn, what, level) M.integer(v, fn, what, nil, nil, level + 1) end
+kinds.count = function(v, fn, what, level) M.integer(v, fn, what, 1, nil, level + 1) end
+kinds.size = function(v, fn, what, level) M.size(v, fn, what, level + 1) end
+-- any Lua number, infinities and NaN included (fill values, clamp bounds)
+kinds.real = function(v, fn, what, level) if type(v) ~= 'number' then fail(fn, what, 'a number', v, level) end end
+-- a Tensor or a number (the operands of arithmetic)
+kinds.scalar = function(v, fn, what, level)
+  if type(v) ~= 'number' and not is_tensor(v) then fail(fn, what, 'a Tensor or a number', v, level) end
+end
+for _, t in ipairs({ 'table', 'function', 'string', 'boolean' }) do
+  kinds[t] = function(v, fn, what, level) if type(v) ~= t then fail(fn, what, 'a ' .. t, v, level) end end
+end
+-- a function or a table with a __call metamethod (a module)
+kinds.callable = function(v, fn, what, level)
+  local mt = type(v) == 'table' and getmetatable(v)
+  if type(v) ~= 'function' and not (mt and mt.__call) then fail(fn, what, 'a function', v, level) end
+end
+-- a gptlua.nn module (self of a module method: m:forward(x), not m.forward(x))
+kinds.module = function(v, fn, what, level)
+  if not (type(v) == 'table' and type(rawget(v, '_params')) == 'table' and getmetatable(v)) then
+    fail(fn, what, 'a module', v, level)
+  end
+end
+-- a plain table (not a Tensor): options, lists, state dicts
+kinds.opts = function(v, fn, what, level)
+  if type(v) ~= 'table' or is_tensor(v) then fail(fn, what, 'a table', v, level) end
+end
+-- a shape: a table of sizes (not a Tensor); the sizes are checked where it is used
+kinds.shape = function(v, fn, what, level)
+  if type(v) ~= 'table' or is_tensor(v) then fail(fn, what, 'a shape (a table of sizes)', v, level) end
+end
+-- a list of Tensors
+kinds.tensors = function(v, fn, what, level)
+  if type(v) ~= 'table' or is_tensor(v) then fail(fn, what, 'a list of Tensors', v, level) end
+  for i = 1, #v do
+    if not is_tensor(v[i]) then fail(fn, ('%s[%d]'):format(what, i), 'a Tensor', v[i], level) end
+  end
+end
+-- dims of a reduction: an integer or a list of integers
+kinds.dims = function(v, fn, what, level)
+  if type(v) == 'number' then M.integer(v, fn, what, nil, nil, level + 1); return end
+  if type(v) ~= 'table' or is_tensor(v) then fail(fn, what, 'an integer or a list of integers', v, level) end
+  for i = 1, #v do M.integer(v[i], fn, ('%s[%d]'):format(what, i), nil, nil, level + 1) end
+end
+-- a device: 'cpu', 'cuda', 'cuda:N' (the name is checked where it is used)
+kinds.device = function(v, fn, what, level)
+  if type(v) ~= 'string' then fail(fn, what, "a device name ('cpu', 'cuda' or 'cuda:N')", v, level) end
+end
+
+local function parse(fn, sig)
+  local list = {}
+  for item in sig:gmatch('[^,]+') do
+    local name, kind, opt = item:match('^%s*([%w_%.%[%]]+)%s*:%s*([%w_]+)(%??)%s*$')
+    if not name or not kinds[kind] then error(('check.wrap: bad signature entry %q for %s'):format(item, fn), 3) end
+    list[#list + 1] = { name = name, kind = kinds[kind], opt = opt == '?' }
+  end
+  return list
+end
+
+-- The wrapper is generated for the signature's arity (one local per
+-- argument, no select() loop), so LuaJIT compiles it like a direct call:
+--   function(a1, a2, ...) <check a1>; <check a2>; return f(a1, a2, ...) end
+-- (level: whom the error blames, 2 = the wrapper's caller; a constructor
+-- called through a class's __call passes 3)
+function M.wrap(fn, sig, f, level)
+  if type(f) ~= 'function' then error('check.wrap: ' .. fn .. ' is not a function', 2) end
+  local list = parse(fn, sig)
+  local params, body = {}, {}
+  for i, s in ipairs(list) do
+    params[i] = 'a' .. i
+    body[i] = ('  %sK[%d](a%d, fn, N[%d], L)'):format(s.opt and ('if a%d ~= nil then '):format(i) or '', i, i, i)
+      .. (s.opt and ' end' or '')
+  end
+  params[#params + 1] = '...'
+  local p = table.concat(params, ', ')
+  local src = ('local f, fn, K, N, L = ...\nreturn function(%s)\n%s\n  return f(%s)\nend'):format(p,
+    table.concat(body, '\n'), p)
+  local K, N = {}, {}
+  for i, s in ipairs(list) do K[i], N[i] = s.kind, s.name end
+  return assert(loadstring(src, '=check.wrap(' .. fn .. ')'))(f, fn, K, N, (level or 2) + 1)
+end
+
+-- M.wrap_table(t, sigs, prefix): replaces t[name] by its checked version for
+-- every name = sig in sigs (the function is named prefix .. name); returns a
+-- map from the original functions to the wrapped ones
+function M.wrap_table(t, sigs, prefix)
+  local map = {}
+  for name, sig in pairs(sigs) do
+    local f = t[name]
+    if f == nil then error('check.wrap_table: no function ' .. name, 2) end
+    if map[f] == nil then map[f] = M.wrap((prefix or '') .. name, sig, f) end
+    t[name] = map[f]
+  end
+  return map
+end
+
 return M

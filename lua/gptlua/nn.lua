@@ -5,6 +5,7 @@
 --   local fc = nn.Linear(128, 512)           -- y = x W^T + b
 --   local y = fc(x)                           -- __call is forward
 local gl = require 'gptlua'
+local check = require 'gptlua.check'
 
 local nn = {}
 
@@ -125,6 +126,7 @@ function Module:load_state_dict(sd, opts)
   for _, n in ipairs(order) do
     local src = sd[n]
     if src ~= nil then
+      check.tensor(src, 'load_state_dict', "state dict entry '" .. n .. "'")
       local dst = mine[n]
       if not gl.same_shape(dst.shape, src.shape) then
         error(('load_state_dict: %s has shape %s in the state dict, the model expects %s'):format(n,
@@ -176,8 +178,6 @@ local Linear = nn.class('Linear', Module)
 nn.Linear = Linear
 function Linear:__init(n_in, n_out, opts)
   opts = opts or {}
-  assert(type(n_in) == 'number' and n_in > 0 and type(n_out) == 'number' and n_out > 0,
-    'Linear: in and out features must be positive numbers')
   self.n_in, self.n_out = n_in, n_out
   local std = opts.std or 0.02
   local w = std == 0 and gl.zeros({ n_out, n_in }, opts) or normal({ n_out, n_in }, std, opts)
@@ -223,7 +223,10 @@ function RMSNorm:extra_repr() return tostring(self.dim) end
 
 local Dropout = nn.class('Dropout', Module)
 nn.Dropout = Dropout
-function Dropout:__init(p) self.p = p or 0 end
+function Dropout:__init(p)
+  self.p = p or 0
+  if not (self.p >= 0 and self.p < 1) then check.fail('Dropout', 'p', 'a probability in [0, 1)', p) end
+end
 function Dropout:forward(x) return gl.dropout(x, self.p, self.training) end
 function Dropout:extra_repr() return tostring(self.p) end
 
@@ -248,5 +251,28 @@ function Sequential:forward(x)
   for i = 1, self.n do x = self[i](x) end
   return x
 end
+
+-- nn.checked(cls, sigs): every method named in sigs checks its arguments
+-- (gptlua.check.wrap signatures); '__init' is the constructor, reported
+-- under the class name.  Models declare their forward the same way.
+function nn.checked(cls, sigs)
+  for k, sig in pairs(sigs) do
+    local name = cls.__name .. (k == '__init' and '' or ':' .. k)
+    cls[k] = check.wrap(name, sig, cls[k], k == '__init' and 3 or 2)
+  end
+  return cls
+end
+
+local opts = 'opts:opts?'
+nn.checked(Module, { param = 'self:module, name:string, tensor:tensor', buffer = 'self:module, name:string, tensor:tensor',
+                     add = 'self:module, name:string, module:module', load_state_dict = 'self:module, state_dict:opts, ' .. opts,
+                     train = 'self:module, flag:boolean?', to = 'self:module, device_or_dtype:any' })
+nn.checked(Linear, { __init = 'self:module, in_features:count, out_features:count, ' .. opts, forward = 'self:module, x:tensor' })
+nn.checked(Embedding, { __init = 'self:module, num_embeddings:count, dim:count, ' .. opts, forward = 'self:module, ids:tensor' })
+nn.checked(LayerNorm, { __init = 'self:module, dim:count, ' .. opts, forward = 'self:module, x:tensor' })
+nn.checked(RMSNorm, { __init = 'self:module, dim:count, ' .. opts, forward = 'self:module, x:tensor' })
+nn.checked(Dropout, { __init = 'self:module, p:number?', forward = 'self:module, x:tensor' })
+nn.checked(ModuleList, { __init = 'self:module, modules:opts?', append = 'self:module, module:module' })
+nn.checked(Sequential, { forward = 'self:module, x:tensor' })
 
 return nn

@@ -3,6 +3,7 @@
 -- math is in C kernels that take a slice (start, len) of a flat tensor, so
 -- the sharded optimizers of gptlua.dist run the same code on their shard.
 local gl = require 'gptlua'
+local check = require 'gptlua.check'
 local ffi, lib = gl.ffi, gl.lib
 
 local optim = {}
@@ -23,14 +24,18 @@ local function make_groups(params, defaults, what)
   if not (type(params[1]) == 'table' and params[1].params) then raw = { { params = params } } end
   local groups = {}
   for gi, g in ipairs(raw) do
+    if type(g) ~= 'table' then check.fail(what, ('group %d'):format(gi), 'a table {params = {...}, ...}', g, 3) end
+    if type(g.params) ~= 'table' then check.fail(what, ('group %d params'):format(gi), 'a list of parameters', g.params, 3) end
     local grp = {}
     for k, v in pairs(defaults) do grp[k] = v end
     for k, v in pairs(g) do if k ~= 'params' then grp[k] = v end end
     grp.params, grp.names = {}, {}
     for i, p in ipairs(g.params) do
       local name, t = nil, p
-      if not gl.is_tensor(p) then name, t = p[1], p[2] end
-      if not gl.is_tensor(t) then error(('%s: group %d entry %d is not a tensor'):format(what, gi, i), 3) end
+      if not gl.is_tensor(p) and type(p) == 'table' then name, t = p[1], p[2] end
+      if not gl.is_tensor(t) then
+        check.fail(what, ('group %d entry %d'):format(gi, i), 'a Tensor or a {name, Tensor} pair', p, 3)
+      end
       grp.params[i], grp.names[i] = t, name or ('g' .. gi .. '.' .. i)
     end
     check_num(grp.lr, what .. ': lr', 0)
@@ -71,6 +76,7 @@ local function state_dict(self)
   return { step = self.t, tensors = tensors }
 end
 local function load_state_dict(self, sd)
+  check.type(sd.tensors, 'table', 'optimizer load_state_dict', 'state_dict.tensors')
   local pending = {}
   for _, g in ipairs(self.groups) do
     for i, p in ipairs(g.params) do
@@ -80,6 +86,7 @@ local function load_state_dict(self, sd)
         local key = self.prefix .. g.names[i] .. '.' .. k
         local t = sd.tensors[key]
         if t == nil then error('optimizer state: missing ' .. key, 3) end
+        check.tensor(t, 'optimizer load_state_dict', key, 3)
         if not gl.same_shape(t.shape, p.shape) then
           error(('optimizer state: %s has shape {%s}, parameter has {%s}'):format(key,
             table.concat(t.shape, ','), table.concat(p.shape, ',')), 3)
@@ -111,6 +118,7 @@ setmetatable(AdamW, { __call = function(_, params, opts)
                               state_keys = { 'm', 'v' } }, AdamW)
   for _, g in ipairs(self.groups) do
     check_num(g.eps, 'AdamW: eps', 0); check_num(g.weight_decay, 'AdamW: weight_decay', 0)
+    if type(g.betas) ~= 'table' or #g.betas ~= 2 then check.fail('AdamW', 'betas', 'a pair {beta1, beta2}', g.betas, 2) end
     for _, b in ipairs(g.betas) do
       if type(b) ~= 'number' or b < 0 or b >= 1 then error('AdamW: betas must be in [0, 1), got ' .. tostring(b), 2) end
     end
@@ -182,6 +190,8 @@ setmetatable(Muon, { __call = function(_, params, opts)
   local self = setmetatable({ groups = make_groups(params, d, 'Muon'), state = {}, t = 0, prefix = 'muon.',
                               state_keys = { 'momentum_buffer' } }, Muon)
   for _, g in ipairs(self.groups) do
+    check_num(g.momentum, 'Muon: momentum', 0)
+    check.integer(g.ns_steps, 'Muon', 'ns_steps', 0, nil, 3)
     for i, p in ipairs(g.params) do
       if #p.shape ~= 2 then
         error(('Muon: parameter %s has %d dims; Muon applies only to 2-D matrices'):format(g.names[i], #p.shape), 2)
@@ -280,7 +290,7 @@ end
 -- --------------------------------------------------------- gradient clipping
 -- scales all gradients so their global L2 norm is at most max_norm;
 -- returns the norm before clipping
-function optim.clip_grad_norm(params, max_norm)
+optim.clip_grad_norm = check.wrap('clip_grad_norm', 'params:tensors, max_norm:number?', function(params, max_norm)
   local grads = {}
   for _, p in ipairs(params) do if p.grad then grads[#grads + 1] = p.grad end end
   local norm = gl.global_norm(grads)
@@ -289,7 +299,25 @@ function optim.clip_grad_norm(params, max_norm)
     for _, g in ipairs(grads) do g:mul_(s) end
   end
   return norm
+end)
+
+-- ------------------------------------------------------- argument checks
+-- constructors and entry points check their arguments (gptlua.check.wrap)
+local function checked(cls, name, sig)
+  local mt = getmetatable(cls)
+  mt.__call = check.wrap(name, 'class:any, ' .. sig, mt.__call)
 end
+checked(AdamW, 'AdamW', 'params:opts, opts:opts?')
+checked(Muon, 'Muon', 'params:opts, opts:opts?')
+checked(Combined, 'Combined', 'optimizers:opts')
+for _, cls in ipairs({ AdamW, Muon, Combined }) do
+  cls.load_state_dict = check.wrap('load_state_dict', 'self:opts, state_dict:opts', cls.load_state_dict)
+  cls.step = check.wrap('step', 'self:opts', cls.step)
+  cls.set_lr_mult = check.wrap('set_lr_mult', 'self:opts, mult:number', cls.set_lr_mult)
+end
+Combined.set_momentum = check.wrap('set_momentum', 'self:opts, momentum:number', Combined.set_momentum)
+optim.newton_schulz = check.wrap('newton_schulz', 'G:tensor, steps:integer?', optim.newton_schulz)
+optim.nanochat = check.wrap('nanochat', 'model:module, opts:opts?', optim.nanochat)
 
 -- --------------------------------------------------------------- schedules
 -- plain functions of the step (0-based) returning an lr multiplier
@@ -325,5 +353,13 @@ function optim.schedules.muon_momentum(from, to, steps)
   from, to, steps = from or 0.85, to or 0.95, steps or 300
   return function(step) local f = math.min(step / steps, 1); return (1 - f) * from + f * to end
 end
+
+-- schedule constructors: numbers in, a function of the step out
+local SCHEDULES = {
+  linear_warmup = 'warmup:number', cosine = 'warmup:number, total:number, min_ratio:number?',
+  wsd = 'warmup:number, total:number, cooldown_frac:number?, final_ratio:number?',
+  muon_momentum = 'from:number?, to:number?, steps:number?',
+}
+check.wrap_table(optim.schedules, SCHEDULES, 'schedules.')
 
 return optim

@@ -107,6 +107,10 @@ function GPT:new_caches(B, S)
     self.transformer.wte.weight)
 end
 GPT.generate = common.generate
+nn.checked(GPT, { __init = 'self:module, cfg:opts?',
+                  forward = 'self:module, idx:tensor, targets:tensor?, caches:opts?',
+                  generate = 'self:module, idx:tensor, n:size, opts:opts?',
+                  new_caches = 'self:module, batch:count, length:count' })
 
 -- Loads GPT-2 weights from a safetensors file in Hugging Face's layout
 -- (h.0.attn.c_attn.weight as Conv1D (in, out)) or in this model's layout.

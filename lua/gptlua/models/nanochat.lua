@@ -134,5 +134,9 @@ function GPT:new_caches(B, S)
   return common.new_caches(cfg.n_layer, B, cfg.n_kv_head, S, cfg.n_embd / cfg.n_head, self.lm_head.weight)
 end
 GPT.generate = common.generate
+nn.checked(GPT, { __init = 'self:module, cfg:opts?',
+                  forward = 'self:module, idx:tensor, targets:tensor?, caches:opts?',
+                  generate = 'self:module, idx:tensor, n:size, opts:opts?',
+                  new_caches = 'self:module, batch:count, length:count' })
 
 return M

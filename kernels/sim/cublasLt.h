@@ -1,6 +1,6 @@
 /* cublasLt.h — the cuBLASLt API as the CUDA simulator provides it: the
  * subset of the real library the engine calls (kernels/matmul.cu) and will
- * call (fused epilogues), implemented over OpenBLAS in cublaslt.cpp.
+ * call (fused epilogues), implemented over OpenBLAS in cublaslt*.cpp.
  *
  * Part of the CUDA simulator (kernels/sim/): the sim build puts kernels/sim/
  * first on the include path, so the kernels/ .cu files compile unchanged against this
@@ -8,7 +8,7 @@
  * the real library's (CUDA 12/13 cublas_api.h and cublasLt.h), so a status
  * printed by the simulator means what it means on a GPU.  C-compatible.
  *
- * What is simulated (details and the reasons for each choice in cublaslt.cpp):
+ * What is simulated (each choice and its reason: cublaslt.cpp's header comment):
  *  - handles and descriptors (matmul desc, matrix layouts, preferences) with
  *    the real Get/Set attribute size checks;
  *  - cublasLtMatmulAlgoGetHeuristic validating dimensions, leading
@@ -73,7 +73,7 @@ typedef enum {
   CUBLAS_COMPUTE_32I_PEDANTIC = 73
 } cublasComputeType_t;
 
-/* ---- handles and descriptors (opaque; defined in cublaslt.cpp) --------- */
+/* ---- handles and descriptors (opaque; defined in cublaslt_internal.h) -- */
 typedef struct cublasLtContext *cublasLtHandle_t;
 typedef struct gl_sim_lt_matmul_desc cublasLtMatmulDescOpaque_t;
 typedef cublasLtMatmulDescOpaque_t *cublasLtMatmulDesc_t;
@@ -83,7 +83,7 @@ typedef struct gl_sim_lt_preference cublasLtMatmulPreferenceOpaque_t;
 typedef cublasLtMatmulPreferenceOpaque_t *cublasLtMatmulPreference_t;
 
 /* Semi-opaque, copied by value as on the real library (what the simulator
-   keeps in it: cublaslt.cpp, struct SimAlgo). */
+   keeps in it: cublaslt_internal.h, struct SimAlgo). */
 typedef struct {
   uint64_t data[8];
 } cublasLtMatmulAlgo_t;

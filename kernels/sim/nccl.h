@@ -2,7 +2,7 @@
  * puts kernels/sim/ first on the include path).  C-compatible: the engine's
  * NCCL backend (engine/mpi/nccl.c) is C.  Names, numeric values and
  * signatures are NCCL 2.18's, for the subset gptlua uses; kernels/sim/
- * nccl.cpp implements them over MPI between the processes of an MPI job,
+ * nccl_comm.cpp and nccl_ops.cpp implement them over MPI between the processes of an MPI job,
  * one simulated GPU per process.
  *
  * The contract, as NCCL's, with what the simulator adds:

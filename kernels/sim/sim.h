@@ -1,10 +1,12 @@
 /* sim.h — the seams between the parts of the CUDA simulator (C++ only).
  *
- *   exec.cpp      (the execution core)  grids, blocks, thread fibers, barriers,
- *                 warp collectives, shared memory, launch checks, race mode
- *   runtime.cpp   (the runtime)         device heap with guard pages, host
- *                 access checks, copies, streams, events, sticky errors
- *   cublaslt.cpp  cuBLASLt over OpenBLAS;  nccl.cpp  NCCL over MPI
+ *   exec.cpp exec_block.cpp  (the execution core)  grids, blocks, thread fibers,
+ *                 barriers, warp collectives, shared memory, launch checks, race mode
+ *   runtime*.cpp  (the runtime, its files listed in runtime.cpp)  devices, device
+ *                 heap with guard pages, host access and stream-order checks,
+ *                 copies, streams, events, sticky errors
+ *   cublaslt.cpp cublaslt_heuristic.cpp cublaslt_matmul.cpp  cuBLASLt over OpenBLAS
+ *   nccl_comm.cpp nccl_ops.cpp  NCCL over MPI
  *   cuda_bf16.h cuda_fp16.h mma.h       numeric types and WMMA
  *
  * Environment switches (read once, at first use):

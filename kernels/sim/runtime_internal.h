@@ -1,0 +1,190 @@
+/* runtime_internal.h — what the three files of the CUDA simulator's runtime
+ * share (private: included by kernels/sim/runtime*.cpp only; C++ only).
+ *
+ *   runtime.cpp          configuration and initialisation, messages and
+ *                        errors (sticky, per thread), the simulated devices
+ *                        and their properties, function attributes
+ *   runtime_memory.cpp   device memory: the heap with guard pages, slack
+ *                        checks and its quarantine, the SIGSEGV handler
+ *                        with the host access and stream-order checks,
+ *                        pinned host memory, what a pointer is
+ *   runtime_streams.cpp  streams and events: queueing and running work,
+ *                        host synchronisation, copies and sets
+ *
+ * The runtime's state (Runtime, one instance, made at first use) and the
+ * stream and event records are defined here because all three files touch
+ * them.  The names are in namespace gl_sim_rt with hidden visibility:
+ * shared by the three files, not exported from libgptlua.so (the structs
+ * behind cudaStream_t and cudaEvent_t, and the queue entry they hold, stay
+ * global: see there). */
+#ifndef GL_SIM_RUNTIME_INTERNAL_H
+#define GL_SIM_RUNTIME_INTERNAL_H
+#include <stdint.h>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+#include "sim.h"
+#include "runtime_api.h"
+
+namespace gl_sim_rt __attribute__((visibility("hidden"))) {
+
+enum { MAX_DEVICES = 16 };
+
+/* ---- configuration (runtime.cpp) -------------------------------------------- */
+struct Config {
+  int devices = 1;
+  size_t memory_bytes = (size_t)81920 << 20;
+  int hostcheck = 1, streamcheck = 1, threaded = 0, racecheck = 0;
+  uint64_t seed = 1;
+};
+extern Config config;  /* filled by init(), read-only afterwards (also by the fault handler) */
+
+/* ---- messages and errors (runtime.cpp) --------------------------------------- */
+/* One line "gptlua cuda-sim: <msg>" to stderr in one write (no stdio lock,
+   so it is usable from the fault handler). */
+void say_raw(const char *msg);
+/* An API call's failure: the thread's last error with a detail, not printed
+   (the caller gets the code; GL_CU_CHECK puts the text in its message). */
+cudaError_t api_error(cudaError_t code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* gl_sim_fail with a formatted message: the sticky error, printed once */
+void fail_msg(cudaError_t code, const char *msg);
+
+/* the sticky error, returned by every call that needs a working context */
+#define RETURN_IF_STICKY()                                   \
+  do {                                                       \
+    cudaError_t sticky_ = gl_sim_sticky();                   \
+    if (sticky_ != cudaSuccess) return sticky_;              \
+  } while (0)
+
+/* ---- streams, events, the runtime's state (runtime.cpp, runtime_streams.cpp) -- */
+typedef std::vector<uint64_t> Clock;  /* clock[stream id] = last work seq of that stream ordered before */
+
+}  // namespace gl_sim_rt
+
+/* The records behind cudaStream_t and cudaEvent_t (sim_types.h), and a
+   stream's queue entry: outside the hidden namespace, because GCC hides a
+   function whose parameter types are hidden (the API functions take
+   cudaStream_t and cudaEvent_t) and a visible struct cannot hold a hidden
+   one. */
+struct QueueItem {
+  enum Kind { WORK, MARKER, WAIT, EXIT } kind = WORK;
+  std::function<void()> work;      /* WORK */
+  const char *what = nullptr;      /* WORK: interned name */
+  uint64_t seq = 0;                /* WORK: the stream's work sequence number */
+  gl_sim_rt::Clock clock;          /* WORK: what the item is ordered after */
+  std::shared_ptr<CUevent_st> event;  /* MARKER: the event to stamp */
+  uint64_t gen = 0;                /* MARKER: which record of the event */
+  struct CUstream_st *target = nullptr;  /* WAIT: until target->completed >= count */
+  uint64_t count = 0;
+};
+
+struct CUstream_st {
+  uint32_t id = 0;          /* index in Runtime::streams; 0 is never used (means "none" in page records) */
+  int device = 0;
+  unsigned flags = 0;
+  bool legacy = false;      /* the legacy default stream (NULL) of `device` */
+  bool destroyed = false;
+  uint64_t work_seq = 0;    /* work items submitted so far */
+  gl_sim_rt::Clock clock;   /* what the next item will be ordered after */
+  uint64_t submitted = 0, completed = 0;  /* queue positions (work, markers, waits) */
+  std::deque<QueueItem> queue;            /* threads mode */
+};
+
+struct CUevent_st {
+  unsigned flags = 0;
+  int device = 0;
+  bool recorded = false;
+  CUstream_st *stream = nullptr;  /* of the latest record */
+  uint64_t count = 0;             /* its marker's queue position on `stream` */
+  uint64_t gen = 0;               /* records so far */
+  gl_sim_rt::Clock clock;         /* the recording stream's clock at the record */
+  double time_ms = 0;             /* host wall time when the marker ran */
+};
+
+namespace gl_sim_rt __attribute__((visibility("hidden"))) {
+
+struct PinnedBlock { size_t size; };
+
+struct Runtime {
+  std::mutex mu;               /* streams, events, queues, host clock */
+  std::condition_variable cv;  /* any queue progress */
+  std::vector<CUstream_st *> streams{nullptr};  /* by id; never freed, so stale handles stay recognisable */
+  std::unordered_set<CUstream_st *> live;
+  CUstream_st *legacy[MAX_DEVICES] = {};
+  Clock host_clock;            /* what the host has waited for */
+  std::unordered_map<CUevent_st *, std::shared_ptr<CUevent_st>> events;
+  std::unordered_set<std::string> names;  /* interned `what` strings (never freed: page records point at them) */
+  std::mutex names_mu;
+  std::mutex func_mu;
+  std::unordered_map<const void *, int> func_smem;
+  std::mutex pinned_mu;
+  std::map<uintptr_t, PinnedBlock> pinned;  /* cudaHostAlloc blocks by start */
+  std::atomic<size_t> in_use[MAX_DEVICES];
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+};
+extern Runtime *rt_state;
+/* the runtime, initialised at the first call */
+Runtime &rt();
+
+extern thread_local int tls_device;  /* cudaSetDevice */
+
+/* ---- devices (runtime.cpp) ------------------------------------------------------ */
+/* cudaSuccess, or the API error for a device number that is not simulated */
+cudaError_t check_device(const char *fn, int d);
+
+/* ---- streams (runtime_streams.cpp) -------------------------------------------- */
+CUstream_st *new_stream_locked(Runtime &R, int device, unsigned flags, bool legacy);  /* R.mu held */
+/* The host waits for every stream of device d (all devices when d < 0). */
+void host_wait_device(int d);
+
+/* ---- the work item a thread runs, and the checks (runtime_memory.cpp) -------- */
+/* One access record of a page: which work item, for the stream check. */
+struct Access {
+  uint32_t stream;   /* 0: none */
+  int16_t device;
+  uint8_t legacy;
+  uint64_t seq;
+  const char *what;
+};
+/* The work item the calling thread runs, for the stream check. */
+struct ItemCtx {
+  Access me;
+  const uint64_t *clock;
+  size_t nclock;
+};
+extern thread_local ItemCtx *tls_item;  /* set by runtime_streams.cpp's run_work */
+
+inline bool check_streams(void) { return config.hostcheck && config.streamcheck; }
+
+/* Installs the SIGSEGV handler (init), or takes SIGSEGV back from a library
+   initialised after us (before each work item). */
+void install_handler(void);
+void ensure_handler(void);
+/* Closes every page opened by device contexts, after checking the slack of
+   allocations opened writable; a damaged slack is reported as an
+   out-of-bounds write of `what`. */
+void close_opened(const char *what);
+
+/* ---- what a pointer is (runtime_memory.cpp) ----------------------------------- */
+enum Side { HOST_PAGEABLE, HOST_PINNED, DEVICE, FREED_DEVICE };
+struct PtrInfo {
+  Side side;
+  int device;
+  uintptr_t base;
+  size_t size;
+};
+/* Device (live or freed), pinned host ([p, p + n) inside a cudaHostAlloc
+   block) or pageable host memory. */
+PtrInfo classify(const void *p, size_t n);
+
+}  // namespace gl_sim_rt
+
+#endif

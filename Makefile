@@ -13,6 +13,7 @@
 #   CUDA=0 forces a CPU-only build; CUDA=1 fails if nvcc is missing.
 
 PREFIX ?= /usr/local
+.DEFAULT_GOAL := all
 BUILD  ?= build
 CC     ?= gcc
 

@@ -125,7 +125,7 @@ describe('cuda-sim execution: each checker fires on a planted bug #cuda #sim', f
     { 'lane_not_in_mask', '', E.IllegalInstruction, 'the calling lane 0 is not in mask 0xfffffffe' },
     { 'bad_width', '', E.IllegalInstruction, 'width 3 is not a power of two' },
     { 'static_oob', '', E.IllegalAddress, "index 32 out of bounds for type 'float [32]'" },
-    -- the guard page after the buffer: runtime.cpp's fault handler reports it,
+    -- the guard page after the buffer: runtime_memory.cpp's fault handler reports it,
     -- or exec.cpp's own when the runtime's host checks (and handler) are off
     { 'dynamic_oob', '', E.IllegalAddress, 'p_dynamic_oob block (0,0,0) thread (255,0,0)' },
     { 'dynamic_oob', 'GL_SIM_HOSTCHECK=0', E.IllegalAddress, "byte 1024 of the launch's 1024-byte buffer" },

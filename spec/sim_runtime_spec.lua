@@ -1,4 +1,4 @@
--- The CUDA simulator's runtime (kernels/sim/runtime.cpp): copies, sets,
+-- The CUDA simulator's runtime (kernels/sim/runtime*.cpp): copies, sets,
 -- streams and events behave as the real runtime's (values, ordering, error
 -- codes for bad arguments), and each of its checkers fires on a planted
 -- bug: an out-of-bounds store from a kernel, host code touching device

@@ -18,7 +18,7 @@
  *                   a seeded random thread order from the same starting
  *                   memory, and the two results must be identical
  *   faults          a SIGSEGV on the dynamic buffer's guard pages stops the
- *                   kernel (runtime.cpp's handler passes on faults outside
+ *                   kernel (runtime_memory.cpp's handler passes on faults outside
  *                   device memory); -fsanitize=bounds reports on fixed-size
  *                   arrays (GL_SHARED included) stop it too
  *
@@ -356,7 +356,7 @@ void gl_sim_exec_stats(uint64_t out[4]) {
 }
 
 /* ---- faults in the dynamic shared memory guard pages ---------------------- */
-/* Installed when the library loads, so runtime.cpp's handler (installed at
+/* Installed when the library loads, so runtime_memory.cpp's handler (installed at
    the runtime's first use) finds it as the previous handler and passes it
    every fault outside device memory.  A fault on the guard pages around
    the dynamic shared buffer, inside a kernel, stops the kernel; anything
@@ -373,7 +373,7 @@ void on_segv(int sig, siginfo_t *si, void *uctx) {
     snprintf(msg, sizeof msg,
              "%s: out-of-bounds dynamic shared memory access at %p: byte %ld of the launch's %zu-byte buffer",
              where_now(), (void *)a, (long)(a - start), L.dyn_smem);
-    /* runtime.cpp's handler passed this fault on by reinstalling this one:
+    /* runtime_memory.cpp's handler passed this fault on by reinstalling this one:
        put it back, it owns device memory faults */
     if (!((g_segv_at_launch.sa_flags & SA_SIGINFO) && g_segv_at_launch.sa_sigaction == on_segv))
       sigaction(SIGSEGV, &g_segv_at_launch, nullptr);

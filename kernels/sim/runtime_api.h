@@ -1,5 +1,5 @@
 /* runtime_api.h — the CUDA runtime API (the cuda* host functions) as the
- * simulator provides it, implemented in runtime.cpp.
+ * simulator provides it, implemented in runtime.cpp, runtime_memory.cpp and runtime_streams.cpp.
  *
  * Part of the CUDA simulator (kernels/sim/): the kernels' .cu files and the engine's C
  * sources compile against these headers instead of the toolkit's and run on
@@ -7,7 +7,7 @@
  * <cuda_runtime.h>.  Every function the project calls is declared here with
  * the real runtime's signature and semantics; the simulator's additions
  * (device heap with guard pages, host access and stream-order checks) are
- * described in sim.h and runtime.cpp. */
+ * described in sim.h and runtime.cpp (which lists its sibling files). */
 #ifndef GL_SIM_RUNTIME_API_H
 #define GL_SIM_RUNTIME_API_H
 #include "sim_types.h"

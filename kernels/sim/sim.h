@@ -23,7 +23,7 @@
 #include <functional>
 #include "sim_types.h"
 
-/* ---- runtime.cpp ------------------------------------------------------- */
+/* ---- runtime*.cpp ------------------------------------------------------ */
 /* Queues work on stream s (NULL: the legacy default stream, ordered with
    every blocking stream).  The work runs inside a device context (device
    pages accessible, see gl_sim_device_scope) on the calling thread in sync
@@ -69,7 +69,7 @@ int gl_sim_func_smem_optin(const void *fn);
 /* Where the calling host thread is in simulated device code, for messages:
    "kernel NAME block (x,y,z) thread (x,y,z)", or NULL outside kernels. */
 const char *gl_sim_where(void);
-/* Called by runtime.cpp's fault handler on an access that faulted inside a
+/* Called by runtime_memory.cpp's fault handler on an access that faulted inside a
    kernel: records the sticky error and abandons the rest of the grid (the
    launch's work item returns).  Never returns.  Outside a kernel returns
    false and the caller reports and aborts the process itself. */
@@ -94,7 +94,7 @@ void gl_sim_warp_collective(unsigned mask, const char *op, uint64_t key, void *m
 /* the calling simulated thread's lane (threadIdx linear % 32) */
 int gl_sim_lane(void);
 
-/* ---- added by runtime.cpp (helper B): the stream check's blind spot ---------
+/* ---- added by the runtime (runtime_memory.cpp): the stream check's blind spot ---------
    RAII: device memory touched inside is neither recorded nor checked by the
    stream-order check (GL_SIM_STREAMCHECK).  For simulator bookkeeping that
    touches memory the work item itself does not, e.g. the race mode's

@@ -1,4 +1,4 @@
-/* test_runtime.cu — checks of the simulator's runtime (kernels/sim/runtime.cpp),
+/* test_runtime.cu — checks of the simulator's runtime (kernels/sim/runtime*.cpp),
  * built into build/sim/libgptlua_simtest.so and driven by
  * spec/sim_runtime_spec.lua through LuaJIT's ffi.
  *

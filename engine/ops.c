@@ -577,7 +577,8 @@ int gl_dropout(gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uint
   const char *fn = "gl_dropout";
   GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {x, "x", A_FLOAT})));
   GL_TRY(gl_check_same_shape(x, out, fn, "x", "out"));
-  if (!(p >= 0 && p <= 1)) return gl_error("%s: p is %g, expected 0 <= p <= 1", fn, p);
+  /* p = 1 would scale the kept (none) by 1/(1-p) = inf: NaN, not zeros */
+  if (!(p >= 0 && p < 1)) return gl_error("%s: p is %g, expected 0 <= p < 1", fn, p);
   if (out->numel == 0) return GL_OK;
   return GL_DISPATCH(out->device, dropout, out, x, p, seed, offset);
 }

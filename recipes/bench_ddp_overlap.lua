@@ -80,7 +80,7 @@ if N == 1 then
   local ok = p:close()
   if not tpsN then error('bench_ddp_overlap: the ' .. opts.ranks .. '-rank run failed (' .. cmd .. ')', 0) end
   print(('scaling 1 -> %s ranks: %.2fx tokens/s (ideal %sx)'):format(opts.ranks, tpsN / tps1, opts.ranks))
-  return ok
+  return ok and 0 or 1  -- the exit status of the N-rank run
 end
 
 -- the modes alternate over rounds and each keeps its best round, so load

@@ -1,7 +1,7 @@
 -- recipes/prepare.lua — tokenize text into token shards for training.
 --
 --   gptlua recipes/prepare.lua --input FILE_OR_DIR --tokenizer PATH --out DIR
---                              [--val-fraction 0.01] [--vocab-size N] [--shard-tokens N] [--quiet]
+--                              [--val-fraction 0.01] [--vocab-size N] [--shard-tokens N] [--force] [--quiet]
 --
 -- --tokenizer PATH   a saved tokenizer (PATH + PATH.json, see Tokenizer:save);
 --                    'char' builds a character tokenizer over the input.  If
@@ -11,16 +11,19 @@
 -- Writes DIR/train_000000.bin ..., DIR/val_000000.bin ... (each file of the
 -- input is a BOS-prefixed document; the last val-fraction of the bytes is
 -- val), and DIR/tokenizer (+ .json) so the shards carry their tokenizer.
+-- Everything is written into DIR.partial and renamed to DIR when complete;
+-- an existing DIR is refused unless --force (which replaces it whole).
 -- Example (the default data):
 --   gptlua recipes/prepare.lua --input data/tinyshakespeare.txt \
 --     --tokenizer out/shakespeare.tok --vocab-size 4096 --out out/shakespeare
 local tok = require 'gptlua.tokenizer'
 local data = require 'gptlua.data'
+local check = require 'gptlua.check'
 
 local USAGE = 'usage: gptlua recipes/prepare.lua --input FILE_OR_DIR --tokenizer PATH|char --out DIR ' ..
-              '[--val-fraction 0.01] [--vocab-size N] [--shard-tokens N] [--quiet]'
+              '[--val-fraction 0.01] [--vocab-size N] [--shard-tokens N] [--force] [--quiet]'
 local KEYS = { input = 'string', tokenizer = 'string', out = 'string', val_fraction = 'number',
-               vocab_size = 'number', shard_tokens = 'number', quiet = 'flag' }
+               vocab_size = 'integer', shard_tokens = 'integer', quiet = 'flag', force = 'flag' }
 
 -- --key value and --key=value; dashes in keys become underscores
 local function parse(args)
@@ -39,11 +42,13 @@ local function parse(args)
       v = args[i]
       if v == nil then error(('prepare: --%s needs a value\n%s'):format(k, USAGE), 0) end
     end
-    if ty == 'number' then
+    if ty == 'number' or ty == 'integer' then
       local n = tonumber(v)
       if not n then error(('prepare: --%s expects a number, got %q'):format(k, v), 0) end
       v = n
     end
+    -- sizes >= 1 (the shared check: refuses 0, -3, 2.5, nan, inf, 1e400)
+    if ty == 'integer' then check.integer(v, 'prepare', '--' .. k:gsub('_', '-'), 1, nil, -1) end
     o[k] = v
     i = i + 1
   end
@@ -57,6 +62,8 @@ local function exists(path) local f = io.open(path, 'rb'); if f then f:close() e
 
 local function main(args)
   local o = parse(args)
+  -- refused before any work (a tokenizer may take minutes to train)
+  o.out = data.check_output(o.out, o.force, -1)
   local t
   if o.tokenizer == 'char' then
     local files = select(2, pcall(data.list_files, o.input))
@@ -79,8 +86,8 @@ local function main(args)
     error(('prepare: tokenizer %s does not exist (give --vocab-size N to train one)'):format(o.tokenizer), 0)
   end
   local r = data.prepare { input = o.input, tokenizer = t, out = o.out, val_fraction = o.val_fraction,
-                           shard_tokens = o.shard_tokens, progress = not o.quiet }
-  t:save(o.out .. '/tokenizer')
+                           shard_tokens = o.shard_tokens, progress = not o.quiet, force = o.force,
+                           tokenizer_file = 'tokenizer' }
   if not o.quiet then
     print(('prepare: %d train tokens in %d shard(s), %d val tokens in %d shard(s), %.1f MB in %.2f s -> %s')
       :format(r.train_tokens, #r.train, r.val_tokens, #r.val, r.bytes / 1e6, r.seconds, o.out))

@@ -56,6 +56,23 @@ local v = t:view(4, 4)']])
     assert.equal(1, st)
     assert.truthy(err:find('unknown option --bogus', 1, true))
   end)
+  it('fails a script that returns neither a recipe, an exit status nor nothing, naming it and what it returned', function()
+    for _, c in ipairs({ { 'return "oops"', "returned the string 'oops', expected a recipe" },
+                         { 'return true', 'returned true, expected a recipe' },
+                         { 'return false', 'returned false, expected a recipe' } }) do
+      local script = os.tmpname() .. '.lua'
+      local f = io.open(script, 'w'); f:write(c[1]); f:close()
+      local _, err, st = run(exe .. ' ' .. script)
+      assert.equal(1, st, c[1])
+      assert.truthy(err:find('gptlua: ' .. script .. ' ' .. c[2], 1, true), err)
+      os.remove(script)
+    end
+    local script = os.tmpname() .. '.lua'
+    local f = io.open(script, 'w'); f:write('return 3'); f:close()
+    local _, _, st = run(exe .. ' ' .. script)
+    assert.equal(3, st)
+    os.remove(script)
+  end)
 end)
 
 describe('REPL over a pipe', function()

@@ -317,7 +317,16 @@ describe('loader', function()
   it('rejects bad options clearly', function()
     raises('expected exactly one of tokens, files, text, source; got none', data.loader, { batch_size = 1, block_size = 1 })
     raises('got tokens, source', data.loader, { tokens = tokens, source = 'random', batch_size = 1, block_size = 1 })
-    raises('batch_size expected an integer >= 1, got 0', data.loader, { tokens = tokens, batch_size = 0, block_size = 4 })
+    raises('batch_size must be an integer >= 1, got 0', data.loader, { tokens = tokens, batch_size = 0, block_size = 4 })
+    raises('block_size must be a finite integer < 2^62, got 2.5', data.loader, { tokens = tokens, batch_size = 1, block_size = 2.5 })
+    for _, p in ipairs({ 0, -1, 1 }) do
+      raises('data.loader: prefetch must be an integer in [2, 64], got ' .. p, data.loader,
+        { tokens = tokens, batch_size = 1, block_size = 4, prefetch = p })
+    end
+    for _, p in ipairs({ 1 / 0, 0 / 0 }) do
+      raises('data.loader: prefetch must be a finite integer < 2^62, got ' .. tostring(p), data.loader,
+        { tokens = tokens, batch_size = 1, block_size = 4, prefetch = p })
+    end
     raises('rank expected in [0, world_size), got rank 2, world_size 2', data.loader,
       { tokens = tokens, batch_size = 1, block_size = 4, rank = 2, world_size = 2 })
     raises('no source has block_size + 1 = 5001 tokens (the longest has 5000)', data.loader,
@@ -362,7 +371,7 @@ describe('recipes/prepare.lua', function()
   it('streams big files in pieces without changing the tokens', function()
     local dir = tmpdir()
     local t = tok.train({ SHAKESPEARE }, 600, { special_tokens = { '<|bos|>' } })
-    local r = data.prepare { input = SHAKESPEARE, tokenizer = t, out = dir, val_fraction = 0, block_bytes = 65536 }
+    local r = data.prepare { input = SHAKESPEARE, tokenizer = t, out = dir .. '/out', val_fraction = 0, block_bytes = 65536 }
     assert.same({}, r.val)
     local got = data.read_shard(r.train[1]):tolist()
     assert.same(t:encode(read(SHAKESPEARE), { bos = true }), got)
@@ -374,6 +383,76 @@ describe('recipes/prepare.lua', function()
     local f = io.popen(exe .. ' ' .. ROOT .. '/recipes/prepare.lua --input x 2>&1')
     local out = f:read('*a'); f:close()
     assert.is_truthy(out:find('prepare: --tokenizer is required', 1, true), out)
+  end)
+
+  -- one run of recipes/prepare.lua over a small input (under `timeout`: a
+  -- refused argument must not loop); returns its output and exit status
+  local function prepare_cli(dir, extra)
+    local exe = GPTLUA and GPTLUA.exe or (ROOT .. '/build/gptlua')
+    write(dir .. '/in.txt', read(SHAKESPEARE):sub(1, 20000))
+    local f = io.popen(('timeout 60 %s %s/recipes/prepare.lua --input %s/in.txt --tokenizer char --quiet %s 2>&1; echo "exit=$?"')
+      :format(exe, ROOT, dir, extra))
+    local out = f:read('*a'); f:close()
+    return out, tonumber(out:match('exit=(%d+)'))
+  end
+  local function ls(dir)
+    local names, p = {}, io.popen('ls -1A ' .. dir .. ' 2>/dev/null')
+    for n in p:lines() do names[#names + 1] = n end
+    p:close()
+    return table.concat(names, ' ')
+  end
+
+  it('refuses --shard-tokens 0, negative, fractional or infinite at once, writing nothing', function()
+    local dir = tmpdir()
+    for _, c in ipairs({ { '0', 'an integer >= 1, got 0' }, { '-5', 'an integer >= 1, got -5' },
+                         { '2.5', 'a finite integer < 2^62, got 2.5' }, { 'inf', 'a finite integer < 2^62, got inf' } }) do
+      local out, rc = prepare_cli(dir, '--out ' .. dir .. '/out --shard-tokens=' .. c[1])
+      assert.equal(1, rc, out)
+      assert.truthy(out:find('prepare: --shard-tokens must be ' .. c[2], 1, true), out)
+      assert.equal('in.txt', ls(dir))
+    end
+    local t = tok.char('abc')
+    raises('data.prepare: shard_tokens must be an integer >= 1, got 0', data.prepare,
+      { input = dir .. '/in.txt', tokenizer = t, out = dir .. '/out', shard_tokens = 0 })
+    raises('data.prepare: val_fraction expected in [0, 1), got nan', data.prepare,
+      { input = dir .. '/in.txt', tokenizer = t, out = dir .. '/out', val_fraction = 0 / 0 })
+    assert.equal('in.txt', ls(dir))
+    rmrf(dir)
+  end)
+
+  it('refuses an existing output directory unless --force, which replaces it whole', function()
+    local dir = tmpdir()
+    local out, rc = prepare_cli(dir, '--out ' .. dir .. '/out --shard-tokens 5000')
+    assert.equal(0, rc, out)
+    assert.equal('tokenizer tokenizer.json train_000000.bin train_000001.bin train_000002.bin train_000003.bin val_000000.bin',
+      ls(dir .. '/out'))
+    local before = read(dir .. '/out/train_000000.bin')
+    out, rc = prepare_cli(dir, '--out ' .. dir .. '/out --shard-tokens 10000')
+    assert.equal(1, rc, out)
+    assert.truthy(out:find('data.prepare: output ' .. dir .. '/out already exists (force = true, or prepare.lua --force', 1, true), out)
+    assert.equal(before, read(dir .. '/out/train_000000.bin'))
+    assert.equal(4, #data.list_files(dir .. '/out', 'train_'))
+    -- --force: the old shards are gone (two shards now, not four), nothing is left beside it
+    out, rc = prepare_cli(dir, '--out ' .. dir .. '/out/ --shard-tokens 10000 --force')
+    assert.equal(0, rc, out)
+    assert.equal('tokenizer tokenizer.json train_000000.bin train_000001.bin val_000000.bin', ls(dir .. '/out'))
+    assert.equal('in.txt out', ls(dir))
+    rmrf(dir)
+  end)
+
+  it('writes into out.partial and renames it into place; a leftover .partial is removed, a failure leaves out absent', function()
+    local dir = tmpdir()
+    os.execute('mkdir -p ' .. dir .. '/out.partial && touch ' .. dir .. '/out.partial/train_000009.bin')
+    local t = tok.char(read(SHAKESPEARE))
+    local r = data.prepare { input = SHAKESPEARE, tokenizer = t, out = dir .. '/out', val_fraction = 0.1, tokenizer_file = 'tok' }
+    assert.same({ dir .. '/out/train_000000.bin' }, r.train)
+    assert.same({ dir .. '/out/val_000000.bin' }, r.val)
+    assert.equal('out', ls(dir))
+    assert.equal('tok tok.json train_000000.bin val_000000.bin', ls(dir .. '/out'))
+    -- a tokenizer that cannot encode the input: the error comes out, nothing is left
+    raises('', data.prepare, { input = SHAKESPEARE, tokenizer = tok.char('ab'), out = dir .. '/bad' })
+    assert.equal('out', ls(dir))
+    rmrf(dir)
   end)
 end)
 

@@ -85,7 +85,7 @@ describe('trainer', function()
     assert.truthy(err:find('config: unknown key --n_embdd (valid keys: ', 1, true))
     assert.truthy(err:find('n_embd', 1, true))
     ok, err = pcall(train.new, recipe(), { '--n_embd=wide' })
-    assert.truthy(err:find('config: --n_embd expects a number, got "wide"', 1, true))
+    assert.truthy(err:find('config: --n_embd expects a finite number, got "wide"', 1, true))
     ok, err = pcall(train.new, recipe(), { 'positional' })
     assert.truthy(err:find('cannot parse argument "positional"', 1, true))
     ok, err = pcall(train.new, recipe({ n_embdd = 3 }), {})
@@ -100,12 +100,19 @@ describe('trainer', function()
     { { learning_rate = -1 }, 'learning_rate must be >= 0, got -1' },
     { { block_size = 2000000 }, 'block_size 2000000 is longer than the data' },
     { { model = 'llama' }, "unknown model 'llama'" },
-    { { batch_size = 0 }, 'batch_size must be a positive integer, got 0' },
+    { { batch_size = 0 }, 'config: batch_size must be an integer in [1, 2147483647], got 0' },
     { { device = 'cuda:0' }, 'device cuda:0 requested but no CUDA device is available' },
     { { data = 'web' }, "unknown data source 'web'" },
     { { dropout = 1 }, 'dropout must be in [0, 1), got 1' },
-    { { warmup_iters = -3 }, 'warmup_iters must be an integer >= 0, got -3' },
-    { { log_interval = 0.5 }, 'log_interval must be an integer >= 0, got 0.5' },
+    { { warmup_iters = -3 }, 'config: warmup_iters must be an integer in [0, 9007199254740992], got -3' },
+    { { log_interval = 0.5 }, 'config: log_interval must be a finite integer < 2^62, got 0.5' },
+    -- numbers are finite; integer keys hold integers their type can hold (issue 14)
+    { { max_iters = 1 / 0 }, 'config: max_iters must be a finite number, got inf' },
+    { { learning_rate = 0 / 0 }, 'config: learning_rate must be a finite number, got nan' },
+    { { max_iters = 2 ^ 70 }, 'config: max_iters must be a finite integer < 2^62, got 1.1805916207174e+21' },
+    { { max_iters = 2 ^ 60 }, 'config: max_iters must be an integer in [1, 9007199254740992], got' },
+    { { n_embd = 2 ^ 40 }, 'config: n_embd must be an integer in [0, 2147483647], got' },
+    { { seed = 1.5 }, 'config: seed must be a finite integer < 2^62, got 1.5' },
     { { eval_interval = 5, eval_iters = 0 }, 'eval_iters must be >= 1 when eval_interval is set (5), got 0' },
   }
   for _, c in ipairs(bad) do
@@ -115,6 +122,53 @@ describe('trainer', function()
       assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
     end)
   end
+
+  it('refuses non-finite and out-of-range numbers and valueless keys on the command line, naming the key', function()
+    for _, c in ipairs({
+      { '--max_iters=inf', 'config: --max_iters expects a finite number, got "inf"' },
+      { '--max_iters=nan', 'config: --max_iters expects a finite number, got "nan"' },
+      { '--max_iters=1e400', 'config: --max_iters expects a finite number, got "1e400"' },
+      { '--learning_rate=-inf', 'config: --learning_rate expects a finite number, got "-inf"' },
+      { '--max_iters=1e300', 'config: max_iters must be a finite integer < 2^62, got 1e+300' },
+      { '--threads=2.5', 'config: threads must be a finite integer < 2^62, got 2.5' },
+      { '--max_iters', 'config: --max_iters needs a value (--max_iters=N)' },
+      { '--device', 'config: --device needs a value (--device=VALUE)' },
+      { '--fsdp.reduce_dtype', 'config: --fsdp.reduce_dtype needs a value' },
+    }) do
+      local ok, err = pcall(train.resolve_config, recipe(), { c[1] })
+      assert.is_false(ok, c[1])
+      assert.truthy(tostring(err):find(c[2], 1, true), c[1] .. ': ' .. tostring(err))
+    end
+    -- flags without a value still work: booleans, and --resume (latest)
+    local cfg = train.resolve_config(recipe(), { '--bias', '--resume', '--fsdp.prefetch' })
+    assert.is_true(cfg.bias); assert.is_true(cfg.resume); assert.is_true(cfg.fsdp.prefetch)
+  end)
+
+  it('names a hook that returns the wrong thing, and what it returned', function()
+    for _, c in ipairs({
+      { 'build_model', function() end, 'recipe: hook build_model returned nil, expected a model' },
+      { 'build_data', function() return 'data' end, "recipe: hook build_data returned the string 'data', expected a table with a train loader" },
+      { 'build_optimizer', function() return true end, 'recipe: hook build_optimizer returned true, expected an optimizer' },
+      { 'lr_schedule', function() return 0.1 end, 'recipe: hook lr_schedule returned 0.1, expected a function of the step' },
+    }) do
+      local r = recipe({ out_dir = tmpdir() })
+      r[c[1]] = c[2]
+      local ok, err = pcall(train.new, r, {})
+      assert.is_false(ok, c[1])
+      assert.truthy(tostring(err):find(c[3], 1, true), tostring(err))
+    end
+  end)
+
+  it('refuses to resume when the checkpoints path is a file, and leaves the run alone', function()
+    local d = tmpdir()
+    os.execute(('mkdir -p %s/run && printf old > %s/run/checkpoints && printf metrics > %s/run/metrics.jsonl'):format(d, d, d))
+    local t = train.new(recipe({ out_dir = d, name = 'run', max_iters = 2, resume = 'latest' }), {})
+    local ok, err = pcall(t.run, t)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('resume: ' .. d .. '/run/checkpoints is a file, expected a directory', 1, true), tostring(err))
+    assert.equal('metrics', io.open(d .. '/run/metrics.jsonl'):read('*a'))
+    os.execute('rm -rf ' .. d)
+  end)
 
   it('skips non-finite steps and stops after max_bad_steps in a row', function()
     local r = recipe({ max_iters = 20, max_bad_steps = 3, out_dir = tmpdir() })

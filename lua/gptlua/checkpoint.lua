@@ -62,6 +62,21 @@ function M.mkdir_p(dir) sh('mkdir -p ' .. quote(dir)) end
 local function exists(p) local f = io.open(p, 'rb'); if f then f:close(); return true end return false end
 M.exists = exists
 
+-- refuses a directory path of which some part exists as a file (a
+-- checkpoints path that is a file is not "no checkpoints yet")
+function M.check_dir(dir, what)
+  local sofar = dir:sub(1, 1) == '/' and '' or nil
+  for part in dir:gmatch('[^/]+') do
+    sofar = sofar and sofar .. '/' .. part or part
+    local f = exists(sofar) and io.open(sofar .. '/', 'rb')
+    if f then f:close()
+    elseif exists(sofar) then
+      error(('%s: %s is a file, expected a directory%s'):format(what, sofar,
+        sofar == dir and '' or ' (on the path ' .. dir .. ')'), 0)
+    end
+  end
+end
+
 local function write_file(path, s)
   local f = assert(io.open(path, 'wb'))
   f:write(s)
@@ -90,6 +105,7 @@ end
 
 -- save(dir, step, {model = {name=tensor}, optim = {name=tensor}, state = table}, keep_last)
 function M.save(dir, step, parts, keep_last)
+  M.check_dir(dir, 'checkpoint')
   M.mkdir_p(dir)
   local final = string.format('%s/step_%07d', dir, step)
   local tmp = final .. '.tmp.' .. tostring(os.time()) .. tostring(math.random(1e9))

@@ -121,6 +121,12 @@ function M.main(argv)
     if not f then io.stderr:write('gptlua: ', err, '\n') return 1 end
     local ok, rc = M.protected(f, unpack(args))
     if not ok then return 1 end
+    -- a script returns a recipe (a config table), an exit status, or nothing
+    if rc ~= nil and type(rc) ~= 'table' and type(rc) ~= 'number' then
+      io.stderr:write(('gptlua: %s returned %s, expected a recipe (a table of config values and hooks), ' ..
+        'an exit status (a number) or nothing\n'):format(script, require('gptlua.check').describe(rc)))
+      return 1
+    end
     -- a recipe returns its config table: train it with the command-line overrides
     if type(rc) == 'table' then
       ok = M.protected(function() require('gptlua.train').main(rc, args) end)

@@ -1,7 +1,23 @@
 -- gptlua.config — recipe configs: defaults, command-line overrides
 -- (--key=value, --nested.key=value, --flag), and validation that names the
 -- bad key and lists the valid ones.
+local check = require 'gptlua.check'
 local M = {}
+
+-- string keys that also take a boolean (--resume alone means 'latest')
+local TAKES_BOOLEAN = { resume = true }
+
+-- Config errors carry no file:line (level 0): check.* at level -1.
+M.NO_POSITION = -1
+
+-- every number in a config is finite: NaN, inf and 1e400 (which parses as
+-- inf) are refused by key; integer keys are checked by their user
+-- (check.integer, e.g. gptlua.train)
+local function finite(key, v)
+  if type(v) == 'number' then check.number(v, 'config', key, M.NO_POSITION) end
+  return v
+end
+M.finite = finite
 
 local function sorted_keys(t)
   local ks = {}
@@ -15,7 +31,9 @@ local function coerce(key, s, default)
   local ty = type(default)
   if ty == 'number' then
     local v = tonumber(s)
-    if v == nil then error(('config: --%s expects a number, got %q'):format(key, s), 0) end
+    if v == nil or v ~= v or v == math.huge or v == -math.huge then
+      error(('config: --%s expects a finite number, got %q'):format(key, s), 0)
+    end
     return v
   elseif ty == 'boolean' then
     if s == 'true' or s == '1' or s == 'yes' then return true end
@@ -23,7 +41,7 @@ local function coerce(key, s, default)
     error(('config: --%s expects true or false, got %q'):format(key, s), 0)
   elseif ty == 'table' then
     local out = {}
-    for item in s:gmatch('[^,]+') do out[#out + 1] = tonumber(item) or item end
+    for item in s:gmatch('[^,]+') do out[#out + 1] = finite(key, tonumber(item)) or item end
     return out
   end
   return s
@@ -46,6 +64,9 @@ local function set_path(cfg, defaults, key, raw)
   if d[last] == nil then
     error(('config: unknown key --%s (valid keys: %s)'):format(key, table.concat(sorted_keys(d), ', ')), 0)
   end
+  if raw == nil and type(d[last]) ~= 'boolean' and not TAKES_BOOLEAN[last] then
+    error(('config: --%s needs a value (--%s=%s)'):format(key, key, type(d[last]) == 'number' and 'N' or 'VALUE'), 0)
+  end
   c[last] = raw == nil and true or coerce(key, raw, d[last])
 end
 
@@ -62,7 +83,8 @@ function M.parse_args(args, defaults)
   return out
 end
 
--- checks a recipe/override table against defaults (keys and types)
+-- checks a recipe/override table against defaults (keys and types; numbers
+-- finite)
 function M.validate(cfg, defaults, prefix)
   prefix = prefix or ''
   for k, v in pairs(cfg) do
@@ -71,8 +93,12 @@ function M.validate(cfg, defaults, prefix)
       error(('config: unknown key %s%s (valid keys: %s)'):format(prefix, tostring(k),
         table.concat(sorted_keys(defaults), ', ')), 0)
     end
-    if type(d) ~= type(v) and not (type(d) == 'string' and type(v) == 'boolean' and k == 'resume') then
+    if type(d) ~= type(v) and not (type(d) == 'string' and type(v) == 'boolean' and TAKES_BOOLEAN[k]) then
       error(('config: %s%s must be a %s, got %s (%s)'):format(prefix, k, type(d), type(v), tostring(v)), 0)
+    end
+    finite(prefix .. tostring(k), v)
+    if type(v) == 'table' and v[1] ~= nil then
+      for i, x in ipairs(v) do finite(('%s%s[%d]'):format(prefix, tostring(k), i), x) end
     end
     if type(d) == 'table' and next(d) ~= nil and d[1] == nil then M.validate(v, d, prefix .. k .. '.') end
   end

@@ -133,13 +133,11 @@ function M.text_file(path, opts)
            val = t:encode(text:sub(n_train + 1), { tensor = true }) }
 end
 
-local function int_opt(opts, k, default, min)
+-- an integer option in [min, max] (the shared check: refuses 2.5, NaN, inf)
+local function int_opt(opts, k, default, min, max)
   local v = opts[k]
   if v == nil then v = default end
-  if type(v) ~= 'number' or v ~= math.floor(v) or (min and v < min) then
-    error(('data.loader: %s expected an integer%s, got %s'):format(k, min and (' >= ' .. min) or '', tostring(v)), 3)
-  end
-  return v
+  return require('gptlua.check').integer(v, 'data.loader', k, min, max, 4)
 end
 
 -- ------------------------------------------------------------ prepare
@@ -154,6 +152,25 @@ local function mkdir_p(path)
   local f = io.open(path .. '/.gptlua_probe', 'wb')
   if not f then error('data.prepare: cannot create directory ' .. path, 3) end
   f:close(); os.remove(path .. '/.gptlua_probe')
+end
+
+local function quote(p) return "'" .. p:gsub("'", "'\\''") .. "'" end
+local function rm_rf(p) os.execute('rm -rf ' .. quote(p)) end
+local function path_exists(p) local f = io.open(p, 'rb'); if f then f:close() end; return f ~= nil end
+
+-- The output directory of prepare, checked before any work: an existing
+-- one is refused unless force (it is replaced whole, never written into).
+-- Returns the path without trailing slashes.
+function M.check_output(out, force, level)
+  if type(out) ~= 'string' or out:match('^/*$') then
+    error(('data.prepare: out must be a directory path, got %s'):format(tostring(out)), (level or 1) + 1)
+  end
+  out = out:gsub('/+$', '')
+  if path_exists(out) and not force then
+    error(('data.prepare: output %s already exists (force = true, or prepare.lua --force, replaces it)'):format(out),
+      (level or 1) + 1)
+  end
+  return out
 end
 
 local function file_size(path)
@@ -190,7 +207,11 @@ end
 -- regular file in it, sorted), tokenizer (a Tokenizer), out (directory),
 -- val_fraction (0.01: the last bytes of the input), shard_tokens (1e8),
 -- block_bytes (read size, 8 MB), progress (true: a status line with MB/s and
--- ETA).  Each file is a document, BOS-prefixed when the tokenizer has BOS;
+-- ETA), force (replace an existing out; without it an existing out is
+-- refused), tokenizer_file (a name: the tokenizer is saved there in out).
+-- Everything is written into out.partial (a leftover of a killed run is
+-- removed first) and renamed to out when complete, so out is either the
+-- whole result or untouched.  Each file is a document, BOS-prefixed when the tokenizer has BOS;
 -- the val part starts a new document.  Files are read in blocks cut where
 -- encoding the pieces equals encoding the whole (Tokenizer:safe_cut).
 -- Returns {train = {paths}, val = {paths}, train_tokens, val_tokens, bytes, seconds}.
@@ -201,8 +222,12 @@ function M.prepare(opts)
     error('data.prepare: input and out expected paths', 2)
   end
   local vf = opts.val_fraction or 0.01
-  if type(vf) ~= 'number' or vf < 0 or vf >= 1 then error('data.prepare: val_fraction expected in [0, 1), got ' .. tostring(vf), 2) end
-  local shard_tokens = opts.shard_tokens or 1e8
+  if type(vf) ~= 'number' or not (vf >= 0 and vf < 1) then
+    error('data.prepare: val_fraction expected in [0, 1), got ' .. tostring(vf), 2)
+  end
+  local shard_tokens = require('gptlua.check').integer(opts.shard_tokens or 1e8, 'data.prepare', 'shard_tokens', 1)
+  local final = M.check_output(opts.out, opts.force, 2)
+  local out = final .. '.partial'
   local block = opts.block_bytes or 8 * 2 ^ 20
   local inputs
   local ok_dir, listed = pcall(M.list_files, opts.input)
@@ -210,10 +235,11 @@ function M.prepare(opts)
   if #inputs == 0 then error('data.prepare: no files in ' .. opts.input, 2) end
   local total = 0
   for _, f in ipairs(inputs) do total = total + file_size(f) end
-  mkdir_p(opts.out)
+  rm_rf(out)
+  mkdir_p(out)
   local now = require('gptlua.cli').now
-  local sinks = { train = shard_sink(opts.out, 'train', t.vocab_size, shard_tokens),
-                  val = shard_sink(opts.out, 'val', t.vocab_size, shard_tokens) }
+  local sinks = { train = shard_sink(out, 'train', t.vocab_size, shard_tokens),
+                  val = shard_sink(out, 'val', t.vocab_size, shard_tokens) }
   local val_start = math.floor(total * (1 - vf) + 0.5)
   local split, done, t0, last_print = 'train', 0, now(), 0
   local function progress(final)
@@ -269,11 +295,30 @@ function M.prepare(opts)
       f:close()
     end
   end)
-  if not ok then sinks.train.abort(); sinks.val.abort(); error(err, 2) end
-  sinks.train.close(); sinks.val.close()
+  if ok then
+    ok, err = pcall(function()
+      sinks.train.close(); sinks.val.close()
+      if opts.tokenizer_file then t:save(out .. '/' .. opts.tokenizer_file) end
+    end)
+  end
+  if not ok then sinks.train.abort(); sinks.val.abort(); rm_rf(out); error(err, 2) end
+  -- into place: an existing output (force) is moved aside, then removed
+  local old = path_exists(final) and final .. '.old'
+  if old then rm_rf(old); assert(os.rename(final, old)) end
+  local rok, rerr = os.rename(out, final)
+  if not rok then
+    if old then os.rename(old, final) end
+    rm_rf(out)
+    error(('data.prepare: cannot rename %s to %s: %s'):format(out, final, tostring(rerr)), 2)
+  end
+  if old then rm_rf(old) end
   progress(true)
-  return { train = sinks.train.files, val = sinks.val.files, train_tokens = sinks.train.tokens,
-           val_tokens = sinks.val.tokens, bytes = total, seconds = now() - t0 }
+  local function moved(files)
+    for i, f in ipairs(files) do files[i] = final .. f:sub(#out + 1) end
+    return files
+  end
+  return { train = moved(sinks.train.files), val = moved(sinks.val.files), train_tokens = sinks.train.tokens,
+           val_tokens = sinks.val.tokens, bytes = total, seconds = now() - t0, out = final }
 end
 
 -- ------------------------------------------------------------ loader
@@ -309,7 +354,7 @@ function M.loader(opts)
   local cfg = ffi.new('gl_loader_config')
   cfg.batch_size, cfg.block_size, cfg.rank, cfg.world_size = B, T, rank, world
   cfg.seed, cfg.sampling, cfg.bos_aligned, cfg.bos_id = seed, SAMPLING[sampling], self.bos_aligned and 1 or 0, bos or -1
-  cfg.vocab_size, cfg.prefetch = vocab, int_opt(opts, 'prefetch', 4, 2)
+  cfg.vocab_size, cfg.prefetch = vocab, int_opt(opts, 'prefetch', 4, 2, 64)
   self.c = ffi.gc(check_ptr(lib.gl_loader_new(cfg), 2), lib.gl_loader_free)
   if self.device ~= 'cpu' then
     local id = Tensor.device_id(self.device, 'data.loader: device')

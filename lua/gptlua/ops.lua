@@ -6,12 +6,31 @@
 local G = require 'gptlua.ffi'
 local Tensor = require 'gptlua.tensor'
 local A = require 'gptlua.autograd'
+local C = require 'gptlua.check'
 local ffi, lib, check = G.ffi, G.lib, G.check
 local record = A.record
-local norm_dim = Tensor.norm_dim
+
+-- Every index, dim and size a view op takes passes the shared integer check
+-- (gptlua.check) first, so 2.5, NaN, inf and 2^70 are refused by name
+-- instead of being truncated or overflowing in the engine.
+-- norm_dim(t, d, what[, extra]): d checked, then made positive (1-based)
+local function norm_dim(t, d, what, extra)
+  C.integer(d, what, 'dim', nil, nil, 4)
+  return Tensor.norm_dim(t, d, what, extra)
+end
 
 local O = {}
 local T = Tensor
+O.norm_dim = norm_dim
+
+-- shape_of(what, ...): a shape argument ({2, 3} or 2, 3) whose every size is
+-- an integer >= -1 (-1: inferred by view/reshape, kept by expand)
+local function shape_of(what, ...)
+  local shape = Tensor.shape_arg(...)
+  for i, n in ipairs(shape) do C.integer(n, what, 'size of dim ' .. i, -1, nil, 4) end
+  return shape
+end
+O.shape_of = shape_of
 
 local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 
@@ -195,7 +214,7 @@ function O.sum_to(g, shape)
 end
 
 function Tensor:expand(...)
-  local shape = Tensor.shape_arg(...)
+  local shape = shape_of('expand', ...)
   local x = self
   local out = O.expand_raw(x, shape, 'expand')
   return view_record(out, x, function(_, g) return O.sum_to(g, x.shape) end, 'expand')
@@ -217,7 +236,7 @@ end
 -- view: needs a layout where the new shape maps onto existing strides; we
 -- accept contiguous tensors (and report clearly otherwise)
 function Tensor:view(...)
-  local shape = Tensor.infer_shape(Tensor.shape_arg(...), self:numel(), 'view')
+  local shape = Tensor.infer_shape(shape_of('view', ...), self:numel(), 'view')
   if not self:is_contiguous() then
     error(('view: tensor of shape %s is not contiguous; use reshape() or contiguous():view()'):format(
       shape_str(self.shape)), 2)
@@ -227,7 +246,7 @@ function Tensor:view(...)
   return view_record(out, x, function(_, g) return g:reshape(x.shape) end, 'view')
 end
 function Tensor:reshape(...)
-  local shape = Tensor.infer_shape(Tensor.shape_arg(...), self:numel(), 'reshape')
+  local shape = Tensor.infer_shape(shape_of('reshape', ...), self:numel(), 'reshape')
   local src = self:is_contiguous() and self or self:contiguous()
   return src:view(shape)
 end
@@ -273,7 +292,8 @@ end
 function Tensor:narrow(dim, start, len)
   local d = norm_dim(self, dim, 'narrow')
   local n = self.shape[d]
-  if type(start) ~= 'number' or type(len) ~= 'number' or start < 1 or len < 0 or start + len - 1 > n then
+  C.integer(start, 'narrow', 'start'); C.integer(len, 'narrow', 'length')
+  if start < 1 or len < 0 or start + len - 1 > n then
     error(('narrow: range start=%s len=%s outside dim %d of size %d'):format(tostring(start), tostring(len), d, n), 2)
   end
   local shape, st = self:size(), self:stride()
@@ -286,6 +306,7 @@ end
 function Tensor:select(dim, i)
   local d = norm_dim(self, dim, 'select')
   local n = self.shape[d]
+  C.integer(i, 'select', 'index')
   if i < 0 then i = n + i + 1 end
   if i < 1 or i > n then error(('select: index %d out of range for dim %d of size %d'):format(i, d, n), 2) end
   local shape, st = self:size(), self:stride()

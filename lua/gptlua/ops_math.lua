@@ -7,10 +7,11 @@ local G = require 'gptlua.ffi'
 local Tensor = require 'gptlua.tensor'
 local A = require 'gptlua.autograd'
 local O = require 'gptlua.ops'
+local check = require 'gptlua.check'
 local ffi, lib = G.ffi, G.lib
 local record = A.record
 local empty_like, same_shape, is_tensor = O.empty_like, O.same_shape, O.is_tensor
-local norm_dim = Tensor.norm_dim
+local norm_dim = O.norm_dim  -- checks that the dim is an integer
 local C = ffi.C
 local _ = C
 
@@ -713,8 +714,9 @@ end
 
 -- dropout(x, p, training): a fresh mask per call from the global RNG
 function O.dropout(x, p, training)
+  check.number(p, 'dropout', 'p')
+  if not (p >= 0 and p < 1) then error('dropout: p must be in [0, 1), got ' .. tostring(p), 2) end
   if not training or p == 0 then return x end
-  if p < 0 or p >= 1 then error('dropout: p must be in [0, 1), got ' .. tostring(p), 2) end
   local seed, off = O.rng_take(x:numel())
   local out = empty_like(x)
   K(lib.gl_dropout(out.c, x.c, p, seed, off))
@@ -768,7 +770,7 @@ end
 -- split(x, size, dim): pieces of `size` (the last may be smaller)
 function O.split(x, size, dim)
   local d = norm_dim(x, dim or 1, 'split')
-  if type(size) ~= 'number' or size < 1 then error('split: size must be a positive integer', 2) end
+  check.integer(size, 'split', 'size', 1)
   local out, pos = {}, 1
   while pos <= x.shape[d] do
     local n = math.min(size, x.shape[d] - pos + 1)
@@ -779,6 +781,7 @@ function O.split(x, size, dim)
 end
 function O.chunk(x, n, dim)
   local d = norm_dim(x, dim or 1, 'chunk')
+  check.integer(n, 'chunk', 'n', 1)
   return O.split(x, math.ceil(x.shape[d] / n), d)
 end
 Tensor.split, Tensor.chunk = O.split, O.chunk

@@ -9,6 +9,7 @@
 -- samples, checkpoints (atomic, verified, keep_last), metrics.jsonl, SIGINT.
 local gl = require 'gptlua'
 local config = require 'gptlua.config'
+local check = require 'gptlua.check'
 local optim = require 'gptlua.optim'
 local ckpt = require 'gptlua.checkpoint'
 local cjson = require 'cjson'
@@ -42,21 +43,74 @@ M.defaults = {
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
-local HOOKS = { build_model = true, build_data = true, build_optimizer = true, lr_schedule = true,
-                param_groups = true, on_log = true, on_eval = true, fsdp_units = true }
+-- Integer keys: {min, max}.  Sizes reach the engine as int32; counts of
+-- steps stay exact in a Lua number up to 2^53.  0 means "none", "off" or
+-- "infer" where a key allows it.
+local INT32, COUNT = 2 ^ 31 - 1, 2 ^ 53
+local INTEGER_KEYS = {
+  batch_size = { 1, INT32 }, block_size = { 1, INT32 }, gradient_accumulation_steps = { 1, INT32 },
+  max_iters = { 1, COUNT }, warmup_iters = { 0, COUNT }, lr_decay_iters = { 0, COUNT }, eval_interval = { 0, COUNT },
+  eval_iters = { 0, COUNT }, log_interval = { 0, COUNT }, sample_interval = { 0, COUNT }, sample_length = { 0, INT32 },
+  checkpoint_interval = { 0, COUNT }, keep_last = { 0, INT32 }, max_bad_steps = { 0, COUNT }, top_k = { 0, INT32 },
+  threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
+  n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
+  shard_size = { 0, COUNT },
+}
+M.INTEGER_KEYS = INTEGER_KEYS
+
+-- Hooks a recipe may define, each with what it must return: a hook that
+-- returns something else fails at once, naming the hook and what it returned
+-- (not later as "attempt to index a nil value").  false: anything.
+local function has(fields)
+  return function(v)
+    if type(v) ~= 'table' then return false end
+    for _, f in ipairs(fields) do if v[f] == nil then return false end end
+    return true
+  end
+end
+local function callable(v)
+  local mt = type(v) == 'table' and getmetatable(v)
+  return type(v) == 'function' or (mt and mt.__call ~= nil) or false
+end
+local HOOKS = {
+  build_model = { 'a model (a table with forward and parameters)', has({ 'forward', 'parameters' }) },
+  build_data = { 'a table with a train loader (a table with next_batch)',
+                 function(v) return type(v) == 'table' and type(v.train) == 'table' and v.train.next_batch ~= nil end },
+  build_optimizer = { 'an optimizer (a table with step)', has({ 'step' }) },
+  lr_schedule = { 'a function of the step', callable },
+  param_groups = { 'a table of parameter groups', function(v) return type(v) == 'table' end },
+  fsdp_units = { 'a table of units', function(v) return type(v) == 'table' end },
+  on_log = false, on_eval = false,
+}
+
+-- the recipe's hook `name` with its result checked
+local function checked_hook(name, f)
+  local want = HOOKS[name]
+  if not want then return f end
+  return function(...)
+    local r = f(...)
+    if not want[2](r) then
+      error(('recipe: hook %s returned %s, expected %s'):format(name, check.describe(r), want[1]), 0)
+    end
+    return r
+  end
+end
 
 -- splits a recipe table into config values and hook functions
 local function split_recipe(recipe)
+  if type(recipe) ~= 'table' then
+    error(('recipe: expected a table of config values and hooks, got %s'):format(check.describe(recipe)), 0)
+  end
   local cfg, hooks = {}, {}
   for k, v in pairs(recipe) do
     if type(v) == 'function' then
-      if not HOOKS[k] then
+      if HOOKS[k] == nil then
         local names = {}
         for h in pairs(HOOKS) do names[#names + 1] = h end
         table.sort(names)
         error(('recipe: unknown hook %s (valid hooks: %s)'):format(k, table.concat(names, ', ')), 0)
       end
-      hooks[k] = v
+      hooks[k] = checked_hook(k, v)
     else cfg[k] = v end
   end
   return cfg, hooks
@@ -77,14 +131,14 @@ function M.resolve_config(recipe, args)
   for _, k in ipairs({ 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'matrix_lr' }) do
     if cfg[k] < 0 then fail(('%s must be >= 0, got %s'):format(k, cfg[k])) end
   end
-  for _, k in ipairs({ 'batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters' }) do
-    if cfg[k] < 1 or cfg[k] ~= math.floor(cfg[k]) then fail(('%s must be a positive integer, got %s'):format(k, cfg[k])) end
-  end
-  -- counts and intervals where 0 means "none" or "off"
-  for _, k in ipairs({ 'warmup_iters', 'lr_decay_iters', 'eval_interval', 'eval_iters', 'log_interval',
-                       'sample_interval', 'sample_length', 'checkpoint_interval', 'keep_last', 'max_bad_steps',
-                       'top_k', 'threads', 'total_batch_size' }) do
-    if cfg[k] < 0 or cfg[k] ~= math.floor(cfg[k]) then fail(('%s must be an integer >= 0, got %s'):format(k, cfg[k])) end
+  -- integer keys: the shared check refuses 2.5, NaN, inf and values past
+  -- what the key's type holds (config.lua already refused non-finite numbers)
+  local names = {}
+  for k in pairs(INTEGER_KEYS) do names[#names + 1] = k end
+  table.sort(names)
+  for _, k in ipairs(names) do
+    local r = INTEGER_KEYS[k]
+    check.integer(cfg[k], 'config', k, r[1], r[2], config.NO_POSITION)
   end
   if cfg.eval_interval > 0 and cfg.eval_iters < 1 then
     fail(('eval_iters must be >= 1 when eval_interval is set (%d), got %d'):format(cfg.eval_interval, cfg.eval_iters))
@@ -473,6 +527,7 @@ end
 function Trainer:run()
   local cfg = self.cfg
   if cfg.resume ~= '' and cfg.resume ~= false then
+    ckpt.check_dir(self.ckpt_dir, 'resume')  -- a file there is not "no checkpoint yet"
     local path = ckpt.resolve(cfg.resume == 'true' and 'latest' or cfg.resume, self.ckpt_dir)
     if path then self:load_checkpoint(path)
     else self:print(('resume: no checkpoint under %s, starting fresh'):format(self.ckpt_dir)) end

@@ -50,7 +50,7 @@ local cases = {
   { 'item of many elements', function() gl.zeros({ 2 }):item() end, 'item: tensor has 2 elements, expected exactly 1' },
   { 'ragged table', function() gl.tensor({ { 1, 2 }, { 3 } }) end, 'tensor: ragged nested table: dim 2 expected 2 entries, got 1' },
   { 'non-number in a table', function() gl.tensor({ 1, 'x' }) end, 'tensor: expected a number at depth 2, got string' },
-  { 'use after free', function() freed():fill_(1) end, 'gl_fill: tensor has been freed' },
+  { 'use after free', function() freed():fill_(1) end, 'fill_: tensor was freed' },
   { 'copy from a freed tensor', function() gl.zeros({ 3 }):copy_(freed()) end, 'gl_copy: src has been freed' },
   { 'copy of mismatched shapes', function() gl.zeros({ 3 }):copy_(gl.zeros({ 4 })) end, 'copy_: cannot broadcast shape {4} to {3}' },
   { 'fill of a broadcast view', function() gl.zeros({ 1 }):expand(4):fill_(1) end, 'gl_fill: tensor is a broadcast view (stride 0 in dim 1)' },

@@ -139,7 +139,50 @@ describe('memory', function()
     local st0 = gl.memory_stats().allocated
     x:free()
     assert.is_true(gl.memory_stats().allocated < st0)
-    assert.has_error(function() x:fill_(1) end, 'gl_fill: tensor has been freed (its storage was released)')
+    local ok, err = pcall(function() x:fill_(1) end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('fill_: tensor was freed', 1, true), err)
+  end)
+  it('raises "tensor was freed" for every use of a freed tensor, printing included', function()
+    local x = gl.ones({ 2, 3 })
+    x:free()
+    local uses = {
+      print = function() return tostring(x) end, add = function() return x + 1 end,
+      radd = function() return 2 * x end, neg = function() return -x end, pow = function() return x ^ 2 end,
+      method = function() return x:sum() end, get = function() return x:get(1, 1) end,
+      view = function() return x:view(6) end, tolist = function() return x:tolist() end,
+      operand = function() return gl.ones({ 2, 3 }) + x end,
+    }
+    for name, use in pairs(uses) do
+      local ok, err = pcall(use)
+      assert.is_false(ok, name)
+      assert.truthy(tostring(err):find('tensor was freed', 1, true), name .. ': ' .. tostring(err))
+    end
+    -- an op handed it directly: the engine's own check names the op and argument
+    local ok, err = pcall(gl.matmul, gl.ones({ 3, 2 }), x)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('gl_matmul: b has been freed', 1, true), tostring(err))
+    -- metadata and flags stay: FSDP keeps parameters freed between uses
+    assert.same({ 2, 3 }, x:size())
+    assert.equal(6, x:numel())
+    assert.is_true(x:is_freed())
+    x:free()
+  end)
+  it('says which operand of an operator is not a Tensor or a number, and what it was', function()
+    local x = gl.ones({ 2 })
+    local cases = {
+      { function() return x + 'a' end, "add: b must be a Tensor or a number, got the string 'a'" },
+      { function() return {} * x end, 'mul: a must be a Tensor or a number, got table' },
+      { function() return x - true end, 'sub: b must be a Tensor or a number, got true' },
+      { function() return x / nil end, 'div: b must be a Tensor or a number, got nil' },
+    }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+      assert.truthy(tostring(err):find('tensor_spec.lua:%d+:'), 'points at the expression: ' .. tostring(err))
+    end
+    assert.same({ 3, 3 }, (x + 2):tolist())
   end)
   it('counts peak and empties the cache', function()
     gl.reset_peak_memory()

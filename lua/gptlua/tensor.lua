@@ -6,9 +6,52 @@
 local G = require 'gptlua.ffi'
 local ffi, lib, check, check_ptr = G.ffi, G.lib, G.check, G.check_ptr
 
+local describe = require('gptlua.check').describe
+
 local Tensor = {}
-Tensor.__index = Tensor
 Tensor.__name = 'Tensor'
+
+-- Use after free.  t:free() (or the end of a scope) releases a tensor's
+-- storage but keeps its struct, so a method reading data through it would
+-- read through NULL.  Every use reaches the tensor through one of two
+-- doors, both guarded here rather than in each method: a method lookup
+-- (Tensor.__index) and a metamethod (+, -, *, /, ^, unary -, tostring),
+-- which Tensor's own metatable wraps as ops.lua and ops_math.lua define
+-- them.  Metadata stays readable after free (shape, dtype, numel, ...: FSDP
+-- keeps parameters freed between uses, as PyTorch does), and so are the
+-- flags (free, is_freed, keep, requires_grad_, register_hook); everything
+-- else raises "NAME: tensor was freed".
+local AFTER_FREE = { free = true, is_freed = true, keep = true, numel = true, dim = true, size = true,
+  stride = true, storage_offset = true, is_contiguous = true, is_floating = true, requires_grad_ = true,
+  register_hook = true }
+local function freed(t) local c = rawget(t, 'c'); return c ~= nil and c.storage == nil end
+Tensor.__index = function(t, k)
+  local v = rawget(Tensor, k)
+  if type(v) == 'function' and not AFTER_FREE[k] and freed(t) then error(k .. ': tensor was freed', 2) end
+  return v
+end
+
+-- Operands of the arithmetic metamethods (a and b): a live Tensor or a
+-- number ("add: b must be a Tensor or a number, got the string 'a'").
+local OPERATORS = { __add = 'add', __sub = 'sub', __mul = 'mul', __div = 'div', __pow = 'pow',
+  __mod = 'mod', __unm = 'neg' }
+local function operand(what, name, x)
+  if type(x) == 'number' then return end
+  if getmetatable(x) ~= Tensor then
+    error(('%s: %s must be a Tensor or a number, got %s'):format(what, name, describe(x)), 3)
+  end
+  if freed(x) then error(('%s: %s: tensor was freed'):format(what, name), 3) end
+end
+setmetatable(Tensor, { __newindex = function(T, k, v)
+  if OPERATORS[k] and type(v) == 'function' then
+    local f, what = v, OPERATORS[k]
+    v = function(a, b) operand(what, 'a', a); operand(what, 'b', b); return f(a, b) end
+  elseif k == '__tostring' and type(v) == 'function' then
+    local f = v
+    v = function(t) if freed(t) then error('tostring: tensor was freed', 3) end; return f(t) end
+  end
+  rawset(T, k, v)
+end })
 
 local DTYPES = { 'float32', 'float64', 'bfloat16', 'float16', 'int32', 'int64', 'uint16', 'uint8', 'bool' }
 local DTYPE_ID, DTYPE_NAME = {}, {}
@@ -321,9 +364,6 @@ end
 -- the middle beyond 1000 elements; floats switch to scientific notation
 -- when their magnitudes span too much for a fixed format.
 function Tensor:__tostring()
-  if not self.c.storage or self.c.storage.data == nil then
-    return ('tensor(<freed>, shape={%s}, dtype=%s, device=%s)'):format(table.concat(self.shape, ','), self.dtype, self.device)
-  end
   local t = self.device == 'cpu' and self or self:to('cpu')
   local shape, isf = t.shape, FLOATING[t.dtype]
   local summarize = t:numel() > 1000

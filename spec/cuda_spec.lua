@@ -368,9 +368,13 @@ describe('CUDA elementwise kernels vs CPU #cuda', function()
       local a = S.out({ 23, 45 }); K(lib.gl_dropout(a.c, S.x.c, 0.3, seed, 11))
       local b = S.out({ 11, 7 }, 'bfloat16'); K(lib.gl_dropout(b.c, S.y.c, 0.5, seed, 0))
       local c = S.out({ 23, 45 }); K(lib.gl_dropout(c.c, S.x.c, 0, seed, 0))
-      local d = S.out({ 23, 45 }); K(lib.gl_dropout(d.c, S.x.c, 1, seed, 0))
+      local d = S.out({ 23, 45 }); K(lib.gl_dropout(d.c, S.x.c, 0.95, seed, 0))
       return a, b, c, d
     end, 'float32', 'dropout')
+    -- p = 1 would scale nothing by 1 / (1 - p): refused on both devices
+    local out = gl.empty({ 23, 45 }, { device = DEV })
+    assert.equal(-1, lib.gl_dropout(out.c, ins.x[2].c, 1, seed, 0))
+    assert.truthy(ffi.string(lib.gl_last_error()):find('expected 0 <= p < 1', 1, true))
   end)
 
   gpu_it('rope forward and inverse, strided and in place', function()

@@ -30,6 +30,7 @@ double gl_dist_now(void) {
 static gl_comm *live_comms;
 
 gl_comm *gl_comm_alloc(const gl_dist_backend *b, const char *name) {
+  GL_NONNULL_OR(NULL, "gl_comm_alloc", name);
   gl_comm *c = calloc(1, sizeof *c);
   if (!c) return gl_error_null("gl_comm_alloc: out of host memory");
   c->backend = b;
@@ -41,6 +42,7 @@ gl_comm *gl_comm_alloc(const gl_dist_backend *b, const char *name) {
 }
 
 gl_comm *gl_comm_find(const char *name) {
+  GL_NONNULL_OR(NULL, "gl_comm_find", name);
   for (gl_comm *c = live_comms; c; c = c->next_live)
     if (strcmp(c->name, name) == 0) return c;
   return NULL;
@@ -68,7 +70,8 @@ void gl_comm_free_world(gl_comm *c) {
 }
 
 int gl_comm_set_timeout(gl_comm *c, double timeout_s) {
-  if (!c || c->refcount <= 0) return gl_error("gl_comm_set_timeout: comm is not a live communicator");
+  GL_NONNULL("gl_comm_set_timeout", c);
+  if (c->refcount <= 0) return gl_error("gl_comm_set_timeout: comm is not a live communicator");
   if (!(timeout_s > 0)) return gl_error("gl_comm_set_timeout: timeout expected > 0 seconds, got %g", timeout_s);
   c->timeout_s = timeout_s;
   return GL_OK;
@@ -424,8 +427,8 @@ static int prepare_buffer(gl_work *w, gl_tensor *t, int force_stage, int copy_in
 }
 
 gl_work *gl_comm_start(gl_comm *c, const gl_coll_args *a) {
-  if (!c || c->refcount <= 0 || !c->backend) return gl_error_null("gl_comm_start: comm is not a live communicator");
-  if (!a) return gl_error_null("gl_comm_start: args is NULL");
+  GL_NONNULL_OR(NULL, "gl_comm_start", c, a);
+  if (c->refcount <= 0 || !c->backend) return gl_error_null("gl_comm_start: c is not a live communicator");
   if (a->coll < 0 || a->coll >= GL_COLL_COUNT)
     return gl_error_null("gl_comm_start: coll expected 0..%d, got %d", GL_COLL_COUNT - 1, a->coll);
   if (!gl_dist_initialized()) return gl_error_null("%s: gptlua.dist is not initialised (or already finalised)",
@@ -496,9 +499,9 @@ static int by_key_then_rank(const void *pa, const void *pb) {
    itself is guarded by the timeout and each rank can compute its new group
    (ranks ordered by key, then parent rank, as MPI_Comm_split does). */
 int gl_comm_split(gl_comm *c, int color, int key, gl_comm **out) {
-  if (!out) return gl_error("gl_comm_split: out is NULL");
+  GL_NONNULL("gl_comm_split", c, out);
   *out = NULL;
-  if (!c || c->refcount <= 0) return gl_error("gl_comm_split: comm is not a live communicator");
+  if (c->refcount <= 0) return gl_error("gl_comm_split: comm is not a live communicator");
   int size = c->size;
   int64_t mine[3] = {color < 0 ? -1 : color, key, c->node};
   int64_t *all = malloc(sizeof(int64_t) * 3 * size);

@@ -38,8 +38,10 @@ M.defaults = {
   sample_interval = 0, sample_length = 500, sample_prompt = '\n', temperature = 0.8, top_k = 0,
   checkpoint_interval = 0, keep_last = 2, resume = '', max_bad_steps = 5,
   peak_flops = 0, quiet = false,
-  -- distributed policy (gptlua.dist): 'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp'
-  dist = 'none', bucket_mb = 25, shard_size = 0,
+  -- distributed policy (gptlua.dist): 'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp'; unset on
+  -- several ranks it is ddp ('none' trains each rank alone and is refused by run there);
+  -- dist_timeout: seconds a collective may take before every rank is aborted
+  dist = 'none', bucket_mb = 25, shard_size = 0, dist_timeout = 600,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
@@ -118,11 +120,21 @@ end
 
 local function fail(msg) error('config: ' .. msg, 0) end
 
+-- Returns cfg, hooks and where the launch put it: {ranks = the world the
+-- launcher variables describe (1 without a launcher), dist_default = true
+-- when dist was not set and the world made it ddp}.
 function M.resolve_config(recipe, args)
   local rcfg, hooks = split_recipe(recipe)
   config.validate(rcfg, M.defaults)
   local cli = config.parse_args(args, M.defaults)
   local cfg = config.merge(M.defaults, rcfg, cli)
+  -- the launcher's world (an error when its sources disagree): more than one
+  -- rank trains with ddp unless the recipe or the command line says otherwise
+  local launched = require('gptlua.dist').discover()
+  local launch = { ranks = launched and launched.size or 1 }
+  if launch.ranks > 1 and rcfg.dist == nil and cli.dist == nil then
+    cfg.dist, launch.dist_default = 'ddp', true
+  end
   if cfg.device == 'auto' then cfg.device = gl.default_device() end
   gl.Tensor.device_id(cfg.device, 'config: device')
   if cfg.device ~= 'cpu' and not gl.cuda_available() then
@@ -131,6 +143,7 @@ function M.resolve_config(recipe, args)
   for _, k in ipairs({ 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'matrix_lr' }) do
     if cfg[k] < 0 then fail(('%s must be >= 0, got %s'):format(k, cfg[k])) end
   end
+  if not (cfg.dist_timeout > 0) then fail(('dist_timeout must be > 0 seconds, got %s'):format(cfg.dist_timeout)) end
   -- integer keys: the shared check refuses 2.5, NaN, inf and values past
   -- what the key's type holds (config.lua already refused non-finite numbers)
   local names = {}
@@ -159,7 +172,7 @@ function M.resolve_config(recipe, args)
   if cfg.dtype ~= 'float32' and cfg.dtype ~= 'float64' and cfg.dtype ~= 'bfloat16' then
     fail(("dtype must be float32, float64 or bfloat16, got '%s'"):format(cfg.dtype))
   end
-  return cfg, hooks
+  return cfg, hooks, launch
 end
 
 -- ------------------------------------------------------------------ data
@@ -326,12 +339,13 @@ Trainer.__index = Trainer
 M.Trainer = Trainer
 
 function M.new(recipe, args)
-  local cfg, hooks = M.resolve_config(recipe, args)
-  local self = setmetatable({ cfg = cfg, hooks = hooks, step = 0, bad_steps = 0, history = {} }, Trainer)
+  local cfg, hooks, launch = M.resolve_config(recipe, args)
+  local self = setmetatable({ cfg = cfg, hooks = hooks, step = 0, bad_steps = 0, history = {}, launch = launch },
+    Trainer)
   self.rank, self.world = 0, 1
   if cfg.dist ~= 'none' then
     self.dist = require('gptlua.dist')
-    self.comm = self.dist.init({})
+    self.comm = self.dist.init({ timeout = cfg.dist_timeout })
     self.rank, self.world = self.comm.rank, self.comm.size
   end
   -- each rank of a distributed GPU run trains on the GPU it is bound to
@@ -526,6 +540,11 @@ end
 
 function Trainer:run()
   local cfg = self.cfg
+  -- without a policy every rank would train alone, print, and write the same run directory
+  if cfg.dist == 'none' and self.launch.ranks > 1 then
+    fail(("dist 'none' cannot run on %d ranks: each would train alone and write %s "
+      .. '(use --dist=ddp, zero1, zero2, fsdp or hsdp)'):format(self.launch.ranks, self.run_dir))
+  end
   if cfg.resume ~= '' and cfg.resume ~= false then
     ckpt.check_dir(self.ckpt_dir, 'resume')  -- a file there is not "no checkpoint yet"
     local path = ckpt.resolve(cfg.resume == 'true' and 'latest' or cfg.resume, self.ckpt_dir)
@@ -538,6 +557,10 @@ function Trainer:run()
   self:print(('device %s (%d threads), %s, batch %d x %d x %d accum x %d ranks = %d tokens/step, peak %.1f GFLOP/s'):format(
     cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
     self.world, self.tokens_per_step, peak / 1e9))
+  if self.world > 1 then
+    self:print(('dist: %s (%s %d ranks), collective timeout %g s'):format(cfg.dist,
+      self.launch.dist_default and 'default for' or 'on', self.world, cfg.dist_timeout))
+  end
   gl.lib.gl_signal_catch(2)
   local t_start, t_last, tokens_since, steps_since = now(), now(), 0, 0
   local last_eval

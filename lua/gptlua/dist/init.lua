@@ -57,23 +57,52 @@ dist.LAUNCHERS = {
     local_size = 'SLURM_NTASKS_PER_NODE' },
 }
 
+-- a launcher variable as an integer; nil when unset or empty, an error
+-- naming the variable when set to something else
 local function env_int(getenv, name)
   local v = name and getenv(name)
-  return v and tonumber(v:match('^%s*(%d+)'))   -- SLURM writes "2(x3)"
+  if v == nil or v:match('^%s*$') then return nil end
+  local n = tonumber(v:match('^%s*(%d+)'))   -- SLURM writes "2(x3)"
+  if not n then error(('dist: %s expected an integer, got %q'):format(name, v), 0) end
+  return n
 end
 
--- Rank and size from the first launcher whose variables are set, or nil.
--- getenv (default os.getenv) lets specs pass a fake environment.
+local function describe_source(w)
+  return ('%s (%s=%d, %s=%d: rank %d of %d)'):format(w.launcher, w.rank_var, w.rank, w.size_var, w.size,
+    w.rank, w.size)
+end
+
+-- Rank and size of this process from the launcher variables, or nil when
+-- none are set.  Every launcher whose rank and size variables are set is a
+-- source; they must agree on rank and size, else the error names both
+-- sources and their values (a stale RANK=0 WORLD_SIZE=1 under mpirun would
+-- otherwise split the job into single-rank runs).  SLURM's variables count
+-- only when no launcher's are set: a Slurm step that runs a launcher
+-- (mpirun's daemons, torchrun per node) has one Slurm task per node, not
+-- per rank.  getenv (default os.getenv) lets specs pass a fake environment.
 function dist.discover(getenv)
   getenv = getenv or os.getenv
+  local found = {}
   for _, l in ipairs(dist.LAUNCHERS) do
     local rank, size = env_int(getenv, l.rank), env_int(getenv, l.size)
-    if rank and size then
-      return { launcher = l.name, rank = rank, size = size,
-               local_rank = env_int(getenv, l.local_rank), local_size = env_int(getenv, l.local_size) }
+    if rank and size and not (l.name == 'slurm' and #found > 0) then
+      local w = { launcher = l.name, rank = rank, size = size, rank_var = l.rank, size_var = l.size,
+        local_rank = env_int(getenv, l.local_rank), local_size = env_int(getenv, l.local_size) }
+      if size < 1 or rank >= size then
+        error(('dist: %s expected a rank in 0..size-1 and a size >= 1'):format(describe_source(w)), 0)
+      end
+      for _, o in ipairs(found) do
+        if o.rank ~= rank or o.size ~= size then
+          error(('dist: the launcher variables disagree: %s but %s; unset the stale ones'):format(
+            describe_source(o), describe_source(w)), 0)
+        end
+      end
+      found[#found + 1] = w
     end
   end
-  return nil
+  local w = found[1]
+  if not w then return nil end
+  return { launcher = w.launcher, rank = w.rank, size = w.size, local_rank = w.local_rank, local_size = w.local_size }
 end
 
 -- CPU threads per rank: the node's cores shared by its ranks.
@@ -167,16 +196,21 @@ function Comm:__tostring()
     self.nccl and self.backend .. ' + nccl' or self.backend)
 end
 
-function Comm:set_timeout(seconds)
-  if type(seconds) ~= 'number' or not (seconds > 0) then
-    error('set_timeout: seconds expected a number > 0, got ' .. tostring(seconds), 2)
+-- the one check of a collective timeout (seconds, finite > 0)
+local function check_timeout(seconds, fn, what)
+  if type(seconds) ~= 'number' or not (seconds > 0 and seconds < math.huge) then
+    error(('%s: %s expected a finite number of seconds > 0, got %s'):format(fn, what, tostring(seconds)), 3)
   end
+  return seconds
+end
+
+function Comm:set_timeout(seconds)
+  check_timeout(seconds, 'set_timeout', 'seconds')
   if self.c then
     G.check(mpi.gl_comm_set_timeout(self.c, seconds), 2)
     if self._nccl_c then G.check(mpi.gl_comm_set_timeout(self._nccl_c, seconds), 2) end
-  else
-    self.timeout = seconds
   end
+  self.timeout = seconds
 end
 
 -- The group's NCCL communicator, made on first use (collective: every rank
@@ -215,11 +249,14 @@ function Comm:split(color, key)
   if not self.c then
     self.nsplits = self.nsplits + 1
     if color < 0 then return nil end
-    return local_comm(('%s.%d[%d]'):format(self.name, self.nsplits, color))
+    local child = local_comm(('%s.%d[%d]'):format(self.name, self.nsplits, color))
+    child.timeout = self.timeout
+    return child
   end
   local out = ffi.new('gl_comm*[1]')
   G.check(mpi.gl_comm_split(self.c, color, key, out), 2)
   local child = out[0] ~= nil and wrap_comm(ffi.gc(out[0], mpi.gl_comm_free), self.backend, self.nccl) or nil
+  if child then child.timeout = self.timeout end   -- the engine's child inherits it too
   -- an existing NCCL communicator is split too (ncclCommSplit shares its
   -- resources); otherwise the child makes its own on first use
   if self._nccl_c then
@@ -601,10 +638,7 @@ function dist.init(opts)
   if backend ~= 'auto' and backend ~= 'mpi' and backend ~= 'nccl' then
     error(("dist.init: backend expected 'auto', 'mpi' or 'nccl', got %s"):format(tostring(backend)), 2)
   end
-  local timeout = opts.timeout or dist.timeout
-  if type(timeout) ~= 'number' or not (timeout > 0) then
-    error('dist.init: timeout expected a number of seconds > 0, got ' .. tostring(timeout), 2)
-  end
+  local timeout = check_timeout(opts.timeout or dist.timeout, 'dist.init', 'timeout')
   if world then world:set_timeout(timeout); return world end
 
   local found = dist.discover()
@@ -616,6 +650,7 @@ function dist.init(opts)
   load_mpi()
   G.check(mpi.gl_dist_init(timeout), 2)
   local w = wrap_comm(mpi.gl_dist_world(), 'mpi')
+  w.timeout = timeout
   if found and (found.rank ~= w.rank or found.size ~= w.size) then
     error(('dist.init: the %s variables say rank %d of %d but MPI sees rank %d of %d; '
       .. 'start the ranks with an MPI launcher (gptlua -n N, mpirun, srun)'):format(

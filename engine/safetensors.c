@@ -118,9 +118,13 @@ static gl_st_file *st_fail(gl_st_file *f, cJSON *root, char *hdr) {
   return NULL;
 }
 
-static int cmp_begin(const void *a, const void *b) {
+static int cmp_begin(const void *a, const void *b) {  /* by begin, then end (empty entries first) */
   const st_entry *x = a, *y = b;
-  return x->begin < y->begin ? -1 : x->begin > y->begin;
+  if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+  return x->end < y->end ? -1 : x->end > y->end;
+}
+static int cmp_name(const void *a, const void *b) {
+  return strcmp(((const st_entry *)a)->name, ((const st_entry *)b)->name);
 }
 
 gl_st_file *gl_safetensors_open(const char *path) {
@@ -156,7 +160,13 @@ gl_st_file *gl_safetensors_open(const char *path) {
   cJSON *it;
   cJSON_ArrayForEach(it, root) {
     if (!strcmp(it->string, "__metadata__")) {
+      if (f->metadata) { gl_error("gl_safetensors_open: '%s' __metadata__ appears twice", path); return st_fail(f, root, hdr); }
       if (!cJSON_IsObject(it)) { gl_error("gl_safetensors_open: '%s' __metadata__ is not an object", path); return st_fail(f, root, hdr); }
+      cJSON *m;
+      cJSON_ArrayForEach(m, it) if (!cJSON_IsString(m)) {
+        gl_error("gl_safetensors_open: '%s' __metadata__ value '%s' must be a string", path, m->string);
+        return st_fail(f, root, hdr);
+      }
       f->metadata = cJSON_PrintUnformatted(it);
       continue;
     }
@@ -189,6 +199,10 @@ gl_st_file *gl_safetensors_open(const char *path) {
                path, it->string, bd, ed, (long long)data_len);
       return st_fail(f, root, hdr);
     }
+    if (bd != (double)(int64_t)bd || ed != (double)(int64_t)ed) {
+      gl_error("gl_safetensors_open: '%s' entry '%s' data_offsets [%g, %g] must be whole byte offsets", path, it->string, bd, ed);
+      return st_fail(f, root, hdr);
+    }
     e->begin = (int64_t)bd; e->end = (int64_t)ed;
     if (e->end - e->begin != numel * gl_dtype_size(e->dtype)) {
       gl_error("gl_safetensors_open: '%s' entry '%s' holds %lld bytes, its shape and dtype need %lld", path,
@@ -198,15 +212,38 @@ gl_st_file *gl_safetensors_open(const char *path) {
     e->name = strdup(it->string);
     f->n++;
   }
-  /* entries must not overlap */
+  /* names are unique, and the entries' byte ranges tile the data section: in
+   * offset order each begins where the one before ended, the first at 0, the
+   * last at the end of the file (no overlap, no hole, no trailing bytes) */
   st_entry *sorted = malloc(sizeof *sorted * (size_t)(f->n ? f->n : 1));
+  if (!sorted) { gl_error("gl_safetensors_open: out of memory"); return st_fail(f, root, hdr); }
   memcpy(sorted, f->e, sizeof *sorted * (size_t)f->n);
-  qsort(sorted, (size_t)f->n, sizeof *sorted, cmp_begin);
+  qsort(sorted, (size_t)f->n, sizeof *sorted, cmp_name);
   for (int i = 1; i < f->n; i++)
-    if (sorted[i].begin < sorted[i - 1].end && sorted[i].end > sorted[i].begin) {
-      gl_error("gl_safetensors_open: '%s' entries '%s' and '%s' overlap", path, sorted[i - 1].name, sorted[i].name);
+    if (!strcmp(sorted[i].name, sorted[i - 1].name)) {
+      gl_error("gl_safetensors_open: '%s' entry name '%s' appears more than once", path, sorted[i].name);
       free(sorted); return st_fail(f, root, hdr);
     }
+  qsort(sorted, (size_t)f->n, sizeof *sorted, cmp_begin);
+  int64_t pos = 0;
+  for (int i = 0; i < f->n; i++) {
+    if (sorted[i].begin < pos) {
+      gl_error("gl_safetensors_open: '%s' entries '%s' and '%s' overlap (data_offsets %lld < %lld)", path,
+               sorted[i - 1].name, sorted[i].name, (long long)sorted[i].begin, (long long)pos);
+      free(sorted); return st_fail(f, root, hdr);
+    }
+    if (sorted[i].begin > pos) {
+      gl_error("gl_safetensors_open: '%s' data_offsets leave data bytes [%lld, %lld) unused before entry '%s' (entries must tile the %lld data bytes)",
+               path, (long long)pos, (long long)sorted[i].begin, sorted[i].name, (long long)data_len);
+      free(sorted); return st_fail(f, root, hdr);
+    }
+    pos = sorted[i].end;
+  }
+  if (pos != data_len) {
+    gl_error("gl_safetensors_open: '%s' data_offsets leave data bytes [%lld, %lld) unused at the end (entries must tile the %lld data bytes)",
+             path, (long long)pos, (long long)data_len, (long long)data_len);
+    free(sorted); return st_fail(f, root, hdr);
+  }
   free(sorted);
   cJSON_Delete(root); free(hdr);
   return f;

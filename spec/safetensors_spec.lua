@@ -54,6 +54,20 @@ describe('safetensors', function()
     { 'a huge dim', st_bytes('{"a":{"dtype":"F32","shape":[1e300],"data_offsets":[0,4]}}', '\0\0\0\0'), 'has an invalid size in dim 1' },
     { 'overlapping entries', st_bytes('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}}', '\0\0\0\0\0\0\0\0'),
       'overlap' },
+    { 'a repeated tensor name', st_bytes('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', '\0\0'),
+      "entry name 'a' appears more than once" },
+    { 'fractional data offsets', st_bytes('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0.5,1.5]}}', '\0\0'),
+      "entry 'a' data_offsets [0.5, 1.5] must be whole byte offsets" },
+    { 'two entries on the same bytes', st_bytes('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', '\0\0\0\0'),
+      "entries 'a' and 'b' overlap" },
+    { 'a hole between entries', st_bytes('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}}', '\0\0\0'),
+      "data_offsets leave data bytes [1, 2) unused before entry 'b'" },
+    { 'data bytes past the last entry', st_bytes('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', '\0\0\0'),
+      'data_offsets leave data bytes [1, 3) unused at the end (entries must tile the 3 data bytes)' },
+    { 'a metadata value that is not a string', st_bytes('{"__metadata__":{"step":5},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', '\0'),
+      "__metadata__ value 'step' must be a string" },
+    { 'a repeated __metadata__', st_bytes('{"__metadata__":{},"__metadata__":{},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', '\0'),
+      '__metadata__ appears twice' },
     { 'too many dims', st_bytes('{"a":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]}}', '\0'), 'has 9 dims, at most 8' },
   }
   for _, c in ipairs(cases) do
@@ -63,6 +77,7 @@ describe('safetensors', function()
       local ok, err = pcall(ckpt.load_safetensors, p)
       assert.is_false(ok)
       assert.truthy(tostring(err):find(c[3], 1, true), 'got: ' .. tostring(err))
+      if c[2] then assert.truthy(tostring(err):find(p, 1, true), 'the file is named, got: ' .. tostring(err)) end
       os.remove(p)
     end)
   end
@@ -72,7 +87,7 @@ describe('checkpoints', function()
   it('saves into step directories, keeps the last N, and verifies on load', function()
     local dir = tmp(); os.remove(dir)
     for step = 1, 3 do
-      ckpt.save(dir, step, { model = { w = gl.full({ 2 }, step) }, optim = {}, state = { note = 'x' } }, 2)
+      ckpt.save(dir, step, { model = { w = gl.full({ 2 }, step) }, optim = {}, state = { note = 'x', config = { n_layer = 1 } } }, 2)
     end
     local all = ckpt.list(dir)
     assert.equal(2, #all)

@@ -159,6 +159,26 @@ describe('trainer', function()
     end
   end)
 
+  it('refuses a checkpoint whose state.json lacks its config, naming the file and the field, and rewrites nothing', function()
+    local d = tmpdir()
+    train.main(recipe({ max_iters = 2, out_dir = d }), {})
+    local sp = d .. '/t/checkpoints/step_0000002/state.json'
+    local st = cjson.decode(io.open(sp):read('*a'))
+    st.config = nil
+    local f = io.open(sp, 'wb'); f:write(cjson.encode(st)); f:close()
+    local before = io.open(sp):read('*a')
+    local metrics = io.open(d .. '/t/metrics.jsonl'):read('*a')
+    for _, iters in ipairs({ 2, 4 }) do
+      local ok, err = pcall(train.main, recipe({ max_iters = iters, out_dir = d }), { '--resume=latest' })
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(sp .. ' has no config', 1, true), tostring(err))
+    end
+    assert.equal(before, io.open(sp):read('*a'))
+    assert.equal(metrics, io.open(d .. '/t/metrics.jsonl'):read('*a'))
+    assert.equal(1, #require('gptlua.checkpoint').list(d .. '/t/checkpoints'))
+    os.execute('rm -rf ' .. d)
+  end)
+
   it('refuses to resume when the checkpoints path is a file, and leaves the run alone', function()
     local d = tmpdir()
     os.execute(('mkdir -p %s/run && printf old > %s/run/checkpoints && printf metrics > %s/run/metrics.jsonl'):format(d, d, d))

@@ -118,6 +118,9 @@ function M.save(dir, step, parts, keep_last)
       files[n] = M.checksum(tmp .. '/' .. n)
     end
     local state = parts.state or {}
+    if type(state.config) ~= 'table' then  -- load refuses a checkpoint without it
+      error(('checkpoint.save: state.config expected a table (the run\'s config), got %s'):format(type(state.config)), 0)
+    end
     state.files, state.step, state.format = files, step, 'gptlua-checkpoint-1'
     write_file(tmp .. '/state.json', cjson.encode(state))
     if exists(final) then sh('rm -rf ' .. quote(final)) end
@@ -141,8 +144,16 @@ function M.resolve(spec, dir)
   return spec
 end
 
+-- the fields every checkpoint's state.json holds: without them a resume would
+-- start from a guess (and then save over the checkpoint), so load refuses it
+local STATE_FIELDS = {
+  { 'step', 'number', 'an integer step >= 0' },
+  { 'files', 'table', 'an object of file checksums' },
+  { 'config', 'table', "an object holding the run's config" },
+}
+
 -- load(path) -> {model = {...}, optim = {...}, state = {...}} after
--- verifying the format and every file's checksum
+-- verifying the format, the fields above and every file's checksum
 function M.load(path)
   local s, err = read_file(path .. '/state.json')
   if not s then error(('checkpoint: %s is not a checkpoint (no state.json: %s)'):format(path, tostring(err)), 2) end
@@ -151,7 +162,16 @@ function M.load(path)
   if state.format ~= 'gptlua-checkpoint-1' then
     error(('checkpoint: %s has format %s, expected gptlua-checkpoint-1'):format(path, tostring(state.format)), 2)
   end
-  for name, sum in pairs(state.files or {}) do
+  for _, f in ipairs(STATE_FIELDS) do
+    local v = state[f[1]]
+    if v == nil then
+      error(('checkpoint: %s/state.json has no %s (expected %s); not loaded'):format(path, f[1], f[3]), 2)
+    elseif type(v) ~= f[2] or (f[2] == 'number' and (v ~= v or v < 0 or v % 1 ~= 0)) then
+      error(('checkpoint: %s/state.json field %s expected %s, got %s; not loaded'):format(path, f[1], f[3],
+        type(v) == 'table' and 'a table' or type(v) .. ' ' .. tostring(v)), 2)
+    end
+  end
+  for name, sum in pairs(state.files) do
     local p = path .. '/' .. name
     if not exists(p) then error(('checkpoint: %s is missing %s'):format(path, name), 2) end
     local got = M.checksum(p)

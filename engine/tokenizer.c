@@ -1393,6 +1393,10 @@ gl_tokenizer *gl_tok_load(const char *path) {
       }
       p = *eol ? eol + 1 : eol;
     }
+    if (t->n_ordinary == 0) {
+      gl_error("%s: '%s' holds no tokens (vocabulary 0): expected lines \"<base64> <rank>\"", fn, path);
+      goto fail;
+    }
   }
   /* pass 2: recover each multi-byte token's merge by encoding its bytes
      with the merges of lower rank; it must come out as exactly two tokens */

@@ -343,4 +343,16 @@ describe('tokenizer files', function()
     os.remove(p)
     raises('does not exist', tok.load, p)
   end)
+  it('refuses a tokenizer file with no tokens, naming the file', function()
+    local p = tmpname()
+    for _, body in ipairs({ '', '\n\n', '\r\n' }) do
+      local f = io.open(p, 'wb'); f:write(body); f:close()
+      raises(p .. "' holds no tokens (vocabulary 0)", tok.load, p)
+    end
+    -- a sidecar with special tokens does not make an empty ranks file a vocabulary
+    local f = io.open(p .. '.json', 'wb'); f:write('{"type":"char","special_tokens":{"<|bos|>":0}}'); f:close()
+    f = io.open(p, 'wb'); f:write(''); f:close()
+    raises(p .. "' holds no tokens (vocabulary 0)", tok.load, p)
+    os.remove(p); os.remove(p .. '.json')
+  end)
 end)

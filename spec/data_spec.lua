@@ -88,7 +88,7 @@ describe('token shards', function()
     raises("'" .. p .. "' is truncated: 30 bytes, smaller than the 64-byte header", data.read_shard, p)
     write(p, good)
     raises("'" .. p .. "': token 500 is 500, expected < 500 (the model's vocab_size)", data.read_shard, p, 500)
-    raises("'" .. p .. "': token 500 is 500, expected < 500", function()
+    raises("data.loader: shard " .. p .. " has vocabulary 1000, larger than the loader's vocab_size (the tokenizer's or the model's) 500", function()
       data.loader { files = { p }, batch_size = 1, block_size = 4, vocab_size = 500 } end)
     raises("cannot open '" .. dir .. "/none.bin'", data.read_shard, dir .. '/none.bin')
   end)
@@ -312,6 +312,22 @@ describe('loader', function()
     assert.equal(before.reserved, after.reserved)
     assert.equal(before.n_allocs - before.cache_hits, after.n_allocs - after.cache_hits)
     L:close()
+  end)
+
+  it('refuses a shard whose vocabulary is larger than the tokenizer\'s, naming both', function()
+    local dir = tmpdir()
+    local t = tok.char('abcdef')                     -- vocabulary 6
+    write_shard(dir .. '/train_000000.bin', gl.tensor({ 0, 1, 2, 3, 4, 5, 0, 1, 2, 3 }, { dtype = 'int32' }), 300)
+    raises("data.loader: shard " .. dir .. "/train_000000.bin has vocabulary 300, larger than the tokenizer's vocabulary 6",
+      data.loader, { files = dir, batch_size = 1, block_size = 4, tokenizer = t })
+    raises("has vocabulary 300, larger than the loader's vocab_size (the tokenizer's or the model's) 6",
+      data.loader, { files = { dir .. '/train_000000.bin' }, batch_size = 1, block_size = 4, vocab_size = t.vocab_size })
+    -- a shard of the same or a smaller vocabulary loads
+    write_shard(dir .. '/train_000000.bin', gl.tensor({ 0, 1, 2, 3, 4, 5, 0, 1, 2, 3 }, { dtype = 'int32' }), 6)
+    data.loader({ files = dir, batch_size = 1, block_size = 4, tokenizer = t }):close()
+    raises('data.loader: tokenizer expected a Tokenizer, got string', data.loader,
+      { files = dir, batch_size = 1, block_size = 4, tokenizer = 'gpt2' })
+    rmrf(dir)
   end)
 
   it('rejects bad options clearly', function()

@@ -350,7 +350,13 @@ function M.loader(opts)
   local bos = opts.bos_id or (opts.tokenizer and opts.tokenizer.bos_id)
   if self.bos_aligned and bos == nil then error('data.loader: bos_aligned needs bos_id (or a tokenizer with <|bos|>)', 2) end
   self.bos_id = bos
-  local vocab = opts.vocab_size or 0
+  if opts.tokenizer ~= nil and getmetatable(opts.tokenizer) ~= tok.Tokenizer then
+    error('data.loader: tokenizer expected a Tokenizer, got ' .. type(opts.tokenizer), 2)
+  end
+  -- the vocabulary every source must fit: tokens, shard headers
+  local vocab = opts.vocab_size or (opts.tokenizer and opts.tokenizer.vocab_size) or 0
+  local vocab_whose = opts.vocab_size and "the loader's vocab_size (the tokenizer's or the model's)"
+    or "the tokenizer's vocabulary"
   local cfg = ffi.new('gl_loader_config')
   cfg.batch_size, cfg.block_size, cfg.rank, cfg.world_size = B, T, rank, world
   cfg.seed, cfg.sampling, cfg.bos_aligned, cfg.bos_id = seed, SAMPLING[sampling], self.bos_aligned and 1 or 0, bos or -1
@@ -386,7 +392,15 @@ function M.loader(opts)
       end
     end
     self.files = files
-    for _, f in ipairs(files) do check(lib.gl_loader_add_shard(self.c, f), 2) end
+    for _, f in ipairs(files) do
+      -- a shard written for a bigger vocabulary is another tokenization, even
+      -- where its tokens happen to fall below the limit
+      local sv = vocab > 0 and M.shard_header(f).vocab_size
+      if sv and sv > vocab then
+        error(('data.loader: shard %s has vocabulary %d, larger than %s %d'):format(f, sv, vocab_whose, vocab), 2)
+      end
+      check(lib.gl_loader_add_shard(self.c, f), 2)
+    end
   elseif opts.source == 'random' then
     check(lib.gl_loader_add_random(self.c, int_opt(opts, 'n_tokens', 2 ^ 40, 1)), 2)
   end

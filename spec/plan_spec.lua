@@ -409,6 +409,18 @@ f:close()
     assert.equal(one.optimizer, at('hsdp', 4, { shard_size = 1 }).optimizer)
   end)
 
+  it('calls itself a lower-bound estimate that leaves out the dataset\'s tokens, never exact (output and README)', function()
+    local text = plan.plan(recipe({}), { device_memory = '1GiB' }).text
+    assert.truthy(text:find("an estimate, a lower bound", 1, true), text)
+    assert.truthy(text:find("the dataset's token tensors", 1, true), text)
+    assert.is_nil(text:lower():find('exact', 1, true), text)
+    local f = assert(io.open(ROOT .. '/README.md')); local readme = f:read('*a'); f:close()
+    local para = readme:match('\n(`%-%-plan`.-)\n\n')
+    assert.is_not_nil(para, 'README has a paragraph on --plan')
+    assert.truthy(para:find('estimate and a lower bound, not an exact figure', 1, true), para)
+    assert.truthy(para:find("dataset's token tensors", 1, true), para)
+  end)
+
   it('says whether it fits and what to change when it does not', function()
     local r = recipe({ batch_size = 8, gradient_accumulation_steps = 2 })
     local big = plan.plan(r, { device_memory = '1GiB', world = 4 })

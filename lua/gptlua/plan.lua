@@ -66,6 +66,10 @@
 -- outweigh what the recomputation adds.  The plan suggests it when it
 -- saves memory.
 --
+-- Not counted: the dataset's token tensors (what the loaders hold) and
+-- anything else outside the training step, so the total is an estimate and
+-- a lower bound of the real peak, not an exact figure (`--plan` says so).
+--
 -- Parameters, gradients, optimizer state (AdamW m+v fp32, Muon momentum
 -- fp32), fp32 master weights when the model is bfloat16, and what each
 -- rank holds under the sharding policies (N ranks; hsdp: S = shard_size),
@@ -1565,6 +1569,8 @@ local function render(r)
     saves and 'checkpointing keeps each block\'s output and recomputes one block at a time'
       or 'more: with one layer the recomputation adds to what stays'))
   w('')
+  w("an estimate, a lower bound: the training step's tensors only; the dataset's token tensors (the loaders')")
+  w('and anything else the process holds are not counted, so the real peak is higher')
   local src = r.memory_from == 'given' and 'given' or r.memory_from
   w(('device memory %s (%s); usable %s with a %d%% margin'):format(fmt(r.device_memory), src, fmt(r.usable),
     math.floor(r.margin * 100 + 0.5)))

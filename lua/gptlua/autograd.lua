@@ -37,8 +37,32 @@ function A.no_grad(fn, ...)
   return unpack(res, 2, table.maxn(res))
 end
 
+-- In-place changes and autograd (as PyTorch).  In-place methods are not
+-- recorded in the graph, so while grad mode is on none may change a tensor
+-- that requires grad: a leaf (a parameter: its gradient would describe
+-- other values), a view of one, or an op's output (the change would be
+-- missing from its gradient).  Under gl.no_grad they are allowed: that is
+-- how optimizers update parameters.  tensor.lua runs this check before
+-- every in-place method and bumps the tensor's version counter after it.
+Tensor.versions.check = function(t, what)
+  if not grad_enabled then return end
+  local base = rawget(t, '_base')
+  if t.requires_grad and t.grad_fn == nil then
+    error(what .. ': a leaf tensor that requires grad cannot be modified in place; use gl.no_grad', 3)
+  elseif base and base.requires_grad and base.grad_fn == nil then
+    error(what .. ': a view of a leaf tensor that requires grad cannot be modified in place; use gl.no_grad', 3)
+  elseif t.requires_grad then
+    error(what .. ': a tensor that requires grad cannot be modified in place (in-place ops are not recorded '
+      .. 'for backward); use an out-of-place op, or gl.no_grad', 3)
+  end
+end
+
 -- Records a node producing `out` from `inputs` (a dense list of tensors).
 -- backward(saved, grad_out, node) returns one gradient (or nil) per input.
+-- `saved` lists the tensors whose values the backward reads (inputs,
+-- outputs, indices; nils are skipped): their version counters are noted
+-- here and compared before the backward runs, so a saved tensor modified
+-- in place in between raises instead of giving a wrong gradient.
 -- `owned` lists saved op-internal tensors that nothing else references:
 -- they are released right after the node's backward.
 function A.record(out, inputs, backward, saved, name, owned)
@@ -48,9 +72,34 @@ function A.record(out, inputs, backward, saved, name, owned)
     if inputs[i].requires_grad then needs = true; break end
   end
   if not needs then return out end
+  local versions
+  if saved then
+    versions = {}
+    for i = 1, table.maxn(saved) do
+      local t = saved[i]
+      if t ~= nil then
+        local c = Tensor.versions.counter(t)
+        versions[#versions + 1] = { c, c[1] }
+      end
+    end
+  end
   out.requires_grad = true
-  out.grad_fn = { inputs = inputs, backward = backward, saved = saved, name = name, owned = owned }
+  out.grad_fn = { inputs = inputs, backward = backward, saved = saved, versions = versions, name = name,
+    owned = owned }
   return out
+end
+
+-- the check before a node's backward: its saved tensors are as it saw them
+local function check_versions(fn)
+  local vs = fn.versions
+  if vs == nil then return end
+  for i = 1, #vs do
+    local c, n = vs[i][1], vs[i][2]
+    if c[1] ~= n then
+      error(('backward: a tensor saved by %s was modified in place (version %d, expected %d)'):format(
+        fn.name or 'an op', c[1], n), 0)
+    end
+  end
 end
 
 local function release(t)
@@ -164,6 +213,7 @@ function A.backward(root, grad, opts)
           error('backward: the graph was already freed by an earlier backward (pass {retain_graph=true})', 0)
         end
         fn.retaining = retain  -- a backward may drop its captured views unless the graph is kept
+        check_versions(fn)
         local in_grads = g ~= nil and { fn.backward(fn.saved, g, fn) } or {}
         for j, x in ipairs(fn.inputs) do
           if x.requires_grad then
@@ -190,7 +240,7 @@ function A.backward(root, grad, opts)
         if g ~= nil then drop(g) end
         if not retain then
           if fn.owned then for _, o in ipairs(fn.owned) do release(o) end end
-          fn.saved, fn.inputs, fn.owned = nil, nil, nil
+          fn.saved, fn.inputs, fn.owned, fn.versions = nil, nil, nil, nil
           if free_activations and t ~= root then release(t) end
         end
       end
@@ -241,7 +291,7 @@ function A.checkpoint(fn, ...)
     return unpack(res, 2, #detached + 1)
   end
   local o = out:detach()
-  return A.record(o, inputs, backward, nil, 'checkpoint')
+  return A.record(o, inputs, backward, inputs, 'checkpoint')  -- the recomputation reads the inputs
 end
 
 -- the public entry points check their arguments (gptlua.check.wrap)

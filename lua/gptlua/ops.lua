@@ -171,7 +171,10 @@ function Tensor:allclose(other, rtol, atol)
 end
 
 -- ------------------------------------------------------------------ views
+-- a differentiable view remembers its base (the first non-view tensor):
+-- an in-place change of a view of a leaf that requires grad is refused
 local function view_record(out, x, backward, name)
+  out._base = rawget(x, '_base') or x
   return record(out, { x }, backward, nil, name)
 end
 

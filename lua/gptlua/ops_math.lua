@@ -47,7 +47,8 @@ end
 O.unary_raw = unary_raw
 
 -- differentiable unary op through gl_unary_backward
-local function unary(name, op)
+-- (saves x unless the derivative is a constant: keeps_x = false)
+local function unary(name, op, keeps_x)
   return function(x, p0, p1)
     if not is_tensor(x) then error(name .. ': expected a tensor, got ' .. type(x), 2) end
     local out = unary_raw(op, x, p0, p1)
@@ -55,7 +56,7 @@ local function unary(name, op)
       local dx = empty_like(x)
       K(lib.gl_unary_backward(op, dx.c, g.c, x.c, p0 or 0, p1 or 0))
       return dx
-    end, nil, name)
+    end, keeps_x ~= false and { x } or nil, name)
   end
 end
 
@@ -64,7 +65,7 @@ for _, name in ipairs({ 'exp', 'log', 'sqrt', 'rsqrt', 'tanh', 'abs', 'relu', 'r
   O[name] = unary(name, U[name])
   Tensor[name] = O[name]
 end
-local neg = unary('neg', U.neg)
+local neg = unary('neg', U.neg, false)
 O.neg = neg; Tensor.neg = neg; Tensor.__unm = neg
 local clamp_u = unary('clamp', U.clamp)
 function O.clamp(x, lo, hi) return clamp_u(x, lo or -math.huge, hi or math.huge) end
@@ -76,9 +77,9 @@ function O.softcap(x, cap)
 end
 Tensor.softcap = O.softcap
 local pow_u = unary('pow', U.pow)
-local add_s = unary('add', U.add_scalar)
-local mul_s = unary('mul', U.mul_scalar)
-local rsub_s = unary('sub', U.rsub_scalar)
+local add_s = unary('add', U.add_scalar, false)
+local mul_s = unary('mul', U.mul_scalar, false)
+local rsub_s = unary('sub', U.rsub_scalar, false)
 local rdiv_s = unary('div', U.rdiv_scalar)
 
 -- ----------------------------------------------------------- broadcasting
@@ -156,7 +157,7 @@ local function mul(a, b)
   local out = binary_raw(B.mul, a, b, 'mul')
   return record(out, { a, b }, function(_, g)
     return a.requires_grad and sum_to(g * b, a.shape) or nil, b.requires_grad and sum_to(g * a, b.shape) or nil
-  end, nil, 'mul')
+  end, { a.requires_grad and b or nil, b.requires_grad and a or nil }, 'mul')
 end
 local function div(a, b)
   if type(b) == 'number' then return mul_s(a, 1 / b) end
@@ -166,7 +167,7 @@ local function div(a, b)
     local ga = a.requires_grad and sum_to(g / b, a.shape) or nil
     local gb = b.requires_grad and sum_to(neg(g * out / b), b.shape) or nil
     return ga, gb
-  end, nil, 'div')
+  end, { b, b.requires_grad and out or nil }, 'div')
 end
 local function pow(a, b)
   if type(b) == 'number' then return pow_u(a, b) end
@@ -176,7 +177,7 @@ local function pow(a, b)
     local ga = a.requires_grad and sum_to(g * b * pow(a, b - 1), a.shape) or nil
     local gb = b.requires_grad and sum_to(g * out * O.log(a), b.shape) or nil
     return ga, gb
-  end, nil, 'pow')
+  end, { a, b, out }, 'pow')
 end
 local function minmax(op, name, pick_a_when)
   return function(a, b)
@@ -186,7 +187,7 @@ local function minmax(op, name, pick_a_when)
       local ga = a.requires_grad and sum_to(g * mask, a.shape) or nil
       local gb = b.requires_grad and sum_to(g * (1 - mask), b.shape) or nil
       return ga, gb
-    end, nil, name)
+    end, { a, b }, name)
   end
 end
 O.add, O.sub, O.mul, O.div, O.pow = add, sub, mul, div, pow
@@ -205,14 +206,10 @@ for _, name in ipairs({ 'eq', 'ne', 'lt', 'le', 'gt', 'ge' }) do
   Tensor[name] = O[name]
 end
 
--- in-place (no autograd): for optimizer and gradient bookkeeping
-local function inplace_guard(t, what)
-  if A.is_grad_enabled() and t.requires_grad and t.grad_fn == nil then
-    error(what .. ': in-place change of a leaf that requires grad (wrap it in gl.no_grad)', 3)
-  end
-end
+-- in-place (no autograd): for optimizer and gradient bookkeeping; the
+-- checks against tensors that require grad and the version counters are
+-- shared by every in-place method (tensor.lua, autograd.lua)
 function Tensor:add_(b, alpha)
-  inplace_guard(self, 'add_')
   if type(b) == 'number' then K(lib.gl_unary(U.add_scalar, self.c, self.c, b, 0)) return self end
   local scaled = alpha and alpha ~= 1 and unary_raw(U.mul_scalar, b, alpha) or nil
   local src = scaled or b
@@ -222,7 +219,6 @@ function Tensor:add_(b, alpha)
   return self
 end
 function Tensor:mul_(b)
-  inplace_guard(self, 'mul_')
   if type(b) == 'number' then K(lib.gl_unary(U.mul_scalar, self.c, self.c, b, 0)) return self end
   local v = bview(b, self.shape)
   K(lib.gl_binary(B.mul, self.c, self.c, v.c))
@@ -247,7 +243,7 @@ function O.where(cond, a, b)
     local ga = a.requires_grad and sum_to(O.where(cond, g, z), a.shape) or nil
     local gb = b.requires_grad and sum_to(O.where(cond, z, g), b.shape) or nil
     return ga, gb
-  end, nil, 'where')
+  end, { cond }, 'where')
 end
 function Tensor:masked_fill(mask, value) return O.where(mask, value, self) end
 
@@ -311,7 +307,7 @@ local function extreme(op, name)
         local mask = binary_raw(B.eq, x, out, name, g.dtype)
         local cnt = reduce_raw(R.sum, mask, nil, false, name)
         return mask * (g / cnt)
-      end, nil, name)
+      end, { x, out }, name)
     end
     local d = norm_dim(x, dim, name)
     local kshape = x:size(); kshape[d] = 1
@@ -325,7 +321,7 @@ local function extreme(op, name)
       local gx = O.zeros(x.shape, { dtype = g.dtype, device = g.device })
       K(lib.gl_scatter_add(gx.c, d - 1, kidx.c, g:reshape(kshape):contiguous().c))
       return gx
-    end, nil, name)
+    end, { kidx }, name)
     if not keepdim then vals, idx = vals:squeeze(d), idx:squeeze(d) end
     return vals, idx
   end
@@ -415,7 +411,7 @@ function O.matmul(a, b)
       gb = b.requires_grad and O.matmul_raw(a:transpose(-1, -2), g) or nil
     end
     return ga and sum_to(ga, a.shape), gb and sum_to(gb, b.shape)
-  end, nil, 'matmul')
+  end, { b.requires_grad and a or nil, a.requires_grad and b or nil }, 'matmul')
 end
 Tensor.matmul = O.matmul
 
@@ -481,7 +477,7 @@ function O.linear(x, W, bias)
     drop(g2); drop(gc, g)
     if not node.retaining then drop(x2); drop(xc, x) end
     return gx, gW, gb
-  end, nil, 'linear')
+  end, { W.requires_grad and x2 or nil, x.requires_grad and W or nil }, 'linear')
 end
 
 -- ----------------------------------------------------------- softmax family
@@ -494,7 +490,7 @@ local function softmax_impl(x, dim, log, name)
     local dx = empty_like(y)
     K(lib.gl_softmax_backward(dx.c, y.c, g.c, log and 1 or 0))
     return dx
-  end, nil, name)
+  end, { y }, name)
   if d ~= #x.shape then return y:transpose(d, -1) end
   return y
 end
@@ -525,7 +521,7 @@ function O.layer_norm(x, weight, bias, eps)
       weight and weight.c or NULL, mean.c, rstd.c))
     if weight and bias then return dx, dw, db elseif weight then return dx, dw elseif bias then return dx, db end
     return dx
-  end, nil, 'layer_norm', { mean, rstd })
+  end, { xc, weight }, 'layer_norm', { mean, rstd })
 end
 
 function O.rms_norm(x, weight, eps)
@@ -541,7 +537,7 @@ function O.rms_norm(x, weight, eps)
     local dw = weight and empty_like(weight) or nil
     K(lib.gl_rmsnorm_backward(dx.c, dw and dw.c or NULL, gc.c, xc.c, weight and weight.c or NULL, rstd.c))
     return dx, dw
-  end, nil, 'rms_norm', { rstd })
+  end, { xc, weight }, 'rms_norm', { rstd })
 end
 
 -- ---------------------------------------------------------------- embedding
@@ -554,7 +550,7 @@ function O.embedding(ids, table_)
     local gc = g:is_contiguous() and g or g:contiguous()
     K(lib.gl_embedding_backward(dt.c, gc.c, ids.c))
     return dt
-  end, nil, 'embedding')
+  end, { ids }, 'embedding')
 end
 
 -- index_select(x, dim, idx) and gather(x, dim, idx)
@@ -567,7 +563,7 @@ function O.index_select(x, dim, idx)
     local gx = O.zeros(x.shape, { dtype = g.dtype, device = g.device })
     K(lib.gl_index_add(gx.c, d - 1, idx.c, g.c))
     return gx
-  end, nil, 'index_select')
+  end, { idx }, 'index_select')
 end
 function O.gather(x, dim, idx)
   local d = norm_dim(x, dim, 'gather')
@@ -577,7 +573,7 @@ function O.gather(x, dim, idx)
     local gx = O.zeros(x.shape, { dtype = g.dtype, device = g.device })
     K(lib.gl_scatter_add(gx.c, d - 1, idx.c, g.c))
     return gx
-  end, nil, 'gather')
+  end, { idx }, 'gather')
 end
 Tensor.index_select, Tensor.gather = O.index_select, O.gather
 
@@ -615,7 +611,7 @@ function O.scaled_dot_product_attention(q, k, v, opts)
     local dq, dk, dv = heads_buffer(q), heads_buffer(k), heads_buffer(v)
     K(lib.gl_attention_backward(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, out.c, lse.c, scale, window))
     return dq, dk, dv
-  end, nil, 'attention', { lse })
+  end, { q, k, v, out }, 'attention', { lse })
 end
 
 -- attention_qkv(qkv (B,T,3C), n_head, opts) -> y (B,T,C): causal attention
@@ -655,7 +651,7 @@ function O.attention_qkv(qkv, H, opts)
     drop(gv); drop(g4); drop(gc, g)
     if not node.retaining then drop(yv) end
     return dx
-  end, nil, 'attention_qkv', { lse })
+  end, { x, y }, 'attention_qkv', { lse })
 end
 
 -- rotary embedding on x (B, T, H, D) with cos/sin (T, D/2)
@@ -668,7 +664,7 @@ function O.rope(x, cos, sin)
     local gc = g:is_contiguous() and g or g:contiguous()
     K(lib.gl_rope(dx.c, gc.c, cos.c, sin.c, 1))
     return dx
-  end, nil, 'rope')
+  end, { cos, sin }, 'rope')
 end
 
 -- ---------------------------------------------------------------- losses
@@ -709,7 +705,7 @@ function O.cross_entropy(logits, targets, opts)
     drop(dl)
     if not node.retaining then drop(l2); drop(lc, logits); drop(t2); drop(tc, targets) end
     return out
-  end, nil, 'cross_entropy', { lse })
+  end, { l2, t2 }, 'cross_entropy', { lse })
 end
 
 -- dropout(x, p, training): a fresh mask per call from the global RNG

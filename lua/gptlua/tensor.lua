@@ -42,8 +42,45 @@ local function operand(what, name, x)
   end
   if freed(x) then error(('%s: %s: tensor was freed'):format(what, name), 3) end
 end
+-- Version counters (as PyTorch's).  Every tensor carries a counter, a
+-- one-slot table shared by all the views of one storage (_as_strided and
+-- view_dtype hand the base's to the view; detach too), and every in-place
+-- method bumps it.  The in-place methods are recognised here, where Tensor
+-- methods are defined (a name ending in '_', and set): each is wrapped once
+-- so that versions.check, which autograd installs (no in-place change of a
+-- tensor that requires grad while grad mode is on), runs before it and the
+-- bump after it.  Autograd records the counters of the tensors an op saves
+-- for backward and compares them before running its backward.
+-- Tensor.versions.of(t) reads t's version.
+-- set (element assignment) is counted but not checked: the gradient checker
+-- (spec/support/gradcheck.lua) perturbs its leaf inputs with it in grad mode.
+local NOT_INPLACE = { requires_grad_ = true }
+local UNCHECKED = { set = true }
+local function is_inplace(k)
+  return type(k) == 'string' and ((k:sub(-1) == '_' and not NOT_INPLACE[k]) or UNCHECKED[k] ~= nil)
+end
+local versions = { check = function() end }
+Tensor.versions = versions
+function versions.counter(t)
+  local v = rawget(t, '_version')
+  if v == nil then v = { 0 }; rawset(t, '_version', v) end
+  return v
+end
+function versions.of(t) return versions.counter(t)[1] end
+local function bumped(t, ...)
+  local v = versions.counter(t)
+  v[1] = v[1] + 1
+  return ...
+end
+
 setmetatable(Tensor, { __newindex = function(T, k, v)
-  if OPERATORS[k] and type(v) == 'function' then
+  if is_inplace(k) and type(v) == 'function' then
+    local f, what = v, k
+    v = function(t, ...)
+      if not UNCHECKED[what] and getmetatable(t) == Tensor then versions.check(t, what) end
+      return bumped(t, f(t, ...))
+    end
+  elseif OPERATORS[k] and type(v) == 'function' then
     local f, what = v, OPERATORS[k]
     v = function(a, b) operand(what, 'a', a); operand(what, 'b', b); return f(a, b) end
   elseif k == '__tostring' and type(v) == 'function' then
@@ -199,7 +236,9 @@ function Tensor:storage_offset() return tonumber(self.c.offset) end
 function Tensor:_as_strided(shape, stride, offset)
   local nd = fill_shape(shape, 'as_strided')
   for i = 1, nd do stride_buf[i - 1] = stride[i] end
-  return Tensor.wrap(lib.gl_as_strided(self.c, nd, shape_buf, stride_buf, offset or tonumber(self.c.offset)))
+  local t = Tensor.wrap(lib.gl_as_strided(self.c, nd, shape_buf, stride_buf, offset or tonumber(self.c.offset)))
+  t._version = versions.counter(self)  -- a view shares its base's version counter
+  return t
 end
 
 -- the same bytes as another dtype and shape (a reinterpreting view)
@@ -207,7 +246,9 @@ function Tensor:view_dtype(dtype, shape)
   if not self:is_contiguous() then error('view_dtype: tensor must be contiguous', 2) end
   local dt = Tensor.dtype_id(dtype, 'view_dtype')
   local nd = fill_shape(shape, 'view_dtype')
-  return Tensor.wrap(lib.gl_view_dtype(self.c, dt, nd, shape_buf, 0))
+  local t = Tensor.wrap(lib.gl_view_dtype(self.c, dt, nd, shape_buf, 0))
+  t._version = versions.counter(self)
+  return t
 end
 
 function Tensor:is_contiguous() return lib.gl_is_contiguous(self.c) == 1 end

@@ -275,7 +275,6 @@ gl_loader *gl_loader_new(const gl_loader_config *cfg) {
   if (c.bos_aligned && c.bos_id < 0)
     return gl_error_null("%s: bos_aligned needs bos_id >= 0, got %lld", fn, (long long)c.bos_id);
   if (c.vocab_size < 0) return gl_error_null("%s: vocab_size expected >= 0, got %lld", fn, (long long)c.vocab_size);
-  if (c.prefetch == 0) c.prefetch = 4;
   if (c.prefetch < 2 || c.prefetch > 64) return gl_error_null("%s: prefetch expected in [2, 64], got %d", fn, c.prefetch);
   gl_loader *L = calloc(1, sizeof *L);
   if (!L) return gl_error_null("%s: out of memory", fn);

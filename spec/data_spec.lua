@@ -343,6 +343,12 @@ describe('loader', function()
       raises('data.loader: prefetch must be a finite integer < 2^62, got ' .. tostring(p), data.loader,
         { tokens = tokens, batch_size = 1, block_size = 4, prefetch = p })
     end
+    -- the C loader itself: prefetch 0 (a zeroed config) is refused, not made 4
+    for _, p in ipairs({ 0, 1, -3, 65 }) do
+      local cfg = ffi.new('gl_loader_config', { batch_size = 1, block_size = 4, world_size = 1, prefetch = p })
+      assert.is_true(gl.lib.gl_loader_new(cfg) == nil, 'prefetch ' .. p)
+      assert.equal('gl_loader_new: prefetch expected in [2, 64], got ' .. p, ffi.string(gl.lib.gl_last_error()))
+    end
     raises('rank expected in [0, world_size), got rank 2, world_size 2', data.loader,
       { tokens = tokens, batch_size = 1, block_size = 4, rank = 2, world_size = 2 })
     raises('no source has block_size + 1 = 5001 tokens (the longest has 5000)', data.loader,

@@ -144,7 +144,7 @@ describe('CUDA transfers: argument and availability errors', function()
     assert.equal(-1, lib.gl_loader_pin_memory(nil, 0))
     -- switching pinning off is always possible before the start
     local cfg = ffi.new('gl_loader_config')
-    cfg.batch_size, cfg.block_size, cfg.world_size = 2, 8, 1
+    cfg.batch_size, cfg.block_size, cfg.world_size, cfg.prefetch = 2, 8, 1, 4
     local raw = ffi.gc(lib.gl_loader_new(cfg), lib.gl_loader_free)
     assert.equal(0, lib.gl_loader_pin_memory(raw, 0))
     assert.equal(0, lib.gl_loader_add_tokens(raw, tokens.c))

@@ -107,10 +107,12 @@ static thread_local char tls_detail_full[1200];
 
 cudaError_t gl_sim_sticky(void) { return (cudaError_t)sticky_code.load(std::memory_order_acquire); }
 
-static void set_detail(cudaError_t code, const char *msg) {
+/* the thread's last error, with its detail for cudaGetErrorString */
+static void set_last(cudaError_t code, const char *msg) {
   const ErrorText *t = error_text(code);
   snprintf(tls_detail_full, sizeof tls_detail_full, "%s: %s", t ? t->text : "unrecognized error code", msg);
   tls_detail_code = code;
+  tls_last = code;
 }
 
 namespace gl_sim_rt {
@@ -122,8 +124,7 @@ cudaError_t api_error(cudaError_t code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  tls_last = code;
-  set_detail(code, msg);
+  set_last(code, msg);
   return code;
 }
 
@@ -152,8 +153,7 @@ void gl_sim_set_last_error(cudaError_t code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  tls_last = code;
-  set_detail(code, msg);
+  set_last(code, msg);
   say_raw(msg);
 }
 

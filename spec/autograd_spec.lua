@@ -246,10 +246,11 @@ describe('in-place changes and version counters (as PyTorch)', function()
     raises(function() p:view(4):copy_(gl.ones({ 4 })) end, 'copy_: a view of a leaf tensor that requires grad')
     local h = p * 2
     raises(function() h:mul_(3) end, 'mul_: a tensor that requires grad cannot be modified in place')
+    raises(function() p:set(5, 1, 1) end, 'set: a leaf tensor that requires grad cannot be modified in place')
     assert.equal(0, version(p))  -- nothing was changed
     -- under no_grad (optimizers, checkpoint loading) all of them are allowed
-    gl.no_grad(function() p:fill_(1); p:narrow(1, 1, 1):zero_(); h:mul_(3) end)
-    assert.same({ 0, 0, 1, 1 }, p:tolist())
-    assert.equal(2, version(p))
+    gl.no_grad(function() p:fill_(1); p:narrow(1, 1, 1):zero_(); h:mul_(3); p:set(7, 2, 2) end)
+    assert.same({ 0, 0, 1, 7 }, p:tolist())
+    assert.equal(3, version(p))
   end)
 end)

@@ -52,12 +52,11 @@ end
 -- bump after it.  Autograd records the counters of the tensors an op saves
 -- for backward and compares them before running its backward.
 -- Tensor.versions.of(t) reads t's version.
--- set (element assignment) is counted but not checked: the gradient checker
--- (spec/support/gradcheck.lua) perturbs its leaf inputs with it in grad mode.
+-- set (element assignment) writes in place too, without the trailing '_'.
 local NOT_INPLACE = { requires_grad_ = true }
-local UNCHECKED = { set = true }
+local ALSO_INPLACE = { set = true }
 local function is_inplace(k)
-  return type(k) == 'string' and ((k:sub(-1) == '_' and not NOT_INPLACE[k]) or UNCHECKED[k] ~= nil)
+  return type(k) == 'string' and ((k:sub(-1) == '_' and not NOT_INPLACE[k]) or ALSO_INPLACE[k] ~= nil)
 end
 local versions = { check = function() end }
 Tensor.versions = versions
@@ -77,7 +76,7 @@ setmetatable(Tensor, { __newindex = function(T, k, v)
   if is_inplace(k) and type(v) == 'function' then
     local f, what = v, k
     v = function(t, ...)
-      if not UNCHECKED[what] and getmetatable(t) == Tensor then versions.check(t, what) end
+      if getmetatable(t) == Tensor then versions.check(t, what) end
       return bumped(t, f(t, ...))
     end
   elseif OPERATORS[k] and type(v) == 'function' then

@@ -129,12 +129,10 @@ end
 -- `env` ('' or e.g. 'GL_SIM_STREAMS=threads'); returns its exit status, the
 -- code and message of the "result CODE MESSAGE" line it printed (nil when
 -- none) and its whole output (stdout and stderr)
+-- (through the specs' one shell runner, spec/support/mpi.lua's sh, whose
+-- time limit keeps a simulated hang from hanging the suite)
 function M.subprocess(env, args)
-  local cmd = ('cd %s && env %s %s spec/sim/run.lua %s 2>&1; echo "__rc=$?"'):format(M.ROOT, env or '', M.EXE, args)
-  local p = io.popen(cmd)
-  local out = p:read('*a')
-  p:close()
-  local rc = tonumber(out:match('__rc=(%d+)%s*$'))
+  local out, rc = require('support.mpi').sh(('env %s %s spec/sim/run.lua %s'):format(env or '', M.EXE, args), 300)
   local code, msg = out:match('result (%-?%d+) ([^\n]*)')
   return rc, tonumber(code), msg, out
 end

@@ -168,6 +168,27 @@ describe('memory', function()
     assert.is_true(x:is_freed())
     x:free()
   end)
+  it('guards freed tensors without a function __index on live ones (the per-op cost)', function()
+    local x = gl.ones({ 2 })
+    assert.equal(gl.Tensor, getmetatable(x).__index)
+    -- a tensor the scope released, and an op's temporary released by Tensor.release
+    local kept
+    gl.scope(function() kept = gl.ones({ 2 }) * 3; return nil end)
+    local ok, err = pcall(function() return kept:sum() end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('sum: tensor was freed', 1, true), tostring(err))
+    assert.equal(gl.Tensor, getmetatable(kept))  -- still a Tensor to every identity check
+    local v = x:view(2)
+    gl.Tensor.release(v)
+    gl.Tensor.release(v)  -- twice is harmless
+    ok, err = pcall(function() return v:tolist() end)
+    assert.truthy(not ok and tostring(err):find('tolist: tensor was freed', 1, true), tostring(err))
+    assert.same({ 1, 1 }, x:tolist())  -- the base keeps its storage
+    -- rebind gives a freed tensor storage again (FSDP's gather), and the guard goes
+    gl.Tensor.rebind(v, gl.full({ 2 }, 5):keep().c)
+    assert.same({ 5, 5 }, v:tolist())
+    assert.equal(gl.Tensor, getmetatable(v).__index)
+  end)
   it('says which operand of an operator is not a Tensor or a number, and what it was', function()
     local x = gl.ones({ 2 })
     local cases = {

@@ -102,9 +102,7 @@ local function check_versions(fn)
   end
 end
 
-local function release(t)
-  if t.c.storage ~= nil then lib.gl_tensor_release(t.c) end
-end
+local release = Tensor.release
 
 -- Number of consumer edges of every tensor reachable from root through
 -- grad_fn (only edges into tensors that require grad count).

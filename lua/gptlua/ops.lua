@@ -123,7 +123,7 @@ function Tensor:copy_(src)
   if not is_tensor(src) then error('copy_: src must be a tensor', 2) end
   local v = same_shape(self.shape, src.shape) and src or O.expand_raw(src, self.shape, 'copy_')
   K(lib.gl_copy(self.c, v.c))
-  if v ~= src then lib.gl_tensor_release(v.c) end
+  if v ~= src then Tensor.release(v) end
   return self
 end
 function Tensor:detach()
@@ -132,7 +132,7 @@ function Tensor:detach()
 end
 -- Releases the storage now (deterministic memory release; GPU memory
 -- never waits for the Lua GC).  Later use raises "has been freed".
-function Tensor:free() lib.gl_tensor_release(self.c); self.grad_fn = nil end
+function Tensor:free() Tensor.release(self); self.grad_fn = nil end
 function Tensor:is_freed() return self.c.storage == nil end
 function Tensor:requires_grad_(flag)
   if flag == nil then flag = true end

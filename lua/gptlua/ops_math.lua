@@ -111,7 +111,7 @@ end
 -- of the step's scope would keep that memory alive (activations, logits).
 -- `base`: a view equal to it is the tensor itself and is left alone.
 local function drop(v, base)
-  if v ~= nil and v ~= base and v.c.storage ~= nil then lib.gl_tensor_release(v.c) end
+  if v ~= nil and v ~= base then Tensor.release(v) end
 end
 O.drop_view = drop
 

@@ -4,7 +4,7 @@
 -- the sharded optimizers of gptlua.dist run the same code on their shard.
 local gl = require 'gptlua'
 local check = require 'gptlua.check'
-local ffi, lib = gl.ffi, gl.lib
+local ffi, lib, Tensor = gl.ffi, gl.lib, gl.Tensor
 
 local optim = {}
 
@@ -150,7 +150,7 @@ function optim.newton_schulz(G, steps)
   steps = steps or 5
   -- temporaries are released as soon as they are used: Muon runs this per
   -- matrix, and a whole model's worth of them would otherwise pile up
-  local function free(t) if t ~= G and t.c.storage ~= nil then gl.lib.gl_tensor_release(t.c) end end
+  local function free(t) if t ~= G then Tensor.release(t) end end
   return gl.no_grad(function()
     local rows, cols = G.shape[1], G.shape[2]
     local tall = rows > cols
@@ -207,7 +207,7 @@ function Muon.update_direction(p, grad, buf, g)
   local upd = gl.empty(p.shape, { dtype = 'float32', device = p.device })
   K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0))
   local X = optim.newton_schulz(upd, g.ns_steps)
-  lib.gl_tensor_release(upd.c)
+  Tensor.release(upd)
   return X
 end
 
@@ -225,8 +225,8 @@ function Muon:step()
           local Xd = X:to(target.dtype)
           target:add_(Xd, -g.lr * scale)
           write_back(p, st)
-          gl.lib.gl_tensor_release(X.c)  -- one matrix's temporaries at a time
-          if Xd ~= X then gl.lib.gl_tensor_release(Xd.c) end
+          Tensor.release(X)  -- one matrix's temporaries at a time
+          if Xd ~= X then Tensor.release(Xd) end
         end
       end
     end

@@ -11,24 +11,46 @@ local describe = require('gptlua.check').describe
 local Tensor = {}
 Tensor.__name = 'Tensor'
 
--- Use after free.  t:free() (or the end of a scope) releases a tensor's
--- storage but keeps its struct, so a method reading data through it would
--- read through NULL.  Every use reaches the tensor through one of two
--- doors, both guarded here rather than in each method: a method lookup
--- (Tensor.__index) and a metamethod (+, -, *, /, ^, unary -, tostring),
--- which Tensor's own metatable wraps as ops.lua and ops_math.lua define
--- them.  Metadata stays readable after free (shape, dtype, numel, ...: FSDP
--- keeps parameters freed between uses, as PyTorch does), and so are the
--- flags (free, is_freed, keep, requires_grad_, register_hook); everything
--- else raises "NAME: tensor was freed".
+-- Use after free.  Releasing a tensor (t:free(), the end of a scope, an
+-- op dropping its temporaries) drops its storage but keeps its struct, so
+-- a method reading data through it would read through NULL.  Every release
+-- goes through Tensor.release, which also swaps the tensor's metatable for
+-- Freed: its lookups raise "NAME: tensor was freed", and so do its
+-- operators and printing.  A live tensor's lookups stay a plain table
+-- (Tensor.__index = Tensor) and pay nothing for the guard.  Freed answers
+-- getmetatable with Tensor (__metatable), so a freed tensor is still a
+-- Tensor to every identity check and to the engine's own "has been freed".
+-- Metadata stays readable after free (shape, dtype, numel, ...: FSDP keeps
+-- parameters freed between uses, as PyTorch does, and gives them storage
+-- again through Tensor.rebind), and so do the flags (free, is_freed, keep,
+-- requires_grad_, register_hook).
 local AFTER_FREE = { free = true, is_freed = true, keep = true, numel = true, dim = true, size = true,
   stride = true, storage_offset = true, is_contiguous = true, is_floating = true, requires_grad_ = true,
   register_hook = true }
 local function freed(t) local c = rawget(t, 'c'); return c ~= nil and c.storage == nil end
-Tensor.__index = function(t, k)
-  local v = rawget(Tensor, k)
-  if type(v) == 'function' and not AFTER_FREE[k] and freed(t) then error(k .. ': tensor was freed', 2) end
+Tensor.__index = Tensor
+local Freed = { __name = 'Tensor', __metatable = Tensor }
+Freed.__index = function(t, k)
+  local v = Tensor[k]
+  if type(v) == 'function' and not AFTER_FREE[k] then error(k .. ': tensor was freed', 2) end
   return v
+end
+
+-- Tensor.release(t): drops t's storage now (the memory returns to the
+-- allocator at once, not when the Lua GC runs) and marks t freed.  The one
+-- release function: every site that frees a tensor calls it.
+function Tensor.release(t)
+  local c = t.c
+  if c.storage ~= nil then lib.gl_tensor_release(c) end
+  if debug.getmetatable(t) ~= Freed then setmetatable(t, Freed) end
+end
+-- Tensor.rebind(t, c): t now holds the engine tensor c (FSDP and ZeRO move
+-- a parameter into a view of their flat buffer); the old one is released.
+function Tensor.rebind(t, c)
+  local old = t.c
+  if old ~= c and old.storage ~= nil then lib.gl_tensor_release(old) end
+  t.c = c
+  debug.setmetatable(t, c.storage ~= nil and Tensor or Freed)
 end
 
 -- Operands of the arithmetic metamethods (a and b): a live Tensor or a
@@ -86,6 +108,8 @@ setmetatable(Tensor, { __newindex = function(T, k, v)
     local f = v
     v = function(t) if freed(t) then error('tostring: tensor was freed', 3) end; return f(t) end
   end
+  -- a freed tensor keeps the metamethods (their operand checks raise)
+  if type(k) == 'string' and k:sub(1, 2) == '__' then Freed[k] = v end
   rawset(T, k, v)
 end })
 
@@ -162,7 +186,7 @@ function Tensor.scope(fn, ...)
     if returned[t] or t._keep then
       if outer and not t._keep then outer[#outer + 1] = t end
     elseif t.c.storage ~= nil then
-      lib.gl_tensor_release(t.c)
+      Tensor.release(t)
       t.grad_fn = nil
     end
   end

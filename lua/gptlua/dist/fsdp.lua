@@ -326,7 +326,7 @@ function FSDP:_add_unit(u)
   end
   for _, p in ipairs(u.params) do
     if p.grad then p.grad:free(); p.grad = nil end
-    lib.gl_tensor_release(p.c)
+    Tensor.release(p)
   end
   u.gshard = B.flat(u.c, u.dtype, u.device)
   -- this rank's piece of each parameter: [start, start+len) of the shard
@@ -485,7 +485,7 @@ function FSDP:_wait_gather(u)
   u.work:wait()
   self.stats.gather_wait = self.stats.gather_wait + (now() - t0)
   u.work = nil
-  for i, p in ipairs(u.params) do p.c = view(u.full, u.offs[i], p.shape).c end
+  for i, p in ipairs(u.params) do Tensor.rebind(p, view(u.full, u.offs[i], p.shape).c) end
   u.state = 'gathered'
 end
 
@@ -493,7 +493,7 @@ end
 function FSDP:_release(u)
   if u.state == 'gathering' then self:_wait_gather(u) end
   if u.state == 'gathered' then
-    for _, p in ipairs(u.params) do lib.gl_tensor_release(p.c) end
+    for _, p in ipairs(u.params) do Tensor.release(p) end
     self.stats.live = self.stats.live - B.bytes(u.full)
     u.full:free()
     u.full, u.state = nil, 'sharded'
@@ -660,7 +660,7 @@ function FSDP:_finalize(u, force)
   u.expecting = false
   if self.accumulate == 'unsharded' and not self.final and not force then return end
   for _, p in ipairs(u.params) do
-    if p.grad then lib.gl_tensor_release(p.grad.c); p.grad = nil end
+    if p.grad then Tensor.release(p.grad); p.grad = nil end
   end
   local send = u.gfull
   u.gfull = nil
@@ -914,7 +914,7 @@ function FSDP:_load_full(orig, m, sd, opts)
   for _, u in ipairs(self.units) do
     self:_release(u)
     u.full = gl.empty({ u.padded }, { dtype = u.dtype, device = u.device }):keep()
-    for i, p in ipairs(u.params) do p.c = view(u.full, u.offs[i], p.shape).c end
+    for i, p in ipairs(u.params) do Tensor.rebind(p, view(u.full, u.offs[i], p.shape).c) end
   end
   local ok, missing, extra = pcall(orig, m, sd, opts)
   for _, u in ipairs(self.units) do
@@ -927,7 +927,7 @@ function FSDP:_load_full(orig, m, sd, opts)
         end
       end
     end
-    for _, p in ipairs(u.params) do lib.gl_tensor_release(p.c) end
+    for _, p in ipairs(u.params) do Tensor.release(p) end
     u.full:free()
     u.full = nil
   end
@@ -1017,8 +1017,7 @@ function FSDP:detach()
     for i, p in ipairs(u.params) do
       local t = Tensor.empty(p.shape, { dtype = p.dtype, device = p.device }):keep()
       K(lib.gl_copy(t.c, shaped(u.full, u.offs[i], p.shape).c))
-      lib.gl_tensor_release(p.c)
-      p.c = t.c
+      Tensor.rebind(p, t.c)
       if p.grad then p.grad = nil end
     end
     self.stats.live = self.stats.live - B.bytes(u.full)

@@ -45,7 +45,7 @@ local dist = require 'gptlua.dist'
 local optim = require 'gptlua.optim'
 local B = require 'gptlua.dist.policies.base'
 local G = require 'gptlua.ffi'
-local ffi, lib = G.ffi, G.lib
+local ffi, lib, Tensor = G.ffi, G.lib, gl.Tensor
 
 local Zero = setmetatable({}, { __index = B.Base })
 Zero.__index = Zero
@@ -137,9 +137,9 @@ function Zero:_add_flat(kind, list)
   for i, p in ipairs(list) do
     local v = B.view(b.pflat, b.offs[i], p.shape)
     v:copy_(p)
-    local old = p.c
-    p.c = v.c          -- the parameter now lives in the flat buffer
-    lib.gl_tensor_release(old)   -- its own storage goes now, not at the next GC
+    -- the parameter now lives in the flat buffer; its own storage goes now,
+    -- not at the next GC
+    Tensor.rebind(p, v.c)
   end
   b.pshard = B.view(b.pflat, r * b.c, { b.c })
   -- mixed precision: the fp32 master of this rank's slice (see the top)
@@ -313,8 +313,8 @@ function Zero:step()
             local X = optim.Muon.update_direction(p, e.grad, e.buf, g)
             local Xd = X:to(target.dtype)
             target:add_(Xd, -g.lr * math.sqrt(math.max(1, p.shape[1] / p.shape[2])))
-            lib.gl_tensor_release(X.c)   -- one matrix's temporaries at a time
-            if Xd ~= X then lib.gl_tensor_release(Xd.c) end
+            Tensor.release(X)   -- one matrix's temporaries at a time
+            if Xd ~= X then Tensor.release(Xd) end
           end
         end
         if b.master then K(lib.gl_copy(b.pshard.c, b.master.c)) end

@@ -8,6 +8,8 @@
 #   make test-sim   the #cuda specs (and the simulator's own) under the simulator
 #   make test-race  the kernel twin specs in the simulator's race mode (two seeds)
 #   make bench      CPU benchmarks;  make bench-cuda  GPU benchmarks
+#   make fuzz       libFuzzer (clang, ASan+UBSan) on every file parser, FUZZ_SECONDS each;
+#                   make fuzz-ci  the same for FUZZ_CI_SECONDS each (CI)
 #   make deps       apt-get install the Debian packages listed in DEBIAN_PACKAGES
 #   make install PREFIX=/usr/local
 #   CUDA=0 forces a CPU-only build; CUDA=1 fails if nvcc is missing.
@@ -18,7 +20,8 @@ BUILD  ?= build
 CC     ?= gcc
 
 DEBIAN_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev lua-busted lua-cjson \
-  libopenblas-openmp-dev libcjson-dev libpcre2-dev libreadline-dev libopenmpi-dev openmpi-bin
+  libopenblas-openmp-dev libcjson-dev libpcre2-dev libreadline-dev libopenmpi-dev openmpi-bin \
+  clang libclang-rt-14-dev libomp-14-dev
 
 NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 ifeq ($(CUDA),0)
@@ -79,6 +82,63 @@ ifneq ($(MPI_NCCL_H),)
 endif
 
 
+# ---- fuzzing (engine/fuzz/, ARCHITECTURE.md "Fuzzing") ------------------------
+# libFuzzer harnesses, built by clang with AddressSanitizer and UBSan into
+# build/fuzz/: the C parsers (safetensors, token shards + the loader,
+# tokenizer files) linked with the engine sources they need, instrumented;
+# the Lua parsers (checkpoint state, config/command line) through LuaJIT
+# (engine/fuzz/fuzz_lua.c, which loads build/libgptlua.so like gptlua does).
+# Each run starts from the committed seeds in engine/fuzz/corpus/TARGET (found
+# crashes stay there as regression inputs); new inputs go to build/fuzz/corpus/.
+# No OpenMP in these objects (one thread is what a fuzzer wants): omp.h and
+# omp_get_thread_num come from libomp.
+FUZZ          = $(BUILD)/fuzz
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 300
+FUZZ_CI_SECONDS ?= 25
+FUZZ_SAN      = -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS   = -std=gnu11 -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -Wall -Wno-unknown-pragmas \
+                -Iengine -I$(BLAS_DIR:/usr/lib/%=/usr/include/%)
+FUZZ_ENGINE   = util tensor alloc cpu_tensor safetensors shards tokenizer loader
+FUZZ_OBJ      = $(FUZZ_ENGINE:%=$(FUZZ)/obj/%.o)
+FUZZ_C        = safetensors shards tokenizer
+FUZZ_LUA      = checkpoint_state config
+FUZZ_TARGETS  = $(FUZZ_C) $(FUZZ_LUA)
+FUZZ_BINS     = $(FUZZ_TARGETS:%=$(FUZZ)/fuzz_%)
+FUZZ_OMP_DIR  = $(abspath $(shell $(FUZZ_CC) -print-resource-dir 2>/dev/null)/../..)
+
+$(FUZZ)/obj:
+	@mkdir -p $@
+$(FUZZ)/obj/%.o: engine/%.c $(HEADERS) | $(FUZZ)/obj
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(FUZZ_C:%=$(FUZZ)/fuzz_%): $(FUZZ)/fuzz_%: engine/fuzz/fuzz_%.c engine/fuzz/fuzz_common.h $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) \
+	  -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 \
+	  -L$(FUZZ_OMP_DIR) -Wl,-rpath,$(FUZZ_OMP_DIR) -lomp -lpthread -lm
+$(FUZZ_LUA:%=$(FUZZ)/fuzz_%): $(FUZZ)/fuzz_%: engine/fuzz/fuzz_lua.c | $(FUZZ)/obj
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -I/usr/include/luajit-2.1 -DFUZZ_TARGET='"$*"' \
+	  -DFUZZ_ROOT='"$(CURDIR)"' -o $@ $< -lluajit-5.1 -lm -ldl
+
+# runs every target for $(1) seconds; stops at the first finding (its input is
+# left as build/fuzz/crash-TARGET-*: add it to engine/fuzz/corpus/TARGET with the fix)
+define fuzz_run
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ)/corpus/$$t; \
+	  echo "fuzz: $$t for $(1) s"; \
+	  $(FUZZ)/fuzz_$$t -max_total_time=$(1) -timeout=10 -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ)/crash-$$t- $(FUZZ)/corpus/$$t engine/fuzz/corpus/$$t 2> $(FUZZ)/$$t.log \
+	    || { tail -n 60 $(FUZZ)/$$t.log; echo "fuzz: $$t found a failure (log: $(FUZZ)/$$t.log)"; exit 1; }; \
+	  grep -h 'stat::number_of_executed_units\|stat::average_exec_per_sec\|stat::peak_rss_mb' $(FUZZ)/$$t.log | sed 's/^/  /'; \
+	done
+endef
+
+fuzz-build: all $(FUZZ_BINS)
+fuzz: fuzz-build
+	$(call fuzz_run,$(FUZZ_SECONDS))
+fuzz-ci: fuzz-build
+	$(call fuzz_run,$(FUZZ_CI_SECONDS))
+
+
 # ---- the CUDA simulator build (kernels/sim/, NOTES-cuda.md) ------------------
 # The engine and kernels/*.cu compiled by the host compilers against the
 # simulator's headers (kernels/sim/ stands in for the toolkit's): no nvcc, no
@@ -128,7 +188,7 @@ $(SIM)/gptlua: engine/main.c $(HEADERS) | $(SIM)/obj
 
 sim: $(SIM)/gptlua $(SIM)/libgptlua.so $(if $(MPI_SRC),$(SIM)/libgptlua_mpi.so) $(SIM)/libgptlua_simtest.so
 
-.PHONY: sim test-sim test-race all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
+.PHONY: fuzz fuzz-ci fuzz-build sim test-sim test-race all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB)
 
 $(BUILD)/obj:

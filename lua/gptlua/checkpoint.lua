@@ -9,6 +9,7 @@
 local gl = require 'gptlua'
 local cjson = require 'cjson'
 local ffi, lib = gl.ffi, gl.lib
+local describe = require('gptlua.check').describe
 
 local M = {}
 
@@ -160,7 +161,7 @@ function M.load(path)
   local ok, state = pcall(cjson.decode, s)
   if not ok or type(state) ~= 'table' then error(('checkpoint: %s/state.json is corrupted'):format(path), 2) end
   if state.format ~= 'gptlua-checkpoint-1' then
-    error(('checkpoint: %s has format %s, expected gptlua-checkpoint-1'):format(path, tostring(state.format)), 2)
+    error(('checkpoint: %s has format %s, expected gptlua-checkpoint-1'):format(path, describe(state.format)), 2)
   end
   for _, f in ipairs(STATE_FIELDS) do
     local v = state[f[1]]
@@ -168,7 +169,7 @@ function M.load(path)
       error(('checkpoint: %s/state.json has no %s (expected %s); not loaded'):format(path, f[1], f[3]), 2)
     elseif type(v) ~= f[2] or (f[2] == 'number' and (v ~= v or v < 0 or v % 1 ~= 0)) then
       error(('checkpoint: %s/state.json field %s expected %s, got %s; not loaded'):format(path, f[1], f[3],
-        type(v) == 'table' and 'a table' or type(v) .. ' ' .. tostring(v)), 2)
+        type(v) == 'table' and 'a table' or describe(v)), 2)
     end
   end
   for name, sum in pairs(state.files) do

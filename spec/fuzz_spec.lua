@@ -1,0 +1,63 @@
+-- The fuzzers' corpora (engine/fuzz/corpus/, `make fuzz`) replayed through
+-- the ordinary build: every seed and every input a fuzzer once found a
+-- failure with (finding-*) must be accepted or refused with a one-line
+-- message.  The Lua targets run as the fuzzer runs them
+-- (engine/fuzz/targets.lua); the C parsers through their Lua entry points.
+local gl = require 'gptlua'
+local data = require 'gptlua.data'
+local tok = require 'gptlua.tokenizer'
+local ckpt = require 'gptlua.checkpoint'
+
+local corpus = gl.root .. '/engine/fuzz/corpus/'
+local function inputs(target)
+  local out = {}
+  for line in io.popen('ls -1 ' .. corpus .. target):lines() do out[#out + 1] = corpus .. target .. '/' .. line end
+  assert.is_true(#out > 0, 'no corpus for ' .. target)
+  return out
+end
+local function read(p) local f = assert(io.open(p, 'rb')); local s = f:read('*a'); f:close(); return s end
+local function one_line(what, ok, err)
+  if not ok then
+    assert.equal('string', type(err), what)
+    assert.is_nil(err:find('\n', 1, true), what .. ': ' .. err)
+    assert.is_nil(err:find('attempt to ', 1, true), what .. ': ' .. err)
+  end
+end
+
+describe('fuzz corpora', function()
+  GPTLUA.root = GPTLUA.root or gl.root
+  local targets = dofile(gl.root .. '/engine/fuzz/targets.lua')
+
+  it('replays the Lua targets (checkpoint state, config) without a finding', function()
+    for _, t in ipairs({ 'checkpoint_state', 'config' }) do
+      for _, p in ipairs(inputs(t)) do
+        local ok, err = pcall(targets[t], read(p))
+        assert.is_true(ok, p .. ': ' .. tostring(err))
+      end
+    end
+  end)
+
+  it('reads the C targets\' inputs or refuses them in one line', function()
+    for _, p in ipairs(inputs('safetensors')) do one_line(p, pcall(ckpt.load_safetensors, p)) end
+    for _, p in ipairs(inputs('shards')) do one_line(p, pcall(data.read_shard, p)) end
+    -- the tokenizer inputs are the ranks file, then NUL and the sidecar
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute('mkdir -p ' .. dir)
+    for _, p in ipairs(inputs('tokenizer')) do
+      local s = read(p)
+      local cut = s:find('\0', 1, true)
+      local f = io.open(dir .. '/t.bpe', 'wb'); f:write(cut and s:sub(1, cut - 1) or s); f:close()
+      os.remove(dir .. '/t.bpe.json')
+      if cut then f = io.open(dir .. '/t.bpe.json', 'wb'); f:write(s:sub(cut + 1)); f:close() end
+      one_line(p, pcall(tok.load, dir .. '/t.bpe'))
+    end
+    os.execute('rm -rf ' .. dir)
+  end)
+
+  it('quotes a value from a file on one line (finding: a newline in state.json format)', function()
+    local ok, err = pcall(targets.checkpoint_state, read(corpus .. 'checkpoint_state/finding-format-newline.json'))
+    assert.is_true(ok, tostring(err))
+    assert.equal("the string 'a\\nb\\0c'", require('gptlua.check').describe('a\nb\0c'))
+  end)
+end)

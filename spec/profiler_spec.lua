@@ -72,6 +72,29 @@ describe('profiler', function()
     os.execute('rm -rf ' .. r.out_dir .. ' ' .. t.cfg.out_dir)
   end)
 
+  it('profiles any code between start and stop, nesting the ops an op calls', function()
+    local prof = profiler.new({ rank = 3, device = 'cpu' })
+    local a = gl.randn({ 4, 4 }, { seed = 1 })
+    prof:start()
+    local s = (a:matmul(a) + 1):reshape(16):sum():item()
+    prof:stop()
+    assert.is_number(s)
+    local d = H.tmpdir()
+    local trace = H.read_json(prof:write(d .. '/sub/t.json'))
+    local ops = names_of(trace, function(e) return e.cat == 'op' and e.pid == 3 end)
+    for _, n in ipairs({ 'matmul', 'add', 'reshape', 'view', 'sum', 'item' }) do
+      assert.equal(1, ops[n], n)
+    end
+    local by = {}
+    for _, e in ipairs(trace.traceEvents) do by[e.name] = e end
+    -- reshape calls view: view's span lies inside reshape's
+    assert.is_true(by.view.ts >= by.reshape.ts and by.view.ts + by.view.dur <= by.reshape.ts + by.reshape.dur)
+    local rows = {}
+    for _, r in ipairs(prof:key_averages()) do rows[r.name] = r end
+    assert.is_true(rows.reshape.self < rows.reshape.total)
+    os.execute('rm -rf ' .. d)
+  end)
+
   it('writes a CPU trace with the ops of a GPT forward and backward and prints the top ops', function()
     local r = recipe({ max_iters = 4, eval_interval = 2, eval_iters = 1 })
     local _, t = train.main(r, { '--profile=2:3' })
@@ -80,7 +103,8 @@ describe('profiler', function()
     assert.equal(2, trace.otherData.first_step)
     assert.equal(3, trace.otherData.last_step)
     local ops = names_of(trace, function(e) return e.cat == 'op' end)
-    for _, n in ipairs({ 'embedding', 'layer_norm', 'linear', 'attention_qkv', 'gelu', 'add', 'cross_entropy' }) do
+    -- mul: the trainer's loss * (1 / accum), reached only through the operator
+    for _, n in ipairs({ 'embedding', 'layer_norm', 'linear', 'attention_qkv', 'gelu', 'add', 'mul', 'cross_entropy' }) do
       assert.is_true((ops[n] or 0) > 0, 'no ' .. n .. ' in the trace')
     end
     assert.equal(2 * (2 * 4 + 1), ops.linear)   -- 2 steps x (2 layers x (c_attn, c_proj, c_fc, c_proj) + lm_head)

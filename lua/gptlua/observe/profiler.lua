@@ -165,6 +165,9 @@ local NOT_OPS = {
   dim = true, size = true, is_floating = true, data_ptr = true, is_freed = true, free = true,
 }
 
+local OPERATORS = { __add = 'add', __sub = 'sub', __mul = 'mul', __div = 'div', __pow = 'pow', __mod = 'mod',
+  __unm = 'neg' }
+
 -- wraps every op where it is reachable: gl.*, the ops module, Tensor
 -- methods and operators (one wrapper per function, found by identity)
 function Profiler:wrap_ops()
@@ -176,6 +179,11 @@ function Profiler:wrap_ops()
   for k in pairs(gl.signatures.methods) do
     local f = rawget(Tensor, k)
     if not NOT_OPS[k] and type(f) == 'function' and not names[f] then names[f] = k end
+  end
+  -- operators: tensor.lua keeps its own operand-checking closure under each
+  for k, op in pairs(OPERATORS) do
+    local f = rawget(Tensor, k)
+    if type(f) == 'function' and not names[f] then names[f] = op end
   end
   local wrappers = {}
   for f, k in pairs(names) do wrappers[f] = self:wrap(k, 'op', f, true) end
@@ -273,10 +281,23 @@ function Profiler:async_done(work)
 end
 
 -- ------------------------------------------------------------ session
+-- the device's clock against the host's: waits for the device, then
+-- records a base event (a dedicated one, never reused by the pool) whose
+-- host time is known; device events are placed relative to it
+function Profiler:mark_base()
+  if not self.cuda then return end
+  local cuda = require 'gptlua.cuda'
+  cuda.synchronize(self.device)
+  self.base_event = self.base_event or cuda.Event(self.device)
+  self.base_event:record()
+  self.base_us = self:us(now())
+end
+
 function Profiler:start()
   if self.active then return end
   self.active, self.recording = true, true
   self.t0 = self.t0 or now()
+  self:mark_base()
   self:wrap_ops()
   self:wrap_collectives()
 end
@@ -294,8 +315,7 @@ function Profiler:stop()
 end
 
 -- Device times of the ops since the last flush: waits for the device, then
--- reads each op's pair of events against a base event whose host time is
--- known (recorded by step_begin on an idle device).
+-- reads each op's pair of events, placed against the base event (mark_base).
 function Profiler:flush_device()
   if not self.cuda or #self.pending == 0 then self.pending = {}; self.npool = 0; return end
   require('gptlua.cuda').synchronize(self.device)
@@ -303,24 +323,20 @@ function Profiler:flush_device()
   for _, p in ipairs(self.pending) do
     local name, cat, e0, e1 = p[1], p[2], p[3], p[4]
     local ms = e0:elapsed_time(e1)
-    local start_ms = base and base:elapsed_time(e0) or 0
-    self.events[#self.events + 1] = { name = name, cat = 'device', ph = 'X', ts = (base_us or 0) + start_ms * 1000,
+    local start_ms = base:elapsed_time(e0)
+    self.events[#self.events + 1] = { name = name, cat = 'device', ph = 'X', ts = base_us + start_ms * 1000,
       dur = ms * 1000, pid = self.rank, tid = 2, args = { kind = cat } }
     local s = stat(self, name, cat)
     s.device = s.device + ms / 1000
   end
-  self.pending, self.npool, self.base_event = {}, 0, nil
+  self.pending, self.npool = {}, 0
 end
 
 -- a profiled step's boundaries: the device is idle at both, so device
 -- times line up with the host clock
 function Profiler:step_begin(step)
   self:flush_device()
-  if self.cuda then
-    require('gptlua.cuda').synchronize(self.device)
-    self.base_event = self:cuda_event():record()
-    self.base_us = self:us(now())
-  end
+  self:mark_base()
   self.depth, self.op_depth, self.recording = 0, 0, true
   self:enter('step ' .. step)
   self.steps = (self.steps or 0) + 1

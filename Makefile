@@ -21,7 +21,7 @@ CC     ?= gcc
 
 DEBIAN_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev lua-busted lua-cjson \
   libopenblas-openmp-dev libcjson-dev libpcre2-dev libreadline-dev libopenmpi-dev openmpi-bin \
-  clang libclang-rt-14-dev libomp-14-dev
+  clang libclang-rt-14-dev libomp-14-dev gnuplot-nox
 
 NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 ifeq ($(CUDA),0)

@@ -212,7 +212,10 @@ function A.backward(root, grad, opts)
         end
         fn.retaining = retain  -- a backward may drop its captured views unless the graph is kept
         check_versions(fn)
-        local in_grads = g ~= nil and { fn.backward(fn.saved, g, fn) } or {}
+        local in_grads
+        if g == nil then in_grads = {}
+        elseif A.profile_node then in_grads = { A.profile_node(fn, g) }  -- a profile runs (gptlua.observe.profiler)
+        else in_grads = { fn.backward(fn.saved, g, fn) } end
         for j, x in ipairs(fn.inputs) do
           if x.requires_grad then
             local gx = in_grads[j]

@@ -3,6 +3,7 @@ local M = {}
 
 local USAGE = [==[
 usage: gptlua [options] [script.lua [args...]]
+       gptlua plot RUN [RUN ...] [--out=FILE.png] [--terminal]   (curves of runs)
 
 Runs a Lua training script (a recipe) on the gptlua engine, or starts the
 interactive REPL when no script is given.
@@ -68,6 +69,10 @@ end
 
 function M.main(argv)
   local exprs, interactive, nranks, plan, script = {}, false, nil, false, nil
+  if argv[1] == 'plot' then  -- subcommand: gptlua.observe.plot
+    local ok, rc = M.protected(function() return require('gptlua.observe.plot').main({ unpack(argv, 2) }) end)
+    return ok and (rc or 0) or 1
+  end
   local i = 1
   while argv[i] do
     local a = argv[i]

@@ -38,6 +38,8 @@ M.defaults = {
   sample_interval = 0, sample_length = 500, sample_prompt = '\n', temperature = 0.8, top_k = 0,
   checkpoint_interval = 0, keep_last = 2, resume = '', max_bad_steps = 5,
   peak_flops = 0, quiet = false,
+  -- seeing a run (gptlua.observe): TensorBoard events next to metrics.jsonl; profile = 'N' or 'A:B' steps
+  tensorboard = true, profile = '',
   -- distributed policy (gptlua.dist): 'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp'; unset on
   -- several ranks it is ddp ('none' trains each rank alone and is refused by run there);
   -- dist_timeout: seconds a collective may take before every rank is aborted
@@ -381,6 +383,8 @@ function M.new(recipe, args)
   self.ckpt_dir = self.run_dir .. '/checkpoints'
   self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * self.world
   self.flops_per_token = model:flops_per_token(cfg.block_size)
+  self.tensorboard = require('gptlua.observe.tensorboard').for_trainer(self)  -- nil when off
+  self.profiler = require('gptlua.observe.profiler').for_trainer(self)        -- wraps train_step; nil when off
   return self
 end
 
@@ -536,6 +540,7 @@ function Trainer:write_metrics(rec)
   end
   self.metrics_file:write(cjson.encode(rec), '\n')
   self.metrics_file:flush()
+  if self.tensorboard then self.tensorboard:write(rec, self.run_dir) end
 end
 
 function Trainer:run()

@@ -1,5 +1,6 @@
--- Generates text from a checkpoint:
---   gptlua recipes/sample.lua --ckpt runs/shakespeare/checkpoints/step_0002000 --prompt "ROMEO:"
+-- Generates text from a checkpoint: --ckpt is a run directory (its latest
+-- checkpoint), its checkpoints/ directory, or one checkpoint.
+--   gptlua recipes/sample.lua --ckpt runs/shakespeare --prompt "ROMEO:"
 --     [--n=500] [--temperature=0.8] [--top_k=200] [--seed=1337] [--num_samples=1]
 local gl = require 'gptlua'
 local ckpt = require 'gptlua.checkpoint'
@@ -17,8 +18,12 @@ while arg[i] do
   opts[k] = type(opts[k]) == 'number' and assert(tonumber(v), 'sample: --' .. k .. ' expects a number') or v
   i = i + 1
 end
-if opts.ckpt == '' then error('sample: --ckpt DIR is required (a checkpoint directory or a run\'s checkpoints/)', 0) end
-local path = ckpt.list(opts.ckpt)[1] and ckpt.resolve('latest', opts.ckpt) or opts.ckpt
+if opts.ckpt == '' then error('sample: --ckpt DIR is required (a run directory, its checkpoints/ or a checkpoint)', 0) end
+local path = ckpt.resolve('latest', opts.ckpt .. '/checkpoints') or ckpt.resolve('latest', opts.ckpt)
+if not path and ckpt.exists(opts.ckpt .. '/state.json') then path = opts.ckpt end
+if not path then
+  error(('sample: no checkpoint in %s (expected a run directory, its checkpoints/ or a checkpoint)'):format(opts.ckpt), 0)
+end
 local c = ckpt.load(path)
 local cfg = c.state.config
 cfg.device = gl.default_device()

@@ -129,11 +129,33 @@ function M.save(dir, step, parts, keep_last)
     if not rok then error('checkpoint: rename to ' .. final .. ' failed: ' .. tostring(rerr)) end
   end)
   if not ok then sh('rm -rf ' .. quote(tmp)); error(err, 2) end
-  if keep_last and keep_last > 0 then
-    local all = M.list(dir)
-    for i = 1, #all - keep_last do sh('rm -rf ' .. quote(all[i].path)) end
-  end
+  M.prune(dir, keep_last, final)
   return final
+end
+
+-- keep_last: leaves the newest keep_last checkpoints under dir, the one just
+-- written (path `just_saved`) always among them, whatever the step numbers
+-- of the others (a run resumed from an earlier step must not lose the
+-- checkpoint it just wrote to a higher-numbered one).
+function M.prune(dir, keep_last, just_saved)
+  if not keep_last or keep_last <= 0 then return end
+  local others = {}
+  for _, c in ipairs(M.list(dir)) do if c.path ~= just_saved then others[#others + 1] = c end end
+  for i = 1, #others - (keep_last - 1) do sh('rm -rf ' .. quote(others[i].path)) end
+end
+
+-- Removes what a killed save left under dir: step_N.tmp.* (this file's
+-- temporaries) and step_N.tmp-shards (sharded policies'); returns their
+-- names.  Run once at a run's start, before any rank saves.
+function M.clean_temporaries(dir)
+  local removed = {}
+  local p = io.popen('ls -1a ' .. quote(dir) .. ' 2>/dev/null')
+  for name in p:lines() do
+    if name:match('^step_%d+%.tmp') then removed[#removed + 1] = name end
+  end
+  p:close()
+  for _, name in ipairs(removed) do sh('rm -rf ' .. quote(dir .. '/' .. name)) end
+  return removed
 end
 
 -- resolves 'latest' (or true) under dir, or a path; nil if none exists

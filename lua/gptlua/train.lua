@@ -6,16 +6,26 @@
 -- runs inside a tensor scope that releases the step's temporaries when it
 -- ends, so memory is freed deterministically, not when the Lua GC decides.
 -- Around it: eval (nanoGPT's line "step N: train loss X, val loss Y"),
--- samples, checkpoints (atomic, verified, keep_last), metrics.jsonl, SIGINT.
+-- samples, checkpoints (atomic, verified, keep_last; one at every eval by
+-- default, as nanoGPT), metrics.jsonl, the run's directory (gptlua.runs),
+-- the progress numbers (gptlua.progress), and stopping: SIGINT or SIGUSR1
+-- (what `gptlua -n N` sends every rank for its Ctrl-C) to any rank stops
+-- every rank at the same step boundary, which saves one checkpoint and
+-- returns normally (exit status 0).
 local gl = require 'gptlua'
 local config = require 'gptlua.config'
 local check = require 'gptlua.check'
 local optim = require 'gptlua.optim'
 local ckpt = require 'gptlua.checkpoint'
+local runs = require 'gptlua.runs'
+local progress = require 'gptlua.progress'
 local cjson = require 'cjson'
-local now = require('gptlua.cli').now
+
 
 local M = {}
+
+-- the clock of the progress numbers (monotonic seconds; specs replace it)
+M.clock = require('gptlua.cli').now
 
 -- Every key a recipe may set; nanoGPT's names where one exists.
 M.defaults = {
@@ -36,7 +46,8 @@ M.defaults = {
   -- loop
   max_iters = 2000, eval_interval = 250, eval_iters = 20, eval_only = false, log_interval = 10,
   sample_interval = 0, sample_length = 500, sample_prompt = '\n', temperature = 0.8, top_k = 0,
-  checkpoint_interval = 0, keep_last = 2, resume = '', max_bad_steps = 5,
+  checkpoint_interval = 0, always_save_checkpoint = true, keep_last = 2, resume = '', overwrite = false,
+  max_bad_steps = 5,
   peak_flops = 0, quiet = false,
   -- seeing a run (gptlua.observe): TensorBoard events next to metrics.jsonl; profile = 'N' or 'A:B' steps
   tensorboard = true, profile = '',
@@ -144,6 +155,13 @@ function M.resolve_config(recipe, args)
   end
   for _, k in ipairs({ 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'matrix_lr' }) do
     if cfg[k] < 0 then fail(('%s must be >= 0, got %s'):format(k, cfg[k])) end
+  end
+  if type(cfg.name) ~= 'string' or not cfg.name:match('^[%w_][%w_.-]*$') then
+    fail(('name must be a directory name of letters, digits, _ . - (not starting with . or -), got %s')
+      :format(check.describe(cfg.name)))
+  end
+  if cfg.overwrite and cfg.resume ~= '' and cfg.resume ~= false then
+    fail('resume and overwrite exclude each other: --resume continues the run, --overwrite deletes it')
   end
   if not (cfg.dist_timeout > 0) then fail(('dist_timeout must be > 0 seconds, got %s'):format(cfg.dist_timeout)) end
   -- integer keys: the shared check refuses 2.5, NaN, inf and values past
@@ -284,41 +302,9 @@ function M.lr_schedule(cfg)
 end
 
 -- --------------------------------------------------------------- MFU, memory
-M.gpu_peak_flops = { ['H100'] = 989e12, ['H200'] = 989e12, ['A100'] = 312e12, ['L4'] = 121e12, ['A10'] = 125e12 }
-
--- CPU peak: a short sgemm measurement (what BLAS really sustains here)
-function M.measure_cpu_flops()
-  local n = 384
-  local a, b = gl.randn({ n, n }, { seed = 1 }), gl.randn({ n, n }, { seed = 2 })
-  local c = gl.empty({ n, n })
-  gl.matmul_raw(a, b, c)
-  local reps, t0 = 0, now()
-  repeat gl.matmul_raw(a, b, c); reps = reps + 1 until now() - t0 > 0.15
-  return 2 * n * n * n * reps / (now() - t0)
-end
-
-local function peak_flops(cfg)
-  if cfg.peak_flops > 0 then return cfg.peak_flops end
-  if cfg.device ~= 'cpu' then
-    local ok, cuda = pcall(require, 'gptlua.cuda')
-    local name = ok and cuda.device_name and cuda.device_name(0) or ''
-    for k, v in pairs(M.gpu_peak_flops) do if name:find(k) then return v end end
-    return 989e12
-  end
-  return M.measure_cpu_flops()
-end
-
-local function fmt_bytes(b)
-  if b >= 2 ^ 30 then return string.format('%.2f GiB', b / 2 ^ 30) end
-  return string.format('%.1f MiB', b / 2 ^ 20)
-end
-M.fmt_bytes = fmt_bytes
-
-local function fmt_time(s)
-  if s < 60 then return string.format('%.0fs', s) end
-  if s < 3600 then return string.format('%dm%02ds', math.floor(s / 60), math.floor(s % 60)) end
-  return string.format('%dh%02dm', math.floor(s / 3600), math.floor(s % 3600 / 60))
-end
+-- (gptlua.progress; these names stay for recipes/bench.lua)
+M.measure_cpu_flops, M.fmt_bytes = progress.measure_cpu_flops, progress.fmt_bytes
+local fmt_bytes, fmt_time = progress.fmt_bytes, progress.fmt_time
 
 -- ------------------------------------------------------------ local policy
 -- The interface every data-parallel policy implements (gptlua.dist.policy
@@ -342,8 +328,8 @@ M.Trainer = Trainer
 
 function M.new(recipe, args)
   local cfg, hooks, launch = M.resolve_config(recipe, args)
-  local self = setmetatable({ cfg = cfg, hooks = hooks, step = 0, bad_steps = 0, history = {}, launch = launch },
-    Trainer)
+  local self = setmetatable({ cfg = cfg, hooks = hooks, step = 0, bad_steps = 0, history = {}, launch = launch,
+    best_val_loss = math.huge }, Trainer)
   self.rank, self.world = 0, 1
   if cfg.dist ~= 'none' then
     self.dist = require('gptlua.dist')
@@ -462,7 +448,9 @@ function Trainer:save_checkpoint()
   local opt_sd = self.optimizer:state_dict()
   local state = { rng = gl.get_rng_state(), opt_step = opt_sd.step, opt_steps = opt_sd.steps,
                   data = self.data.train:state(), config = cfg, history = self.history,
-                  bad_steps = self.bad_steps }
+                  bad_steps = self.bad_steps, run_id = self.run_id, saved_at = runs.time(),
+                  best_val_loss = self.best_val_loss < math.huge and self.best_val_loss or nil }
+  self.saved_step = self.step
   if self.policy.save_checkpoint then  -- sharded state: the policy writes its shards
     return self.policy:save_checkpoint(self, model_sd, opt_sd, state)
   end
@@ -473,15 +461,24 @@ function Trainer:save_checkpoint()
   return path
 end
 
+-- nil when a checkpoint's config describes this run's model, else the
+-- first key that differs
+function Trainer:fits(config)
+  for _, k in ipairs({ 'model', 'n_layer', 'n_head', 'n_embd', 'vocab_size', 'block_size', 'depth' }) do
+    if type(config) == 'table' and config[k] ~= nil and config[k] ~= self.cfg[k] then return k end
+  end
+  return nil
+end
+
+-- loads a checkpoint into this trainer; returns its state table
 function Trainer:load_checkpoint(path)
   local c = ckpt.load(path)
   local st = c.state
   local cfg = self.cfg
-  for _, k in ipairs({ 'model', 'n_layer', 'n_head', 'n_embd', 'vocab_size', 'block_size', 'depth' }) do
-    if st.config and st.config[k] ~= nil and st.config[k] ~= cfg[k] then
-      error(('resume: checkpoint %s has %s = %s, this run has %s; not loaded'):format(path, k,
-        tostring(st.config[k]), tostring(cfg[k])), 0)
-    end
+  local k = self:fits(st.config)
+  if k then
+    error(('resume: checkpoint %s has %s = %s, this run has %s; not loaded'):format(path, k,
+      tostring(st.config[k]), tostring(cfg[k])), 0)
   end
   self.model:load_state_dict(c.model)
   if self.policy.load_checkpoint then  -- sharded state: the policy takes its part
@@ -495,7 +492,10 @@ function Trainer:load_checkpoint(path)
   self.step = st.step
   self.history = st.history or {}
   self.bad_steps = st.bad_steps or 0
+  self.best_val_loss = st.best_val_loss or math.huge
+  self.saved_step = st.step
   self:print(('resumed from %s at step %d'):format(path, self.step))
+  return st
 end
 
 -- one optimizer step; returns the mean loss, the gradient norm, the lr
@@ -529,12 +529,17 @@ function Trainer:train_step()
   return loss, norm, lr_mult, true
 end
 
+-- The one place metrics records are written (rank 0, run_dir/metrics.jsonl,
+-- one JSON object a line); each carries the time (seconds since the epoch)
+-- and the run's id.
 function Trainer:write_metrics(rec)
   if self.rank ~= 0 then return end
   if not self.metrics_file then
     ckpt.mkdir_p(self.run_dir)
-    self.metrics_file = assert(io.open(self.run_dir .. '/metrics.jsonl', self.step > 0 and 'ab' or 'wb'))
+    -- the directory is this run's own (gptlua.runs): a resumed run appends
+    self.metrics_file = assert(io.open(self.run_dir .. '/metrics.jsonl', 'ab'))
   end
+  rec.time, rec.run = rec.time or runs.time(), rec.run or self.run_id
   for k, v in pairs(rec) do  -- JSON has no NaN/Inf: write them as strings
     if type(v) == 'number' and (v ~= v or v == math.huge or v == -math.huge) then rec[k] = tostring(v) end
   end
@@ -543,6 +548,52 @@ function Trainer:write_metrics(rec)
   if self.tensorboard then self.tensorboard:write(rec, self.run_dir) end
 end
 
+-- Picks the run's directory (gptlua.runs: every rank the same one), removes
+-- temporaries a killed save left there, and loads the checkpoint a resume
+-- names.  Returns the path of the checkpoint loaded, or nil.
+function Trainer:open_run()
+  local cfg = self.cfg
+  local plan = runs.plan(cfg, function(st) return self:fits(st.config) == nil end)
+  local k, note = 1, nil
+  if self.rank == 0 then k, note = runs.open(cfg, plan) end
+  if self.comm and self.world > 1 then k = self.comm:all_reduce_number(k, 'max') end
+  self.run_dir = runs.path(cfg.out_dir, cfg.name, k)
+  self.ckpt_dir = self.run_dir .. '/checkpoints'
+  if note then self:print(note) end
+  if self.rank == 0 then
+    for _, name in ipairs(ckpt.clean_temporaries(self.ckpt_dir)) do
+      self:print(('removed %s/%s, left by a checkpoint save that did not finish'):format(self.ckpt_dir, name))
+    end
+  end
+  local st
+  if plan.checkpoint then st = self:load_checkpoint(plan.checkpoint)
+  elseif plan.spec then
+    self:print(('resume: no checkpoint of a run named %s under %s, starting a new run'):format(cfg.name, cfg.out_dir))
+  end
+  self.run_id = (plan.k and st.run_id) or runs.new_id(cfg.name)
+  if not plan.k then self.saved_step = nil end  -- a new directory holds no checkpoint yet
+  return plan.checkpoint
+end
+
+-- SIGINT (Ctrl-C) and SIGUSR1 (what `gptlua -n N` makes mpirun send every
+-- rank for its Ctrl-C, see gptlua.dist.launch) stop a run: counted while
+-- it lasts, acted on at the next step boundary.
+local STOP_SIGNALS = { 2, require('gptlua.dist.launch').STOP_SIGNAL }
+
+-- true when any rank has received a stop signal; every rank calls it at
+-- every step boundary: on several ranks one all-reduce of one number, so
+-- that all stop after the same step (and save one consistent checkpoint)
+function Trainer:stop_requested()
+  for _, sig in ipairs(STOP_SIGNALS) do
+    if gl.lib.gl_signal_take(sig) > 0 then self.stop_signal = true end
+  end
+  local stop = self.stop_signal and 1 or 0
+  if self.comm and self.world > 1 then stop = self.comm:all_reduce_number(stop, 'max') end
+  return stop > 0
+end
+
+local function signals(f) for _, sig in ipairs(STOP_SIGNALS) do f(sig) end end
+
 function Trainer:run()
   local cfg = self.cfg
   -- without a policy every rank would train alone, print, and write the same run directory
@@ -550,36 +601,59 @@ function Trainer:run()
     fail(("dist 'none' cannot run on %d ranks: each would train alone and write %s "
       .. '(use --dist=ddp, zero1, zero2, fsdp or hsdp)'):format(self.launch.ranks, self.run_dir))
   end
-  if cfg.resume ~= '' and cfg.resume ~= false then
-    ckpt.check_dir(self.ckpt_dir, 'resume')  -- a file there is not "no checkpoint yet"
-    local path = ckpt.resolve(cfg.resume == 'true' and 'latest' or cfg.resume, self.ckpt_dir)
-    if path then self:load_checkpoint(path)
-    else self:print(('resume: no checkpoint under %s, starting fresh'):format(self.ckpt_dir)) end
+  local now = M.clock
+  local resumed_from = self:open_run()
+  local first_step = self.step
+  if first_step >= cfg.max_iters and not cfg.eval_only then
+    self:print(('run %s is already at step %d of max_iters %d: nothing to train (raise --max_iters to go on)')
+      :format(self.run_dir, first_step, cfg.max_iters))
+    return { losses = {}, checkpoint = resumed_from, finished = true, run_dir = self.run_dir }
   end
-  local peak = peak_flops(cfg)
+  if resumed_from then self:write_metrics({ step = first_step, resumed = true, from = resumed_from }) end
+  local peak, peak_source = progress.peak_flops(cfg)
   self:print(('model %s: %.2fM parameters, %d layers, %d heads, width %d, context %d, vocab %d'):format(
     cfg.model, self.model:num_params() / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size))
-  self:print(('device %s (%d threads), %s, batch %d x %d x %d accum x %d ranks = %d tokens/step, peak %.1f GFLOP/s'):format(
+  self:print(('device %s (%d threads), %s, batch %d x %d x %d accum x %d ranks = %d tokens/step'):format(
     cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
-    self.world, self.tokens_per_step, peak / 1e9))
+    self.world, self.tokens_per_step))
+  self:print(('MFU against a peak of %s per device (%s)'):format(progress.fmt_flops(peak), peak_source))
   if self.world > 1 then
     self:print(('dist: %s (%s %d ranks), collective timeout %g s'):format(cfg.dist,
       self.launch.dist_default and 'default for' or 'on', self.world, cfg.dist_timeout))
   end
-  gl.lib.gl_signal_catch(2)
-  local t_start, t_last, tokens_since, steps_since = now(), now(), 0, 0
+  self:print(('run %s writes %s'):format(self.run_id, self.run_dir))
+  signals(gl.lib.gl_signal_catch)
+  -- time: the training steps apart from evals, samples and checkpoints
+  -- ("pauses"), so ms/step, tok/s and MFU count steps only and the ETA adds
+  -- the evals still to come at the last eval's cost
+  local t_start = now()
+  local t_last, tokens_since, steps_since, paused = t_start, 0, 0, 0
+  local paused_total, eval_cost = 0, 0
   local last_eval
   local interrupted = false
   local losses = {}
+  local function evals_left(step)  -- evals from step on (the final one included)
+    if cfg.eval_interval <= 0 then return 0 end
+    return math.floor((cfg.max_iters - 1) / cfg.eval_interval) - math.floor((step - 1) / cfg.eval_interval) + 1
+  end
   while self.step < cfg.max_iters do
     local step = self.step
-    if cfg.eval_interval > 0 and step % cfg.eval_interval == 0 and (step > 0 or cfg.eval_only or true) then
+    if cfg.eval_interval > 0 and step % cfg.eval_interval == 0 then
+      local t_eval = now()
       local ev = self:evaluate()
       last_eval = ev
       self:print(('step %d: train loss %.4f, val loss %.4f'):format(step, ev.train, ev.val))
       self:write_metrics({ step = step, eval = true, train_loss = ev.train, val_loss = ev.val })
       if self.hooks.on_eval then self.hooks.on_eval(self, ev) end
       if cfg.eval_only then break end
+      -- nanoGPT: a checkpoint at every eval (always_save_checkpoint), or when val improves
+      local improved = ev.val < self.best_val_loss
+      if improved then self.best_val_loss = ev.val end
+      if step > 0 and self.saved_step ~= step and (cfg.always_save_checkpoint or improved) then
+        self:save_checkpoint()
+      end
+      eval_cost = now() - t_eval
+      paused = paused + eval_cost
     end
     local t0 = now()
     local loss, norm, lr_mult, ok = self:train_step()
@@ -601,11 +675,11 @@ function Trainer:run()
     self.step = step + 1
     tokens_since, steps_since = tokens_since + self.tokens_per_step, steps_since + 1
     if cfg.log_interval > 0 and (self.step % cfg.log_interval == 0 or self.step == cfg.max_iters) then
-      local elapsed = now() - t_last
+      local elapsed = math.max(now() - t_last - paused, 1e-9)
       local tps = tokens_since / elapsed
       local mfu = tps * self.flops_per_token / (peak * self.world)
       local mem = gl.memory_stats(cfg.device)
-      local eta = (cfg.max_iters - self.step) * elapsed / steps_since
+      local eta = (cfg.max_iters - self.step) * elapsed / steps_since + evals_left(self.step) * eval_cost
       local lr = self.optimizer.groups[1].lr  -- the first group's scheduled lr
       self:print(('step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.1f ms/step | mem %s | ETA %s'):format(
         self.step, cfg.max_iters, loss, lr, norm, tps, 100 * mfu, 1000 * elapsed / steps_since,
@@ -613,8 +687,10 @@ function Trainer:run()
       self:write_metrics({ step = self.step, loss = loss, lr = lr, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
         ms_per_step = 1000 * elapsed / steps_since, step_ms = dt * 1000, mem_peak = mem.peak })
       if self.hooks.on_log then self.hooks.on_log(self, { loss = loss, norm = norm, tps = tps }) end
-      t_last, tokens_since, steps_since = now(), 0, 0
+      paused_total = paused_total + paused
+      t_last, tokens_since, steps_since, paused = now(), 0, 0, 0
     end
+    local t_other = now()
     if cfg.sample_interval > 0 and self.step % cfg.sample_interval == 0 and self:samples_here() then
       local text = self:sample(200)
       self:print('--- sample ---\n' .. (text or '') .. '\n---')
@@ -622,16 +698,20 @@ function Trainer:run()
     if cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0 and self.step < cfg.max_iters then
       self:save_checkpoint()
     end
-    if gl.lib.gl_signal_take(2) > 0 then interrupted = true; break end
+    paused = paused + (now() - t_other)
+    if self:stop_requested() then interrupted = true; break end
   end
-  gl.lib.gl_signal_restore(2)
-  local final = {}
+  signals(gl.lib.gl_signal_restore)
+  local final = { run_dir = self.run_dir }
   if interrupted then
     self:print(('interrupted at step %d: saving a checkpoint'):format(self.step))
-    final.checkpoint = self:save_checkpoint()
-    final.interrupted = true
+    if self.saved_step ~= self.step then final.checkpoint = self:save_checkpoint()
+    else final.checkpoint = ('%s/step_%07d'):format(self.ckpt_dir, self.step) end
+    final.interrupted, final.losses = true, losses
+    if self.metrics_file then self.metrics_file:close(); self.metrics_file = nil end
     return final
   end
+  local t_final = now()
   if not cfg.eval_only and cfg.eval_interval > 0 then
     last_eval = self:evaluate()
     self:print(('step %d: train loss %.4f, val loss %.4f'):format(self.step, last_eval.train, last_eval.val))
@@ -639,14 +719,19 @@ function Trainer:run()
   end
   if not cfg.eval_only then final.checkpoint = self:save_checkpoint() end
   local total = now() - t_start
-  self:print(('done: %d steps in %s (%.1f ms/step), final val loss %s'):format(self.step, fmt_time(total),
-    1000 * total / math.max(1, #losses), last_eval and string.format('%.4f', last_eval.val) or 'n/a'))
+  paused_total = paused_total + paused + (now() - t_final)
+  local ran = self.step - first_step
+  self:print(('done: step %d, %d steps run in %s (%s of steps at %.1f ms/step, %s of evals, samples and checkpoints), '
+    .. 'final val loss %s'):format(self.step, ran, fmt_time(total), fmt_time(total - paused_total),
+    1000 * (total - paused_total) / math.max(1, ran), fmt_time(paused_total),
+    last_eval and string.format('%.4f', last_eval.val) or 'n/a'))
   if cfg.sample_length > 0 and self:samples_here() and self.data.tokenizer then
     local text = self:sample()
     self:print('--- sample ---\n' .. text .. '\n---')
   end
   final.eval, final.losses = last_eval, losses
-  if self.metrics_file then self.metrics_file:close() end
+  final.seconds = { steps = total - paused_total, other = paused_total }
+  if self.metrics_file then self.metrics_file:close(); self.metrics_file = nil end
   return final
 end
 

@@ -65,11 +65,7 @@ function S.save(trainer, policy, model_sd, state)
       if not rok then error('checkpoint: rename to ' .. final .. ' failed: ' .. tostring(rerr)) end
     end)
     if not ok then os.execute('rm -rf ' .. quote(tmp)); error(err, 0) end
-    local keep = trainer.cfg and trainer.cfg.keep_last or 0
-    if keep > 0 then
-      local all = ckpt.list(trainer.ckpt_dir)
-      for i = 1, #all - keep do os.execute('rm -rf ' .. quote(all[i].path)) end
-    end
+    ckpt.prune(trainer.ckpt_dir, trainer.cfg and trainer.cfg.keep_last or 0, final)
   end
   comm:barrier()   -- nobody reads or prunes before the rename
   if trainer.print then trainer:print(('saved checkpoint %s'):format(final)) end

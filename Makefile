@@ -21,7 +21,7 @@ CC     ?= gcc
 
 DEBIAN_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev lua-busted lua-cjson \
   libopenblas-openmp-dev libcjson-dev libpcre2-dev libreadline-dev libopenmpi-dev openmpi-bin \
-  clang libclang-rt-14-dev libomp-14-dev gnuplot-nox
+  clang libclang-rt-14-dev libomp-14-dev gnuplot-nox libgloo-dev
 
 NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 ifeq ($(CUDA),0)
@@ -139,6 +139,18 @@ fuzz-ci: fuzz-build
 	$(call fuzz_run,$(FUZZ_CI_SECONDS))
 
 
+# ---- the TCP backend -----------------------------------------------------------
+# The TCP backend (engine/gloo/ plus the backend-neutral comm.c and nccl.c):
+# worlds launched torchrun-style, without mpirun, talk through a TCP
+# rendezvous and Gloo.  Built when libgloo-dev is installed; lua/gptlua/dist/
+# loads it on demand, like the MPI library.
+GLOO_SRC    = $(wildcard engine/gloo/*.c)
+GLOO_CXX    = $(wildcard engine/gloo/*.cpp)
+GLOO_SHARED = $(filter-out engine/mpi/mpi.c,$(MPI_SRC))
+GLOO_DEPS   = $(GLOO_SRC) $(GLOO_CXX) $(wildcard engine/gloo/*.h) $(GLOO_SHARED) $(HEADERS)
+GLOO_LIB    = $(if $(wildcard /usr/include/gloo/rendezvous/context.h),$(BUILD)/libgptlua_gloo.so)
+GLOO_CXXFLAGS = -O2 -std=c++17 -fPIC $(WARN) -Iengine -I$(BUILD)
+
 # ---- the CUDA simulator build (kernels/sim/, NOTES-cuda.md) ------------------
 # The engine and kernels/*.cu compiled by the host compilers against the
 # simulator's headers (kernels/sim/ stands in for the toolkit's): no nvcc, no
@@ -181,15 +193,21 @@ $(SIM)/libgptlua_mpi.so: $(MPI_SRC) $(HEADERS) $(patsubst kernels/sim/%.cpp,$(SI
 	$(CC) $(SIM_CFLAGS) $(SIM_MPI_FLAGS) -DGL_WITH_NCCL -shared -o $@ $(MPI_SRC) \
 	  $(patsubst kernels/sim/%.cpp,$(SIM)/obj/mpi_%.o,$(SIM_NCCL)) \
 	  -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua $(shell pkg-config --libs ompi-c 2>/dev/null) -lstdc++ -fsanitize=bounds
+# the simulated NCCL runs over MPI: this library has none and says so
+$(SIM)/libgptlua_gloo.so: $(GLOO_DEPS) $(SIM)/libgptlua.so
+	$(CXX) $(GLOO_CXXFLAGS) -c $(GLOO_CXX) -o $(SIM)/obj/gloo_ops.o
+	$(CC) $(SIM_CFLAGS) -DGL_NCCL_MISSING='"the NCCL of the CUDA simulator (kernels/sim/nccl*.cpp) runs over MPI; start the ranks with mpirun (gptlua -n N --launcher=mpi) to use it"' \
+	  -shared -o $@ $(GLOO_SRC) $(GLOO_SHARED) $(SIM)/obj/gloo_ops.o -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua -lgloo -lstdc++ -lpthread
 $(SIM)/libgptlua_simtest.so: $(SIM_TEST_SRC) $(SIM_HDR) $(SIM)/libgptlua.so
 	$(CXX) $(SIM_CXXFLAGS) -x c++ -shared -o $@ $(SIM_TEST_SRC) -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua
 $(SIM)/gptlua: engine/main.c $(HEADERS) | $(SIM)/obj
 	$(CC) $(SIM_CFLAGS) -DGL_VERSION_STR='"$(shell cat VERSION)"' -o $@ engine/main.c -lluajit-5.1 -lreadline -ldl -lm
 
-sim: $(SIM)/gptlua $(SIM)/libgptlua.so $(if $(MPI_SRC),$(SIM)/libgptlua_mpi.so) $(SIM)/libgptlua_simtest.so
+sim: $(SIM)/gptlua $(SIM)/libgptlua.so $(if $(MPI_SRC),$(SIM)/libgptlua_mpi.so) $(if $(GLOO_LIB),$(SIM)/libgptlua_gloo.so) \
+  $(SIM)/libgptlua_simtest.so
 
 .PHONY: fuzz fuzz-ci fuzz-build sim test-sim test-race all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
-all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB)
+all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB)
 
 $(BUILD)/obj:
 	@mkdir -p $@
@@ -221,6 +239,11 @@ $(BUILD)/libgptlua.so: $(ENGINE_OBJ)
 
 $(BUILD)/libgptlua_mpi.so: $(MPI_SRC) $(HEADERS) $(BUILD)/libgptlua.so
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -shared -o $@ $(MPI_SRC) -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgptlua $(MPI_LIBS)
+
+$(BUILD)/libgptlua_gloo.so: $(GLOO_DEPS) $(BUILD)/libgptlua.so
+	$(CXX) $(GLOO_CXXFLAGS) -c $(GLOO_CXX) -o $(BUILD)/obj/gloo_ops.o
+	$(CC) $(CFLAGS) $(MPI_NCCL_CFLAGS) -shared -o $@ $(GLOO_SRC) $(GLOO_SHARED) $(BUILD)/obj/gloo_ops.o \
+	  -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgptlua -lgloo -lstdc++ -lpthread $(MPI_NCCL_LIBS)
 
 $(BUILD)/gptlua: engine/main.c $(HEADERS) | $(BUILD)/obj
 	$(CC) $(CFLAGS) -DGL_VERSION_STR='"$(shell cat VERSION)"' -o $@ engine/main.c -lluajit-5.1 -lreadline -ldl -lm
@@ -291,7 +314,7 @@ bench-cuda: all
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/share/gptlua
 	install -m 755 $(BUILD)/gptlua $(DESTDIR)$(PREFIX)/bin/gptlua
-	install -m 644 $(BUILD)/libgptlua.so $(MPI_LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB) $(DESTDIR)$(PREFIX)/lib/
 	cp -r lua $(DESTDIR)$(PREFIX)/share/gptlua/
 	cp -r recipes data $(DESTDIR)$(PREFIX)/share/gptlua/
 

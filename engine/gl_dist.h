@@ -1,15 +1,18 @@
 /* gl_dist.h — communicators and collectives on tensors.
  *
- * Part of the public API (umbrella gptlua.h), implemented in
- * build/libgptlua_mpi.so (the sources in engine/mpi/) so that a single process never
- * loads MPI: lua/gptlua/dist/ loads that library only for a world of more
- * than one rank (a world of one is handled in Lua, every collective a copy).
+ * Part of the public API (umbrella gptlua.h), implemented twice over one
+ * shared half (engine/mpi/comm.c, nccl.c): build/libgptlua_mpi.so (MPI,
+ * engine/mpi/) and build/libgptlua_gloo.so (a TCP rendezvous and Gloo,
+ * engine/gloo/).  A single process never loads either: lua/gptlua/dist/
+ * loads one of them only for a world of more than one rank (a world of one
+ * is handled in Lua, every collective a copy).
  *
  * Layers
- *  - The process group is bootstrapped by MPI (gl_dist_init): it gives the
+ *  - The process group is bootstrapped by MPI (gl_dist_init) or by the TCP
+ *    rendezvous of torchrun-style launches (gl_dist_init_tcp): it gives the
  *    world, the node topology, and the control channel the timeout watchdog
- *    uses to learn which rank is missing.  MPI would also hand NCCL its
- *    unique id.
+ *    uses to learn which rank is missing.  The world's collectives hand
+ *    NCCL its unique id, whatever the backend.
  *  - A communicator (gl_comm) is backend-neutral: rank, size, topology,
  *    sequence counter, timeout, and a vtable (gl_dist_backend) that moves the
  *    bytes.  engine/mpi/mpi.c is the MPI backend (host memory); an NCCL
@@ -139,7 +142,12 @@ struct gl_work {
 /* Initialises MPI once (later calls return GL_OK), builds the world.  An
    exiting process that did not finalise aborts the job when its exit status
    is non-zero and finalises it when zero. */
-int gl_dist_init(double timeout_s);
+int gl_dist_init(double timeout_s);        /* libgptlua_mpi.so only */
+/* libgptlua_gloo.so only: the world of a torchrun-style launch.  Rank 0
+   serves the rendezvous store on port (all interfaces); every rank connects
+   to addr:port, retrying until timeout_s, and waits up to timeout_s for the
+   others (the error names those that never joined). */
+int gl_dist_init_tcp(int rank, int size, const char *addr, int port, double timeout_s);
 int gl_dist_initialized(void);
 gl_comm *gl_dist_world(void);          /* owned by the library */
 int gl_dist_finalize(void);            /* completes detached work, then MPI_Finalize */
@@ -179,7 +187,8 @@ void gl_work_drain_detached(void);
 /* NCCL (engine/mpi/nccl.c).  NCCL_VERSION_CODE of the linked NCCL, 0 when
    built without it. */
 int gl_nccl_version(void);
-/* Collective over parent (an MPI communicator, which carries the unique id):
+/* Collective over parent (a host-memory communicator, MPI or Gloo, which
+   carries the unique id):
    an NCCL communicator of the same ranks on cuda:device, named
    "<parent>/nccl". */
 int gl_nccl_comm_create(gl_comm *parent, int device, gl_comm **out);

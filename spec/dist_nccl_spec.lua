@@ -80,7 +80,7 @@ describe('gptlua.dist backend selection for CUDA tensors', function()
   end)
 
   it('rejects an unknown backend before starting anything', function()
-    raises("dist.init: backend expected 'auto', 'mpi' or 'nccl', got gloo", dist.init, { backend = 'gloo' })
+    raises("dist.init: backend expected 'auto', 'mpi', 'gloo' or 'nccl', got tcp", dist.init, { backend = 'tcp' })
   end)
 
   it('keeps a world of one local, on cuda:0 when there is a GPU', function()

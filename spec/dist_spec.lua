@@ -16,19 +16,36 @@ describe('gptlua.dist rank discovery', function()
   local function env(t) return function(k) return t[k] end end
 
   it('reads torchrun, Open MPI, PMI or SLURM variables', function()
-    assert.same({ launcher = 'torchrun', rank = 3, size = 8, local_rank = 1, local_size = 4 },
-      dist.discover(env({ RANK = '3', WORLD_SIZE = '8', LOCAL_RANK = '1', LOCAL_WORLD_SIZE = '4' })))
+    assert.same({ launcher = 'torchrun', rank = 3, size = 8, local_rank = 1, local_size = 4,
+      launchers = { torchrun = true } }, dist.discover(env({ RANK = '3', WORLD_SIZE = '8', LOCAL_RANK = '1', LOCAL_WORLD_SIZE = '4' })))
     local d = dist.discover(env({ OMPI_COMM_WORLD_RANK = '5', OMPI_COMM_WORLD_SIZE = '6' }))
     assert.same({ 'openmpi', 5, 6 }, { d.launcher, d.rank, d.size })
     d = dist.discover(env({ PMI_RANK = '0', PMI_SIZE = '2' }))
     assert.same({ 'pmi', 0, 2 }, { d.launcher, d.rank, d.size })
-    assert.same({ launcher = 'slurm', rank = 7, size = 9, local_rank = 2, local_size = 3 },
-      dist.discover(env({ SLURM_PROCID = '7', SLURM_NTASKS = '9', SLURM_LOCALID = '2',
+    assert.same({ launcher = 'slurm', rank = 7, size = 9, local_rank = 2, local_size = 3,
+      launchers = { slurm = true } }, dist.discover(env({ SLURM_PROCID = '7', SLURM_NTASKS = '9', SLURM_LOCALID = '2',
         SLURM_NTASKS_PER_NODE = '3(x3)' })))
     assert.is_nil(dist.discover(env({})))
     -- sources that agree: the first names the launcher
     d = dist.discover(env({ RANK = '1', WORLD_SIZE = '2', OMPI_COMM_WORLD_RANK = '1', OMPI_COMM_WORLD_SIZE = '2' }))
     assert.same({ 'torchrun', 1, 2 }, { d.launcher, d.rank, d.size })
+    -- the host backend: Gloo over TCP for torchrun-style variables alone,
+    -- MPI as soon as an MPI launcher's are there too
+    assert.equal('mpi', dist.host_backend('auto', d))
+    assert.equal('gloo', dist.host_backend('auto', dist.discover(env({ RANK = '1', WORLD_SIZE = '2' }))))
+    assert.equal('gloo', dist.host_backend('nccl', dist.discover(env({ RANK = '1', WORLD_SIZE = '2' }))))
+    assert.equal('mpi', dist.host_backend('auto', dist.discover(env({ PMI_RANK = '1', PMI_SIZE = '2' }))))
+    assert.equal('gloo', dist.host_backend('gloo', nil))
+  end)
+
+  it('needs MASTER_ADDR and MASTER_PORT for a torchrun-style launch', function()
+    assert.same({ 'node0', 29500 }, { dist.master(env({ MASTER_ADDR = 'node0', MASTER_PORT = '29500' })) })
+    local ok, e = pcall(dist.master, env({ MASTER_PORT = '29500' }))
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find('also needs MASTER_ADDR and MASTER_PORT', 1, true), e)
+    ok, e = pcall(dist.master, env({ MASTER_ADDR = 'node0', MASTER_PORT = '70000' }))
+    assert.is_false(ok)
+    assert.equal('dist: MASTER_PORT expected a port number 1..65535, got "70000"', e)
   end)
 
   it('shares the cores among the ranks of a node', function()
@@ -55,7 +72,7 @@ describe('gptlua.dist launcher', function()
   end)
 
   it('fails clearly without mpirun or with a bad rank count', function()
-    local out, rc = sh('env GPTLUA_MPIRUN=/nonexistent/mpirun ' .. EXE .. ' -n 2 spec/dist/collectives.lua')
+    local out, rc = sh('env GPTLUA_MPIRUN=/nonexistent/mpirun ' .. EXE .. ' -n 2 --launcher=mpi spec/dist/collectives.lua')
     assert.equal(1, rc)
     assert.truthy(out:find('/nonexistent/mpirun was not found', 1, true), out)
     local real, said = io.stderr, {}

@@ -1,14 +1,15 @@
 /* nccl.c — the NCCL backend of gptlua.dist: collectives on CUDA tensors.
  *
  * An NCCL communicator is the twin of an MPI one (gl_nccl_comm_create): the
- * same ranks and topology, the unique id handed over by an MPI broadcast,
+ * same ranks and topology, the unique id handed over by a broadcast on the
+ * parent (MPI or Gloo: whatever backend the world has),
  * and its own CUDA stream.  Every collective is ordered against the device's
  * compute stream with events: the communicator's stream waits for an event
  * recorded on the compute stream when the collective starts (its inputs were
  * written there), and an event recorded after the collective is what the
  * work's test polls, so gl_work_wait returns once the result is in memory
  * and the timeout watchdog of comm.c covers NCCL as it covers MPI.  The
- * control channel (who is missing after a timeout) is the MPI world's.
+ * control channel (who is missing after a timeout) is the world's.
  *
  * Mapping: all_reduce, reduce_scatter (even counts), all_gather (even),
  * broadcast and reduce are NCCL collectives; uneven reduce_scatter and
@@ -31,10 +32,15 @@
 
 int gl_nccl_version(void) { return 0; }
 
+/* why this library has no NCCL (the simulator's TCP build defines its own) */
+#ifndef GL_NCCL_MISSING
+#define GL_NCCL_MISSING "nccl.h was not found, or CUDA was off, when it was built"
+#endif
+
 int gl_nccl_comm_create(gl_comm *parent, int device, gl_comm **out) {
   if (out) *out = NULL;
-  return gl_error("gl_nccl_comm_create: this build of libgptlua_mpi.so has no NCCL "
-                  "(nccl.h was not found, or CUDA was off, when it was built)");
+  return gl_error("gl_nccl_comm_create: this build of the %s backend has no NCCL (%s)",
+                  parent && parent->backend ? parent->backend->name : "distributed", GL_NCCL_MISSING);
 }
 
 #else
@@ -456,7 +462,8 @@ int gl_nccl_comm_create(gl_comm *parent, int device, gl_comm **out) {
   *out = NULL;
   if (!parent || parent->refcount <= 0) return gl_error("%s: parent is not a live communicator", fn);
   if (!parent->backend->host_memory)
-    return gl_error("%s: parent expected an MPI communicator (the unique id travels over it), got '%s' (%s)", fn,
+    return gl_error("%s: parent expected a host-memory communicator, MPI or Gloo (the unique id travels over "
+                    "it), got '%s' (%s)", fn,
                     parent->name, parent->backend->name);
   int ndev = gl_cuda_device_count();
   if (device < 0 || device >= ndev)

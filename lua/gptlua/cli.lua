@@ -11,7 +11,10 @@ interactive REPL when no script is given.
 options:
   -e CODE        run CODE (may be repeated; runs before the script)
   -i             enter the REPL after running the script (its globals in scope)
-  -n N           launch N ranks of the script (through mpirun)
+  -n N           launch N ranks of the script (through mpirun; over TCP without it)
+  --launcher=L   how -n starts the ranks: mpi (mpirun), tcp (gptlua itself, with
+                 torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and Gloo)
+                 or auto (default: mpi when mpirun is on PATH, else tcp)
   --plan         print the per-rank memory plan of a recipe instead of running it
                  (gptlua --plan recipe.lua [--world=N] [--device_memory=80GiB] [--margin=0.1] [--key=value])
   -v, --version  print the version
@@ -68,11 +71,11 @@ function M.protected(f, ...)
 end
 
 function M.main(argv)
-  local exprs, interactive, nranks, plan, script = {}, false, nil, false, nil
   if argv[1] == 'plot' then  -- subcommand: gptlua.observe.plot
     local ok, rc = M.protected(function() return require('gptlua.observe.plot').main({ unpack(argv, 2) }) end)
     return ok and (rc or 0) or 1
   end
+  local exprs, interactive, nranks, plan, script, launcher = {}, false, nil, false, nil, nil
   local i = 1
   while argv[i] do
     local a = argv[i]
@@ -91,6 +94,7 @@ function M.main(argv)
       i = i + 1
     elseif a:match('^%-n%d+$') then nranks = tonumber(a:sub(3))
     elseif a == '--plan' then plan = true
+    elseif a:match('^%-%-launcher=') then launcher = a:sub(12)
     elseif a == '--' then i = i + 1; script = argv[i]; break
     elseif a:sub(1, 1) == '-' and a ~= '-' then
       io.stderr:write('gptlua: unknown option ', a, '\n', USAGE) return 1
@@ -102,8 +106,9 @@ function M.main(argv)
 
   if nranks then
     if not script then io.stderr:write('gptlua: -n needs a script\n') return 1 end
-    return require('gptlua.dist.launch').main(nranks, script, args)
+    return require('gptlua.dist.launch').main(nranks, script, args, launcher)
   end
+  if launcher then io.stderr:write('gptlua: --launcher goes with -n N\n') return 1 end
   if plan then
     if not script then io.stderr:write('gptlua: --plan needs a recipe\n') return 1 end
     local ok, rc = M.protected(function() return require('gptlua.plan').main(script, args) end)

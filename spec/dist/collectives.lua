@@ -6,8 +6,9 @@
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 
--- arg 1: 'mpi' (default) or 'auto' (a world of one without a launcher: the
--- Lua copies, and no MPI loaded)
+-- arg 1: 'mpi' (default), 'gloo' (started by gptlua -n N --launcher=tcp:
+-- the TCP rendezvous, no MPI loaded) or 'auto' (a world of one without a
+-- launcher: the Lua copies, and no MPI loaded)
 local backend = arg and arg[1] or 'mpi'
 local world = dist.init { backend = backend, timeout = 60 }
 local R, N = world.rank, world.size
@@ -281,6 +282,13 @@ if backend == 'mpi' then
   local p = ffi.C.malloc(64 * 2 ^ 20)
   check(tonumber(ffi.C.mallinfo2().hblks) == before, 'a 64 MB malloc was served by mmap')
   ffi.C.free(p)
+  local cores = dist.backend_lib().gl_dist_cpu_count()
+  check(os.getenv('OMP_NUM_THREADS') ~= nil or gl.get_num_threads() == dist.default_threads(cores, N),
+    ('threads %d, expected %d'):format(gl.get_num_threads(), dist.default_threads(cores, N)))
+elseif backend == 'gloo' then
+  -- the TCP rendezvous and Gloo: no MPI anywhere in the process
+  check(world.backend == 'gloo', 'backend ' .. tostring(world.backend) .. ', expected gloo')
+  for line in io.lines('/proc/self/maps') do check(not line:find('libmpi'), 'libmpi is mapped: ' .. line) end
   local cores = dist.backend_lib().gl_dist_cpu_count()
   check(os.getenv('OMP_NUM_THREADS') ~= nil or gl.get_num_threads() == dist.default_threads(cores, N),
     ('threads %d, expected %d'):format(gl.get_num_threads(), dist.default_threads(cores, N)))

@@ -18,7 +18,7 @@ local cjson = require 'cjson'
 local recipe = dofile(gl.root .. '/spec/dist/policy_recipe.lua')
 
 local out, accum = arg[1], tonumber(arg[2])
-local world = dist.init { backend = 'mpi', timeout = 120 }
+local world = dist.init { backend = os.getenv('GPTLUA_SPEC_BACKEND') or 'mpi', timeout = 120 }
 
 -- the trainer reaches fsdp through dist.policy; options not in the recipe
 -- schema are passed on here

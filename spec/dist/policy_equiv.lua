@@ -22,7 +22,7 @@ local cjson = require 'cjson'
 local recipe = dofile(gl.root .. '/spec/dist/policy_recipe.lua')
 
 local out, accum, bucket_mb = arg[1], tonumber(arg[2]), tonumber(arg[3])
-local world = dist.init { backend = 'mpi', timeout = 120 }
+local world = dist.init { backend = os.getenv('GPTLUA_SPEC_BACKEND') or 'mpi', timeout = 120 }
 local optim = require 'gptlua.optim'
 local dtype = 'float32'
 for i = 4, #arg do dtype = arg[i]:match('^dtype=(%w+)$') or dtype end

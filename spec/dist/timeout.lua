@@ -6,7 +6,7 @@
 local gl = require 'gptlua'
 local ffi = require 'ffi'
 local dist = require 'gptlua.dist'
-local world = dist.init { backend = 'mpi', timeout = 2 }
+local world = dist.init { backend = os.getenv('GPTLUA_SPEC_BACKEND') or 'mpi', timeout = 2 }
 local group = world
 if arg[1] == 'split' then group = world:split(0, -world.rank) end
 local t = gl.full({ 10 }, 1)

@@ -1,6 +1,6 @@
 -- Helpers the multi-rank specs share: run a shell command from the project
--- root with a time limit, launch a worker on N ranks, temp dirs, JSON files,
--- and comparing parameter sets.
+-- root with a time limit, launch a worker on N ranks (mpirun, or gptlua's
+-- own TCP launcher), temp dirs, JSON files, and comparing parameter sets.
 local cjson = require 'cjson'
 local launch = require 'gptlua.dist.launch'
 
@@ -24,6 +24,15 @@ end
 function M.mpirun(n, script, args, limit)
   return M.sh(('%s -np %d --oversubscribe --allow-run-as-root %s %s %s'):format(M.MPIRUN, n, M.EXE, script, args or ''),
     limit)
+end
+
+-- script on n ranks started by gptlua itself over TCP (torchrun-style
+-- variables, the rendezvous and Gloo; no MPI).  Worker scripts that call
+-- dist.init with a backend take it from GPTLUA_SPEC_BACKEND ('gloo' here,
+-- 'mpi' by default), so one script runs under both launchers.
+function M.tcprun(n, script, args, limit, env)
+  return M.sh(('env GPTLUA_SPEC_BACKEND=gloo %s %s -n %d --launcher=tcp %s %s'):format(env or '', M.EXE, n, script,
+    args or ''), limit)
 end
 
 -- a worker run exited 0 and every one of its n ranks printed "OK rank R of N"

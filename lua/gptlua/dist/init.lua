@@ -11,11 +11,14 @@
 --   local policy = dist.policy('zero2', {params = ..., optimizer = ...})  -- what the trainer runs
 --
 -- A process started without a launcher is a world of one: no MPI is loaded
--- and every collective is a copy.  Under a launcher (gptlua -n N, mpirun,
--- srun, torchrun-style variables) the ranks talk through
--- build/libgptlua_mpi.so (engine/mpi/, contract in engine/gl_dist.h).
+-- and every collective is a copy.  Under an MPI launcher (gptlua -n N,
+-- mpirun, srun) the ranks talk through build/libgptlua_mpi.so (engine/mpi/);
+-- under torchrun-style variables alone (RANK, WORLD_SIZE, MASTER_ADDR,
+-- MASTER_PORT: torchrun, Kubernetes operators, gptlua -n N --launcher=tcp)
+-- they meet at a TCP rendezvous and talk through build/libgptlua_gloo.so
+-- (engine/gloo/).  One contract, engine/gl_dist.h, and one Comm table here.
 --
--- Backends: CPU tensors travel over MPI.  CUDA tensors travel over NCCL
+-- Backends: CPU tensors travel over MPI or Gloo (the world's host backend).  CUDA tensors travel over NCCL
 -- (engine/mpi/nccl.c, a communicator per group with its own stream) when
 -- every rank can use it: a build with NCCL, one GPU per rank; otherwise, or
 -- with dist.init{backend = 'mpi'}, over MPI through host copies (how
@@ -39,7 +42,8 @@ local OPS = { sum = 0, avg = 1, max = 2, min = 3 }
 local REDUCTION = { all_reduce = true, reduce_scatter = true, reduce = true }
 local REDUCE_DTYPES = { float32 = true, float64 = true, bfloat16 = true, float16 = true, int32 = true, int64 = true }
 
-local mpi        -- the ffi.load'ed libgptlua_mpi, once a world of more than one rank exists
+local mpi        -- the ffi.load'ed backend library (libgptlua_mpi or libgptlua_gloo), once a
+                 -- world of more than one rank exists
 local world      -- the world Comm, once dist.init ran
 local device_id  -- the CUDA device this rank is bound to (nil: none)
 
@@ -102,7 +106,36 @@ function dist.discover(getenv)
   end
   local w = found[1]
   if not w then return nil end
-  return { launcher = w.launcher, rank = w.rank, size = w.size, local_rank = w.local_rank, local_size = w.local_size }
+  local launchers = {}
+  for _, o in ipairs(found) do launchers[o.launcher] = true end
+  return { launcher = w.launcher, rank = w.rank, size = w.size, local_rank = w.local_rank, local_size = w.local_size,
+    launchers = launchers }
+end
+
+-- The host backend of a launched world: 'gloo' (TCP rendezvous) when only
+-- torchrun-style variables started it, 'mpi' under an MPI launcher (or
+-- when asked for).  backend: dist.init's option.
+function dist.host_backend(backend, found)
+  if backend == 'mpi' or backend == 'gloo' then return backend end
+  local l = found and found.launchers or {}
+  if l.torchrun and not (l.openmpi or l.pmi) then return 'gloo' end
+  return 'mpi'
+end
+
+-- MASTER_ADDR and MASTER_PORT of a torchrun-style launch, checked.
+function dist.master(getenv)
+  getenv = getenv or os.getenv
+  local addr, port = getenv('MASTER_ADDR'), getenv('MASTER_PORT')
+  if addr == nil or addr == '' or port == nil or port == '' then
+    error('dist: a torchrun-style launch (RANK, WORLD_SIZE) also needs MASTER_ADDR and MASTER_PORT, the address '
+      .. "of rank 0 and a free port there (gptlua -n N --launcher=tcp sets them); got MASTER_ADDR="
+      .. tostring(addr) .. ' MASTER_PORT=' .. tostring(port), 0)
+  end
+  local p = tonumber(port)
+  if not p or p ~= math.floor(p) or p < 1 or p > 65535 then
+    error(('dist: MASTER_PORT expected a port number 1..65535, got %q'):format(port), 0)
+  end
+  return addr, p
 end
 
 -- CPU threads per rank: the node's cores shared by its ranks.
@@ -122,8 +155,12 @@ end
 -- without NCCL), device (bound GPU or nil), local_size, device_count.
 -- dist.init asks every rank and uses NCCL only if all of them can.
 function dist.nccl_plan(o)
-  if o.backend == 'mpi' then return false, "backend 'mpi' was requested" end
+  if o.backend == 'mpi' or o.backend == 'gloo' then return false, ("backend '%s' was requested"):format(o.backend) end
   if (o.nccl_version or 0) == 0 then
+    if o.host == 'gloo' then
+      return false, 'libgptlua_gloo.so was built without NCCL (nccl.h not found, a CPU-only build, or the CUDA '
+        .. 'simulator, whose NCCL runs over MPI only: start the ranks with mpirun to use it)'
+    end
     return false, 'libgptlua_mpi.so was built without NCCL (nccl.h not found, or a CPU-only build)'
   end
   if not o.device then return false, 'no CUDA device is available' end
@@ -589,13 +626,16 @@ function Comm:all_reduce_number(x, op)
 end
 
 -- --------------------------------------------------------- process group --
-local function load_mpi()
+local BACKEND_LIBS = { mpi = { 'libgptlua_mpi.so', 'libopenmpi-dev' }, gloo = { 'libgptlua_gloo.so', 'libgloo-dev' } }
+
+-- host: 'mpi' or 'gloo'; one process loads one of them, once
+local function load_backend(host)
   if mpi then return mpi end
-  local path = G.libdir .. '/libgptlua_mpi.so'
+  local name, pkg = BACKEND_LIBS[host][1], BACKEND_LIBS[host][2]
+  local path = G.libdir .. '/' .. name
   local ok, lib_or_err = pcall(ffi.load, path)
   if not ok then
-    error(('gptlua.dist: cannot load %s (%s); install libopenmpi-dev and run make'):format(
-      path, tostring(lib_or_err)), 3)
+    error(('gptlua.dist: cannot load %s (%s); install %s and run make'):format(path, tostring(lib_or_err), pkg), 3)
   end
   mpi = lib_or_err
   return mpi
@@ -612,9 +652,9 @@ end
 -- Decides, the same way on every rank, whether w's CUDA tensors use NCCL;
 -- with backend 'nccl' returns nil and why not when they cannot.
 local function choose_nccl(w, backend)
-  if backend == 'mpi' then return false end
+  if backend == 'mpi' or backend == 'gloo' then return false end
   local cuda = require 'gptlua.cuda'
-  local ok, why = dist.nccl_plan { backend = backend, nccl_version = mpi.gl_nccl_version(), device = device_id,
+  local ok, why = dist.nccl_plan { backend = backend, host = w.backend, nccl_version = mpi.gl_nccl_version(), device = device_id,
     local_size = w.local_size, device_count = cuda.device_count() }
   local all = w:all_reduce_number(ok and 1 or 0, 'min') == 1
   if backend == 'nccl' and not all then
@@ -623,20 +663,23 @@ local function choose_nccl(w, backend)
   return all
 end
 
--- init{backend = 'auto'|'mpi'|'nccl', timeout = seconds, threads = n}: the
--- world.  'auto' uses MPI when a launcher started more than one rank, and
--- NCCL for CUDA tensors when every rank can (a build with NCCL, a GPU per
--- rank); 'mpi' always initialises MPI and moves CUDA tensors over it too
--- (through host memory: ranks may share a GPU); 'nccl' always initialises
--- MPI and fails unless CUDA tensors can use NCCL.  threads defaults to the
+-- init{backend = 'auto'|'mpi'|'gloo'|'nccl', timeout = seconds, threads = n}:
+-- the world.  'auto' uses the launcher's host backend when it started more
+-- than one rank (MPI under mpirun/srun, Gloo over the TCP rendezvous under
+-- torchrun-style variables alone), and NCCL for CUDA tensors when every
+-- rank can (a build with NCCL, a GPU per rank); 'mpi' and 'gloo' always
+-- initialise that host backend and move CUDA tensors over it too (through
+-- host memory: ranks may share a GPU); 'nccl' always initialises the
+-- launcher's host backend and fails unless CUDA tensors can use NCCL.  The
+-- rendezvous waits up to timeout for every rank and names the missing.  threads defaults to the
 -- node's cores over its ranks (unless OMP_NUM_THREADS is set).  Ranks of a
 -- multi-rank world bind to GPU local_rank % device_count.  Later calls
 -- return the same world.
 function dist.init(opts)
   opts = opts or {}
   local backend = opts.backend or 'auto'
-  if backend ~= 'auto' and backend ~= 'mpi' and backend ~= 'nccl' then
-    error(("dist.init: backend expected 'auto', 'mpi' or 'nccl', got %s"):format(tostring(backend)), 2)
+  if backend ~= 'auto' and backend ~= 'mpi' and backend ~= 'gloo' and backend ~= 'nccl' then
+    error(("dist.init: backend expected 'auto', 'mpi', 'gloo' or 'nccl', got %s"):format(tostring(backend)), 2)
   end
   local timeout = check_timeout(opts.timeout or dist.timeout, 'dist.init', 'timeout')
   if world then world:set_timeout(timeout); return world end
@@ -647,9 +690,22 @@ function dist.init(opts)
     world.timeout = timeout
     return world
   end
-  load_mpi()
-  G.check(mpi.gl_dist_init(timeout), 2)
-  local w = wrap_comm(mpi.gl_dist_world(), 'mpi')
+  local host = dist.host_backend(backend, found)
+  local w
+  if host == 'gloo' then
+    if not found then
+      error("dist.init: backend 'gloo' needs a torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; "
+        .. 'gptlua -n N --launcher=tcp sets them)', 2)
+    end
+    local addr, port = dist.master()
+    load_backend('gloo')
+    G.check(mpi.gl_dist_init_tcp(found.rank, found.size, addr, port, timeout), 2)
+    w = wrap_comm(mpi.gl_dist_world(), 'gloo')
+  else
+    load_backend('mpi')
+    G.check(mpi.gl_dist_init(timeout), 2)
+    w = wrap_comm(mpi.gl_dist_world(), 'mpi')
+  end
   w.timeout = timeout
   if found and (found.rank ~= w.rank or found.size ~= w.size) then
     error(('dist.init: the %s variables say rank %d of %d but MPI sees rank %d of %d; '

@@ -1,8 +1,14 @@
--- gptlua.dist.launch — `gptlua -n N script.lua args...`: runs
--- `mpirun -np N --oversubscribe <gptlua> script.lua args...` as a child and
--- exits with its status, so N local ranks run the script.  Extra mpirun
--- options (a host file for several nodes, say) come from GPTLUA_MPIRUN_ARGS;
--- another launcher binary from GPTLUA_MPIRUN.
+-- gptlua.dist.launch — `gptlua -n N [--launcher=mpi|tcp|auto] script.lua args...`.
+--   mpi: runs `mpirun -np N --oversubscribe <gptlua> script.lua args...` as a
+--        child and exits with its status, so N local ranks run the script.
+--        Extra mpirun options (a host file for several nodes, say) come from
+--        GPTLUA_MPIRUN_ARGS; another launcher binary from GPTLUA_MPIRUN.
+--   tcp: starts the N ranks itself, as torchrun does, with RANK, WORLD_SIZE,
+--        LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (default 127.0.0.1) and
+--        MASTER_PORT (default: a free port) set, so they meet at the TCP
+--        rendezvous and talk through Gloo; no MPI needed.  When a rank fails
+--        the others are ended; the status is the first failing rank's.
+--   auto (default, or GPTLUA_LAUNCHER): mpi when mpirun is on PATH, else tcp.
 --
 -- Ctrl-C (issue 14).  Open MPI 4's mpirun kills the whole job on SIGINT or
 -- SIGTERM (SIGTERM to every rank, SIGKILL a few seconds later), so a rank
@@ -13,7 +19,8 @@
 -- first SIGINT becomes a SIGUSR1 to mpirun, which the trainer on every rank
 -- treats as its Ctrl-C (the ranks agree to stop at the next step boundary,
 -- save one checkpoint and exit 0), and a second SIGINT, or a SIGTERM, is
--- passed on as is: mpirun kills the job.
+-- passed on as is: mpirun kills the job.  Under the TCP launcher gptlua is
+-- the ranks' parent and sends the SIGUSR1 to each rank itself.
 local ffi = require 'ffi'
 
 local M = {}
@@ -28,6 +35,11 @@ cdef_once('kill', 'int kill(int pid, int sig);')
 cdef_once('waitpid', 'int waitpid(int pid, int *status, int options);')
 cdef_once('poll', 'int poll(void *fds, unsigned long nfds, int timeout);')
 cdef_once('getpid', 'int getpid(void);')
+cdef_once('setenv', 'int setenv(const char *name, const char *value, int overwrite);')
+cdef_once('socket', 'int socket(int domain, int type, int protocol);')
+cdef_once('bind', 'int bind(int fd, const void *addr, unsigned int len);')
+cdef_once('getsockname', 'int getsockname(int fd, void *addr, unsigned int *len);')
+cdef_once('close', 'int close(int fd);')
 -- glibc's posix_spawnattr_t is 336 bytes; an opaque block larger than that
 cdef_once('posix_spawnp', [[
 typedef struct { long opaque_[64]; } gl_spawnattr_t;
@@ -41,7 +53,7 @@ int posix_spawnp(int *pid, const char *file, const void *file_actions, const gl_
 ffi.cdef 'extern char **environ;'
 
 local X_OK, WNOHANG, EINTR = 1, 1, 4
-local SIGINT, SIGUSR1, SIGTERM = 2, 10, 15
+local SIGINT, SIGKILL, SIGUSR1, SIGTERM = 2, 9, 10, 15
 local POSIX_SPAWN_SETPGROUP = 0x02
 M.STOP_SIGNAL = SIGUSR1   -- what a rank receives for the launcher's first Ctrl-C
 
@@ -101,50 +113,124 @@ function M.spawn(argv)
   return pid[0]
 end
 
--- Waits for child pid, forwarding signals as the header says; returns its
--- exit status (128 + the signal when a signal ended it, as a shell says).
-function M.wait(pid)
+local function exit_status(st)
+  if bit.band(st, 0x7f) == 0 then return bit.band(bit.rshift(st, 8), 0xff) end  -- WIFEXITED: WEXITSTATUS
+  return 128 + bit.band(st, 0x7f)                                               -- WTERMSIG
+end
+
+-- Waits for the child processes in pids (one mpirun, or the ranks of the
+-- TCP launcher), forwarding signals as the header says; returns the exit
+-- status (128 + the signal when a signal ended it, as a shell says): 0, or
+-- the first failing child's, after which the others get SIGTERM, and
+-- SIGKILL 5 s later.
+function M.wait(pids)
+  if type(pids) ~= 'table' then pids = { pids } end
   local lib = require('gptlua').lib
   lib.gl_signal_catch(SIGINT)
   lib.gl_signal_catch(SIGTERM)
-  local status, interrupts = ffi.new('int[1]'), 0
-  while true do
-    local r = ffi.C.waitpid(pid, status, WNOHANG)
-    if r == pid then break end
-    if r < 0 and ffi.errno() ~= EINTR then break end
+  local live, alive = {}, 0
+  for _, p in ipairs(pids) do live[p], alive = true, alive + 1 end
+  local function signal_all(sig) for p in pairs(live) do ffi.C.kill(p, sig) end end
+  local st, interrupts, status, failed_at = ffi.new('int[1]'), 0, 0, nil
+  while alive > 0 do
+    for p in pairs(live) do
+      local r = ffi.C.waitpid(p, st, WNOHANG)
+      if r == p or (r < 0 and ffi.errno() ~= EINTR) then
+        live[p], alive = nil, alive - 1
+        local code = r == p and exit_status(st[0]) or 1
+        if code ~= 0 and status == 0 then
+          status, failed_at = code, os.time()
+          signal_all(SIGTERM)
+        end
+      end
+    end
+    if failed_at and alive > 0 and os.time() - failed_at > 5 then signal_all(SIGKILL) end
     local ints, terms = lib.gl_signal_take(SIGINT), lib.gl_signal_take(SIGTERM)
     for _ = 1, ints do
       interrupts = interrupts + 1
       if interrupts == 1 then
         io.stderr:write('gptlua -n: interrupted; the ranks stop at the next step and save a checkpoint ',
           '(Ctrl-C again to kill them)\n')
-        ffi.C.kill(pid, SIGUSR1)
+        signal_all(SIGUSR1)
       else
-        ffi.C.kill(pid, SIGINT)
+        signal_all(SIGINT)
       end
     end
-    if terms > 0 then ffi.C.kill(pid, SIGTERM) end
-    ffi.C.poll(nil, 0, 50)   -- a signal cuts this short
+    if terms > 0 then signal_all(SIGTERM) end
+    if alive > 0 then ffi.C.poll(nil, 0, 50) end   -- a signal cuts this short
   end
   lib.gl_signal_restore(SIGINT)
   lib.gl_signal_restore(SIGTERM)
-  local s = status[0]
-  if bit.band(s, 0x7f) == 0 then return bit.band(bit.rshift(s, 8), 0xff) end  -- WIFEXITED: WEXITSTATUS
-  return 128 + bit.band(s, 0x7f)                                               -- WTERMSIG
+  return status
+end
+
+-- A TCP port free on this host now (the kernel picks it; rank 0 binds it
+-- again a moment later, SO_REUSEADDR), or nil.
+function M.free_port()
+  local fd = ffi.C.socket(2, 1, 0)   -- AF_INET, SOCK_STREAM
+  if fd < 0 then return nil end
+  local addr = ffi.new('uint8_t[16]')
+  addr[0] = 2                        -- sin_family AF_INET (little-endian), port 0, INADDR_ANY
+  local len = ffi.new('unsigned int[1]', 16)
+  local port
+  if ffi.C.bind(fd, addr, 16) == 0 and ffi.C.getsockname(fd, addr, len) == 0 then
+    port = addr[2] * 256 + addr[3]   -- sin_port, network order
+  end
+  ffi.C.close(fd)
+  return port
+end
+
+-- The environment of rank r of n under the TCP launcher.
+function M.tcp_env(r, n, addr, port)
+  return { RANK = tostring(r), WORLD_SIZE = tostring(n), LOCAL_RANK = tostring(r), LOCAL_WORLD_SIZE = tostring(n),
+    MASTER_ADDR = addr, MASTER_PORT = tostring(port) }
+end
+
+-- Starts n ranks of script on this host over TCP, each in a process group of
+-- its own (Ctrl-C reaches the launcher, which forwards it), waits for them
+-- and returns the exit status.
+function M.tcp(n, script, args)
+  local addr = os.getenv('MASTER_ADDR') or '127.0.0.1'
+  local port = tonumber(os.getenv('MASTER_PORT') or '') or M.free_port()
+  if not port then io.stderr:write('gptlua -n: no free TCP port for the rendezvous (set MASTER_PORT)\n') return 1 end
+  local argv = { M.exe(), script }
+  for _, a in ipairs(args or {}) do argv[#argv + 1] = tostring(a) end
+  local pids = {}
+  for r = 0, n - 1 do
+    -- the child takes a copy of this environment at spawn
+    for k, v in pairs(M.tcp_env(r, n, addr, port)) do ffi.C.setenv(k, v, 1) end
+    local pid, err = M.spawn(argv)
+    if not pid then
+      io.stderr:write('gptlua -n: cannot run ', argv[1], ': ', err, '\n')
+      for _, p in ipairs(pids) do ffi.C.kill(p, SIGKILL) end
+      return 1
+    end
+    pids[#pids + 1] = pid
+  end
+  return M.wait(pids)
 end
 
 -- Called by gptlua.cli for `-n N`; returns the exit status.
-function M.main(n, script, args)
+function M.main(n, script, args, launcher)
   if type(n) ~= 'number' or n < 1 or n ~= math.floor(n) then
     io.stderr:write('gptlua -n: expected a positive number of ranks, got ', tostring(n), '\n')
     return 1
   end
+  launcher = launcher or os.getenv('GPTLUA_LAUNCHER') or 'auto'
+  if launcher ~= 'auto' and launcher ~= 'mpi' and launcher ~= 'tcp' then
+    io.stderr:write("gptlua -n: --launcher expected 'mpi', 'tcp' or 'auto', got '", launcher, "'\n")
+    return 1
+  end
+  if launcher == 'auto' then
+    launcher = M.which(os.getenv('GPTLUA_MPIRUN') or 'mpirun') and 'mpi' or 'tcp'
+  end
+  if launcher == 'tcp' then return M.tcp(n, script, args) end
   local name = os.getenv('GPTLUA_MPIRUN') or 'mpirun'
   local mpirun = M.which(name)
   if not mpirun then
     io.stderr:write('gptlua -n: ', name, ' was not found on PATH; install Open MPI (make deps installs ',
-      'openmpi-bin), or start the ranks with your own launcher (srun, mpiexec, torchrun-style ',
-      'RANK/WORLD_SIZE/LOCAL_RANK variables)\n')
+      'openmpi-bin), use --launcher=tcp, or start the ranks with your own launcher (srun, mpiexec, ',
+      'torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT variables)\n')
     return 1
   end
   local pid, err = M.spawn(M.command(n, script, args, { mpirun = mpirun }))

@@ -1,0 +1,326 @@
+/* gloo_ops.cpp — collectives of the TCP backend on Gloo (contract in
+ * gloo_ops.h).  The only C++ of the backend: it adapts the TCP store to
+ * Gloo's rendezvous Store, connects a context, and maps each gl_coll onto
+ * Gloo, catching every exception at this boundary.
+ *
+ * Mapping (buffers are host memory of the wire dtype, see gl_dist.h):
+ *   all_reduce, broadcast, reduce, barrier   Gloo's own algorithms
+ *   all_gather                               Gloo's allgatherv (any counts)
+ *   reduce_scatter                           all_reduce of a copy, own chunk kept
+ *                                            (Gloo's halving-doubling one needs
+ *                                            powers of two and even counts)
+ *   gather, scatter, all_to_all              pairwise unbound-buffer sends and
+ *                                            receives at each rank's offset
+ *   send, recv                               one unbound-buffer message
+ * Reductions run natively in float32/64 and int32/64 (comm.c stages 16-bit
+ * floats to float32 and scales avg, as for MPI). */
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+extern "C" {
+#include "gptlua.h"
+int gl_error(const char *fmt, ...);
+}
+#include "gloo_ops.h"
+
+namespace {
+
+using ms = std::chrono::milliseconds;
+using ReduceFn = void (*)(void *, const void *, const void *, size_t);
+
+ms millis(double s) { return ms((long long)(s * 1000.0)); }
+
+/* Gloo's Store over the TCP store: get and wait poll try_get (the store
+   never parks a request), and give up with the key's name at the deadline. */
+class TcpStore : public gloo::rendezvous::Store {
+ public:
+  TcpStore(gl_tcp_store *s, double timeout_s) : s_(s), timeout_s_(timeout_s) {}
+  void set(const std::string &key, const std::vector<char> &data) override {
+    if (gl_tcp_store_set(s_, key.c_str(), data.data(), data.size()) != GL_OK) throw std::runtime_error(gl_last_error());
+  }
+  std::vector<char> get(const std::string &key) override {
+    std::vector<char> out;
+    poll_for(key, &out, millis(timeout_s_));
+    return out;
+  }
+  void wait(const std::vector<std::string> &keys) override { wait(keys, millis(timeout_s_)); }
+  void wait(const std::vector<std::string> &keys, const ms &timeout) override {
+    for (const auto &k : keys) poll_for(k, nullptr, timeout);
+  }
+
+ private:
+  void poll_for(const std::string &key, std::vector<char> *out, ms timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int spins = 0;; spins++) {
+      void *v = nullptr;
+      size_t n = 0;
+      int found = 0;
+      if (gl_tcp_store_try_get(s_, key.c_str(), &v, &n, &found) != GL_OK) throw std::runtime_error(gl_last_error());
+      if (found) {
+        if (out) out->assign((char *)v, (char *)v + n);
+        free(v);
+        return;
+      }
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error("timed out waiting for key '" + key + "' in the rendezvous store");
+      std::this_thread::sleep_for(std::chrono::microseconds(spins < 100 ? 200 : 5000));
+    }
+  }
+  gl_tcp_store *s_;
+  double timeout_s_;
+};
+
+/* one TCP device per process: every context's pairs share its event loop */
+std::shared_ptr<gloo::transport::Device> the_device;
+std::mutex device_lock;
+
+std::shared_ptr<gloo::transport::Device> device_for(const char *host, const char *iface) {
+  std::lock_guard<std::mutex> g(device_lock);
+  if (!the_device) {
+    gloo::transport::tcp::attr attr;
+    if (iface && *iface) attr.iface = iface;
+    else attr.hostname = host;
+    the_device = gloo::transport::tcp::CreateDevice(attr);
+  }
+  return the_device;
+}
+
+template <typename T> ReduceFn pick(int op) {
+  if (op == GL_DIST_MAX) return &gloo::max<T>;
+  if (op == GL_DIST_MIN) return &gloo::min<T>;
+  return &gloo::sum<T>;   /* sum, and avg (comm.c scales it) */
+}
+
+/* calls f with a (null) T* for the reduction dtypes of the backend */
+template <typename F> void by_dtype(int dtype, F f) {
+  switch (dtype) {
+  case GL_F32: f((float *)nullptr); return;
+  case GL_F64: f((double *)nullptr); return;
+  case GL_I32: f((int32_t *)nullptr); return;
+  case GL_I64: f((int64_t *)nullptr); return;
+  default: throw std::runtime_error(std::string("no reduction for ") + gl_dtype_name(dtype));
+  }
+}
+
+/* slot prefixes of our own unbound-buffer messages (Gloo's algorithms use
+   small ones); the tag or the per-peer count fills the low bits */
+constexpr uint8_t kPairwiseSlot = 0xe1, kP2PSlot = 0xe2;
+
+}  // namespace
+
+struct gl_gloo {
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+};
+
+struct gl_gloo_p2p {
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+  bool is_send;
+};
+
+static void set_err(char *err, size_t errn, const char *what) {
+  if (err && errn) snprintf(err, errn, "gloo: %s", what);
+}
+
+extern "C" gl_gloo *gl_gloo_connect(gl_tcp_store *store, const char *prefix, const char *host, const char *iface,
+                                    int rank, int size, double timeout_s) {
+  try {
+    auto dev = device_for(host, iface);
+    TcpStore tcp(store, timeout_s);
+    gloo::rendezvous::PrefixStore ps(prefix, tcp);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(millis(timeout_s));
+    ctx->connectFullMesh(ps, dev);
+    gl_gloo *g = new gl_gloo;
+    g->ctx = ctx;
+    return g;
+  } catch (const std::exception &e) {
+    gl_error("gloo: connecting group '%s' (rank %d of %d): %s", prefix, rank, size, e.what());
+    return nullptr;
+  }
+}
+
+extern "C" void gl_gloo_free(gl_gloo *g) { delete g; }
+
+/* every rank sends send[r] (bytes at soff[r]) to r and receives rlen[r]
+   (at roff[r]) from r; the own chunk is a copy */
+static void pairwise(gloo::Context &ctx, uint32_t tag, ms timeout, char *sb, const std::vector<size_t> &soff,
+                     const std::vector<size_t> &slen, char *rb, const std::vector<size_t> &roff,
+                     const std::vector<size_t> &rlen) {
+  int me = ctx.rank, n = ctx.size;
+  uint64_t slot = gloo::Slot::build(kPairwiseSlot, tag);
+  std::unique_ptr<gloo::transport::UnboundBuffer> in, out;
+  size_t stotal = 0, rtotal = 0;
+  for (int r = 0; r < n; r++) { stotal = std::max(stotal, soff[r] + slen[r]); rtotal = std::max(rtotal, roff[r] + rlen[r]); }
+  if (sb && stotal) out = ctx.createUnboundBuffer(sb, stotal);
+  if (rb && rtotal) in = ctx.createUnboundBuffer(rb, rtotal);
+  int nsend = 0, nrecv = 0;
+  for (int r = 0; r < n; r++) {
+    if (r == me) continue;
+    if (out && slen[r]) { out->send(r, slot, soff[r], slen[r]); nsend++; }
+    if (in && rlen[r]) { in->recv(r, slot, roff[r], rlen[r]); nrecv++; }
+  }
+  if (sb && rb && slen[me]) memcpy(rb + roff[me], sb + soff[me], slen[me]);
+  for (int i = 0; i < nsend; i++) out->waitSend(timeout);
+  for (int i = 0; i < nrecv; i++) in->waitRecv(timeout);
+}
+
+static void run(gloo::Context &c, std::shared_ptr<gloo::Context> ctx, const gl_work *w, uint32_t tag, ms timeout) {
+  const gl_coll_args *a = &w->args;
+  size_t es = (size_t)gl_dtype_size(w->wire_dtype);
+  int me = c.rank, n = c.size;
+  char *sb = (char *)w->send_buf, *rb = (char *)w->recv_buf;
+  std::vector<size_t> soff(n, 0), slen(n, 0), roff(n, 0), rlen(n, 0);
+  auto offsets = [&](const int64_t *counts, std::vector<size_t> &off, std::vector<size_t> &len) {
+    size_t o = 0;
+    for (int r = 0; r < n; r++) { off[r] = o; len[r] = (size_t)counts[r] * es; o += len[r]; }
+  };
+  switch (a->coll) {
+  case GL_COLL_ALL_REDUCE: case GL_COLL_REDUCE_SCATTER: {
+    size_t elems = (size_t)(a->coll == GL_COLL_ALL_REDUCE ? w->recv_numel : w->send_numel);
+    std::vector<char> copy;
+    char *buf = rb;
+    if (a->coll == GL_COLL_REDUCE_SCATTER) { copy.assign(sb, sb + elems * es); buf = copy.data(); }
+    if (elems > 0) by_dtype(w->wire_dtype, [&](auto *t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      gloo::AllreduceOptions o(ctx);
+      o.setOutput<T>((T *)buf, elems);
+      o.setReduceFunction(pick<T>(a->op));
+      o.setTag(tag);
+      o.setTimeout(timeout);
+      gloo::allreduce(o);
+    });
+    if (a->coll == GL_COLL_REDUCE_SCATTER) {
+      offsets(w->recv_counts, roff, rlen);
+      if (rlen[me]) memcpy(rb, buf + roff[me], rlen[me]);
+    }
+    return;
+  }
+  case GL_COLL_BROADCAST: {
+    if (w->recv_numel == 0) return;
+    gloo::BroadcastOptions o(ctx);
+    o.setOutput<char>(rb, (size_t)w->recv_numel * es);
+    o.setRoot(a->root);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    gloo::broadcast(o);
+    return;
+  }
+  case GL_COLL_REDUCE: {
+    if (w->recv_numel == 0) return;
+    /* Gloo reduces through every rank's buffer; a non-root's tensor stays
+       as it was (as with MPI), so it lends a copy */
+    std::vector<char> copy;
+    char *buf = rb;
+    if (me != a->root) { copy.assign(rb, rb + (size_t)w->recv_numel * es); buf = copy.data(); }
+    by_dtype(w->wire_dtype, [&](auto *t) {
+      using T = std::remove_pointer_t<decltype(t)>;
+      gloo::ReduceOptions o(ctx);
+      o.setOutput<T>((T *)buf, (size_t)w->recv_numel);
+      o.setRoot(a->root);
+      o.setReduceFunction(pick<T>(a->op));
+      o.setTag(tag);
+      o.setTimeout(timeout);
+      gloo::reduce(o);
+    });
+    return;
+  }
+  case GL_COLL_ALL_GATHER: {
+    std::vector<size_t> bytes(n);
+    size_t total = 0;
+    for (int r = 0; r < n; r++) { bytes[r] = (size_t)w->recv_counts[r] * es; total += bytes[r]; }
+    if (total == 0) return;
+    gloo::AllgathervOptions o(ctx);
+    o.setInput<char>(sb, bytes[me]);
+    o.setOutput<char>(rb, bytes);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    gloo::allgatherv(o);
+    return;
+  }
+  case GL_COLL_GATHER:   /* root receives every chunk; the others send theirs */
+    if (me == a->root) offsets(w->recv_counts, roff, rlen);
+    else { slen[a->root] = (size_t)w->send_numel * es; }
+    if (me == a->root) { soff[me] = 0; slen[me] = rlen[me]; }
+    pairwise(c, tag, timeout, sb, soff, slen, me == a->root ? rb : nullptr, roff, rlen);
+    return;
+  case GL_COLL_SCATTER:
+    if (me == a->root) offsets(w->send_counts, soff, slen);
+    else rlen[a->root] = (size_t)w->recv_numel * es;
+    if (me == a->root) { roff[me] = 0; rlen[me] = slen[me]; }
+    pairwise(c, tag, timeout, me == a->root ? sb : nullptr, soff, slen, rb, roff, rlen);
+    return;
+  case GL_COLL_ALL_TO_ALL:
+    offsets(w->send_counts, soff, slen);
+    offsets(w->recv_counts, roff, rlen);
+    pairwise(c, tag, timeout, sb, soff, slen, rb, roff, rlen);
+    return;
+  case GL_COLL_BARRIER: {
+    gloo::BarrierOptions o(ctx);
+    o.setTag(tag);
+    o.setTimeout(timeout);
+    gloo::barrier(o);
+    return;
+  }
+  default:
+    throw std::runtime_error(std::string("collective ") + gl_coll_name(a->coll) + " has no Gloo mapping");
+  }
+}
+
+extern "C" int gl_gloo_run(gl_gloo *g, const gl_work *w, uint32_t tag, double timeout_s, char *err, size_t errn) {
+  try {
+    run(*g->ctx, g->ctx, w, tag, millis(timeout_s));
+    return GL_OK;
+  } catch (const std::exception &e) {
+    set_err(err, errn, e.what());
+    return GL_ERR;
+  }
+}
+
+extern "C" gl_gloo_p2p *gl_gloo_p2p_post(gl_gloo *g, const gl_work *w, uint64_t n, char *err, size_t errn) {
+  try {
+    bool is_send = w->args.coll == GL_COLL_SEND;
+    size_t bytes = (size_t)(is_send ? w->send_numel : w->recv_numel) * (size_t)gl_dtype_size(w->wire_dtype);
+    auto p = std::make_unique<gl_gloo_p2p>();
+    p->is_send = is_send;
+    /* an empty message still travels (a one-byte buffer, zero bytes sent)
+       so the two sides stay matched */
+    static char none;
+    p->buf = g->ctx->createUnboundBuffer(bytes ? (is_send ? w->send_buf : w->recv_buf) : &none, bytes ? bytes : 1);
+    uint64_t slot = gloo::Slot::build(kP2PSlot, (uint32_t)n);
+    if (is_send) p->buf->send(w->args.root, slot, 0, bytes);
+    else p->buf->recv(w->args.root, slot, 0, bytes);
+    return p.release();
+  } catch (const std::exception &e) {
+    set_err(err, errn, e.what());
+    return nullptr;
+  }
+}
+
+extern "C" int gl_gloo_p2p_wait(gl_gloo_p2p *p, double timeout_s, char *err, size_t errn) {
+  std::unique_ptr<gl_gloo_p2p> own(p);
+  try {
+    if (p->is_send) p->buf->waitSend(millis(timeout_s));
+    else p->buf->waitRecv(millis(timeout_s));
+    return GL_OK;
+  } catch (const std::exception &e) {
+    set_err(err, errn, e.what());
+    return GL_ERR;
+  }
+}

@@ -1,0 +1,152 @@
+-- gptlua.dist without MPI (issue 14): ranks started torchrun-style (RANK,
+-- WORLD_SIZE, MASTER_ADDR, MASTER_PORT) by `gptlua -n N --launcher=tcp`
+-- meet at the TCP rendezvous and talk through Gloo (engine/gloo/).  The
+-- same worker scripts as under mpirun (spec/dist/*.lua, backend from
+-- GPTLUA_SPEC_BACKEND): every collective, timeouts naming the missing rank,
+-- errors ending the job, clean exits, and DDP and FSDP training equal to
+-- one process; plus the rendezvous' own failures.
+local train = require 'gptlua.train'
+local ckpt = require 'gptlua.checkpoint'
+local launch = require 'gptlua.dist.launch'
+local H = require 'support.mpi'
+local EXE = H.EXE
+local recipe = dofile(H.ROOT .. '/spec/dist/policy_recipe.lua')
+
+local function has(s, part) assert.truthy(s:find(part, 1, true), s) end
+
+if not io.open(H.ROOT .. '/build/libgptlua_gloo.so') and not io.open(GPTLUA.libdir .. '/libgptlua_gloo.so') then
+  describe('gptlua.dist over TCP', function() pending('libgptlua_gloo.so was not built (make deps: libgloo-dev)') end)
+  return
+end
+
+describe('gptlua -n N --launcher=tcp', function()
+  it('runs every collective on 2 ranks, started over TCP by itself when mpirun is missing, with no MPI loaded', function()
+    local out, rc = H.sh('env GPTLUA_MPIRUN=/nonexistent/mpirun ' .. EXE .. ' -n 2 spec/dist/collectives.lua gloo', 90)
+    H.assert_ranks_ok(out, rc, 2)
+  end)
+
+  it('runs every collective on 3 ranks', function()
+    local out, rc = H.tcprun(3, 'spec/dist/collectives.lua', 'gloo', 90)
+    H.assert_ranks_ok(out, rc, 3)
+  end)
+
+  it('sets the torchrun variables of each rank and refuses an unknown launcher', function()
+    assert.same({ RANK = '2', WORLD_SIZE = '4', LOCAL_RANK = '2', LOCAL_WORLD_SIZE = '4', MASTER_ADDR = '127.0.0.1',
+      MASTER_PORT = '29500' }, launch.tcp_env(2, 4, '127.0.0.1', 29500))
+    local p = launch.free_port()
+    assert.is_true(p > 0 and p < 65536)
+    local out, rc = H.sh(EXE .. ' -n 2 --launcher=ssh spec/dist/clean_exit.lua', 10)
+    assert.equal(1, rc)
+    has(out, "gptlua -n: --launcher expected 'mpi', 'tcp' or 'auto', got 'ssh'")
+    out, rc = H.sh(EXE .. ' --launcher=tcp spec/dist/clean_exit.lua', 10)
+    assert.equal(1, rc)
+    has(out, 'gptlua: --launcher goes with -n N')
+  end)
+
+  it('finalises by itself when the ranks exit normally', function()
+    local out, rc = H.tcprun(2, 'spec/dist/clean_exit.lua', '', 60)
+    assert.equal(0, rc, out)
+    has(out, 'rank 0 done, sub-communicator of 2')
+  end)
+
+  it('brings every rank down promptly when one raises an error, with its status', function()
+    local out, rc, secs = H.tcprun(3, 'spec/dist/error.lua', '', 60)
+    assert.equal(1, rc, out)
+    assert.is_true(secs < 15, ('took %.1f s'):format(secs))
+    has(out, '[rank 2] ')
+    has(out, 'deliberate failure on the last rank')
+    assert.falsy(out:find('unreachable', 1, true), out)
+    out, rc, secs = H.tcprun(2, 'spec/dist/error.lua', 'on_error', 60)
+    assert.is_true(rc ~= 0, out)
+    assert.is_true(secs < 15, ('took %.1f s'):format(secs))
+    has(out, '[rank 1] deliberate failure on the last rank\n[rank 1] second line')
+    assert.falsy(out:find('unreachable', 1, true), out)
+  end)
+
+  it('aborts every rank when one never joins a collective, naming op, group, sequence and rank', function()
+    local out, rc, secs = H.tcprun(3, 'spec/dist/timeout.lua', '', 60)
+    assert.is_true(rc ~= 0, out)
+    assert.is_true(secs < 20, ('took %.1f s'):format(secs))
+    has(out, "gptlua.dist: timeout: all_reduce on group 'world' (seq 1, 3 ranks) did not complete within 2.0 s on rank 0.")
+    has(out, 'Missing: rank 2 has not been blocked in any collective')
+    out, rc = H.tcprun(2, 'spec/dist/timeout.lua', 'split', 60)
+    assert.is_true(rc ~= 0, out)
+    has(out, "timeout: all_reduce on group 'world.1[0]' (seq 1, 2 ranks) did not complete within 2.0 s on rank 1 "
+      .. '(world rank 0). Missing: rank 0 (world rank 1)')
+  end)
+end)
+
+describe('the TCP rendezvous', function()
+  local function rank(r, size, port)
+    return ('env RANK=%d WORLD_SIZE=%d MASTER_ADDR=127.0.0.1 MASTER_PORT=%d %s spec/dist/rendezvous.lua 1')
+      :format(r, size, port, EXE)
+  end
+
+  it('names the ranks that never joined when the timeout passes', function()
+    local port = launch.free_port()
+    local out, rc, secs = H.sh(rank(0, 3, port), 20)
+    assert.is_true(rc ~= 0, out)
+    assert.is_true(secs < 10, ('took %.1f s'):format(secs))
+    has(out, ('rendezvous at 127.0.0.1:%d timed out after 1.0 s: ranks 1, 2 of 3 did not join (each rank needs '
+      .. 'the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and its own RANK)'):format(port))
+  end)
+
+  it('says rank 0 cannot be reached when it never serves', function()
+    local port = launch.free_port()
+    local out, rc, secs = H.sh(rank(1, 2, port), 20)
+    assert.is_true(rc ~= 0, out)
+    assert.is_true(secs < 10, ('took %.1f s'):format(secs))
+    has(out, ('rendezvous: cannot reach 127.0.0.1:%d (MASTER_ADDR:MASTER_PORT, served by rank 0) within 1.0 s')
+      :format(port))
+  end)
+
+  it('refuses ranks started with different world sizes', function()
+    local port = launch.free_port()
+    local out = H.sh(("sh -c '%s & %s; wait'"):format(rank(0, 2, port), rank(1, 3, port)), 20)
+    has(out, 'rank 1 was started with WORLD_SIZE=3 but rank 0 with 2; start every rank with the same WORLD_SIZE')
+    assert.falsy(out:find('joined', 1, true), out)
+  end)
+
+  it('refuses a launch without MASTER_ADDR', function()
+    local out, rc = H.sh(('env RANK=0 WORLD_SIZE=2 %s -e "require(\'gptlua.dist\').init{}"'):format(EXE), 20)
+    assert.is_true(rc ~= 0, out)
+    has(out, 'dist: a torchrun-style launch (RANK, WORLD_SIZE) also needs MASTER_ADDR and MASTER_PORT')
+  end)
+end)
+
+describe('training over TCP equals one process', function()
+  local out = H.tmpdir()
+  teardown(function() os.execute('rm -rf ' .. out) end)
+
+  local function close(want, got, what, tol)
+    assert.equal(#want, #got, what)
+    for i = 1, #want do
+      local rel = math.abs(want[i] - got[i]) / math.abs(want[i])
+      assert.is_true(rel < tol, ('%s: step %d loss %.9g, expected %.9g'):format(what, i, got[i], want[i]))
+    end
+  end
+
+  local function reference(over)
+    local t = train.new(recipe(over), {})
+    return t:run().losses, H.params_of(t.model)
+  end
+
+  it('DDP on 2 ranks (2 micro-steps each) matches 1 rank with 4', function()
+    local o, rc = H.tcprun(2, 'spec/dist/policy_equiv.lua', out .. ' 2 0.01 adamw:ddp', 120)
+    H.assert_ranks_ok(o, rc, 2)
+    local losses, params = reference({ optimizer = 'adamw', gradient_accumulation_steps = 4, out_dir = out .. '/r1' })
+    close(losses, H.read_json(out .. '/adamw_ddp.json').losses, 'ddp over TCP', 1e-5)
+    local e = H.rel_error(params, ckpt.load_safetensors(out .. '/adamw_ddp.safetensors'))
+    assert.is_true(e < 1e-5, ('ddp over TCP: final parameters differ, relative error %.3g'):format(e))
+  end)
+
+  it('FSDP on 2 ranks (2 micro-steps each) matches 1 rank with 4', function()
+    local o, rc = H.tcprun(2, 'spec/dist/fsdp_equiv.lua', out .. ' 2 f=adamw,fsdp', 120)
+    H.assert_ranks_ok(o, rc, 2)
+    local losses, params = reference({ optimizer = 'adamw', gradient_accumulation_steps = 4, max_iters = 12,
+      out_dir = out .. '/r2' })
+    close(losses, H.read_json(out .. '/f.json').losses, 'fsdp over TCP', 1e-5)
+    local e = H.rel_error(params, ckpt.load_safetensors(out .. '/f.safetensors'))
+    assert.is_true(e < 1e-5, ('fsdp over TCP: final parameters differ, relative error %.3g'):format(e))
+  end)
+end)

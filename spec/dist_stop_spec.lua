@@ -16,10 +16,10 @@ describe('gptlua -n 2 stopped by SIGINT', function()
   end
   -- starts the run, waits for its first metrics record, sends SIGINT to
   -- `target` ('launcher' or the rank number), and waits for the launcher
-  local function interrupted_run(policy, target)
+  local function interrupted_run(policy, target, launcher)
     local dir = H.tmpdir()
     local victim = target == 'launcher' and '$pid' or ('$(cat %s/pid.%d)'):format(dir, target)
-    local script = ('%s -n 2 spec/dist/stop_recipe.lua --out_dir=%s --dist=%s > %s/log 2>&1 & pid=$!; '
+    local script = ('%s -n 2 --launcher=' .. (launcher or 'mpi') .. ' spec/dist/stop_recipe.lua --out_dir=%s --dist=%s > %s/log 2>&1 & pid=$!; '
       .. 'for i in $(seq 1 600); do [ -s %s/stop/metrics.jsonl ] && break; sleep 0.1; done; '
       .. 'kill -INT %s; wait $pid; echo "exit=$?"'):format(H.EXE, dir, policy, dir, dir, victim)
     local out = H.sh('bash -c ' .. quote(script), 120)
@@ -56,5 +56,21 @@ describe('gptlua -n 2 stopped by SIGINT', function()
         os.execute('rm -rf ' .. dir)
       end)
     end
+  end
+
+  -- the TCP launcher (Gloo) is the ranks' parent itself: it forwards the stop
+  for _, target in ipairs({ 'launcher', 1 }) do
+    it(('tcp launcher, ddp: SIGINT to the %s saves one checkpoint and exits 0'):format(
+        target == 'launcher' and 'launcher' or 'rank ' .. target), function()
+      local out, log, dir = interrupted_run('ddp', target, 'tcp')
+      has(out, 'exit=0')
+      local step = tonumber(log:match('interrupted at step (%d+): saving a checkpoint'))
+      assert.is_not_nil(step, log)
+      local cdir = dir .. '/stop/checkpoints'
+      assert.equal(step, ckpt.list(cdir)[#ckpt.list(cdir)].step, log)
+      local left = io.popen('ls -a ' .. cdir):read('*a')
+      assert.is_nil(left:find('tmp', 1, true), left)
+      os.execute('rm -rf ' .. dir)
+    end)
   end
 end)

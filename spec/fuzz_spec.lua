@@ -60,4 +60,28 @@ describe('fuzz corpora', function()
     assert.is_true(ok, tostring(err))
     assert.equal("the string 'a\\nb\\0c'", require('gptlua.check').describe('a\nb\0c'))
   end)
+
+  it('refuses state.json file names that are not plain names in the checkpoint (finding: a newline in one)', function()
+    local src = gl.root .. '/engine/fuzz/checkpoint'
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute(('mkdir -p %s && cp %s/*.safetensors %s/'):format(dir, src, dir))
+    local cjson = require 'cjson'
+    local state = cjson.decode(read(src .. '/state.json'))
+    for _, name in ipairs({ 'model.safet\nsors', '../step_0000001/model.safetensors', '..' }) do
+      state.files = { [name] = '3df80942cf383943' }
+      local f = io.open(dir .. '/state.json', 'wb'); f:write(cjson.encode(state)); f:close()
+      local ok, err = pcall(ckpt.load, dir)
+      assert.is_false(ok)
+      assert.truthy(err:find('field files expected file names with checksum strings', 1, true), err)
+      assert.is_nil(err:find('\n', 1, true), err)
+    end
+    os.execute('rm -rf ' .. dir)
+  end)
+
+  it('refuses a shard header whose token count overflows the file size (finding: UBSan in check_header)', function()
+    local ok, err = pcall(data.shard_header, corpus .. 'shards/finding-n-tokens-overflow.bin')
+    assert.is_false(ok)
+    assert.truthy(err:find('n_tokens 2305843009213693950 is not plausible', 1, true), err)
+  end)
 end)

@@ -173,6 +173,11 @@ function M.load(path)
     end
   end
   for name, sum in pairs(state.files) do
+    -- a file of this checkpoint, by its plain name (no path out of it)
+    if type(name) ~= 'string' or not name:match('^[%w_%-][%w_%.%-]*$') or type(sum) ~= 'string' then
+      error(('checkpoint: %s/state.json field files expected file names with checksum strings, got %s: %s; not loaded')
+        :format(path, describe(name), describe(sum)), 2)
+    end
     local p = path .. '/' .. name
     if not exists(p) then error(('checkpoint: %s is missing %s'):format(path, name), 2) end
     local got = M.checksum(p)

@@ -11,9 +11,15 @@ local MAX_SIZE = 2 ^ 62
 -- control characters are escaped (\n, \0): a message quoting a value from a
 -- file or the command line stays one line
 local function escape(c) return c == '\n' and '\\n' or ('\\%d'):format(c:byte()) end
+-- tostring(v), cut at 40 bytes and with control characters escaped
+local function printable(v)
+  local s = tostring(v)
+  return ((#s > 40 and s:sub(1, 40) .. '...' or s):gsub('%c', escape))
+end
+M.printable = printable
 local function describe(v)
   local t = type(v)
-  if t == 'string' then return ("the string '%s'"):format((#v > 40 and v:sub(1, 40) .. '...' or v):gsub('%c', escape)) end
+  if t == 'string' then return ("the string '%s'"):format(printable(v)) end
   if t == 'number' or t == 'boolean' then return tostring(v) end
   if t == 'table' and getmetatable(v) and getmetatable(v).__name then return getmetatable(v).__name end
   return t

@@ -174,8 +174,9 @@ function M.load(path)
   end
   for name, sum in pairs(state.files) do
     -- a file of this checkpoint, by its plain name (no path out of it)
-    if type(name) ~= 'string' or not name:match('^[%w_%-][%w_%.%-]*$') or type(sum) ~= 'string' then
-      error(('checkpoint: %s/state.json field files expected file names with checksum strings, got %s: %s; not loaded')
+    if type(name) ~= 'string' or not name:match('^[%w_%-][%w_%.%-]*$') or type(sum) ~= 'string'
+      or not sum:match('^' .. ('%x'):rep(16) .. '$') then
+      error(('checkpoint: %s/state.json field files expected file names with checksums (16 hex digits), got %s: %s; not loaded')
         :format(path, describe(name), describe(sum)), 2)
     end
     local p = path .. '/' .. name

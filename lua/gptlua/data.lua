@@ -44,6 +44,7 @@ local gl = require 'gptlua'
 local tok = require 'gptlua.tokenizer'
 local ffi, lib = gl.ffi, gl.lib
 local G = require 'gptlua.ffi'
+local printable = require('gptlua.check').printable
 local check, check_ptr = G.check, G.check_ptr
 local Tensor = gl.Tensor
 
@@ -497,7 +498,7 @@ function Loader:set_state(st)
   for _, k in ipairs({ 'seed', 'sampling', 'block_size', 'bos_aligned', 'n_tokens' }) do
     if st[k] ~= nil and st[k] ~= self[k] then
       error(('Loader:set_state: the state is for %s = %s, this loader has %s (a different data stream)')
-        :format(k, tostring(st[k]), tostring(self[k])), 2)
+        :format(k, printable(st[k]), tostring(self[k])), 2)
     end
   end
   drop_ahead(self)

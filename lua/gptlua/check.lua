@@ -145,6 +145,29 @@ kinds.device = function(v, fn, what, level)
   if type(v) ~= 'string' then fail(fn, what, "a device name ('cpu', 'cuda' or 'cuda:N')", v, level) end
 end
 
+-- M.options(name, fields) declares the kind `name`: a table of options
+-- (not a Tensor) whose fields, where set, are of the given kinds, e.g.
+--   check.options('loader_opts', { batch_size = 'count', seed = 'size?' })
+-- then 'opts:loader_opts' in a signature refuses {batch_size = 0} with
+-- "data.loader: batch_size must be an integer >= 1, got 0".  A field without
+-- `?` is required.  Fields not listed pass unchecked.
+function M.options(name, fields)
+  local list = {}
+  for field, kind in pairs(fields) do
+    local k, opt = kind:match('^([%w_]+)(%??)$')
+    if not k or not kinds[k] then error(('check.options: bad kind %q for %s.%s'):format(kind, name, field), 2) end
+    list[#list + 1] = { field = field, kind = kinds[k], opt = opt == '?' }
+  end
+  table.sort(list, function(a, b) return a.field < b.field end)  -- the first bad field, always the same
+  kinds[name] = function(v, fn, what, level)
+    if type(v) ~= 'table' or is_tensor(v) then fail(fn, what, 'a table of options', v, level) end
+    for _, f in ipairs(list) do
+      local x = v[f.field]
+      if x ~= nil or not f.opt then f.kind(x, fn, f.field, level + 1) end
+    end
+  end
+end
+
 local function parse(fn, sig)
   local list = {}
   for item in sig:gmatch('[^,]+') do

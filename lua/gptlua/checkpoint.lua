@@ -191,4 +191,11 @@ function M.load(path)
   return { model = model, optim = optim, state = state }
 end
 
+-- every entry point checks its arguments (gptlua.check): "checkpoint.save: step must be ..."
+require('gptlua.check').wrap_table(M, {
+  save_safetensors = 'path:string, tensors:opts, metadata:opts?', load_safetensors = 'path:string',
+  checksum = 'path:string', mkdir_p = 'dir:string', check_dir = 'dir:string, what:string?', list = 'dir:string',
+  save = 'dir:string, step:size, parts:opts, keep_last:integer?', resolve = 'spec:any, dir:string?', load = 'path:string',
+}, 'checkpoint.')
+
 return M

@@ -519,4 +519,18 @@ function Loader:__tostring()
     self.world_size, self.sampling, self.n_tokens or 0)
 end
 
+-- every entry point checks its arguments and its options' fields
+-- (gptlua.check): "data.loader: bos_id must be a finite integer < 2^62, got ..."
+local check = require 'gptlua.check'
+check.options('loader_opts', { batch_size = 'count', block_size = 'count', world_size = 'count?', rank = 'size?',
+  seed = 'size?', sampling = 'string?', bos_id = 'integer?', vocab_size = 'size?', prefetch = 'integer?',
+  n_tokens = 'count?', device = 'device?', text = 'string?', source = 'string?', split = 'string?',
+  bos_aligned = 'boolean?', recycle = 'boolean?' })
+check.options('prepare_opts', { input = 'string', out = 'string', tokenizer = 'opts', val_fraction = 'real?',
+  shard_tokens = 'count?', block_bytes = 'count?', tokenizer_file = 'string?', force = 'boolean?' })
+check.wrap_table(M, { list_files = 'dir:string, prefix:string?, suffix:string?', list_shards = 'dir:string, split:string?',
+  shard_header = 'path:string', read_shard = 'path:string, vocab_limit:size?', shard_writer = 'path:string, vocab_size:count',
+  text_file = 'path:string, opts:opts?', prepare = 'opts:prepare_opts', loader = 'opts:loader_opts' }, 'data.')
+check.wrap_table(Loader, { set_state = 'self:opts, state:opts' }, 'Loader:')
+
 return M

@@ -164,7 +164,8 @@ static int check_header(const char *fn, const char *path, const gl_shard_header 
     return gl_error("%s: '%s': token_bytes expected 2 or 4, got %u", fn, path, h->token_bytes);
   if (h->vocab_size == 0 || (h->token_bytes == 2 && h->vocab_size > 65536))
     return gl_error("%s: '%s': vocab_size %u does not fit %u-byte tokens", fn, path, h->vocab_size, h->token_bytes);
-  if (h->n_tokens > (uint64_t)INT64_MAX / 4)
+  /* bounded so that the size below cannot overflow */
+  if (h->n_tokens > (uint64_t)(INT64_MAX - GL_SHARD_HEADER_BYTES) / h->token_bytes)
     return gl_error("%s: '%s': n_tokens %llu is not plausible", fn, path, (unsigned long long)h->n_tokens);
   int64_t want = GL_SHARD_HEADER_BYTES + (int64_t)h->n_tokens * h->token_bytes;
   if (file_bytes < want)

@@ -60,4 +60,51 @@ describe('fuzz corpora', function()
     assert.is_true(ok, tostring(err))
     assert.equal("the string 'a\\nb\\0c'", require('gptlua.check').describe('a\nb\0c'))
   end)
+
+  it('refuses state.json file names that are not plain names in the checkpoint and checksums that are not hex (findings: a newline in either)', function()
+    local src = gl.root .. '/engine/fuzz/checkpoint'
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute(('mkdir -p %s && cp %s/*.safetensors %s/'):format(dir, src, dir))
+    local cjson = require 'cjson'
+    local state = cjson.decode(read(src .. '/state.json'))
+    local cases = { { 'model.safet\nsors', '3df80942cf383943' }, { '../step_0000001/model.safetensors', '3df80942cf383943' },
+      { '..', '3df80942cf383943' }, { 'model.safetensors', '3the string \'model.safet\nsors\'df80942cf383943' } }
+    for _, c in ipairs(cases) do
+      state.files = { [c[1]] = c[2] }
+      local f = io.open(dir .. '/state.json', 'wb'); f:write(cjson.encode(state)); f:close()
+      local ok, err = pcall(ckpt.load, dir)
+      assert.is_false(ok)
+      assert.truthy(err:find('field files expected file names with checksums (16 hex digits)', 1, true), err)
+      assert.is_nil(err:find('\n', 1, true), err)
+    end
+    os.execute('rm -rf ' .. dir)
+  end)
+
+  it('quotes command-line values, recipe keys and loader states on one line (findings: newlines in them)', function()
+    local train = require 'gptlua.train'
+    local cases = {
+      { function() train.resolve_config({}, { '--n_layer=1\n2' }) end, 'config: --n_layer expects a finite number, got "1\\n2"' },
+      { function() train.resolve_config({}, { '--bias=yes\nno' }) end, 'config: --bias expects true or false, got "yes\\nno"' },
+      { function() train.resolve_config({}, { 'a\nb' }) end, 'config: cannot parse argument "a\\nb"' },
+      { function() train.resolve_config({ ['x\ny'] = 1 }, {}) end, 'config: unknown key x\\ny (valid keys: ' },
+      { function() train.resolve_config({ name = 5, n_layer = '1\n' }, {}) end, 'must be a ' },
+    }
+    local loader = data.loader({ tokens = gl.zeros({ 64 }, { dtype = 'int32' }), batch_size = 1, block_size = 4 })
+    cases[#cases + 1] = { function() loader:set_state({ sample = 0, sampling = 'random\n' }) end,
+      "Loader:set_state: the state is for sampling = random\\n, this loader has random" }
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(c[1])
+      assert.is_false(ok)
+      assert.truthy(err:find(c[2], 1, true), err)
+      assert.is_nil(err:find('\n', 1, true), err)
+    end
+    loader:close()
+  end)
+
+  it('refuses a shard header whose token count overflows the file size (finding: UBSan in check_header)', function()
+    local ok, err = pcall(data.shard_header, corpus .. 'shards/finding-n-tokens-overflow.bin')
+    assert.is_false(ok)
+    assert.truthy(err:find('n_tokens 2305843009213693950 is not plausible', 1, true), err)
+  end)
 end)

@@ -190,6 +190,46 @@ describe('messages: the other public entries', function()
   end
 end)
 
+describe('messages: checkpoint, tokenizer, data and dist entry points and their option fields', function()
+  local ckpt = require 'gptlua.checkpoint'
+  local tok = require 'gptlua.tokenizer'
+  local data = require 'gptlua.data'
+  local dist = require 'gptlua.dist'
+  local chars = tok.char('abc')
+  local function loader() return data.loader({ tokens = { 1, 2, 3, 4, 5, 6, 7, 8 }, batch_size = 1, block_size = 2 }) end
+  local cases = {
+    { 'checkpoint.save', function() ckpt.save(5, 1, {}) end, 'dir must be a string, got 5' },
+    { 'checkpoint.save', function() ckpt.save('/tmp', 'a', {}) end, "step must be a finite integer size in [0, 2^62), got the string 'a'" },
+    { 'checkpoint.load', function() ckpt.load(5) end, 'path must be a string, got 5' },
+    { 'checkpoint.save_safetensors', function() ckpt.save_safetensors('/tmp/x.safetensors', 5) end, 'tensors must be a table, got 5' },
+    { 'checkpoint.load_safetensors', function() ckpt.load_safetensors(nil) end, 'path must be a string, got nil' },
+    { 'checkpoint.checksum', function() ckpt.checksum({}) end, 'path must be a string, got table' },
+    { 'tokenizer.train', function() tok.train('abc', 'x') end, "vocab_size must be a finite integer < 2^62, got the string 'x'" },
+    { 'tokenizer.train', function() tok.train('abc', 300, 5) end, 'opts must be a table, got 5' },
+    { 'tokenizer.from_merges', function() tok.from_merges(5) end, 'merges must be a table, got 5' },
+    { 'Tokenizer:encode', function() chars:encode('a', 5) end, 'opts must be a table, got 5' },
+    { 'Tokenizer:token_bytes', function() chars:token_bytes('x') end, "id must be a finite integer < 2^62, got the string 'x'" },
+    { 'data.read_shard', function() data.read_shard(5) end, 'path must be a string, got 5' },
+    { 'data.shard_writer', function() data.shard_writer('/tmp/x.bin', 'x') end, "vocab_size must be a finite integer < 2^62, got the string 'x'" },
+    { 'data.list_files', function() data.list_files(5) end, 'dir must be a string, got 5' },
+    { 'data.prepare', function() data.prepare(5) end, 'opts must be a table of options, got 5' },
+    { 'data.prepare', function() data.prepare({ input = 'a', out = 5 }) end, 'out must be a string, got 5' },
+    { 'data.loader', function() data.loader({ tokens = { 1 }, batch_size = 0, block_size = 2 }) end, 'batch_size must be an integer >= 1, got 0' },
+    { 'data.loader', function() data.loader({ tokens = { 1 }, batch_size = 1, block_size = 2, bos_id = 'x' }) end,
+      "bos_id must be a finite integer < 2^62, got the string 'x'" },
+    { 'data.loader', function() data.loader({ tokens = { 1 }, batch_size = 1, block_size = 2, vocab_size = 'x' }) end,
+      "vocab_size must be a finite integer size in [0, 2^62), got the string 'x'" },
+    { 'Loader:set_state', function() loader():set_state(5) end, 'state must be a table, got 5' },
+    { 'dist.init', function() dist.init({ backend = 5 }) end, 'backend must be a string, got 5' },
+    { 'dist.init', function() dist.init(5) end, 'opts must be a table of options, got 5' },
+    { 'dist.init', function() dist.init({ timeout = 'x' }) end, "timeout must be a number, got the string 'x'" },
+    { 'dist.policy', function() dist.policy(5) end, 'name must be a string, got 5' },
+  }
+  for _, c in ipairs(cases) do
+    it(c[1] .. ': ' .. c[3], function() rejects(c[2], c[1], c[3]) end)
+  end
+end)
+
 describe('messages: coverage', function()
   -- gl.* functions that take no arguments, or accept any value
   local FREE = { cuda_available = true, default_device = true, get_num_threads = true, blas_info = true,
@@ -210,7 +250,7 @@ describe('messages: coverage', function()
     local statics = { empty = true, full = true, scope = true, wrap = true, from_table = true, shape_arg = true,
                       infer_shape = true, contiguous_strides = true, norm_dim = true, dtype_id = true,
                       device_id = true, set_default_dtype = true, get_default_dtype = true, __tostring = true,
-                      __index = true }
+                      __index = true, release = true, rebind = true }
     local missing = {}
     for k, v in pairs(gl.Tensor) do
       if type(v) == 'function' and not (statics[k] or k:match('^__') or gl.signatures.ops[k] or gl.signatures.methods[k]) then

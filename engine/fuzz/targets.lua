@@ -82,15 +82,23 @@ function T.checkpoint_state(input)
 end
 
 -- --------------------------------------------------------------------- config
--- The input is a command line, one argument per line, optionally after a
--- first line holding a recipe as JSON (a config table).  The entry point is
--- the trainer's: train.resolve_config(recipe, args) validates the recipe,
--- parses the overrides and checks every value.  (If it moves, the parser and
--- validator in gptlua.config are fuzzed directly.)
+-- The input is a command line: its arguments separated by NUL bytes (as in
+-- /proc/PID/cmdline; an argument may hold a newline), or by newlines when
+-- there is no NUL, optionally after a first one holding a recipe as JSON (a
+-- config table).  The entry point is the trainer's:
+-- train.resolve_config(recipe, args) validates the recipe, parses the
+-- overrides and checks every value.  (If it moves, the parser and validator
+-- in gptlua.config are fuzzed directly.)
 function T.config(input)
   local cjson = require 'cjson'
-  local lines = {}
-  for l in (input .. '\n'):gmatch('([^\n]*)\n') do lines[#lines + 1] = l end
+  local sep = input:find('\0', 1, true) and '\0' or '\n'
+  local lines, at = {}, 1
+  while true do
+    local e = input:find(sep, at, true)
+    lines[#lines + 1] = input:sub(at, (e or 0) - 1)
+    if not e then break end
+    at = e + 1
+  end
   local recipe = {}
   if lines[1] and lines[1]:sub(1, 1) == '{' then
     local ok, r = pcall(cjson.decode, table.remove(lines, 1))

@@ -11,9 +11,15 @@ local MAX_SIZE = 2 ^ 62
 -- control characters are escaped (\n, \0): a message quoting a value from a
 -- file or the command line stays one line
 local function escape(c) return c == '\n' and '\\n' or ('\\%d'):format(c:byte()) end
+-- tostring(v), cut at 40 bytes and with control characters escaped
+local function printable(v)
+  local s = tostring(v)
+  return ((#s > 40 and s:sub(1, 40) .. '...' or s):gsub('%c', escape))
+end
+M.printable = printable
 local function describe(v)
   local t = type(v)
-  if t == 'string' then return ("the string '%s'"):format((#v > 40 and v:sub(1, 40) .. '...' or v):gsub('%c', escape)) end
+  if t == 'string' then return ("the string '%s'"):format(printable(v)) end
   if t == 'number' or t == 'boolean' then return tostring(v) end
   if t == 'table' and getmetatable(v) and getmetatable(v).__name then return getmetatable(v).__name end
   return t
@@ -137,6 +143,29 @@ end
 -- a device: 'cpu', 'cuda', 'cuda:N' (the name is checked where it is used)
 kinds.device = function(v, fn, what, level)
   if type(v) ~= 'string' then fail(fn, what, "a device name ('cpu', 'cuda' or 'cuda:N')", v, level) end
+end
+
+-- M.options(name, fields) declares the kind `name`: a table of options
+-- (not a Tensor) whose fields, where set, are of the given kinds, e.g.
+--   check.options('loader_opts', { batch_size = 'count', seed = 'size?' })
+-- then 'opts:loader_opts' in a signature refuses {batch_size = 0} with
+-- "data.loader: batch_size must be an integer >= 1, got 0".  A field without
+-- `?` is required.  Fields not listed pass unchecked.
+function M.options(name, fields)
+  local list = {}
+  for field, kind in pairs(fields) do
+    local k, opt = kind:match('^([%w_]+)(%??)$')
+    if not k or not kinds[k] then error(('check.options: bad kind %q for %s.%s'):format(kind, name, field), 2) end
+    list[#list + 1] = { field = field, kind = kinds[k], opt = opt == '?' }
+  end
+  table.sort(list, function(a, b) return a.field < b.field end)  -- the first bad field, always the same
+  kinds[name] = function(v, fn, what, level)
+    if type(v) ~= 'table' or is_tensor(v) then fail(fn, what, 'a table of options', v, level) end
+    for _, f in ipairs(list) do
+      local x = v[f.field]
+      if x ~= nil or not f.opt then f.kind(x, fn, f.field, level + 1) end
+    end
+  end
 end
 
 local function parse(fn, sig)

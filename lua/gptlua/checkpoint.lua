@@ -195,6 +195,12 @@ function M.load(path)
     end
   end
   for name, sum in pairs(state.files) do
+    -- a file of this checkpoint, by its plain name (no path out of it)
+    if type(name) ~= 'string' or not name:match('^[%w_%-][%w_%.%-]*$') or type(sum) ~= 'string'
+      or not sum:match('^' .. ('%x'):rep(16) .. '$') then
+      error(('checkpoint: %s/state.json field files expected file names with checksums (16 hex digits), got %s: %s; not loaded')
+        :format(path, describe(name), describe(sum)), 2)
+    end
     local p = path .. '/' .. name
     if not exists(p) then error(('checkpoint: %s is missing %s'):format(path, name), 2) end
     local got = M.checksum(p)
@@ -206,5 +212,12 @@ function M.load(path)
   local optim = M.load_safetensors(path .. '/optim.safetensors')
   return { model = model, optim = optim, state = state }
 end
+
+-- every entry point checks its arguments (gptlua.check): "checkpoint.save: step must be ..."
+require('gptlua.check').wrap_table(M, {
+  save_safetensors = 'path:string, tensors:opts, metadata:opts?', load_safetensors = 'path:string',
+  checksum = 'path:string', mkdir_p = 'dir:string', check_dir = 'dir:string, what:string?', list = 'dir:string',
+  save = 'dir:string, step:size, parts:opts, keep_last:integer?', resolve = 'spec:any, dir:string?', load = 'path:string',
+}, 'checkpoint.')
 
 return M

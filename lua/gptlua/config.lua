@@ -32,13 +32,13 @@ local function coerce(key, s, default)
   if ty == 'number' then
     local v = tonumber(s)
     if v == nil or v ~= v or v == math.huge or v == -math.huge then
-      error(('config: --%s expects a finite number, got %q'):format(key, s), 0)
+      error(('config: --%s expects a finite number, got "%s"'):format(key, check.printable(s)), 0)
     end
     return v
   elseif ty == 'boolean' then
     if s == 'true' or s == '1' or s == 'yes' then return true end
     if s == 'false' or s == '0' or s == 'no' then return false end
-    error(('config: --%s expects true or false, got %q'):format(key, s), 0)
+    error(('config: --%s expects true or false, got "%s"'):format(key, check.printable(s)), 0)
   elseif ty == 'table' then
     local out = {}
     for item in s:gmatch('[^,]+') do out[#out + 1] = finite(key, tonumber(item)) or item end
@@ -76,7 +76,7 @@ function M.parse_args(args, defaults)
   for _, a in ipairs(args or {}) do
     local k, v = a:match('^%-%-([%w_%.%-]+)=(.*)$')
     if not k then k = a:match('^%-%-([%w_%.%-]+)$') end
-    if not k then error(('config: cannot parse argument %q (expected --key=value)'):format(a), 0) end
+    if not k then error(('config: cannot parse argument "%s" (expected --key=value)'):format(check.printable(a)), 0) end
     k = k:gsub('%-', '_')
     set_path(out, defaults, k, v)
   end
@@ -90,11 +90,11 @@ function M.validate(cfg, defaults, prefix)
   for k, v in pairs(cfg) do
     local d = defaults[k]
     if d == nil then
-      error(('config: unknown key %s%s (valid keys: %s)'):format(prefix, tostring(k),
+      error(('config: unknown key %s%s (valid keys: %s)'):format(prefix, check.printable(k),
         table.concat(sorted_keys(defaults), ', ')), 0)
     end
     if type(d) ~= type(v) and not (type(d) == 'string' and type(v) == 'boolean' and TAKES_BOOLEAN[k]) then
-      error(('config: %s%s must be a %s, got %s (%s)'):format(prefix, k, type(d), type(v), tostring(v)), 0)
+      error(('config: %s%s must be a %s, got %s (%s)'):format(prefix, k, type(d), type(v), check.printable(v)), 0)
     end
     finite(prefix .. tostring(k), v)
     if type(v) == 'table' and v[1] ~= nil then

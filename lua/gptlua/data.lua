@@ -44,6 +44,7 @@ local gl = require 'gptlua'
 local tok = require 'gptlua.tokenizer'
 local ffi, lib = gl.ffi, gl.lib
 local G = require 'gptlua.ffi'
+local printable = require('gptlua.check').printable
 local check, check_ptr = G.check, G.check_ptr
 local Tensor = gl.Tensor
 
@@ -497,7 +498,7 @@ function Loader:set_state(st)
   for _, k in ipairs({ 'seed', 'sampling', 'block_size', 'bos_aligned', 'n_tokens' }) do
     if st[k] ~= nil and st[k] ~= self[k] then
       error(('Loader:set_state: the state is for %s = %s, this loader has %s (a different data stream)')
-        :format(k, tostring(st[k]), tostring(self[k])), 2)
+        :format(k, printable(st[k]), tostring(self[k])), 2)
     end
   end
   drop_ahead(self)
@@ -517,5 +518,19 @@ function Loader:__tostring()
   return ('Loader(B=%d, T=%d, rank %d/%d, %s, %d tokens)'):format(self.batch_size, self.block_size, self.rank,
     self.world_size, self.sampling, self.n_tokens or 0)
 end
+
+-- every entry point checks its arguments and its options' fields
+-- (gptlua.check): "data.loader: bos_id must be a finite integer < 2^62, got ..."
+local check = require 'gptlua.check'
+check.options('loader_opts', { batch_size = 'count', block_size = 'count', world_size = 'count?', rank = 'size?',
+  seed = 'size?', sampling = 'string?', bos_id = 'integer?', vocab_size = 'size?', prefetch = 'integer?',
+  n_tokens = 'count?', device = 'device?', text = 'string?', source = 'string?', split = 'string?',
+  bos_aligned = 'boolean?', recycle = 'boolean?' })
+check.options('prepare_opts', { input = 'string', out = 'string', tokenizer = 'opts', val_fraction = 'real?',
+  shard_tokens = 'count?', block_bytes = 'count?', tokenizer_file = 'string?', force = 'boolean?' })
+check.wrap_table(M, { list_files = 'dir:string, prefix:string?, suffix:string?', list_shards = 'dir:string, split:string?',
+  shard_header = 'path:string', read_shard = 'path:string, vocab_limit:size?', shard_writer = 'path:string, vocab_size:count',
+  text_file = 'path:string, opts:opts?', prepare = 'opts:prepare_opts', loader = 'opts:loader_opts' }, 'data.')
+check.wrap_table(Loader, { set_state = 'self:opts, state:opts' }, 'Loader:')
 
 return M

@@ -250,4 +250,13 @@ function Tokenizer:__tostring()
   return ('Tokenizer(%s, vocab_size=%d, specials=%d)'):format(self.kind, self.vocab_size, self.n_special)
 end
 
+-- every entry point checks its arguments (gptlua.check): "tokenizer.train: vocab_size must be ..."
+local check = require 'gptlua.check'
+check.wrap_table(M, { char = 'text:string, opts:opts?', from_merges = 'merges:opts, opts:opts?',
+  train = 'sources:any, vocab_size:count, opts:opts?', load = 'path:string' }, 'tokenizer.')
+check.wrap_table(Tokenizer, { save = 'self:opts, path:string', special_id = 'self:opts, name:string',
+  token_bytes = 'self:opts, id:integer', encode = 'self:opts, text:string, opts:opts?',
+  encode_batch = 'self:opts, texts:opts, opts:opts?', decode = 'self:opts, ids:any', split = 'self:opts, text:string',
+  safe_cut = 'self:opts, text:string', merges = 'self:opts' }, 'Tokenizer:')
+
 return M

@@ -13,7 +13,9 @@
 -- first SIGINT becomes a SIGUSR1 to mpirun, which the trainer on every rank
 -- treats as its Ctrl-C (the ranks agree to stop at the next step boundary,
 -- save one checkpoint and exit 0), and a second SIGINT, or a SIGTERM, is
--- passed on as is: mpirun kills the job.
+-- passed on as is: mpirun kills the job.  SIGHUP (the terminal closed)
+-- reaches mpirun as SIGTERM: in its own group it would not get it, and the
+-- job would go on without anyone to read its output.
 local ffi = require 'ffi'
 
 local M = {}
@@ -41,7 +43,7 @@ int posix_spawnp(int *pid, const char *file, const void *file_actions, const gl_
 ffi.cdef 'extern char **environ;'
 
 local X_OK, WNOHANG, EINTR = 1, 1, 4
-local SIGINT, SIGUSR1, SIGTERM = 2, 10, 15
+local SIGHUP, SIGINT, SIGUSR1, SIGTERM = 1, 2, 10, 15
 local POSIX_SPAWN_SETPGROUP = 0x02
 M.STOP_SIGNAL = SIGUSR1   -- what a rank receives for the launcher's first Ctrl-C
 
@@ -105,14 +107,13 @@ end
 -- exit status (128 + the signal when a signal ended it, as a shell says).
 function M.wait(pid)
   local lib = require('gptlua').lib
-  lib.gl_signal_catch(SIGINT)
-  lib.gl_signal_catch(SIGTERM)
+  for _, sig in ipairs({ SIGHUP, SIGINT, SIGTERM }) do lib.gl_signal_catch(sig) end
   local status, interrupts = ffi.new('int[1]'), 0
   while true do
     local r = ffi.C.waitpid(pid, status, WNOHANG)
     if r == pid then break end
     if r < 0 and ffi.errno() ~= EINTR then break end
-    local ints, terms = lib.gl_signal_take(SIGINT), lib.gl_signal_take(SIGTERM)
+    local ints, terms = lib.gl_signal_take(SIGINT), lib.gl_signal_take(SIGTERM) + lib.gl_signal_take(SIGHUP)
     for _ = 1, ints do
       interrupts = interrupts + 1
       if interrupts == 1 then
@@ -126,8 +127,7 @@ function M.wait(pid)
     if terms > 0 then ffi.C.kill(pid, SIGTERM) end
     ffi.C.poll(nil, 0, 50)   -- a signal cuts this short
   end
-  lib.gl_signal_restore(SIGINT)
-  lib.gl_signal_restore(SIGTERM)
+  for _, sig in ipairs({ SIGHUP, SIGINT, SIGTERM }) do lib.gl_signal_restore(sig) end
   local s = status[0]
   if bit.band(s, 0x7f) == 0 then return bit.band(bit.rshift(s, 8), 0xff) end  -- WIFEXITED: WEXITSTATUS
   return 128 + bit.band(s, 0x7f)                                               -- WTERMSIG

@@ -40,7 +40,7 @@ int posix_spawnattr_setpgroup(gl_spawnattr_t *attr, int pgroup);
 int posix_spawnp(int *pid, const char *file, const void *file_actions, const gl_spawnattr_t *attrp,
                  char *const argv[], char *const envp[]);
 ]])
-ffi.cdef 'extern char **environ;'
+pcall(ffi.cdef, 'extern char **environ;')
 
 local X_OK, WNOHANG, EINTR = 1, 1, 4
 local SIGHUP, SIGINT, SIGUSR1, SIGTERM = 1, 2, 10, 15

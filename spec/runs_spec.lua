@@ -120,6 +120,11 @@ describe('run directories', function()
     assert.equal(1, #res.losses)
     assert.same({ 2, 4 }, steps(d .. '/t/checkpoints'))
     assert.same({ 3 }, steps(d .. '/t-2/checkpoints'))
+    -- a run directory as the path: its latest checkpoint, and that run goes on
+    local t3 = trainer({ out_dir = d, max_iters = 5 }, { '--resume=' .. d .. '/t-2' })
+    local r3 = t3:run()
+    assert.equal(d .. '/t-2', r3.run_dir)
+    assert.equal(2, #r3.losses)
     os.execute('rm -rf ' .. d)
   end)
 

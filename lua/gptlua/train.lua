@@ -21,7 +21,6 @@ local runs = require 'gptlua.runs'
 local progress = require 'gptlua.progress'
 local cjson = require 'cjson'
 
-
 local M = {}
 
 -- the clock of the progress numbers (monotonic seconds; specs replace it)
@@ -457,9 +456,9 @@ function Trainer:save_checkpoint()
   return path
 end
 
--- nil when a checkpoint's config describes this run's model, else the
--- first key that differs
-function Trainer:fits(config)
+-- the first model key on which a checkpoint's config differs from this
+-- run's, or nil when it describes this run's model
+function Trainer:mismatch(config)
   for _, k in ipairs({ 'model', 'n_layer', 'n_head', 'n_embd', 'vocab_size', 'block_size', 'depth' }) do
     if type(config) == 'table' and config[k] ~= nil and config[k] ~= self.cfg[k] then return k end
   end
@@ -471,7 +470,7 @@ function Trainer:load_checkpoint(path)
   local c = ckpt.load(path)
   local st = c.state
   local cfg = self.cfg
-  local k = self:fits(st.config)
+  local k = self:mismatch(st.config)
   if k then
     error(('resume: checkpoint %s has %s = %s, this run has %s; not loaded'):format(path, k,
       tostring(st.config[k]), tostring(cfg[k])), 0)
@@ -548,7 +547,7 @@ end
 -- names.  Returns the path of the checkpoint loaded, or nil.
 function Trainer:open_run()
   local cfg = self.cfg
-  local plan = runs.plan(cfg, function(st) return self:fits(st.config) == nil end)
+  local plan = runs.plan(cfg, function(st) return self:mismatch(st.config) == nil end)
   local k, note = 1, nil
   if self.rank == 0 then k, note = runs.open(cfg, plan) end
   if self.comm and self.world > 1 then k = self.comm:all_reduce_number(k, 'max') end

@@ -544,9 +544,12 @@ end
 
 -- Picks the run's directory (gptlua.runs: every rank the same one), removes
 -- temporaries a killed save left there, and loads the checkpoint a resume
--- names.  Returns the path of the checkpoint loaded, or nil.
+-- names.  Returns the path of the checkpoint loaded, or nil.  A trainer
+-- that has run before (run() again in the REPL, max_iters raised) goes on
+-- in its own directory from where it is.
 function Trainer:open_run()
   local cfg = self.cfg
+  if self.run_id then return nil end
   local plan = runs.plan(cfg, function(st) return self:mismatch(st.config) == nil end)
   local k, note = 1, nil
   if self.rank == 0 then k, note = runs.open(cfg, plan) end

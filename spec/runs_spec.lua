@@ -70,6 +70,11 @@ describe('run directories', function()
     assert.equal(d .. '/t', c:run().run_dir)
     assert.same({ 1 }, steps(d .. '/t/checkpoints'))
     for _, r in ipairs(records(d .. '/t/metrics.jsonl')) do assert.equal(c.run_id, r.run) end
+    -- the same trainer run again goes on in its directory, as the same run
+    c.cfg.max_iters = 2
+    assert.equal(d .. '/t', c:run().run_dir)
+    assert.same({ 1, 2 }, steps(d .. '/t/checkpoints'))
+    for _, r in ipairs(records(d .. '/t/metrics.jsonl')) do assert.equal(c.run_id, r.run) end
     assert.truthy(select(2, pcall(train.new, recipe({ out_dir = d }), { '--overwrite', '--resume' }))
       :find('resume and overwrite exclude each other', 1, true))
     assert.truthy(select(2, pcall(train.new, recipe({ out_dir = d, name = '../x' }), {}))
@@ -120,6 +125,11 @@ describe('run directories', function()
     assert.equal(1, #res.losses)
     assert.same({ 2, 4 }, steps(d .. '/t/checkpoints'))
     assert.same({ 3 }, steps(d .. '/t-2/checkpoints'))
+    -- a run directory as the path: its latest checkpoint, and that run goes on
+    local t3 = trainer({ out_dir = d, max_iters = 5 }, { '--resume=' .. d .. '/t-2' })
+    local r3 = t3:run()
+    assert.equal(d .. '/t-2', r3.run_dir)
+    assert.equal(2, #r3.losses)
     os.execute('rm -rf ' .. d)
   end)
 

@@ -6,11 +6,13 @@
 --   * peak_flops set by the user: that value;
 --   * a GPU: the table below (dense bf16 tensor-core peak of the vendor's
 --     datasheet, as nanoGPT and nanochat report MFU), by device name;
---   * the CPU: an sgemm rate calibrated once per machine (CPU model and
---     thread count) and cached in $XDG_CACHE_HOME/gptlua/peak_flops.json
---     (~/.cache/gptlua/...); delete the file to calibrate again.
+--   * the CPU: an sgemm rate (per CPU second, see measure_cpu_flops)
+--     calibrated once per machine (CPU model and thread count), cached in
+--     $XDG_CACHE_HOME/gptlua/peak_flops.json (~/.cache/gptlua/...); delete
+--     the file to calibrate again.
 -- Every run prints the peak and where it came from.
 local gl = require 'gptlua'
+local ffi = require 'ffi'
 local cjson = require 'cjson'
 local now = require('gptlua.cli').now
 
@@ -31,18 +33,30 @@ function M.gpu_peak(name)
   return nil
 end
 
--- CPU peak: the best of a few short float32 sgemm timings (what BLAS
--- really sustains here with the current thread count)
+-- the process's CPU seconds (all its threads)
+now()   -- defines struct gl_timespec_
+local cpu_ts = ffi.new('struct gl_timespec_')
+local function process_seconds()
+  ffi.C.clock_gettime(2, cpu_ts)   -- CLOCK_PROCESS_CPUTIME_ID
+  return tonumber(cpu_ts.tv_sec) + tonumber(cpu_ts.tv_nsec) * 1e-9
+end
+
+-- CPU peak: what BLAS sustains in a float32 sgemm with the current thread
+-- count, the best of a few short timings.  Timed in CPU seconds per thread,
+-- not wall seconds: on a busy machine the wall rate fell 4x between runs
+-- (17-43 GFLOP/s with 16 processes on 2 cores) while this one held at
+-- 164-172, so a calibration made while other work runs is still this
+-- machine's peak.
 function M.measure_cpu_flops()
   local n = 512
   local a, b = gl.randn({ n, n }, { seed = 1 }), gl.randn({ n, n }, { seed = 2 })
   local c = gl.empty({ n, n })
   gl.matmul_raw(a, b, c)
-  local best = 0
+  local threads, best = gl.get_num_threads(), 0
   for _ = 1, 5 do
-    local reps, t0 = 0, now()
-    repeat gl.matmul_raw(a, b, c); reps = reps + 1 until now() - t0 > 0.08
-    best = math.max(best, 2 * n * n * n * reps / (now() - t0))
+    local reps, t0 = 0, process_seconds()
+    repeat gl.matmul_raw(a, b, c); reps = reps + 1 until process_seconds() - t0 > 0.08 * threads
+    best = math.max(best, 2 * n * n * n * reps / ((process_seconds() - t0) / threads))
   end
   return best
 end

@@ -5,7 +5,8 @@
 -- writes version_N/): it
 --   * continues one with --resume: the run of this name (name, name-2, ...)
 --     that saved a checkpoint last, among those of the same model, or the
---     run whose latest checkpoint --resume=PATH names;
+--     run whose latest checkpoint --resume=PATH names (PATH: a checkpoint,
+--     or a run directory meaning its latest one);
 --   * replaces it with --overwrite (the directory is deleted first);
 --   * otherwise takes the first of name, name-2, name-3, ... that does not
 --     exist yet, creating it with mkdir, which is atomic, so two runs
@@ -132,6 +133,9 @@ function R.plan(cfg, fits)
     return out
   end
   if not ckpt.exists(spec) then error(('resume: checkpoint %s not found'):format(spec), 0) end
+  if not ckpt.exists(spec .. '/state.json') then  -- a run directory, or its checkpoints/: the latest there
+    spec = ckpt.resolve('latest', spec .. '/checkpoints') or ckpt.resolve('latest', spec) or spec
+  end
   out.checkpoint = spec
   local real = R.realpath(spec)
   for _, run in ipairs(R.list(cfg.out_dir, cfg.name)) do

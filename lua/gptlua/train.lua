@@ -20,7 +20,7 @@ local ckpt = require 'gptlua.checkpoint'
 local runs = require 'gptlua.runs'
 local progress = require 'gptlua.progress'
 local cjson = require 'cjson'
-
+local ffi = require 'ffi'
 
 local M = {}
 
@@ -461,9 +461,9 @@ function Trainer:save_checkpoint()
   return path
 end
 
--- nil when a checkpoint's config describes this run's model, else the
--- first key that differs
-function Trainer:fits(config)
+-- the first model key on which a checkpoint's config differs from this
+-- run's, or nil when it describes this run's model
+function Trainer:mismatch(config)
   for _, k in ipairs({ 'model', 'n_layer', 'n_head', 'n_embd', 'vocab_size', 'block_size', 'depth' }) do
     if type(config) == 'table' and config[k] ~= nil and config[k] ~= self.cfg[k] then return k end
   end
@@ -475,7 +475,7 @@ function Trainer:load_checkpoint(path)
   local c = ckpt.load(path)
   local st = c.state
   local cfg = self.cfg
-  local k = self:fits(st.config)
+  local k = self:mismatch(st.config)
   if k then
     error(('resume: checkpoint %s has %s = %s, this run has %s; not loaded'):format(path, k,
       tostring(st.config[k]), tostring(cfg[k])), 0)
@@ -519,7 +519,7 @@ function Trainer:train_step()
     end)
   end
   policy:after_backward()
-  local loss = policy:average_number(loss_sum / accum)
+  local loss = self:average_loss(loss_sum / accum)
   local norm = policy:grad_norm()
   if loss ~= loss or loss == math.huge or norm ~= norm or norm == math.huge then
     return loss, norm, lr_mult, false
@@ -550,10 +550,13 @@ end
 
 -- Picks the run's directory (gptlua.runs: every rank the same one), removes
 -- temporaries a killed save left there, and loads the checkpoint a resume
--- names.  Returns the path of the checkpoint loaded, or nil.
+-- names.  Returns the path of the checkpoint loaded, or nil.  A trainer
+-- that has run before (run() again in the REPL, max_iters raised) goes on
+-- in its own directory from where it is.
 function Trainer:open_run()
   local cfg = self.cfg
-  local plan = runs.plan(cfg, function(st) return self:fits(st.config) == nil end)
+  if self.run_id then return nil end
+  local plan = runs.plan(cfg, function(st) return self:mismatch(st.config) == nil end)
   local k, note = 1, nil
   if self.rank == 0 then k, note = runs.open(cfg, plan) end
   if self.comm and self.world > 1 then k = self.comm:all_reduce_number(k, 'max') end
@@ -580,16 +583,38 @@ end
 -- it lasts, acted on at the next step boundary.
 local STOP_SIGNALS = { 2, require('gptlua.dist.launch').STOP_SIGNAL }
 
--- true when any rank has received a stop signal; every rank calls it at
--- every step boundary: on several ranks one all-reduce of one number, so
--- that all stop after the same step (and save one consistent checkpoint)
-function Trainer:stop_requested()
+local function take_stop_signals(self)
   for _, sig in ipairs(STOP_SIGNALS) do
     if gl.lib.gl_signal_take(sig) > 0 then self.stop_signal = true end
   end
-  local stop = self.stop_signal and 1 or 0
-  if self.comm and self.world > 1 then stop = self.comm:all_reduce_number(stop, 'max') end
-  return stop > 0
+end
+
+-- true when any rank has received a stop signal; every rank asks at every
+-- step boundary.  On several ranks the answer is the one this step's loss
+-- all-reduce carried (average_loss), so all ranks stop after the same step
+-- and save one consistent checkpoint, for no collective of its own.
+function Trainer:stop_requested()
+  if self.comm and self.world > 1 then return self.stop_agreed == true end
+  take_stop_signals(self)
+  return self.stop_signal == true
+end
+
+-- The step's loss averaged over the ranks (policy:average_number), and on
+-- several ranks also whether any rank has received a stop signal: one
+-- float64 all-reduce (sum) of {loss, stop} instead of two.
+function Trainer:average_loss(loss)
+  if not (self.comm and self.world > 1) then return self.policy:average_number(loss) end
+  take_stop_signals(self)
+  local buf = self.step_numbers
+  if not buf then
+    buf = gl.empty({ 2 }, { dtype = 'float64' }):keep()
+    self.step_numbers = buf
+  end
+  local d = ffi.cast('double *', gl.lib.gl_data_ptr(buf.c))
+  d[0], d[1] = loss, self.stop_signal and 1 or 0
+  self.comm:all_reduce(buf, 'sum')
+  self.stop_agreed = d[1] > 0
+  return d[0] / self.world
 end
 
 local function signals(f) for _, sig in ipairs(STOP_SIGNALS) do f(sig) end end

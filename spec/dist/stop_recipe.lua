@@ -5,7 +5,8 @@
 local train = require 'gptlua.train'
 return {
   name = 'stop', model = 'gpt2', data = 'char', data_path = 'data/tinyshakespeare.txt',
-  n_layer = 1, n_head = 2, n_embd = 16, block_size = 8, batch_size = 2, max_iters = 1000000,
+  -- max_iters: a bound should a spec fail to stop it (each run is stopped within seconds)
+  n_layer = 1, n_head = 2, n_embd = 16, block_size = 8, batch_size = 2, max_iters = 20000,
   eval_interval = 0, log_interval = 1, sample_length = 0, warmup_iters = 0, device = 'cpu',
   peak_flops = 1e12, dropout = 0, bias = false, seed = 3, keep_last = 2,
   build_data = function(cfg, rank, world)

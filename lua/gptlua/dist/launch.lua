@@ -19,8 +19,10 @@
 -- first SIGINT becomes a SIGUSR1 to mpirun, which the trainer on every rank
 -- treats as its Ctrl-C (the ranks agree to stop at the next step boundary,
 -- save one checkpoint and exit 0), and a second SIGINT, or a SIGTERM, is
--- passed on as is: mpirun kills the job.  Under the TCP launcher gptlua is
--- the ranks' parent and sends the SIGUSR1 to each rank itself.
+-- passed on as is: mpirun kills the job.  SIGHUP (the terminal closed)
+-- reaches mpirun as SIGTERM: in its own group it would not get it, and the
+-- job would go on without anyone to read its output.  Under the TCP launcher
+-- gptlua is the ranks' parent and signals each rank itself.
 local ffi = require 'ffi'
 
 local M = {}
@@ -50,10 +52,10 @@ int posix_spawnattr_setpgroup(gl_spawnattr_t *attr, int pgroup);
 int posix_spawnp(int *pid, const char *file, const void *file_actions, const gl_spawnattr_t *attrp,
                  char *const argv[], char *const envp[]);
 ]])
-ffi.cdef 'extern char **environ;'
+pcall(ffi.cdef, 'extern char **environ;')
 
 local X_OK, WNOHANG, EINTR = 1, 1, 4
-local SIGINT, SIGKILL, SIGUSR1, SIGTERM = 2, 9, 10, 15
+local SIGHUP, SIGINT, SIGKILL, SIGUSR1, SIGTERM = 1, 2, 9, 10, 15
 local POSIX_SPAWN_SETPGROUP = 0x02
 M.STOP_SIGNAL = SIGUSR1   -- what a rank receives for the launcher's first Ctrl-C
 
@@ -126,8 +128,7 @@ end
 function M.wait(pids)
   if type(pids) ~= 'table' then pids = { pids } end
   local lib = require('gptlua').lib
-  lib.gl_signal_catch(SIGINT)
-  lib.gl_signal_catch(SIGTERM)
+  for _, sig in ipairs({ SIGHUP, SIGINT, SIGTERM }) do lib.gl_signal_catch(sig) end
   local live, alive = {}, 0
   for _, p in ipairs(pids) do live[p], alive = true, alive + 1 end
   local function signal_all(sig) for p in pairs(live) do ffi.C.kill(p, sig) end end
@@ -145,7 +146,7 @@ function M.wait(pids)
       end
     end
     if failed_at and alive > 0 and os.time() - failed_at > 5 then signal_all(SIGKILL) end
-    local ints, terms = lib.gl_signal_take(SIGINT), lib.gl_signal_take(SIGTERM)
+    local ints, terms = lib.gl_signal_take(SIGINT), lib.gl_signal_take(SIGTERM) + lib.gl_signal_take(SIGHUP)
     for _ = 1, ints do
       interrupts = interrupts + 1
       if interrupts == 1 then
@@ -159,8 +160,7 @@ function M.wait(pids)
     if terms > 0 then signal_all(SIGTERM) end
     if alive > 0 then ffi.C.poll(nil, 0, 50) end   -- a signal cuts this short
   end
-  lib.gl_signal_restore(SIGINT)
-  lib.gl_signal_restore(SIGTERM)
+  for _, sig in ipairs({ SIGHUP, SIGINT, SIGTERM }) do lib.gl_signal_restore(sig) end
   return status
 end
 

@@ -43,6 +43,17 @@ describe('gptlua -n N --launcher=tcp', function()
     has(out, 'gptlua: --launcher goes with -n N')
   end)
 
+  it('refuses a recv whose size differs from the send, naming both', function()
+    for n, want in pairs({ [3] = 'rank 0 sent 4 elements, expected 3', [8] = 'rank 0 sent 4 elements, expected 8' }) do
+      local out, rc = H.tcprun(2, 'spec/dist/recv_size.lua', tostring(n), 30)
+      assert.is_true(rc ~= 0, out)
+      has(out, "[rank 1] ")
+      has(out, "recv on group 'world' (seq 0) failed: " .. want)
+    end
+    local out, rc = H.tcprun(2, 'spec/dist/recv_size.lua', '4', 30)
+    H.assert_ranks_ok(out, rc, 2)
+  end)
+
   it('finalises by itself when the ranks exit normally', function()
     local out, rc = H.tcprun(2, 'spec/dist/clean_exit.lua', '', 60)
     assert.equal(0, rc, out)
@@ -148,5 +159,19 @@ describe('training over TCP equals one process', function()
     close(losses, H.read_json(out .. '/f.json').losses, 'fsdp over TCP', 1e-5)
     local e = H.rel_error(params, ckpt.load_safetensors(out .. '/f.safetensors'))
     assert.is_true(e < 1e-5, ('fsdp over TCP: final parameters differ, relative error %.3g'):format(e))
+  end)
+end)
+
+describe('NCCL over a TCP world #cuda #sim', function()
+  local cuda = require 'gptlua.cuda'
+  local SIM = cuda.device_count() > 0 and cuda.get_device_name(0):find('cuda-sim', 1, true) ~= nil
+  if not SIM then
+    pending('runs in the CUDA simulator (make test-sim)')
+    return
+  end
+
+  it('says the simulated NCCL needs MPI, and moves CUDA tensors over Gloo', function()
+    local out, rc = H.tcprun(2, 'spec/dist/tcp_nccl.lua', '', 120, 'GL_SIM_DEVICES=2')
+    H.assert_ranks_ok(out, rc, 2)
   end)
 end)

@@ -7,7 +7,8 @@
  * Nonblocking: Gloo's collectives block, so each communicator runs them in
  * order on its own worker thread and comm.c polls a done flag.  send/recv
  * are posted at once from the caller (so two ranks that each send, then
- * receive, cannot deadlock) and waited for on a second thread.
+ * receive, cannot deadlock) and waited for on two more threads, one for
+ * sends and one for receives.
  *
  * Control channel (who is missing after a timeout): a rank blocked in a
  * collective for more than a quarter second publishes what it waits in
@@ -52,7 +53,8 @@ typedef struct lane {
 
 typedef struct gloo_comm {
   gl_gloo *g;
-  lane coll, p2p;
+  lane coll, sends, recvs;      /* recvs apart: a receive's payload is posted by its lane, and
+                                   sends complete only once the peer's is */
   int64_t *sent, *received;    /* messages to / from each peer so far */
 } gloo_comm;
 
@@ -141,7 +143,7 @@ static int gloo_start(gl_work *w) {
     j->p2p = gl_gloo_p2p_post(gc->g, w, (uint64_t)*n, j->err, sizeof j->err);
     if (!j->p2p) return gl_error("%s to/from rank %d: %s", w->args.label, peer, j->err);
     (*n)++;
-    return lane_push(&gc->p2p, j);
+    return lane_push(coll == GL_COLL_SEND ? &gc->sends : &gc->recvs, j);
   }
   return lane_push(&gc->coll, j);
 }
@@ -166,7 +168,8 @@ static gloo_comm *gloo_comm_new(gl_comm *c, const char *prefix) {
   gc->g = gl_gloo_connect(store, prefix, self_host, iface, c->rank, c->size, c->timeout_s);
   if (!gc->g) { free(gc->sent); free(gc->received); free(gc); return NULL; }
   lane_init(&gc->coll, gc->g);
-  lane_init(&gc->p2p, gc->g);
+  lane_init(&gc->sends, gc->g);
+  lane_init(&gc->recvs, gc->g);
   return gc;
 }
 
@@ -174,7 +177,8 @@ static void gloo_destroy(gl_comm *c) {
   gloo_comm *gc = impl_of(c);
   if (!gc) return;
   lane_stop(&gc->coll);
-  lane_stop(&gc->p2p);
+  lane_stop(&gc->sends);
+  lane_stop(&gc->recvs);
   gl_gloo_free(gc->g);
   free(gc->sent);
   free(gc->received);

@@ -36,7 +36,7 @@
 
 extern "C" {
 #include "gptlua.h"
-int gl_error(const char *fmt, ...);
+int gl_error(const char *fmt, ...);   /* internal.h's, whose macros are C only */
 }
 #include "gloo_ops.h"
 

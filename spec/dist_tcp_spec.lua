@@ -14,7 +14,7 @@ local recipe = dofile(H.ROOT .. '/spec/dist/policy_recipe.lua')
 
 local function has(s, part) assert.truthy(s:find(part, 1, true), s) end
 
-if not io.open(H.ROOT .. '/build/libgptlua_gloo.so') and not io.open(GPTLUA.libdir .. '/libgptlua_gloo.so') then
+if not io.open(require('gptlua.ffi').libdir .. '/libgptlua_gloo.so') then
   describe('gptlua.dist over TCP', function() pending('libgptlua_gloo.so was not built (make deps: libgloo-dev)') end)
   return
 end

@@ -15,8 +15,9 @@
  *    NCCL its unique id, whatever the backend.
  *  - A communicator (gl_comm) is backend-neutral: rank, size, topology,
  *    sequence counter, timeout, and a vtable (gl_dist_backend) that moves the
- *    bytes.  engine/mpi/mpi.c is the MPI backend (host memory); an NCCL
- *    backend for CUDA tensors plugs in by providing another vtable.
+ *    bytes.  engine/mpi/mpi.c is the MPI backend and engine/gloo/world.c
+ *    the Gloo one (host memory both); engine/mpi/nccl.c is the NCCL backend
+ *    for CUDA tensors, another vtable.
  *  - Every collective is started nonblocking (gl_comm_start) and returns a
  *    work handle; blocking calls are start + gl_work_wait.  gl_work_wait
  *    polls with a deadline (the communicator's timeout): a collective that

@@ -131,6 +131,14 @@ static inline int gl_thread_id(void) {
     }                                                                        \
   } while (0)
 
+/* For the distributed backends' diagnose (engine/mpi/comm.c): printf onto
+   the end of buf (n bytes, never past it), and the one-line verdict on who
+   has not joined w: why[g] is what is known of group member g (text that
+   follows "rank g"), NULL when it has joined; this rank and, for send and
+   recv, every rank but the peer are left out. */
+void gl_dist_appendf(char *buf, int n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void gl_dist_verdict(const gl_work *w, const char *const *why, char *buf, int n);
+
 /* Device dispatch: cpu_NAME for device < 0, cuda_NAME otherwise (when the
    engine is built with CUDA; without it, a clear error). */
 #ifdef GL_WITH_CUDA

@@ -81,6 +81,10 @@ local function driver(out_path)
   local dir = os.tmpname(); os.remove(dir); os.execute('mkdir -p ' .. dir)
   local mpi_ok, mpi = pcall(ffi.load, require('gptlua.ffi').libdir .. '/libgptlua_mpi.so')
   if not mpi_ok then mpi = nil end
+  -- the TCP backend's own entry point (gl_dist_init_tcp); the rest it
+  -- shares with the MPI library (engine/mpi/comm.c)
+  local gloo_ok, gloo = pcall(ffi.load, require('gptlua.ffi').libdir .. '/libgptlua_gloo.so')
+  if not gloo_ok then gloo = nil end
   local keep = {}   -- everything the calls point into stays alive
   local function hold(x) keep[#keep + 1] = x; return x end
 
@@ -161,6 +165,7 @@ local function driver(out_path)
   for _, f in ipairs(functions(ffi.string(lib.gl_cdef()))) do
     local found, fnp = pcall(function() return lib[f.name] end)
     if not found and mpi then found, fnp = pcall(function() return mpi[f.name] end) end
+    if not found and gloo then found, fnp = pcall(function() return gloo[f.name] end) end
     for i, p in ipairs(f.params) do
       if p.pointer then
         local gap = OUTSIDE[f.name .. '.' .. p.name]

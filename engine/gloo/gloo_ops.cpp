@@ -11,7 +11,7 @@
  *                                            powers of two and even counts)
  *   gather, scatter, all_to_all              pairwise unbound-buffer sends and
  *                                            receives at each rank's offset
- *   send, recv                               one unbound-buffer message
+ *   send, recv                               unbound-buffer messages: size, then payload
  * Reductions run natively in float32/64 and int32/64 (comm.c stages 16-bit
  * floats to float32 and scales avg, as for MPI). */
 #include <gloo/allgatherv.h>
@@ -36,7 +36,7 @@
 
 extern "C" {
 #include "gptlua.h"
-int gl_error(const char *fmt, ...);
+int gl_error(const char *fmt, ...);   /* internal.h's, whose macros are C only */
 }
 #include "gloo_ops.h"
 
@@ -121,7 +121,7 @@ template <typename F> void by_dtype(int dtype, F f) {
 
 /* slot prefixes of our own unbound-buffer messages (Gloo's algorithms use
    small ones); the tag or the per-peer count fills the low bits */
-constexpr uint8_t kPairwiseSlot = 0xe1, kP2PSlot = 0xe2;
+constexpr uint8_t kPairwiseSlot = 0xe1, kP2PHeaderSlot = 0xe2, kP2PSlot = 0xe3;
 
 }  // namespace
 
@@ -130,7 +130,13 @@ struct gl_gloo {
 };
 
 struct gl_gloo_p2p {
-  std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+  std::shared_ptr<gloo::Context> ctx;
+  std::unique_ptr<gloo::transport::UnboundBuffer> head, buf;
+  uint64_t header;             /* the message's byte count */
+  uint64_t header_slot, slot;
+  void *data;
+  size_t bytes, es;            /* this side's byte count, element size */
+  int peer;
   bool is_send;
 };
 
@@ -293,19 +299,33 @@ extern "C" int gl_gloo_run(gl_gloo *g, const gl_work *w, uint32_t tag, double ti
   }
 }
 
+/* A message is a header (its byte count) and, unless empty, the payload.
+   The receiver reads the header first, so a size that differs from what
+   it expects is reported (as MPI does) instead of overrunning the buffer
+   or leaving a short result; the payload is then drained into scratch so
+   the sender still completes. */
 extern "C" gl_gloo_p2p *gl_gloo_p2p_post(gl_gloo *g, const gl_work *w, uint64_t n, char *err, size_t errn) {
   try {
-    bool is_send = w->args.coll == GL_COLL_SEND;
-    size_t bytes = (size_t)(is_send ? w->send_numel : w->recv_numel) * (size_t)gl_dtype_size(w->wire_dtype);
     auto p = std::make_unique<gl_gloo_p2p>();
-    p->is_send = is_send;
-    /* an empty message still travels (a one-byte buffer, zero bytes sent)
-       so the two sides stay matched */
-    static char none;
-    p->buf = g->ctx->createUnboundBuffer(bytes ? (is_send ? w->send_buf : w->recv_buf) : &none, bytes ? bytes : 1);
-    uint64_t slot = gloo::Slot::build(kP2PSlot, (uint32_t)n);
-    if (is_send) p->buf->send(w->args.root, slot, 0, bytes);
-    else p->buf->recv(w->args.root, slot, 0, bytes);
+    p->is_send = w->args.coll == GL_COLL_SEND;
+    p->ctx = g->ctx;
+    p->peer = w->args.root;
+    p->es = (size_t)gl_dtype_size(w->wire_dtype);
+    p->bytes = (size_t)(p->is_send ? w->send_numel : w->recv_numel) * p->es;
+    p->data = p->is_send ? w->send_buf : w->recv_buf;
+    p->header_slot = gloo::Slot::build(kP2PHeaderSlot, (uint32_t)n);
+    p->slot = gloo::Slot::build(kP2PSlot, (uint32_t)n);
+    p->header = p->bytes;
+    p->head = g->ctx->createUnboundBuffer(&p->header, sizeof p->header);
+    if (p->is_send) {
+      p->head->send(p->peer, p->header_slot);
+      if (p->bytes) {
+        p->buf = g->ctx->createUnboundBuffer(p->data, p->bytes);
+        p->buf->send(p->peer, p->slot);
+      }
+    } else {
+      p->head->recv(p->peer, p->header_slot);
+    }
     return p.release();
   } catch (const std::exception &e) {
     set_err(err, errn, e.what());
@@ -316,8 +336,29 @@ extern "C" gl_gloo_p2p *gl_gloo_p2p_post(gl_gloo *g, const gl_work *w, uint64_t 
 extern "C" int gl_gloo_p2p_wait(gl_gloo_p2p *p, double timeout_s, char *err, size_t errn) {
   std::unique_ptr<gl_gloo_p2p> own(p);
   try {
-    if (p->is_send) p->buf->waitSend(millis(timeout_s));
-    else p->buf->waitRecv(millis(timeout_s));
+    ms timeout = millis(timeout_s);
+    if (p->is_send) {
+      p->head->waitSend(timeout);
+      if (p->buf) p->buf->waitSend(timeout);
+      return GL_OK;
+    }
+    p->head->waitRecv(timeout);
+    uint64_t sent = p->header;
+    if (sent == 0 && p->bytes == 0) return GL_OK;
+    std::vector<char> scratch;
+    void *into = p->data;
+    if (sent != p->bytes) { scratch.resize(sent ? sent : 1); into = scratch.data(); }
+    if (sent) {
+      p->buf = p->ctx->createUnboundBuffer(into, sent);
+      p->buf->recv(p->peer, p->slot);
+      p->buf->waitRecv(timeout);
+    }
+    if (sent != p->bytes) {
+      if (err && errn)
+        snprintf(err, errn, "rank %d sent %llu elements, expected %llu", p->peer,
+                 (unsigned long long)(sent / p->es), (unsigned long long)(p->bytes / p->es));
+      return GL_ERR;
+    }
     return GL_OK;
   } catch (const std::exception &e) {
     set_err(err, errn, e.what());

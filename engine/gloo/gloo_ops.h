@@ -33,7 +33,8 @@ void gl_gloo_free(gl_gloo *g);
 int gl_gloo_run(gl_gloo *g, const struct gl_work *w, uint32_t tag, double timeout_s, char *err, size_t errn);
 
 /* send/recv: posted at once (nonblocking), then waited for (blocking,
-   frees p).  n: how many messages this rank sent to (recv: received
+   frees p; a recv's wait reads the size first, then posts the payload, so
+   sends and receives need separate waiting threads).  n: how many messages this rank sent to (recv: received
    from) the peer before, which matches the two sides' messages in order. */
 gl_gloo_p2p *gl_gloo_p2p_post(gl_gloo *g, const struct gl_work *w, uint64_t n, char *err, size_t errn);
 int gl_gloo_p2p_wait(gl_gloo_p2p *p, double timeout_s, char *err, size_t errn);

@@ -7,7 +7,8 @@
  * Nonblocking: Gloo's collectives block, so each communicator runs them in
  * order on its own worker thread and comm.c polls a done flag.  send/recv
  * are posted at once from the caller (so two ranks that each send, then
- * receive, cannot deadlock) and waited for on a second thread.
+ * receive, cannot deadlock) and waited for on two more threads, one for
+ * sends and one for receives.
  *
  * Control channel (who is missing after a timeout): a rank blocked in a
  * collective for more than a quarter second publishes what it waits in
@@ -22,7 +23,6 @@
 #include "gloo_ops.h"
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +52,8 @@ typedef struct lane {
 
 typedef struct gloo_comm {
   gl_gloo *g;
-  lane coll, p2p;
+  lane coll, sends, recvs;      /* recvs apart: a receive's payload is posted by its lane, and
+                                   sends complete only once the peer's is */
   int64_t *sent, *received;    /* messages to / from each peer so far */
 } gloo_comm;
 
@@ -141,7 +142,7 @@ static int gloo_start(gl_work *w) {
     j->p2p = gl_gloo_p2p_post(gc->g, w, (uint64_t)*n, j->err, sizeof j->err);
     if (!j->p2p) return gl_error("%s to/from rank %d: %s", w->args.label, peer, j->err);
     (*n)++;
-    return lane_push(&gc->p2p, j);
+    return lane_push(coll == GL_COLL_SEND ? &gc->sends : &gc->recvs, j);
   }
   return lane_push(&gc->coll, j);
 }
@@ -166,7 +167,8 @@ static gloo_comm *gloo_comm_new(gl_comm *c, const char *prefix) {
   gc->g = gl_gloo_connect(store, prefix, self_host, iface, c->rank, c->size, c->timeout_s);
   if (!gc->g) { free(gc->sent); free(gc->received); free(gc); return NULL; }
   lane_init(&gc->coll, gc->g);
-  lane_init(&gc->p2p, gc->g);
+  lane_init(&gc->sends, gc->g);
+  lane_init(&gc->recvs, gc->g);
   return gc;
 }
 
@@ -174,7 +176,8 @@ static void gloo_destroy(gl_comm *c) {
   gloo_comm *gc = impl_of(c);
   if (!gc) return;
   lane_stop(&gc->coll);
-  lane_stop(&gc->p2p);
+  lane_stop(&gc->sends);
+  lane_stop(&gc->recvs);
   gl_gloo_free(gc->g);
   free(gc->sent);
   free(gc->received);
@@ -262,21 +265,6 @@ static void gloo_serve(const gl_work *waiting) {
   }
 }
 
-static void appendf(char *buf, int n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void appendf(char *buf, int n, const char *fmt, ...) {
-  size_t len = strlen(buf);
-  if ((int)len >= n - 1) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf + len, (size_t)n - len, fmt, ap);
-  va_end(ap);
-}
-
-static void describe_rank(char *buf, int n, const gl_comm *c, int g) {
-  appendf(buf, n, "rank %d", g);
-  if (!c->is_world) appendf(buf, n, " (world rank %d)", c->world_ranks[g]);
-}
-
 /* status of world rank wr, or 0 when it never published */
 static int status_of(int wr, status_rec *r) {
   char key[32];
@@ -306,7 +294,7 @@ static void gloo_diagnose(const gl_work *w, char *buf, int n) {
   grace = grace < 0.5 ? 0.5 : grace > 5.0 ? 5.0 : grace;
   status_rec *st = calloc((size_t)c->size, sizeof *st);
   int *got = calloc((size_t)c->size, sizeof *got);
-  if (!st || !got) { free(st); free(got); appendf(buf, n, "(out of memory while asking the other ranks)"); return; }
+  if (!st || !got) { free(st); free(got); gl_dist_appendf(buf, n, "(out of memory while asking the other ranks)"); return; }
   double t0 = gl_dist_now();
   for (;;) {
     int pending = 0;
@@ -319,27 +307,25 @@ static void gloo_diagnose(const gl_work *w, char *buf, int n) {
     struct timespec ts = {0, 20000000};
     nanosleep(&ts, NULL);
   }
-  char missing[1500] = "", joined[600] = "";
-  int nmissing = 0, njoined = 0;
+  enum { WHY = 400 };
+  char *whys = calloc((size_t)c->size, WHY);
+  const char **why = calloc((size_t)c->size, sizeof *why);
+  if (!whys || !why) { free(whys); free(why); free(st); free(got); gl_dist_appendf(buf, n, "(out of memory)"); return; }
   double now = wall_now();
   for (int g = 0; g < c->size; g++) {
     if (g == c->rank || (p2p && g != w->args.root)) continue;
-    if (got[g] && has_joined(w, &st[g])) {
-      if (njoined++) appendf(joined, sizeof joined, ", ");
-      describe_rank(joined, sizeof joined, c, g);
-      continue;
-    }
-    if (nmissing++) appendf(missing, sizeof missing, "; ");
-    describe_rank(missing, sizeof missing, c, g);
+    if (got[g] && has_joined(w, &st[g])) continue;
+    char *s = whys + (size_t)g * WHY;
+    why[g] = s;
     if (!got[g])
-      appendf(missing, sizeof missing, " has not been blocked in any collective (busy outside them, hung or dead)");
+      gl_dist_appendf(s, WHY, " has not been blocked in any collective (busy outside them, hung or dead)");
     else
-      appendf(missing, sizeof missing, " was last blocked in %s on group '%s' (%sseq %lld) %.1f s ago", st[g].label,
-              st[g].comm, st[g].p2p ? "p2p " : "", (long long)st[g].seq, now - st[g].when);
+      gl_dist_appendf(s, WHY, " was last blocked in %s on group '%s' (%sseq %lld) %.1f s ago", st[g].label,
+                      st[g].comm, st[g].p2p ? "p2p " : "", (long long)st[g].seq, now - st[g].when);
   }
-  if (nmissing) appendf(buf, n, "Missing: %s.", missing);
-  else appendf(buf, n, "Every rank has joined; the collective itself did not finish.");
-  if (njoined) appendf(buf, n, " Joined: %s.", joined);
+  gl_dist_verdict(w, why, buf, n);
+  free(why);
+  free(whys);
   free(st);
   free(got);
 }
@@ -441,7 +427,7 @@ static int rendezvous(gl_comm *c, const char *addr, int port, double timeout_s) 
       char list[1200] = "";
       int k = 0;
       for (int r = 0; r < c->size; r++)
-        if (!hosts[r]) appendf(list, sizeof list, "%s%d", k++ ? ", " : "", r);
+        if (!hosts[r]) gl_dist_appendf(list, sizeof list, "%s%d", k++ ? ", " : "", r);
       rc = gl_error("rendezvous at %s:%d timed out after %.1f s: rank%s %s of %d did not join (each rank needs "
                     "the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and its own RANK)", addr, port, timeout_s,
                     nmissing > 1 ? "s" : "", list, c->size);

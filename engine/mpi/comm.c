@@ -3,6 +3,7 @@
  * split.  The bytes are moved by the communicator's backend vtable (mpi.c;
  * an NCCL backend plugs in the same way).  See gl_dist.h for the contract. */
 #include "internal.h"
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -486,6 +487,42 @@ int gl_comm_run(gl_comm *c, const gl_coll_args *a) {
   int rc = gl_work_wait(w);
   gl_work_free(w);
   return rc;
+}
+
+/* ---- diagnose helpers (the backends' diagnose) --------------------------- */
+void gl_dist_appendf(char *buf, int n, const char *fmt, ...) {
+  size_t len = strlen(buf);
+  if ((int)len >= n - 1) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf + len, (size_t)n - len, fmt, ap);
+  va_end(ap);
+}
+
+static void describe_rank(char *buf, int n, const gl_comm *c, int g) {
+  gl_dist_appendf(buf, n, "rank %d", g);
+  if (!c->is_world) gl_dist_appendf(buf, n, " (world rank %d)", c->world_ranks[g]);
+}
+
+void gl_dist_verdict(const gl_work *w, const char *const *why, char *buf, int n) {
+  const gl_comm *c = w->comm;
+  int p2p = is_p2p(w->args.coll);
+  char missing[1500] = "", joined[600] = "";
+  int nmissing = 0, njoined = 0;
+  for (int g = 0; g < c->size; g++) {
+    if (g == c->rank || (p2p && g != w->args.root)) continue;
+    if (!why[g]) {
+      if (njoined++) gl_dist_appendf(joined, sizeof joined, ", ");
+      describe_rank(joined, sizeof joined, c, g);
+      continue;
+    }
+    if (nmissing++) gl_dist_appendf(missing, sizeof missing, "; ");
+    describe_rank(missing, sizeof missing, c, g);
+    gl_dist_appendf(missing, sizeof missing, "%s", why[g]);
+  }
+  if (nmissing) gl_dist_appendf(buf, n, "Missing: %s.", missing);
+  else gl_dist_appendf(buf, n, "Every rank has joined; the collective itself did not finish.");
+  if (njoined) gl_dist_appendf(buf, n, " Joined: %s.", joined);
 }
 
 /* ---- split ------------------------------------------------------------- */

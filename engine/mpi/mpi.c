@@ -13,7 +13,6 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <malloc.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -268,21 +267,6 @@ static void mpi_serve(const gl_work *waiting) {
   }
 }
 
-static void appendf(char *buf, int n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void appendf(char *buf, int n, const char *fmt, ...) {
-  size_t len = strlen(buf);
-  if ((int)len >= n - 1) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf + len, n - len, fmt, ap);
-  va_end(ap);
-}
-
-static void describe_rank(char *buf, int n, const gl_comm *c, int g) {
-  appendf(buf, n, "rank %d", g);
-  if (!c->is_world) appendf(buf, n, " (world rank %d)", c->world_ranks[g]);
-}
-
 /* Asks every rank what it is doing (ranks blocked in gptlua.dist answer from
    their wait loop; a rank busy elsewhere, hung or dead does not), then
    names the members of w's group that have not joined w. */
@@ -294,7 +278,7 @@ static void mpi_diagnose(const gl_work *w, char *buf, int n) {
   ctl_reply *rep = calloc(nw, sizeof *rep);
   MPI_Request *rr = calloc(nw, sizeof *rr), *sr = calloc(nw, sizeof *sr);
   int *got = calloc(nw, sizeof *got);
-  if (!rep || !rr || !sr || !got) { appendf(buf, n, "(out of memory while asking the other ranks)"); return; }
+  if (!rep || !rr || !sr || !got) { gl_dist_appendf(buf, n, "(out of memory while asking the other ranks)"); return; }
   static ctl_query q;
   memset(&q, 0, sizeof q);
   q.seq = w->seq;
@@ -318,33 +302,31 @@ static void mpi_diagnose(const gl_work *w, char *buf, int n) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
-  char missing[1500] = "", joined[600] = "";
-  int nmissing = 0, njoined = 0;
+  enum { WHY = 400 };
+  char *whys = calloc((size_t)c->size, WHY);
+  const char **why = calloc((size_t)c->size, sizeof *why);
+  if (!whys || !why) { free(whys); free(why); free(got); gl_dist_appendf(buf, n, "(out of memory)"); return; }
   for (int g = 0; g < c->size; g++) {
     if (g == c->rank || (p2p && g != w->args.root)) continue;
     int wr = c->world_ranks[g];
     const ctl_reply *r = &rep[wr];
-    if (got[wr] && !p2p && r->started > w->seq) {
-      if (njoined++) appendf(joined, sizeof joined, ", ");
-      describe_rank(joined, sizeof joined, c, g);
-      continue;
-    }
-    if (nmissing++) appendf(missing, sizeof missing, "; ");
-    describe_rank(missing, sizeof missing, c, g);
+    if (got[wr] && !p2p && r->started > w->seq) continue;   /* joined */
+    char *s = whys + (size_t)g * WHY;
+    why[g] = s;
     if (!got[wr])
-      appendf(missing, sizeof missing, " did not answer (busy outside any collective, hung or dead)");
+      gl_dist_appendf(s, WHY, " did not answer (busy outside any collective, hung or dead)");
     else {
-      if (!p2p) appendf(missing, sizeof missing, " has started %lld collectives on this group and", (long long)r->started);
+      if (!p2p) gl_dist_appendf(s, WHY, " has started %lld collectives on this group and", (long long)r->started);
       if (r->waiting)
-        appendf(missing, sizeof missing, " is blocked in %s on group '%s' (seq %lld)", r->wait_label, r->wait_comm,
-                (long long)r->wait_seq);
+        gl_dist_appendf(s, WHY, " is blocked in %s on group '%s' (seq %lld)", r->wait_label, r->wait_comm,
+                        (long long)r->wait_seq);
       else
-        appendf(missing, sizeof missing, " is not blocked");
+        gl_dist_appendf(s, WHY, " is not blocked");
     }
   }
-  if (nmissing) appendf(buf, n, "Missing: %s.", missing);
-  else appendf(buf, n, "Every rank has joined; the collective itself did not finish.");
-  if (njoined) appendf(buf, n, " Joined: %s.", joined);
+  gl_dist_verdict(w, why, buf, n);
+  free(why);
+  free(whys);
   free(got);
 }
 

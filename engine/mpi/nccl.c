@@ -1,9 +1,8 @@
 /* nccl.c — the NCCL backend of gptlua.dist: collectives on CUDA tensors.
  *
- * An NCCL communicator is the twin of an MPI one (gl_nccl_comm_create): the
- * same ranks and topology, the unique id handed over by a broadcast on the
- * parent (MPI or Gloo: whatever backend the world has),
- * and its own CUDA stream.  Every collective is ordered against the device's
+ * An NCCL communicator is the twin of a host one, MPI or Gloo
+ * (gl_nccl_comm_create): the same ranks and topology, the unique id handed
+ * over by a broadcast on that parent, and its own CUDA stream.  Every collective is ordered against the device's
  * compute stream with events: the communicator's stream waits for an event
  * recorded on the compute stream when the collective starts (its inputs were
  * written there), and an event recorded after the collective is what the

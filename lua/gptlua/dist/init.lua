@@ -18,12 +18,14 @@
 -- they meet at a TCP rendezvous and talk through build/libgptlua_gloo.so
 -- (engine/gloo/).  One contract, engine/gl_dist.h, and one Comm table here.
 --
--- Backends: CPU tensors travel over MPI or Gloo (the world's host backend).  CUDA tensors travel over NCCL
--- (engine/mpi/nccl.c, a communicator per group with its own stream) when
--- every rank can use it: a build with NCCL, one GPU per rank; otherwise, or
--- with dist.init{backend = 'mpi'}, over MPI through host copies (how
--- several ranks share one GPU: NCCL refuses that).  Each rank of a
--- multi-rank world binds to GPU local_rank % device_count (dist.device()).
+-- Backends: CPU tensors travel over the world's host backend, MPI or Gloo.
+-- CUDA tensors travel over NCCL (engine/mpi/nccl.c, a communicator per
+-- group with its own stream, its unique id broadcast over the host backend)
+-- when every rank can use it: a build with NCCL, one GPU per rank;
+-- otherwise, or with dist.init{backend = 'mpi'|'gloo'}, over the host
+-- backend through host copies (how several ranks share one GPU: NCCL
+-- refuses that).  Each rank of a multi-rank world binds to GPU
+-- local_rank % device_count (dist.device()).
 --
 -- Collectives take flat views of tensors: only numel matters.  Where a side
 -- is split over ranks it can be one tensor (even split, or opts.counts for
@@ -151,8 +153,9 @@ function dist.gpu_for(local_rank, device_count)
 end
 
 -- Whether this rank's CUDA tensors can travel over NCCL, else false and
--- why.  o: backend ('auto' | 'mpi' | 'nccl'), nccl_version (0: built
--- without NCCL), device (bound GPU or nil), local_size, device_count.
+-- why.  o: backend ('auto' | 'mpi' | 'gloo' | 'nccl'), host (the world's
+-- host backend, 'mpi' or 'gloo'), nccl_version (0: built without NCCL),
+-- device (bound GPU or nil), local_size, device_count.
 -- dist.init asks every rank and uses NCCL only if all of them can.
 function dist.nccl_plan(o)
   if o.backend == 'mpi' or o.backend == 'gloo' then return false, ("backend '%s' was requested"):format(o.backend) end
@@ -654,8 +657,8 @@ end
 local function choose_nccl(w, backend)
   if backend == 'mpi' or backend == 'gloo' then return false end
   local cuda = require 'gptlua.cuda'
-  local ok, why = dist.nccl_plan { backend = backend, host = w.backend, nccl_version = mpi.gl_nccl_version(), device = device_id,
-    local_size = w.local_size, device_count = cuda.device_count() }
+  local ok, why = dist.nccl_plan { backend = backend, host = w.backend, nccl_version = mpi.gl_nccl_version(),
+    device = device_id, local_size = w.local_size, device_count = cuda.device_count() }
   local all = w:all_reduce_number(ok and 1 or 0, 'min') == 1
   if backend == 'nccl' and not all then
     return nil, ("dist.init: backend 'nccl': %s"):format(ok and 'another rank cannot use NCCL (see its error)' or why)
@@ -671,8 +674,9 @@ end
 -- initialise that host backend and move CUDA tensors over it too (through
 -- host memory: ranks may share a GPU); 'nccl' always initialises the
 -- launcher's host backend and fails unless CUDA tensors can use NCCL.  The
--- rendezvous waits up to timeout for every rank and names the missing.  threads defaults to the
--- node's cores over its ranks (unless OMP_NUM_THREADS is set).  Ranks of a
+-- TCP rendezvous waits up to timeout for every rank and names the missing.
+-- threads defaults to the node's cores over its ranks (unless
+-- OMP_NUM_THREADS is set).  Ranks of a
 -- multi-rank world bind to GPU local_rank % device_count.  Later calls
 -- return the same world.
 function dist.init(opts)

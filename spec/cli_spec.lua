@@ -1,6 +1,6 @@
 -- The gptlua executable: options, scripts, errors, and the REPL over a pipe.
 local root = GPTLUA.root
-local exe = GPTLUA.exe
+local exe = GPTLUA.exe  -- specs run from the tree root (run() cds there)
 
 local function run(cmd, stdin)
   local inp = os.tmpname()
@@ -15,7 +15,7 @@ end
 
 describe('gptlua executable', function()
   it('prints its version and help', function()
-    local out, _, st = run(exe .. ' -v')
+    local out, _, st = run(exe .. ' -V')
     assert.equal(0, st)
     assert.truthy(out:match('^gptlua %d+%.%d+%.%d+'))
     out = run(exe .. ' --help')
@@ -50,6 +50,95 @@ local v = t:view(4, 4)']])
   it('reports the BLAS library and the kernels it runs', function()
     local out = run('OPENBLAS_CORETYPE=Haswell ' .. exe .. [[ -e 'print(require("gptlua").blas_info())']])
     assert.truthy(out:match('^OpenBLAS [%d.]+ .*%(Haswell kernels%)'), out)
+  end)
+  it('reports a user error in one line without a traceback, and with one under -v', function()
+    for _, c in ipairs({
+      { ' recipes/shakespeare.lua --lerning_rate=1', 'config: unknown key --lerning_rate (did you mean --learning_rate?)\n' },
+      { ' recipes/shakespeare.lua --max_iters abc', 'config: --max_iters expects a finite number, got "abc"\n' },
+      { ' recipes/shakespeare.lua --device=cuda:0', 'config: device cuda:0 requested but no CUDA device is available (use --device=cpu)\n' },
+      { ' recipes/shakespeare.lua --data_path=/nonexistent.txt --max_iters=1',
+        'data: file /nonexistent.txt not found (also looked in ' .. root .. ')\n' },
+      { ' /nonexistent.lua', 'gptlua: cannot open /nonexistent.lua' },
+      { ' recipes/prepare.lua --inptu=x', 'prepare: unknown key --inptu (did you mean --input?)\n' },
+      { ' recipes/sample.lua --temprature 1', 'sample: unknown key --temprature (did you mean --temperature?)\n' },
+    }) do
+      if not (c[1]:find('cuda') and require('gptlua').cuda_available()) then
+        local _, err, st = run(exe .. c[1])
+        assert.equal(1, st, c[1])
+        assert.equal(1, select(2, err:gsub('\n', '')), c[1] .. ': ' .. err)
+        assert.equal(1, err:find(c[2], 1, true), c[1] .. ': ' .. err)
+      end
+    end
+    local _, err, st = run(exe .. ' -v recipes/shakespeare.lua --lerning_rate=1')
+    assert.equal(1, st)
+    assert.truthy(err:find('did you mean --learning_rate?)\nstack traceback:', 1, true), err)
+    assert.truthy(err:find('config.lua:%d+: in function'), err)
+    -- a bug (an error with a position in the library) keeps its traceback
+    _, err, st = run(exe .. [[ -e 'require("gptlua.config").merge(5)']])
+    assert.equal(1, st)
+    assert.truthy(err:find('stack traceback', 1, true), err)
+  end)
+  it('suggests the nearest key, or none when none is near', function()
+    local config, train = require 'gptlua.config', require 'gptlua.train'
+    for typed, want in pairs({ lerning_rate = 'learning_rate', max_iter = 'max_iters', batchsize = 'batch_size',
+                               learning = 'learning_rate', ['fsdp.prefetc'] = 'fsdp.prefetch', nlayer = 'n_layer' }) do
+      assert.equal(want, config.suggest(typed, train.defaults), typed)
+    end
+    assert.is_nil(config.suggest('zzz', train.defaults))
+    local _, err = config.try_parse_args({ '--zzz=1' }, train.defaults)
+    assert.equal('config: unknown key --zzz (gptlua RECIPE --help lists the keys)', err)
+  end)
+  it('takes --key value as --key=value, and a boolean flag alone or with a boolean word', function()
+    local config, train = require 'gptlua.config', require 'gptlua.train'
+    local o = config.parse_args({ '--max_iters', '5', '--bias', 'false', '--quiet', '--resume', '--min_lr', '-1',
+                                  '--name', 'x y', '--fsdp.prefetch', 'no', '--decay_lr' }, train.defaults)
+    assert.same({ max_iters = 5, bias = false, quiet = true, resume = true, min_lr = -1, name = 'x y',
+                  fsdp = { prefetch = false }, decay_lr = true }, o)
+    assert.same({ resume = 'step_0000010' }, config.parse_args({ '--resume', 'step_0000010' }, train.defaults))
+    local _, err = config.try_parse_args({ '--max_iters', '--quiet' }, train.defaults)
+    assert.equal('config: --max_iters needs a value (--max_iters=N)', err)
+    _, err = config.try_parse_args({ '--quiet', 'maybe' }, train.defaults)
+    assert.equal('config: cannot parse argument "maybe" (expected --key=value or --key value)', err)
+    -- the same through the executable: trainer, prepare.lua, sample.lua
+    local _, e2, st = run(exe .. ' recipes/shakespeare.lua --max_iters 0')
+    assert.equal(1, st)
+    assert.truthy(e2:find('config: max_iters must be an integer in [1,', 1, true), e2)
+    _, e2, st = run(exe .. ' recipes/prepare.lua --input data/tinyshakespeare.txt --tokenizer char --vocab-size 0 --out x')
+    assert.equal(1, st)
+    assert.truthy(e2:find('prepare: --vocab-size must be an integer >= 1, got 0', 1, true), e2)
+    _, e2, st = run(exe .. ' recipes/sample.lua --n abc')
+    assert.equal(1, st)
+    assert.truthy(e2:find('sample: --n expects a finite number, got "abc"', 1, true), e2)
+  end)
+  it('lists a recipe\'s keys with type, value and description for RECIPE --help', function()
+    local out, err, st = run(exe .. ' recipes/shakespeare.lua --help')
+    assert.equal(0, st, err)
+    assert.truthy(out:find('^usage: gptlua recipes/shakespeare.lua'), out)
+    assert.truthy(out:find('\n  %-%-learning_rate +number +0%.001 +peak learning rate'), out)
+    assert.truthy(out:find("\n  %-%-name +string +'shakespeare' +run name"), out)  -- the recipe's value
+    assert.truthy(out:find('\n  %-%-fsdp%.prefetch +boolean +true'), out)
+    for _, tool in ipairs({ 'prepare', 'sample' }) do
+      out, err, st = run(exe .. ' recipes/' .. tool .. '.lua --help')
+      assert.equal(0, st, err)
+      assert.truthy(out:find('^usage: gptlua recipes/' .. tool .. '.lua'), out)
+    end
+  end)
+  it('describes every trainer key in one line, and nothing else', function()
+    local config, train, docs = require 'gptlua.config', require 'gptlua.train', require 'gptlua.config_keys'
+    local seen = {}
+    for _, k in ipairs(config.key_paths(train.defaults)) do
+      assert.truthy(type(docs[k]) == 'string' and docs[k] ~= '' and not docs[k]:find('\n'), 'no description for ' .. k)
+      seen[k] = true
+    end
+    for k in pairs(docs) do assert.truthy(seen[k], 'a description of no key: ' .. k) end
+  end)
+  it('runs a subcommand from its one-line entry in the table', function()
+    local cli = require 'gptlua.cli'
+    package.loaded['spec_fake_sub'] = { main = function(args) return 40 + #args end }
+    cli.subcommands.fake = { module = 'spec_fake_sub', help = 'a spec\'s subcommand' }
+    assert.equal(42, cli.main({ [0] = 'gptlua', 'fake', 'a', 'b' }))
+    assert.truthy(cli.usage():find('gptlua fake +a spec\'s subcommand'))
+    cli.subcommands.fake = nil
   end)
   it('rejects unknown options', function()
     local _, err, st = run(exe .. ' --bogus')
@@ -87,11 +176,45 @@ describe('REPL over a pipe', function()
     assert.truthy(out:find('42', 1, true))
     assert.truthy(out:find('i\t2', 1, true))
   end)
-  it('prints errors with a traceback and keeps going', function()
+  it('prints errors with a traceback, keeps going, and exits 1 when a statement failed', function()
     local out, err, st = run(exe, 'error("oops")\n1 + 1\n')
-    assert.equal(0, st)
+    assert.equal(1, st)
     assert.truthy(err:find('oops', 1, true))
     assert.truthy(out:find('2', 1, true))
+    _, err, st = run(exe, 'x = \n')
+    assert.equal(1, st)
+    assert.truthy(err:find('unfinished statement', 1, true), err)
+    _, err, st = run(exe, 'x = = 1\n2\n')
+    assert.equal(1, st)
+    assert.truthy(err:find("unexpected symbol near '='", 1, true), err)
+    _, _, st = run(exe, 'x = 1\nx + 1\n')
+    assert.equal(0, st)
+  end)
+  it('prints help: help(), ?f and f? (signature, doc, where), help(module)', function()
+    local out, err, st = run(exe, '?gl.matmul\ngl.Tensor.narrow?\nhelp(gl.Tensor.add_)\nhelp()\n')
+    assert.equal(0, st, err)
+    assert.truthy(out:find('gl.matmul(a: tensor, b: tensor)\n', 1, true), out)
+    assert.truthy(out:find('defined at lua/gptlua/ops_math.lua:', 1, true), out)
+    assert.truthy(out:find('Tensor:narrow(dim: integer, start: integer, length: integer)', 1, true), out)
+    -- the comment block above the definition is the doc
+    assert.truthy(out:find('Tensor:add_(b: scalar, alpha: number?)\n  in-place (no autograd)', 1, true), out)
+    assert.truthy(out:find('Ctrl-C', 1, true) and out:find('gl: %d+ members'), out)
+    out = run(exe, 'help(require "gptlua.optim")\n')
+    assert.truthy(out:find('^gptlua.optim'), out)  -- the module's opening comment
+  end)
+  it('lists a module by group, not 20 entries and ...', function()
+    local out = run(exe, 'gl\n')
+    local n = tonumber(out:match('^gl: (%d+) members'))
+    assert.truthy(n and n > 60, out)
+    assert.truthy(out:find('\n  creation +arange, full, ones'), out)
+    assert.truthy(out:find('\n  matrix products +[%w_, ]*matmul'), out)
+    assert.falsy(out:find('...', 1, true), out)
+    for name in pairs(require('gptlua')) do  -- every member is listed
+      assert.truthy(out:find('[ ,]' .. name .. '[,\n =]'), name)
+    end
+    -- a data table: sorted, and says how many it left out
+    out = run(exe, 't = {}\nfor i = 1, 30 do t["k" .. string.format("%02d", i)] = i end\nt\n')
+    assert.truthy(out:find('^{k01 = 1, k02 = 2, .*k20 = 20, %.%.%. %(10 more%)}'), out)
   end)
   it('enters the REPL after a script with -i, its globals in scope', function()
     local script = os.tmpname()

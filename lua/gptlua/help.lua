@@ -127,6 +127,17 @@ function M.doc(f)
   local lines = path and source_lines(path)
   if not lines then return {} end
   local doc = comment_above(lines, line)
+  -- a function a factory returns (`local function unary(...) return
+  -- function(x) ...`): the factory's comment
+  if #doc == 0 and line > 2 and lines[line - 1]:match('^%s*local function') then
+    doc = comment_above(lines, line - 1)
+  end
+  -- one of a run of one-line definitions under one comment (zeros, ones, ...)
+  if #doc == 0 then
+    local i = line - 1
+    while i >= 1 and lines[i]:match('^%s*function .*%send%s*$') do i = i - 1 end
+    if i < line - 1 then doc = comment_above(lines, i + 1) end
+  end
   -- `function O.x(...)` under `O.x = check.wrap(...)`-style one-liners: the
   -- line itself may carry the comment after the code
   if #doc == 0 then

@@ -152,6 +152,7 @@ local BOOLEAN_WORDS = { ['true'] = true, ['false'] = true, yes = true, no = true
 function M.parse_args(args, defaults, tool)
   local out = {}
   args = args or {}
+  if type(args) ~= 'table' then error(('config: arguments must be a list of strings, got a %s'):format(type(args)), 0) end
   local i = 1
   while args[i] ~= nil do
     local a = args[i]

@@ -147,7 +147,11 @@ end
 -- `?x`, `x?`: the expression x to help with
 local function help_request(src)
   local e = src:match('^%s*%?%s*(.-)%s*$') or src:match('^%s*(.-)%s*%?%s*$')
-  if e and not e:find('\n') then return e end
+  if e and not e:find('\n') then
+    -- ?x:narrow: the method, looked up as x.narrow
+    local obj, method = e:match('^([%a_][%w_%.]*):([%a_][%w_]*)$')
+    return obj and (obj .. '.' .. method) or e
+  end
 end
 
 -- compiles a statement: an expression first (so `x` prints x), then a

@@ -26,10 +26,10 @@ local USAGE = 'usage: gptlua recipes/prepare.lua --input FILE_OR_DIR --tokenizer
               '[--val-fraction 0.01] [--vocab-size N] [--shard-tokens N] [--force] [--quiet]'
 -- each flag's type, by the type of its placeholder (config.parse_args reads
 -- --key value and --key=value; dashes in keys become underscores); a flag
--- not given stays unset
-local FLAGS = { input = '', tokenizer = '', out = '', val_fraction = 0, vocab_size = 0, shard_tokens = 0,
+-- not given stays unset.  The sizes are read as text and checked below.
+local FLAGS = { input = '', tokenizer = '', out = '', val_fraction = 0, vocab_size = '', shard_tokens = '',
                 quiet = false, force = false }
-local TOOL = { prefix = 'prepare', hint = 'gptlua recipes/prepare.lua --help lists them' }
+local TOOL = { prefix = 'prepare', hint = 'gptlua recipes/prepare.lua --help lists them', dashes = true }
 
 local function parse(args)
   for _, a in ipairs(args) do
@@ -38,7 +38,12 @@ local function parse(args)
   local o = config.parse_args(args, FLAGS, TOOL)
   -- sizes >= 1 (the shared check: refuses 0, -3, 2.5, nan, inf, 1e400)
   for _, k in ipairs({ 'vocab_size', 'shard_tokens' }) do
-    if o[k] ~= nil then check.integer(o[k], 'prepare', '--' .. k:gsub('_', '-'), 1, nil, -1) end
+    if o[k] ~= nil then
+      local flag = '--' .. k:gsub('_', '-')
+      local n = tonumber(o[k])
+      if not n then error(('prepare: %s expects a number, got %q'):format(flag, o[k]), 0) end
+      o[k] = check.integer(n, 'prepare', flag, 1, nil, -1)
+    end
   end
   for _, k in ipairs({ 'input', 'tokenizer', 'out' }) do
     if not o[k] or o[k] == '' then

@@ -60,6 +60,8 @@ local v = t:view(4, 4)']])
         'data: file /nonexistent.txt not found (also looked in ' .. root .. ')\n' },
       { ' /nonexistent.lua', 'gptlua: cannot open /nonexistent.lua' },
       { ' recipes/prepare.lua --inptu=x', 'prepare: unknown key --inptu (did you mean --input?)\n' },
+      { ' recipes/prepare.lua --val-fractoin=x', 'prepare: unknown key --val-fractoin (did you mean --val-fraction?)\n' },
+      { ' recipes/prepare.lua --val-fraction=x', 'prepare: --val-fraction expects a finite number, got "x"\n' },
       { ' recipes/sample.lua --temprature 1', 'sample: unknown key --temprature (did you mean --temperature?)\n' },
     }) do
       if not (c[1]:find('cuda') and require('gptlua').cuda_available()) then
@@ -221,9 +223,11 @@ describe('REPL over a pipe', function()
     for name in pairs(require('gptlua')) do  -- every member is listed
       assert.truthy(out:find('[ ,]' .. name .. '[,\n =]'), name)
     end
-    -- a data table: sorted, and says how many it left out
-    out = run(exe, 't = {}\nfor i = 1, 30 do t["k" .. string.format("%02d", i)] = i end\nt\n')
-    assert.truthy(out:find('^{k01 = 1, k02 = 2, .*k20 = 20, %.%.%. %(10 more%)}'), out)
+    -- a data table: sorted, one entry a line when long; nested ones say how many they left out
+    out = run(exe, 't = {}\nfor i = 1, 30 do t["k" .. string.format("%02d", i)] = i end\nt\n{t}\n{1, "a", x = true}\n')
+    assert.truthy(out:find('^{\n  k01 = 1,\n  k02 = 2,\n.*  k30 = 30\n}\n'), out)
+    assert.truthy(out:find('\n{\n  {k01 = 1, k02 = 2, [^\n]*k20 = 20, %.%.%. %(10 more%)}\n}\n'), out)
+    assert.truthy(out:find('\n{1, "a", x = true}\n', 1, true), out)
   end)
   it('enters the REPL after a script with -i, its globals in scope', function()
     local script = os.tmpname()

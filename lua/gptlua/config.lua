@@ -105,12 +105,14 @@ local TOOL = { prefix = 'config', hint = 'gptlua RECIPE --help lists the keys' }
 local function unknown(key, defaults, dashes, tool)
   tool = tool or TOOL
   local near = M.suggest(key, defaults)
-  local tail = near and ('did you mean %s%s?'):format(dashes, near) or tool.hint
-  return ('%s: unknown key %s%s (%s)'):format(tool.prefix, dashes, key, tail)
+  local function shown(k) return tool.dashes and k:gsub('_', '-') or k end
+  local tail = near and ('did you mean %s%s?'):format(dashes, shown(near)) or tool.hint
+  return ('%s: unknown key %s%s (%s)'):format(tool.prefix, dashes, shown(key), tail)
 end
 
 -- sets cfg[a][b]... = value for "a.b", checking the path exists in defaults
 local function set_path(cfg, defaults, key, raw, tool)
+  local shown = tool and tool.dashes and key:gsub('_', '-') or key  -- as the user wrote it
   local parts = {}
   for p in key:gmatch('[^%.]+') do parts[#parts + 1] = p end
   local c, d = cfg, defaults
@@ -123,11 +125,11 @@ local function set_path(cfg, defaults, key, raw, tool)
   local last = parts[#parts]
   if d[last] == nil then error(unknown(key, defaults, '--', tool), 0) end
   if raw == nil and type(d[last]) ~= 'boolean' and not TAKES_BOOLEAN[last] then
-    error(('%s: --%s needs a value (--%s=%s)'):format((tool or TOOL).prefix, key, key,
+    error(('%s: --%s needs a value (--%s=%s)'):format((tool or TOOL).prefix, shown, shown,
       type(d[last]) == 'number' and 'N' or 'VALUE'), 0)
   end
   if raw == nil then c[last] = true; return end
-  local ok, v = pcall(coerce, key, raw, d[last])
+  local ok, v = pcall(coerce, shown, raw, d[last])
   if not ok then error(tool and (tostring(v):gsub('^config:', tool.prefix .. ':')) or v, 0) end
   c[last] = v
 end
@@ -147,8 +149,9 @@ local BOOLEAN_WORDS = { ['true'] = true, ['false'] = true, yes = true, no = true
 -- parse_args(args, defaults) -> overrides table, or an error (a string
 -- raised at level 0).  --key=value and --key value; a boolean key alone is
 -- true and takes a following true/false/yes/no/1/0; positional args are
--- refused.  Pure: reads only its arguments.  tool = {prefix =, hint =}
--- names a script's own flags in its errors (default: the trainer's config).
+-- refused.  Pure: reads only its arguments.  tool = {prefix =, hint =,
+-- dashes =} names a script's own flags in its errors (default: the
+-- trainer's config); with dashes its keys are shown --with-dashes.
 function M.parse_args(args, defaults, tool)
   local out = {}
   args = args or {}

@@ -86,6 +86,13 @@ function M.name_of(v)
       if t == v then return mod, nil, 'module' end
     end
   end
+  if type(v) == 'function' then  -- a global, or a function of a standard library (string.format)
+    for k, x in pairs(_G) do if x == v and type(k) == 'string' then return k end end
+    for _, lib in ipairs({ 'string', 'table', 'math', 'io', 'os', 'debug', 'coroutine', 'package', 'jit', 'bit' }) do
+      local t = rawget(_G, lib)
+      if type(t) == 'table' then for k, x in pairs(t) do if x == v then return lib .. '.' .. k end end end
+    end
+  end
 end
 
 -- "matmul(a: tensor, b: tensor)" from a check signature string
@@ -256,7 +263,11 @@ function M.text(v, label, overview)
     local out = { M.signature(v, label) }
     local doc = M.doc(v)
     for _, l in ipairs(doc) do out[#out + 1] = '  ' .. l end
-    if #doc == 0 then out[#out + 1] = '  (no doc comment in the source)' end
+    local what = debug.getinfo(M.unwrap(v), 'S').what
+    if #doc == 0 then
+      out[#out + 1] = what == 'C' and '  (a built-in function: see the Lua 5.1 and LuaJIT manuals)'
+        or '  (no doc comment in the source)'
+    end
     local path, line = where(v)
     if path then out[#out + 1] = ('  defined at %s:%d'):format(short_path(path), line) end
     return table.concat(out, '\n')

@@ -42,8 +42,9 @@ local function sorted_keys(t)
   return ks
 end
 
--- a short, readable rendering of a value
-local MAX_ENTRIES = 20
+-- a short, readable rendering of a value: a table on one line, or one
+-- entry a line when that is long (at the top level, up to 200 entries)
+local MAX_ENTRIES, MAX_TOP_ENTRIES, LINE = 20, 200, 100
 local function render(v, depth)
   depth = depth or 0
   local tv = type(v)
@@ -58,8 +59,9 @@ local function render(v, depth)
   end
   local keys = sorted_keys(v)
   local parts, n = {}, #v
+  local max = depth == 0 and MAX_TOP_ENTRIES or MAX_ENTRIES
   for i, k in ipairs(keys) do
-    if i > MAX_ENTRIES then parts[#parts + 1] = ('... (%d more)'):format(#keys - MAX_ENTRIES); break end
+    if i > max then parts[#parts + 1] = ('... (%d more)'):format(#keys - max); break end
     if type(k) == 'number' and k >= 1 and k <= n and k == math.floor(k) then
       parts[#parts + 1] = render(v[k], depth + 1)
     else
@@ -67,7 +69,9 @@ local function render(v, depth)
       parts[#parts + 1] = key .. ' = ' .. render(v[k], depth + 1)
     end
   end
-  return '{' .. table.concat(parts, ', ') .. '}'
+  local flat = '{' .. table.concat(parts, ', ') .. '}'
+  if depth > 0 or #flat <= LINE then return flat end
+  return '{\n  ' .. table.concat(parts, ',\n  ') .. '\n}'
 end
 M.render = render
 

@@ -86,7 +86,23 @@ function M.name_of(v)
       if t == v then return mod, nil, 'module' end
     end
   end
-  if type(v) == 'function' then  -- a global, or a function of a standard library (string.format)
+  if type(v) == 'function' then
+    -- a module's function (gptlua.optim.clip_grad_norm) or a method of a class in it (Trainer:run)
+    for mod, t in pairs(package.loaded) do
+      if type(t) == 'table' and t ~= _G and type(mod) == 'string' and mod:match('^gptlua') then
+        for k, x in pairs(t) do
+          if x == v and type(k) == 'string' then return mod .. '.' .. k end
+          if type(x) == 'table' and type(k) == 'string' and k:match('^%u') then
+            for k2, x2 in pairs(x) do
+              if x2 == v and type(k2) == 'string' then
+                return k .. (debug.getlocal(v, 1) == 'self' and ':' or '.') .. k2
+              end
+            end
+          end
+        end
+      end
+    end
+    -- a global, or a function of a standard library (string.format)
     for k, x in pairs(_G) do if x == v and type(k) == 'string' then return k end end
     for _, lib in ipairs({ 'string', 'table', 'math', 'io', 'os', 'debug', 'coroutine', 'package', 'jit', 'bit' }) do
       local t = rawget(_G, lib)

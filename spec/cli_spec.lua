@@ -242,6 +242,56 @@ describe('REPL over a pipe', function()
   end)
 end)
 
+describe('README', function()
+  -- a fresh user types the commands as shown: each make target exists, each
+  -- script exists, each recipe key is one the trainer knows
+  it('shows only commands that exist: make targets, scripts, gptlua options and recipe keys', function()
+    local f = assert(io.open(root .. '/README.md')); local readme = f:read('*a'); f:close()
+    f = assert(io.open(root .. '/Makefile')); local makefile = f:read('*a'); f:close()
+    local config, train = require 'gptlua.config', require 'gptlua.train'
+    local n = 0
+    for line in readme:gmatch('[^\n]+') do
+      local cmd = line:match('^    (make [^#]-)%s*$') or line:match('^    (make [^#]-)%s+#') or
+                  line:match('^    (gptlua[^#]-)%s*$') or line:match('^    (gptlua[^#]-)%s+#')
+      if cmd then
+        n = n + 1
+        local words = {}  -- split at spaces, "quoted text" kept whole
+        for w in cmd:gsub('"([^"]*)"', function(q) return (q:gsub(' ', '\0')) end):gmatch('%S+') do
+          words[#words + 1] = (w:gsub('%z', ' '))
+        end
+        if words[1] == 'make' then
+          for i = 2, #words do
+            if not words[i]:find('=', 1, true) then
+              assert.truthy(makefile:find('\n' .. words[i]:gsub('%-', '%%-') .. ':'), 'no make target ' .. words[i])
+            end
+          end
+        else
+          local i = 2
+          while words[i] and words[i]:sub(1, 1) == '-' do
+            assert.truthy(({ ['-n'] = 1, ['-i'] = 0, ['--plan'] = 0, ['-e'] = 1 })[words[i]], cmd)
+            i = i + 1 + (({ ['-n'] = 1, ['-e'] = 1 })[words[i]] or 0)
+          end
+          local script = words[i]
+          if script then
+            assert.truthy(io.open(root .. '/' .. script), 'no script ' .. script)
+            local args = { unpack(words, i + 1) }
+            if script == 'recipes/shakespeare.lua' then
+              local plan_only = cmd:find('--plan', 1, true)
+              local keys = {}
+              for _, a in ipairs(args) do if not (plan_only and a:match('^%-%-world')) then keys[#keys + 1] = a end end
+              assert.truthy(config.try_parse_args(keys, train.defaults), cmd)
+            elseif script == 'recipes/sample.lua' then
+              local _, e2, st = run(exe .. ' ' .. script .. ' --help')
+              assert.equal(0, st, e2)
+            end
+          end
+        end
+      end
+    end
+    assert.truthy(n >= 12, 'found ' .. n .. ' commands')
+  end)
+end)
+
 describe('make install', function()
   it('installs a gptlua that finds its library and Lua tree without environment variables', function()
     local prefix = os.tmpname(); os.remove(prefix)

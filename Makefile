@@ -311,12 +311,15 @@ acceptance: all
 bench-cuda: all
 	$(BUILD)/gptlua recipes/bench.lua --device=cuda $(ARGS)
 
+# the README's set-up installs for one user, no root: make install PREFIX=$HOME/.local
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/share/gptlua
 	install -m 755 $(BUILD)/gptlua $(DESTDIR)$(PREFIX)/bin/gptlua
 	install -m 644 $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB) $(DESTDIR)$(PREFIX)/lib/
 	cp -r lua $(DESTDIR)$(PREFIX)/share/gptlua/
 	cp -r recipes data $(DESTDIR)$(PREFIX)/share/gptlua/
+	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) ;; *) [ -n "$(DESTDIR)" ] || \
+	  echo "make install: $(PREFIX)/bin is not on your PATH: export PATH=$(PREFIX)/bin:\$$PATH";; esac
 
 clean:
 	rm -rf $(BUILD)

@@ -274,19 +274,25 @@ void gl_iter_offsets(const gl_iter *it, int64_t o, int64_t *off) {
 
 /* ---- signals ------------------------------------------------------------ */
 static volatile sig_atomic_t sig_counts[65];
+/* the handler before the catch, put back by restore (the REPL's Ctrl-C
+   handler while a training run in it ends) */
+static struct sigaction sig_saved[65];
+static char sig_caught[65];
 static void count_signal(int s) { if (s > 0 && s < 65) sig_counts[s]++; }
 int gl_signal_catch(int signum) {
   if (signum <= 0 || signum >= 65) return gl_error("gl_signal_catch: invalid signal %d", signum);
-  struct sigaction sa;
+  struct sigaction sa, old;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = count_signal;
   sigemptyset(&sa.sa_mask);
-  if (sigaction(signum, &sa, NULL) != 0) return gl_error("gl_signal_catch: cannot catch signal %d", signum);
+  if (sigaction(signum, &sa, &old) != 0) return gl_error("gl_signal_catch: cannot catch signal %d", signum);
+  if (!sig_caught[signum]) { sig_saved[signum] = old; sig_caught[signum] = 1; }
   return GL_OK;
 }
 int gl_signal_restore(int signum) {
   if (signum <= 0 || signum >= 65) return gl_error("gl_signal_restore: invalid signal %d", signum);
-  signal(signum, SIG_DFL);
+  if (sig_caught[signum]) { sigaction(signum, &sig_saved[signum], NULL); sig_caught[signum] = 0; }
+  else signal(signum, SIG_DFL);
   return GL_OK;
 }
 int gl_signal_take(int signum) {

@@ -20,40 +20,35 @@ local tok = require 'gptlua.tokenizer'
 local data = require 'gptlua.data'
 local check = require 'gptlua.check'
 
+local config = require 'gptlua.config'
+
 local USAGE = 'usage: gptlua recipes/prepare.lua --input FILE_OR_DIR --tokenizer PATH|char --out DIR ' ..
               '[--val-fraction 0.01] [--vocab-size N] [--shard-tokens N] [--force] [--quiet]'
-local KEYS = { input = 'string', tokenizer = 'string', out = 'string', val_fraction = 'number',
-               vocab_size = 'integer', shard_tokens = 'integer', quiet = 'flag', force = 'flag' }
+-- each flag's type, by the type of its placeholder (config.parse_args reads
+-- --key value and --key=value; dashes in keys become underscores); a flag
+-- not given stays unset.  The sizes are read as text and checked below.
+local FLAGS = { input = '', tokenizer = '', out = '', val_fraction = 0, vocab_size = '', shard_tokens = '',
+                quiet = false, force = false }
+local TOOL = { prefix = 'prepare', hint = 'gptlua recipes/prepare.lua --help lists them', dashes = true }
 
--- --key value and --key=value; dashes in keys become underscores
 local function parse(args)
-  local o, i = {}, 1
-  while args[i] do
-    local a = args[i]
-    local k, v = a:match('^%-%-([%w%-_]+)=(.*)$')
-    if not k then k = a:match('^%-%-([%w%-_]+)$') end
-    if not k then error(('prepare: unexpected argument %q\n%s'):format(a, USAGE), 0) end
-    k = k:gsub('%-', '_')
-    local ty = KEYS[k]
-    if not ty then error(('prepare: unknown option --%s\n%s'):format(k, USAGE), 0) end
-    if ty == 'flag' then v = true
-    elseif v == nil then
-      i = i + 1
-      v = args[i]
-      if v == nil then error(('prepare: --%s needs a value\n%s'):format(k, USAGE), 0) end
+  for _, a in ipairs(args) do
+    if a == '--help' or a == '-h' then io.write(USAGE, '\n'); return nil end
+  end
+  local o = config.parse_args(args, FLAGS, TOOL)
+  -- sizes >= 1 (the shared check: refuses 0, -3, 2.5, nan, inf, 1e400)
+  for _, k in ipairs({ 'vocab_size', 'shard_tokens' }) do
+    if o[k] ~= nil then
+      local flag = '--' .. k:gsub('_', '-')
+      local n = tonumber(o[k])
+      if not n then error(('prepare: %s expects a number, got %q'):format(flag, o[k]), 0) end
+      o[k] = check.integer(n, 'prepare', flag, 1, nil, -1)
     end
-    if ty == 'number' or ty == 'integer' then
-      local n = tonumber(v)
-      if not n then error(('prepare: --%s expects a number, got %q'):format(k, v), 0) end
-      v = n
-    end
-    -- sizes >= 1 (the shared check: refuses 0, -3, 2.5, nan, inf, 1e400)
-    if ty == 'integer' then check.integer(v, 'prepare', '--' .. k:gsub('_', '-'), 1, nil, -1) end
-    o[k] = v
-    i = i + 1
   end
   for _, k in ipairs({ 'input', 'tokenizer', 'out' }) do
-    if not o[k] then error(('prepare: --%s is required\n%s'):format(k:gsub('_', '-'), USAGE), 0) end
+    if not o[k] or o[k] == '' then
+      error(('prepare: --%s is required (gptlua recipes/prepare.lua --help)'):format(k:gsub('_', '-')), 0)
+    end
   end
   return o
 end
@@ -62,6 +57,7 @@ local function exists(path) local f = io.open(path, 'rb'); if f then f:close() e
 
 local function main(args)
   local o = parse(args)
+  if not o then return 0 end
   -- refused before any work (a tokenizer may take minutes to train)
   o.out = data.check_output(o.out, o.force, -1)
   local t

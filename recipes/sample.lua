@@ -6,18 +6,18 @@ local gl = require 'gptlua'
 local ckpt = require 'gptlua.checkpoint'
 local train = require 'gptlua.train'
 
+local config = require 'gptlua.config'
+
+-- the flags and their defaults; --key value and --key=value (config.parse_args)
 local opts = { ckpt = '', prompt = '\n', n = 500, temperature = 0.8, top_k = 200, seed = 1337, num_samples = 1 }
-local i = 1
-while arg[i] do
-  local a = arg[i]
-  local k, v = a:match('^%-%-([%w_]+)=(.*)$')
-  if not k then k = a:match('^%-%-([%w_]+)$'); v = arg[i + 1]; i = i + 1 end
-  if not k or opts[k] == nil then
-    error(('sample: unknown argument %s (valid: --ckpt --prompt --n --temperature --top_k --seed --num_samples)'):format(a), 0)
+for _, a in ipairs(arg) do
+  if a == '--help' or a == '-h' then
+    io.write('usage: gptlua recipes/sample.lua --ckpt DIR [--prompt TEXT] [--n 500] [--temperature 0.8] ',
+      '[--top_k 200] [--seed 1337] [--num_samples 1]\n')
+    return 0
   end
-  opts[k] = type(opts[k]) == 'number' and assert(tonumber(v), 'sample: --' .. k .. ' expects a number') or v
-  i = i + 1
 end
+opts = config.merge(opts, config.parse_args(arg, opts, { prefix = 'sample', hint = 'gptlua recipes/sample.lua --help lists them' }))
 if opts.ckpt == '' then error('sample: --ckpt DIR is required (a run directory, its checkpoints/ or a checkpoint)', 0) end
 local path = ckpt.resolve('latest', opts.ckpt .. '/checkpoints') or ckpt.resolve('latest', opts.ckpt)
 if not path and ckpt.exists(opts.ckpt .. '/state.json') then path = opts.ckpt end

@@ -1,23 +1,36 @@
--- gptlua.cli — the command line of the `gptlua` executable.
-local M = {}
+-- gptlua.cli — the command line of the `gptlua` executable: options,
+-- subcommands, scripts and recipes, the REPL.  A user's error (a bad key or
+-- value, a missing file, no GPU: raised without a position, error(msg, 0))
+-- prints as its one line; a bug (an error with a file:line) prints with a
+-- traceback, and -v gives every error its traceback.
+local M = { verbose = false }
+
+-- `gptlua NAME args...`: each subcommand is one line here, a module whose
+-- main(args) returns an exit status, and the line of help that says what
+-- it does.
+M.subcommands = {
+  plot = { module = 'gptlua.observe.plot', help = 'RUN [RUN ...] [--out=FILE.png] [--terminal]: PNG of runs\' curves' },
+}
 
 local USAGE = [==[
 usage: gptlua [options] [script.lua [args...]]
-       gptlua plot RUN [RUN ...] [--out=FILE.png] [--terminal]   (curves of runs)
+       gptlua recipe.lua --help          the recipe's keys, their types, values and meaning
 
 Runs a Lua training script (a recipe) on the gptlua engine, or starts the
 interactive REPL when no script is given.
 
 options:
   -e CODE        run CODE (may be repeated; runs before the script)
-  -i             enter the REPL after running the script (its globals in scope)
+  -i             enter the REPL after running the script (its globals in scope;
+                 after a recipe also trainer, model, cfg and data)
   -n N           launch N ranks of the script (through mpirun; over TCP without it)
   --launcher=L   how -n starts the ranks: mpi (mpirun), tcp (gptlua itself, with
                  torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and Gloo)
                  or auto (default: mpi when mpirun is on PATH, else tcp)
   --plan         print the per-rank memory plan of a recipe instead of running it
                  (gptlua --plan recipe.lua [--world=N] [--device_memory=80GiB] [--margin=0.1] [--key=value])
-  -v, --version  print the version
+  -v, --verbose  print a traceback with every error (a user's error is otherwise one line)
+  -V, --version  print the version
   -h, --help     print this help
   --             stop option parsing
 
@@ -30,6 +43,19 @@ examples:
   gptlua -n 2 recipes/shakespeare.lua --dist=ddp
   gptlua --plan recipes/gpt2_124m.lua --world=8
 ]==]
+
+-- the help text: the options, then the subcommands
+function M.usage()
+  local names = {}
+  for k in pairs(M.subcommands) do names[#names + 1] = k end
+  table.sort(names)
+  if #names == 0 then return USAGE end
+  local lines = { '\nsubcommands:' }
+  for _, k in ipairs(names) do
+    lines[#lines + 1] = ('  gptlua %-10s %s'):format(k, M.subcommands[k].help or '')
+  end
+  return USAGE .. table.concat(lines, '\n') .. '\n'
+end
 
 local function now()
   local ffi = require 'ffi'
@@ -49,7 +75,7 @@ function M.traceback(e)
   local tb = debug.traceback('', 2)
   local keep = {}
   for line in tb:gmatch('[^\n]+') do
-    if not line:find('gptlua/cli%.lua') and not line:find('%[C%]: in function \'xpcall\'') and
+    if not line:find('gptlua/cli%.lua') and not line:find('in function \'script_error\'', 1, true) and not line:find('%[C%]: in function \'xpcall\'') and
        not line:find('gptlua/repl%.lua') and not line:find('^%s*%(tail call%)') then
       keep[#keep + 1] = line
     end
@@ -57,9 +83,21 @@ function M.traceback(e)
   return msg .. '\n' .. table.concat(keep, '\n')
 end
 
--- runs f under the traceback handler; on failure prints to stderr
+-- a user's error: a message raised without a position (error(msg, 0))
+function M.is_user_error(e)
+  return type(e) == 'string' and not e:match('^[^\n]-:%d+: ')
+end
+
+-- the error handler of scripts: a user's error as it is, else (or with -v)
+-- the message and the traceback
+local function script_error(e)
+  if M.is_user_error(e) and not M.verbose then return e end
+  return M.traceback(e)
+end
+
+-- runs f under the error handler; on failure prints to stderr
 function M.protected(f, ...)
-  local res = { xpcall(f, M.traceback, ...) }
+  local res = { xpcall(f, script_error, ...) }
   if not res[1] then
     -- on a rank of a distributed job: prefix with the rank and bring every rank down
     local d = package.loaded['gptlua.dist']
@@ -71,16 +109,13 @@ function M.protected(f, ...)
 end
 
 function M.main(argv)
-  if argv[1] == 'plot' then  -- subcommand: gptlua.observe.plot
-    local ok, rc = M.protected(function() return require('gptlua.observe.plot').main({ unpack(argv, 2) }) end)
-    return ok and (rc or 0) or 1
-  end
   local exprs, interactive, nranks, plan, script, launcher = {}, false, nil, false, nil, nil
   local i = 1
   while argv[i] do
     local a = argv[i]
-    if a == '-h' or a == '--help' then io.write(USAGE) return 0
-    elseif a == '-v' or a == '--version' then
+    if a == '-h' or a == '--help' then io.write(M.usage()) return 0
+    elseif a == '-v' or a == '--verbose' then M.verbose = true
+    elseif a == '-V' or a == '--version' then
       io.write('gptlua ', GPTLUA.version, ' (', jit and jit.version or _VERSION, ')\n') return 0
     elseif a == '-e' then
       if not argv[i + 1] then io.stderr:write('gptlua: -e needs an argument\n') return 1 end
@@ -97,7 +132,12 @@ function M.main(argv)
     elseif a:match('^%-%-launcher=') then launcher = a:sub(12)
     elseif a == '--' then i = i + 1; script = argv[i]; break
     elseif a:sub(1, 1) == '-' and a ~= '-' then
-      io.stderr:write('gptlua: unknown option ', a, '\n', USAGE) return 1
+      io.stderr:write('gptlua: unknown option ', a, ' (gptlua --help lists them)\n') return 1
+    elseif M.subcommands[a] and #exprs == 0 and not interactive and not nranks and not plan then
+      local sub = {}
+      for k = i + 1, #argv do sub[#sub + 1] = argv[k] end
+      local ok, rc = M.protected(function() return require(M.subcommands[a].module).main(sub) end)
+      return ok and (rc or 0) or 1
     else script = a; break end
     i = i + 1
   end
@@ -137,15 +177,30 @@ function M.main(argv)
         'an exit status (a number) or nothing\n'):format(script, require('gptlua.check').describe(rc)))
       return 1
     end
-    -- a recipe returns its config table: train it with the command-line overrides
+    -- a recipe returns its config table: train it with the command-line
+    -- overrides (or list its keys), and leave the trainer to -i's REPL
+    local globals = {}
     if type(rc) == 'table' then
-      ok = M.protected(function() require('gptlua.train').main(rc, args) end)
+      local train = require 'gptlua.train'
+      for _, a in ipairs(args) do
+        if a == '--help' or a == '-h' then
+          io.write(require('gptlua.config').usage(train.defaults, rc, require('gptlua.config_keys'), script))
+          return 0
+        end
+      end
+      local trainer
+      ok = M.protected(function() trainer = select(2, train.main(rc, args)) end)
       if not ok then return 1 end
+      if trainer then
+        _G.trainer, _G.model, _G.cfg, _G.data = trainer, trainer.model, trainer.cfg, trainer.data
+        globals = { 'trainer', 'model', 'cfg', 'data' }
+      end
       rc = 0
     end
     if not interactive then return type(rc) == 'number' and rc or 0 end
+    return require('gptlua.repl').run({ globals = globals })
   end
-  if interactive or (not script and #exprs == 0) then
+  if interactive or #exprs == 0 then
     return require('gptlua.repl').run()
   end
   return 0

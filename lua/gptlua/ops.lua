@@ -52,16 +52,21 @@ O.same_shape = same_shape
 local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
 
 -- ---------------------------------------------------------------- creation
+-- full(shape, value, {dtype=, device=}): a new tensor filled with value
 function O.full(shape, v, opts)
   local t = Tensor.empty(shape, opts)
   K(lib.gl_fill(t.c, v))
   return t
 end
 Tensor.full = O.full
+-- zeros(shape, opts), ones(shape, opts): filled with 0 / 1; zeros_like(t),
+-- ones_like(t): the shape, dtype and device of t
 function O.zeros(shape, opts) return O.full(shape, 0, opts) end
 function O.ones(shape, opts) return O.full(shape, 1, opts) end
 function O.zeros_like(t) return O.full(t.shape, 0, { dtype = t.dtype, device = t.device }) end
 function O.ones_like(t) return O.full(t.shape, 1, { dtype = t.dtype, device = t.device }) end
+-- arange(stop), arange(start, stop, step, opts): start, start + step, ...
+-- below stop (int64 unless opts.dtype)
 function O.arange(a, b, step, opts)
   if type(b) == 'table' then opts, b, step = b, nil, nil end
   if type(step) == 'table' then opts, step = step, nil end
@@ -80,6 +85,7 @@ end
 -- the number of values drawn, so a seed and the sequence of shapes give the
 -- same numbers on every device and process.
 local rng = { seed = 1337, offset = 0 }
+-- manual_seed(seed): restart the random stream (same seed, same numbers)
 function O.manual_seed(s)
   if type(s) ~= 'number' or s < 0 then error('manual_seed: seed must be a non-negative number', 2) end
   rng.seed, rng.offset = s, 0
@@ -102,6 +108,8 @@ local function rand_fill(kind, shape, opts, a, b)
   else K(lib.gl_rand_uniform(t.c, seed, off, a, b)) end
   return t
 end
+-- randn(shape, opts): standard normal; rand: uniform in [0, 1); normal(shape,
+-- mean, std, opts); uniform(shape, lo, hi, opts).  opts.seed draws outside the stream
 function O.randn(shape, opts) return rand_fill('normal', shape, opts, 0, 1) end
 function O.rand(shape, opts) return rand_fill('uniform', shape, opts, 0, 1) end
 function O.normal(shape, mean, std, opts) return rand_fill('normal', shape, opts, mean, std) end
@@ -117,8 +125,10 @@ function Tensor:uniform_(lo, hi)
 end
 
 -- ------------------------------------------------------------ in-place, raw
+-- fill_(value), zero_(): set every element in place
 function Tensor:fill_(v) K(lib.gl_fill(self.c, v)); return self end
 function Tensor:zero_() K(lib.gl_fill(self.c, 0)); return self end
+-- copy_(src): src's values into self in place (src broadcast to self's shape)
 function Tensor:copy_(src)
   if not is_tensor(src) then error('copy_: src must be a tensor', 2) end
   local v = same_shape(self.shape, src.shape) and src or O.expand_raw(src, self.shape, 'copy_')
@@ -126,6 +136,7 @@ function Tensor:copy_(src)
   if v ~= src then Tensor.release(v) end
   return self
 end
+-- detach(): the same storage, cut from the autograd graph
 function Tensor:detach()
   local t = self:_as_strided(self.shape, self:stride(), self:storage_offset())
   return t
@@ -134,6 +145,7 @@ end
 -- never waits for the Lua GC).  Later use raises "has been freed".
 function Tensor:free() Tensor.release(self); self.grad_fn = nil end
 function Tensor:is_freed() return self.c.storage == nil end
+-- requires_grad_(flag): mark a leaf so backward fills its .grad (flag default true)
 function Tensor:requires_grad_(flag)
   if flag == nil then flag = true end
   if flag and not self:is_floating() then
@@ -142,15 +154,19 @@ function Tensor:requires_grad_(flag)
   self.requires_grad = flag
   return self
 end
+-- register_hook(fn): fn(grad) runs when a leaf's gradient is ready
 function Tensor:register_hook(fn)
   if self.grad_fn then error('register_hook: gradient-ready hooks are for leaf tensors', 2) end
   self._hooks = self._hooks or {}
   self._hooks[#self._hooks + 1] = fn
   return self
 end
+-- backward(grad, opts): gradients of this tensor (grad default 1 for a scalar)
+-- into the .grad of every leaf that requires grad
 function Tensor:backward(grad, opts) return A.backward(self, grad, opts) end
 function Tensor:zero_grad() if self.grad then self.grad:zero_() end end
 
+-- max_abs_diff(other): the largest |self - other| as a Lua number
 function Tensor:max_abs_diff(other)
   local a, b = self, other
   if a.device ~= 'cpu' then a = a:to('cpu') end
@@ -159,6 +175,7 @@ function Tensor:max_abs_diff(other)
   K(lib.gl_max_abs_diff(a.c, b.c, d))
   return d[0]
 end
+-- allclose(other, rtol, atol): |self - other| <= atol + rtol |other| everywhere
 function Tensor:allclose(other, rtol, atol)
   rtol, atol = rtol or 1e-5, atol or 1e-8
   if not same_shape(self.shape, other.shape) then return false end
@@ -216,6 +233,7 @@ function O.sum_to(g, shape)
   return out:_as_strided(shape, Tensor.contiguous_strides(shape), out:storage_offset())
 end
 
+-- expand(shape): a view with size-1 dims repeated to shape (no copy)
 function Tensor:expand(...)
   local shape = shape_of('expand', ...)
   local x = self
@@ -223,6 +241,7 @@ function Tensor:expand(...)
   return view_record(out, x, function(_, g) return O.sum_to(g, x.shape) end, 'expand')
 end
 
+-- contiguous(): self if its elements are in row-major order, else a copy that is
 function Tensor:contiguous()
   if self:is_contiguous() then return self end
   local out = empty_like(self)
@@ -230,6 +249,7 @@ function Tensor:contiguous()
   return view_record(out, self, function(_, g) return g end, 'contiguous')
 end
 
+-- clone(): a copy with its own storage (differentiable)
 function Tensor:clone()
   local out = empty_like(self)
   K(lib.gl_copy(out.c, self.c))
@@ -248,6 +268,7 @@ function Tensor:view(...)
   local out = x:_as_strided(shape, Tensor.contiguous_strides(shape), x:storage_offset())
   return view_record(out, x, function(_, g) return g:reshape(x.shape) end, 'view')
 end
+-- reshape(shape): view when the layout allows, else a copy; one size may be -1
 function Tensor:reshape(...)
   local shape = Tensor.infer_shape(shape_of('reshape', ...), self:numel(), 'reshape')
   local src = self:is_contiguous() and self or self:contiguous()
@@ -255,6 +276,7 @@ function Tensor:reshape(...)
 end
 function Tensor:flatten() return self:reshape({ self:numel() }) end
 
+-- permute(d1, d2, ...): a view with the dims reordered
 function Tensor:permute(...)
   local perm = Tensor.shape_arg(...)
   local nd = #self.shape
@@ -270,6 +292,7 @@ function Tensor:permute(...)
   local out = self:_as_strided(shape, stride, self:storage_offset())
   return view_record(out, self, function(_, g) return g:permute(inv) end, 'permute')
 end
+-- transpose(d1, d2): a view with two dims swapped; t(): of a matrix
 function Tensor:transpose(d1, d2)
   local nd = #self.shape
   d1, d2 = norm_dim(self, d1, 'transpose'), norm_dim(self, d2, 'transpose')
@@ -292,6 +315,8 @@ local function scatter_into_view(x, make_view)
   end
 end
 
+-- narrow(dim, start, length): a view of length elements of dim from start
+-- (1-based)
 function Tensor:narrow(dim, start, len)
   local d = norm_dim(self, dim, 'narrow')
   local n = self.shape[d]
@@ -306,6 +331,8 @@ function Tensor:narrow(dim, start, len)
   return view_record(out, x, scatter_into_view(x, function(gx) return gx:narrow(d, start, len) end), 'narrow')
 end
 
+-- select(dim, index): a view of one slice of dim (1-based; negative from the
+-- end), with that dim removed
 function Tensor:select(dim, i)
   local d = norm_dim(self, dim, 'select')
   local n = self.shape[d]
@@ -320,6 +347,7 @@ function Tensor:select(dim, i)
   return view_record(out, x, scatter_into_view(x, function(gx) return gx:select(d, i) end), 'select')
 end
 
+-- unsqueeze(dim): a view with a new size-1 dim at dim
 function Tensor:unsqueeze(dim)
   local d = norm_dim(self, dim, 'unsqueeze', 1)
   local shape, st = self:size(), self:stride()
@@ -329,6 +357,7 @@ function Tensor:unsqueeze(dim)
   local out = x:_as_strided(shape, st, x:storage_offset())
   return view_record(out, x, function(_, g) return g:reshape(x.shape) end, 'unsqueeze')
 end
+-- squeeze(dim): a view without size-1 dims (only dim when given)
 function Tensor:squeeze(dim)
   local shape, st = {}, {}
   local ss = self:stride()

@@ -68,9 +68,11 @@ end
 local neg = unary('neg', U.neg, false)
 O.neg = neg; Tensor.neg = neg; Tensor.__unm = neg
 local clamp_u = unary('clamp', U.clamp)
+-- clamp(x, lo, hi): x limited to [lo, hi] (either bound may be nil)
 function O.clamp(x, lo, hi) return clamp_u(x, lo or -math.huge, hi or math.huge) end
 Tensor.clamp = O.clamp
 local softcap_u = unary('softcap', U.softcap)
+-- softcap(x, cap): cap * tanh(x / cap), a smooth limit to (-cap, cap)
 function O.softcap(x, cap)
   if not (cap and cap > 0) then error('softcap: cap must be > 0, got ' .. tostring(cap), 2) end
   return softcap_u(x, cap)
@@ -139,6 +141,9 @@ end
 O.binary_raw = binary_raw
 
 local sum_to = O.sum_to
+-- add(a, b) = a + b, sub(a, b) = a - b, mul(a, b) = a * b, div(a, b) = a / b,
+-- pow(a, b) = a ^ b: elementwise, tensors broadcast (numpy rules), either
+-- side may be a number
 local function add(a, b)
   if type(b) == 'number' then return add_s(a, b) end
   if type(a) == 'number' then return add_s(b, a) end
@@ -179,6 +184,7 @@ local function pow(a, b)
     return ga, gb
   end, { a, b, out }, 'pow')
 end
+-- maximum(a, b), minimum(a, b): elementwise larger / smaller, broadcast
 local function minmax(op, name, pick_a_when)
   return function(a, b)
     local out = binary_raw(op, a, b, name)
@@ -277,6 +283,8 @@ local function reduce_raw(op, x, dims, keepdim, what)
   return out, kshape
 end
 
+-- sum(x, dim, keepdim): sum over all elements, or over dim (an integer or
+-- a list; negative counts from the end); keepdim keeps the reduced dims as 1
 function O.sum(x, dims, keepdim)
   local out, kshape = reduce_raw(R.sum, x, dims, keepdim, 'sum')
   return record(out, { x }, function(_, g)
@@ -287,6 +295,7 @@ function O.sum(x, dims, keepdim)
     return gx
   end, nil, 'sum')
 end
+-- mean(x, dim, keepdim): mean over all elements or over dim, as sum
 function O.mean(x, dims, keepdim)
   local out, kshape = reduce_raw(R.mean, x, dims, keepdim, 'mean')
   local n = x:numel() / math.max(out:numel(), 1)
@@ -390,6 +399,8 @@ function O.matmul_pair_raw(a1, b1, a2, b2)
 end
 O.matmul_raw = matmul_raw
 
+-- matmul(a, b): matrix product a @ b; 1-D operands are vectors, leading dims
+-- batch and broadcast (as torch.matmul)
 function O.matmul(a, b)
   local x, y = a, b
   -- vectors as in numpy: (K) @ (K, N) and (M, K) @ (K)
@@ -429,6 +440,7 @@ local function raw_contiguous(t)
 end
 O.raw_contiguous = raw_contiguous
 
+-- linear(x, weight, bias): x @ weight^T + bias, weight (out, in) as nn.Linear's
 function O.linear(x, W, bias)
   local nx = #x.shape
   if #W.shape ~= 2 or W.shape[2] ~= x.shape[nx] then
@@ -494,7 +506,9 @@ local function softmax_impl(x, dim, log, name)
   if d ~= #x.shape then return y:transpose(d, -1) end
   return y
 end
+-- softmax(x, dim): exp(x) / sum(exp(x)) along dim (default the last)
 function O.softmax(x, dim) return softmax_impl(x, dim, false, 'softmax') end
+-- log_softmax(x, dim): log(softmax(x, dim)), computed stably
 function O.log_softmax(x, dim) return softmax_impl(x, dim, true, 'log_softmax') end
 Tensor.softmax, Tensor.log_softmax = O.softmax, O.log_softmax
 
@@ -502,6 +516,8 @@ Tensor.softmax, Tensor.log_softmax = O.softmax, O.log_softmax
 local function stat_dtype(x) return x.dtype == 'float64' and 'float64' or 'float32' end
 local function lead_shape(x) local s = x:size(); s[#s] = nil; return s end
 
+-- layer_norm(x, weight, bias, eps): (x - mean) / sqrt(var + eps) over the
+-- last dim, then * weight + bias (both optional; eps 1e-5)
 function O.layer_norm(x, weight, bias, eps)
   eps = eps or 1e-5
   local xc = x:is_contiguous() and x or x:contiguous()
@@ -524,6 +540,8 @@ function O.layer_norm(x, weight, bias, eps)
   end, { xc, weight }, 'layer_norm', { mean, rstd })
 end
 
+-- rms_norm(x, weight, eps): x / sqrt(mean(x^2) + eps) over the last dim,
+-- then * weight (optional)
 function O.rms_norm(x, weight, eps)
   eps = eps or 1e-6
   local xc = x:is_contiguous() and x or x:contiguous()
@@ -541,6 +559,8 @@ function O.rms_norm(x, weight, eps)
 end
 
 -- ---------------------------------------------------------------- embedding
+-- embedding(ids, weight): the rows of weight (vocab, C) at integer ids ->
+-- shape ids.shape .. {C}
 function O.embedding(ids, table_)
   local oshape = ids:size(); oshape[#oshape + 1] = table_.shape[2]
   local out = Tensor.empty(oshape, { dtype = table_.dtype, device = table_.device })
@@ -599,6 +619,8 @@ local function attention_raw(q, k, v, out, lse, scale, window)
   K(lib.gl_attention_forward(out.c, lse.c, q.c, k.c, v.c, scale, window))
 end
 
+-- scaled_dot_product_attention(q, k, v, opts): causal softmax(q k^T * scale) v
+-- per head; q (B,H,T,D), k/v (B,Hkv,S,D); opts.scale (1/sqrt(D)), opts.window
 function O.scaled_dot_product_attention(q, k, v, opts)
   opts = opts or {}
   if #q.shape ~= 4 then error(('scaled_dot_product_attention: q has shape %s, expected (B,H,T,D)'):format(shape_str(q.shape)), 2) end
@@ -758,6 +780,7 @@ function O.cat(list, dim)
     return unpack(grads, 1, #list)
   end, nil, 'cat')
 end
+-- stack(list, dim): tensors of one shape joined along a new dim
 function O.stack(list, dim)
   local parts = {}
   for i, t in ipairs(list) do parts[i] = t:unsqueeze(dim or 1) end
@@ -775,6 +798,7 @@ function O.split(x, size, dim)
   end
   return out
 end
+-- chunk(x, n, dim): x cut into n pieces along dim (the last may be smaller)
 function O.chunk(x, n, dim)
   local d = norm_dim(x, dim or 1, 'chunk')
   check.integer(n, 'chunk', 'n', 1)

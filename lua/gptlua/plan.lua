@@ -1271,12 +1271,19 @@ local function resolve(recipe, args, opts)
   local rargs = {}
   local popts = { world = opts.world, device_memory = opts.device_memory, margin = opts.margin }
   local device_arg
-  for _, a in ipairs(args or {}) do
+  args = args or {}
+  local i = 0
+  while i < #args do
+    i = i + 1
+    local a = args[i]
     local k, v = tostring(a):match('^%-%-([%w_%-]+)=(.*)$')
     k = k and k:gsub('%-', '_')
     local bare = tostring(a):match('^%-%-([%w_%-]+)$')
     if bare and (PLAN_OPTS[bare:gsub('%-', '_')] or bare == 'device') then
-      fail(('--%s needs a value: --%s=VALUE'):format(bare, bare))
+      -- --world 8 as --world=8
+      local nxt = args[i + 1]
+      if nxt == nil or tostring(nxt):sub(1, 2) == '--' then fail(('--%s needs a value: --%s=VALUE'):format(bare, bare)) end
+      k, v, i = bare:gsub('%-', '_'), tostring(nxt), i + 1
     end
     if k and PLAN_OPTS[k] then popts[k == 'mem' and 'device_memory' or k] = v
     elseif k == 'device' then device_arg = v

@@ -387,32 +387,31 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
       }
     }
     __syncthreads();  /* dS is whole */
-    /* dQ rows 16w.. += dS K, added to the fp32 buffer */
+    /* dQ rows 16w.. += dS K, added to the fp32 buffer 16 columns at a time
+       (the dS fragments stay, the accumulators are only 8 registers) */
     {
-      float dq[ND][4];
+      uint32_t sa[FA_BC / 16][4];
 #pragma unroll
-      for (int dt = 0; dt < ND; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
+      for (int ks = 0; ks < FA_BC / 16; ks++)
+        ldmatrix_x4(sa[ks], dSs + (warp * 16 + ldm_rows_a_row(lane)) * FA_LDS + ks * 16 + ldm_rows_a_col(lane));
+      float *acc = p.dq_acc + (b * p.H + h) * p.T * D;
+      const int64_t t0 = qt0 + warp * 16 + g;
 #pragma unroll
-      for (int ks = 0; ks < FA_BC / 16; ks++) {
-        uint32_t sa[4];
-        ldmatrix_x4(sa, dSs + (warp * 16 + ldm_rows_a_row(lane)) * FA_LDS + ks * 16 + ldm_rows_a_col(lane));
+      for (int dp = 0; dp < D / 16; dp++) {
+        float dq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-        for (int dp = 0; dp < D / 16; dp++) {
+        for (int ks = 0; ks < FA_BC / 16; ks++) {
           uint32_t kb[4];
           ldmatrix_x4_trans(kb, Ks + (ks * 16 + ldm_rows_a_row(lane)) * LD + dp * 16 + ldm_rows_a_col(lane));
-          mma_bf16_16816(dq[2 * dp], sa, kb, dq[2 * dp]);
-          mma_bf16_16816(dq[2 * dp + 1], sa, kb + 2, dq[2 * dp + 1]);
+          mma_bf16_16816(dq[0], sa[ks], kb, dq[0]);
+          mma_bf16_16816(dq[1], sa[ks], kb + 2, dq[1]);
         }
-      }
-      float *acc = p.dq_acc + (b * p.H + h) * p.T * D;
 #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        const int64_t t = qt0 + warp * 16 + g + 8 * r;
-        if (t >= p.T) continue;
-#pragma unroll
-        for (int dt = 0; dt < ND; dt++) {
-          atomicAdd(acc + t * D + dt * 8 + 2 * tq, dq[dt][2 * r]);
-          atomicAdd(acc + t * D + dt * 8 + 2 * tq + 1, dq[dt][2 * r + 1]);
+        for (int i = 0; i < 4; i++) {
+          const int64_t t = t0 + 8 * (i >> 1);
+          if (t >= p.T) continue;
+          atomicAdd(acc + t * D + dp * 16 + FA_COL(tq, i), dq[0][i]);
+          atomicAdd(acc + t * D + dp * 16 + 8 + FA_COL(tq, i), dq[1][i]);
         }
       }
     }

@@ -417,6 +417,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
     }
     __syncthreads();  /* dS and this stage are free for the item after next */
   }
+  cp_async_wait<0>();  /* no copy outlives the block (K / V when no query sees these keys) */
   bf16 *dkp = p.dk + b * p.dks[0] + hk * p.dks[1], *dvp = p.dv + b * p.dvs[0] + hk * p.dvs[1];
 #pragma unroll
   for (int r = 0; r < 2; r++) {

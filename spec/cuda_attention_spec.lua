@@ -57,6 +57,7 @@ describe('CUDA attention vs CPU #cuda', function()
     gpu_it(('flash path, bfloat16, D=%d: unmasked tiles, stage reuse, tile multiples'):format(D), function()
       attention_case('bfloat16', 1, 2, 1, 130, 130, D, 0)        -- whole tile pairs; 6 work items per key tile
       attention_case('bfloat16', 1, 2, 1, 64, 128, D, 70)        -- multiples of 64, window across tiles
+      attention_case('bfloat16', 1, 2, 1, 3, 150, D, 10)         -- key tiles no query sees: dK = dV = 0
     end)
   end
 

@@ -290,6 +290,8 @@ test:
 test-race: sim
 	GL_SIM_RACECHECK=1 GL_SIM_SEED=1 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_spec.lua
 	GL_SIM_RACECHECK=1 GL_SIM_SEED=2 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_spec.lua
+	GL_SIM_RACECHECK=1 GL_SIM_SEED=1 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_attention_spec.lua
+	GL_SIM_RACECHECK=1 GL_SIM_SEED=2 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_attention_spec.lua
 
 test-sim:
 	$(prepare)

@@ -1,31 +1,41 @@
 /* attention.cu — causal scaled-dot-product attention on the GPU, forward and
- * backward: grouped-query heads, the KV-cache offset (T <= S, query t at
- * position S - T + t) and an optional sliding window, as engine/cpu_attention.c.
+ * backward: grouped-query heads (kv head h / (H / Hkv)), the KV-cache offset
+ * (T <= S, query t at position S - T + t) and an optional sliding window,
+ * with the semantics of its CPU twin engine/cpu_attention.c; specs in
+ * spec/cuda_attention_spec.lua.
  *
- * Fast path (bfloat16, head dim 64 or 128, unit stride along D, 16-byte
- * aligned rows): flash-attention kernels on the tensor cores (WMMA 16x16x16
- * bf16 -> fp32).  Every block stages tiles of BR query rows / BC key rows in
- * shared memory and runs its products as a sequence of block-wide phases
- * (smem_gemm), each warp taking 16x16 output tiles; accumulators live in
- * shared memory in fp32, so no fragment layout is assumed anywhere.
- *  - forward, one block per (query tile, head, batch): S = Q K^T, an online
- *    softmax per row (running max m and sum l), O = O * alpha + P V; at the
- *    end out = O / l and lse = m + log l.  No T x S matrix is ever stored.
- *  - backward, FA2 style from lse, with Di = rowsum(dout * out):
- *      one block per (key tile, kv head, batch) loops over the query heads of
- *      its group and the query tiles that see its keys:
- *        P = exp(S scale - lse), dP = dout V^T, dS = P (dP - Di),
- *        dV += P^T dout, dK += dS^T Q (scaled at the end);
- *      one block per (query tile, head, batch) recomputes the same and adds
- *      dQ += dS K.  Both are deterministic: no atomics anywhere.
+ * Flash path (bfloat16, head dim D = 64 or 128, unit stride along D,
+ * 16-byte aligned rows; sm_80+): FlashAttention-2 on the tensor cores
+ * through kernels/mma_sync.cuh (mma.sync m16n8k16 bf16 -> fp32, ldmatrix,
+ * cp.async).  Tiles of 64 query rows and 64 key rows, 4 warps per block,
+ * each warp owning a 16-row stripe; shared tiles are 64 x D bf16 rows padded
+ * by 16 bytes; the next tile's cp.async overlaps the products on the
+ * current one (two stages).  All accumulators live in registers.
+ *  - forward, one block per (query tile, head, batch): the warp's Q
+ *    fragments stay in registers; for each key tile S = Q K^T, masked where
+ *    the tile pair is not wholly visible, an online softmax per row in the
+ *    log2 domain (row max and sum over the 4 lanes of a quad with shuffles;
+ *    m, l kept per row), O = O alpha + P V with P taken straight from the S
+ *    registers as the A operand.  out = O / l, lse = (m + log2 l) ln 2.
+ *    Key tiles wholly above the diagonal or below the window are skipped.
+ *  - backward, Di = rowsum(dout * out) first (attn_di_kernel), then one
+ *    block per (key tile, kv head, batch), warp w owning 16 key rows: it
+ *    walks the (query head of the group, query tile that sees its keys)
+ *    pairs and accumulates in registers
+ *      P^T = exp(K Q^T scale - lse), dP^T = V dO^T, dS^T = P^T (dP^T - Di),
+ *      dV += P^T dO, dK += dS^T Q (scaled once at the end);
+ *    dS goes through shared memory, and warp w adds rows 16w.. of dQ = dS K
+ *    to an fp32 (B, H, T, D) buffer with atomics, converted to bf16 (times
+ *    scale) by flash_dq_convert_kernel.  Nothing is recomputed for dQ; the
+ *    price is that the order of the fp32 additions into dQ (one per key
+ *    tile) varies from run to run on a GPU: dQ is reproducible to about an
+ *    ulp of fp32 before its rounding to bf16, not bit for bit.
  * Fallback (any dtype, head dim or layout, float32 / float64 for exactness
  * against the CPU): one block per query row (per key row for dK / dV),
- * streaming keys (queries) in chunks of FB_THREADS. */
+ * streaming keys (queries) in chunks of FB_THREADS.  Tile sizes, shared
+ * memory, occupancy and the FLOPs / bytes per call: NOTES-cuda.md. */
 #include "common.cuh"
-#include <mma.h>
-#include <type_traits>
-
-using namespace nvcuda;
+#include "mma_sync.cuh"
 
 /* which keys a query sees: key position s is visible from query position
    qpos when s <= qpos and (window <= 0 or s > qpos - window) */
@@ -57,84 +67,51 @@ __global__ void attn_di_kernel(T *di, P dout, Str4 ds, P out, Str4 os, int64_t H
 }
 
 /* ================================ fast path ===================================== */
-enum { FA_BR = 64, FA_BC = 64, FA_THREADS = 256, FA_WARPS = FA_THREADS / 32 };
+enum { FA_BR = 64, FA_BC = 64, FA_THREADS = 128, FA_WARPS = FA_THREADS / 32 };
+enum { FA_LDS = FA_BC + 8 };  /* row length of the backward's dS tile (bf16) */
+static constexpr float FA_LOG2E = 1.4426950408889634f;
 
 struct FlashParams {
-  const bf16 *q, *k, *v, *out, *dout;
+  const bf16 *q, *k, *v, *dout;
   bf16 *o, *dq, *dk, *dv;
   float *lse;             /* forward output (may be NULL) */
   const float *lse_in;    /* backward input */
   const float *di;        /* (B, H, T) contiguous */
+  float *dq_acc;          /* backward: (B, H, T, D) contiguous fp32, zeroed */
   int64_t qs[3], ks[3], vs[3], os[3], ls[3], dos[3], dqs[3], dks[3], dvs[3];  /* (b, h, t) strides */
   int64_t H, Hkv, T, S, window;
   float scale;
 };
 
-/* shared-memory leading dims (elements): padded so consecutive rows start
-   on different banks; all keep WMMA's 32-byte pointer alignment */
-template <int D> struct FaLd {
-  static constexpr int Q = D + 8;        /* bf16 tiles of D columns */
-  static constexpr int S = FA_BC + 4;    /* fp32 score tiles */
-  static constexpr int P = FA_BC + 8;    /* bf16 probability tiles */
-  static constexpr int O = D + 4;        /* fp32 accumulators of D columns */
+/* A shared tile: 64 rows of D bf16, each padded by 8 elements (16 bytes) so
+   the 8 row addresses of one ldmatrix matrix fall on different banks. */
+template <int D> struct FaTile {
+  static constexpr int LD = D + 8;
+  static constexpr int ELEMS = 64 * LD;
 };
-
-/* C[R x C] (+)= A[R x K] B[K x C]: A and B bf16 in shared memory with WMMA
-   layouts LA / LB, C fp32 row-major in shared memory.  Warp w computes the
-   16x16 tiles w, w + nwarps, ... (one tile at a time, accumulating over K). */
-template <int R, int C, int K, class LA, class LB, bool ACC>
-__device__ __forceinline__ void smem_gemm(const bf16 *A, int lda, const bf16 *B, int ldb, float *Cm, int ldc) {
-  const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  constexpr int TC = C / 16;
-  for (int tile = warp; tile < (R / 16) * TC; tile += nw) {
-    const int tr = tile / TC, tc = tile % TC;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    float *cp = Cm + tr * 16 * ldc + tc * 16;
-    if (ACC) wmma::load_matrix_sync(acc, cp, ldc, wmma::mem_row_major);
-    else wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, LA> a;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, LB> b;
-      const bf16 *pa = std::is_same<LA, wmma::row_major>::value ? A + tr * 16 * lda + k0 : A + k0 * lda + tr * 16;
-      const bf16 *pb = std::is_same<LB, wmma::row_major>::value ? B + k0 * ldb + tc * 16 : B + tc * 16 * ldb + k0;
-      wmma::load_matrix_sync(a, pa, lda);
-      wmma::load_matrix_sync(b, pb, ldb);
-      wmma::mma_sync(acc, a, b, acc);
-    }
-    wmma::store_matrix_sync(cp, acc, ldc, wmma::mem_row_major);
-  }
+template <int D> static constexpr size_t fa_fwd_smem() {  /* Q, K x 2, V x 2 */
+  return (size_t)5 * FaTile<D>::ELEMS * 2;
+}
+template <int D> static constexpr size_t fa_bwd_smem() {  /* K, V, Q x 2, dO x 2, dS, lse / Di x 2 */
+  return (size_t)6 * FaTile<D>::ELEMS * 2 + (size_t)FA_BR * FA_LDS * 2 + (size_t)4 * FA_BR * 4;
 }
 
-/* ROWS rows of D bf16 from src (row stride rs, rows [row0, row0 + ROWS))
-   into dst (leading dim ld); rows at or past nvalid become zeros so padded
-   rows never feed NaN garbage into the products */
-template <int D, int ROWS>
-__device__ __forceinline__ void load_tile(bf16 *dst, int ld, const bf16 *src, int64_t rs, int64_t row0,
-                                          int64_t nvalid) {
+/* rows [row0, row0 + 64) of D bf16 (row stride rs) into a shared tile with
+   cp.async (this thread's share; the caller commits the group); rows at or
+   past nvalid are zero-filled, so padded rows feed zeros, never garbage,
+   into the products */
+template <int D>
+__device__ __forceinline__ void fa_load_tile(bf16 *dst, const bf16 *src, int64_t rs, int64_t row0, int64_t nvalid) {
   constexpr int CH = D / 8;  /* 16-byte chunks per row */
-  for (int i = threadIdx.x; i < ROWS * CH; i += blockDim.x) {
+  for (int i = threadIdx.x; i < 64 * CH; i += FA_THREADS) {
     const int r = i / CH, c = i % CH;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (row0 + r < nvalid) v = *(const uint4 *)(src + (row0 + r) * rs + c * 8);
-    *(uint4 *)(dst + r * ld + c * 8) = v;
+    const bool ok = row0 + r < nvalid;
+    cp_async_16(dst + r * FaTile<D>::LD + c * 8, ok ? src + (row0 + r) * rs + c * 8 : src, ok);
   }
 }
 
-template <int D> static constexpr size_t fa_fwd_smem() {
-  return (size_t)(FA_BR + 2 * FA_BC) * FaLd<D>::Q * 2 + (size_t)FA_BR * FaLd<D>::S * 4 +
-         (size_t)FA_BR * FaLd<D>::P * 2 + (size_t)FA_BR * FaLd<D>::O * 4 + 2 * FA_BR * 4;
-}
-template <int D> static constexpr size_t fa_dkdv_smem() {
-  return (size_t)(2 * FA_BC + 2 * FA_BR) * FaLd<D>::Q * 2 + 2 * (size_t)FA_BR * FaLd<D>::S * 4 +
-         2 * (size_t)FA_BR * FaLd<D>::P * 2 + 2 * (size_t)FA_BC * FaLd<D>::O * 4 + 2 * FA_BR * 4;
-}
-template <int D> static constexpr size_t fa_dq_smem() {
-  return (size_t)(2 * FA_BR + 2 * FA_BC) * FaLd<D>::Q * 2 + 2 * (size_t)FA_BR * FaLd<D>::S * 4 +
-         (size_t)FA_BR * FaLd<D>::P * 2 + (size_t)FA_BR * FaLd<D>::O * 4 + 2 * FA_BR * 4;
-}
-
-/* first key tile a query tile [qt0, qt0 + FA_BR) can see, and one past the last key */
+/* first key tile a query tile [qt0, qt0 + FA_BR) can see, and one past the
+   last key it sees: causal block skipping, and the window's lower edge */
 __device__ __forceinline__ void fa_key_range(const FlashParams &p, int64_t qt0, int64_t *kv_begin, int64_t *kv_end) {
   int64_t off = p.S - p.T, last_t = (qt0 + FA_BR < p.T ? qt0 + FA_BR : p.T) - 1;
   *kv_end = off + last_t + 1;
@@ -143,209 +120,323 @@ __device__ __forceinline__ void fa_key_range(const FlashParams &p, int64_t qt0, 
   *kv_begin = lo / FA_BC * FA_BC;
 }
 
+/* every (query, key) of the tile pair exists and is visible: no masking */
+__device__ __forceinline__ bool fa_tile_full(const FlashParams &p, int64_t qt0, int64_t kv0) {
+  const int64_t q_lo = p.S - p.T + qt0, q_hi = q_lo + FA_BR - 1;
+  return qt0 + FA_BR <= p.T && kv0 + FA_BC <= p.S && kv0 + FA_BC - 1 <= q_lo &&
+         (p.window <= 0 || q_hi - p.window < kv0);
+}
+
+/* the query row of accumulator slot i of lane (g, tq) in a warp's 16-row
+   stripe: g or g + 8; its column within an 8-wide n-tile: 2 tq or 2 tq + 1 */
+#define FA_ROW(g, i) ((g) + 8 * ((i) >> 1))
+#define FA_COL(tq, i) (2 * (tq) + ((i) & 1))
+
+/* accumulator tiles 2j, 2j + 1 (16 x 16, fp32) -> an A fragment (bf16) */
+__device__ __forceinline__ void fa_acc_to_a(uint32_t *a, const float *c0, const float *c1) {
+  a[0] = pack_bf16x2(c0[0], c0[1]);
+  a[1] = pack_bf16x2(c0[2], c0[3]);
+  a[2] = pack_bf16x2(c1[0], c1[1]);
+  a[3] = pack_bf16x2(c1[2], c1[3]);
+}
+
+/* Forward, one block per (query tile, head, batch), warp w owning query rows
+   16w..16w+15 of the tile.  Its Q fragments stay in registers; K / V tiles
+   stream through two shared stages (cp.async of tile j + 1 overlaps the
+   products on tile j); S, P and the O accumulator live in registers; the
+   online softmax keeps m and l per row in the log2 domain. */
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
-  typedef FaLd<D> L;
+  constexpr int LD = FaTile<D>::LD, E = FaTile<D>::ELEMS, KD = D / 16, ND = D / 8, NS = FA_BC / 8;
   GL_DYNAMIC_SHARED(unsigned char, smem, 128);
-  bf16 *Qs = (bf16 *)smem;
-  bf16 *Ks = Qs + FA_BR * L::Q;
-  bf16 *Vs = Ks + FA_BC * L::Q;
-  float *Ss = (float *)(Vs + FA_BC * L::Q);
-  bf16 *Ps = (bf16 *)(Ss + FA_BR * L::S);
-  float *Os = (float *)(Ps + FA_BR * L::P);
-  float *ms = Os + FA_BR * L::O, *ls = ms + FA_BR;
-
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  bf16 *Qs = (bf16 *)smem, *Ks = Qs + E, *Vs = Ks + 2 * E;  /* K, V: two stages each */
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int64_t qt0 = (int64_t)blockIdx.x * FA_BR, h = blockIdx.y, b = blockIdx.z, hk = h / (p.H / p.Hkv);
   const int64_t off = p.S - p.T;
   const bf16 *q = p.q + b * p.qs[0] + h * p.qs[1];
   const bf16 *k = p.k + b * p.ks[0] + hk * p.ks[1];
   const bf16 *v = p.v + b * p.vs[0] + hk * p.vs[1];
-
-  load_tile<D, FA_BR>(Qs, L::Q, q, p.qs[2], qt0, p.T);
-  for (int i = threadIdx.x; i < FA_BR * L::O; i += blockDim.x) Os[i] = 0.f;
-  for (int i = threadIdx.x; i < FA_BR; i += blockDim.x) { ms[i] = -INFINITY; ls[i] = 0.f; }
-
   int64_t kv_begin, kv_end;
   fa_key_range(p, qt0, &kv_begin, &kv_end);
-  for (int64_t kv0 = kv_begin; kv0 < kv_end; kv0 += FA_BC) {
-    __syncthreads();  /* previous tile's products are done with Ks / Vs */
-    load_tile<D, FA_BC>(Ks, L::Q, k, p.ks[2], kv0, p.S);
-    load_tile<D, FA_BC>(Vs, L::Q, v, p.vs[2], kv0, p.S);
-    __syncthreads();
-    smem_gemm<FA_BR, FA_BC, D, wmma::row_major, wmma::col_major, false>(Qs, L::Q, Ks, L::Q, Ss, L::S);
-    __syncthreads();
-    /* online softmax, one warp per row, two columns per lane */
-    for (int r = warp; r < FA_BR; r += FA_WARPS) {
-      const int64_t t = qt0 + r, qpos = off + t;
-      float sv[FA_BC / 32], mloc = -INFINITY;
+  const int ntiles = (int)((kv_end - kv_begin + FA_BC - 1) / FA_BC);
+
+  fa_load_tile<D>(Qs, q, p.qs[2], qt0, p.T);
+  cp_async_commit();
+  fa_load_tile<D>(Ks, k, p.ks[2], kv_begin, p.S);
+  fa_load_tile<D>(Vs, v, p.vs[2], kv_begin, p.S);
+  cp_async_commit();
+  cp_async_wait<1>();  /* Q landed (K / V tile 0 may still be in flight) */
+  __syncthreads();
+  uint32_t qf[KD][4];
 #pragma unroll
-      for (int j = 0; j < FA_BC / 32; j++) {
-        const int c = lane + 32 * j;
-        const int64_t kpos = kv0 + c;
-        const bool ok = t < p.T && kpos < p.S && attn_visible(kpos, qpos, p.window);
-        sv[j] = ok ? Ss[r * L::S + c] * p.scale : -INFINITY;
-        mloc = fmaxf(mloc, sv[j]);
-      }
-      const float mt = cu_warp_reduce(mloc, CuMax());
-      const float m_old = ms[r], m_new = fmaxf(m_old, mt);
-      float psum = 0.f;
+  for (int kk = 0; kk < KD; kk++)
+    ldmatrix_x4(qf[kk], Qs + (warp * 16 + ldm_rows_a_row(lane)) * LD + kk * 16 + ldm_rows_a_col(lane));
+
+  const float sl = p.scale * FA_LOG2E;
+  float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
-      for (int j = 0; j < FA_BC / 32; j++) {
-        const float pj = m_new == -INFINITY ? 0.f : __expf(sv[j] - m_new);
-        Ps[r * L::P + lane + 32 * j] = __float2bfloat16(pj);
-        psum += pj;
-      }
-      psum = cu_warp_reduce(psum, CuSum());
-      const float alpha = m_new == -INFINITY ? 1.f : __expf(m_old - m_new);
-      for (int d = lane; d < D; d += 32) Os[r * L::O + d] *= alpha;
-      __syncwarp();
-      if (lane == 0) { ms[r] = m_new; ls[r] = ls[r] * alpha + psum; }
+  for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  for (int j = 0; j < ntiles; j++) {
+    const int64_t kv0 = kv_begin + (int64_t)j * FA_BC;
+    const bf16 *Kc = Ks + (j & 1) * E, *Vc = Vs + (j & 1) * E;
+    if (j + 1 < ntiles) {  /* the next tile into the other stage, freed by the last barrier */
+      fa_load_tile<D>(Ks + ((j + 1) & 1) * E, k, p.ks[2], kv0 + FA_BC, p.S);
+      fa_load_tile<D>(Vs + ((j + 1) & 1) * E, v, p.vs[2], kv0 + FA_BC, p.S);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
-    smem_gemm<FA_BR, D, FA_BC, wmma::row_major, wmma::row_major, true>(Ps, L::P, Vs, L::Q, Os, L::O);
+    /* S = Q K^T (16 x FA_BC per warp) */
+    float s[NS][4];
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+#pragma unroll
+      for (int np = 0; np < NS / 2; np++) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, Kc + (np * 16 + ldm_rows_bt_row(lane)) * LD + kk * 16 + ldm_rows_bt_col(lane));
+        mma_bf16_16816(s[2 * np], qf[kk], kf, s[2 * np]);
+        mma_bf16_16816(s[2 * np + 1], qf[kk], kf + 2, s[2 * np + 1]);
+      }
+    /* online softmax: scaled scores (log2 domain), masked where needed */
+    const bool full = fa_tile_full(p, qt0, kv0);
+    float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        float x = s[nt][i] * sl;
+        if (!full) {
+          const int64_t t = qt0 + warp * 16 + FA_ROW(g, i), kpos = kv0 + nt * 8 + FA_COL(tq, i);
+          if (!(t < p.T && kpos < p.S && attn_visible(kpos, off + t, p.window))) x = -INFINITY;
+        }
+        s[nt][i] = x;
+        mt[i >> 1] = fmaxf(mt[i >> 1], x);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {  /* the row's max over its quad (lanes 4g..4g+3) */
+      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
+      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+      const float mn = fmaxf(m[r], mt[r]);
+      alpha[r] = mn == -INFINITY ? 1.f : exp2f(m[r] - mn);
+      m[r] = mn;
+      l[r] *= alpha[r];  /* l stays a per-lane partial sum until the end */
+    }
+#pragma unroll
+    for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const float pv = m[i >> 1] == -INFINITY ? 0.f : exp2f(s[nt][i] - m[i >> 1]);
+        s[nt][i] = pv;
+        l[i >> 1] += pv;
+      }
+#pragma unroll
+    for (int dt = 0; dt < ND; dt++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) o[dt][i] *= alpha[i >> 1];
+    /* O += P V, P straight from the S registers */
+#pragma unroll
+    for (int kk = 0; kk < NS / 2; kk++) {
+      uint32_t pa[4];
+      fa_acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, Vc + (kk * 16 + ldm_rows_a_row(lane)) * LD + dp * 16 + ldm_rows_a_col(lane));
+        mma_bf16_16816(o[2 * dp], pa, vf, o[2 * dp]);
+        mma_bf16_16816(o[2 * dp + 1], pa, vf + 2, o[2 * dp + 1]);
+      }
+    }
+    __syncthreads();  /* every warp is done with this stage before the copies after next land in it */
   }
-  __syncthreads();
-  bf16 *o = p.o + b * p.os[0] + h * p.os[1];
-  for (int r = warp; r < FA_BR; r += FA_WARPS) {
-    const int64_t t = qt0 + r;
+  bf16 *out = p.o + b * p.os[0] + h * p.os[1];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int64_t t = qt0 + warp * 16 + g + 8 * r;
     if (t >= p.T) continue;
-    const float l = ls[r], inv = 1.f / l;
-    for (int d = lane; d < D; d += 32) o[t * p.os[2] + d] = __float2bfloat16(Os[r * L::O + d] * inv);
-    if (lane == 0 && p.lse) p.lse[b * p.ls[0] + h * p.ls[1] + t * p.ls[2]] = ms[r] + logf(l);
+    const float inv = 1.f / l[r];
+#pragma unroll
+    for (int dt = 0; dt < ND; dt++)
+      *(uint32_t *)(out + t * p.os[2] + dt * 8 + 2 * tq) = pack_bf16x2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+    if (tq == 0 && p.lse) p.lse[b * p.ls[0] + h * p.ls[1] + t * p.ls[2]] = (m[r] + log2f(l[r])) / FA_LOG2E;
   }
 }
 
-/* P = exp(S scale - lse) on visible entries, dS = P (dP - Di), both to bf16 */
+/* Backward, FA2: one block per (key tile, kv head, batch), warp w owning key
+   rows 16w..16w+15.  It walks every (query head of the group, query tile
+   that sees the keys) with Q / dO / lse / Di through two shared stages and,
+   from the transposed scores, accumulates in registers
+     P^T = exp(K Q^T scale - lse),  dP^T = V dO^T,  dS^T = P^T (dP^T - Di),
+     dV += P^T dO,  dK += dS^T Q  (scaled once at the end);
+   dS goes through shared memory so that warp w can add rows 16w.. of
+   dQ = dS K into the fp32 buffer p.dq_acc with atomics: nothing is
+   recomputed for dQ. */
 template <int D>
-__device__ __forceinline__ void fa_probs(const FlashParams &p, int64_t qt0, int64_t kv0, const float *Ss,
-                                         const float *dPs, const float *lse_s, const float *di_s, bf16 *Pb,
-                                         bf16 *dSb) {
-  typedef FaLd<D> L;
-  const int64_t off = p.S - p.T;
-  for (int e = threadIdx.x; e < FA_BR * FA_BC; e += blockDim.x) {
-    const int r = e / FA_BC, c = e % FA_BC;
-    const int64_t t = qt0 + r, kpos = kv0 + c;
-    const bool ok = t < p.T && kpos < p.S && attn_visible(kpos, off + t, p.window);
-    const float pv = ok ? __expf(Ss[r * L::S + c] * p.scale - lse_s[r]) : 0.f;
-    const float ds = pv * (dPs[r * L::S + c] - di_s[r]);
-    if (Pb) Pb[r * L::P + c] = __float2bfloat16(pv);
-    dSb[r * L::P + c] = __float2bfloat16(ds);
-  }
-}
-
-/* lse and Di of query rows [qt0, qt0 + FA_BR) of head (b, h); padded rows
-   get lse = +inf (P = 0) */
-__device__ __forceinline__ void fa_row_stats(const FlashParams &p, int64_t b, int64_t h, int64_t qt0, float *lse_s,
-                                             float *di_s) {
-  for (int r = threadIdx.x; r < FA_BR; r += blockDim.x) {
-    const int64_t t = qt0 + r;
-    const bool ok = t < p.T;
-    lse_s[r] = ok ? p.lse_in[b * p.ls[0] + h * p.ls[1] + t * p.ls[2]] : INFINITY;
-    di_s[r] = ok ? p.di[(b * p.H + h) * p.T + t] : 0.f;
-  }
-}
-
-template <int D>
-__global__ void __launch_bounds__(FA_THREADS) flash_bwd_dkdv_kernel(FlashParams p) {
-  typedef FaLd<D> L;
+__global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
+  constexpr int LD = FaTile<D>::LD, E = FaTile<D>::ELEMS, KD = D / 16, ND = D / 8, NQ = FA_BR / 8;
   GL_DYNAMIC_SHARED(unsigned char, smem, 128);
-  bf16 *Ks = (bf16 *)smem;
-  bf16 *Vs = Ks + FA_BC * L::Q;
-  bf16 *Qs = Vs + FA_BC * L::Q;
-  bf16 *dOs = Qs + FA_BR * L::Q;
-  float *Ss = (float *)(dOs + FA_BR * L::Q);
-  float *dPs = Ss + FA_BR * L::S;
-  bf16 *Pb = (bf16 *)(dPs + FA_BR * L::S);
-  bf16 *dSb = Pb + FA_BR * L::P;
-  float *dKs = (float *)(dSb + FA_BR * L::P);
-  float *dVs = dKs + FA_BC * L::O;
-  float *lse_s = dVs + FA_BC * L::O, *di_s = lse_s + FA_BR;
-
+  bf16 *Ks = (bf16 *)smem, *Vs = Ks + E, *Qs = Vs + E, *dOs = Qs + 2 * E, *dSs = dOs + 2 * E;
+  float *lse_s = (float *)(dSs + FA_BR * FA_LDS), *di_s = lse_s + 2 * FA_BR;  /* two stages each */
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, kr = warp * 16;
   const int64_t kv0 = (int64_t)blockIdx.x * FA_BC, hk = blockIdx.y, b = blockIdx.z;
   const int64_t group = p.H / p.Hkv, off = p.S - p.T;
-  load_tile<D, FA_BC>(Ks, L::Q, p.k + b * p.ks[0] + hk * p.ks[1], p.ks[2], kv0, p.S);
-  load_tile<D, FA_BC>(Vs, L::Q, p.v + b * p.vs[0] + hk * p.vs[1], p.vs[2], kv0, p.S);
-  for (int i = threadIdx.x; i < FA_BC * L::O; i += blockDim.x) { dKs[i] = 0.f; dVs[i] = 0.f; }
-
-  /* queries that see a key of [kv0, kv0 + FA_BC): qpos >= kv0, and with a
-     window qpos < kv0 + FA_BC - 1 + window */
+  /* the query tiles that see a key of [kv0, kv0 + FA_BC): qpos >= kv0 and,
+     with a window, qpos < kv0 + FA_BC - 1 + window */
   int64_t t_lo = kv0 - off < 0 ? 0 : kv0 - off;
   t_lo = t_lo / FA_BR * FA_BR;
   int64_t t_hi = p.T;
   if (p.window > 0 && kv0 + FA_BC - 1 + p.window - off < t_hi) t_hi = kv0 + FA_BC - 1 + p.window - off;
+  const int64_t nqt = t_hi > t_lo ? (t_hi - t_lo + FA_BR - 1) / FA_BR : 0, items = group * nqt;
 
-  for (int64_t g = 0; g < group; g++) {
-    const int64_t h = hk * group + g;
-    const bf16 *q = p.q + b * p.qs[0] + h * p.qs[1];
-    const bf16 *dout = p.dout + b * p.dos[0] + h * p.dos[1];
-    for (int64_t qt0 = t_lo; qt0 < t_hi; qt0 += FA_BR) {
-      __syncthreads();  /* the previous tile's products are done with Qs, dOs, Pb, dSb */
-      load_tile<D, FA_BR>(Qs, L::Q, q, p.qs[2], qt0, p.T);
-      load_tile<D, FA_BR>(dOs, L::Q, dout, p.dos[2], qt0, p.T);
-      fa_row_stats(p, b, h, qt0, lse_s, di_s);
-      __syncthreads();
-      smem_gemm<FA_BR, FA_BC, D, wmma::row_major, wmma::col_major, false>(Qs, L::Q, Ks, L::Q, Ss, L::S);
-      smem_gemm<FA_BR, FA_BC, D, wmma::row_major, wmma::col_major, false>(dOs, L::Q, Vs, L::Q, dPs, L::S);
-      __syncthreads();
-      fa_probs<D>(p, qt0, kv0, Ss, dPs, lse_s, di_s, Pb, dSb);
-      __syncthreads();
-      /* dV += P^T dout, dK += dS^T Q: P^T is P read column-major */
-      smem_gemm<FA_BC, D, FA_BR, wmma::col_major, wmma::row_major, true>(Pb, L::P, dOs, L::Q, dVs, L::O);
-      smem_gemm<FA_BC, D, FA_BR, wmma::col_major, wmma::row_major, true>(dSb, L::P, Qs, L::Q, dKs, L::O);
+  /* work item j (head hk * group + j / nqt, query tile j % nqt) into stage st */
+  auto load_item = [&](int64_t j, int st) {
+    const int64_t h = hk * group + j / nqt, qt0 = t_lo + j % nqt * FA_BR;
+    fa_load_tile<D>(Qs + st * E, p.q + b * p.qs[0] + h * p.qs[1], p.qs[2], qt0, p.T);
+    fa_load_tile<D>(dOs + st * E, p.dout + b * p.dos[0] + h * p.dos[1], p.dos[2], qt0, p.T);
+    for (int r = threadIdx.x; r < FA_BR; r += FA_THREADS) {  /* padded rows: P = 0 */
+      const int64_t t = qt0 + r;
+      const bool ok = t < p.T;
+      lse_s[st * FA_BR + r] = ok ? p.lse_in[b * p.ls[0] + h * p.ls[1] + t * p.ls[2]] * FA_LOG2E : INFINITY;
+      di_s[st * FA_BR + r] = ok ? p.di[(b * p.H + h) * p.T + t] : 0.f;
     }
+  };
+  fa_load_tile<D>(Ks, p.k + b * p.ks[0] + hk * p.ks[1], p.ks[2], kv0, p.S);
+  fa_load_tile<D>(Vs, p.v + b * p.vs[0] + hk * p.vs[1], p.vs[2], kv0, p.S);
+  if (items > 0) load_item(0, 0);
+  cp_async_commit();
+
+  const float sl = p.scale * FA_LOG2E;
+  float dk[ND][4], dv[ND][4];
+#pragma unroll
+  for (int dt = 0; dt < ND; dt++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) dk[dt][i] = dv[dt][i] = 0.f;
+  for (int64_t j = 0; j < items; j++) {
+    const int st = (int)(j & 1);
+    const int64_t h = hk * group + j / nqt, qt0 = t_lo + j % nqt * FA_BR;
+    if (j + 1 < items) {
+      load_item(j + 1, st ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16 *Qc = Qs + st * E, *dOc = dOs + st * E;
+    const float *lse_c = lse_s + st * FA_BR, *di_c = di_s + st * FA_BR;
+    /* S^T = K Q^T and dP^T = V dO^T, 16 keys x FA_BR queries per warp */
+    float sT[NQ][4], dpT[NQ][4];
+#pragma unroll
+    for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) sT[nt][i] = dpT[nt][i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      uint32_t ka[4], va[4];
+      ldmatrix_x4(ka, Ks + (kr + ldm_rows_a_row(lane)) * LD + kk * 16 + ldm_rows_a_col(lane));
+      ldmatrix_x4(va, Vs + (kr + ldm_rows_a_row(lane)) * LD + kk * 16 + ldm_rows_a_col(lane));
+#pragma unroll
+      for (int np = 0; np < NQ / 2; np++) {
+        uint32_t qb[4], ob[4];
+        ldmatrix_x4(qb, Qc + (np * 16 + ldm_rows_bt_row(lane)) * LD + kk * 16 + ldm_rows_bt_col(lane));
+        ldmatrix_x4(ob, dOc + (np * 16 + ldm_rows_bt_row(lane)) * LD + kk * 16 + ldm_rows_bt_col(lane));
+        mma_bf16_16816(sT[2 * np], ka, qb, sT[2 * np]);
+        mma_bf16_16816(sT[2 * np + 1], ka, qb + 2, sT[2 * np + 1]);
+        mma_bf16_16816(dpT[2 * np], va, ob, dpT[2 * np]);
+        mma_bf16_16816(dpT[2 * np + 1], va, ob + 2, dpT[2 * np + 1]);
+      }
+    }
+    /* P^T and dS^T in place; dS (query-major) to shared memory for dQ */
+    const bool full = fa_tile_full(p, qt0, kv0);
+#pragma unroll
+    for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int kl = kr + FA_ROW(g, i), ql = nt * 8 + FA_COL(tq, i);
+        float pv = exp2f(sT[nt][i] * sl - lse_c[ql]);
+        if (!full) {
+          const int64_t t = qt0 + ql, kpos = kv0 + kl;
+          if (!(t < p.T && kpos < p.S && attn_visible(kpos, off + t, p.window))) pv = 0.f;
+        }
+        const float ds = pv * (dpT[nt][i] - di_c[ql]);
+        sT[nt][i] = pv;
+        dpT[nt][i] = ds;
+        dSs[ql * FA_LDS + kl] = __float2bfloat16(ds);
+      }
+    /* dV += P^T dO, dK += dS^T Q over this tile's queries */
+#pragma unroll
+    for (int kq = 0; kq < NQ / 2; kq++) {
+      uint32_t pa[4], da[4];
+      fa_acc_to_a(pa, sT[2 * kq], sT[2 * kq + 1]);
+      fa_acc_to_a(da, dpT[2 * kq], dpT[2 * kq + 1]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t ob[4], qb[4];
+        ldmatrix_x4_trans(ob, dOc + (kq * 16 + ldm_rows_a_row(lane)) * LD + dp * 16 + ldm_rows_a_col(lane));
+        ldmatrix_x4_trans(qb, Qc + (kq * 16 + ldm_rows_a_row(lane)) * LD + dp * 16 + ldm_rows_a_col(lane));
+        mma_bf16_16816(dv[2 * dp], pa, ob, dv[2 * dp]);
+        mma_bf16_16816(dv[2 * dp + 1], pa, ob + 2, dv[2 * dp + 1]);
+        mma_bf16_16816(dk[2 * dp], da, qb, dk[2 * dp]);
+        mma_bf16_16816(dk[2 * dp + 1], da, qb + 2, dk[2 * dp + 1]);
+      }
+    }
+    __syncthreads();  /* dS is whole */
+    /* dQ rows 16w.. += dS K, added to the fp32 buffer 16 columns at a time
+       (the dS fragments stay, the accumulators are only 8 registers) */
+    {
+      uint32_t sa[FA_BC / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < FA_BC / 16; ks++)
+        ldmatrix_x4(sa[ks], dSs + (warp * 16 + ldm_rows_a_row(lane)) * FA_LDS + ks * 16 + ldm_rows_a_col(lane));
+      float *acc = p.dq_acc + (b * p.H + h) * p.T * D;
+      const int64_t t0 = qt0 + warp * 16 + g;
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) {
+        float dq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+        for (int ks = 0; ks < FA_BC / 16; ks++) {
+          uint32_t kb[4];
+          ldmatrix_x4_trans(kb, Ks + (ks * 16 + ldm_rows_a_row(lane)) * LD + dp * 16 + ldm_rows_a_col(lane));
+          mma_bf16_16816(dq[0], sa[ks], kb, dq[0]);
+          mma_bf16_16816(dq[1], sa[ks], kb + 2, dq[1]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int64_t t = t0 + 8 * (i >> 1);
+          if (t >= p.T) continue;
+          atomicAdd(acc + t * D + dp * 16 + FA_COL(tq, i), dq[0][i]);
+          atomicAdd(acc + t * D + dp * 16 + 8 + FA_COL(tq, i), dq[1][i]);
+        }
+      }
+    }
+    __syncthreads();  /* dS and this stage are free for the item after next */
   }
-  __syncthreads();
-  bf16 *dk = p.dk + b * p.dks[0] + hk * p.dks[1], *dv = p.dv + b * p.dvs[0] + hk * p.dvs[1];
-  for (int i = threadIdx.x; i < FA_BC * D; i += blockDim.x) {
-    const int r = i / D, d = i % D;
-    if (kv0 + r >= p.S) continue;
-    dk[(kv0 + r) * p.dks[2] + d] = __float2bfloat16(dKs[r * L::O + d] * p.scale);
-    dv[(kv0 + r) * p.dvs[2] + d] = __float2bfloat16(dVs[r * L::O + d]);
+  cp_async_wait<0>();  /* no copy outlives the block (K / V when no query sees these keys) */
+  bf16 *dkp = p.dk + b * p.dks[0] + hk * p.dks[1], *dvp = p.dv + b * p.dvs[0] + hk * p.dvs[1];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int64_t s = kv0 + kr + g + 8 * r;
+    if (s >= p.S) continue;
+#pragma unroll
+    for (int dt = 0; dt < ND; dt++) {
+      *(uint32_t *)(dkp + s * p.dks[2] + dt * 8 + 2 * tq) =
+          pack_bf16x2(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
+      *(uint32_t *)(dvp + s * p.dvs[2] + dt * 8 + 2 * tq) = pack_bf16x2(dv[dt][2 * r], dv[dt][2 * r + 1]);
+    }
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(FA_THREADS) flash_bwd_dq_kernel(FlashParams p) {
-  typedef FaLd<D> L;
-  GL_DYNAMIC_SHARED(unsigned char, smem, 128);
-  bf16 *Qs = (bf16 *)smem;
-  bf16 *dOs = Qs + FA_BR * L::Q;
-  bf16 *Ks = dOs + FA_BR * L::Q;
-  bf16 *Vs = Ks + FA_BC * L::Q;
-  float *Ss = (float *)(Vs + FA_BC * L::Q);
-  float *dPs = Ss + FA_BR * L::S;
-  bf16 *dSb = (bf16 *)(dPs + FA_BR * L::S);
-  float *dQs = (float *)(dSb + FA_BR * L::P);
-  float *lse_s = dQs + FA_BR * L::O, *di_s = lse_s + FA_BR;
-
-  const int64_t qt0 = (int64_t)blockIdx.x * FA_BR, h = blockIdx.y, b = blockIdx.z, hk = h / (p.H / p.Hkv);
-  load_tile<D, FA_BR>(Qs, L::Q, p.q + b * p.qs[0] + h * p.qs[1], p.qs[2], qt0, p.T);
-  load_tile<D, FA_BR>(dOs, L::Q, p.dout + b * p.dos[0] + h * p.dos[1], p.dos[2], qt0, p.T);
-  fa_row_stats(p, b, h, qt0, lse_s, di_s);
-  for (int i = threadIdx.x; i < FA_BR * L::O; i += blockDim.x) dQs[i] = 0.f;
-  const bf16 *k = p.k + b * p.ks[0] + hk * p.ks[1], *v = p.v + b * p.vs[0] + hk * p.vs[1];
-
-  int64_t kv_begin, kv_end;
-  fa_key_range(p, qt0, &kv_begin, &kv_end);
-  for (int64_t kv0 = kv_begin; kv0 < kv_end; kv0 += FA_BC) {
-    __syncthreads();
-    load_tile<D, FA_BC>(Ks, L::Q, k, p.ks[2], kv0, p.S);
-    load_tile<D, FA_BC>(Vs, L::Q, v, p.vs[2], kv0, p.S);
-    __syncthreads();
-    smem_gemm<FA_BR, FA_BC, D, wmma::row_major, wmma::col_major, false>(Qs, L::Q, Ks, L::Q, Ss, L::S);
-    smem_gemm<FA_BR, FA_BC, D, wmma::row_major, wmma::col_major, false>(dOs, L::Q, Vs, L::Q, dPs, L::S);
-    __syncthreads();
-    fa_probs<D>(p, qt0, kv0, Ss, dPs, lse_s, di_s, nullptr, dSb);
-    __syncthreads();
-    smem_gemm<FA_BR, D, FA_BC, wmma::row_major, wmma::row_major, true>(dSb, L::P, Ks, L::Q, dQs, L::O);
-  }
-  __syncthreads();
-  bf16 *dq = p.dq + b * p.dqs[0] + h * p.dqs[1];
-  for (int i = threadIdx.x; i < FA_BR * D; i += blockDim.x) {
-    const int r = i / D, d = i % D;
-    if (qt0 + r >= p.T) continue;
-    dq[(qt0 + r) * p.dqs[2] + d] = __float2bfloat16(dQs[r * L::O + d] * p.scale);
+/* dq = scale * dq_acc in bf16, (B, H, T, D) in dq's strides */
+template <int D> __global__ void flash_dq_convert_kernel(FlashParams p, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t d = i % D, t = i / D % p.T, h = i / (D * p.T) % p.H, b = i / (D * p.T * p.H);
+    p.dq[b * p.dqs[0] + h * p.dqs[1] + t * p.dqs[2] + d] = __float2bfloat16(p.dq_acc[i] * p.scale);
   }
 }
 
@@ -378,15 +469,19 @@ template <int D> static int fa_forward(cudaStream_t st, FlashParams &p, int64_t 
   GL_CU_LAUNCHED();
   return GL_OK;
 }
-template <int D> static int fa_backward(cudaStream_t st, FlashParams &p, int64_t B) {
-  size_t s1 = fa_dkdv_smem<D>(), s2 = fa_dq_smem<D>();
-  GL_CU_CHECK(cudaFuncSetAttribute(flash_bwd_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1));
-  GL_CU_CHECK(cudaFuncSetAttribute(flash_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
-  dim3 g1((unsigned)((p.S + FA_BC - 1) / FA_BC), (unsigned)p.Hkv, (unsigned)B);
-  GL_LAUNCH(g1, FA_THREADS, s1, st, flash_bwd_dkdv_kernel<D>)(p);
+template <int D> static int fa_backward(cudaStream_t st, FlashParams &p, int64_t B, int dev) {
+  const int64_t n = B * p.H * p.T * D;
+  CuTemp acc;
+  GL_TRY(acc.make(GL_F32, dev, n));
+  GL_CU_CHECK(cudaMemsetAsync(acc.ptr<float>(), 0, (size_t)n * sizeof(float), st));
+  p.dq_acc = acc.ptr<float>();
+  size_t smem = fa_bwd_smem<D>();
+  GL_CU_CHECK(cudaFuncSetAttribute(flash_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  dim3 grid((unsigned)((p.S + FA_BC - 1) / FA_BC), (unsigned)p.Hkv, (unsigned)B);
+  GL_LAUNCH(grid, FA_THREADS, smem, st, flash_bwd_kernel<D>)(p);
   GL_CU_LAUNCHED();
-  dim3 g2((unsigned)((p.T + FA_BR - 1) / FA_BR), (unsigned)p.H, (unsigned)B);
-  GL_LAUNCH(g2, FA_THREADS, s2, st, flash_bwd_dq_kernel<D>)(p);
+  const unsigned blocks = (unsigned)std::min<int64_t>((n + 255) / 256, 1 << 20);
+  GL_LAUNCH(blocks, 256, 0, st, flash_dq_convert_kernel<D>)(p, n);
   GL_CU_LAUNCHED();
   return GL_OK;
 }
@@ -600,8 +695,7 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     GL_TRY(cuda_fill(dk, 0));
     return cuda_fill(dv, 0);
   }
-  size_t smem = D == 128 ? std::max(fa_dkdv_smem<128>(), fa_dq_smem<128>())
-                         : std::max(fa_dkdv_smem<64>(), fa_dq_smem<64>());
+  size_t smem = D == 128 ? fa_bwd_smem<128>() : fa_bwd_smem<64>();
   bool fast = fa_usable(dev, D, smem, {dq, dk, dv, dout, q, k, v, out}, H, B);
   int wide = q->dtype == GL_F64;
   CuTemp di;
@@ -626,7 +720,7 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     fa_strides(p.qs, q); fa_strides(p.ks, k); fa_strides(p.vs, v); fa_strides(p.ls, lse);
     fa_strides(p.dos, dout); fa_strides(p.dqs, dq); fa_strides(p.dks, dk); fa_strides(p.dvs, dv);
     p.H = H; p.Hkv = Hkv; p.T = T_; p.S = S; p.window = window; p.scale = (float)scale;
-    return D == 128 ? fa_backward<128>(st, p, B) : fa_backward<64>(st, p, B);
+    return D == 128 ? fa_backward<128>(st, p, B, dev) : fa_backward<64>(st, p, B, dev);
   }
   GL_TRY(grid_check("cuda_attention_backward", T_ > S ? T_ : S, H, B));
   AttnDims a = {H, H / Hkv, T_, S, D, window};

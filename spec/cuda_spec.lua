@@ -13,140 +13,15 @@ local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
 local ffi, lib = gl.ffi, gl.lib
 
-local HAVE_GPU = cuda.is_available()
-local DEV = 'cuda:0'
-local NO_GPU = 'no CUDA device on this machine'
-local TOL = { float32 = 1e-5, bfloat16 = 1e-2, float16 = 1e-2, float64 = 1e-10 }
--- GL_CUDA_SPEC_VERBOSE=1 prints every comparison's error against its tolerance
-local VERBOSE = os.getenv('GL_CUDA_SPEC_VERBOSE') ~= nil
+-- the harness (pair, compare, ...) lives in spec/support/cuda_twin.lua
+local twin = require 'support.cuda_twin'
+local HAVE_GPU, DEV, NO_GPU = twin.HAVE_GPU, twin.DEV, twin.NO_GPU
+local next_seed, copy_shape, pair, id_pair, output = twin.next_seed, twin.copy_shape, twin.pair, twin.id_pair, twin.output
+local check_close, compare, K = twin.check_close, twin.compare, twin.K
 
-local function gpu_it(name, fn)
+local function gpu_it(name, fn)  -- it() and pending() are busted's, in this file's environment
   if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
 end
-
--- ------------------------------------------------------------ inputs
-local RUN_SEED = (os.time() % 1000000) * 1000
-local seq = 0
-local function next_seed() seq = seq + 1; return RUN_SEED + seq end
-
-local function copy_shape(s) local r = {} for i, v in ipairs(s) do r[i] = v end return r end
-
--- A pair {cpu, gpu} of tensors with identical values of `shape`:
---   opts.dtype   float dtype (default float32)
---   opts.dist    'normal' (default) or {lo, hi} uniform
---   opts.layout  'contiguous' | 'transposed' (last two dims swapped in memory)
---                | 'narrow' (rows padded: stride[-2] > size[-1]) | 'broadcast' (dim 1 expanded)
-local function pair(shape, opts)
-  opts = opts or {}
-  local dtype, layout = opts.dtype or 'float32', opts.layout or 'contiguous'
-  local nd = #shape
-  local bshape = copy_shape(shape)
-  if layout == 'transposed' then bshape[nd - 1], bshape[nd] = shape[nd], shape[nd - 1]
-  elseif layout == 'narrow' then bshape[nd] = shape[nd] + 3
-  elseif layout == 'broadcast' then bshape[1] = 1 end
-  local seed = next_seed()
-  local base
-  if type(opts.dist) == 'table' then base = gl.uniform(bshape, opts.dist[1], opts.dist[2], { seed = seed })
-  else base = gl.randn(bshape, { seed = seed }) end
-  if dtype ~= 'float32' then base = base:to(dtype) end
-  local gbase = base:to(DEV)
-  local function view(t)
-    if layout == 'transposed' then return t:transpose(nd - 1, nd)
-    elseif layout == 'narrow' then return t:narrow(nd, 2, shape[nd])
-    elseif layout == 'broadcast' then return t:expand(shape) end
-    return t
-  end
-  return { view(base), view(gbase) }
-end
-
--- random integer ids in [0, limit) (some replaced by `ignore` when given)
-local function id_pair(shape, limit, dtype, ignore)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  math.randomseed(next_seed())
-  local vals = {}
-  for i = 1, n do vals[i] = math.random(0, limit - 1) end
-  if ignore then for i = 1, n, 5 do vals[i] = ignore end end
-  local t = gl.tensor(vals, { dtype = dtype or 'int64' }):view(shape)
-  return { t, t:to(DEV) }
-end
-
--- an output of shape: on the GPU poisoned with NaN (integers with -7);
--- layout 'transposed' gives a non-contiguous view
-local function output(shape, dtype, on_gpu, layout)
-  dtype = dtype or 'float32'
-  local nd = #shape
-  local bshape = copy_shape(shape)
-  if layout == 'transposed' then bshape[nd - 1], bshape[nd] = shape[nd], shape[nd - 1] end
-  local t = gl.empty(bshape, { dtype = dtype, device = on_gpu and DEV or 'cpu' })
-  if on_gpu then t:fill_(gl.Tensor.FLOATING[dtype] and 0 / 0 or -7) end
-  if layout == 'transposed' then t = t:transpose(nd - 1, nd) end
-  return t
-end
-
--- The same body on both devices: S.name is the side's tensor of pair
--- ins.name, S.out(shape, dtype, layout) a fresh output (poisoned on the
--- GPU), S.gpu whether this is the GPU run.  body returns its outputs.
-local HALF = { bfloat16 = true, float16 = true }
--- For 16-bit float runs the CPU reference computes in float32 on the same
--- (16-bit) input values, so the comparison measures the GPU kernel's own
--- error rather than two roundings to bfloat16.
-local function side(on_gpu, ins, ref32)
-  local S = { gpu = on_gpu, device = on_gpu and DEV or 'cpu' }
-  for k, p in pairs(ins) do
-    local t = on_gpu and p[2] or p[1]
-    if ref32 and HALF[t.dtype] then t = t:to('float32') end
-    S[k] = t
-  end
-  function S.out(shape, dtype, layout)
-    if ref32 and HALF[dtype or 'float32'] then dtype = 'float32' end
-    return output(shape, dtype, on_gpu, layout)
-  end
-  return S
-end
-
-local function max_abs(t)
-  local m = 0
-  for _, v in ipairs(t:tolist()) do
-    local a = math.abs(v)
-    if a > m then m = a end
-  end
-  return m
-end
-
--- got (any device) against ref (cpu): max abs difference within tol of ref's scale
-local function check_close(got, ref, dtype, what)
-  local g = got:to('cpu')
-  assert.same(ref.shape, g.shape, what .. ': shape')
-  if not gl.Tensor.FLOATING[ref.dtype] then
-    assert.same(ref:tolist(), g:tolist(), what .. ' (exact)')
-    return
-  end
-  local d = g:to('float64'):max_abs_diff(ref:to('float64'))
-  local scale = math.max(max_abs(ref), 1e-30)
-  local tol = TOL[dtype] or TOL.float32
-  if VERBOSE then print(('%-70s rel err %.3g (tolerance %g)'):format(what, d / scale, tol)) end
-  assert(d == d and d <= tol * scale,
-         ('%s: max |gpu - cpu| = %g, allowed %g (scale %g, run seed %d)'):format(what, d, tol * scale, scale, RUN_SEED))
-end
-
--- runs body on both devices and compares every output
-local function compare(ins, body, dtype, what)
-  local rc = { body(side(false, ins, HALF[dtype])) }
-  local rg = { body(side(true, ins)) }
-  assert.equal(#rc, #rg)
-  for i = 1, #rc do
-    if type(rc[i]) == 'number' then
-      local tol = (TOL[dtype] or 1e-5) * math.max(math.abs(rc[i]), 1e-30)
-      assert(math.abs(rg[i] - rc[i]) <= tol,
-             ('%s: gpu %.17g cpu %.17g (run seed %d)'):format(what, rg[i], rc[i], RUN_SEED))
-    else
-      check_close(rg[i], rc[i], dtype, what .. ' output ' .. i)
-    end
-  end
-end
-
-local function K(rc) gl.check(rc, 2) end
 
 -- ------------------------------------------------------------ runtime
 describe('gptlua.cuda runtime #cuda', function()
@@ -612,47 +487,7 @@ describe('CUDA embedding and index ops vs CPU #cuda', function()
   end)
 end)
 
--- ------------------------------------------------------------ attention
-describe('CUDA attention vs CPU #cuda', function()
-  -- q (B, H, T, D), k / v (B, Hkv, S, D); layout 'bthd' makes q, k, v, dout
-  -- transposed views of (B, T, H, D) tensors, as a model produces them
-  local function attention_case(dt, B, H, Hkv, T, S_, D, window, layout)
-    local function qkv(heads, len)
-      if layout == 'bthd' then
-        local p = pair({ B, len, heads, D }, { dtype = dt })
-        return { p[1]:transpose(2, 3), p[2]:transpose(2, 3) }
-      end
-      return pair({ B, heads, len, D }, { dtype = dt })
-    end
-    local ins = { q = qkv(H, T), k = qkv(Hkv, S_), v = qkv(Hkv, S_), g = qkv(H, T) }
-    local sdt = dt == 'float64' and 'float64' or 'float32'
-    local scale = 1 / math.sqrt(D)
-    compare(ins, function(S)
-      local o, lse = S.out({ B, H, T, D }, dt), S.out({ B, H, T }, sdt)
-      K(lib.gl_attention_forward(o.c, lse.c, S.q.c, S.k.c, S.v.c, scale, window))
-      local dq, dk, dv = S.out({ B, H, T, D }, dt), S.out({ B, Hkv, S_, D }, dt), S.out({ B, Hkv, S_, D }, dt)
-      K(lib.gl_attention_backward(dq.c, dk.c, dv.c, S.g.c, S.q.c, S.k.c, S.v.c, o.c, lse.c, scale, window))
-      return o, lse, dq, dk, dv
-    end, dt, ('attention %s B=%d H=%d Hkv=%d T=%d S=%d D=%d window=%d %s'):format(
-      dt, B, H, Hkv, T, S_, D, window, layout or 'bhtd'))
-  end
-
-  gpu_it('flash path: bfloat16, head dims 64 and 128, GQA, KV offset, window', function()
-    for _, D in ipairs({ 64, 128 }) do
-      attention_case('bfloat16', 2, 4, 2, 77, 77, D, 0)
-      attention_case('bfloat16', 1, 4, 1, 50, 130, D, 0, 'bthd')
-      attention_case('bfloat16', 2, 2, 2, 100, 100, D, 20)
-      attention_case('bfloat16', 1, 3, 3, 1, 65, D, 0)  -- one query against a KV cache
-    end
-  end)
-
-  gpu_it('fallback: float32 / float64 and other head dims', function()
-    attention_case('float32', 2, 4, 2, 37, 37, 64, 0)
-    attention_case('float32', 1, 2, 1, 20, 45, 40, 7, 'bthd')
-    attention_case('float64', 1, 2, 2, 19, 23, 24, 0)
-    attention_case('bfloat16', 1, 2, 1, 33, 33, 40, 0)
-  end)
-end)
+-- attention: spec/cuda_attention_spec.lua
 
 -- ------------------------------------------------------------ loss and optimizers
 describe('CUDA cross-entropy and optimizers vs CPU #cuda', function()

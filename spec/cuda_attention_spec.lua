@@ -1,0 +1,70 @@
+-- Attention on the GPU (kernels/attention.cu) against its CPU twin
+-- (engine/cpu_attention.c), forward (out, lse) and backward (dq, dk, dv),
+-- through spec/support/cuda_twin.lua's harness (tolerances at the top of
+-- spec/cuda_spec.lua).
+--
+--  - the flash path (bfloat16, head dim 64 and 128): shapes that cross the
+--    64-row query and key tiles (T, S not multiples of 64, and multiples),
+--    a KV cache (T < S), grouped-query heads (2 and 4 per KV head), a
+--    sliding window, a single query, rows given as (B, T, H, D) views, and
+--    shapes with whole unmasked tile pairs and more work items than the two
+--    shared stages (their reuse);
+--  - the fallback (float32 / float64, other head dims, bfloat16 with D 40).
+-- Under the simulator the kernels run with its bounds checks, and `make
+-- test-race` runs this file again in race mode (two random thread orders).
+-- Shapes stay small: the simulator runs every mma on the CPU.
+local gl = require 'gptlua'
+local lib = gl.lib
+local twin = require 'support.cuda_twin'
+local pair, compare, K = twin.pair, twin.compare, twin.K
+
+local function gpu_it(name, fn)  -- it() and pending() are busted's, in this file's environment
+  if twin.HAVE_GPU then it(name, fn) else pending(name .. ' (' .. twin.NO_GPU .. ')') end
+end
+
+-- q (B, H, T, D), k / v (B, Hkv, S, D); layout 'bthd' makes q, k, v, dout
+-- transposed views of (B, T, H, D) tensors, as a model produces them
+local function attention_case(dt, B, H, Hkv, T, S_, D, window, layout)
+  local function qkv(heads, len)
+    if layout == 'bthd' then
+      local p = pair({ B, len, heads, D }, { dtype = dt })
+      return { p[1]:transpose(2, 3), p[2]:transpose(2, 3) }
+    end
+    return pair({ B, heads, len, D }, { dtype = dt })
+  end
+  local ins = { q = qkv(H, T), k = qkv(Hkv, S_), v = qkv(Hkv, S_), g = qkv(H, T) }
+  local sdt = dt == 'float64' and 'float64' or 'float32'
+  local scale = 1 / math.sqrt(D)
+  compare(ins, function(S)
+    local o, lse = S.out({ B, H, T, D }, dt), S.out({ B, H, T }, sdt)
+    K(lib.gl_attention_forward(o.c, lse.c, S.q.c, S.k.c, S.v.c, scale, window))
+    local dq, dk, dv = S.out({ B, H, T, D }, dt), S.out({ B, Hkv, S_, D }, dt), S.out({ B, Hkv, S_, D }, dt)
+    K(lib.gl_attention_backward(dq.c, dk.c, dv.c, S.g.c, S.q.c, S.k.c, S.v.c, o.c, lse.c, scale, window))
+    return o, lse, dq, dk, dv
+  end, dt, ('attention %s B=%d H=%d Hkv=%d T=%d S=%d D=%d window=%d %s'):format(
+    dt, B, H, Hkv, T, S_, D, window, layout or 'bhtd'))
+end
+
+describe('CUDA attention vs CPU #cuda', function()
+  for _, D in ipairs({ 64, 128 }) do
+    gpu_it(('flash path, bfloat16, D=%d: tile edges, GQA 2 / 4, KV cache, window, one query'):format(D), function()
+      attention_case('bfloat16', 2, 4, 2, 77, 77, D, 0)         -- GQA 2, a partial second tile
+      attention_case('bfloat16', 1, 4, 1, 50, 130, D, 0, 'bthd') -- GQA 4, KV cache, three key tiles
+      attention_case('bfloat16', 1, 2, 2, 100, 100, D, 20)       -- sliding window
+      attention_case('bfloat16', 1, 3, 3, 1, 65, D, 0)           -- one query against a KV cache
+    end)
+
+    gpu_it(('flash path, bfloat16, D=%d: unmasked tiles, stage reuse, tile multiples'):format(D), function()
+      attention_case('bfloat16', 1, 2, 1, 130, 130, D, 0)        -- whole tile pairs; 6 work items per key tile
+      attention_case('bfloat16', 1, 2, 1, 64, 128, D, 70)        -- multiples of 64, window across tiles
+      attention_case('bfloat16', 1, 2, 1, 3, 150, D, 10)         -- key tiles no query sees: dK = dV = 0
+    end)
+  end
+
+  gpu_it('fallback: float32 / float64 and other head dims', function()
+    attention_case('float32', 2, 4, 2, 37, 37, 64, 0)
+    attention_case('float32', 1, 2, 1, 20, 45, 40, 7, 'bthd')
+    attention_case('float64', 1, 2, 2, 19, 23, 24, 0)
+    attention_case('bfloat16', 1, 2, 1, 33, 33, 40, 0)
+  end)
+end)

@@ -1,7 +1,8 @@
 /* main.c — the gptlua executable: LuaJIT with the gptlua library on its
- * path and GNU readline for the REPL.  It only locates the Lua tree and the
- * engine library, exposes readline to Lua, and hands the command line to
- * lua/gptlua/cli.lua, which does everything else (scripts, -e, REPL, -n). */
+ * path and GNU readline for the REPL.  It locates the Lua tree and the
+ * engine library, exposes readline (Ctrl-C, Tab completion, history) and the
+ * REPL's Ctrl-C hook to Lua as the GPTLUA table, and hands the command line
+ * to lua/gptlua/cli.lua, which does everything else (scripts, -e, REPL, -n). */
 #include <errno.h>
 #include <fcntl.h>
 #include <lauxlib.h>
@@ -60,8 +61,8 @@ static void on_sigint(int sig) {
   if (interrupt_L) lua_sethook(interrupt_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
 }
 
-/* (re)installs the handler: a statement may have replaced it (the trainer
-   catches SIGINT to checkpoint and restores the default) */
+/* (re)installs the handler: a statement may have replaced it (any code
+   may catch SIGINT; the trainer does, to checkpoint, and puts ours back) */
 static void catch_sigint(int state) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);

@@ -213,6 +213,16 @@ describe('REPL over a pipe', function()
     out = run(exe, 'help(require "gptlua.optim")\n')
     assert.truthy(out:find('^gptlua.optim'), out)  -- the module's opening comment
   end)
+  it('finds a doc comment for every checked gl function and Tensor method', function()
+    local gl, help = require 'gptlua', require 'gptlua.help'
+    for kind, t in pairs({ ops = gl, methods = gl.Tensor }) do
+      for name in pairs(gl.signatures[kind]) do
+        if type(t[name]) == 'function' then
+          assert.truthy(#help.doc(t[name]) > 0, ('%s %s has no comment above its definition'):format(kind, name))
+        end
+      end
+    end
+  end)
   it('lists a module by group, not 20 entries and ...', function()
     local out = run(exe, 'gl\n')
     local n = tonumber(out:match('^gl: (%d+) members'))

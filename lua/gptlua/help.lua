@@ -152,7 +152,8 @@ function M.doc(f)
   local doc = comment_above(lines, line)
   -- a function a factory returns (`local function unary(...) return
   -- function(x) ...`): the factory's comment
-  if #doc == 0 and line > 2 and lines[line - 1]:match('^%s*local function') then
+  -- (or made in a loop: `for _, name in ipairs(...) do O[name] = function`)
+  if #doc == 0 and line > 2 and (lines[line - 1]:match('^%s*local function') or lines[line - 1]:match('^%s*for ')) then
     doc = comment_above(lines, line - 1)
   end
   -- one of a run of one-line definitions under one comment (zeros, ones, ...)

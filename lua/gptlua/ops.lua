@@ -37,11 +37,14 @@ local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) e
 local function is_tensor(x) return getmetatable(x) == Tensor end
 O.is_tensor = is_tensor
 
+-- empty_like(t, shape, dtype): an uninitialised tensor on t's device (t's
+-- shape and dtype unless given)
 local function empty_like(t, shape, dtype)
   return Tensor.empty(shape or t.shape, { dtype = dtype or t.dtype, device = t.device })
 end
 O.empty_like = empty_like
 
+-- same_shape(a, b): whether two shapes (tables of sizes) are equal
 local function same_shape(a, b)
   if #a ~= #b then return false end
   for i = 1, #a do if a[i] ~= b[i] then return false end end
@@ -90,6 +93,8 @@ function O.manual_seed(s)
   if type(s) ~= 'number' or s < 0 then error('manual_seed: seed must be a non-negative number', 2) end
   rng.seed, rng.offset = s, 0
 end
+-- get_rng_state(), set_rng_state(state): the random stream's position
+-- ({seed, offset}), to save and restore
 function O.get_rng_state() return { seed = rng.seed, offset = rng.offset } end
 function O.set_rng_state(st) rng.seed, rng.offset = st.seed, st.offset end
 A.get_rng_state, A.set_rng_state = O.get_rng_state, O.set_rng_state
@@ -119,6 +124,7 @@ function Tensor:normal_(mean, std, opts)
   if opts and opts.seed then seed, off = opts.seed, opts.offset or 0 end
   K(lib.gl_rand_normal(self.c, seed, off, mean or 0, std or 1)); return self
 end
+-- uniform_(lo, hi): fill in place from uniform [lo, hi) (default [0, 1))
 function Tensor:uniform_(lo, hi)
   local seed, off = O.rng_take(self:numel())
   K(lib.gl_rand_uniform(self.c, seed, off, lo or 0, hi or 1)); return self
@@ -195,6 +201,7 @@ local function view_record(out, x, backward, name)
   return record(out, { x }, backward, nil, name)
 end
 
+-- expand_raw(t, shape, what): a broadcast view of t to shape, no autograd
 function O.expand_raw(t, shape, what)
   local nd, td = #shape, #t.shape
   if td > nd then
@@ -274,6 +281,7 @@ function Tensor:reshape(...)
   local src = self:is_contiguous() and self or self:contiguous()
   return src:view(shape)
 end
+-- flatten(): a 1-D reshape
 function Tensor:flatten() return self:reshape({ self:numel() }) end
 
 -- permute(d1, d2, ...): a view with the dims reordered
@@ -301,6 +309,7 @@ function Tensor:transpose(d1, d2)
   perm[d1], perm[d2] = d2, d1
   return self:permute(perm)
 end
+-- t(): the transpose of a matrix (a view)
 function Tensor:t()
   if #self.shape ~= 2 then error(('t: expected a 2-d tensor, got %d dims'):format(#self.shape), 2) end
   return self:transpose(1, 2)
@@ -385,6 +394,8 @@ function Tensor:to(a, b)
   if not Tensor.FLOATING[dname] then return out end
   return record(out, { x }, function(_, g) return g:to({ dtype = x.dtype, device = x.device }) end, nil, 'to')
 end
+-- float(), double(): to('float32'), to('float64'); cpu(), cuda(n): to('cpu'),
+-- to('cuda:n')
 function Tensor:float() return self:to('float32') end
 function Tensor:double() return self:to('float64') end
 function Tensor:cpu() return self:to('cpu') end

@@ -85,6 +85,8 @@ local rsub_s = unary('sub', U.rsub_scalar, false)
 local rdiv_s = unary('div', U.rdiv_scalar)
 
 -- ----------------------------------------------------------- broadcasting
+-- broadcast_shape(a, b, what): the shape two shapes broadcast to (numpy
+-- rules), or an error naming what
 local function broadcast_shape(a, b, what)
   local na, nb = #a, #b
   local n = math.max(na, nb)
@@ -127,6 +129,8 @@ local function result_dtype(a, b)
   return 'int64'
 end
 
+-- binary_raw(op, a, b, what, out_dtype): elementwise op of two broadcast
+-- tensors, no autograd
 local function binary_raw(op, a, b, what, out_dtype)
   if a.device ~= b.device then
     error(('%s: operands are on %s and %s, expected one device'):format(what, a.device, b.device), 4)
@@ -150,12 +154,14 @@ local function add(a, b)
   local out = binary_raw(B.add, a, b, 'add')
   return record(out, { a, b }, function(_, g) return sum_to(g, a.shape), sum_to(g, b.shape) end, nil, 'add')
 end
+-- sub(a, b): a - b elementwise, broadcast (see add)
 local function sub(a, b)
   if type(b) == 'number' then return add_s(a, -b) end
   if type(a) == 'number' then return rsub_s(b, a) end
   local out = binary_raw(B.sub, a, b, 'sub')
   return record(out, { a, b }, function(_, g) return sum_to(g, a.shape), sum_to(neg(g), b.shape) end, nil, 'sub')
 end
+-- mul(a, b): a * b elementwise, broadcast (see add)
 local function mul(a, b)
   if type(b) == 'number' then return mul_s(a, b) end
   if type(a) == 'number' then return mul_s(b, a) end
@@ -164,6 +170,7 @@ local function mul(a, b)
     return a.requires_grad and sum_to(g * b, a.shape) or nil, b.requires_grad and sum_to(g * a, b.shape) or nil
   end, { a.requires_grad and b or nil, b.requires_grad and a or nil }, 'mul')
 end
+-- div(a, b): a / b elementwise, broadcast (see add)
 local function div(a, b)
   if type(b) == 'number' then return mul_s(a, 1 / b) end
   if type(a) == 'number' then return rdiv_s(b, a) end
@@ -174,6 +181,7 @@ local function div(a, b)
     return ga, gb
   end, { b, b.requires_grad and out or nil }, 'div')
 end
+-- pow(a, b): a ^ b elementwise, broadcast (see add)
 local function pow(a, b)
   if type(b) == 'number' then return pow_u(a, b) end
   if type(a) == 'number' then return O.exp(mul_s(b, math.log(a))) end
@@ -224,6 +232,7 @@ function Tensor:add_(b, alpha)
   drop(v, src); drop(scaled)
   return self
 end
+-- mul_(b): self *= b in place (a number, or a tensor broadcast to self)
 function Tensor:mul_(b)
   if type(b) == 'number' then K(lib.gl_unary(U.mul_scalar, self.c, self.c, b, 0)) return self end
   local v = bview(b, self.shape)
@@ -231,6 +240,7 @@ function Tensor:mul_(b)
   drop(v, b)
   return self
 end
+-- clamp_(lo, hi): self limited to [lo, hi] in place
 function Tensor:clamp_(lo, hi)
   K(lib.gl_unary(U.clamp, self.c, self.c, lo or -math.huge, hi or math.huge)); return self
 end
@@ -251,6 +261,7 @@ function O.where(cond, a, b)
     return ga, gb
   end, { cond }, 'where')
 end
+-- masked_fill(mask, value): value where mask is true, self elsewhere (a new tensor)
 function Tensor:masked_fill(mask, value) return O.where(mask, value, self) end
 
 -- ------------------------------------------------------------ reductions
@@ -337,6 +348,7 @@ local function extreme(op, name)
 end
 O.max = extreme(R.max, 'max')
 O.min = extreme(R.min, 'min')
+-- argmax(x, dim): the indices of the largest values along dim (default the last)
 function O.argmax(x, dim) local _, i = O.max(x, dim or -1); return i end
 -- L2 norm (over all, or dims)
 function O.norm(x, dims, keepdim)
@@ -432,6 +444,7 @@ Tensor.matmul = O.matmul
 local function raw_t(m)
   return m:_as_strided({ m.shape[2], m.shape[1] }, { m:stride(2), m:stride(1) }, m:storage_offset())
 end
+-- raw_contiguous(t): t if contiguous, else a contiguous copy (no autograd)
 local function raw_contiguous(t)
   if t:is_contiguous() then return t end
   local c = empty_like(t)
@@ -585,6 +598,8 @@ function O.index_select(x, dim, idx)
     return gx
   end, { idx }, 'index_select')
 end
+-- gather(x, dim, index): x's elements along dim at index (torch.gather: the
+-- output has index's shape)
 function O.gather(x, dim, idx)
   local d = norm_dim(x, dim, 'gather')
   local out = empty_like(x, idx.shape)

@@ -168,6 +168,7 @@ function Tensor.wrap(p)
   return t
 end
 
+-- keep(): exempt this tensor from release at the end of the enclosing scope
 function Tensor:keep() self._keep = true; return self end
 
 -- scope(fn, ...): runs fn; afterwards releases every tensor it created that
@@ -246,6 +247,7 @@ local function norm_dim(t, d, what, extra)
 end
 Tensor.norm_dim = norm_dim
 
+-- stride(dim): the step in elements along dim, or every dim's as a table
 function Tensor:stride(d)
   local p = self.c
   if d then return tonumber(p.stride[norm_dim(self, d, 'stride') - 1]) end
@@ -253,6 +255,7 @@ function Tensor:stride(d)
   for i = 0, p.ndim - 1 do s[i + 1] = tonumber(p.stride[i]) end
   return s
 end
+-- storage_offset(): where the first element is in the storage, in elements
 function Tensor:storage_offset() return tonumber(self.c.offset) end
 
 -- raw view (no autograd): shape/stride tables, element offset
@@ -274,13 +277,16 @@ function Tensor:view_dtype(dtype, shape)
   return t
 end
 
+-- is_contiguous(), numel(), dim(): row-major layout?, element count, number of dims
 function Tensor:is_contiguous() return lib.gl_is_contiguous(self.c) == 1 end
 function Tensor:numel() return tonumber(self.c.numel) end
 function Tensor:dim() return #self.shape end
+-- size(dim): the size of dim, or a copy of the shape
 function Tensor:size(d)
   if d == nil then local s = {} for i, n in ipairs(self.shape) do s[i] = n end return s end
   return self.shape[norm_dim(self, d, 'size')]
 end
+-- is_floating(): a floating dtype?  data_ptr(): the first element's address
 function Tensor:is_floating() return FLOATING[self.dtype] == true end
 function Tensor:data_ptr() return lib.gl_data_ptr(self.c) end
 
@@ -352,6 +358,7 @@ function Tensor:set(v, ...)
   return self
 end
 
+-- item(): the value of a one-element tensor as a Lua number
 function Tensor:item()
   if self:numel() ~= 1 then
     error(('item: tensor has %d elements, expected exactly 1'):format(self:numel()), 2)

@@ -5,11 +5,12 @@
 -- one process so that a busy machine slows every variant alike.
 --   gptlua bench/trainer_overhead.lua [--steps=50] [--rounds=5] [--threads=N]
 -- It also prints the bench step's median against its mean and the cost of
--- one eval.  What it found (2 shared cores, --steps=20 --rounds=8): the loop
--- on real data at 101.4% of the bare step's mean, the median 96% of the
--- mean, and one eval worth 32 steps, which the trainer used to count into
--- ms/step (13% at eval_interval 250): the old 37 vs 29.5 ms/step was evals
--- and mean-vs-median, not the loop.
+-- one eval.  What it found (2 cores shared with ~15 busy processes,
+-- --steps=20 --rounds=8, two runs): the loop on real data at 101.4% and
+-- 94.0% of the bare step's mean (the machine's noise is that wide), the
+-- median 96% of the mean, and one eval worth 32 steps, which the trainer
+-- used to count into ms/step (13% at eval_interval 250): the old 37 vs
+-- 29.5 ms/step was evals and mean-vs-median, not the loop.
 local gl = require 'gptlua'
 local train = require 'gptlua.train'
 local now = require('gptlua.cli').now

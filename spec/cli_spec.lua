@@ -282,6 +282,9 @@ describe('README', function()
             i = i + 1 + (({ ['-n'] = 1, ['-e'] = 1 })[words[i]] or 0)
           end
           local script = words[i]
+          if script and require('gptlua.cli').subcommands[script] then
+            script = nil  -- a subcommand (gptlua plot ...), not a file
+          end
           if script then
             assert.truthy(io.open(root .. '/' .. script), 'no script ' .. script)
             local args = { unpack(words, i + 1) }

@@ -128,7 +128,7 @@ define fuzz_run
 	  $(FUZZ)/fuzz_$$t -max_total_time=$(1) -timeout=10 -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \
 	    -artifact_prefix=$(FUZZ)/crash-$$t- $(FUZZ)/corpus/$$t engine/fuzz/corpus/$$t 2> $(FUZZ)/$$t.log \
 	    || { tail -n 60 $(FUZZ)/$$t.log; echo "fuzz: $$t found a failure (log: $(FUZZ)/$$t.log)"; exit 1; }; \
-	  grep -h 'stat::number_of_executed_units\|stat::average_exec_per_sec\|stat::peak_rss_mb' $(FUZZ)/$$t.log | sed 's/^/  /'; \
+	  grep -ah 'stat::number_of_executed_units\|stat::average_exec_per_sec\|stat::peak_rss_mb' $(FUZZ)/$$t.log | sed 's/^/  /'; \
 	done
 endef
 

@@ -35,6 +35,7 @@ describe('fuzz corpora', function()
         assert.is_true(ok, p .. ': ' .. tostring(err))
       end
     end
+    targets.cleanup()
   end)
 
   it('reads the C targets\' inputs or refuses them in one line', function()
@@ -57,6 +58,7 @@ describe('fuzz corpora', function()
 
   it('quotes a value from a file on one line (finding: a newline in state.json format)', function()
     local ok, err = pcall(targets.checkpoint_state, read(corpus .. 'checkpoint_state/finding-format-newline.json'))
+    targets.cleanup()
     assert.is_true(ok, tostring(err))
     assert.equal("the string 'a\\nb\\0c'", require('gptlua.check').describe('a\nb\0c'))
   end)

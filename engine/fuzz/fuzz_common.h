@@ -7,6 +7,7 @@
  * invariant (fuzz_require: abort with the message) is a finding. */
 #ifndef GL_FUZZ_COMMON_H
 #define GL_FUZZ_COMMON_H
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,13 +17,25 @@
 
 static char fuzz_dir[256];
 
-/* the per-process scratch directory, created once (left for the OS to clean:
-   libFuzzer exits from many places) */
+/* removes the scratch directory (its files are flat) when libFuzzer exits;
+   after a crash it stays, next to the crash's own artifact */
+static void fuzz_cleanup(void) {
+  DIR *d = opendir(fuzz_dir);
+  if (!d) return;
+  char p[512];
+  for (struct dirent *e; (e = readdir(d));)
+    if (e->d_name[0] != '.') { snprintf(p, sizeof p, "%s/%s", fuzz_dir, e->d_name); unlink(p); }
+  closedir(d);
+  rmdir(fuzz_dir);
+}
+
+/* the per-process scratch directory, created once */
 static const char *fuzz_scratch(void) {
   if (fuzz_dir[0]) return fuzz_dir;
   const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   snprintf(fuzz_dir, sizeof fuzz_dir, "%s/gptlua-fuzz-%d", base, (int)getpid());
   mkdir(fuzz_dir, 0700);
+  atexit(fuzz_cleanup);
   return fuzz_dir;
 }
 

@@ -37,7 +37,14 @@ static uint8_t lua_lines[LUA_COUNTERS];
 const char *__asan_default_options(void) { return "detect_leaks=0"; }
 
 static lua_State *L;
-static int target_ref = LUA_NOREF;
+static int target_ref = LUA_NOREF, cleanup_ref = LUA_NOREF;
+
+/* the targets' scratch directory goes when libFuzzer exits */
+static void cleanup(void) {
+  lua_sethook(L, NULL, 0, 0);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, cleanup_ref);
+  if (lua_pcall(L, 0, 0, 0)) lua_pop(L, 1);
+}
 
 static void line_hook(lua_State *S, lua_Debug *ar) {
   if (!lua_getinfo(S, "S", ar)) return;
@@ -59,13 +66,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     "local targets = dofile(root .. '/engine/fuzz/targets.lua')\n"
     "local f = targets[target]\n"
     "if not f then error('fuzz_lua: no target ' .. target .. ' in engine/fuzz/targets.lua') end\n"
-    "return f\n";
+    "return f, targets.cleanup\n";
   if (luaL_loadstring(L, boot)) { fprintf(stderr, "%s\n", lua_tostring(L, -1)); exit(2); }
   lua_pushstring(L, FUZZ_ROOT);
   lua_pushstring(L, getenv("GPTLUA_LIBDIR") ? getenv("GPTLUA_LIBDIR") : FUZZ_ROOT "/build");
   lua_pushstring(L, FUZZ_TARGET);
-  if (lua_pcall(L, 3, 1, 0)) { fprintf(stderr, "fuzz_lua: %s\n", lua_tostring(L, -1)); exit(2); }
+  if (lua_pcall(L, 3, 2, 0)) { fprintf(stderr, "fuzz_lua: %s\n", lua_tostring(L, -1)); exit(2); }
+  cleanup_ref = luaL_ref(L, LUA_REGISTRYINDEX);
   target_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  atexit(cleanup);
   lua_sethook(L, line_hook, LUA_MASKLINE, 0);
   return 0;
 }

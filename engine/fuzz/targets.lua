@@ -53,8 +53,15 @@ end
 -- state it accepts then goes where a resume sends it: the RNG state and the
 -- data loader's position.
 local ckpt_dir, loader, gl
+
+-- removes the scratch directory (fuzz_lua.c calls it at exit, the spec after its replay)
+function T.cleanup()
+  if scratch then os.execute('rm -rf ' .. scratch); scratch = nil end
+  ckpt_dir = nil
+end
 local function setup_checkpoint()
   gl = require 'gptlua'
+  if loader then loader:close() end
   ckpt_dir = scratch_dir() .. '/step_0000002'
   assert(os.execute('mkdir -p ' .. ckpt_dir) == 0)
   for _, n in ipairs({ 'model.safetensors', 'optim.safetensors' }) do

@@ -68,6 +68,8 @@ __global__ void attn_di_kernel(T *di, P dout, Str4 ds, P out, Str4 os, int64_t H
 
 /* ================================ fast path ===================================== */
 enum { FA_BR = 64, FA_BC = 64, FA_THREADS = 128, FA_WARPS = FA_THREADS / 32 };
+static_assert(FA_BR == 16 * FA_WARPS && FA_BC == FA_BR,
+              "each warp owns a 16-row stripe of a 64-row tile: query rows forward, key rows backward");
 enum { FA_LDS = FA_BC + 8 };  /* row length of the backward's dS tile (bf16) */
 static constexpr float FA_LOG2E = 1.4426950408889634f;
 

@@ -53,6 +53,12 @@ describe('cuda-sim account: bytes, FLOPs, syncs of each launch #cuda #sim', func
     expect_all(got, out, { 'extrapolation.data_dependent_within_30pct' })
   end)
 
+  it('is one command from any engine, which hands it to the account flavour', function()
+    local out, rc = S.sh(S.EXE .. ' recipes/bench_cuda.lua --account --model=gpt3', 120)
+    assert.are_not.equal(0, rc)
+    assert.matches('account: %-%-model expected one of gpt2_124m, nanochat_d20, got gpt3', out)
+  end)
+
   it('refuses to count in a build whose kernels are not instrumented', function()
     local gl = require 'gptlua'
     local acc = dofile(gl.root .. '/recipes/tools/account.lua')

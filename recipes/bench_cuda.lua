@@ -31,16 +31,19 @@ end
 -- any other engine hands the command over to it.
 if account.on then
   local tool = dofile(gl.root .. '/recipes/tools/account.lua')
-  if tool.library() and os.getenv('GL_SIM_SMS') == tostring(tool.SMS) then return tool.main(account) end
+  local lib, why = tool.library()
+  if lib and os.getenv('GL_SIM_SMS') == tostring(tool.SMS) then return tool.main(account) end
+  if os.getenv('GL_ACCOUNT_HANDED') then error('cuda_bench: --account: ' .. (why or 'GL_SIM_SMS is not 2'), 0) end
   local exe = gl.root .. '/build/sim-account/gptlua'
   local f = io.open(exe, 'rb')
   if not f then
     error('cuda_bench: --account runs in the CUDA simulator\'s account flavour: build it with `make sim-account`', 0)
   end
   f:close()
-  local args = { 'GL_SIM_SMS=' .. tool.SMS, 'GL_SIM_STREAMS=sync', exe, gl.root .. '/recipes/bench_cuda.lua' }
+  local args = { 'GL_SIM_SMS=' .. tool.SMS, 'GL_SIM_STREAMS=sync', 'GL_ACCOUNT_HANDED=1', exe,
+                 gl.root .. '/recipes/bench_cuda.lua' }
   for _, a in ipairs({ ... }) do args[#args + 1] = a end
-  for i = 3, #args do args[i] = "'" .. args[i]:gsub("'", "'\\''") .. "'" end
+  for i = 4, #args do args[i] = "'" .. args[i]:gsub("'", "'\\''") .. "'" end
   local ok = os.execute(table.concat(args, ' '))
   if ok ~= 0 and ok ~= true then os.exit(1) end
   return

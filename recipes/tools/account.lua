@@ -366,6 +366,7 @@ end
 -- against a direct count at L=3, B=3, T=T0/2*3.
 function M.main(opts, out)
   out = out or print
+  io.stdout:setvbuf('line')  -- the counting takes minutes: show each step as it is counted
   local model = M.MODELS[opts.model]
   if not model then
     local names = {}

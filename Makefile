@@ -5,6 +5,8 @@
 #   make test-cuda  the CUDA-vs-CPU twin specs on a real GPU
 #   make sim        build/sim/: the same engine with every CUDA kernel, cuBLASLt and
 #                   NCCL call running on the CPU in the CUDA simulator (kernels/sim/)
+#   make sim-account build/sim-account/: the simulator counting each launch's bytes
+#                   (recipes/bench_cuda.lua --account)
 #   make test-sim   the #cuda specs (and the simulator's own) under the simulator
 #   make test-race  the kernel twin specs in the simulator's race mode (two seeds)
 #   make bench      CPU benchmarks;  make bench-cuda  GPU benchmarks
@@ -206,7 +208,30 @@ $(SIM)/gptlua: engine/main.c $(HEADERS) | $(SIM)/obj
 sim: $(SIM)/gptlua $(SIM)/libgptlua.so $(if $(MPI_SRC),$(SIM)/libgptlua_mpi.so) $(if $(GLOO_LIB),$(SIM)/libgptlua_gloo.so) \
   $(SIM)/libgptlua_simtest.so
 
-.PHONY: fuzz fuzz-ci fuzz-build sim test-sim test-race all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
+# The account flavour (build/sim-account/, `recipes/bench_cuda.lua --account`):
+# build/sim/'s objects with kernels/*.cu compiled again so that every load and
+# store a kernel makes calls kernels/sim/account.cpp, which counts the bytes
+# each launch moves.  GCC's kernel-address sanitizer in outline mode is only
+# the instrumentation here: no shadow memory, stack or globals checks.
+SIM_ACC       = $(BUILD)/sim-account
+SIM_ACC_FLAGS = -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
+                --param asan-stack=0 --param asan-globals=0 -fno-sanitize-address-use-after-scope
+SIM_ACC_OBJ   = $(filter-out $(SIM)/obj/cu_%.o $(SIM)/obj/sim_account.o,$(SIM_OBJ)) \
+                $(patsubst kernels/%.cu,$(SIM_ACC)/obj/cu_%.o,$(CU_SRC)) $(SIM_ACC)/obj/sim_account.o
+$(SIM_ACC)/obj:
+	@mkdir -p $@
+$(SIM_ACC)/obj/cu_%.o: kernels/%.cu $(SIM_HDR) | $(SIM_ACC)/obj
+	$(CXX) $(SIM_CXXFLAGS) $(SIM_ACC_FLAGS) -x c++ -c $< -o $@
+$(SIM_ACC)/obj/sim_account.o: kernels/sim/account.cpp $(SIM_HDR) | $(SIM_ACC)/obj
+	$(CXX) $(SIM_CXXFLAGS) -DGL_SIM_ACCOUNT_FLAVOUR -c $< -o $@
+$(SIM_ACC)/libgptlua.so: $(SIM_ACC_OBJ)
+	$(CXX) -shared -Wl,-z,nodelete -Wl,-z,defs -fsanitize=bounds -o $@ $^ $(BASE_LIBS) -lstdc++
+$(SIM_ACC)/gptlua: engine/main.c $(HEADERS) | $(SIM_ACC)/obj
+	$(CC) $(SIM_CFLAGS) -DGL_VERSION_STR='"$(shell cat VERSION)"' -o $@ engine/main.c -lluajit-5.1 -lreadline -ldl -lm
+sim-account: $(SIM_ACC)/gptlua $(SIM_ACC)/libgptlua.so
+
+
+.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB)
 
 $(BUILD)/obj:
@@ -279,7 +304,7 @@ run:
 # simulator's own, #sim) with every kernel running in the CUDA simulator
 test:
 	$(prepare)
-	@$(MAKE) --no-print-directory -j$(NPROC) sim
+	@$(MAKE) --no-print-directory -j$(NPROC) sim sim-account
 	$(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
 	$(SIM)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
 	@$(MAKE) --no-print-directory test-race
@@ -295,7 +320,7 @@ test-race: sim
 
 test-sim:
 	$(prepare)
-	@$(MAKE) --no-print-directory -j$(NPROC) sim
+	@$(MAKE) --no-print-directory -j$(NPROC) sim sim-account
 	$(SIM)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
 
 # on a real GPU: the same #cuda specs against the hardware

@@ -1,6 +1,9 @@
 -- recipes/bench_cuda.lua — throughput of the CUDA kernels at GPT training shapes.
 --   build/gptlua recipes/bench_cuda.lua [--B=32] [--T=1024] [--C=768] [--H=12] [--V=50304] [--iters=20]
 --                                     [--square=4096] [--params=124e6]
+--   build/gptlua recipes/bench_cuda.lua --account [--model=gpt2_124m|nanochat_d20] [--check=1]
+--     the byte-and-FLOP account of one training step instead (recipes/tools/account.lua;
+--     runs in build/sim-account/gptlua, `make sim-account`)
 -- Defaults are GPT-2 124M (context 1024, device batch 32).  Times come from
 -- CUDA events on the compute stream (warm-up calls first); matmul and
 -- attention report TFLOP/s, memory-bound kernels GB/s of the bytes they must
@@ -10,10 +13,40 @@ local cuda = require 'gptlua.cuda'
 local lib = gl.lib
 
 local opts = { B = 32, T = 1024, C = 768, H = 12, V = 50304, iters = 20, square = 4096, params = 124e6 }
+local account = { model = 'gpt2_124m', check = 0 }  -- --account: recipes/tools/account.lua
 for _, a in ipairs({ ... }) do
-  local k, v = a:match('^%-%-(%w+)=(.*)$')
-  if not k or opts[k] == nil then error('cuda_bench: unknown argument ' .. a, 0) end
-  opts[k] = tonumber(v)
+  if a == '--account' then account.on = true
+  else
+    local k, v = a:match('^%-%-(%w+)=(.*)$')
+    if k and account[k] ~= nil then account[k] = tonumber(v) or v
+    else
+      if not k or opts[k] == nil or not tonumber(v) then error('cuda_bench: unknown argument ' .. a, 0) end
+      opts[k] = tonumber(v)
+    end
+  end
+end
+
+-- --account: the byte-and-FLOP account of one training step, counted by the
+-- simulator's account flavour (build/sim-account/gptlua, `make sim-account`);
+-- any other engine hands the command over to it.
+if account.on then
+  local tool = dofile(gl.root .. '/recipes/tools/account.lua')
+  local lib, why = tool.library()
+  if lib and os.getenv('GL_SIM_SMS') == tostring(tool.SMS) then return tool.main(account) end
+  if os.getenv('GL_ACCOUNT_HANDED') then error('cuda_bench: --account: ' .. (why or 'GL_SIM_SMS is not 2'), 0) end
+  local exe = gl.root .. '/build/sim-account/gptlua'
+  local f = io.open(exe, 'rb')
+  if not f then
+    error('cuda_bench: --account runs in the CUDA simulator\'s account flavour: build it with `make sim-account`', 0)
+  end
+  f:close()
+  local args = { 'GL_SIM_SMS=' .. tool.SMS, 'GL_SIM_STREAMS=sync', 'GL_ACCOUNT_HANDED=1', exe,
+                 gl.root .. '/recipes/bench_cuda.lua' }
+  for _, a in ipairs({ ... }) do args[#args + 1] = a end
+  for i = 4, #args do args[i] = "'" .. args[i]:gsub("'", "'\\''") .. "'" end
+  local ok = os.execute(table.concat(args, ' '))
+  if ok ~= 0 and ok ~= true then os.exit(1) end
+  return
 end
 
 if not cuda.is_available() then

@@ -12,6 +12,7 @@
  * cblas_dgemm, runs the epilogue and rounds once on the store. */
 #include "cublaslt_internal.h"
 #include <cblas.h>
+#include <stdio.h>
 #include <string.h>
 #include <algorithm>
 #include <cmath>
@@ -227,9 +228,40 @@ template <class T> static void compute(const Job &j) {
   }
 }
 
+/* The account's figures for one matmul (account.cpp): 2mnk per batch plus
+   one FLOP per output element for each epilogue step; each operand moved
+   once (a batch-shared operand, stride 0, once), which is the least the
+   library can move.  Named by types, transposes and epilogue, not shapes,
+   so that a kernel's row is the same at every problem size. */
+static void account_job(const Job &j) {
+  const Problem &q = j.q;
+  auto bytes = [&](const Mat &x) {
+    return (double)x.rows * (double)x.cols * (x.stride == 0 ? 1.0 : (double)q.batch) * type_size(x.type);
+  };
+  double mn = (double)q.m * (double)q.n * (double)q.batch, vec = (double)q.batch * type_size(q.bias_type);
+  double flops = 2.0 * mn * (double)q.k, read = bytes(q.a) + bytes(q.b), written = bytes(q.d);
+  if (j.beta != 0) { read += bytes(q.c); flops += mn; }
+  if (q.bias_in) { read += (double)q.m * vec; flops += mn; }
+  if (q.relu || q.gelu) flops += mn;
+  if (q.aux_out) written += mn * type_size(q.aux_type);
+  if (q.dgelu) { read += mn * type_size(q.aux_type); flops += mn; }
+  if (q.bgrad_rows) { written += (double)q.m * vec; flops += mn; }
+  if (q.bgrada) { written += (double)q.m * vec; flops += (double)q.m * (double)q.k * (double)q.batch; }
+  if (q.bgradb) { written += (double)q.n * vec; flops += (double)q.n * (double)q.k * (double)q.batch; }
+  const char *epi = epilogue_name(q.epilogue);
+  const char *prefix = "CUBLASLT_EPILOGUE_";
+  if (epi && !strncmp(epi, prefix, strlen(prefix))) epi += strlen(prefix);
+  char name[128];
+  snprintf(name, sizeof name, "cublasLt %s %c%c%s%s", type_name(q.a.type) + strlen("CUDA_R_"), q.ta ? 'T' : 'N',
+           q.tb ? 'T' : 'N', q.epilogue == CUBLASLT_EPILOGUE_DEFAULT ? "" : " ",
+           q.epilogue == CUBLASLT_EPILOGUE_DEFAULT ? "" : epi);
+  gl_sim_account_add(name, flops, read, written);
+}
+
 static void run_job(const Job &j) {
   const Problem &q = j.q;
   if (q.m == 0 || q.n == 0) return;
+  account_job(j);
   if (!check_extent("A", j.A, mat_bytes(q.a, q.batch)) || !check_extent("B", j.B, mat_bytes(q.b, q.batch)) ||
       (j.beta != 0 && !check_extent("C", j.C, mat_bytes(q.c, q.batch))) ||
       !check_extent("D", j.D, mat_bytes(q.d, q.batch)))

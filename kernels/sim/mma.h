@@ -262,6 +262,7 @@ inline void mma_sync(fragment<accumulator, M, N, K, Td> &d, const fragment<matri
   operands mine = {d.x, a.x, b.x, c.x};
   gl_sim_warp_collective(0xffffffffu, "wmma::mma_sync", (uint64_t)(M * 10000 + N * 100 + K), &mine,
                          [&](void **lanes, int) {
+    gl_sim_account_add(nullptr, 2.0 * M * N * K, 0, 0);  /* the account's tensor-core FLOPs */
     float A[M][K], B[K][N], C[M][N];
     for (int l = 0; l < 32; l++) {  /* gather every lane's share (replicas agree) */
       const operands *o = (const operands *)lanes[l];

@@ -204,6 +204,7 @@ static void init(void) {
   c.hostcheck = env_long("GL_SIM_HOSTCHECK", 1, 0, 1) != 0;
   c.streamcheck = env_long("GL_SIM_STREAMCHECK", 1, 0, 1) != 0;
   c.racecheck = env_long("GL_SIM_RACECHECK", 0, 0, 1) != 0;
+  c.sms = (int)env_long("GL_SIM_SMS", GL_SIM_SM_COUNT, 1, GL_SIM_SM_COUNT);
   const char *seed = getenv("GL_SIM_SEED");
   if (seed && *seed) {
     char *end = nullptr;
@@ -290,7 +291,7 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int 
   prop->maxGridSize[2] = GL_SIM_MAX_GRID_Z;
   prop->major = 9;
   prop->minor = 0;
-  prop->multiProcessorCount = GL_SIM_SM_COUNT;
+  prop->multiProcessorCount = config.sms;
   prop->memoryBusWidth = SIM_BUS_WIDTH;
   prop->l2CacheSize = SIM_L2_BYTES;
   prop->sharedMemPerBlockOptin = GL_SIM_SMEM_OPTIN;
@@ -313,7 +314,7 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr at
     case cudaDevAttrMaxSharedMemoryPerBlock: *value = GL_SIM_SMEM_DEFAULT; break;
     case cudaDevAttrWarpSize: *value = GL_SIM_WARP; break;
     case cudaDevAttrClockRate: *value = SIM_CLOCK_KHZ; break;
-    case cudaDevAttrMultiProcessorCount: *value = GL_SIM_SM_COUNT; break;
+    case cudaDevAttrMultiProcessorCount: *value = config.sms; break;
     case cudaDevAttrMemoryClockRate: *value = SIM_MEM_CLOCK_KHZ; break;
     case cudaDevAttrGlobalMemoryBusWidth: *value = SIM_BUS_WIDTH; break;
     case cudaDevAttrL2CacheSize: *value = SIM_L2_BYTES; break;
@@ -330,7 +331,7 @@ extern "C" cudaError_t cudaDeviceSynchronize(void) {
   rt();
   RETURN_IF_STICKY();
   if (config.devices == 0) return api_error(cudaErrorNoDevice, "cudaDeviceSynchronize: no simulated device");
-  host_wait_device(tls_device);
+  host_wait_device("cudaDeviceSynchronize", tls_device);
   RETURN_IF_STICKY();
   return cudaSuccess;
 }

@@ -43,6 +43,7 @@ struct Config {
   int devices = 1;
   size_t memory_bytes = (size_t)81920 << 20;
   int hostcheck = 1, streamcheck = 1, threaded = 0, racecheck = 0;
+  int sms = GL_SIM_SM_COUNT;  /* the multiprocessor count devices report (GL_SIM_SMS) */
   uint64_t seed = 1;
 };
 extern Config config;  /* filled by init(), read-only afterwards (also by the fault handler) */
@@ -142,8 +143,9 @@ cudaError_t check_device(const char *fn, int d);
 
 /* ---- streams (runtime_streams.cpp) -------------------------------------------- */
 CUstream_st *new_stream_locked(Runtime &R, int device, unsigned flags, bool legacy);  /* R.mu held */
-/* The host waits for every stream of device d (all devices when d < 0). */
-void host_wait_device(int d);
+/* The host waits for every stream of device d (all devices when d < 0);
+   fn names the API call for the account's count of host syncs. */
+void host_wait_device(const char *fn, int d);
 
 /* ---- the work item a thread runs, and the checks (runtime_memory.cpp) -------- */
 /* One access record of a page: which work item, for the stream check. */

@@ -522,7 +522,7 @@ extern "C" cudaError_t cudaFree(void *dev_ptr) {
     return api_error(cudaErrorInvalidValue, "cudaFree: %p is not device memory", dev_ptr);
   }
   /* as the real cudaFree: wait for the device, so queued work never runs on freed memory */
-  host_wait_device(dev);
+  host_wait_device("cudaFree", dev);
   Alloc *al = nullptr;
   FreedRange evicted{};
   char msg[512];
@@ -591,7 +591,7 @@ extern "C" cudaError_t cudaFreeHost(void *host_ptr) {
     if (!R.pinned.count((uintptr_t)host_ptr))
       return api_error(cudaErrorInvalidValue, "cudaFreeHost: %p is not a block of cudaHostAlloc/cudaMallocHost", host_ptr);
   }
-  host_wait_device(-1);  /* queued copies may still read or write it */
+  host_wait_device("cudaFreeHost", -1);  /* queued copies may still read or write it */
   {
     std::lock_guard<std::mutex> g(R.pinned_mu);
     R.pinned.erase((uintptr_t)host_ptr);

@@ -58,7 +58,9 @@ static void run_work(CUstream_st *s, QueueItem &it) {
   if (check_streams()) close_opened(prev ? prev->me.what : nullptr);  /* this item's first accesses must fault */
   ensure_handler();
   tls_item = &ctx;
+  gl_sim_account_item_begin(it.what);
   it.work();
+  gl_sim_account_item_end();
   close_opened(ctx.me.what);
   tls_item = prev;
 }
@@ -172,8 +174,9 @@ static uint64_t submit_on(CUstream_st *s, const char *what, std::function<void()
    in sync mode everything it submitted has already run, and in threads mode
    it could be waiting for its own stream (like a real stream callback, a
    work item must not synchronise). */
-static void host_wait(CUstream_st *s, uint64_t count, const Clock &clock) {
+static void host_wait(const char *fn, CUstream_st *s, uint64_t count, const Clock &clock) {
   Runtime &R = *rt_state;
+  if (!tls_item) gl_sim_account_sync(fn);
   std::unique_lock<std::mutex> lk(R.mu);
   if (!tls_item) R.cv.wait(lk, [&] { return s->completed >= count; });
   clock_merge(R.host_clock, clock);
@@ -181,8 +184,9 @@ static void host_wait(CUstream_st *s, uint64_t count, const Clock &clock) {
 
 namespace gl_sim_rt {
 /* every stream of device d (all devices when d < 0) */
-void host_wait_device(int d) {
+void host_wait_device(const char *fn, int d) {
   Runtime &R = *rt_state;
+  if (!tls_item) gl_sim_account_sync(fn);
   std::unique_lock<std::mutex> lk(R.mu);
   std::vector<std::pair<CUstream_st *, uint64_t>> targets;
   for (CUstream_st *t : R.streams)
@@ -302,11 +306,14 @@ static cudaError_t copy(const char *fn, void *dst, const void *src, size_t n, cu
   Clock clock;
   if (k == cudaMemcpyHostToHost) {
     uint64_t pos = submit_on(s, "cudaMemcpy host to host", [=] { memmove(dst, src, n); }, &clock);
-    host_wait(s, pos, clock);
+    host_wait("cudaMemcpy host to host", s, pos, clock);
   } else if (k == cudaMemcpyHostToDevice) {
     if (si.side == HOST_PINNED) {
-      uint64_t pos = submit_on(s, "cudaMemcpy host to device", [=] { memmove(dst, src, n); }, &clock);
-      if (sync_api) host_wait(s, pos, clock);
+      uint64_t pos = submit_on(s, "cudaMemcpy host to device", [=] {
+        memmove(dst, src, n);
+        gl_sim_account_add(nullptr, 0, 0, (double)n);
+      }, &clock);
+      if (sync_api) host_wait("cudaMemcpy from pinned host memory", s, pos, clock);
     } else {
       if (sync_api) {  /* "a stream sync is performed before the copy is initiated" */
         Runtime &R = *rt_state;
@@ -316,17 +323,26 @@ static cudaError_t copy(const char *fn, void *dst, const void *src, size_t n, cu
           pos = s->submitted;
           clock = s->clock;
         }
-        host_wait(s, pos, clock);
+        host_wait("cudaMemcpy from pageable host memory", s, pos, clock);
       }
       auto staged = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,
                                                                    (const unsigned char *)src + n);
-      submit_on(s, "cudaMemcpy host to device", [=] { memmove(dst, staged->data(), n); }, nullptr);
+      submit_on(s, "cudaMemcpy host to device", [=] {
+        memmove(dst, staged->data(), n);
+        gl_sim_account_add(nullptr, 0, 0, (double)n);
+      }, nullptr);
     }
   } else if (k == cudaMemcpyDeviceToHost) {
-    uint64_t pos = submit_on(s, "cudaMemcpy device to host", [=] { memmove(dst, src, n); }, &clock);
-    if (sync_api || di.side == HOST_PAGEABLE) host_wait(s, pos, clock);
+    uint64_t pos = submit_on(s, "cudaMemcpy device to host", [=] {
+      memmove(dst, src, n);
+      gl_sim_account_add(nullptr, 0, (double)n, 0);
+    }, &clock);
+    if (sync_api || di.side == HOST_PAGEABLE) host_wait("cudaMemcpy to host memory", s, pos, clock);
   } else {
-    submit_on(s, "cudaMemcpy device to device", [=] { memmove(dst, src, n); }, nullptr);
+    submit_on(s, "cudaMemcpy device to device", [=] {
+      memmove(dst, src, n);
+      gl_sim_account_add(nullptr, 0, (double)n, (double)n);
+    }, nullptr);
   }
   RETURN_IF_STICKY();
   return cudaSuccess;
@@ -369,10 +385,10 @@ static cudaError_t peer_copy(const char *fn, void *dst, int dst_device, const vo
                      si.device, src_device);
   if (sync_api) {
     /* cudaMemcpyPeer is serialised with all work on both devices (and the current one) */
-    host_wait_device(-1);
+    host_wait_device("cudaMemcpyPeer", -1);
     Clock clock;
     uint64_t pos = submit_on(s, "cudaMemcpyPeer", [=] { memmove(dst, src, n); }, &clock);
-    host_wait(s, pos, clock);
+    host_wait("cudaMemcpyPeer", s, pos, clock);
   } else {
     submit_on(s, "cudaMemcpyPeerAsync", [=] { memmove(dst, src, n); }, nullptr);
   }
@@ -406,7 +422,10 @@ static cudaError_t memset_on(const char *fn, void *p, int value, size_t n, CUstr
   cudaError_t e = check_device_range(fn, "devPtr", p, n, in, nullptr);
   if (e != cudaSuccess) return e;
   unsigned char byte = (unsigned char)value;
-  submit_on(s, fn, [=] { memset(p, byte, n); }, nullptr);
+  submit_on(s, fn, [=] {
+    memset(p, byte, n);
+    gl_sim_account_add(nullptr, 0, 0, (double)n);
+  }, nullptr);
   RETURN_IF_STICKY();
   return cudaSuccess;
 }
@@ -488,7 +507,7 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     pos = s->submitted;
     clock = s->clock;
   }
-  host_wait(s, pos, clock);
+  host_wait("cudaStreamSynchronize", s, pos, clock);
   RETURN_IF_STICKY();
   return cudaSuccess;
 }
@@ -599,7 +618,10 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::shared_ptr<CUevent_st> ev = find_event(event);
   if (!ev) return api_error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: %p is not a live event", (void *)event);
   if (!ev->recorded) return cudaSuccess;
-  if (!tls_item) R.cv.wait(lk, [&] { return event_done_locked(ev.get()); });
+  if (!tls_item) {
+    gl_sim_account_sync("cudaEventSynchronize");
+    R.cv.wait(lk, [&] { return event_done_locked(ev.get()); });
+  }
   clock_merge(R.host_clock, ev->clock);
   lk.unlock();
   RETURN_IF_STICKY();

@@ -8,6 +8,7 @@
  *   cublaslt.cpp cublaslt_heuristic.cpp cublaslt_matmul.cpp  cuBLASLt over OpenBLAS
  *   nccl_comm.cpp nccl_ops.cpp  NCCL over MPI
  *   cuda_bf16.h cuda_fp16.h mma.h       numeric types and WMMA
+ *   account.cpp   the byte-and-FLOP account of each work item, host syncs
  *
  * Environment switches (read once, at first use):
  *   GL_SIM_RACECHECK=1    run every launch twice, in-order and in a seeded
@@ -17,7 +18,10 @@
  *                         different streams really is unordered); default
  *                         'sync': all work runs in submission order
  *   GL_SIM_HOSTCHECK=0    leave device memory readable by host code
- *                         (default 1: a host dereference is an error) */
+ *                         (default 1: a host dereference is an error)
+ *   GL_SIM_SMS=N          the multiprocessor count the devices report
+ *                         (default 132, an H100's; the account counts with
+ *                         fewer, recipes/tools/account.lua says why) */
 #ifndef GL_SIM_H
 #define GL_SIM_H
 #include <functional>
@@ -109,5 +113,17 @@ struct gl_sim_untracked_scope {
   gl_sim_untracked_scope(const gl_sim_untracked_scope &) = delete;
   gl_sim_untracked_scope &operator=(const gl_sim_untracked_scope &) = delete;
 };
+
+/* ---- account.cpp: the byte-and-FLOP account (recipes/tools/account.lua) ---
+   Hooks, each a no-op unless the account is on.  runtime_streams.cpp's
+   run_work brackets every work item with item_begin / item_end (`what` is
+   the item's name); code that moves bytes or does FLOPs the instrumented
+   kernels cannot show adds them to the open item (cuBLASLt, copies, sets,
+   WMMA products), optionally renaming it (NULL: keep the name); the
+   runtime reports every host wait on the device with sync (the API's name). */
+void gl_sim_account_item_begin(const char *what);
+void gl_sim_account_item_end(void);
+void gl_sim_account_add(const char *rename, double flops, double bytes_read, double bytes_written);
+void gl_sim_account_sync(const char *what);
 
 #endif

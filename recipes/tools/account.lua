@@ -1,0 +1,411 @@
+-- recipes/tools/account.lua — the byte-and-FLOP account of one training step
+-- on the CUDA backend, counted by the simulator (`recipes/bench_cuda.lua
+-- --account`; NOTES-cuda.md, "The account", has the tables and their reading).
+--
+-- What is counted (kernels/sim/account.cpp): for every work item of a step,
+-- its global-memory bytes read and written as unique 32-byte sectors per
+-- launch (the account flavour's kernels have every load and store
+-- instrumented: `make sim-account`), its tensor-core FLOPs (WMMA, cuBLASLt
+-- 2mnk + epilogue; cuBLASLt's bytes are its operands, each once), and every
+-- host wait on the device.  Nothing is estimated by hand.
+--
+-- A full-size step cannot run in the simulator on a CPU, so it is counted at
+-- small sizes at the real width and vocabulary and extrapolated, per kernel:
+-- with L layers, N = B*T tokens and context T, every count is
+--     out(B, T) + L * layer(B, T),   each  a + b*N + c*N*T + d*T
+-- (c: attention's T^2 work; d: per-position work, GPT-2's position table).
+-- Eight counted steps give the eight coefficients: L = 1 and 2, at (B, T) =
+-- (1, T0), (2, T0), (1, 2*T0), (2, 2*T0).  check() compares the extrapolation
+-- with a direct count at another size (spec/account_spec.lua).  Exact while
+-- every kernel's launch configuration scales with the size; the one known
+-- exception is a reduction whose block count saturates (kernels/reduce.cu
+-- splits a column sum into at most 4*SMs*256/columns pieces, reached at a few
+-- thousand tokens): its partial sums are over-counted at full size.
+--
+-- The roofline of a launch is max(FLOPs / peak, bytes / bandwidth) on an H100
+-- SXM (989 TFLOP/s dense bf16, 3.35 TB/s).  The prediction runs compute-bound
+-- work at `gemm_eff` of peak and memory-bound work at `mem_eff` of bandwidth,
+-- plus `gap_us` per launch (the GPU's back-to-back launch gap), and turns the
+-- step time into tokens/s and MFU with the model's FLOPs/token (train.lua's,
+-- as bench.lua's MFU).
+local gl = require 'gptlua'
+local ffi = require 'ffi'
+local train = require 'gptlua.train'
+local now = require('gptlua.cli').now
+
+local M = {}
+
+M.H100 = { name = 'H100 SXM', flops = 989e12, bw = 3.35e12 }
+-- The simulated GPU's multiprocessor count while counting (GL_SIM_SMS).
+-- Some kernels size their grid by it and keep per-block partial sums (norm
+-- backward: min(rows, 2*SMs) blocks; kernels/reduce.cu's column sums), so
+-- their bytes stop growing with the size at a few hundred to a few thousand
+-- tokens on 132 SMs, beyond what the simulator can count.  With 2 SMs they
+-- are in that regime at the counted sizes already, and the extrapolation
+-- stays exact; the partial sums are then under-counted (by at most about
+-- 0.1% of a full-size step's bytes: 132 SMs' worth is a few MB per layer).
+M.SMS = 2
+M.EFF = { gemm = 0.70, mem = 0.80, gap_us = 1.0 }
+
+if not pcall(ffi.typeof, 'gl_sim_account_row') then ffi.cdef [[
+typedef struct { const char *name; double launches, flops, bytes_read, bytes_written; } gl_sim_account_row;
+int gl_sim_account_counts_bytes(void);
+int gl_sim_account_start(char *err, int errlen);
+void gl_sim_account_stop(void);
+double gl_sim_account_item_seconds(void);
+int gl_sim_account_get(int syncs, int i, gl_sim_account_row *out);
+]] end
+
+-- the library if it can count (the account flavour), else nil and why
+function M.library()
+  local lib = gl.lib
+  local ok, counts = pcall(function() return lib.gl_sim_account_counts_bytes() end)
+  if not ok then return nil, 'this engine is not the CUDA simulator' end
+  if counts ~= 1 then return nil, 'this simulator build does not count memory traffic (make sim-account)' end
+  return lib
+end
+
+M.SYNC = 'host sync: '
+
+-- Counts fn() (work already queued is flushed first): returns
+-- { rows = { name -> { launches, flops, read, written } }, order = { names },
+--   host_s = wall seconds of fn outside the device's work }; host syncs
+-- are rows named M.SYNC .. API with launches = times.
+function M.count(fn)
+  local lib = assert(M.library())
+  local cuda = require 'gptlua.cuda'
+  cuda.synchronize()
+  local err = ffi.new('char[256]')
+  if lib.gl_sim_account_start(err, 256) ~= 0 then error('account: ' .. ffi.string(err), 0) end
+  local t0 = now()
+  local ok, e = pcall(fn)
+  local wall = now() - t0
+  lib.gl_sim_account_stop()
+  if not ok then error(e, 0) end
+  -- host time: what the step spent outside the simulated device's work
+  local res = { rows = {}, order = {}, host_s = wall - lib.gl_sim_account_item_seconds() }
+  local r = ffi.new('gl_sim_account_row')
+  local i = 0
+  while lib.gl_sim_account_get(0, i, r) == 0 do
+    local name = ffi.string(r.name)
+    res.rows[name] = { launches = r.launches, flops = r.flops, read = r.bytes_read, written = r.bytes_written }
+    res.order[#res.order + 1] = name
+    i = i + 1
+  end
+  i = 0  -- host syncs are rows too ("host sync: API"), so that they are extrapolated alike
+  while lib.gl_sim_account_get(1, i, r) == 0 do
+    local name = M.SYNC .. ffi.string(r.name)
+    res.rows[name] = { launches = r.launches, flops = 0, read = 0, written = 0 }
+    res.order[#res.order + 1] = name
+    i = i + 1
+  end
+  return res
+end
+
+-- ------------------------------------------------------------------ models
+-- The two models of the issue's goals, and how a layer count, batch and
+-- context are set on each (nanochat's depth dial also sets the width, so
+-- its width is pinned and n_layer varied).
+M.MODELS = {
+  gpt2_124m = { recipe = 'gpt2_124m', B = 64, T = 1024, layers = 12, C = 768, T0 = 64,
+                args = function(L) return { '--n_layer=' .. L } end },
+  nanochat_d20 = { recipe = 'nanochat_d20', B = 32, T = 2048, layers = 20, C = 1280, T0 = 64,
+                   args = function(L) return { '--depth=0', '--n_layer=' .. L, '--n_embd=1280', '--n_head=10' } end },
+}
+
+local function trainer(model, L, B, T, extra)
+  -- a gradient clip so small that every step takes it: the step always
+  -- includes the scaling pass (the larger account of the two paths)
+  local args = { '--data=random', '--device=cuda', '--dtype=bfloat16', '--total_batch_size=0', '--quiet=true',
+                 '--eval_interval=0', '--sample_length=0', '--max_iters=10', '--batch_size=' .. B,
+                 '--block_size=' .. T, '--grad_clip=1e-6' }
+  for _, a in ipairs(model.args(L)) do args[#args + 1] = a end
+  for _, a in ipairs(extra or {}) do args[#args + 1] = a end
+  local recipe = dofile(gl.root .. '/recipes/' .. model.recipe .. '.lua')
+  return train.new(recipe, args)
+end
+
+-- One training step (micro-batch B x T, backward, clip, optimizer update)
+-- counted after one warm-up step (optimizer state, cached plans).
+function M.count_step(model, L, B, T, extra)
+  local t = trainer(model, L, B, T, extra)
+  t:train_step()
+  local res = M.count(function() t:train_step() end)
+  res.flops_per_token, res.tokens = t.flops_per_token, B * T
+  res.params = t.model:num_params()
+  t = nil
+  collectgarbage(); collectgarbage()
+  return res
+end
+
+-- ------------------------------------------------------------------ the fit
+local FIELDS = { 'launches', 'flops', 'read', 'written' }
+
+-- the basis every count is a combination of, at N = B*T tokens, context T:
+-- fixed work, per-token work, attention's T^2 work, per-position work
+-- (GPT-2's position table and its gradient and optimizer state)
+local function basis(B, T) local N = B * T; return { 1, N, N * T, T } end
+M.basis = basis
+
+-- solves A x = y (Gaussian elimination with partial pivoting)
+local function solve(A, y)
+  local n, m = #A, {}
+  for i = 1, n do m[i] = { unpack(A[i]) }; m[i][n + 1] = y[i] end
+  for c = 1, n do
+    local p = c
+    for r = c + 1, n do if math.abs(m[r][c]) > math.abs(m[p][c]) then p = r end end
+    m[c], m[p] = m[p], m[c]
+    for r = c + 1, n do
+      local f = m[r][c] / m[c][c]
+      for k = c, n + 1 do m[r][k] = m[r][k] - f * m[c][k] end
+    end
+  end
+  local x = {}
+  for r = n, 1, -1 do
+    local v = m[r][n + 1]
+    for k = r + 1, n do v = v - m[r][k] * x[k] end
+    x[r] = v / m[r][r]
+  end
+  return x
+end
+
+-- Fits every row's counts as out(B,T) + L*layer(B,T), each a combination of
+-- basis(B, T), from counted steps at L = 1 and 2 and the sizes {B, T}
+-- (runs[L][s]).  Returns the fit: fit.predict(L, B, T [, 'layer']) -> rows.
+function M.fit(sizes, runs)
+  local A = {}
+  for s, bt in ipairs(sizes) do A[s] = basis(bt[1], bt[2]) end
+  local names, seen = {}, {}
+  for L = 1, 2 do
+    for s = 1, #sizes do
+      for _, n in ipairs(runs[L][s].order) do if not seen[n] then seen[n] = true; names[#names + 1] = n end end
+    end
+  end
+  local coef = {}
+  for _, n in ipairs(names) do
+    coef[n] = {}
+    for _, f in ipairs(FIELDS) do
+      local out, layer = {}, {}
+      for s = 1, #sizes do
+        local r1, r2 = runs[1][s].rows[n], runs[2][s].rows[n]
+        local v1, v2 = r1 and r1[f] or 0, r2 and r2[f] or 0
+        layer[s], out[s] = v2 - v1, 2 * v1 - v2
+      end
+      coef[n][f] = { out = solve(A, out), layer = solve(A, layer) }
+    end
+  end
+  local fit = { names = names, coef = coef }
+  -- counts at (L, B, T); part 'layer': one layer's; 'layer tokens': one
+  -- layer's work that grows with the tokens (no optimizer, no zeroing)
+  function fit.predict(L, B, T, part)
+    local x = basis(B, T)
+    local rows = {}
+    for _, n in ipairs(names) do
+      local r = {}
+      for _, f in ipairs(FIELDS) do
+        local c, lay, out = coef[n][f], 0, 0
+        for i = 1, #x do lay, out = lay + c.layer[i] * x[i], out + c.out[i] * x[i] end
+        if part == 'layer tokens' then lay = lay - c.layer[1] end  -- without the fixed (parameter-sized) part
+        r[f] = part and lay or out + L * lay
+      end
+      rows[n] = r
+    end
+    return rows
+  end
+  return fit
+end
+
+-- The eight counted steps of a model: L = 1, 2 at (B, T) = (1, T0), (2, T0),
+-- (1, 2*T0), (2, 2*T0), at the real width and vocabulary (and `extra`
+-- arguments).  T0 (a multiple of the attention tile, 64) must put every
+-- kernel in its full-size regime (see M.SMS): the column reductions of
+-- kernels/reduce.cu split a sum of more than 64 rows over blocks when the
+-- sum has fewer than 256*SMs columns, in a number of pieces that grows with
+-- the rows up to 4*SMs*256/columns: a model whose bias vectors are narrower
+-- than 512 would be counted in a different regime at each size (the spec's
+-- tiny model has no biases; GPT-2's narrowest is 768 wide).
+function M.measure(model, extra, log)
+  local sms = require('gptlua.cuda').get_device_properties(0).multiprocessor_count
+  if sms ~= M.SMS then
+    error(('account: the simulated GPU has %d SMs, expected %d: run with GL_SIM_SMS=%d'):format(sms, M.SMS, M.SMS), 0)
+  end
+  local T0 = model.T0
+  local sizes = { { 1, T0 }, { 2, T0 }, { 1, 2 * T0 }, { 2, 2 * T0 } }
+  local runs = { {}, {} }
+  for L = 1, 2 do
+    for s, bt in ipairs(sizes) do
+      local t0 = now()
+      runs[L][s] = M.count_step(model, L, bt[1], bt[2], extra)
+      if log then log(('  counted L=%d B=%d T=%d in %.0f s'):format(L, bt[1], bt[2], now() - t0)) end
+    end
+  end
+  local fit = M.fit(sizes, runs)
+  fit.sizes, fit.runs = sizes, runs
+  return fit
+end
+
+-- Kernels whose bytes depend on the data, not only on the sizes: an
+-- embedding lookup reads the table's rows of the tokens present, so a token
+-- repeated in the batch is one row read (random tokens here; the fit from
+-- counted sizes where tokens rarely repeat extrapolates as if none did: an
+-- upper bound).
+M.DATA_DEPENDENT = { '^embedding_forward' }
+local function data_dependent(name)
+  for _, p in ipairs(M.DATA_DEPENDENT) do if name:match(p) then return true end end
+  return false
+end
+M.data_dependent = data_dependent
+
+-- Largest relative difference between the fit's prediction at (L, B, T) and
+-- a direct count there, over every row and field (0 when exact), and where;
+-- then the same over the data-dependent rows; and the direct count.
+function M.check(model, fit, L, B, T, extra)
+  local direct = M.count_step(model, L, B, T, extra)
+  local pred = fit.predict(L, B, T)
+  local worst, where, dworst, dwhere = 0, 'none', 0, 'none'
+  local names = {}
+  for _, n in ipairs(fit.names) do names[n] = true end
+  for _, n in ipairs(direct.order) do names[n] = true end
+  for n in pairs(names) do
+    for _, f in ipairs(FIELDS) do
+      local d = direct.rows[n] and direct.rows[n][f] or 0
+      local p = pred[n] and pred[n][f] or 0
+      local rel = math.abs(d - p) / math.max(math.abs(d), 1)
+      local say = ('%s %s: counted %.0f, extrapolated %.0f'):format(n, f, d, p)
+      if data_dependent(n) then
+        if rel > dworst then dworst, dwhere = rel, say end
+      elseif rel > worst then worst, where = rel, say end
+    end
+  end
+  return worst, where, dworst, dwhere, direct
+end
+
+-- ------------------------------------------------------------------ the table
+-- time of a row's work: roofline (efficiency 1) or predicted
+local function row_time(r, dev, eff)
+  local tc = r.flops / (dev.flops * (eff and eff.gemm or 1))
+  local tm = (r.read + r.written) / (dev.bw * (eff and eff.mem or 1))
+  return math.max(tc, tm), tc >= tm and 'compute' or 'memory'
+end
+
+local function short(name, w)
+  if #name <= w then return name end
+  return name:sub(1, w - 3) .. '...'
+end
+
+-- Prints the table and the summary for rows (name -> counts); returns the
+-- summary numbers.  info: { tokens, flops_per_token, layer_rows (one
+-- layer's rows, for the activation passes), act_bytes (one (B,T,C) bf16
+-- activation), host_s, host_note }
+function M.report(rows, order, info, out)
+  out = out or print
+  local dev, eff = M.H100, M.EFF
+  out(('%-58s %8s %10s %10s %10s %8s %11s %s'):format('kernel', 'launches', 'GFLOP', 'MB read', 'MB written',
+                                                   'FLOP/B', 'roofline us', 'bound'))
+  local tot = { launches = 0, flops = 0, read = 0, written = 0, roof = 0, pred = 0 }
+  local list = {}
+  for _, n in ipairs(order) do
+    local r = rows[n]
+    if r and r.launches > 0.5 and n:sub(1, #M.SYNC) ~= M.SYNC then list[#list + 1] = n end
+  end
+  table.sort(list, function(a, b) return row_time(rows[a], dev) > row_time(rows[b], dev) end)
+  for _, n in ipairs(list) do
+    local r = rows[n]
+    local roof, bound = row_time(r, dev)
+    local pred = row_time(r, dev, eff)
+    tot.launches, tot.flops = tot.launches + r.launches, tot.flops + r.flops
+    tot.read, tot.written = tot.read + r.read, tot.written + r.written
+    tot.roof, tot.pred = tot.roof + roof, tot.pred + pred
+    local bytes = r.read + r.written
+    out(('%-58s %8.0f %10.2f %10.2f %10.2f %8.1f %11.1f %s'):format(short(n, 58), r.launches, r.flops / 1e9,
+      r.read / 1e6, r.written / 1e6, bytes > 0 and r.flops / bytes or 0, roof * 1e6, bound))
+  end
+  out(('%-58s %8.0f %10.2f %10.2f %10.2f %8.1f %11.1f'):format('total', tot.launches, tot.flops / 1e9,
+    tot.read / 1e6, tot.written / 1e6, tot.flops / math.max(tot.read + tot.written, 1), tot.roof * 1e6))
+  local step = tot.pred + tot.launches * eff.gap_us * 1e-6
+  local tps = info.tokens / step
+  local mfu = tps * info.flops_per_token / dev.flops
+  local s = { roof_s = tot.roof, step_s = step, tps = tps, mfu = mfu, launches = tot.launches, flops = tot.flops,
+              bytes = tot.read + tot.written }
+  out(('lower bound (every launch at its roofline on an %s, %.0f TFLOP/s, %.2f TB/s): %.2f ms/step'):format(
+    dev.name, dev.flops / 1e12, dev.bw / 1e12, tot.roof * 1e3))
+  out(('prediction: compute-bound work at %.0f%% of peak, memory-bound at %.0f%% of bandwidth, %.1f us gap per launch: '
+       .. '%.2f ms/step for %d tokens'):format(eff.gemm * 100, eff.mem * 100, eff.gap_us, step * 1e3, info.tokens))
+  out(('model FLOPs/token %.3g (train.lua), counted FLOPs/token %.3g (GEMMs and tensor-core kernels)'):format(
+    info.flops_per_token, tot.flops / info.tokens))
+  if info.layer_rows then
+    local lb = 0
+    for n, r in pairs(info.layer_rows) do if not n:match('^cublasLt') then lb = lb + r.read + r.written end end
+    s.passes = lb / info.act_bytes
+    out(('activation passes per layer: %.1f (one layer\'s bytes in kernels other than cuBLASLt that grow with the '
+         .. 'tokens, forward and backward, / one (B,T,C) bf16 activation of %.1f MB)'):format(s.passes,
+         info.act_bytes / 1e6))
+  end
+  local nsync, parts = 0, {}
+  for _, k in ipairs(order) do
+    local r = rows[k]
+    if k:sub(1, #M.SYNC) == M.SYNC and r and r.launches > 0.5 then
+      nsync = nsync + r.launches
+      parts[#parts + 1] = ('%s %.0f'):format(k:sub(#M.SYNC + 1), r.launches)
+    end
+  end
+  s.syncs = nsync
+  out(('host syncs per step: %.0f (%s)'):format(nsync, #parts > 0 and table.concat(parts, ', ') or 'none'))
+  out(('launches per step: %.0f'):format(tot.launches))
+  if info.host_s then
+    s.host_s = info.host_s
+    out(('host time per step: %.1f ms (%s)'):format(info.host_s * 1e3, info.host_note or 'outside device work'))
+  end
+  out(('predicted: %.0f tokens/s, MFU %.1f%%'):format(tps, mfu * 100))
+  return s
+end
+
+-- ------------------------------------------------------------------ the command
+-- `bench_cuda.lua --account [--model=NAME] [--check=1]`: the eight counted
+-- steps, the table at the model's full size, and (check) the extrapolation
+-- against a direct count at L=3, B=3, T=T0/2*3.
+function M.main(opts, out)
+  out = out or print
+  io.stdout:setvbuf('line')  -- the counting takes minutes: show each step as it is counted
+  local model = M.MODELS[opts.model]
+  if not model then
+    local names = {}
+    for k in pairs(M.MODELS) do names[#names + 1] = k end
+    table.sort(names)
+    error(('account: --model expected one of %s, got %s'):format(table.concat(names, ', '), tostring(opts.model)), 0)
+  end
+  local recipe = dofile(gl.root .. '/recipes/' .. model.recipe .. '.lua')
+  out(('account: %s, one training step (B=%d, T=%d, %d layers, AdamW%s, bf16 with fp32 master weights and '
+       .. 'optimizer state), counted by the CUDA simulator'):format(opts.model, model.B, model.T, model.layers,
+       recipe.optimizer == 'nanochat' and ' + Muon' or ''))
+  out(('counting L=1,2 layers at (B,T) = (1,%d), (2,%d), (1,%d), (2,%d), real width and vocabulary; each '
+       .. 'kernel\'s counts fitted as out + L*layer, each a + b*N + c*N*T + d*T (N = B*T), and evaluated at the '
+       .. 'full size'):format(model.T0, model.T0, 2 * model.T0, 2 * model.T0))
+  local fit = M.measure(model, nil, out)
+  if opts.check == 1 then
+    local T = math.floor(model.T0 * 3 / 2)
+    local worst, where, dworst, dwhere = M.check(model, fit, 3, 3, T)
+    out(('extrapolation check at L=3 B=3 T=%d against a direct count: largest relative difference %.2g (%s); '
+         .. 'data-dependent rows %.2g (%s)'):format(T, worst, where, dworst, dwhere))
+  end
+  local ref = fit.runs[2][4]
+  local rows = fit.predict(model.layers, model.B, model.T)
+  return M.report(rows, fit.names, {
+    tokens = model.B * model.T, flops_per_token = M.flops_per_token(model, fit),
+    layer_rows = fit.predict(model.layers, model.B, model.T, 'layer tokens'), act_bytes = model.B * model.T * model.C * 2,
+    host_s = ref.host_s,
+    host_note = ('measured in the simulator at L=2 B=2 T=%d: Lua, engine and the simulated runtime\'s API calls, '
+                 .. 'device work excluded'):format(2 * model.T0) }, out)
+end
+
+-- The full-size model's FLOPs per token (as bench.lua's MFU uses), from the
+-- counted models' (models/common.lua: 6 * non-lookup parameters + 12 *
+-- n_layer * n_embd * T; each layer adds the same parameters).
+function M.flops_per_token(model, fit)
+  local r1, r2, C, T0 = fit.runs[1][1], fit.runs[2][1], model.C, fit.sizes[1][2]
+  local np1 = (r1.flops_per_token - 12 * 1 * C * T0) / 6
+  local np2 = (r2.flops_per_token - 12 * 2 * C * T0) / 6
+  return 6 * (np1 + (model.layers - 1) * (np2 - np1)) + 12 * model.layers * C * model.T
+end
+
+return M

@@ -1,0 +1,116 @@
+-- spec/sim/account.lua — the worker of spec/account_spec.lua: runs in the
+-- simulator's account flavour (build/sim-account/gptlua, GL_SIM_SMS=2) and
+-- prints what it counted next to an independent count, one "KEY counted
+-- expected" line each, for the spec to compare.
+--   build/sim-account/gptlua spec/sim/account.lua ops|step|extrapolation
+local gl = require 'gptlua'
+local acc = dofile(gl.root .. '/recipes/tools/account.lua')
+local lib = gl.lib
+local what = ...
+
+local function say(key, counted, expected) print(('%s %.17g %.17g'):format(key, counted, expected)) end
+local function row(res, pattern)
+  local r = { launches = 0, flops = 0, read = 0, written = 0 }
+  for _, n in ipairs(res.order) do
+    if n:match(pattern) then
+      for k in pairs(r) do r[k] = r[k] + res.rows[n][k] end
+    end
+  end
+  return r
+end
+local DEV = { device = 'cuda', dtype = 'bfloat16', seed = 1 }
+
+if what == 'ops' then
+  -- single kernels: their bytes are the sizes of the tensors they read and
+  -- write (sizes multiples of 32 bytes, so sectors add nothing)
+  local N, C = 96, 256
+  local x, y = gl.randn({ N, C }, DEV), gl.randn({ N, C }, DEV)
+  local out = gl.empty({ N, C }, DEV)
+  local res = acc.count(function() gl.check(lib.gl_binary(lib.GL_B_ADD, out.c, x.c, y.c)) end)
+  local r = row(res, '^binary')
+  say('add.launches', r.launches, 1)
+  say('add.read', r.read, 2 * N * C * 2)
+  say('add.written', r.written, N * C * 2)
+  res = acc.count(function() gl.check(lib.gl_unary(lib.GL_U_GELU_TANH, out.c, x.c, 0, 0)) end)
+  r = row(res, '^unary')
+  say('gelu.read', r.read, N * C * 2)
+  say('gelu.written', r.written, N * C * 2)
+  local w, b = gl.randn({ C }, DEV), gl.randn({ C }, DEV)
+  local mean, rstd = gl.empty({ N }, { device = 'cuda', dtype = 'float32' }), gl.empty({ N }, { device = 'cuda', dtype = 'float32' })
+  res = acc.count(function() gl.check(lib.gl_layernorm_forward(out.c, mean.c, rstd.c, x.c, w.c, b.c, 1e-5)) end)
+  r = row(res, '^norm_forward')
+  say('layernorm.read', r.read, N * C * 2 + 2 * C * 2)
+  say('layernorm.written', r.written, N * C * 2 + 2 * N * 4)
+  -- a matrix product: 2mnk, and each operand once
+  local K, M2 = 128, 160
+  local a, bm = gl.randn({ N, K }, DEV), gl.randn({ K, M2 }, DEV)
+  local d = gl.empty({ N, M2 }, DEV)
+  res = acc.count(function() gl.check(lib.gl_matmul(d.c, a.c, bm.c, 1, 0)) end)
+  r = row(res, '^cublasLt')
+  say('matmul.flops', r.flops, 2 * N * K * M2)
+  say('matmul.read', r.read, (N * K + K * M2) * 2)
+  say('matmul.written', r.written, N * M2 * 2)
+  -- a value read back: one copy to the host and the host's waits
+  res = acc.count(function() return d:sum():item() end)
+  r = row(res, '^' .. acc.SYNC)
+  say('item.syncs_at_least', math.min(r.launches, 1), 1)
+  return
+end
+
+-- a tiny GPT-2: width 64, one head of 64 (the flash attention path), 512
+-- tokens, no biases (the bias gradients' column sums, narrower than 512,
+-- would split over blocks differently at each counted size: see
+-- recipes/tools/account.lua's M.measure)
+local tiny = { recipe = 'gpt2_124m', B = 8, T = 256, layers = 4, C = 64, T0 = 64, args = acc.MODELS.gpt2_124m.args }
+local extra = { '--n_embd=64', '--n_head=1', '--vocab_size=512', '--bias=false' }
+
+if what == 'step' then
+  -- one training step: the GEMMs' FLOPs are 2mnk from the model's shapes,
+  -- three products (forward, dX, dW) per linear layer (the lm_head is wte),
+  -- plus at most one per output element (an epilogue: a product that
+  -- accumulates into a gradient adds C)
+  local L, B, T, C, V = 2, 2, 128, 64, 512
+  local res = acc.count_step(tiny, L, B, T, extra)
+  local N = B * T
+  local linears = { { C, 3 * C, L }, { C, C, L }, { C, 4 * C, L }, { 4 * C, C, L }, { C, V, 1 } }
+  local mnk, outputs = 0, 0
+  for _, l in ipairs(linears) do
+    local i, o, n = l[1], l[2], l[3]
+    mnk = mnk + n * 3 * 2 * N * i * o
+    outputs = outputs + n * (N * o + N * i + i * o)
+  end
+  local r = row(res, '^cublasLt')
+  print(('gemm: counted %.0f FLOPs, 2mnk %.0f, output elements %.0f'):format(r.flops, mnk, outputs))
+  say('gemm.flops_2mnk_plus_epilogue', (r.flops >= mnk and r.flops - mnk <= outputs) and 1 or 0, 1)
+  say('gemm.launches', r.launches, 3 * (4 * L + 1))
+  -- every counted row's bytes are whole sectors
+  local odd = 0
+  for _, n in ipairs(res.order) do
+    local x = res.rows[n]
+    if n:sub(1, #acc.SYNC) ~= acc.SYNC and not n:match('^cuda') and (x.read % 32 ~= 0 or x.written % 32 ~= 0) then
+      odd = odd + 1
+    end
+  end
+  say('rows_with_partial_sectors', odd, 0)
+  return
+end
+
+if what == 'extrapolation' then
+  local fit = acc.measure(tiny, extra)
+  local worst, where, dworst, dwhere, direct = acc.check(tiny, fit, 3, 3, 128, extra)
+  print('worst ' .. where)
+  print('worst data-dependent ' .. dwhere)
+  local pred = fit.predict(3, 3, 128)
+  for _, n in ipairs(direct.order) do
+    for _, f in ipairs({ 'launches', 'flops', 'read', 'written' }) do
+      local d, p = direct.rows[n][f], pred[n] and pred[n][f] or 0
+      if math.abs(d - p) > 1e-9 * math.max(1, math.abs(d)) then print(('differs: %s %s %.0f %.0f'):format(n, f, d, p)) end
+    end
+  end
+  say('extrapolation.max_rel_error', worst, 0)
+  -- repeated tokens: at most the repeats of 384 tokens drawn from 512
+  say('extrapolation.data_dependent_within_30pct', dworst < 0.3 and 1 or 0, 1)
+  return
+end
+
+error('spec/sim/account.lua: expected ops, step or extrapolation, got ' .. tostring(what), 0)

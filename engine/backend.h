@@ -20,6 +20,9 @@ static inline int gl_blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t
   if (sr == 1 && sc >= rows && sc >= 1 && sc <= 2147483647) { *ld = sc; return 1; }
   return -1;
 }
+/* bias (N) as a view broadcast over out's rows (..., M, N), by value: the
+   CPU twin of a bias epilogue copies it into out (engine/cpu_matmul.c) */
+gl_tensor gl_bias_rows(const gl_tensor *bias, const gl_tensor *out);
 /* Whether t's dims [0, nd-1) step through rows with a single stride (*sr):
    then a batch of products with a shared right operand folds into one. */
 static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
@@ -42,6 +45,8 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(reduce, (int op, gl_tensor *out, const gl_tensor *x, uint32_t dims_mask)) \
   X(reduce_max_dim, (gl_tensor *out, gl_tensor *indices, const gl_tensor *x, int dim)) \
   X(sumsq, (const gl_tensor *x, double *out)) \
+  X(sumsq_multi, (int n, const gl_tensor **xs, double *out)) \
+  X(matmul_bias, (gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias)) \
   X(matmul, (gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta)) \
   X(softmax, (gl_tensor *out, const gl_tensor *x, int log)) \
   X(softmax_backward, (gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, int log)) \
@@ -63,6 +68,7 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(dropout, (gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uint64_t offset)) \
   X(adamw_update, (gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v, int64_t start, int64_t len, double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step)) \
   X(momentum_update, (gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, int64_t start, int64_t len, double mu, int nesterov)) \
+  X(adamw_update_multi, (int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms, gl_tensor **vs, gl_tensor **outs, const double *lrs, const double *wds, double beta1, double beta2, double eps, int64_t step)) \
   X(copy, (gl_tensor *dst, const gl_tensor *src)) \
   X(fill, (gl_tensor *t, double value)) \
   X(rand_uniform, (gl_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi)) \

@@ -115,6 +115,23 @@ static void scale_out(gl_tensor *out, double beta) {
   }
 }
 
+/* a view of bias (N) broadcast over out's rows: a struct on the stack (no
+   reference taken: it lives for the call) */
+gl_tensor gl_bias_rows(const gl_tensor *bias, const gl_tensor *out) {
+  gl_tensor v = *bias;
+  v.ndim = out->ndim;
+  v.numel = out->numel;
+  for (int d = 0; d < out->ndim; d++) { v.shape[d] = out->shape[d]; v.stride[d] = 0; }
+  v.stride[out->ndim - 1] = bias->stride[0];
+  return v;
+}
+
+int cpu_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias) {
+  gl_tensor rows = gl_bias_rows(bias, out);
+  GL_TRY(gl_copy(out, &rows));
+  return cpu_matmul(out, a, b, 1, 1);
+}
+
 int cpu_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta) {
   int nd = out->ndim;
   int64_t M = out->shape[nd - 2], N = out->shape[nd - 1], K = a->shape[nd - 1], nbatch = 1;

@@ -26,6 +26,19 @@ int cpu_adamw_update(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_t
   return GL_OK;
 }
 
+/* the multi-tensor call is the single one in a loop on the CPU (each
+   update is already parallel over its chunks) */
+int cpu_adamw_update_multi(int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms,
+                           gl_tensor **vs, gl_tensor **outs, const double *lrs, const double *wds,
+                           double beta1, double beta2, double eps, int64_t step) {
+  for (int i = 0; i < n; i++) {
+    GL_TRY(cpu_adamw_update(params[i], grads[i], ms[i], vs[i], 0, params[i]->numel, lrs[i], beta1, beta2, eps,
+                            wds[i], step));
+    if (outs && outs[i]) GL_TRY(gl_copy(outs[i], params[i]));
+  }
+  return GL_OK;
+}
+
 int cpu_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, int64_t start, int64_t len,
                         double mu, int nesterov) {
   if (buf->dtype == GL_F64) momentum_f64(out, buf, grad, start, len, mu, nesterov);

@@ -61,6 +61,16 @@ int cpu_sumsq(const gl_tensor *x, double *out) {
   return GL_OK;
 }
 
+int cpu_sumsq_multi(int n, const gl_tensor **xs, double *out) {
+  double acc = 0, one = 0;
+  for (int i = 0; i < n; i++) {
+    GL_TRY(cpu_sumsq(xs[i], &one));
+    acc += one;
+  }
+  *out = acc;
+  return GL_OK;
+}
+
 #else /* ---- generic section: real is float or double, R(name) its suffix ---- */
 
 

@@ -39,6 +39,13 @@ int gl_cuda_mem_info(int device, int64_t *free_bytes, int64_t *total_bytes);
 int gl_cuda_set_device(int device);
 /* waits for all work on device (every stream); device -1: every device */
 int gl_cuda_synchronize(int device);
+/* Id checks (embedding, cross-entropy, gather/scatter) run on the device
+   without a host wait; their results are read where the host waits anyway: a
+   copy to the host and gl_cuda_synchronize read them, and this reads them
+   (one small copy, a wait) after e.g. the trainer's loss read.  Returns the
+   first bad check's error ("gl_embedding_forward: ids[3] is 70000, expected
+   ...") and clears the queue.  device -1: every device. */
+int gl_cuda_check_flags(int device);
 /* the cudaStream_t of (device, kind) as an opaque pointer, created on first
    use; NULL with an error message on failure */
 void *gl_cuda_stream(int device, int kind);

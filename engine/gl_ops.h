@@ -62,12 +62,21 @@ int gl_reduce(int op, gl_tensor *out, const gl_tensor *x, uint32_t dims_mask);
 int gl_reduce_max_dim(gl_tensor *out, gl_tensor *indices, const gl_tensor *x, int dim);
 /* sum of squares of all elements in float64 (for global grad norms) */
 int gl_sumsq(const gl_tensor *x, double *out);
+/* *out = the float64 sum of squares of every element of n tensors on one
+   device (a global gradient norm): on a GPU one pass over all of them, one
+   launch and one host wait however many tensors there are. */
+int gl_sumsq_multi(int n, const gl_tensor **xs, double *out);
 
 /* Batched matrix product out = alpha * a @ b + beta * out over the last two
    dims: a (..., M, K), b (..., K, N), out (..., M, N); batch dims already
    broadcast to out's.  A transposed operand is passed as a transposed view
    (stride[-2] == 1); other layouts are copied internally.  BLAS on CPU. */
 int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta);
+/* out = a @ b + bias: bias (N) added to every row of out (..., M, N), a
+   linear layer's forward.  On a GPU the bias rides in cuBLASLt's epilogue
+   (CUBLASLT_EPILOGUE_BIAS) where the layout allows; otherwise, and on the
+   CPU, bias is copied into out and the product accumulates onto it. */
+int gl_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias);
 /* out1 = alpha a1 @ b1 + beta out1 and out2 = alpha a2 @ b2 + beta out2, the
    two products run side by side on the CPU (one thread each) */
 int gl_matmul_pair(gl_tensor *out1, const gl_tensor *a1, const gl_tensor *b1, gl_tensor *out2,
@@ -143,5 +152,13 @@ int gl_adamw_update(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_te
    out = nesterov ? lerp(g, buf, mu) : buf.  out may alias grad. */
 int gl_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad,
                        int64_t start, int64_t len, double mu, int nesterov);
+/* AdamW over n whole parameters on one device in one call (on a GPU one
+   launch for all of them): for each i, gl_adamw_update(params[i], grads[i],
+   ms[i], vs[i], 0, numel, lrs[i], beta1, beta2, eps, wds[i], step); then,
+   when outs (and outs[i]) is not NULL, outs[i] = params[i] in outs[i]'s
+   dtype (the bfloat16 weights of an fp32 master copy). */
+int gl_adamw_update_multi(int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms,
+                          gl_tensor **vs, gl_tensor **outs, const double *lrs, const double *wds,
+                          double beta1, double beta2, double eps, int64_t step);
 
 #endif

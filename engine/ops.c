@@ -196,6 +196,21 @@ int gl_sumsq(const gl_tensor *x, double *out) {
   return GL_DISPATCH(x->device, sumsq, x, out);
 }
 
+int gl_sumsq_multi(int n, const gl_tensor **xs, double *out) {
+  const char *fn = "gl_sumsq_multi";
+  if (!out) return gl_error("%s: out is NULL, expected a pointer to a double", fn);
+  *out = 0;
+  if (n < 0) return gl_error("%s: n is %d, expected >= 0", fn, n);
+  if (n == 0) return GL_OK;
+  if (!xs) return gl_error("%s: xs is NULL, expected an array of %d tensors", fn, n);
+  for (int i = 0; i < n; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "xs[%d]", i);
+    GL_TRY(check_args(fn, ARGS({xs[0], "xs[0]", A_IN}, {xs[i], name, A_IN})));
+  }
+  return GL_DISPATCH(xs[0]->device, sumsq_multi, n, xs, out);
+}
+
 /* ---- matmul ------------------------------------------------------------- */
 
 static int check_matmul(const char *fn, const gl_tensor *out, const gl_tensor *a, const gl_tensor *b) {
@@ -220,6 +235,17 @@ int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alp
   GL_TRY(check_matmul("gl_matmul", out, a, b));
   if (out->numel == 0) return GL_OK;
   return GL_DISPATCH(out->device, matmul, out, a, b, alpha, beta);
+}
+
+int gl_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias) {
+  const char *fn = "gl_matmul_bias";
+  GL_TRY(check_matmul(fn, out, a, b));
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {bias, "bias", A_FLOAT})));
+  int64_t N = out->shape[out->ndim - 1];
+  GL_TRY(check_shape(bias, fn, "bias", 1, (int64_t[]){N}, "N of out is %lld", (long long)N));
+  GL_TRY(check_no_overlap(fn, out, "out", bias, "bias"));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, matmul_bias, out, a, b, bias);
 }
 
 /* Two independent products at once.  On the CPU with two or more threads
@@ -601,24 +627,58 @@ static int check_slice(const char *fn, int n, const gl_tensor *const *ts, const 
   return GL_OK;
 }
 
-int gl_adamw_update(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v,
-                    int64_t start, int64_t len, double lr, double beta1, double beta2,
-                    double eps, double weight_decay, int64_t step) {
-  const char *fn = "gl_adamw_update";
-  GL_TRY(check_args(fn, ARGS({param, "param", A_OUT | A_FLOAT}, {grad, "grad", A_FLOAT}, {m, "m", A_OUT | A_FLOAT},
-                             {v, "v", A_OUT | A_FLOAT})));
+static int adamw_check(const char *fn, gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v,
+                       const char *names[4], int64_t start, int64_t len, double beta1, double beta2, double eps,
+                       int64_t step) {
+  GL_TRY(check_args(fn, ARGS({param, names[0], A_OUT | A_FLOAT}, {grad, names[1], A_FLOAT},
+                             {m, names[2], A_OUT | A_FLOAT}, {v, names[3], A_OUT | A_FLOAT})));
   if (param->dtype != GL_F32 && param->dtype != GL_F64)
-    return gl_error("%s: param has dtype %s, expected float32 or float64", fn, gl_dtype_name(param->dtype));
-  GL_TRY(check_slice(fn, 4, (const gl_tensor *[]){param, grad, m, v}, (const char *[]){"param", "grad", "m", "v"},
-                     start, len));
+    return gl_error("%s: %s has dtype %s, expected float32 or float64", fn, names[0], gl_dtype_name(param->dtype));
+  GL_TRY(check_slice(fn, 4, (const gl_tensor *[]){param, grad, m, v}, names, start, len));
   if (step < 1) return gl_error("%s: step is %lld, expected >= 1 (bias corrections use 1 - beta^step)", fn,
                                 (long long)step);
   if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
     return gl_error("%s: betas are (%g, %g), expected each in [0, 1)", fn, beta1, beta2);
   if (!(eps >= 0)) return gl_error("%s: eps is %g, expected >= 0", fn, eps);
+  return GL_OK;
+}
+
+int gl_adamw_update(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v,
+                    int64_t start, int64_t len, double lr, double beta1, double beta2,
+                    double eps, double weight_decay, int64_t step) {
+  const char *fn = "gl_adamw_update";
+  GL_TRY(adamw_check(fn, param, grad, m, v, (const char *[]){"param", "grad", "m", "v"}, start, len, beta1, beta2,
+                     eps, step));
   if (len == 0) return GL_OK;
   return GL_DISPATCH(param->device, adamw_update, param, grad, m, v, start, len, lr, beta1, beta2, eps,
                      weight_decay, step);
+}
+
+int gl_adamw_update_multi(int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms,
+                          gl_tensor **vs, gl_tensor **outs, const double *lrs, const double *wds,
+                          double beta1, double beta2, double eps, int64_t step) {
+  const char *fn = "gl_adamw_update_multi";
+  if (n < 0) return gl_error("%s: n is %d, expected >= 0", fn, n);
+  if (n == 0) return GL_OK;
+  const void *arrays[6] = {params, grads, ms, vs, lrs, wds};
+  const char *array_names[6] = {"params", "grads", "ms", "vs", "lrs", "wds"};
+  for (int k = 0; k < 6; k++)
+    if (!arrays[k]) return gl_error("%s: %s is NULL, expected an array of %d", fn, array_names[k], n);
+  for (int i = 0; i < n; i++) {
+    char np[32], ng[32], nm[32], nv[32], no[32];
+    snprintf(np, sizeof np, "params[%d]", i); snprintf(ng, sizeof ng, "grads[%d]", i);
+    snprintf(nm, sizeof nm, "ms[%d]", i); snprintf(nv, sizeof nv, "vs[%d]", i);
+    GL_TRY(adamw_check(fn, params[i], grads[i], ms[i], vs[i], (const char *[]){np, ng, nm, nv}, 0, 0, beta1,
+                       beta2, eps, step));
+    GL_TRY(check_args(fn, ARGS({params[0], "params[0]", A_IN}, {params[i], np, A_IN})));
+    const gl_tensor *o = outs ? outs[i] : NULL;
+    if (!o) continue;
+    snprintf(no, sizeof no, "outs[%d]", i);
+    GL_TRY(check_args(fn, ARGS({params[i], np, A_IN}, {o, no, A_OUT | A_FLOAT})));
+    GL_TRY(check_slice(fn, 2, (const gl_tensor *[]){params[i], o}, (const char *[]){np, no}, 0, 0));
+  }
+  return GL_DISPATCH(params[0]->device, adamw_update_multi, n, params, grads, ms, vs, outs, lrs, wds, beta1, beta2,
+                     eps, step);
 }
 
 int gl_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad,

@@ -1,5 +1,5 @@
 /* common.cuh — what every CUDA source in kernels/ shares: the one check macro,
- * per-device state (compute stream, SM count, error flag), dtype accessors,
+ * per-device state (compute stream, SM count, deferred id checks), dtype accessors,
  * strided index maps, block reductions and scratch tensors.
  *
  * Conventions for the .cu files in kernels/
@@ -90,17 +90,43 @@ int cu_begin(int dev, cudaStream_t *stream);
 int cu_sm_count(int dev);
 /* max dynamic shared memory per block (opt-in), bytes */
 int cu_smem_optin(int dev);
-/* A per-device pair of 64-bit words kernels use to report bad input:
-   cu_flag_reset sets every byte to `byte` on the stream; cu_flag_read waits
-   for the stream and returns the words. */
-int cu_flag_reset(int dev, cudaStream_t st, int byte, unsigned long long **flag);
-int cu_flag_read(int dev, cudaStream_t st, long long out[2]);
-/* Checks every id of ids (int32 / int64) against [0, limit) (or == ignore
-   when has_ignore) before anything is written, with the CPU's message naming
-   the first bad position; waits for the stream.  packed (optional, n int32)
-   receives the ids in row-major order. */
+/* Deferred id checks (runtime.cu): a check kernel writes its slot — two
+   words, the first bad position (-1 when none) and the id there — and the
+   host reads every queued slot where it waits for the device anyway
+   (cu_report_checks: a copy to the host, gl_cuda_synchronize,
+   gl_cuda_check_flags), turning the first bad one into the op's message.
+   fn / arg / what must be string literals (they outlive the call). */
+enum { CU_CHECK_SLOTS = 64 };
+struct CuIdCheck {
+  const char *fn, *arg, *what;
+  int64_t limit, ignore;
+  int has_ignore;
+};
+int cu_check_slot(int dev, const CuIdCheck *meta, long long **slot);
+int cu_report_checks(int dev);
+/* Queues the check of every id of ids (int32 / int64) against [0, limit)
+   (or == ignore when has_ignore), reported later as above with the CPU's
+   message.  Kernels that take ids must stay in bounds for a bad id (skip
+   it, or write NaN).  packed (optional, n int32) receives
+   the ids in row-major order, -1 for a bad one. */
 int cu_check_ids(const char *fn, const char *arg, const gl_tensor *ids, int64_t limit, const char *what,
                  int has_ignore, int64_t ignore, cudaStream_t st, int32_t *packed);
+
+/* A device copy of a small host table (a multi-tensor kernel's segment
+   list), cached by content (runtime.cu): valid for work queued on st. */
+int cu_table(int dev, cudaStream_t st, const void *host, size_t nbytes, const void **out);
+/* Multi-tensor kernels: each segment (one tensor) is cut into chunks of
+   CU_MT_CHUNK elements, one block each; a block finds its segment by a
+   binary search over the segments' first blocks. */
+enum { CU_MT_CHUNK = 4096, CU_MT_THREADS = 256 };
+template <class Seg> __device__ __forceinline__ int cu_mt_segment(const Seg *segs, int nseg) {
+  int lo = 0, hi = nseg - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (segs[mid].block0 <= (int64_t)blockIdx.x) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
 
 /* ---- tensors ------------------------------------------------------------ */
 /* address of element 0 of t (storage data + offset) */
@@ -363,5 +389,6 @@ __device__ __forceinline__ double cu_abs(double x) { return fabs(x); }
 __device__ __forceinline__ float cu_pow(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ double cu_pow(double x, double y) { return pow(x, y); }
 template <class T> __device__ __forceinline__ T cu_inf() { return (T)INFINITY; }
+template <class T> __device__ __forceinline__ T cu_nan() { return (T)NAN; }
 
 #endif

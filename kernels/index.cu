@@ -2,8 +2,9 @@
  * backward), index_select, gather, scatter_add, index_add, and the id range
  * check they (and cross-entropy) run first.
  *
- * Twin of engine/cpu_nn.c.  Ids are checked before anything is written, with
- * the CPU's message (this waits for the stream once per call).  Gathers are
+ * Twin of engine/cpu_nn.c.  Ids are checked on the device with nothing
+ * waiting (cu_check_ids: the CPU's message, reported at the next host wait);
+ * a bad id is skipped or gives NaN, never an access out of bounds.  Gathers are
  * byte copies, one thread per output element.  The accumulating ops are
  * deterministic, with no float atomics:
  *  - scatter_add / index_add: one thread per output line (a position over
@@ -18,13 +19,24 @@
 #include <limits.h>
 
 /* ---- id range check --------------------------------------------------------- */
-__global__ void check_ids_kernel(IdxPtr ids, CuIdx<1> ix, int64_t n, int64_t limit, int has_ignore, int64_t ignore,
-                                 unsigned long long *bad, int32_t *packed) {
-  CU_GRID_LOOP(i, n) {
+/* One block: the first bad position is a block minimum (no atomics, so the
+   reported position and id are deterministic), and thread 0 writes the slot.
+   The ids of one step are B*T values; one block reads them in microseconds. */
+enum { CHECK_THREADS = 1024 };
+__global__ void __launch_bounds__(CHECK_THREADS)
+check_ids_kernel(IdxPtr ids, CuIdx<1> ix, int64_t n, int64_t limit, int has_ignore, int64_t ignore,
+                 long long *slot, int32_t *packed) {
+  int64_t first = n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     int64_t v = ids.get(ix.offset(i, 0));
     bool ok = (v >= 0 && v < limit) || (has_ignore && v == ignore);
-    if (!ok) atomicMin(bad, (unsigned long long)i);
+    if (!ok && first == n) first = i;
     if (packed) packed[i] = ok ? (int32_t)v : -1;
+  }
+  first = cu_block_reduce(first, CuMin(), n);
+  if (threadIdx.x == 0) {
+    slot[0] = first < n ? (long long)first : -1LL;
+    slot[1] = first < n ? (long long)ids.get(ix.offset(first, 0)) : 0LL;
   }
 }
 
@@ -34,42 +46,39 @@ int cu_check_ids(const char *fn, const char *arg, const gl_tensor *ids, int64_t 
   if (n == 0) return GL_OK;
   if (packed && limit > INT_MAX)
     return gl_error("%s: %lld %s exceed the int32 range of the CUDA kernel", fn, (long long)limit, what);
-  int dev = ids->device;
-  unsigned long long *flag;
-  GL_TRY(cu_flag_reset(dev, st, 0xff, &flag));  /* word 0 = first bad position, all ones = none */
+  CuIdCheck meta = {fn, arg, what, limit, ignore, has_ignore};
+  long long *slot = nullptr;
+  GL_TRY(cu_check_slot(ids->device, &meta, &slot));
   CuIdx<1> ix = cu_idx_of<1>({ids});
-  GL_LAUNCH(cu_blocks(dev, n, 256), 256, 0, st, check_ids_kernel)(IdxPtr::from(ids), ix, n, limit, has_ignore, ignore,
-                                                          flag, packed);
+  int threads = n >= CHECK_THREADS ? CHECK_THREADS : (int)((n + 31) / 32 * 32);
+  GL_LAUNCH(1, threads, 0, st, check_ids_kernel)(IdxPtr::from(ids), ix, n, limit, has_ignore, ignore, slot, packed);
   GL_CU_LAUNCHED();
-  long long words[2];
-  GL_TRY(cu_flag_read(dev, st, words));
-  if (words[0] == -1LL) return GL_OK;
-  int64_t pos = words[0], esz = gl_dtype_size(ids->dtype), v = 0;
-  int64_t off = ix.offset(pos, 0);
-  if (esz == 8) {
-    GL_CU_CHECK(cudaMemcpy(&v, cu_ptr(ids) + off * esz, 8, cudaMemcpyDeviceToHost));
-  } else {
-    int32_t v32 = 0;
-    GL_CU_CHECK(cudaMemcpy(&v32, cu_ptr(ids) + off * esz, 4, cudaMemcpyDeviceToHost));
-    v = v32;
-  }
-  if (has_ignore)
-    return gl_error("%s: %s[%lld] is %lld, expected 0 <= %s < %lld (%s) or ignore_index %lld", fn, arg,
-                    (long long)pos, (long long)v, arg, (long long)limit, what, (long long)ignore);
-  return gl_error("%s: %s[%lld] is %lld, expected 0 <= %s < %lld (%s)", fn, arg, (long long)pos, (long long)v,
-                  arg, (long long)limit, what);
+  return GL_OK;
 }
 
+/* the bits a bad id's output gets: the dtype's canonical quiet NaN (the
+   canonical one: LuaJIT reads some other NaN patterns as tagged values),
+   0 for integers */
+static uint64_t nan_bits(int dtype) {
+  switch (dtype) {
+    case GL_F32: return 0x7fc00000u;
+    case GL_F64: return 0x7ff8000000000000ull;
+    case GL_BF16: return 0x7fc0u;
+    case GL_F16: return 0x7e00u;
+  }
+  return 0;
+}
 
 /* ---- embedding ------------------------------------------------------------------ */
 /* ix walks ids' shape: ids' strides and out's leading strides */
 template <class U>
-__global__ void embedding_forward_kernel(U *out, const U *table, IdxPtr ids, CuIdx<2> ix, int64_t n, int64_t C,
-                                         int64_t ocs, int64_t ts0, int64_t tcs) {
+__global__ void embedding_forward_kernel(U *out, const U *table, IdxPtr ids, CuIdx<2> ix, int64_t n, int64_t V,
+                                         int64_t C, int64_t ocs, int64_t ts0, int64_t tcs, U bad) {
   CU_GRID_LOOP(i, n * C) {
     int64_t r = i / C, c = i - r * C, off[2];
     ix.offsets(r, off);
-    out[off[1] + c * ocs] = table[ids.get(off[0]) * ts0 + c * tcs];
+    int64_t id = ids.get(off[0]);  /* a bad id (reported by the check) gives NaN */
+    out[off[1] + c * ocs] = id >= 0 && id < V ? table[id * ts0 + c * tcs] : bad;
   }
 }
 
@@ -85,8 +94,8 @@ extern "C" int cuda_embedding_forward(gl_tensor *out, const gl_tensor *table, co
   return cu_with_bits(table->dtype, [&](auto u) -> int {
     using U = decltype(u);
     GL_LAUNCH(cu_blocks(out->device, n * C, 256), 256, 0, st, embedding_forward_kernel<U>)(
-        (U *)cu_ptr(out), (const U *)cu_ptr(table), IdxPtr::from(ids), ix, n, C, ocs, table->stride[0],
-        table->stride[1]);
+        (U *)cu_ptr(out), (const U *)cu_ptr(table), IdxPtr::from(ids), ix, n, table->shape[0], C, ocs, table->stride[0],
+        table->stride[1], (U)nan_bits(table->dtype));
     GL_CU_LAUNCHED();
     return GL_OK;
   });
@@ -178,6 +187,7 @@ extern "C" int cuda_embedding_backward(gl_tensor *dtable, const gl_tensor *dout,
 /* A walk over `shape` with three stride sets; `dim` is the indexed dim. */
 struct IndexGeo {
   int nd, dim;
+  int64_t limit;                 /* size of `other` in dim: ids are in [0, limit) */
   int64_t shape[GL_MAX_DIMS];
   int64_t s_walk[GL_MAX_DIMS];   /* the tensor whose shape is walked */
   int64_t s_idx[GL_MAX_DIMS];    /* idx (0 strides off dim for a 1-d idx) */
@@ -190,6 +200,7 @@ static IndexGeo index_geo(const gl_tensor *walk, const gl_tensor *idx, int idx_i
   memset(&g, 0, sizeof g);
   g.nd = walk->ndim;
   g.dim = dim;
+  g.limit = other->shape[dim];
   for (int d = 0; d < walk->ndim; d++) {
     g.shape[d] = walk->shape[d];
     g.s_walk[d] = walk->stride[d];
@@ -201,7 +212,7 @@ static IndexGeo index_geo(const gl_tensor *walk, const gl_tensor *idx, int idx_i
 
 /* out[p] = x[p with coordinate dim replaced by idx[p]] (walk = out) */
 template <class U>
-__global__ void gather_kernel(U *out, const U *x, IdxPtr idx, IndexGeo g, int64_t n) {
+__global__ void gather_kernel(U *out, const U *x, IdxPtr idx, IndexGeo g, int64_t n, U bad) {
   CU_GRID_LOOP(i, n) {
     int64_t r = i, oo = 0, io = 0, xo = 0;
     for (int d = g.nd - 1; d >= 0; d--) {
@@ -211,7 +222,8 @@ __global__ void gather_kernel(U *out, const U *x, IdxPtr idx, IndexGeo g, int64_
       io += c * g.s_idx[d];
       if (d != g.dim) xo += c * g.s_other[d];
     }
-    out[oo] = x[xo + idx.get(io) * g.s_other[g.dim]];
+    int64_t k = idx.get(io);  /* a bad id (reported by the check) gives NaN (0 for integers) */
+    out[oo] = k >= 0 && k < g.limit ? x[xo + k * g.s_other[g.dim]] : bad;
   }
 }
 
@@ -227,7 +239,7 @@ static int gather_common(const char *fn, gl_tensor *out, const gl_tensor *x, int
   return cu_with_bits(x->dtype, [&](auto u) -> int {
     using U = decltype(u);
     GL_LAUNCH(cu_blocks(out->device, n, 256), 256, 0, st, gather_kernel<U>)((U *)cu_ptr(out), (const U *)cu_ptr(x),
-                                                                     IdxPtr::from(idx), g, n);
+                                                                     IdxPtr::from(idx), g, n, (U)nan_bits(x->dtype));
     GL_CU_LAUNCHED();
     return GL_OK;
   });
@@ -255,7 +267,9 @@ __global__ void scatter_lines_kernel(P out, P src, IdxPtr idx, IndexGeo g, int64
     }
     int64_t L = g.shape[g.dim];
     for (int64_t j = 0; j < L; j++) {
-      int64_t e = oo + idx.get(io + j * g.s_idx[g.dim]) * g.s_other[g.dim];
+      int64_t k = idx.get(io + j * g.s_idx[g.dim]);
+      if (k < 0 || k >= g.limit) continue;  /* a bad id is reported by the check */
+      int64_t e = oo + k * g.s_other[g.dim];
       out.set(e, out.template get<T>(e) + src.template get<T>(so + j * g.s_walk[g.dim]));
     }
   }

@@ -7,7 +7,9 @@
  * One block per row streams the vocabulary in one pass (an online max / sum
  * per thread, merged across the block), so no softmax matrix is ever
  * materialised; the backward recomputes the probabilities from lse and may
- * overwrite the logits in place.  Targets are range-checked first. */
+ * overwrite the logits in place.  Targets are range-checked on the device
+ * (cu_check_ids, reported at the next host wait); a bad target's row gets a
+ * NaN loss and no one-hot term, never a read out of bounds. */
 #include "common.cuh"
 
 
@@ -19,10 +21,11 @@ __global__ void ce_forward_kernel(AnyPtr losses, int64_t lss, AnyPtr lse, int64_
                                   T cap) {
   CU_ROW_LOOP(r, N) {
     int64_t tg = targets.get(r * ts);
-    if (tg == ignore) {  /* uniform over the block */
-      if (threadIdx.x == 0) {
-        losses.set(r * lss, (T)0);
-        if (!lse.null()) lse.set(r * ess, (T)0);
+    if (tg == ignore || tg < 0 || tg >= V) {  /* uniform over the block */
+      if (threadIdx.x == 0) {  /* a bad target (reported by the check): NaN */
+        T v = tg == ignore ? (T)0 : cu_nan<T>();
+        losses.set(r * lss, v);
+        if (!lse.null()) lse.set(r * ess, v);
       }
       continue;
     }

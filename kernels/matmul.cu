@@ -14,7 +14,12 @@
  * their rows with one stride, the batch folds into M (one large GEMM);
  * otherwise the innermost batch dim becomes a strided batch and any outer
  * batch dims a loop.  One handle, one 32 MiB workspace and a plan cache
- * (descriptors + heuristic algo per shape) per device, created once. */
+ * (descriptors + heuristic algo per shape) per device, created once.
+ * gl_matmul_bias adds a linear layer's bias in the epilogue
+ * (CUBLASLT_EPILOGUE_BIAS: bias[m] per column of column-major D, i.e. per
+ * feature of a row-major out); a layout the epilogue cannot take, or a
+ * refusal, copies the bias into out and accumulates the product instead.
+ * Specs: spec/cuda_spec.lua ("matmul with a bias"), spec/sim_cublaslt_spec.lua. */
 #include "common.cuh"
 #include <mutex>
 #include <map>
@@ -70,6 +75,7 @@ struct LtProblem {
   int64_t a_rows, a_cols, lda, b_rows, b_cols, ldb, ldc;  /* stored matrices */
   int64_t batch, sa, sb, sc;        /* strided batch */
   int align_a, align_b, align_c;    /* bytes */
+  int bias, align_bias;             /* CUBLASLT_EPILOGUE_BIAS: bias[m] added to every column of D */
 };
 
 static cudaDataType_t lt_type(int dtype) {
@@ -101,7 +107,7 @@ static void lt_plan_destroy(LtPlan *p) {
   *p = LtPlan();
 }
 
-static int lt_plan_build(LtDevice *d, const LtProblem &q, LtPlan *p) {
+static int lt_plan_build(LtDevice *d, const LtProblem &q, const void *bias, LtPlan *p) {
   cudaDataType_t t = lt_type(q.dtype);
   cublasComputeType_t ct = q.dtype == GL_F64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
   cudaDataType_t scale_t = q.dtype == GL_F64 ? CUDA_R_64F : CUDA_R_32F;
@@ -109,6 +115,11 @@ static int lt_plan_build(LtDevice *d, const LtProblem &q, LtPlan *p) {
   cublasOperation_t ta = q.opa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = q.opb ? CUBLAS_OP_T : CUBLAS_OP_N;
   GL_CU_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   GL_CU_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (q.bias) {  /* the heuristic reads the bias pointer (its alignment) from the descriptor */
+    cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+    GL_CU_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+    GL_CU_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  }
   GL_TRY(lt_layout(&p->la, t, q.a_rows, q.a_cols, q.lda, q.batch, q.sa));
   GL_TRY(lt_layout(&p->lb, t, q.b_rows, q.b_cols, q.ldb, q.batch, q.sb));
   GL_TRY(lt_layout(&p->lc, t, q.m, q.n, q.ldc, q.batch, q.sc));
@@ -136,26 +147,44 @@ static int lt_plan_build(LtDevice *d, const LtProblem &q, LtPlan *p) {
   return GL_OK;
 }
 
+/* A problem cuBLASLt has no algorithm for runs on the fallback GEMM, far
+   slower: say so on stderr, once per problem, with what the heuristic saw. */
+static void lt_report_refusal(int dev, const LtProblem &q) {
+  fprintf(stderr,
+          "gptlua: cuda:%d: cuBLASLt has no algorithm for the %s GEMM m=%lld n=%lld k=%lld (op %c%c, ld %lld/%lld/%lld, "
+          "batch %lld, alignment %d/%d/%d bytes%s); %s\n",
+          dev, gl_dtype_name(q.dtype), (long long)q.m, (long long)q.n, (long long)q.k, q.opa ? 'T' : 'N',
+          q.opb ? 'T' : 'N', (long long)q.lda, (long long)q.ldb, (long long)q.ldc, (long long)q.batch, q.align_a,
+          q.align_b, q.align_c, q.bias ? ", bias epilogue" : "",
+          q.bias ? "the bias is added before the product instead" : "this shape runs on the slow fallback GEMM");
+}
+
 /* Runs one (strided-batched) GEMM: D = alpha op(A) op(B) + beta C, C == D. */
 static int lt_run(int dev, cudaStream_t st, const LtProblem &q, const void *A, const void *B, void *C,
-                  double alpha, double beta) {
+                  double alpha, double beta, const void *bias) {
   LtDevice *d = nullptr;
   GL_TRY(lt_device(dev, &d));
   LtKey key = {q.dtype, q.opa, q.opb, q.m, q.n, q.k, q.a_rows, q.lda, q.b_rows, q.ldb, q.ldc, q.batch, q.sa, q.sb,
-               q.sc, q.align_a, q.align_b, q.align_c, 0, 0};
+               q.sc, q.align_a, q.align_b, q.align_c, q.bias, q.align_bias};
   LtPlan plan;
   {
     std::lock_guard<std::mutex> g(d->mu);
     auto it = d->plans.find(key);
     if (it != d->plans.end()) plan = it->second;
     else {
-      int rc = lt_plan_build(d, q, &plan);
-      if (rc == LT_NO_ALGO) { lt_plan_destroy(&plan); plan.usable = 0; }
+      int rc = lt_plan_build(d, q, bias, &plan);
+      if (rc == LT_NO_ALGO) {  /* said once per problem (the plan cache remembers), never hidden */
+        lt_plan_destroy(&plan);
+        plan.usable = 0;
+        lt_report_refusal(dev, q);
+      }
       else if (rc != GL_OK) { lt_plan_destroy(&plan); return GL_ERR; }
       d->plans[key] = plan;
     }
   }
   if (!plan.usable) return LT_NO_ALGO;
+  if (q.bias)  /* this call's vector (the plan is shared by every bias of the shape and alignment) */
+    GL_CU_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   float af = (float)alpha, bf = (float)beta;
   const void *pa = q.dtype == GL_F64 ? (const void *)&alpha : (const void *)&af;
   const void *pb = q.dtype == GL_F64 ? (const void *)&beta : (const void *)&bf;
@@ -230,19 +259,33 @@ static int gemm_fallback(cudaStream_t st, gl_tensor *out, const gl_tensor *a, co
   });
 }
 
+static int matmul_impl(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta,
+                       const gl_tensor *bias);
+/* the bias without an epilogue: copied into out's rows, the product added */
+static int bias_then_product(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias) {
+  gl_tensor rows = gl_bias_rows(bias, out);
+  GL_TRY(cuda_copy(out, &rows));
+  return matmul_impl(out, a, b, 1, 1, nullptr);
+}
+
 static bool force_fallback() {
   static int v = -1;
   if (v < 0) { const char *e = getenv("GL_CUDA_MATMUL_FALLBACK"); v = e && *e && strcmp(e, "0") != 0; }
   return v == 1;
 }
 
-extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta) {
+/* bias (NULL or N contiguous elements of out's dtype) goes into cuBLASLt's
+   epilogue when out is one row-major product of its own dtype; any other
+   case copies it into out first and accumulates the product (beta 1) */
+static int matmul_impl(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta,
+                       const gl_tensor *bias) {
   int nd = out->ndim;
   if (nd < 2 || a->ndim != nd || b->ndim != nd)
     return gl_error("cuda_matmul: a, b and out expected the same ndim >= 2, got %d, %d, %d", a->ndim, b->ndim, nd);
   int64_t M = out->shape[nd - 2], N = out->shape[nd - 1], K = a->shape[nd - 1], nbatch = 1;
   for (int d = 0; d < nd - 2; d++) nbatch *= out->shape[d];
   if (M == 0 || N == 0 || nbatch == 0) return GL_OK;
+  if (bias && (K == 0 || force_fallback())) return bias_then_product(out, a, b, bias);
   if (K == 0) return beta == 0 ? cuda_fill(out, 0) : cuda_unary(GL_U_MUL_SCALAR, out, out, beta, 0);
   if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
     return gl_error("cuda_matmul: matrix sizes M=%lld N=%lld K=%lld exceed the int range",
@@ -276,6 +319,8 @@ extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *
     if (beta != 0) GL_TRY(cuda_copy(tc.t, out));
     o = tc.t;
   }
+
+  if (bias && (o != out || bias->dtype != wd || bias->stride[0] != 1)) return bias_then_product(out, a0, b0, bias);
 
   /* fold the batch into M when b is shared by every batch */
   int64_t rows = M, sra = a->stride[nd - 2], sro = o->stride[nd - 2];
@@ -347,16 +392,32 @@ extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *
     q.opb = trb == 0; q.b_rows = trb ? K : N; q.b_cols = trb ? N : K; q.ldb = ldb; q.sb = sb;
   }
   q.sc = sc;
+  if (bias) {  /* the epilogue adds bias[m] per column of column-major D: out must be row-major, one product */
+    if (trc != 0 || inner != 1 || nouter != 1) return bias_then_product(out, a0, b0, bias);
+    q.bias = 1;
+    q.align_bias = lowest_align((uint64_t)(uintptr_t)cu_ptr(bias));
+  }
 
   for (int64_t bi = 0; bi < nouter; bi++) {
     int64_t off[3] = {0, 0, 0};
     if (!folded && nd > 2 && bix.ndim > 0) bix.offsets(bi, off);
     const char *pa = A0 + off[0] * esz, *pb = B0 + off[1] * esz;
     const char *p1 = trc == 0 ? pb : pa, *p2 = trc == 0 ? pa : pb;  /* cuBLASLt's A, B */
-    int rc = lt_run(dev, st, q, p1, p2, C0 + off[2] * esz, alpha, beta);
-    if (rc == LT_NO_ALGO) return gemm_fallback(st, out, a0, b0, alpha, beta);  /* bi == 0: nothing written */
+    int rc = lt_run(dev, st, q, p1, p2, C0 + off[2] * esz, alpha, beta, bias ? cu_ptr(bias) : nullptr);
+    if (rc == LT_NO_ALGO) {  /* bi == 0: nothing written */
+      if (bias) return bias_then_product(out, a0, b0, bias);
+      return gemm_fallback(st, out, a0, b0, alpha, beta);
+    }
     GL_TRY(rc);
   }
   if (o != out) GL_TRY(cuda_copy(out, o));
   return GL_OK;
+}
+
+extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta) {
+  return matmul_impl(out, a, b, alpha, beta, nullptr);
+}
+
+extern "C" int cuda_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias) {
+  return matmul_impl(out, a, b, 1, 0, bias);
 }

@@ -6,8 +6,16 @@
  * (float, double for float64) with the bias corrections taken in double on
  * the host; momentum in the buffer's.  Grads (and buffers) of another float
  * dtype, e.g. bfloat16 grads of fp32 master weights, are read through the
- * run-time accessor. */
+ * run-time accessor.
+ *
+ * cuda_adamw_update_multi updates every parameter of a step in one launch:
+ * a segment table (pointers, sizes, dtypes; cached on the device by content,
+ * cu_table) and, as kernel arguments, the few distinct (lr*wd, lr/bc1) pairs
+ * of the parameter groups.  It also writes the rounded bfloat16 weights of
+ * an fp32 master copy, which was a copy launch per parameter.  Specs:
+ * spec/cuda_multi_spec.lua. */
 #include "common.cuh"
+#include <vector>
 
 /* p -= lr*wd*p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
    p -= lr/bc1 * m / (sqrt(v / bc2) + eps) */
@@ -71,4 +79,96 @@ extern "C" int cuda_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_ten
     GL_CU_LAUNCHED();
     return GL_OK;
   });
+}
+
+/* ---- multi-tensor AdamW ---------------------------------------------------- */
+enum { ADAMW_CLASSES = 16 };
+struct AdamwSeg {
+  float *p, *m, *v;
+  const void *g;  /* float32 or bfloat16 */
+  void *out;      /* NULL, float32 or bfloat16: the parameter the master copy is rounded into */
+  int64_t n, block0;
+  int cls, g_bf16, out_kind; /* out_kind 0 none, 1 float32, 2 bfloat16 */
+  int pad;
+};
+struct AdamwClasses { float decay[ADAMW_CLASSES], step[ADAMW_CLASSES]; };
+
+__global__ void __launch_bounds__(CU_MT_THREADS)
+adamw_multi_kernel(const AdamwSeg *segs, int nseg, AdamwClasses cls, float inv_bc2, float eps, float b1, float b2,
+                   float cb1, float cb2) {
+  const AdamwSeg &s = segs[cu_mt_segment(segs, nseg)];
+  int64_t lo = ((int64_t)blockIdx.x - s.block0) * CU_MT_CHUNK;
+  int64_t hi = lo + CU_MT_CHUNK < s.n ? lo + CU_MT_CHUNK : s.n;
+  float decay = cls.decay[s.cls], step = cls.step[s.cls];
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    float g = s.g_bf16 ? __bfloat162float(((const bf16 *)s.g)[i]) : ((const float *)s.g)[i];
+    float p = s.p[i];
+    float mm = b1 * s.m[i] + cb1 * g;
+    float vv = b2 * s.v[i] + cb2 * g * g;
+    p -= decay * p;
+    p -= step * mm / (cu_sqrt(vv * inv_bc2) + eps);
+    s.p[i] = p;
+    s.m[i] = mm;
+    s.v[i] = vv;
+    if (s.out_kind == 1) ((float *)s.out)[i] = p;
+    else if (s.out_kind == 2) ((bf16 *)s.out)[i] = __float2bfloat16(p);
+  }
+}
+
+/* one launch when every parameter, m and v is float32 (grads float32 or
+   bfloat16, outs bfloat16 / float32) and the groups give at most
+   ADAMW_CLASSES distinct rates; otherwise the single update per parameter */
+extern "C" int cuda_adamw_update_multi(int n, gl_tensor **params, const gl_tensor **grads,
+                                       gl_tensor **ms, gl_tensor **vs, gl_tensor **outs,
+                                       const double *lrs, const double *wds, double beta1, double beta2,
+                                       double eps, int64_t step) {
+  int dev = params[0]->device;
+  cudaStream_t st;
+  GL_TRY(cu_begin(dev, &st));
+  double bc1 = 1 - pow(beta1, (double)step), bc2 = 1 - pow(beta2, (double)step);
+  std::vector<AdamwSeg> segs;
+  segs.reserve((size_t)n);
+  AdamwClasses cls;
+  memset(&cls, 0, sizeof cls);
+  int ncls = 0, fast = 1;
+  int64_t blocks = 0;
+  for (int i = 0; i < n && fast; i++) {
+    const gl_tensor *g = grads[i];
+    const gl_tensor *o = outs ? outs[i] : nullptr;
+    fast = params[i]->dtype == GL_F32 && ms[i]->dtype == GL_F32 && vs[i]->dtype == GL_F32 &&
+           (g->dtype == GL_F32 || g->dtype == GL_BF16) && (!o || o->dtype == GL_F32 || o->dtype == GL_BF16);
+    float decay = (float)(lrs[i] * wds[i]), stepsz = (float)(lrs[i] / bc1);
+    int c = 0;
+    while (c < ncls && !(cls.decay[c] == decay && cls.step[c] == stepsz)) c++;
+    if (c == ncls) {
+      if (ncls == ADAMW_CLASSES) { fast = 0; break; }
+      cls.decay[c] = decay; cls.step[c] = stepsz; ncls++;
+    }
+    int64_t len = params[i]->numel;
+    if (len == 0) continue;
+    AdamwSeg sg;
+    memset(&sg, 0, sizeof sg);
+    sg.p = (float *)cu_ptr(params[i]); sg.m = (float *)cu_ptr(ms[i]); sg.v = (float *)cu_ptr(vs[i]);
+    sg.g = cu_ptr(g); sg.g_bf16 = g->dtype == GL_BF16;
+    sg.out = o ? cu_ptr(o) : nullptr; sg.out_kind = !o ? 0 : o->dtype == GL_F32 ? 1 : 2;
+    sg.n = len; sg.block0 = blocks; sg.cls = c;
+    blocks += (len + CU_MT_CHUNK - 1) / CU_MT_CHUNK;
+    segs.push_back(sg);
+  }
+  if (!fast || blocks > 0x7fffffffLL) {
+    for (int i = 0; i < n; i++) {
+      GL_TRY(cuda_adamw_update(params[i], grads[i], ms[i], vs[i], 0, params[i]->numel, lrs[i], beta1, beta2, eps,
+                               wds[i], step));
+      if (outs && outs[i]) GL_TRY(cuda_copy(outs[i], params[i]));
+    }
+    return GL_OK;
+  }
+  if (segs.empty()) return GL_OK;
+  const void *table = nullptr;
+  GL_TRY(cu_table(dev, st, segs.data(), segs.size() * sizeof(AdamwSeg), &table));
+  GL_LAUNCH((unsigned)blocks, CU_MT_THREADS, 0, st, adamw_multi_kernel)(
+      (const AdamwSeg *)table, (int)segs.size(), cls, (float)(1 / bc2), (float)eps, (float)beta1, (float)beta2,
+      (float)(1 - beta1), (float)(1 - beta2));
+  GL_CU_LAUNCHED();
+  return GL_OK;
 }

@@ -16,6 +16,7 @@
  * number of splits whose partials a second kernel combines in order, so the
  * result never depends on scheduling. */
 #include "common.cuh"
+#include <vector>
 
 enum { RED_THREADS = 256 };
 
@@ -279,5 +280,71 @@ extern "C" int cuda_sumsq(const gl_tensor *x, double *out) {
   GL_CU_LAUNCHED();
   GL_CU_CHECK(cudaMemcpyAsync(out, pp, sizeof(double), cudaMemcpyDeviceToHost, st));
   GL_CU_CHECK(cudaStreamSynchronize(st));
+  return GL_OK;
+}
+
+/* ---- sum of squares over many tensors (the global gradient norm) -------------
+   One launch over a segment table (cu_table): each block squares and sums
+   its chunk of one contiguous tensor into partial[block] in double, the
+   final kernel adds the partials in block order (deterministic), and the
+   host waits once.  Tensors of another layout or dtype take cuda_sumsq. */
+struct SumsqSeg {
+  const void *x;
+  int64_t n, block0;
+  int dtype, pad;  /* GL_F32, GL_BF16 or GL_F64 */
+};
+
+__global__ void __launch_bounds__(CU_MT_THREADS)
+sumsq_multi_kernel(double *partial, const SumsqSeg *segs, int nseg) {
+  const SumsqSeg &s = segs[cu_mt_segment(segs, nseg)];
+  int64_t lo = ((int64_t)blockIdx.x - s.block0) * CU_MT_CHUNK;
+  int64_t hi = lo + CU_MT_CHUNK < s.n ? lo + CU_MT_CHUNK : s.n;
+  double acc = 0;
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    double v = s.dtype == GL_F32   ? (double)((const float *)s.x)[i]
+               : s.dtype == GL_BF16 ? (double)__bfloat162float(((const bf16 *)s.x)[i])
+                                    : ((const double *)s.x)[i];
+    acc += v * v;
+  }
+  acc = cu_block_reduce(acc, CuSum(), 0.0);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+extern "C" int cuda_sumsq_multi(int n, const gl_tensor **xs, double *out) {
+  *out = 0;
+  int dev = xs[0]->device;
+  cudaStream_t st;
+  GL_TRY(cu_begin(dev, &st));
+  std::vector<SumsqSeg> segs;
+  double rest = 0;  /* tensors the table cannot take */
+  int64_t blocks = 0;
+  for (int i = 0; i < n; i++) {
+    const gl_tensor *x = xs[i];
+    if (x->numel == 0) continue;
+    if (!gl_is_contiguous(x) || (x->dtype != GL_F32 && x->dtype != GL_BF16 && x->dtype != GL_F64)) {
+      double one = 0;
+      GL_TRY(cuda_sumsq(x, &one));
+      rest += one;
+      continue;
+    }
+    SumsqSeg sg = {cu_ptr(x), x->numel, blocks, x->dtype, 0};
+    blocks += (x->numel + CU_MT_CHUNK - 1) / CU_MT_CHUNK;
+    segs.push_back(sg);
+  }
+  if (segs.empty()) { *out = rest; return GL_OK; }
+  if (blocks > 0x7fffffffLL) return gl_error("cuda_sumsq_multi: %lld blocks exceed the grid limit", (long long)blocks);
+  const void *table = nullptr;
+  GL_TRY(cu_table(dev, st, segs.data(), segs.size() * sizeof(SumsqSeg), &table));
+  CuTemp partial;
+  GL_TRY(partial.make(GL_F64, dev, blocks));
+  double *pp = partial.ptr<double>();
+  GL_LAUNCH((unsigned)blocks, CU_MT_THREADS, 0, st, sumsq_multi_kernel)(pp, (const SumsqSeg *)table, (int)segs.size());
+  GL_CU_LAUNCHED();
+  GL_LAUNCH(1, 1024, 0, st, sumsq_final_kernel)(pp, (int)blocks);
+  GL_CU_LAUNCHED();
+  double h = 0;
+  GL_CU_CHECK(cudaMemcpyAsync(&h, pp, sizeof(double), cudaMemcpyDeviceToHost, st));
+  GL_CU_CHECK(cudaStreamSynchronize(st));
+  *out = h + rest;
   return GL_OK;
 }

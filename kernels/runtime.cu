@@ -18,7 +18,12 @@ struct CuDevice {
   cudaStream_t stream[3] = {nullptr, nullptr, nullptr}; /* compute, communication, copy */
   int sm_count = 0;
   int smem_optin = 0;
-  unsigned long long *flag = nullptr;          /* 2 words, see cu_flag_reset */
+  /* deferred id checks (cu_check_slot): device words, 2 per slot, and what
+     each slot checked; guarded by checks_mu (the loader thread copies too) */
+  long long *checks = nullptr;
+  CuIdCheck check_meta[CU_CHECK_SLOTS];
+  int checks_used = 0;
+  std::mutex checks_mu;
 };
 static CuDevice devices[CU_MAX_DEVICES];
 
@@ -52,8 +57,8 @@ static int init_device(int dev, CuDevice *d) {
   GL_CU_CHECK(cudaStreamCreateWithFlags(&d->stream[0], cudaStreamDefault));
   GL_CU_CHECK(cudaStreamCreateWithFlags(&d->stream[1], cudaStreamDefault));
   GL_CU_CHECK(cudaStreamCreateWithFlags(&d->stream[2], cudaStreamDefault));
-  GL_CU_CHECK(cudaMalloc((void **)&d->flag, 2 * sizeof(unsigned long long)));
-  GL_CU_CHECK(cudaMemset(d->flag, 0, 2 * sizeof(unsigned long long)));
+  GL_CU_CHECK(cudaMalloc((void **)&d->checks, 2 * CU_CHECK_SLOTS * sizeof(long long)));
+  GL_CU_CHECK(cudaMemset(d->checks, 0xff, 2 * CU_CHECK_SLOTS * sizeof(long long)));
   return GL_OK;
 }
 
@@ -82,22 +87,111 @@ int cu_begin(int dev, cudaStream_t *stream) { return begin_named(dev, "cuda", st
 int cu_sm_count(int dev) { return (dev >= 0 && dev < CU_MAX_DEVICES) ? devices[dev].sm_count : 0; }
 int cu_smem_optin(int dev) { return (dev >= 0 && dev < CU_MAX_DEVICES) ? devices[dev].smem_optin : 0; }
 
-int cu_flag_reset(int dev, cudaStream_t st, int byte, unsigned long long **flag) {
-  CuDevice *d = nullptr;
-  GL_TRY(device_state(dev, "cuda", &d));
-  GL_CU_CHECK(cudaMemsetAsync(d->flag, byte, 2 * sizeof(unsigned long long), st));
-  *flag = d->flag;
+/* ---- deferred id checks ------------------------------------------------------
+   An op that takes ids queues a check kernel that writes its slot (first bad
+   position or -1, and the id there); nothing waits for it.  The slots are read
+   where the host waits for the device anyway (a copy to the host, a
+   synchronize, gl_cuda_check_flags after the trainer's loss read), and the
+   first bad slot in queue order becomes the op's own error message.  A full
+   table is read at once (a host wait, only after CU_CHECK_SLOTS checks
+   without one). */
+static int report_checks_locked(int dev, CuDevice *d) {
+  int used = d->checks_used;
+  if (used == 0) return GL_OK;
+  long long h[2 * CU_CHECK_SLOTS];
+  cudaStream_t st = d->stream[0];
+  GL_CU_CHECK(cudaSetDevice(dev));
+  GL_CU_CHECK(cudaMemcpyAsync(h, d->checks, 2 * (size_t)used * sizeof(long long), cudaMemcpyDeviceToHost, st));
+  GL_CU_CHECK(cudaStreamSynchronize(st));
+  d->checks_used = 0;
+  for (int k = 0; k < used; k++) {
+    if (h[2 * k] < 0) continue;
+    const CuIdCheck *m = &d->check_meta[k];
+    long long pos = h[2 * k], v = h[2 * k + 1];
+    if (m->has_ignore)
+      return gl_error("%s: %s[%lld] is %lld, expected 0 <= %s < %lld (%s) or ignore_index %lld", m->fn, m->arg, pos,
+                      v, m->arg, (long long)m->limit, m->what, (long long)m->ignore);
+    return gl_error("%s: %s[%lld] is %lld, expected 0 <= %s < %lld (%s)", m->fn, m->arg, pos, v, m->arg,
+                    (long long)m->limit, m->what);
+  }
   return GL_OK;
 }
 
-int cu_flag_read(int dev, cudaStream_t st, long long out[2]) {
+int cu_check_slot(int dev, const CuIdCheck *meta, long long **slot) {
   CuDevice *d = nullptr;
   GL_TRY(device_state(dev, "cuda", &d));
-  unsigned long long h[2];
-  GL_CU_CHECK(cudaMemcpyAsync(h, d->flag, sizeof h, cudaMemcpyDeviceToHost, st));
-  GL_CU_CHECK(cudaStreamSynchronize(st));
-  out[0] = (long long)h[0];
-  out[1] = (long long)h[1];
+  std::lock_guard<std::mutex> g(d->checks_mu);
+  if (d->checks_used == CU_CHECK_SLOTS) GL_TRY(report_checks_locked(dev, d));
+  int k = d->checks_used++;
+  d->check_meta[k] = *meta;
+  *slot = d->checks + 2 * k;
+  return GL_OK;
+}
+
+int cu_report_checks(int dev) {
+  if (dev < 0 || dev >= CU_MAX_DEVICES) return GL_OK;
+  CuDevice *d = &devices[dev];
+  if (d->init_rc != GL_OK) return GL_OK;  /* never used: nothing queued */
+  std::lock_guard<std::mutex> g(d->checks_mu);
+  return report_checks_locked(dev, d);
+}
+
+extern "C" int gl_cuda_check_flags(int device) {
+  if (device < 0) {
+    int n = cuda_device_count();
+    for (int i = 0; i < n; i++) GL_TRY(gl_cuda_check_flags(i));
+    return GL_OK;
+  }
+  GL_TRY(check_device(device, "gl_cuda_check_flags"));
+  return cu_report_checks(device);
+}
+
+/* ---- small tables for the multi-tensor kernels --------------------------------
+   A multi-tensor kernel reads its list of (pointer, size) segments from
+   device memory.  The list of a training step repeats the last step's (the
+   same parameters and gradients), so tables are cached by content: a repeat
+   uploads nothing, a new one is one stream-ordered copy.  A few tables per
+   device (AdamW, the grad norm, several optimizers) stay resident. */
+enum { CU_TABLES = 8 };
+struct CuTable {
+  std::vector<char> bytes;  /* what the device copy holds */
+  void *dptr = nullptr;
+  size_t cap = 0;
+  uint64_t used = 0;
+};
+struct CuTables {
+  std::mutex mu;
+  CuTable t[CU_TABLES];
+  uint64_t clock = 0;
+};
+static CuTables tables[CU_MAX_DEVICES];
+
+int cu_table(int dev, cudaStream_t st, const void *host, size_t nbytes, const void **out) {
+  if (dev < 0 || dev >= CU_MAX_DEVICES) return gl_error("cuda: device %d out of range", dev);
+  CuTables *ts = &tables[dev];
+  std::lock_guard<std::mutex> g(ts->mu);
+  CuTable *victim = &ts->t[0];
+  for (CuTable &t : ts->t) {
+    if (t.bytes.size() == nbytes && t.dptr && memcmp(t.bytes.data(), host, nbytes) == 0) {
+      t.used = ++ts->clock;
+      *out = t.dptr;
+      return GL_OK;
+    }
+    if (t.used < victim->used) victim = &t;
+  }
+  if (victim->cap < nbytes) {  /* grows rarely: cudaFree waits for the device */
+    if (victim->dptr) GL_CU_CHECK(cudaFree(victim->dptr));
+    victim->dptr = nullptr;
+    victim->cap = 0;
+    victim->bytes.clear();
+    GL_CU_CHECK(cudaMalloc(&victim->dptr, nbytes));
+    victim->cap = nbytes;
+  }
+  victim->bytes.assign((const char *)host, (const char *)host + nbytes);
+  /* from the kept host copy: it outlives the copy however the driver stages it */
+  GL_CU_CHECK(cudaMemcpyAsync(victim->dptr, victim->bytes.data(), nbytes, cudaMemcpyHostToDevice, st));
+  victim->used = ++ts->clock;
+  *out = victim->dptr;
   return GL_OK;
 }
 
@@ -149,6 +243,7 @@ extern "C" int cuda_memcpy(void *dst, int dst_device, const void *src, int src_d
   GL_TRY(cu_begin(dev, &st));
   GL_CU_CHECK(cudaMemcpyAsync(dst, src, (size_t)nbytes, cudaMemcpyDefault, st));
   if (dst_device < 0 || src_device < 0) GL_CU_CHECK(cudaStreamSynchronize(st));
+  if (dst_device < 0) GL_TRY(cu_report_checks(src_device));  /* the host has waited: read the checks too */
   return GL_OK;
 }
 
@@ -202,7 +297,7 @@ extern "C" int gl_cuda_synchronize(int device) {
   GL_TRY(begin_named(device, "gl_cuda_synchronize", &st));
   GL_CU_CHECK(cudaDeviceSynchronize());
   reap_copies();  /* every copy of the device has run: let its tensors go */
-  return GL_OK;
+  return cu_report_checks(device);
 }
 
 static int stream_of(int device, int kind, const char *fn, cudaStream_t *out) {

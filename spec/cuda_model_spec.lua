@@ -103,4 +103,20 @@ describe('whole model on the GPU vs the CPU #cuda', function()
       end)
     end
   end
+
+  -- the id checks run on the device; the step's first host wait reports them
+  -- (today cross_entropy's count of non-ignored targets, else the loss read)
+  gpu_it('a bad target fails at the first host wait, naming the op and the id; the next step runs clean', function()
+    local m = build('gpt2', 3)
+    m:to('cuda:0')
+    local x = gl.zeros({ 1, 8 }, { dtype = 'int64' }):to('cuda:0')
+    local y = gl.tensor({ { 1, 2, 3, 4, 5, 97, 6, 7 } }, { dtype = 'int64' }):to('cuda:0')
+    local ok, err = pcall(function() local _, loss = m:forward(x, y); return loss:item() end)
+    assert.is_false(ok)
+    assert.matches('gl_cross_entropy_forward: targets%[5%] is 97, expected 0 <= targets < 97', err)
+    local _, good = m:forward(x, x)
+    good:backward()
+    require('gptlua.cuda').check_flags()
+    assert.is_true(good:item() > 0)
+  end)
 end)

@@ -376,6 +376,34 @@ describe('CUDA matmul (cuBLASLt) vs CPU #cuda', function()
       end, dt, 'batched matmul ' .. dt)
     end
   end)
+
+  -- the bias in cuBLASLt's epilogue (row-major out, one product, the folded
+  -- batch included) and every case it cannot take (transposed out, a strided
+  -- or differently typed bias): all equal the CPU's copy-then-accumulate
+  gpu_it('matmul with a bias (gl_matmul_bias), in the epilogue and without it', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+      for _, N in ipairs({ 9, 16, 33 }) do
+        local ins = { a = pair({ 3, 17, 24 }, { dtype = dt }), w = pair({ N, 24 }, { dtype = dt }),
+                      bias = pair({ N }, { dtype = dt }), bias2 = pair({ N, 2 }, { dtype = dt }),
+                      b32 = pair({ N }) }
+        compare(ins, function(S)
+          local wt = S.w:t()
+          local function mb(out, a, b, bias) K(lib.gl_matmul_bias(out.c, a.c, b.c, bias.c)); return out end
+          local flat = mb(S.out({ 17, N }, dt), S.a:select(1, 2), wt, S.bias)
+          local folded = mb(S.out({ 3, 17, N }, dt), S.a, wt:expand({ 3, 24, N }), S.bias)
+          local tout = mb(S.out({ 17, N }, dt, 'transposed'), S.a:select(1, 1), wt, S.bias)
+          local strided = mb(S.out({ 17, N }, dt), S.a:select(1, 3), wt, S.bias2:select(2, 2))
+          local mixed = mb(S.out({ 17, N }, dt), S.a:select(1, 3), wt, S.b32)
+          return flat, folded, tout, strided, mixed
+        end, dt, ('matmul_bias %s N=%d'):format(dt, N))
+      end
+    end
+    local ok, err = pcall(function()
+      K(lib.gl_matmul_bias(gl.empty({ 2, 3 }).c, gl.empty({ 2, 4 }).c, gl.empty({ 4, 3 }).c, gl.empty({ 4 }).c))
+    end)
+    assert.is_false(ok)
+    assert.matches('gl_matmul_bias: bias has shape {4}, expected {3}', err)
+  end)
 end)
 
 -- ------------------------------------------------------------ rows
@@ -446,22 +474,51 @@ describe('CUDA embedding and index ops vs CPU #cuda', function()
     end, 'float32', 'embedding backward, many repeats')
   end)
 
-  gpu_it('rejects out-of-range ids with the CPU message before writing', function()
+  -- id checks queue on the device (no host wait inside a step) and are read
+  -- where the host waits: cuda.check_flags, a copy to the host, synchronize
+  gpu_it('reports out-of-range ids at the next host wait, with the CPU message, staying in bounds', function()
+    local function strip(e) return (e:gsub('^.-: gl_', 'gl_')) end
     local tab = gl.randn({ 10, 4 })
     local bad = gl.tensor({ 1, 2, 10, 3 }, { dtype = 'int64' })
     local okc, errc = pcall(function() K(lib.gl_embedding_forward(gl.empty({ 4, 4 }).c, tab.c, bad.c)) end)
-    local out = output({ 4, 4 }, 'float32', true)
-    local okg, errg = pcall(function() K(lib.gl_embedding_forward(out.c, tab:to(DEV).c, bad:to(DEV).c)) end)
     assert.is_false(okc)
+    local out = output({ 4, 4 }, 'float32', true)
+    K(lib.gl_embedding_forward(out.c, tab:to(DEV).c, bad:to(DEV).c))  -- queued, not waited for
+    local okg, errg = pcall(cuda.check_flags)
     assert.is_false(okg)
-    assert.equal((errc:gsub('^.-: gl_', 'gl_')), (errg:gsub('^.-: gl_', 'gl_')))
-    for _, v in ipairs(out:tolist()) do assert.is_true(v ~= v) end  -- still poisoned
+    assert.equal(strip(errc), strip(errg))
+    cuda.check_flags()  -- read once: the queue is empty again
+    local got = out:to('cpu')
+    for c = 1, 4 do
+      assert.equal(tab:get(2, c), got:get(1, c))
+      assert.is_true(got:get(3, c) ~= got:get(3, c))  -- the bad row is NaN, nothing read out of bounds
+    end
+    -- a copy to the host reads the checks; the first bad check in queue order is reported
     local logits, tg = gl.randn({ 3, 5 }), gl.tensor({ 1, 7, 2 }, { dtype = 'int64' })
-    okg, errg = pcall(function()
-      K(lib.gl_cross_entropy_forward(output({ 3 }, 'float32', true).c, nil, logits:to(DEV).c, tg:to(DEV).c, -100, 0))
-    end)
+    local losses = output({ 3 }, 'float32', true)
+    K(lib.gl_cross_entropy_forward(losses.c, nil, logits:to(DEV).c, tg:to(DEV).c, -100, 0))
+    K(lib.gl_embedding_forward(out.c, tab:to(DEV).c, bad:to(DEV).c))
+    okg, errg = pcall(function() return losses:to('cpu') end)
     assert.is_false(okg)
-    assert.matches('targets%[1%] is 7', errg)
+    assert.matches('gl_cross_entropy_forward: targets%[1%] is 7, expected 0 <= targets < 5', errg)
+    assert.is_true(losses:get(2) ~= losses:get(2))
+    -- backward, gather and scatter skip a bad id; each names its op
+    local g = gl.randn({ 4, 4 }):to(DEV)
+    K(lib.gl_embedding_backward(gl.zeros({ 10, 4 }, { device = DEV }).c, g.c, bad:to(DEV).c))
+    okg, errg = pcall(cuda.synchronize)
+    assert.matches('gl_embedding_backward: ids%[2%] is 10, expected 0 <= ids < 10 %(rows of dtable%)', errg)
+    local idx = gl.tensor({ { 0, 4 }, { 1, 2 } }, { dtype = 'int64' }):to(DEV)
+    local sc = gl.zeros({ 2, 4 }, { device = DEV })
+    K(lib.gl_scatter_add(sc.c, 1, idx.c, gl.ones({ 2, 2 }, { device = DEV }).c))
+    okg, errg = pcall(cuda.check_flags, 0)
+    assert.matches('gl_scatter_add: idx%[1%] is 4, expected 0 <= idx < 4 %(size of out in dim%)', errg)
+    assert.same({ { 1, 0, 0, 0 }, { 0, 1, 1, 0 } }, sc:totable())
+    -- more checks than the queue holds without a wait: the full queue is read and reused
+    local good = gl.tensor({ 1, 2, 3, 0 }, { dtype = 'int64' }):to(DEV)
+    for _ = 1, 150 do K(lib.gl_embedding_forward(out.c, tab:to(DEV).c, good.c)) end
+    K(lib.gl_embedding_forward(out.c, tab:to(DEV).c, bad:to(DEV).c))
+    assert.has_error(cuda.check_flags)
+    cuda.check_flags()
   end)
 
   gpu_it('index_select, gather, scatter_add and index_add over every dim', function()
@@ -532,5 +589,50 @@ describe('CUDA cross-entropy and optimizers vs CPU #cuda', function()
       K(lib.gl_adamw_update(p.c, S.g.c, m.c, v.c, 0, 257, 1e-2, 0.9, 0.999, 1e-8, 0, 1))
       return p, m, v
     end, 'float64', 'AdamW float64')
+  end)
+
+  -- one launch for the whole model: segments of every size around the
+  -- 4096-element chunk, two rate classes, grads fp32 / bf16, master copies
+  -- rounded into bf16 and fp32 outputs, a float64 list (the per-tensor path)
+  gpu_it('AdamW over many tensors in one call, and the sum of squares of many, as the single ops', function()
+    local sizes = { 4096, 1, 4097, 0, 8191, 33 }
+    local k = #sizes
+    for _, pdt in ipairs({ 'float32', 'float64' }) do
+      for _, gdt in ipairs(pdt == 'float64' and { 'float64' } or { 'float32', 'bfloat16' }) do
+        local ins = {}
+        for i, n in ipairs(sizes) do
+          ins['p' .. i], ins['g' .. i] = pair({ n }, { dtype = pdt }), pair({ n }, { dtype = gdt })
+          ins['m' .. i], ins['v' .. i] = pair({ n }, { dtype = pdt }), pair({ n }, { dtype = pdt, dist = { 0, 1 } })
+        end
+        compare(ins, function(S)
+          local P, G, M, V = ffi.new('gl_tensor *[?]', k), ffi.new('const gl_tensor *[?]', k),
+                             ffi.new('gl_tensor *[?]', k), ffi.new('gl_tensor *[?]', k)
+          local O, lrs, wds = ffi.new('gl_tensor *[?]', k), ffi.new('double[?]', k), ffi.new('double[?]', k)
+          local res, outs = {}, {}
+          for i = 1, k do
+            local p, m, v = S['p' .. i]:clone(), S['m' .. i]:clone(), S['v' .. i]:clone()
+            P[i - 1], G[i - 1], M[i - 1], V[i - 1] = p.c, S['g' .. i].c, m.c, v.c
+            lrs[i - 1], wds[i - 1] = i % 2 == 0 and 1e-3 or 3e-3, i % 3 == 0 and 0 or 0.1
+            if i % 2 == 1 then outs[i] = S.out({ sizes[i] }, i == 1 and 'float32' or 'bfloat16'); O[i - 1] = outs[i].c end
+            res[#res + 1], res[#res + 2], res[#res + 3] = p, m, v
+          end
+          for step = 1, 2 do K(lib.gl_adamw_update_multi(k, P, G, M, V, O, lrs, wds, 0.9, 0.95, 1e-8, step)) end
+          local rounded = 0  -- each output holds its parameter, rounded
+          for i, o in pairs(outs) do
+            rounded = math.max(rounded, o:to('float64'):max_abs_diff(res[3 * i - 2]:to(o.dtype):to('float64')))
+          end
+          local sq = ffi.new('double[1]')
+          K(lib.gl_sumsq_multi(k, G, sq))
+          return rounded, sq[0], unpack(res)
+        end, pdt, ('AdamW multi, %s params, %s grads'):format(pdt, gdt))
+      end
+    end
+    -- views the segment table cannot take go through the single sum
+    local ins = { a = pair({ 70, 90 }, { layout = 'transposed' }), b = pair({ 5000 }, { dtype = 'bfloat16' }) }
+    compare(ins, function(S)
+      local sq = ffi.new('double[1]')
+      K(lib.gl_sumsq_multi(2, ffi.new('const gl_tensor *[2]', { S.a.c, S.b.c }), sq))
+      return sq[0]
+    end, 'float32', 'sum of squares, a transposed view and bfloat16')
   end)
 end)

@@ -38,6 +38,7 @@ local NULL_OK = {
     mean = 'optional output: statistics not kept', rstd = 'optional output: statistics not kept' },
   gl_rmsnorm_forward = { weight = 'optional: no affine scale', rstd = 'optional output: statistics not kept' },
   gl_attention_forward = { lse = 'optional output: log-sum-exp not kept (inference)' },
+  gl_adamw_update_multi = { outs = 'optional: no low-precision copies of the parameters to write' },
   gl_cross_entropy_forward = { lse = 'optional output: log-sum-exp not kept' },
   gl_list_files = { prefix = 'optional: NULL matches every name', suffix = 'optional: NULL matches every name' },
   gl_rmsnorm_backward = { weight = 'optional: no affine scale', dweight = 'optional: weight has no gradient' },

@@ -40,6 +40,52 @@ describe('optimizers', function()
     local sd = ob:state_dict()
     assert.is_not_nil(sd.tensors['adamw.g1.1.master'])
   end)
+  it('updates every parameter in one gl_adamw_update_multi call, as the single update, checking each', function()
+    local ffi, lib = gl.ffi, gl.lib
+    local function K(rc) gl.check(rc, 2) end
+    local sizes, k = { 5, 1, 0, 300 }, 4
+    local P, G, M, V = ffi.new('gl_tensor *[4]'), ffi.new('const gl_tensor *[4]'), ffi.new('gl_tensor *[4]'),
+                       ffi.new('gl_tensor *[4]')
+    local O, lrs, wds = ffi.new('gl_tensor *[4]'), ffi.new('double[4]'), ffi.new('double[4]')
+    local keep = {}
+    for i, n in ipairs(sizes) do
+      local p, g = gl.randn({ n }, { seed = i }), gl.randn({ n }, { seed = 10 + i }):to('bfloat16')
+      local m, v = gl.randn({ n }, { seed = 20 + i }), gl.uniform({ n }, 0, 1, { seed = 30 + i })
+      local p1, m1, v1 = p:clone(), m:clone(), v:clone()
+      local lr, wd = i * 1e-3, i % 2 * 0.1
+      for step = 1, 2 do K(lib.gl_adamw_update(p1.c, g.c, m1.c, v1.c, 0, n, lr, 0.9, 0.95, 1e-8, wd, step)) end
+      local o = gl.zeros({ n }, { dtype = 'bfloat16' })
+      P[i - 1], G[i - 1], M[i - 1], V[i - 1], O[i - 1] = p.c, g.c, m.c, v.c, i ~= 2 and o.c or nil
+      lrs[i - 1], wds[i - 1] = lr, wd
+      keep[i] = { p, m, v, o, p1, m1, v1, g }
+    end
+    for step = 1, 2 do K(lib.gl_adamw_update_multi(k, P, G, M, V, O, lrs, wds, 0.9, 0.95, 1e-8, step)) end
+    for i = 1, k do
+      local e = keep[i]
+      for j = 1, 3 do assert.same(e[j + 4]:tolist(), e[j]:tolist()) end
+      if i ~= 2 then assert.same(e[1]:to('bfloat16'):tolist(), e[4]:tolist()) end
+    end
+    local function err(f) local ok, e = pcall(f); assert.is_false(ok); return tostring(e) end
+    M[3] = keep[1][2].c  -- 5 elements against a 300-element parameter
+    assert.matches('gl_adamw_update_multi: ms%[3%] has 5 elements, expected 300 %(the numel of params%[3%]%)',
+      err(function() K(lib.gl_adamw_update_multi(k, P, G, M, V, O, lrs, wds, 0.9, 0.95, 1e-8, 3)) end))
+    M[3] = keep[4][2].c
+    O[0] = keep[4][4].c
+    assert.matches('gl_adamw_update_multi: outs%[0%] has 300 elements, expected 5',
+      err(function() K(lib.gl_adamw_update_multi(k, P, G, M, V, O, lrs, wds, 0.9, 0.95, 1e-8, 3)) end))
+    assert.matches('gl_adamw_update_multi: step is 0, expected >= 1',
+      err(function() K(lib.gl_adamw_update_multi(1, P, G, M, V, nil, lrs, wds, 0.9, 0.95, 1e-8, 0)) end))
+    assert.matches('gl_adamw_update_multi: n is %-1, expected >= 0',
+      err(function() K(lib.gl_adamw_update_multi(-1, P, G, M, V, nil, lrs, wds, 0.9, 0.95, 1e-8, 1)) end))
+    -- the sum of squares of many tensors
+    local sq = ffi.new('double[1]')
+    K(lib.gl_sumsq_multi(k, G, sq))
+    local want = 0
+    for i = 1, k do for _, x in ipairs(keep[i][8]:tolist()) do want = want + x * x end end
+    assert.near(want, sq[0], 1e-12 * want)
+    assert.matches('gl_sumsq_multi: xs is NULL', err(function() K(lib.gl_sumsq_multi(2, nil, sq)) end))
+  end)
+
   it('Newton-Schulz orthogonalises: singular values land near 1', function()
     local G = gl.randn({ 16, 8 }, { seed = 3 })
     local X = optim.newton_schulz(G, 5)

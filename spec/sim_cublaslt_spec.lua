@@ -219,14 +219,24 @@ end)
 describe('simulated cuBLASLt: the engine\'s matmul #cuda #sim', function()
   sim_it('goes through cuBLASLt without a refusal', function()
     local _, out = S.expect('', 'lt matmul', 0)
-    assert.equal(9, select(2, out:gsub(' ok\n', '')), out)
+    assert.equal(12, select(2, out:gsub(' ok\n', '')), out)
     assert(not out:find('gptlua cuda-sim', 1, true), out)
+    assert(not out:find('cuBLASLt has no algorithm', 1, true), out)
   end)
 
-  sim_it('falls back to matmul.cu\'s GEMM kernel when there is no algorithm, same results', function()
+  sim_it('falls back to matmul.cu\'s GEMM kernel when there is no algorithm, same results, said once per shape', function()
     local _, out = S.expect('GL_SIM_CUBLASLT_NO_ALGO=1', 'lt matmul', 0)
     local cases = select(2, out:gsub(' ok\n', ''))
-    assert.equal(9, cases, out)
+    assert.equal(12, cases, out)
+    -- 12 products of 9 distinct problems (alpha / beta are not part of one): one line each
+    local said = {}
+    for line in out:gmatch('[^\n]*cuBLASLt has no algorithm[^\n]*') do
+      assert.is_nil(said[line], 'said twice: ' .. line)
+      said[line] = true
+    end
+    assert.equal(9, select(2, out:gsub('gptlua: cuda:0: cuBLASLt has no algorithm for the ', '')), out)
+    assert(out:find('cuBLASLt has no algorithm for the bfloat16 GEMM m=9 n=17 k=24 (op NN, ld 9/24/9, batch 3', 1, true), out)
+    assert(out:find('bias epilogue); the bias is added before the product instead', 1, true), out)
     assert(out:find('gptlua cuda-sim: cublasLtMatmulAlgoGetHeuristic: no algorithm (GL_SIM_CUBLASLT_NO_ALGO is set)', 1,
                     true), out)
   end)

@@ -143,6 +143,17 @@ describe('trainer', function()
     assert.is_true(cfg.bias); assert.is_true(cfg.resume); assert.is_true(cfg.fsdp.prefetch)
   end)
 
+  it("resolves dtype 'auto' (the default) to float32 on the CPU and bfloat16 mixed precision on a GPU", function()
+    assert.equal('auto', train.defaults.dtype)
+    local cfg = train.resolve_config(recipe(), {})
+    assert.equal('float32', cfg.dtype)
+    assert.equal('bfloat16', train.auto_dtype('cuda:0'))
+    assert.equal('float64', (train.resolve_config(recipe({ dtype = 'float64' }), {})).dtype)
+    local ok, err = pcall(train.resolve_config, recipe(), { '--dtype=half' })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("dtype must be auto, float32, float64 or bfloat16, got 'half'", 1, true))
+  end)
+
   it('names a hook that returns the wrong thing, and what it returned', function()
     for _, c in ipairs({
       { 'build_model', function() end, 'recipe: hook build_model returned nil, expected a model' },

@@ -7,7 +7,7 @@ return {
   out_dir = 'directory that holds the run directories',
   seed = 'random seed (weights, batches, dropout, samples)',
   device = "'auto' (cuda:0 when a GPU is present, else cpu), 'cpu', 'cuda' or 'cuda:N'",
-  dtype = "parameter dtype: 'float32', 'float64' or 'bfloat16'",
+  dtype = "'auto' (bfloat16 mixed precision on a GPU, float32 on CPU), 'float32', 'float64' or 'bfloat16'",
   threads = 'CPU threads (0: OpenMP default)',
   -- model
   model = "'gpt2' (nanoGPT's block) or 'nanochat' (rotary, RMSNorm, QK-norm, ReLU²)",

@@ -66,6 +66,21 @@ function cuda.synchronize(dev)
   end
 end
 
+-- Raises the first failed id check (embedding, cross-entropy, gather /
+-- scatter) queued on dev (nil: every device) since the last read, e.g.
+-- "gl_embedding_forward: ids[3] is 70000, expected 0 <= ids < 65 (rows of
+-- table)".  The checks run on the device without a host wait; a copy to the
+-- host and cuda.synchronize read them too.  Call it where the host already
+-- waits (after a loss read): it costs one small copy.  No-op without CUDA.
+function cuda.check_flags(dev)
+  if dev == nil then
+    if not cuda.built() then return end
+    check(lib.gl_cuda_check_flags(-1), 2)
+  else
+    check(lib.gl_cuda_check_flags(ordinal(dev, 'cuda.check_flags')), 2)
+  end
+end
+
 function cuda.get_device_properties(dev)
   local p = ffi.new('gl_cuda_props')
   check(lib.gl_cuda_get_props(ordinal(dev, 'cuda.get_device_properties'), p), 2)

@@ -354,12 +354,21 @@ function O.argmax(x, dim) local _, i = O.max(x, dim or -1); return i end
 function O.norm(x, dims, keepdim)
   return O.sqrt(O.sum(O.square(x), dims, keepdim))
 end
--- global L2 norm of a list of tensors, as a Lua number (float64 sums)
+-- global L2 norm of a list of tensors, as a Lua number (float64 sums): one
+-- gl_sumsq_multi call per device (on a GPU one launch and one host wait)
+local norm_buf = ffi.new('double[1]')
 function O.global_norm(list)
-  local acc, buf = 0, ffi.new('double[1]')
+  local by_dev, order = {}, {}
   for _, t in ipairs(list) do
-    K(lib.gl_sumsq(t.c, buf))
-    acc = acc + buf[0]
+    local l = by_dev[t.device]
+    if not l then l = {}; by_dev[t.device] = l; order[#order + 1] = l end
+    l[#l + 1] = t.c
+  end
+  local acc = 0
+  for _, l in ipairs(order) do
+    local arr = ffi.new('const gl_tensor *[?]', #l, l)
+    K(lib.gl_sumsq_multi(#l, arr, norm_buf))
+    acc = acc + norm_buf[0]
   end
   return math.sqrt(acc)
 end
@@ -468,16 +477,15 @@ function O.linear(x, W, bias)
   local oshape = x:size(); oshape[nx] = n_out
   local out = Tensor.empty(oshape, { dtype = x.dtype, device = x.device })
   local out2 = out:_as_strided({ lead, n_out }, { n_out, 1 }, 0)
-  if bias then
+  local Wt = raw_t(W)
+  if bias then  -- on a GPU the bias rides in cuBLASLt's epilogue
     if #bias.shape ~= 1 or bias.shape[1] ~= n_out then
       error(('linear: bias has shape %s, expected {%d}'):format(shape_str(bias.shape), n_out), 2)
     end
-    local bv = O.expand_raw(bias, out2.shape)
-    K(lib.gl_copy(out2.c, bv.c))
-    drop(bv)
+    K(lib.gl_matmul_bias(out2.c, x2.c, Wt.c, bias.c))
+  else
+    O.matmul_raw(x2, Wt, out2, 0)
   end
-  local Wt = raw_t(W)
-  O.matmul_raw(x2, Wt, out2, bias and 1 or 0)
   drop(Wt); drop(out2)
   local inputs = bias and { x, W, bias } or { x, W }
   return record(out, inputs, function(_, g, node)

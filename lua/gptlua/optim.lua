@@ -127,17 +127,50 @@ setmetatable(AdamW, { __call = function(_, params, opts)
 end })
 AdamW.set_lr_mult, AdamW.state_dict, AdamW.load_state_dict = set_lr_mult, state_dict, load_state_dict
 
+-- Every parameter with a gradient is updated by one gl_adamw_update_multi
+-- call per (device, betas, eps) — one launch on a GPU for the whole model —
+-- which also rounds each fp32 master copy into its low-precision parameter.
+-- The FFI arrays are kept between steps (no per-step allocation).
+local versions = gl.Tensor.versions
+local function multi_arrays(self, n)
+  local a = self._multi
+  if not a or a.cap < n then
+    a = { cap = n, params = ffi.new('gl_tensor *[?]', n), grads = ffi.new('const gl_tensor *[?]', n),
+          ms = ffi.new('gl_tensor *[?]', n), vs = ffi.new('gl_tensor *[?]', n), outs = ffi.new('gl_tensor *[?]', n),
+          lrs = ffi.new('double[?]', n), wds = ffi.new('double[?]', n) }
+    self._multi = a
+  end
+  return a
+end
+
 function AdamW:step()
   self.t = self.t + 1
+  local calls, order = {}, {}
   for _, g in ipairs(self.groups) do
     for _, p in ipairs(g.params) do
       if p.grad then
         local st = self.state[p]
         if not st then st = new_state(p, self.state_keys); self.state[p] = st end
-        K(lib.gl_adamw_update(update_target(p, st).c, p.grad.c, st.m.c, st.v.c, 0, p:numel(), g.lr, g.betas[1],
-          g.betas[2], g.eps, g.weight_decay, self.t))
-        write_back(p, st)
+        local key = ('%s %.17g %.17g %.17g'):format(p.device, g.betas[1], g.betas[2], g.eps)
+        local c = calls[key]
+        if not c then c = { g = g }; calls[key] = c; order[#order + 1] = c end
+        c[#c + 1] = { p, st, g }
       end
+    end
+  end
+  for _, c in ipairs(order) do
+    local n, g0 = #c, c.g
+    local a = multi_arrays(self, n)
+    for i, e in ipairs(c) do
+      local p, st, g = e[1], e[2], e[3]
+      a.params[i - 1], a.grads[i - 1], a.ms[i - 1], a.vs[i - 1] = update_target(p, st).c, p.grad.c, st.m.c, st.v.c
+      a.outs[i - 1] = st.master and p.c or nil
+      a.lrs[i - 1], a.wds[i - 1] = g.lr, g.weight_decay
+    end
+    K(lib.gl_adamw_update_multi(n, a.params, a.grads, a.ms, a.vs, a.outs, a.lrs, a.wds, g0.betas[1], g0.betas[2],
+      g0.eps, self.t))
+    for _, e in ipairs(c) do  -- the rounded weights were written in place
+      if e[2].master then local v = versions.counter(e[1]); v[1] = v[1] + 1 end
     end
   end
 end

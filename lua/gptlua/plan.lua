@@ -1296,10 +1296,11 @@ local function resolve(recipe, args, opts)
   local device = device_arg or copy.device or train.defaults.device
   copy.device = 'cpu'
   if type(device) ~= 'string' then fail('device must be a string, got ' .. type(device)) end
-  local cfg, hooks = train.resolve_config(copy, rargs)
+  local cfg, hooks, launch = train.resolve_config(copy, rargs)
   if device == 'auto' then device = require('gptlua').default_device() end
   require('gptlua.tensor').device_id(device, 'config: device')
   cfg.device = device
+  if launch.dtype_auto then cfg.dtype = train.auto_dtype(device) end
   if hooks.build_model then fail('the recipe builds its own model (build_model); the planner knows gpt2 and nanochat') end
   if hooks.build_optimizer then fail('the recipe builds its own optimizer (build_optimizer); the planner knows adamw and nanochat') end
   if hooks.fsdp_units and (cfg.dist == 'fsdp' or cfg.dist == 'hsdp') then

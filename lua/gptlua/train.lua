@@ -19,6 +19,7 @@ local optim = require 'gptlua.optim'
 local ckpt = require 'gptlua.checkpoint'
 local runs = require 'gptlua.runs'
 local progress = require 'gptlua.progress'
+local cuda = require 'gptlua.cuda'
 local cjson = require 'cjson'
 local ffi = require 'ffi'
 
@@ -29,7 +30,7 @@ M.clock = require('gptlua.cli').now
 
 -- Every key a recipe may set; nanoGPT's names where one exists.
 M.defaults = {
-  name = 'run', out_dir = 'runs', seed = 1337, device = 'auto', dtype = 'float32', threads = 0,
+  name = 'run', out_dir = 'runs', seed = 1337, device = 'auto', dtype = 'auto', threads = 0,
   -- model
   model = 'gpt2', vocab_size = 0, block_size = 64, n_layer = 4, n_head = 4, n_embd = 128, dropout = 0.0,
   bias = true, depth = 0, n_kv_head = 0, softcap = 15, activation_checkpointing = false,
@@ -136,6 +137,11 @@ local function fail(msg) error('config: ' .. msg, 0) end
 -- Returns cfg, hooks and where the launch put it: {ranks = the world the
 -- launcher variables describe (1 without a launcher), dist_default = true
 -- when dist was not set and the world made it ddp}.
+-- dtype 'auto': bfloat16 mixed precision on a GPU (bf16 weights and
+-- activations, fp32 master weights and optimizer state: optim.needs_master),
+-- float32 on the CPU, where bf16 only adds conversions
+function M.auto_dtype(device) return device == 'cpu' and 'float32' or 'bfloat16' end
+
 function M.resolve_config(recipe, args)
   local rcfg, hooks = split_recipe(recipe)
   config.validate(rcfg, M.defaults)
@@ -189,8 +195,9 @@ function M.resolve_config(recipe, args)
     fail(('n_embd %d is not divisible by n_head %d'):format(cfg.n_embd, cfg.n_head))
   end
   if cfg.dropout < 0 or cfg.dropout >= 1 then fail('dropout must be in [0, 1), got ' .. cfg.dropout) end
+  if cfg.dtype == 'auto' then cfg.dtype, launch.dtype_auto = M.auto_dtype(cfg.device), true end
   if cfg.dtype ~= 'float32' and cfg.dtype ~= 'float64' and cfg.dtype ~= 'bfloat16' then
-    fail(("dtype must be float32, float64 or bfloat16, got '%s'"):format(cfg.dtype))
+    fail(("dtype must be auto, float32, float64 or bfloat16, got '%s'"):format(cfg.dtype))
   end
   return cfg, hooks, launch
 end
@@ -521,6 +528,7 @@ function Trainer:train_step()
   policy:after_backward()
   local loss = self:average_loss(loss_sum / accum)
   local norm = policy:grad_norm()
+  cuda.check_flags()  -- the backward's id checks; grad_norm has waited for the device
   if loss ~= loss or loss == math.huge or norm ~= norm or norm == math.huge then
     return loss, norm, lr_mult, false
   end

@@ -354,9 +354,9 @@ function O.argmax(x, dim) local _, i = O.max(x, dim or -1); return i end
 function O.norm(x, dims, keepdim)
   return O.sqrt(O.sum(O.square(x), dims, keepdim))
 end
+local norm_buf = ffi.new('double[1]')
 -- global L2 norm of a list of tensors, as a Lua number (float64 sums): one
 -- gl_sumsq_multi call per device (on a GPU one launch and one host wait)
-local norm_buf = ffi.new('double[1]')
 function O.global_norm(list)
   local by_dev, order = {}, {}
   for _, t in ipairs(list) do

@@ -7,7 +7,9 @@
  *
  * The writer streams appends into path.tmp and renames it to path once the
  * header is final.  The reader maps the file and validates everything before
- * anyone reads a token: header fields, exact size, checksum, token range. */
+ * anyone reads a token: header fields, exact size, checksum, token range.
+ * Token ids are int32 once read (gl_shard_tokens, the model's embedding), so
+ * a vocabulary holds at most 2^31 ids. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <errno.h>
@@ -19,6 +21,7 @@
 #include "internal.h"
 
 static const char SHARD_MAGIC[8] = {'G', 'L', 'T', 'O', 'K', 'E', 'N', 'S'};
+#define GL_SHARD_MAX_VOCAB 2147483648LL   /* ids 0 .. 2^31-1 fit int32 */
 enum { FNV_BLOCK = 1 << 16 };
 static const uint64_t FNV_OFFSET = 0xcbf29ce484222325ULL, FNV_PRIME = 0x100000001b3ULL;
 
@@ -52,8 +55,8 @@ static void writer_free(gl_shard_writer *w) {
 gl_shard_writer *gl_shard_writer_open(const char *path, int64_t vocab_size) {
   const char *fn = "gl_shard_writer_open";
   if (!path) return gl_error_null("%s: path expected, got NULL", fn);
-  if (vocab_size < 1 || vocab_size > 4294967296LL)
-    return gl_error_null("%s: vocab_size expected in [1, 2^32], got %lld", fn, (long long)vocab_size);
+  if (vocab_size < 1 || vocab_size > GL_SHARD_MAX_VOCAB)
+    return gl_error_null("%s: vocab_size expected in [1, 2^31], got %lld", fn, (long long)vocab_size);
   gl_shard_writer *w = calloc(1, sizeof *w);
   size_t pl = strlen(path);
   if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(pl + 5)) || !(w->buf = malloc(FNV_BLOCK * 4))) {
@@ -118,7 +121,7 @@ int gl_shard_writer_close(gl_shard_writer *w) {
   memcpy(h.magic, SHARD_MAGIC, 8);
   h.version = GL_SHARD_VERSION;
   h.token_bytes = w->token_bytes;
-  h.vocab_size = (uint32_t)(w->vocab_size == 4294967296LL ? 0xffffffffu : w->vocab_size);
+  h.vocab_size = (uint32_t)w->vocab_size;
   h.header_bytes = GL_SHARD_HEADER_BYTES;
   h.n_tokens = w->n;
   h.checksum = w->checksum;
@@ -164,6 +167,8 @@ static int check_header(const char *fn, const char *path, const gl_shard_header 
     return gl_error("%s: '%s': token_bytes expected 2 or 4, got %u", fn, path, h->token_bytes);
   if (h->vocab_size == 0 || (h->token_bytes == 2 && h->vocab_size > 65536))
     return gl_error("%s: '%s': vocab_size %u does not fit %u-byte tokens", fn, path, h->vocab_size, h->token_bytes);
+  if (h->vocab_size > GL_SHARD_MAX_VOCAB)
+    return gl_error("%s: '%s': vocab_size %u is past 2^31 (token ids are int32)", fn, path, h->vocab_size);
   /* bounded so that the size below cannot overflow */
   if (h->n_tokens > (uint64_t)(INT64_MAX - GL_SHARD_HEADER_BYTES) / h->token_bytes)
     return gl_error("%s: '%s': n_tokens %llu is not plausible", fn, path, (unsigned long long)h->n_tokens);

@@ -91,6 +91,9 @@ describe('fuzz corpora', function()
       { function() train.resolve_config({}, { 'a\nb' }) end, 'config: cannot parse argument "a\\nb"' },
       { function() train.resolve_config({ ['x\ny'] = 1 }, {}) end, 'config: unknown key x\\ny in the recipe' },
       { function() train.resolve_config({ name = 5, n_layer = '1\n' }, {}) end, 'must be a ' },
+      { function() train.resolve_config({}, { '--model=n\nx' }) end, "config: unknown model 'n\\nx'" },
+      { function() train.resolve_config({}, { '--dtype=f\n' }) end, "got 'f\\n'" },
+      { function() train.resolve_config({}, { '--device=cpu\n' }) end, "unknown device 'cpu\\n'" },
     }
     local loader = data.loader({ tokens = gl.zeros({ 64 }, { dtype = 'int32' }), batch_size = 1, block_size = 4 })
     cases[#cases + 1] = { function() loader:set_state({ sample = 0, sampling = 'random\n' }) end,
@@ -102,6 +105,21 @@ describe('fuzz corpora', function()
       assert.is_nil(err:find('\n', 1, true), err)
     end
     loader:close()
+  end)
+
+  it('refuses vocabularies past 2^31 in shards, whose ids would turn negative as int32 (finding: token -2147413649)', function()
+    local ok, err = pcall(data.shard_header, corpus .. 'shards/finding-vocab-past-int32.bin')
+    assert.is_false(ok)
+    assert.truthy(err:find('vocab_size 4294906224 is past 2^31 (token ids are int32)', 1, true), err)
+    local path = os.tmpname()
+    ok, err = pcall(data.shard_writer, path, 2 ^ 31 + 1)
+    assert.is_false(ok)
+    assert.truthy(err:find('gl_shard_writer_open: vocab_size expected in [1, 2^31], got 2147483649', 1, true), err)
+    local w = data.shard_writer(path, 2 ^ 31)  -- the largest: ids up to 2^31-1
+    w:append(gl.tensor({ 2 ^ 31 - 1, 0 }, { dtype = 'int64' }))
+    w:close()
+    assert.same({ 2 ^ 31 - 1, 0 }, data.read_shard(path):tolist())
+    os.remove(path)
   end)
 
   it('refuses a shard header whose token count overflows the file size (finding: UBSan in check_header)', function()

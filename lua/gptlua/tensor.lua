@@ -6,7 +6,7 @@
 local G = require 'gptlua.ffi'
 local ffi, lib, check, check_ptr = G.ffi, G.lib, G.check, G.check_ptr
 
-local describe = require('gptlua.check').describe
+local describe, printable = require('gptlua.check').describe, require('gptlua.check').printable
 
 local Tensor = {}
 Tensor.__name = 'Tensor'
@@ -128,7 +128,7 @@ function Tensor.dtype_id(d, what)
   local name = ALIASES[d] or d
   local id = DTYPE_ID[name]
   if id == nil then
-    error(("%s: unknown dtype '%s' (expected one of %s)"):format(what or 'dtype', tostring(d),
+    error(("%s: unknown dtype '%s' (expected one of %s)"):format(what or 'dtype', printable(d),
       table.concat(DTYPES, ', ')), 3)
   end
   return id, name
@@ -139,7 +139,7 @@ function Tensor.device_id(dev, what)
   if dev == 'cuda' then return 0, 'cuda:0' end
   local n = type(dev) == 'string' and dev:match('^cuda:(%d+)$')
   if n then return tonumber(n), dev end
-  error(("%s: unknown device '%s' (expected 'cpu', 'cuda' or 'cuda:N')"):format(what or 'device', tostring(dev)), 3)
+  error(("%s: unknown device '%s' (expected 'cpu', 'cuda' or 'cuda:N')"):format(what or 'device', printable(dev)), 3)
 end
 
 local function device_name(id) return id < 0 and 'cpu' or ('cuda:' .. id) end

@@ -183,13 +183,13 @@ function M.resolve_config(recipe, args)
     fail(('eval_iters must be >= 1 when eval_interval is set (%d), got %d'):format(cfg.eval_interval, cfg.eval_iters))
   end
   if cfg.optimizer ~= 'adamw' and cfg.optimizer ~= 'nanochat' and not hooks.build_optimizer then
-    fail(("unknown optimizer '%s' (expected 'adamw' or 'nanochat')"):format(cfg.optimizer))
+    fail(("unknown optimizer '%s' (expected 'adamw' or 'nanochat')"):format(check.printable(cfg.optimizer)))
   end
   if cfg.model ~= 'gpt2' and cfg.model ~= 'nanochat' and not hooks.build_model then
-    fail(("unknown model '%s' (expected 'gpt2' or 'nanochat')"):format(cfg.model))
+    fail(("unknown model '%s' (expected 'gpt2' or 'nanochat')"):format(check.printable(cfg.model)))
   end
   if cfg.schedule ~= 'cosine' and cfg.schedule ~= 'wsd' and cfg.schedule ~= 'constant' then
-    fail(("unknown schedule '%s' (expected 'cosine', 'wsd' or 'constant')"):format(cfg.schedule))
+    fail(("unknown schedule '%s' (expected 'cosine', 'wsd' or 'constant')"):format(check.printable(cfg.schedule)))
   end
   if cfg.model == 'gpt2' and cfg.n_embd % cfg.n_head ~= 0 then
     fail(('n_embd %d is not divisible by n_head %d'):format(cfg.n_embd, cfg.n_head))
@@ -197,7 +197,7 @@ function M.resolve_config(recipe, args)
   if cfg.dropout < 0 or cfg.dropout >= 1 then fail('dropout must be in [0, 1), got ' .. cfg.dropout) end
   if cfg.dtype == 'auto' then cfg.dtype, launch.dtype_auto = M.auto_dtype(cfg.device), true end
   if cfg.dtype ~= 'float32' and cfg.dtype ~= 'float64' and cfg.dtype ~= 'bfloat16' then
-    fail(("dtype must be auto, float32, float64 or bfloat16, got '%s'"):format(cfg.dtype))
+    fail(("dtype must be auto, float32, float64 or bfloat16, got '%s'"):format(check.printable(cfg.dtype)))
   end
   return cfg, hooks, launch
 end
@@ -266,7 +266,7 @@ function M.build_data(cfg, rank, world)
     return { train = mk('train', cfg.seed), val = mk('val', cfg.seed + 1), eval_train = mk('train', cfg.seed + 2), tokenizer = tok,
              vocab_size = tok and tok.vocab_size or cfg.vocab_size }
   end
-  fail(("unknown data source '%s' (expected 'char', 'random' or 'shards')"):format(cfg.data))
+  fail(("unknown data source '%s' (expected 'char', 'random' or 'shards')"):format(check.printable(cfg.data)))
 end
 
 -- ------------------------------------------------------------------ model

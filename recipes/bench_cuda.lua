@@ -32,7 +32,10 @@ end
 if account.on then
   local tool = dofile(gl.root .. '/recipes/tools/account.lua')
   local lib, why = tool.library()
-  if lib and os.getenv('GL_SIM_SMS') == tostring(tool.SMS) then return tool.main(account) end
+  if lib and os.getenv('GL_SIM_SMS') == tostring(tool.SMS) then
+    tool.main(account)
+    return  -- (a recipe that returns a table is a training config)
+  end
   if os.getenv('GL_ACCOUNT_HANDED') then error('cuda_bench: --account: ' .. (why or 'GL_SIM_SMS is not 2'), 0) end
   local exe = gl.root .. '/build/sim-account/gptlua'
   local f = io.open(exe, 'rb')

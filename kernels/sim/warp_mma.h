@@ -60,6 +60,7 @@ struct MmaOperands {
 inline void mma_m16n8k16_bf16(float *d, const uint32_t *a, const uint32_t *b, const float *c) {
   MmaOperands mine = {d, a, b, c};
   gl_sim_warp_collective(0xffffffffu, "mma.sync.m16n8k16.bf16", 16816, &mine, [](void **lanes, int) {
+    gl_sim_account_add(nullptr, 2.0 * 16 * 8 * 16, 0, 0);  /* the account's tensor-core FLOPs */
     float A[16][16], B[16][8], C[16][8];
     for (int l = 0; l < 32; l++) {
       const MmaOperands *o = (const MmaOperands *)lanes[l];

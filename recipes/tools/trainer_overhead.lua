@@ -3,7 +3,7 @@
 -- (Trainer:train_step on one fixed batch), and the two halves between them
 -- (the loop on the fixed batch; bare steps on real data), timed in turns in
 -- one process so that a busy machine slows every variant alike.
---   gptlua bench/trainer_overhead.lua [--steps=50] [--rounds=5] [--threads=N]
+--   gptlua recipes/tools/trainer_overhead.lua [--steps=50] [--rounds=5] [--threads=N]
 -- It also prints the bench step's median against its mean and the cost of
 -- one eval.  What it found (2 cores shared with ~15 busy processes,
 -- --steps=20 --rounds=8, two runs): the loop on real data at 101.4% and

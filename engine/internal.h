@@ -138,6 +138,9 @@ static inline int gl_thread_id(void) {
    recv, every rank but the peer are left out. */
 void gl_dist_appendf(char *buf, int n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void gl_dist_verdict(const gl_work *w, const char *const *why, char *buf, int n);
+/* gl_dist_abort's message, the same under every backend: msg on stderr,
+   prefixed "[rank R] " once this process has a world rank (>= 0). */
+void gl_dist_print_abort(int world_rank, const char *msg);
 
 /* Device dispatch: cpu_NAME for device < 0, cuda_NAME otherwise (when the
    engine is built with CUDA; without it, a clear error). */

@@ -357,11 +357,7 @@ static const gl_dist_backend gloo_backend = {
 
 /* ---- process group ------------------------------------------------------- */
 void gl_dist_abort(int code, const char *msg) {
-  if (msg && *msg) {
-    if (world_rank >= 0) fprintf(stderr, "[rank %d] %s\n", world_rank, msg);
-    else fprintf(stderr, "%s\n", msg);
-    fflush(stderr);
-  }
+  gl_dist_print_abort(world_rank, msg);
   if (gl_dist_initialized()) tell_abort(code ? code : 1);
   _exit(code ? code : 1);
 }

@@ -499,6 +499,13 @@ void gl_dist_appendf(char *buf, int n, const char *fmt, ...) {
   va_end(ap);
 }
 
+void gl_dist_print_abort(int world_rank, const char *msg) {
+  if (!msg || !*msg) return;
+  if (world_rank >= 0) fprintf(stderr, "[rank %d] %s\n", world_rank, msg);
+  else fprintf(stderr, "%s\n", msg);
+  fflush(stderr);
+}
+
 static void describe_rank(char *buf, int n, const gl_comm *c, int g) {
   gl_dist_appendf(buf, n, "rank %d", g);
   if (!c->is_world) gl_dist_appendf(buf, n, " (world rank %d)", c->world_ranks[g]);

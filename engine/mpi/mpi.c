@@ -350,11 +350,7 @@ static const gl_dist_backend mpi_backend = {
 
 /* ---- process group ------------------------------------------------------- */
 void gl_dist_abort(int code, const char *msg) {
-  if (msg && *msg) {
-    if (world_rank >= 0) fprintf(stderr, "[rank %d] %s\n", world_rank, msg);
-    else fprintf(stderr, "%s\n", msg);
-    fflush(stderr);
-  }
+  gl_dist_print_abort(world_rank, msg);
   if (gl_dist_initialized()) MPI_Abort(MPI_COMM_WORLD, code ? code : 1);
   _exit(code ? code : 1);
 }

@@ -430,6 +430,10 @@ function M.for_trainer(tr)
   local spec = tr.cfg.profile
   if spec == nil or spec == '' or spec == false then return nil end
   local first, last = M.parse_steps(spec)
+  if first > tr.cfg.max_iters then
+    error(('config: profile starts at step %d, after the run\'s last step (max_iters = %d)'):format(first,
+      tr.cfg.max_iters), 0)
+  end
   local prof = M.new({ rank = tr.rank, device = tr.cfg.device })
   local inner = tr.train_step
   local function phases()

@@ -239,6 +239,7 @@ int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alp
 
 int gl_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias) {
   const char *fn = "gl_matmul_bias";
+  GL_NONNULL(fn, out, a, b, bias);
   GL_TRY(check_matmul(fn, out, a, b));
   GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {bias, "bias", A_FLOAT})));
   int64_t N = out->shape[out->ndim - 1];

@@ -168,12 +168,23 @@ function M.options(name, fields)
   end
 end
 
-local function parse(fn, sig)
-  local list = {}
+-- The entries of a signature string "a: tensor, dim: int?" as
+-- { item, name, kind (its name), opt }; name is nil for an entry that does
+-- not parse.  Read here and by gptlua.help.
+function M.signature_items(sig)
+  local items = {}
   for item in sig:gmatch('[^,]+') do
     local name, kind, opt = item:match('^%s*([%w_%.%[%]]+)%s*:%s*([%w_]+)(%??)%s*$')
-    if not name or not kinds[kind] then error(('check.wrap: bad signature entry %q for %s'):format(item, fn), 3) end
-    list[#list + 1] = { name = name, kind = kinds[kind], opt = opt == '?' }
+    items[#items + 1] = { item = item, name = name, kind = kind, opt = opt == '?' }
+  end
+  return items
+end
+
+local function parse(fn, sig)
+  local list = {}
+  for _, e in ipairs(M.signature_items(sig)) do
+    if not e.name or not kinds[e.kind] then error(('check.wrap: bad signature entry %q for %s'):format(e.item, fn), 3) end
+    list[#list + 1] = { name = e.name, kind = kinds[e.kind], opt = e.opt }
   end
   return list
 end

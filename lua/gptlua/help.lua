@@ -114,9 +114,8 @@ end
 -- "matmul(a: tensor, b: tensor)" from a check signature string
 local function format_sig(label, sig)
   local args = {}
-  for item in sig:gmatch('[^,]+') do
-    local n, kind, opt = item:match('^%s*([%w_%.%[%]]+)%s*:%s*([%w_]+)(%??)%s*$')
-    if n and n ~= 'self' then args[#args + 1] = ('%s: %s%s'):format(n, kind, opt) end
+  for _, e in ipairs(require('gptlua.check').signature_items(sig)) do
+    if e.name and e.name ~= 'self' then args[#args + 1] = ('%s: %s%s'):format(e.name, e.kind, e.opt and '?' or '') end
   end
   return label .. '(' .. table.concat(args, ', ') .. ')'
 end

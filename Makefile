@@ -101,7 +101,7 @@ FUZZ_CI_SECONDS ?= 25
 FUZZ_SAN      = -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS   = -std=gnu11 -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -Wall -Wno-unknown-pragmas \
                 -Iengine -I$(BLAS_DIR:/usr/lib/%=/usr/include/%)
-FUZZ_ENGINE   = util tensor alloc cpu_tensor safetensors shards tokenizer loader
+FUZZ_ENGINE   = util tensor alloc cpu_tensor safetensors shards tokenizer tokenizer_train tokenizer_io loader
 FUZZ_OBJ      = $(FUZZ_ENGINE:%=$(FUZZ)/obj/%.o)
 FUZZ_C        = safetensors shards tokenizer
 FUZZ_LUA      = checkpoint_state config

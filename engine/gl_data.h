@@ -67,6 +67,10 @@ int gl_tok_vocab_size(const gl_tokenizer *t);   /* ordinary + special */
 int gl_tok_n_ordinary(const gl_tokenizer *t);
 int gl_tok_is_char(const gl_tokenizer *t);
 const char *gl_tok_pattern(const gl_tokenizer *t); /* NULL when none */
+/* Unicode version of the regex's character tables the tokenizer was made
+   with (PCRE2's; recorded in its file): characters added in later versions
+   split differently.  gl_tok_unicode_version(NULL) is this build's. */
+const char *gl_tok_unicode_version(const gl_tokenizer *t);
 int gl_tok_n_merges(const gl_tokenizer *t);
 /* merge i (in rank order): left, right and the id it makes */
 int gl_tok_merge(const gl_tokenizer *t, int i, int32_t *left, int32_t *right, int32_t *id);

@@ -8,207 +8,22 @@
  * reproduces the training segmentation.  Short chunks use a plain scan, long
  * ones (a megabyte of spaces) a heap so the cost stays O(n log n).
  *
- * Training (gl_bpe_trainer) counts unique chunks, then merges the most
- * frequent pair repeatedly, keeping pair counts up to date incrementally: each
- * pair knows the words it occurs in, a merge rewrites only those words and
- * applies count deltas for their neighbours; a lazy max-heap picks the next
- * pair (stale entries are re-pushed with their current count when popped).
- *
- * Files: tiktoken's format (base64 token bytes, space, rank, per line) plus a
- * JSON sidecar for the type, pattern and special tokens. */
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
+ * Training lives in tokenizer_train.c, the files in tokenizer_io.c; what the
+ * three share is in tokenizer_internal.h. */
 #include <cjson/cJSON.h>
 #include <omp.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <errno.h>
-#include "internal.h"
+#include "tokenizer_internal.h"
 
-static const char GPT4_PATTERN[] =
+const char GPT4_PATTERN[] =
   "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*"
   "|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+";
 
 const char *gl_tok_gpt4_pattern(void) { return GPT4_PATTERN; }
 
-/* ------------------------------------------------------------- helpers */
-
-/* Grows *p (elements of size elem) to hold at least need; doubling. */
-static int grow(void **p, int64_t *cap, int64_t need, size_t elem) {
-  if (need <= *cap) return 0;
-  int64_t c = *cap ? *cap : 16;
-  while (c < need) c *= 2;
-  void *q = realloc(*p, (size_t)c * elem);
-  if (!q) return -1;
-  *p = q; *cap = c;
-  return 0;
-}
-#define GROW(arr, cap, need) grow((void **)&(arr), &(cap), (need), sizeof(*(arr)))
-/* Resizes *p to n elements (parallel arrays sharing one capacity). */
-static int resize(void **p, int64_t n, size_t elem) {
-  void *q = realloc(*p, (size_t)n * elem);
-  if (!q) return -1;
-  *p = q;
-  return 0;
-}
-
-/* Binary heaps: DEFINE_HEAP(name, T, before) makes name_push(&arr, &n, &cap, x)
-   and name_pop(arr, &n); before(a, b) is true when a must come out first. */
-#define DEFINE_HEAP(name, T, before)                                                   \
-  static int name##_push(T **arr, int64_t *n, int64_t *cap, T x) {                     \
-    if (grow((void **)arr, cap, *n + 1, sizeof(T))) return -1;                         \
-    T *h = *arr;                                                                       \
-    int64_t i = (*n)++;                                                                \
-    while (i > 0) {                                                                    \
-      int64_t p = (i - 1) / 2;                                                         \
-      if (!before(x, h[p])) break;                                                     \
-      h[i] = h[p]; i = p;                                                              \
-    }                                                                                  \
-    h[i] = x;                                                                          \
-    return 0;                                                                          \
-  }                                                                                    \
-  static T name##_pop(T *h, int64_t *n) {                                              \
-    T top = h[0], v = h[--*n];                                                         \
-    int64_t i = 0, m = *n;                                                             \
-    for (;;) {                                                                         \
-      int64_t c = 2 * i + 1;                                                           \
-      if (c >= m) break;                                                               \
-      if (c + 1 < m && before(h[c + 1], h[c])) c++;                                    \
-      if (!before(h[c], v)) break;                                                     \
-      h[i] = h[c]; i = c;                                                              \
-    }                                                                                  \
-    if (m > 0) h[i] = v;                                                               \
-    return top;                                                                        \
-  }
-
-/* encoding: (rank << 32 | position), lowest first */
-static inline int u64_less(uint64_t a, uint64_t b) { return a < b; }
-DEFINE_HEAP(rankheap, uint64_t, u64_less)
-/* training: (count, pair key), most frequent first, ties to the smallest pair */
-typedef struct { int64_t count; uint64_t key; } heap_item;
-static inline int heap_before(heap_item a, heap_item b) {
-  return a.count > b.count || (a.count == b.count && a.key < b.key);
-}
-DEFINE_HEAP(pairheap, heap_item, heap_before)
-
-typedef struct { int32_t *v; int64_t n, cap; } i32vec;
-static inline int i32vec_push(i32vec *a, int32_t x) {
-  if (a->n == a->cap && GROW(a->v, a->cap, a->n + 1)) return -1;
-  a->v[a->n++] = x;
-  return 0;
-}
-
-static inline uint64_t mix64(uint64_t x) {
-  x ^= x >> 33; x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
-static uint64_t hash_bytes(const uint8_t *p, int64_t n) {
-  uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
-  for (; n >= 8; p += 8, n -= 8) {
-    uint64_t w; memcpy(&w, p, 8);
-    h = (h ^ w) * 0xbf58476d1ce4e5b9ULL; h ^= h >> 29;
-  }
-  uint64_t w = 0; memcpy(&w, p, (size_t)n);
-  return mix64(h ^ w);
-}
-static inline uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t)(uint32_t)a << 32 | (uint32_t)b; }
-
-/* uint64 -> int32 open-addressing map (pairs); UINT64_MAX marks empty. */
-typedef struct { uint64_t *keys; int32_t *vals; int64_t cap, n; } pairmap;
-
-static int pairmap_init(pairmap *m, int64_t cap) {
-  int64_t c = 64;
-  while (c < cap * 2) c *= 2;
-  m->keys = malloc((size_t)c * sizeof(uint64_t));
-  m->vals = malloc((size_t)c * sizeof(int32_t));
-  if (!m->keys || !m->vals) { free(m->keys); free(m->vals); m->keys = NULL; m->vals = NULL; return -1; }
-  memset(m->keys, 0xff, (size_t)c * sizeof(uint64_t));
-  m->cap = c; m->n = 0;
-  return 0;
-}
-static void pairmap_free(pairmap *m) { free(m->keys); free(m->vals); memset(m, 0, sizeof *m); }
-static inline int32_t pairmap_get(const pairmap *m, uint64_t k) {
-  uint64_t mask = (uint64_t)m->cap - 1;
-  for (uint64_t i = mix64(k) & mask;; i = (i + 1) & mask) {
-    if (m->keys[i] == k) return m->vals[i];
-    if (m->keys[i] == UINT64_MAX) return -1;
-  }
-}
-/* value slot for k, inserted (value -1) if absent; NULL when out of memory */
-static int32_t *pairmap_slot(pairmap *m, uint64_t k, int *created) {
-  if ((m->n + 1) * 2 > m->cap) {
-    pairmap old = *m;
-    if (pairmap_init(m, old.cap)) { *m = old; return NULL; }
-    for (int64_t i = 0; i < old.cap; i++)
-      if (old.keys[i] != UINT64_MAX) { int c; *pairmap_slot(m, old.keys[i], &c) = old.vals[i]; }
-    pairmap_free(&old);
-  }
-  uint64_t mask = (uint64_t)m->cap - 1;
-  for (uint64_t i = mix64(k) & mask;; i = (i + 1) & mask) {
-    if (m->keys[i] == k) { *created = 0; return &m->vals[i]; }
-    if (m->keys[i] == UINT64_MAX) {
-      m->keys[i] = k; m->vals[i] = -1; m->n++; *created = 1;
-      return &m->vals[i];
-    }
-  }
-}
-
-/* byte string -> int64 map with its own arena (chunk counts, token ids). */
-typedef struct { uint64_t hash; int64_t off; int64_t val; int32_t len; int32_t used; } bm_entry;
-typedef struct { bm_entry *e; int64_t cap, n; uint8_t *arena; int64_t arena_n, arena_cap; } bytemap;
-
-static int bytemap_init(bytemap *m, int64_t cap) {
-  int64_t c = 64;
-  while (c < cap * 2) c *= 2;
-  memset(m, 0, sizeof *m);
-  m->e = calloc((size_t)c, sizeof(bm_entry));
-  if (!m->e) return -1;
-  m->cap = c;
-  return 0;
-}
-static void bytemap_free(bytemap *m) { free(m->e); free(m->arena); memset(m, 0, sizeof *m); }
-static bm_entry *bytemap_find(const bytemap *m, const uint8_t *s, int64_t len, uint64_t h) {
-  uint64_t mask = (uint64_t)m->cap - 1;
-  for (uint64_t i = h & mask;; i = (i + 1) & mask) {
-    bm_entry *e = &m->e[i];
-    if (!e->used) return e;
-    if (e->hash == h && e->len == len && memcmp(m->arena + e->off, s, (size_t)len) == 0) return e;
-  }
-}
-static int64_t bytemap_get(const bytemap *m, const uint8_t *s, int64_t len) {
-  bm_entry *e = bytemap_find(m, s, len, hash_bytes(s, len));
-  return e->used ? e->val : -1;
-}
-/* entry for s, inserted with val 0 if absent; NULL when out of memory */
-static bm_entry *bytemap_slot(bytemap *m, const uint8_t *s, int64_t len) {
-  if ((m->n + 1) * 2 > m->cap) {
-    bm_entry *old = m->e; int64_t oldcap = m->cap, c = m->cap * 2;
-    bm_entry *ne = calloc((size_t)c, sizeof(bm_entry));
-    if (!ne) return NULL;
-    m->e = ne; m->cap = c;
-    for (int64_t i = 0; i < oldcap; i++) {
-      if (!old[i].used) continue;
-      uint64_t mask = (uint64_t)c - 1, j = old[i].hash & mask;
-      while (ne[j].used) j = (j + 1) & mask;
-      ne[j] = old[i];
-    }
-    free(old);
-  }
-  uint64_t h = hash_bytes(s, len);
-  bm_entry *e = bytemap_find(m, s, len, h);
-  if (e->used) return e;
-  if (GROW(m->arena, m->arena_cap, m->arena_n + len)) return NULL;
-  memcpy(m->arena + m->arena_n, s, (size_t)len);
-  e->hash = h; e->off = m->arena_n; e->len = (int32_t)len; e->val = 0; e->used = 1;
-  m->arena_n += len; m->n++;
-  return e;
-}
-
 /* ------------------------------------------------------------ the regex */
 
-static pcre2_code *compile_pattern(const char *fn, const char *pattern) {
+pcre2_code *compile_pattern(const char *fn, const char *pattern) {
   int errcode; PCRE2_SIZE erroff;
   pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
                                  PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &errcode, &erroff, NULL);
@@ -223,21 +38,8 @@ static pcre2_code *compile_pattern(const char *fn, const char *pattern) {
   return re;
 }
 
-/* What went wrong inside a worker (gl_error is thread-local, so workers
-   describe the failure and the calling thread reports it). */
-enum { ENC_OK = 0, ENC_NOMEM, ENC_BYTE, ENC_REGEX, ENC_TOO_LONG };
-typedef struct { int kind; int value; int64_t offset; } enc_err;
 
-/* Per-thread regex state: match data and a JIT stack big enough for long
-   runs of one character class. */
-typedef struct {
-  const pcre2_code *re;
-  pcre2_match_data *md;
-  pcre2_match_context *mctx;
-  pcre2_jit_stack *jstack;
-} splitter;
-
-static int splitter_init(splitter *sp, const pcre2_code *re) {
+int splitter_init(splitter *sp, const pcre2_code *re) {
   memset(sp, 0, sizeof *sp);
   sp->re = re;
   if (!re) return 0;
@@ -248,17 +50,14 @@ static int splitter_init(splitter *sp, const pcre2_code *re) {
   pcre2_jit_stack_assign(sp->mctx, NULL, sp->jstack);
   return 0;
 }
-static void splitter_free(splitter *sp) {
+void splitter_free(splitter *sp) {
   if (sp->md) pcre2_match_data_free(sp->md);
   if (sp->mctx) pcre2_match_context_free(sp->mctx);
   if (sp->jstack) pcre2_jit_stack_free(sp->jstack);
   memset(sp, 0, sizeof *sp);
 }
 
-/* Calls fn for every chunk of text in order; chunks tile the text.  No
-   pattern: the whole text is one chunk. */
-typedef int (*chunk_fn)(void *ud, const uint8_t *s, int64_t n, int64_t off);
-static int split_text(splitter *sp, const uint8_t *text, int64_t len, chunk_fn fn, void *ud, enc_err *err) {
+int split_text(splitter *sp, const uint8_t *text, int64_t len, chunk_fn fn, void *ud, enc_err *err) {
   if (len == 0) return 0;
   if (!sp->re) return fn(ud, text, len, 0);
   int64_t gap = 0, search = 0;
@@ -283,20 +82,6 @@ static int split_text(splitter *sp, const uint8_t *text, int64_t len, chunk_fn f
 
 /* ------------------------------------------------------------ the object */
 
-struct gl_tokenizer {
-  int is_char;
-  int safe_split;            /* char, or the GPT-4 pattern: gl_tok_safe_cut holds */
-  int32_t n_ordinary, n_special;
-  int32_t byte_id[256];      /* id of each single-byte token, -1 if none */
-  int32_t *left, *right;     /* per ordinary id: its merge, -1 for base tokens */
-  int32_t *merge_ids; int32_t n_merges; int64_t merge_cap; /* in rank order */
-  pairmap pairs;             /* pair_key(left, right) -> merged id (= its rank) */
-  int64_t *tok_off; int32_t *tok_len; int64_t tok_cap;     /* every id's bytes */
-  uint8_t *blob; int64_t blob_n, blob_cap;
-  char *pattern;             /* NULL: no splitting */
-  pcre2_code *re;
-};
-
 void gl_tok_free(gl_tokenizer *t) {
   if (!t) return;
   free(t->left); free(t->right); free(t->merge_ids);
@@ -308,10 +93,11 @@ void gl_tok_free(gl_tokenizer *t) {
 }
 
 /* pattern: NULL means GPT-4, "" means none */
-static gl_tokenizer *tok_new(const char *fn, const char *pattern, int is_char) {
+gl_tokenizer *tok_new(const char *fn, const char *pattern, int is_char) {
   gl_tokenizer *t = calloc(1, sizeof *t);
   if (!t) return gl_error_null("%s: out of memory", fn);
   t->is_char = is_char;
+  pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, t->unicode_version);
   for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
   if (pairmap_init(&t->pairs, 1024)) { gl_tok_free(t); return gl_error_null("%s: out of memory", fn); }
   if (pattern == NULL) pattern = GPT4_PATTERN;
@@ -326,7 +112,7 @@ static gl_tokenizer *tok_new(const char *fn, const char *pattern, int is_char) {
 }
 
 /* appends a token's bytes; returns its id or -1 (out of memory) */
-static int32_t tok_push(gl_tokenizer *t, const uint8_t *s, int64_t len, int32_t left, int32_t right) {
+int32_t tok_push(gl_tokenizer *t, const uint8_t *s, int64_t len, int32_t left, int32_t right) {
   int32_t id = t->n_ordinary + t->n_special;
   if (id >= t->tok_cap) {
     int64_t cap = t->tok_cap ? 2 * t->tok_cap : 512;
@@ -344,7 +130,7 @@ static int32_t tok_push(gl_tokenizer *t, const uint8_t *s, int64_t len, int32_t 
 
 /* Ordinary token made by merging a and b; bytes are concatenated.  Must be
    called before any special token is added. */
-static int32_t tok_add_merge(gl_tokenizer *t, int32_t a, int32_t b) {
+int32_t tok_add_merge(gl_tokenizer *t, int32_t a, int32_t b) {
   int64_t la = t->tok_len[a], lb = t->tok_len[b];
   if (GROW(t->blob, t->blob_cap, t->blob_n + la + lb)) return -1;
   uint8_t *tmp = malloc((size_t)(la + lb));
@@ -364,7 +150,7 @@ static int32_t tok_add_merge(gl_tokenizer *t, int32_t a, int32_t b) {
   return id;
 }
 
-static int tok_add_specials(const char *fn, gl_tokenizer *t, int n, const char *const *names) {
+int tok_add_specials(const char *fn, gl_tokenizer *t, int n, const char *const *names) {
   if (n < 0) return gl_error("%s: n_special expected >= 0, got %d", fn, n);
   if (n > 0 && !names) return gl_error("%s: special expected %d names, got NULL", fn, n);
   for (int i = 0; i < n; i++) {
@@ -380,19 +166,14 @@ static int tok_add_specials(const char *fn, gl_tokenizer *t, int n, const char *
 
 /* ------------------------------------------------------------ encoding */
 
-/* Per-thread scratch for the heap merge of long chunks. */
-typedef struct {
-  int32_t *next, *prev; int64_t link_cap;
-  uint64_t *heap; int64_t heap_n, heap_cap;
-} merge_scratch;
-static void merge_scratch_free(merge_scratch *s) { free(s->next); free(s->prev); free(s->heap); memset(s, 0, sizeof *s); }
+void merge_scratch_free(merge_scratch *s) { free(s->next); free(s->prev); free(s->heap); memset(s, 0, sizeof *s); }
 
 static int heap_push_min(merge_scratch *s, uint64_t v) { return rankheap_push(&s->heap, &s->heap_n, &s->heap_cap, v); }
 
 enum { MERGE_SCAN_MAX = 64 }; /* chunks up to this many ids use the plain scan */
 
 /* Merges ids[0..n) in place by rank; returns the new length or -1 (ENOMEM). */
-static int64_t bpe_merge(const gl_tokenizer *t, int32_t *ids, int64_t n, merge_scratch *s) {
+int64_t bpe_merge(const gl_tokenizer *t, int32_t *ids, int64_t n, merge_scratch *s) {
   if (n < 2 || t->n_merges == 0) return n;
   if (n <= MERGE_SCAN_MAX) {
     int32_t rank[MERGE_SCAN_MAX]; /* rank[i]: merged id of (ids[i], ids[i+1]), INT32_MAX if none */
@@ -534,7 +315,7 @@ static int encode_text(encoder *e, const uint8_t *text, int64_t len, int64_t bas
   return split_text(&e->sp, text, len, encode_chunk, e, &e->err);
 }
 
-static int report_enc_err(const char *fn, const enc_err *err, int doc) {
+int report_enc_err(const char *fn, const enc_err *err, int doc) {
   char where[64] = "";
   if (doc >= 0) snprintf(where, sizeof where, " in text %d", doc + 1);
   switch (err->kind) {
@@ -561,10 +342,10 @@ static gl_tensor *ids_tensor(const char *fn, const int32_t *ids, int64_t n) {
   return out;
 }
 
-static int check_tok(const char *fn, const gl_tokenizer *t) {
+int check_tok(const char *fn, const gl_tokenizer *t) {
   return t ? GL_OK : gl_error("%s: tokenizer expected, got NULL", fn);
 }
-static int check_text(const char *fn, const char *text, int64_t len) {
+int check_text(const char *fn, const char *text, int64_t len) {
   if (len < 0) return gl_error("%s: len expected >= 0, got %lld", fn, (long long)len);
   if (len > 0 && !text) return gl_error("%s: text expected, got NULL", fn);
   return GL_OK;
@@ -595,12 +376,11 @@ int64_t gl_tok_safe_cut(const gl_tokenizer *t, const char *text, int64_t len) {
   return 0;
 }
 
-enum { PARALLEL_MIN_BYTES = 1 << 20 };
 
 /* Cut points for spreading a big text over nthreads (about 8 pieces per
    thread, at least 256 KB each, at safe cuts): cuts[0] = 0 < ... <
    cuts[*npieces] = len.  NULL when out of memory. */
-static int64_t *make_cuts(const uint8_t *s, int64_t len, int nthreads, int64_t *npieces) {
+int64_t *make_cuts(const uint8_t *s, int64_t len, int nthreads, int64_t *npieces) {
   int64_t target = len / ((int64_t)nthreads * 8);
   if (target < (1 << 18)) target = 1 << 18;
   int64_t cap = len / target + 2;
@@ -826,6 +606,12 @@ const char *gl_tok_pattern(const gl_tokenizer *t) {
   GL_NONNULL_OR(NULL, "gl_tok_pattern", t);
   return t->pattern;
 }
+const char *gl_tok_unicode_version(const gl_tokenizer *t) {
+  static char here[24];
+  if (t) return t->unicode_version;
+  if (!here[0]) pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, here);
+  return here;
+}
 int gl_tok_n_merges(const gl_tokenizer *t) { return t ? t->n_merges : gl_error("gl_tok_n_merges: tokenizer expected, got NULL"); }
 int gl_tok_n_special(const gl_tokenizer *t) { return t ? t->n_special : gl_error("gl_tok_n_special: tokenizer expected, got NULL"); }
 
@@ -855,6 +641,51 @@ const char *gl_tok_token_bytes(const gl_tokenizer *t, int id, int64_t *len) {
 
 /* ------------------------------------------------------------ constructors */
 
+/* Each multi-byte ordinary token's merge, recovered the way tiktoken applies
+   ranks: its bytes, encoded with the merges of lower rank, must come out as
+   exactly two tokens, and those two become its pair.  Both ways of making a
+   tokenizer from ranks use it (a merge list, a ranks file), so a tokenizer
+   encodes the same before and after save + load.  path names the file in
+   errors; NULL means the tokens came from a merge list (ids 256.. are its
+   merges in order). */
+int tok_derive_merges(const char *fn, const char *path, gl_tokenizer *t) {
+  merge_scratch ms = {0};
+  int32_t *ids = NULL; int64_t ids_cap = 0;
+  int rc = GL_OK;
+  char where[256];
+  for (int32_t id = 0; id < t->n_ordinary && rc == GL_OK; id++) {
+    int64_t n = t->tok_len[id];
+    if (n == 1) continue;
+    if (path) snprintf(where, sizeof where, "'%s': token %d", path, id);
+    else snprintf(where, sizeof where, "merge %d (token %d)", id - 255, id);
+    if (GROW(ids, ids_cap, n)) { rc = gl_error("%s: out of memory", fn); break; }
+    const uint8_t *s = t->blob + t->tok_off[id];
+    int64_t k;
+    for (k = 0; k < n; k++) if ((ids[k] = t->byte_id[s[k]]) < 0) break;
+    if (k < n) { rc = gl_error("%s: %s contains byte 0x%02x, which has no token", fn, where, s[k]); break; }
+    int64_t m = bpe_merge(t, ids, n, &ms);
+    if (m < 0) { rc = gl_error("%s: out of memory", fn); break; }
+    if (m != 2) {
+      rc = gl_error("%s: %s is not a merge of two tokens of lower rank (%s)", fn, where,
+                    m == 1 ? "it duplicates another token" : "its bytes do not merge to it");
+      break;
+    }
+    int created;
+    int32_t *slot = pairmap_slot(&t->pairs, pair_key(ids[0], ids[1]), &created);
+    if (!slot || GROW(t->merge_ids, t->merge_cap, t->n_merges + 1)) { rc = gl_error("%s: out of memory", fn); break; }
+    *slot = id;
+    t->left[id] = ids[0]; t->right[id] = ids[1];
+    t->merge_ids[t->n_merges++] = id;
+  }
+  merge_scratch_free(&ms);
+  free(ids);
+  return rc;
+}
+
+/* A merge list (a, b) -> id 256 + i: the tokens' bytes are the pairs'
+   concatenations; the pairs that encoding uses are then derived by rank
+   (tok_derive_merges), as tiktoken does, so a merge such as (ab, c) after
+   (b, c) is reached as (a, bc). */
 gl_tokenizer *gl_tok_from_merges(const char *pattern, int n_merges, const int32_t *pairs,
                                  int n_special, const char *const *special) {
   const char *fn = "gl_tok_from_merges";
@@ -867,19 +698,22 @@ gl_tokenizer *gl_tok_from_merges(const char *pattern, int n_merges, const int32_
     if ((t->byte_id[b] = tok_push(t, &c, 1, -1, -1)) < 0) goto nomem;
     t->n_ordinary++;
   }
+  uint8_t *tmp = NULL; int64_t tmp_cap = 0;
   for (int i = 0; i < n_merges; i++) {
     int32_t a = pairs[2 * i], b = pairs[2 * i + 1];
     if (a < 0 || a >= t->n_ordinary || b < 0 || b >= t->n_ordinary) {
       gl_error("%s: merge %d joins (%d, %d), expected ids in [0, %d)", fn, i + 1, a, b, t->n_ordinary);
-      gl_tok_free(t); return NULL;
+      free(tmp); gl_tok_free(t); return NULL;
     }
-    if (pairmap_get(&t->pairs, pair_key(a, b)) >= 0) {
-      gl_error("%s: merge %d joins (%d, %d), a pair merged before", fn, i + 1, a, b);
-      gl_tok_free(t); return NULL;
-    }
-    if (tok_add_merge(t, a, b) < 0) goto nomem;
+    int64_t la = t->tok_len[a], lb = t->tok_len[b];
+    if (GROW(tmp, tmp_cap, la + lb)) { free(tmp); goto nomem; }
+    memcpy(tmp, t->blob + t->tok_off[a], (size_t)la);
+    memcpy(tmp + la, t->blob + t->tok_off[b], (size_t)lb);
+    if (tok_push(t, tmp, la + lb, -1, -1) < 0) { free(tmp); goto nomem; }
+    t->n_ordinary++;
   }
-  if (tok_add_specials(fn, t, n_special, special)) { gl_tok_free(t); return NULL; }
+  free(tmp);
+  if (tok_derive_merges(fn, NULL, t) || tok_add_specials(fn, t, n_special, special)) { gl_tok_free(t); return NULL; }
   return t;
 nomem:
   gl_tok_free(t);
@@ -903,549 +737,3 @@ gl_tokenizer *gl_tok_char(const char *text, int64_t len, int n_special, const ch
   return t;
 }
 
-/* ------------------------------------------------------------ training */
-
-struct gl_bpe_trainer {
-  char *pattern;      /* NULL: none */
-  pcre2_code *re;
-  bytemap chunks;     /* chunk bytes -> occurrences */
-};
-
-gl_bpe_trainer *gl_bpe_trainer_new(const char *pattern) {
-  const char *fn = "gl_bpe_trainer_new";
-  gl_bpe_trainer *tr = calloc(1, sizeof *tr);
-  if (!tr || bytemap_init(&tr->chunks, 1 << 12)) { free(tr); return gl_error_null("%s: out of memory", fn); }
-  if (pattern == NULL) pattern = GPT4_PATTERN;
-  if (pattern[0]) {
-    tr->pattern = strdup(pattern);
-    if (!tr->pattern) { gl_bpe_trainer_free(tr); return gl_error_null("%s: out of memory", fn); }
-    if (!(tr->re = compile_pattern(fn, pattern))) { gl_bpe_trainer_free(tr); return NULL; }
-  }
-  return tr;
-}
-
-void gl_bpe_trainer_free(gl_bpe_trainer *tr) {
-  if (!tr) return;
-  bytemap_free(&tr->chunks);
-  if (tr->re) pcre2_code_free(tr->re);
-  free(tr->pattern);
-  free(tr);
-}
-
-typedef struct { bytemap *m; int oom; } count_acc;
-static int count_chunk(void *ud, const uint8_t *s, int64_t n, int64_t off) {
-  count_acc *a = ud;
-  if (n > INT32_MAX) { a->oom = 2; return -1; }
-  bm_entry *e = bytemap_slot(a->m, s, n);
-  if (!e) { a->oom = 1; return -1; }
-  e->val++;
-  return 0;
-}
-
-/* counts the chunks of text into m; failures described in *err */
-static void count_text(const pcre2_code *re, const uint8_t *text, int64_t len, bytemap *m, enc_err *err) {
-  splitter sp;
-  count_acc acc = {m, 0};
-  if (splitter_init(&sp, re)) err->kind = ENC_NOMEM;
-  else if (split_text(&sp, text, len, count_chunk, &acc, err) && err->kind == ENC_OK)
-    err->kind = acc.oom == 2 ? ENC_TOO_LONG : ENC_NOMEM;
-  splitter_free(&sp);
-}
-
-/* Big texts split with the GPT-4 pattern are counted on all threads, each
-   into its own map, merged at the end (the cuts do not change the chunks). */
-int gl_bpe_trainer_add(gl_bpe_trainer *tr, const char *text, int64_t len) {
-  const char *fn = "gl_bpe_trainer_add";
-  if (!tr) return gl_error("%s: trainer expected, got NULL", fn);
-  GL_TRY(check_text(fn, text, len));
-  const uint8_t *s = (const uint8_t *)text;
-  int nthreads = gl_get_num_threads();
-  enc_err err = {0};
-  if (nthreads < 2 || len < 4 * PARALLEL_MIN_BYTES || !tr->pattern || strcmp(tr->pattern, GPT4_PATTERN) != 0) {
-    count_text(tr->re, s, len, &tr->chunks, &err);
-    return err.kind ? report_enc_err(fn, &err, -1) : GL_OK;
-  }
-  int64_t npieces;
-  int64_t *cuts = make_cuts(s, len, nthreads, &npieces);
-  bytemap *maps = calloc((size_t)nthreads, sizeof(bytemap));
-  enc_err *errs = calloc((size_t)nthreads, sizeof(enc_err));
-  if (!cuts || !maps || !errs) { free(cuts); free(maps); free(errs); return gl_error("%s: out of memory", fn); }
-  #pragma omp parallel num_threads(nthreads)
-  {
-    int me = omp_get_thread_num();
-    if (bytemap_init(&maps[me], 1 << 12)) errs[me].kind = ENC_NOMEM;
-    #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < npieces; i++)
-      if (errs[me].kind == ENC_OK) count_text(tr->re, s + cuts[i], cuts[i + 1] - cuts[i], &maps[me], &errs[me]);
-  }
-  for (int k = 0; k < nthreads && err.kind == ENC_OK; k++) {
-    err = errs[k];
-    for (int64_t i = 0; i < maps[k].cap && err.kind == ENC_OK; i++) {
-      const bm_entry *e = &maps[k].e[i];
-      if (!e->used) continue;
-      bm_entry *d = bytemap_slot(&tr->chunks, maps[k].arena + e->off, e->len);
-      if (!d) err.kind = ENC_NOMEM;
-      else d->val += e->val;
-    }
-  }
-  for (int k = 0; k < nthreads; k++) bytemap_free(&maps[k]);
-  free(maps); free(errs); free(cuts);
-  return err.kind ? report_enc_err(fn, &err, -1) : GL_OK;
-}
-
-int64_t gl_bpe_trainer_unique_chunks(const gl_bpe_trainer *tr) {
-  return tr ? tr->chunks.n : gl_error("gl_bpe_trainer_unique_chunks: trainer expected, got NULL");
-}
-
-/* Training state.  Words are the unique chunks: ids in one arena, each with
-   its occurrence count.  Pair p: count[p] and the words it occurs in (may
-   hold words it no longer occurs in; a merge skips those). */
-typedef struct {
-  int32_t *wids; int64_t *woff, *wcount; int32_t *wlen, *wstamp; int64_t nwords;
-  pairmap pidx;                   /* pair key -> pair index */
-  int64_t *pcount; uint64_t *pkey; i32vec *pwords; int32_t *pstamp; int64_t npairs, pcap;
-  heap_item *heap; int64_t heap_n, heap_cap;
-  i32vec touched;                 /* pairs that gained counts in this merge */
-  int32_t stamp;
-  int oom;
-} bpe_state;
-
-static int heap_push_max(bpe_state *st, heap_item it) { return pairheap_push(&st->heap, &st->heap_n, &st->heap_cap, it); }
-
-/* count[(a,b)] += delta; word w (>= 0) is recorded as containing the pair */
-static void add_pair(bpe_state *st, int32_t a, int32_t b, int64_t delta, int32_t w) {
-  int created;
-  int32_t *slot = pairmap_slot(&st->pidx, pair_key(a, b), &created);
-  if (!slot) { st->oom = 1; return; }
-  if (created) {
-    if (st->npairs == st->pcap) {
-      int64_t cap = st->pcap ? 2 * st->pcap : 1 << 16;
-      if (resize((void **)&st->pcount, cap, sizeof(int64_t)) || resize((void **)&st->pkey, cap, sizeof(uint64_t)) ||
-          resize((void **)&st->pwords, cap, sizeof(i32vec)) || resize((void **)&st->pstamp, cap, sizeof(int32_t))) {
-        st->oom = 1; return;
-      }
-      st->pcap = cap;
-    }
-    *slot = (int32_t)st->npairs++;
-    st->pcount[*slot] = 0;
-    st->pkey[*slot] = pair_key(a, b);
-    memset(&st->pwords[*slot], 0, sizeof(i32vec));
-    st->pstamp[*slot] = -1;
-  }
-  int32_t p = *slot;
-  st->pcount[p] += delta;
-  if (w >= 0) {
-    i32vec *l = &st->pwords[p];
-    if ((l->n == 0 || l->v[l->n - 1] != w) && i32vec_push(l, w)) st->oom = 1;
-    if (st->pstamp[p] != st->stamp) { st->pstamp[p] = st->stamp; if (i32vec_push(&st->touched, p)) st->oom = 1; }
-  }
-}
-
-static void bpe_state_free(bpe_state *st) {
-  free(st->wids); free(st->woff); free(st->wcount); free(st->wlen); free(st->wstamp);
-  pairmap_free(&st->pidx);
-  for (int64_t p = 0; p < st->npairs; p++) free(st->pwords[p].v);
-  free(st->pcount); free(st->pkey); free(st->pwords); free(st->pstamp);
-  free(st->heap); free(st->touched.v);
-}
-
-gl_tokenizer *gl_bpe_trainer_train(gl_bpe_trainer *tr, int vocab_size, int n_special,
-                                   const char *const *special) {
-  const char *fn = "gl_bpe_trainer_train";
-  if (!tr) return gl_error_null("%s: trainer expected, got NULL", fn);
-  if (n_special < 0) return gl_error_null("%s: n_special expected >= 0, got %d", fn, n_special);
-  if (vocab_size < 256 + n_special)
-    return gl_error_null("%s: vocab_size expected >= 256 + %d special tokens, got %d", fn, n_special, vocab_size);
-  int n_merges = vocab_size - 256 - n_special;
-  gl_tokenizer *t = gl_tok_from_merges(tr->pattern ? tr->pattern : "", 0, NULL, 0, NULL);
-  if (!t) return NULL;
-  bpe_state st = {0};
-  bytemap known = {0};   /* bytes of every token so far: no two tokens share bytes */
-  int nomem = 0;
-
-  /* words */
-  st.nwords = tr->chunks.n;
-  int64_t nw = st.nwords ? st.nwords : 1;
-  st.woff = malloc((size_t)nw * sizeof(int64_t));
-  st.wcount = malloc((size_t)nw * sizeof(int64_t));
-  st.wlen = malloc((size_t)nw * sizeof(int32_t));
-  st.wstamp = malloc((size_t)nw * sizeof(int32_t));
-  st.wids = malloc((size_t)(tr->chunks.arena_n ? tr->chunks.arena_n : 1) * sizeof(int32_t));
-  if (!st.woff || !st.wcount || !st.wlen || !st.wstamp || !st.wids || pairmap_init(&st.pidx, 1 << 16) ||
-      bytemap_init(&known, vocab_size)) { nomem = 1; goto done; }
-  {
-    int64_t w = 0, off = 0;
-    for (int64_t i = 0; i < tr->chunks.cap; i++) {
-      const bm_entry *e = &tr->chunks.e[i];
-      if (!e->used) continue;
-      st.woff[w] = off; st.wlen[w] = e->len; st.wcount[w] = e->val; st.wstamp[w] = -1;
-      for (int32_t j = 0; j < e->len; j++) st.wids[off + j] = tr->chunks.arena[e->off + j];
-      off += e->len; w++;
-    }
-  }
-  for (int b = 0; b < 256; b++) {
-    uint8_t c = (uint8_t)b;
-    bm_entry *e = bytemap_slot(&known, &c, 1);
-    if (!e) { nomem = 1; goto done; }
-    e->val = b;
-  }
-  /* initial pair counts (stamp 0; merge m runs with stamp m + 1) */
-  st.stamp = 0;
-  for (int64_t w = 0; w < st.nwords; w++) {
-    const int32_t *ids = st.wids + st.woff[w];
-    for (int32_t j = 0; j + 1 < st.wlen[w]; j++) add_pair(&st, ids[j], ids[j + 1], st.wcount[w], (int32_t)w);
-  }
-  if (st.oom) { nomem = 1; goto done; }
-  for (int64_t p = 0; p < st.npairs; p++)
-    if (heap_push_max(&st, (heap_item){st.pcount[p], st.pkey[p]})) { nomem = 1; goto done; }
-
-  uint8_t *cat = NULL; int64_t cat_cap = 0;
-  for (int m = 0; m < n_merges; m++) {
-    /* the most frequent live pair; stale heap entries are refreshed */
-    int32_t p = -1, a = 0, b = 0;
-    while (st.heap_n > 0) {
-      heap_item it = pairheap_pop(st.heap, &st.heap_n);
-      int32_t q = pairmap_get(&st.pidx, it.key);
-      int64_t cur = st.pcount[q];
-      if (cur != it.count) {
-        if (cur > 0 && heap_push_max(&st, (heap_item){cur, it.key})) { nomem = 1; break; }
-        continue;
-      }
-      if (cur <= 0) continue;
-      a = (int32_t)(it.key >> 32); b = (int32_t)(it.key & 0xffffffffu);
-      int64_t la = t->tok_len[a], lb = t->tok_len[b];
-      if (GROW(cat, cat_cap, la + lb)) { nomem = 1; break; }
-      memcpy(cat, t->blob + t->tok_off[a], (size_t)la);
-      memcpy(cat + la, t->blob + t->tok_off[b], (size_t)lb);
-      if (bytemap_get(&known, cat, la + lb) >= 0) continue; /* would duplicate a token */
-      p = q;
-      break;
-    }
-    if (nomem || p < 0) break;
-    int32_t nid = tok_add_merge(t, a, b);
-    bm_entry *ke = nid >= 0 ? bytemap_slot(&known, t->blob + t->tok_off[nid], t->tok_len[nid]) : NULL;
-    if (!ke) { nomem = 1; break; }
-    ke->val = nid;
-
-    st.stamp = m + 1;
-    st.touched.n = 0;
-    i32vec words = st.pwords[p];       /* only pairs with nid gain words during this merge */
-    for (int64_t k = 0; k < words.n; k++) {
-      int32_t w = words.v[k];
-      if (st.wstamp[w] == st.stamp) continue;
-      st.wstamp[w] = st.stamp;
-      int32_t *ids = st.wids + st.woff[w];
-      int64_t n = st.wlen[w], c = st.wcount[w], out = 0;
-      for (int64_t i = 0; i < n;) {
-        if (i + 1 < n && ids[i] == a && ids[i + 1] == b) {
-          if (out > 0) { int32_t l = ids[out - 1]; add_pair(&st, l, a, -c, -1); add_pair(&st, l, nid, c, w); }
-          add_pair(&st, a, b, -c, -1);
-          if (i + 2 < n) { int32_t r = ids[i + 2]; add_pair(&st, b, r, -c, -1); add_pair(&st, nid, r, c, w); }
-          ids[out++] = nid; i += 2;
-        } else {
-          ids[out++] = ids[i++];
-        }
-      }
-      st.wlen[w] = (int32_t)out;
-    }
-    if (st.oom) { nomem = 1; break; }
-    if (st.pcount[p] != 0) gl_panic("%s: pair (%d, %d) has count %lld after its merge", fn, a, b, (long long)st.pcount[p]);
-    free(st.pwords[p].v);
-    memset(&st.pwords[p], 0, sizeof(i32vec));
-    /* the pairs with nid are new: push them once, with their final counts
-       (later they only lose counts, which the lazy heap tolerates) */
-    for (int64_t k = 0; k < st.touched.n && !nomem; k++) {
-      int32_t q = st.touched.v[k];
-      if (st.pcount[q] > 0 && heap_push_max(&st, (heap_item){st.pcount[q], st.pkey[q]})) nomem = 1;
-    }
-    if (nomem) break;
-  }
-  free(cat);
-done:
-  bpe_state_free(&st);
-  bytemap_free(&known);
-  if (nomem) { gl_tok_free(t); return gl_error_null("%s: out of memory", fn); }
-  if (tok_add_specials(fn, t, n_special, special)) { gl_tok_free(t); return NULL; }
-  return t;
-}
-
-/* ------------------------------------------------------------ files */
-
-static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static void b64_encode(const uint8_t *s, int64_t n, char *out) {
-  int64_t i = 0;
-  for (; i + 2 < n; i += 3) {
-    uint32_t v = (uint32_t)s[i] << 16 | (uint32_t)s[i + 1] << 8 | s[i + 2];
-    *out++ = B64[v >> 18]; *out++ = B64[(v >> 12) & 63]; *out++ = B64[(v >> 6) & 63]; *out++ = B64[v & 63];
-  }
-  if (i < n) {
-    uint32_t v = (uint32_t)s[i] << 16 | (i + 1 < n ? (uint32_t)s[i + 1] << 8 : 0);
-    *out++ = B64[v >> 18]; *out++ = B64[(v >> 12) & 63];
-    *out++ = i + 1 < n ? B64[(v >> 6) & 63] : '=';
-    *out++ = '=';
-  }
-  *out = 0;
-}
-
-/* decodes n base64 chars into out; returns the byte count or -1 */
-static int64_t b64_decode(const char *s, int64_t n, uint8_t *out) {
-  if (n % 4) return -1;
-  int64_t w = 0;
-  for (int64_t i = 0; i < n; i += 4) {
-    uint32_t v = 0; int pad = 0;
-    for (int k = 0; k < 4; k++) {
-      char c = s[i + k]; int d;
-      if (c >= 'A' && c <= 'Z') d = c - 'A';
-      else if (c >= 'a' && c <= 'z') d = c - 'a' + 26;
-      else if (c >= '0' && c <= '9') d = c - '0' + 52;
-      else if (c == '+') d = 62;
-      else if (c == '/') d = 63;
-      else if (c == '=' && i + 4 == n && k >= 2) { d = 0; pad++; }
-      else return -1;
-      if (pad && c != '=') return -1;
-      v = v << 6 | (uint32_t)d;
-    }
-    out[w++] = (uint8_t)(v >> 16);
-    if (pad < 2) out[w++] = (uint8_t)(v >> 8);
-    if (pad < 1) out[w++] = (uint8_t)v;
-  }
-  return w;
-}
-
-/* write to path.tmp, then rename: readers never see half a file */
-static int write_atomic(const char *fn, const char *path, const char *data, int64_t n) {
-  size_t pl = strlen(path);
-  char *tmp = malloc(pl + 5);
-  if (!tmp) return gl_error("%s: out of memory", fn);
-  memcpy(tmp, path, pl); memcpy(tmp + pl, ".tmp", 5);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) { int e = errno; free(tmp); return gl_error("%s: cannot write '%s': %s", fn, path, strerror(e)); }
-  int ok = fwrite(data, 1, (size_t)n, f) == (size_t)n;
-  ok = (fclose(f) == 0) && ok;
-  if (!ok || rename(tmp, path) != 0) {
-    int e = errno; remove(tmp); free(tmp);
-    return gl_error("%s: cannot write '%s': %s", fn, path, strerror(e));
-  }
-  free(tmp);
-  return GL_OK;
-}
-
-/* the whole file, NUL-terminated; NULL with *missing = 1 if it does not exist */
-static char *read_file(const char *fn, const char *path, int64_t *len, int *missing) {
-  *missing = 0;
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    if (errno == ENOENT) { *missing = 1; return NULL; }
-    return gl_error_null("%s: cannot open '%s': %s", fn, path, strerror(errno));
-  }
-  char *buf = NULL; int64_t n = 0, cap = 0;
-  for (;;) {
-    if (GROW(buf, cap, n + 65536 + 1)) { fclose(f); free(buf); return gl_error_null("%s: out of memory reading '%s'", fn, path); }
-    size_t r = fread(buf + n, 1, 65536, f);
-    n += (int64_t)r;
-    if (r < 65536) break;
-  }
-  int bad = ferror(f);
-  fclose(f);
-  if (bad) { free(buf); return gl_error_null("%s: read error on '%s'", fn, path); }
-  buf[n] = 0;
-  *len = n;
-  return buf;
-}
-
-static char *sidecar_path(const char *path) {
-  size_t pl = strlen(path);
-  char *p = malloc(pl + 6);
-  if (p) { memcpy(p, path, pl); memcpy(p + pl, ".json", 6); }
-  return p;
-}
-
-int gl_tok_save(const gl_tokenizer *t, const char *path) {
-  const char *fn = "gl_tok_save";
-  GL_TRY(check_tok(fn, t));
-  if (!path) return gl_error("%s: path expected, got NULL", fn);
-  /* ranks file */
-  int64_t cap = 0, n = 0;
-  for (int32_t i = 0; i < t->n_ordinary; i++) cap += (t->tok_len[i] + 2) / 3 * 4 + 14;
-  char *buf = malloc((size_t)cap + 1);
-  int32_t maxlen = 0;
-  for (int32_t i = 0; i < t->n_ordinary; i++) if (t->tok_len[i] > maxlen) maxlen = t->tok_len[i];
-  char *enc = malloc((size_t)(maxlen + 2) / 3 * 4 + 1);
-  if (!buf || !enc) { free(buf); free(enc); return gl_error("%s: out of memory", fn); }
-  for (int32_t i = 0; i < t->n_ordinary; i++) {
-    b64_encode(t->blob + t->tok_off[i], t->tok_len[i], enc);
-    n += sprintf(buf + n, "%s %d\n", enc, i);
-  }
-  free(enc);
-  int rc = write_atomic(fn, path, buf, n);
-  free(buf);
-  if (rc) return rc;
-  /* sidecar */
-  cJSON *j = cJSON_CreateObject();
-  cJSON_AddStringToObject(j, "format", "gptlua-tokenizer");
-  cJSON_AddNumberToObject(j, "version", 1);
-  cJSON_AddStringToObject(j, "type", t->is_char ? "char" : "bpe");
-  if (t->pattern) cJSON_AddStringToObject(j, "pattern", t->pattern);
-  else cJSON_AddNullToObject(j, "pattern");
-  cJSON_AddNumberToObject(j, "vocab_size", t->n_ordinary + t->n_special);
-  cJSON *sp = cJSON_AddObjectToObject(j, "special_tokens");
-  for (int32_t i = t->n_ordinary; i < t->n_ordinary + t->n_special; i++) {
-    char *name = strndup((const char *)t->blob + t->tok_off[i], (size_t)t->tok_len[i]);
-    if (name) cJSON_AddNumberToObject(sp, name, i);
-    free(name);
-  }
-  char *text = cJSON_Print(j);
-  cJSON_Delete(j);
-  char *jpath = sidecar_path(path);
-  if (!text || !jpath) { free(text); free(jpath); return gl_error("%s: out of memory", fn); }
-  rc = write_atomic(fn, jpath, text, (int64_t)strlen(text));
-  free(text); free(jpath);
-  return rc;
-}
-
-gl_tokenizer *gl_tok_load(const char *path) {
-  const char *fn = "gl_tok_load";
-  if (!path) return gl_error_null("%s: path expected, got NULL", fn);
-  int64_t len, jlen; int missing;
-  char *text = read_file(fn, path, &len, &missing);
-  if (!text) return missing ? gl_error_null("%s: '%s' does not exist", fn, path) : NULL;
-  /* sidecar: type, pattern, specials */
-  char *jpath = sidecar_path(path);
-  if (!jpath) { free(text); return gl_error_null("%s: out of memory", fn); }
-  char *jtext = read_file(fn, jpath, &jlen, &missing);
-  if (!jtext && !missing) { free(text); free(jpath); return NULL; }
-  int is_char = 0;
-  char *pattern = NULL;         /* NULL with a sidecar: none; without: GPT-4 */
-  int n_special = 0;
-  char **snames = NULL; int32_t *sids = NULL;
-  gl_tokenizer *t = NULL;
-  uint8_t *bytes = NULL;
-  cJSON *j = NULL;
-  if (jtext) {
-    j = cJSON_Parse(jtext);
-    if (!j || !cJSON_IsObject(j)) { gl_error("%s: '%s' is not valid JSON", fn, jpath); goto fail; }
-    cJSON *ty = cJSON_GetObjectItemCaseSensitive(j, "type");
-    if (cJSON_IsString(ty)) {
-      if (strcmp(ty->valuestring, "char") == 0) is_char = 1;
-      else if (strcmp(ty->valuestring, "bpe") != 0) { gl_error("%s: '%s': type expected \"bpe\" or \"char\", got \"%s\"", fn, jpath, ty->valuestring); goto fail; }
-    }
-    cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
-    if (cJSON_IsString(pat)) pattern = pat->valuestring;
-    else if (pat && !cJSON_IsNull(pat)) { gl_error("%s: '%s': pattern expected a string or null", fn, jpath); goto fail; }
-    cJSON *sp = cJSON_GetObjectItemCaseSensitive(j, "special_tokens");
-    if (sp && !cJSON_IsObject(sp)) { gl_error("%s: '%s': special_tokens expected an object", fn, jpath); goto fail; }
-    n_special = sp ? cJSON_GetArraySize(sp) : 0;
-    snames = calloc((size_t)n_special + 1, sizeof(char *));
-    sids = calloc((size_t)n_special + 1, sizeof(int32_t));
-    if (!snames || !sids) { gl_error("%s: out of memory", fn); goto fail; }
-    int k = 0;
-    for (cJSON *it = sp ? sp->child : NULL; it; it = it->next, k++) {
-      if (!cJSON_IsNumber(it)) { gl_error("%s: '%s': special token '%s' expected an id", fn, jpath, it->string); goto fail; }
-      snames[k] = it->string; sids[k] = (int32_t)it->valuedouble;
-    }
-    /* order the specials by id */
-    for (int a = 1; a < n_special; a++)
-      for (int b = a; b > 0 && sids[b] < sids[b - 1]; b--) {
-        int32_t ti = sids[b]; sids[b] = sids[b - 1]; sids[b - 1] = ti;
-        char *tn = snames[b]; snames[b] = snames[b - 1]; snames[b - 1] = tn;
-      }
-  } else {
-    pattern = (char *)GPT4_PATTERN;
-  }
-  t = tok_new(fn, pattern ? pattern : "", is_char);
-  if (!t) goto fail;
-  bytes = malloc((size_t)len + 1);
-  if (!bytes) { gl_error("%s: out of memory", fn); goto fail; }
-  /* pass 1: every token's bytes, ranks dense from 0 */
-  {
-    int64_t line = 0;
-    for (char *p = text; *p;) {
-      char *eol = strchr(p, '\n');
-      if (!eol) eol = p + strlen(p);
-      line++;
-      char *q = eol;
-      if (q > p && q[-1] == '\r') q--;
-      if (q > p) {
-        char *sp = memchr(p, ' ', (size_t)(q - p));
-        char *end = NULL;
-        long long rank = sp ? strtoll(sp + 1, &end, 10) : -1;
-        if (!sp || end != q) { gl_error("%s: '%s' line %lld: expected \"<base64> <rank>\"", fn, path, (long long)line); goto fail; }
-        int64_t nb = b64_decode(p, sp - p, bytes);
-        if (nb <= 0) { gl_error("%s: '%s' line %lld: invalid base64", fn, path, (long long)line); goto fail; }
-        if (rank != t->n_ordinary) {
-          gl_error("%s: '%s' line %lld: rank %lld, expected %d (ranks must be dense and in order)", fn, path,
-                   (long long)line, rank, t->n_ordinary);
-          goto fail;
-        }
-        if (tok_push(t, bytes, nb, -1, -1) < 0) { gl_error("%s: out of memory", fn); goto fail; }
-        t->n_ordinary++;
-        if (nb == 1) {
-          if (t->byte_id[bytes[0]] >= 0) {
-            gl_error("%s: '%s' line %lld: byte 0x%02x is token %d already", fn, path, (long long)line, bytes[0], t->byte_id[bytes[0]]);
-            goto fail;
-          }
-          t->byte_id[bytes[0]] = (int32_t)rank;
-        } else if (is_char) {
-          gl_error("%s: '%s' line %lld: a char tokenizer has single-byte tokens only", fn, path, (long long)line);
-          goto fail;
-        }
-      }
-      p = *eol ? eol + 1 : eol;
-    }
-    if (t->n_ordinary == 0) {
-      gl_error("%s: '%s' holds no tokens (vocabulary 0): expected lines \"<base64> <rank>\"", fn, path);
-      goto fail;
-    }
-  }
-  /* pass 2: recover each multi-byte token's merge by encoding its bytes
-     with the merges of lower rank; it must come out as exactly two tokens */
-  {
-    merge_scratch ms = {0};
-    int32_t *ids = NULL; int64_t ids_cap = 0;
-    int ok = 1;
-    for (int32_t id = 0; id < t->n_ordinary && ok; id++) {
-      ok = 0;
-      int64_t n = t->tok_len[id];
-      if (n == 1) { ok = 1; continue; }
-      if (GROW(ids, ids_cap, n)) { gl_error("%s: out of memory", fn); break; }
-      const uint8_t *s = t->blob + t->tok_off[id];
-      int64_t k;
-      for (k = 0; k < n; k++) if ((ids[k] = t->byte_id[s[k]]) < 0) break;
-      if (k < n) { gl_error("%s: '%s': token %d contains byte 0x%02x, which has no token", fn, path, id, s[k]); break; }
-      int64_t m = bpe_merge(t, ids, n, &ms);
-      if (m < 0) { gl_error("%s: out of memory", fn); break; }
-      if (m != 2) {
-        gl_error("%s: '%s': token %d is not a merge of two tokens of lower rank (%s)", fn, path, id,
-                 m == 1 ? "it duplicates another token" : "its bytes do not merge to it");
-        break;
-      }
-      int created;
-      int32_t *slot = pairmap_slot(&t->pairs, pair_key(ids[0], ids[1]), &created);
-      if (!slot || GROW(t->merge_ids, t->merge_cap, t->n_merges + 1)) { gl_error("%s: out of memory", fn); break; }
-      *slot = id;
-      t->left[id] = ids[0]; t->right[id] = ids[1];
-      t->merge_ids[t->n_merges++] = id;
-      ok = 1;
-    }
-    merge_scratch_free(&ms);
-    free(ids);
-    if (!ok) goto fail;
-  }
-  /* specials: ids must follow the ordinary tokens */
-  for (int k = 0; k < n_special; k++) {
-    if (sids[k] != t->n_ordinary + k) {
-      gl_error("%s: '%s': special token '%s' has id %d, expected %d", fn, jpath, snames[k], sids[k], t->n_ordinary + k);
-      goto fail;
-    }
-  }
-  if (tok_add_specials(fn, t, n_special, (const char *const *)snames)) goto fail;
-  free(text); free(jtext); free(jpath); free(bytes); free(snames); free(sids);
-  cJSON_Delete(j);
-  return t;
-fail:
-  gl_tok_free(t);
-  free(text); free(jtext); free(jpath); free(bytes); free(snames); free(sids);
-  cJSON_Delete(j);
-  return NULL;
-}

@@ -32,6 +32,7 @@ local NULL_OK = {
   gl_safetensors_save = { metadata_json = 'optional: NULL writes no __metadata__' },
   gl_bpe_trainer_new = { pattern = 'optional: NULL selects the GPT-4 pattern' },
   gl_tok_from_merges = { pattern = 'optional: NULL selects the GPT-4 pattern' },
+  gl_tok_unicode_version = { t = "optional: NULL asks for this build's tables" },
   gl_layernorm_backward = { weight = 'optional: no affine scale', dweight = 'optional: weight has no gradient',
     dbias = 'optional: bias has no gradient' },
   gl_layernorm_forward = { weight = 'optional: no affine scale', bias = 'optional: no bias',

@@ -343,6 +343,43 @@ describe('tokenizer files', function()
     os.remove(p)
     raises('does not exist', tok.load, p)
   end)
+  it('applies a merge list by rank, as tiktoken does, before and after save + load', function()
+    -- (b,c) then (a,b) then (ab,c): "abc" reaches token 258 as (a, bc), since
+    -- bc outranks ab; the listed pair (ab, c) never occurs.  Both the merge
+    -- list and its ranks file must encode it the same way.
+    local b = string.byte
+    local t = tok.from_merges({ { b'b', b'c' }, { b'a', b'b' }, { 257, b'c' } }, { pattern = '' })
+    assert.same({ 258 }, t:encode('abc'))
+    assert.same({ 257, 257 }, t:encode('abab'))
+    local p = tmpname()
+    t:save(p)
+    local u = tok.load(p)
+    for _, s in ipairs({ 'abc', 'abab', 'cabcab', 'bcabc', 'aabbcc' }) do assert.same(t:encode(s), u:encode(s)) end
+    os.remove(p); os.remove(p .. '.json')
+    -- a merge list whose token duplicates an earlier one is refused, naming it
+    raises('merge 3 (token 258) is not a merge of two tokens of lower rank (it duplicates another token)',
+      tok.from_merges, { { b'a', b'b' }, { b'c', b'd' }, { b'a', b'b' } })
+  end)
+  it('records the Unicode version of its split tables, and says when they differ', function()
+    local t = tok.from_merges({ { 32, 116 } })
+    assert.matches('^%d+%.%d+%.%d+$', t.unicode_version)
+    local p = tmpname()
+    t:save(p)
+    local f = io.open(p .. '.json'); local j = f:read('*a'); f:close()
+    assert.matches('"unicode_version":%s*"' .. t.unicode_version:gsub('%.', '%%.') .. '"', j)
+    f = io.open(p .. '.json', 'wb'); f:write((j:gsub('"unicode_version":%s*"[^"]*"', '"unicode_version": "9.0.0"'))); f:close()
+    local err = os.tmpname()
+    local h = io.open(err, 'w'); local old = io.stderr; io.stderr = h
+    local ok, u = pcall(tok.load, p)
+    io.stderr = old; h:close()
+    assert.is_true(ok, u)
+    assert.equal('9.0.0', u.unicode_version)
+    h = io.open(err); local said = h:read('*a'); h:close(); os.remove(err)
+    assert.matches('made with Unicode 9.0.0 tables, this build has ' .. t.unicode_version:gsub('%.', '%%.'), said)
+    f = io.open(p .. '.json', 'wb'); f:write((j:gsub('"unicode_version":%s*"[^"]*"', '"unicode_version": 7'))); f:close()
+    raises('unicode_version expected a version string', tok.load, p)
+    os.remove(p); os.remove(p .. '.json')
+  end)
   it('refuses a tokenizer file with no tokens, naming the file', function()
     local p = tmpname()
     for _, body in ipairs({ '', '\n\n', '\r\n' }) do

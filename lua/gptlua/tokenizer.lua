@@ -47,6 +47,7 @@ local function wrap(p)
   self.kind = lib.gl_tok_is_char(c) == 1 and 'char' or 'bpe'
   local pat = lib.gl_tok_pattern(c)
   self.pattern = pat ~= nil and ffi.string(pat) or nil
+  self.unicode_version = ffi.string(lib.gl_tok_unicode_version(c))
   self.special_tokens = {}
   for id = self.n_ordinary, self.vocab_size - 1 do
     self.special_tokens[self:token_bytes(id)] = id
@@ -121,9 +122,17 @@ function M.train(sources, vocab_size, opts)
   return t
 end
 
+-- A tokenizer made with other Unicode tables than this build's PCRE2 splits
+-- characters added in between differently: said once, on stderr.
 function M.load(path)
   if type(path) ~= 'string' then error('tokenizer.load: path expected a string', 2) end
-  return wrap(lib.gl_tok_load(path))
+  local t = wrap(lib.gl_tok_load(path))
+  local here = ffi.string(lib.gl_tok_unicode_version(nil))
+  if t.kind == 'bpe' and t.pattern and t.unicode_version ~= here then
+    io.stderr:write(('tokenizer.load: %s was made with Unicode %s tables, this build has %s: characters added '
+      .. 'in between may split differently\n'):format(path, t.unicode_version, here))
+  end
+  return t
 end
 
 function Tokenizer:save(path)

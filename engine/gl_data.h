@@ -118,10 +118,16 @@ int gl_shard_writer_close(gl_shard_writer *w); /* frees w, also on error */
 void gl_shard_writer_abort(gl_shard_writer *w); /* removes path.tmp, frees w */
 
 /* A validated, memory-mapped shard.  open checks magic, version, sizes, the
-   checksum and that every token is < vocab_limit (0: the header's vocab). */
+   checksum and that every token is < vocab_limit (0: the header's vocab).
+   format GL_SHARD_AUTO reads gptlua's shards and llm.c's (int32 header,
+   magic 20240520: no vocabulary, no checksum); GL_SHARD_RAW_U16 reads
+   nanoGPT's headerless uint16 train.bin/val.bin.  Other formats come back in
+   a gl_shard_header with magic "LLM.C" / "RAW16", header_bytes the tokens'
+   offset, vocab_size and checksum 0. */
+enum { GL_SHARD_AUTO = 0, GL_SHARD_RAW_U16 = 1 };
 typedef struct gl_shard gl_shard;
-gl_shard *gl_shard_open(const char *path, int64_t vocab_limit);
-int gl_shard_read_header(const char *path, gl_shard_header *out);
+gl_shard *gl_shard_open(const char *path, int64_t vocab_limit, int format);
+int gl_shard_read_header(const char *path, int format, gl_shard_header *out);
 int64_t gl_shard_n_tokens(const gl_shard *s);
 int gl_shard_token_bytes(const gl_shard *s);
 int64_t gl_shard_vocab_size(const gl_shard *s);
@@ -150,7 +156,7 @@ typedef struct gl_loader_config {
   int64_t vocab_size;   /* shards/tokens must be below it (0: no check);
                            required by the random source */
   int32_t prefetch;     /* ring slots (batches assembled ahead), >= 2 */
-  int32_t pad_;
+  int32_t shard_format; /* how gl_loader_add_shard reads files: GL_SHARD_AUTO or _RAW_U16 */
 } gl_loader_config;
 
 /* where global row `sample` reads: source index, offset, epoch */

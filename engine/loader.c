@@ -316,7 +316,7 @@ int gl_loader_pin_memory(gl_loader *L, int on) {
 
 int gl_loader_add_shard(gl_loader *L, const char *path) {
   GL_NONNULL("gl_loader_add_shard", L, path);
-  gl_shard *sh = gl_shard_open(path, L->cfg.vocab_size);
+  gl_shard *sh = gl_shard_open(path, L->cfg.vocab_size, L->cfg.shard_format);
   if (!sh) return GL_ERR;
   source s = {SRC_SHARD, gl_shard_token_bytes(sh), gl_shard_data(sh), gl_shard_n_tokens(sh), sh};
   if (add_source(L, s)) { gl_shard_close(sh); return GL_ERR; }

@@ -9,7 +9,11 @@
  * header is final.  The reader maps the file and validates everything before
  * anyone reads a token: header fields, exact size, checksum, token range.
  * Token ids are int32 once read (gl_shard_tokens, the model's embedding), so
- * a vocabulary holds at most 2^31 ids. */
+ * a vocabulary holds at most 2^31 ids.
+ *
+ * The reader also takes llm.c's shards (by their magic) and nanoGPT's raw
+ * uint16 train.bin/val.bin (when asked: GL_SHARD_RAW_U16), so data people
+ * already have trains without conversion. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <errno.h>
@@ -182,35 +186,100 @@ static int check_header(const char *fn, const char *path, const gl_shard_header 
   return GL_OK;
 }
 
-int gl_shard_read_header(const char *path, gl_shard_header *out) {
+/* The other formats are read into a gl_shard_header too, so one reader
+   serves all: magic names the format ("LLM.C", "RAW16", zero-padded),
+   header_bytes is where the tokens start, vocab_size is 0 (unknown: tokens
+   are checked against the model's vocabulary, else the width's range) and
+   checksum 0 (they have none).
+   llm.c (and modded-nanogpt): 256 little-endian int32, [0] = 20240520,
+   [1] = version (1: uint16 tokens, 2: uint32), [2] = token count, then the
+   tokens.  nanoGPT's train.bin/val.bin: raw uint16 tokens, no header, so
+   nothing in the file says what it is: only an explicit GL_SHARD_RAW_U16
+   reads it, and that refuses a file that starts like the other two. */
+static const char LLMC_NAME[8] = {'L', 'L', 'M', '.', 'C', 0, 0, 0};
+static const char RAW_NAME[8] = {'R', 'A', 'W', '1', '6', 0, 0, 0};
+enum { LLMC_MAGIC = 20240520, LLMC_HEADER_BYTES = 1024 };
+
+static int llmc_header(const char *fn, const char *path, const int32_t *w, int64_t file_bytes, gl_shard_header *h) {
+  if (file_bytes < LLMC_HEADER_BYTES)
+    return gl_error("%s: '%s' is truncated: %lld bytes, smaller than llm.c's %d-byte header", fn, path,
+                    (long long)file_bytes, LLMC_HEADER_BYTES);
+  if (w[1] != 1 && w[1] != 2)
+    return gl_error("%s: '%s': llm.c shard version expected 1 (uint16 tokens) or 2 (uint32), got %d", fn, path, w[1]);
+  if (w[2] < 0) return gl_error("%s: '%s': llm.c token count expected >= 0, got %d", fn, path, w[2]);
+  memset(h, 0, sizeof *h);
+  memcpy(h->magic, LLMC_NAME, 8);
+  h->version = (uint32_t)w[1];
+  h->token_bytes = w[1] == 1 ? 2 : 4;
+  h->header_bytes = LLMC_HEADER_BYTES;
+  h->n_tokens = (uint64_t)w[2];
+  int64_t want = LLMC_HEADER_BYTES + (int64_t)h->n_tokens * h->token_bytes;
+  if (file_bytes != want)
+    return gl_error("%s: '%s' has %lld bytes, expected %lld (llm.c's header promises %llu tokens of %u bytes)", fn, path,
+                    (long long)file_bytes, (long long)want, (unsigned long long)h->n_tokens, h->token_bytes);
+  return GL_OK;
+}
+
+static int raw_header(const char *fn, const char *path, const uint8_t *head, int64_t file_bytes, gl_shard_header *h) {
+  int32_t w0 = 0;
+  if (file_bytes >= 4) memcpy(&w0, head, 4);
+  if ((file_bytes >= 8 && memcmp(head, SHARD_MAGIC, 8) == 0) || w0 == LLMC_MAGIC)
+    return gl_error("%s: '%s' is a %s shard, not raw uint16 tokens: read it with shard_format = 'auto'", fn, path,
+                    w0 == LLMC_MAGIC ? "llm.c" : "gptlua");
+  if (file_bytes == 0) return gl_error("%s: '%s' holds no tokens (an empty file)", fn, path);
+  if (file_bytes % 2)
+    return gl_error("%s: '%s' has %lld bytes, expected an even count (raw uint16 tokens)", fn, path, (long long)file_bytes);
+  memset(h, 0, sizeof *h);
+  memcpy(h->magic, RAW_NAME, 8);
+  h->token_bytes = 2;
+  h->n_tokens = (uint64_t)(file_bytes / 2);
+  return GL_OK;
+}
+
+int gl_shard_read_header(const char *path, int format, gl_shard_header *out) {
   const char *fn = "gl_shard_read_header";
   GL_NONNULL(fn, path, out);
+  if (format != GL_SHARD_AUTO && format != GL_SHARD_RAW_U16)
+    return gl_error("%s: format expected GL_SHARD_AUTO (0) or GL_SHARD_RAW_U16 (1), got %d", fn, format);
   int fd = open(path, O_RDONLY);
   if (fd < 0) return gl_error("%s: cannot open '%s': %s", fn, path, strerror(errno));
   struct stat sb;
+  int32_t w[LLMC_HEADER_BYTES / 4] = {0};
   int rc = GL_OK;
-  if (fstat(fd, &sb) != 0) rc = gl_error("%s: cannot stat '%s': %s", fn, path, strerror(errno));
-  else if (sb.st_size < GL_SHARD_HEADER_BYTES)
+  if (fstat(fd, &sb) != 0) { rc = gl_error("%s: cannot stat '%s': %s", fn, path, strerror(errno)); goto done; }
+  int64_t size = (int64_t)sb.st_size, head = size < LLMC_HEADER_BYTES ? size : LLMC_HEADER_BYTES;
+  if (pread(fd, w, (size_t)head, 0) != (ssize_t)head) { rc = gl_error("%s: cannot read '%s': %s", fn, path, strerror(errno)); goto done; }
+  if (format == GL_SHARD_RAW_U16) rc = raw_header(fn, path, (const uint8_t *)w, size, out);
+  else if (size >= 8 && memcmp(w, SHARD_MAGIC, 8) == 0) {
+    if (size < GL_SHARD_HEADER_BYTES)
+      rc = gl_error("%s: '%s' is truncated: %lld bytes, smaller than the %d-byte header", fn, path,
+                    (long long)size, GL_SHARD_HEADER_BYTES);
+    else { memcpy(out, w, sizeof *out); rc = check_header(fn, path, out, size); }
+  } else if (size >= 4 && w[0] == LLMC_MAGIC) rc = llmc_header(fn, path, w, size, out);
+  else if (size < GL_SHARD_HEADER_BYTES && size < 4)
     rc = gl_error("%s: '%s' is truncated: %lld bytes, smaller than the %d-byte header", fn, path,
-                  (long long)sb.st_size, GL_SHARD_HEADER_BYTES);
-  else if (pread(fd, out, sizeof *out, 0) != (ssize_t)sizeof *out)
-    rc = gl_error("%s: cannot read '%s': %s", fn, path, strerror(errno));
-  else rc = check_header(fn, path, out, (int64_t)sb.st_size);
+                  (long long)size, GL_SHARD_HEADER_BYTES);
+  else
+    rc = gl_error("%s: '%s' is not a token shard (magic expected \"GLTOKENS\", or llm.c's %d; nanoGPT's raw "
+                  "train.bin/val.bin: shard_format = 'nanogpt')", fn, path, LLMC_MAGIC);
+done:
   close(fd);
   return rc;
 }
 
-gl_shard *gl_shard_open(const char *path, int64_t vocab_limit) {
+gl_shard *gl_shard_open(const char *path, int64_t vocab_limit, int format) {
   const char *fn = "gl_shard_open";
   gl_shard_header h;
   GL_NONNULL_OR(NULL, fn, path);
-  if (gl_shard_read_header(path, &h)) return NULL;
-  int64_t limit = h.vocab_size;
-  if (vocab_limit > 0 && vocab_limit < limit) limit = vocab_limit;
+  if (gl_shard_read_header(path, format, &h)) return NULL;
+  int checked = memcmp(h.magic, SHARD_MAGIC, 8) == 0;   /* has a vocabulary and a checksum */
+  int64_t limit = h.vocab_size ? (int64_t)h.vocab_size : h.token_bytes == 2 ? 65536 : GL_SHARD_MAX_VOCAB;
+  int by_model = vocab_limit > 0 && vocab_limit < limit;
+  if (by_model) limit = vocab_limit;
   gl_shard *s = calloc(1, sizeof *s);
   if (!s || !(s->path = strdup(path))) { free(s); return gl_error_null("%s: out of memory", fn); }
   s->h = h;
-  s->map_len = GL_SHARD_HEADER_BYTES + (size_t)h.n_tokens * h.token_bytes;
+  s->map_len = h.header_bytes + (size_t)h.n_tokens * h.token_bytes;
   int fd = open(path, O_RDONLY);
   if (fd < 0) { gl_error("%s: cannot open '%s': %s", fn, path, strerror(errno)); gl_shard_close(s); return NULL; }
   s->map = mmap(NULL, s->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -224,7 +293,7 @@ gl_shard *gl_shard_open(const char *path, int64_t vocab_limit) {
   }
   madvise(s->map, s->map_len, MADV_WILLNEED);
   /* one pass: checksum and range */
-  const uint8_t *data = (const uint8_t *)s->map + GL_SHARD_HEADER_BYTES;
+  const uint8_t *data = (const uint8_t *)s->map + h.header_bytes;
   uint64_t hsum = FNV_OFFSET;
   int64_t n = (int64_t)h.n_tokens, bad = -1;
   uint32_t maxv = 0;
@@ -244,11 +313,11 @@ gl_shard *gl_shard_open(const char *path, int64_t vocab_limit) {
   }
   if (bad >= 0) {
     gl_error("%s: '%s': token %lld is %u, expected < %lld (%s)", fn, path, (long long)bad, maxv, (long long)limit,
-             limit == h.vocab_size ? "the shard's vocab_size" : "the model's vocab_size");
+             by_model ? "the model's vocab_size" : h.vocab_size ? "the shard's vocab_size" : "ids are int32");
     gl_shard_close(s);
     return NULL;
   }
-  if (hsum != h.checksum) {
+  if (checked && hsum != h.checksum) {
     gl_error("%s: '%s': checksum mismatch (header %016llx, payload %016llx): the file is corrupt", fn, path,
              (unsigned long long)h.checksum, (unsigned long long)hsum);
     gl_shard_close(s);
@@ -269,7 +338,7 @@ int gl_shard_token_bytes(const gl_shard *s) { return s ? (int)s->h.token_bytes :
 int64_t gl_shard_vocab_size(const gl_shard *s) { return s ? (int64_t)s->h.vocab_size : gl_error("gl_shard_vocab_size: shard expected, got NULL"); }
 const void *gl_shard_data(const gl_shard *s) {
   GL_NONNULL_OR(NULL, "gl_shard_data", s);
-  return (const uint8_t *)s->map + GL_SHARD_HEADER_BYTES;
+  return (const uint8_t *)s->map + s->h.header_bytes;
 }
 const char *gl_shard_path(const gl_shard *s) {
   GL_NONNULL_OR(NULL, "gl_shard_path", s);

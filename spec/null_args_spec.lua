@@ -118,7 +118,7 @@ local function driver(out_path)
     gl_tokenizer = function() return lib.gl_tok_char('hello world', 11, 0, nil) end,
     gl_bpe_trainer = function() return lib.gl_bpe_trainer_new(nil) end,
     gl_shard_writer = function() return lib.gl_shard_writer_open(dir .. '/w.bin', 300) end,
-    gl_shard = function() return lib.gl_shard_open(shard_path, 0) end,
+    gl_shard = function() return lib.gl_shard_open(shard_path, 0, 0) end,
     gl_loader = function()
       local cfg = ffi.new('gl_loader_config', { batch_size = 1, block_size = 2, rank = 0, world_size = 1,
         vocab_size = 300, prefetch = 2 })

@@ -1,5 +1,7 @@
 /* fuzz_shards.c — libFuzzer harness for engine/shards.c and the batch loader
- * (engine/loader.c) reading a shard: the input is a whole token shard file.
+ * (engine/loader.c) reading a shard: the input is a whole token shard file,
+ * read as gptlua's or llm.c's format (by its magic) or, for one seed in
+ * four, as nanoGPT's raw uint16 tokens.
  * Each input is tried twice: as it is, and with the header's checksum
  * recomputed over the payload, so that mutations get past the checksum to the
  * size and token-range checks and to the loader (the one place this harness
@@ -13,12 +15,12 @@ static void require_message(void) {
 }
 
 /* a loader over the shard: a few batches of short rows, both samplings */
-static void load_batches(const char *path, int64_t n_tokens, int64_t vocab, uint64_t seed, int bos) {
+static void load_batches(const char *path, int format, int64_t n_tokens, int64_t vocab, uint64_t seed, int bos) {
   gl_loader_config cfg = {0};
   cfg.batch_size = 2; cfg.block_size = 1 + (int64_t)(seed % 7);
   cfg.rank = 0; cfg.world_size = 1; cfg.seed = seed;
   cfg.sampling = (int32_t)(seed & 1); cfg.bos_aligned = bos; cfg.bos_id = 0;
-  cfg.vocab_size = vocab; cfg.prefetch = 2;
+  cfg.vocab_size = vocab; cfg.prefetch = 2; cfg.shard_format = format;
   gl_loader *L = gl_loader_new(&cfg);
   fuzz_require(L != NULL, "gl_loader_new refused a valid config: %s", gl_last_error());
   if (gl_loader_add_shard(L, path) != GL_OK) { require_message(); gl_loader_free(L); return; }
@@ -38,13 +40,18 @@ static void load_batches(const char *path, int64_t n_tokens, int64_t vocab, uint
 
 static void try_shard(const char *path, uint64_t seed) {
   gl_shard_header h;
-  int hdr_ok = gl_shard_read_header(path, &h) == GL_OK;
+  int format = seed % 4 == 3 ? GL_SHARD_RAW_U16 : GL_SHARD_AUTO;
+  int64_t limit = (int64_t)(seed % 3 == 0 ? 0 : 1 + seed % 300);
+  int hdr_ok = gl_shard_read_header(path, format, &h) == GL_OK;
   if (!hdr_ok) require_message();
-  gl_shard *s = gl_shard_open(path, (int64_t)(seed % 3 == 0 ? 0 : 1 + seed % 300));
+  gl_shard *s = gl_shard_open(path, limit, format);
   if (!s) { require_message(); return; }
   fuzz_require(hdr_ok, "gl_shard_open accepted a shard whose header gl_shard_read_header refused");
   int64_t n = gl_shard_n_tokens(s), vocab = gl_shard_vocab_size(s);
-  fuzz_require(n >= 0 && vocab > 0, "shard of %lld tokens, vocab %lld", (long long)n, (long long)vocab);
+  fuzz_require(n >= 0 && vocab >= 0, "shard of %lld tokens, vocab %lld", (long long)n, (long long)vocab);
+  /* formats without a vocabulary: the bound is the limit asked for, else the width's */
+  if (vocab == 0) vocab = limit > 0 ? limit : gl_shard_token_bytes(s) == 2 ? 65536 : 2147483647;
+  else if (limit > 0 && limit < vocab) vocab = limit;
   int64_t starts[3] = { 0, n / 2, n - 1 }, lens[3] = { n, 1, 2 };
   for (int k = 0; k < 3; k++) {
     gl_tensor *t = gl_shard_tokens(s, starts[k], lens[k]);
@@ -54,7 +61,7 @@ static void try_shard(const char *path, uint64_t seed) {
     gl_tensor_free(t);
   }
   gl_shard_close(s);
-  load_batches(path, n, vocab, seed, (int)(seed >> 8) & 1);
+  load_batches(path, format, n, vocab, seed, (int)(seed >> 8) & 1);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

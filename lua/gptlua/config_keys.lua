@@ -25,7 +25,8 @@ return {
   -- data
   data = "'char' (characters of data_path), 'random' (benchmarking) or 'shards' (data_dir)",
   data_path = "text file for data = 'char'",
-  data_dir = "token shards for data = 'shards' (recipes/prepare.lua writes them)",
+  data_dir = "token shards for data = 'shards' (recipes/prepare.lua writes them; llm.c's and nanoGPT's .bin files too)",
+  shard_format = "how data = 'shards' reads data_dir: 'auto' (gptlua's or llm.c's shards, by magic) or 'nanogpt' (raw uint16 train.bin/val.bin)",
   tokenizer = "saved tokenizer for data = 'shards' (default: the shards' own)",
   val_fraction = "fraction of the text held out for validation (data = 'char')",
   sampling = "batch positions: 'random' or 'sequential'",

@@ -4,8 +4,8 @@
 --   local L = data.loader{ batch_size = B, block_size = T,
 --     -- exactly one source:
 --     tokens = int32_tensor_or_table,          -- in memory
---     files = {shard paths} or 'dir',          -- shards; a dir means dir/<split>_*.bin
---     split = 'train',                         --   (with files = dir)
+--     files = {shard paths} or 'dir',          -- shards; a dir: its <split> files (list_shards)
+--     split = 'train', shard_format = 'auto',  --   gptlua's or llm.c's by magic; 'nanogpt': raw uint16
 --     text = 'path.txt', tokenizer = t,        -- a text file (char tokenizer by default)
 --     source = 'random', vocab_size = V,       -- uniform random tokens (benchmarks)
 --     rank = 0, world_size = 1, seed = 1337, sampling = 'random' | 'sequential',
@@ -67,20 +67,43 @@ function M.list_files(dir, prefix, suffix)
   return out
 end
 
--- Sorted shard paths dir/<split>_*.bin.
-function M.list_shards(dir, split) return M.list_files(dir, (split or 'train') .. '_', '.bin') end
+-- Sorted shard paths of a split in dir: the .bin files whose name has the
+-- split as an underscore-separated word, which covers gptlua's
+-- train_000000.bin, llm.c's tiny_shakespeare_val.bin and
+-- fineweb_train_000001.bin, and nanoGPT's train.bin.
+function M.list_shards(dir, split)
+  split = split or 'train'
+  local out = {}
+  for _, p in ipairs(M.list_files(dir, '', '.bin')) do
+    local name = '_' .. p:match('([^/]*)%.bin$') .. '_'
+    if name:find('_' .. split .. '_', 1, true) then out[#out + 1] = p end
+  end
+  return out
+end
 
--- Header of a shard as a table (validates it, not the payload).
-function M.shard_header(path)
+-- shard_format names -> engine/gl_data.h's GL_SHARD_*
+M.SHARD_FORMATS = { auto = 0, nanogpt = 1 }
+local function shard_format(f, what)
+  local v = M.SHARD_FORMATS[f or 'auto']
+  if not v then error(("%s: shard_format expected 'auto' or 'nanogpt', got %s"):format(what, printable(f)), 3) end
+  return v
+end
+
+-- Header of a shard as a table (validates it, not the payload).  format:
+-- 'auto' (gptlua's or llm.c's, by magic) or 'nanogpt' (raw uint16); for
+-- llm.c and nanoGPT files vocab_size is 0 (unknown) and format says which.
+function M.shard_header(path, format)
   local h = ffi.new('gl_shard_header')
-  check(lib.gl_shard_read_header(path, h), 2)
+  check(lib.gl_shard_read_header(path, shard_format(format, 'data.shard_header'), h), 2)
+  local magic = ffi.string(h.magic, 8):gsub('%z+$', '')
   return { version = h.version, token_bytes = h.token_bytes, vocab_size = tonumber(h.vocab_size),
-           n_tokens = tonumber(h.n_tokens), checksum = h.checksum }
+           n_tokens = tonumber(h.n_tokens), checksum = h.checksum,
+           format = ({ GLTOKENS = 'gptlua', ['LLM.C'] = 'llm.c', RAW16 = 'nanogpt' })[magic] }
 end
 
 -- All tokens of a shard (fully validated) as an int32 tensor.
-function M.read_shard(path, vocab_limit)
-  local s = check_ptr(lib.gl_shard_open(path, vocab_limit or 0), 2)
+function M.read_shard(path, vocab_limit, format)
+  local s = check_ptr(lib.gl_shard_open(path, vocab_limit or 0, shard_format(format, 'data.read_shard')), 2)
   s = ffi.gc(s, lib.gl_shard_close)
   local t = Tensor.wrap(lib.gl_shard_tokens(s, 0, lib.gl_shard_n_tokens(s)))
   ffi.gc(s, nil); lib.gl_shard_close(s)
@@ -362,6 +385,7 @@ function M.loader(opts)
   cfg.batch_size, cfg.block_size, cfg.rank, cfg.world_size = B, T, rank, world
   cfg.seed, cfg.sampling, cfg.bos_aligned, cfg.bos_id = seed, SAMPLING[sampling], self.bos_aligned and 1 or 0, bos or -1
   cfg.vocab_size, cfg.prefetch = vocab, int_opt(opts, 'prefetch', 4, 2, 64)
+  cfg.shard_format = shard_format(opts.shard_format, 'data.loader')
   self.c = ffi.gc(check_ptr(lib.gl_loader_new(cfg), 2), lib.gl_loader_free)
   if self.device ~= 'cpu' then
     local id = Tensor.device_id(self.device, 'data.loader: device')
@@ -389,14 +413,16 @@ function M.loader(opts)
     if type(files) == 'string' then
       files = M.list_shards(files, opts.split)
       if #files == 0 then
-        error(('data.loader: no shards %s/%s_*.bin'):format(opts.files, opts.split or 'train'), 2)
+        error(('data.loader: no shards of split %s in %s (expected .bin files such as %s_000000.bin, '
+          .. 'name_%s.bin, %s.bin)'):format(opts.split or 'train', opts.files, opts.split or 'train',
+          opts.split or 'train', opts.split or 'train'), 2)
       end
     end
     self.files = files
     for _, f in ipairs(files) do
       -- a shard written for a bigger vocabulary is another tokenization, even
       -- where its tokens happen to fall below the limit
-      local sv = vocab > 0 and M.shard_header(f).vocab_size
+      local sv = vocab > 0 and M.shard_header(f, opts.shard_format).vocab_size
       if sv and sv > vocab then
         error(('data.loader: shard %s has vocabulary %d, larger than %s %d'):format(f, sv, vocab_whose, vocab), 2)
       end
@@ -525,11 +551,11 @@ local check = require 'gptlua.check'
 check.options('loader_opts', { batch_size = 'count', block_size = 'count', world_size = 'count?', rank = 'size?',
   seed = 'size?', sampling = 'string?', bos_id = 'integer?', vocab_size = 'size?', prefetch = 'integer?',
   n_tokens = 'count?', device = 'device?', text = 'string?', source = 'string?', split = 'string?',
-  bos_aligned = 'boolean?', recycle = 'boolean?' })
+  bos_aligned = 'boolean?', recycle = 'boolean?', shard_format = 'string?' })
 check.options('prepare_opts', { input = 'string', out = 'string', tokenizer = 'opts', val_fraction = 'real?',
   shard_tokens = 'count?', block_bytes = 'count?', tokenizer_file = 'string?', force = 'boolean?' })
 check.wrap_table(M, { list_files = 'dir:string, prefix:string?, suffix:string?', list_shards = 'dir:string, split:string?',
-  shard_header = 'path:string', read_shard = 'path:string, vocab_limit:size?', shard_writer = 'path:string, vocab_size:count',
+  shard_header = 'path:string, format:string?', read_shard = 'path:string, vocab_limit:size?, format:string?', shard_writer = 'path:string, vocab_size:count',
   text_file = 'path:string, opts:opts?', prepare = 'opts:prepare_opts', loader = 'opts:loader_opts' }, 'data.')
 check.wrap_table(Loader, { set_state = 'self:opts, state:opts' }, 'Loader:')
 

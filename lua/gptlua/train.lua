@@ -36,6 +36,7 @@ M.defaults = {
   bias = true, depth = 0, n_kv_head = 0, softcap = 15, activation_checkpointing = false,
   -- data: 'char' (character-level over data_path), 'random' (benchmarking), 'shards' (data_dir)
   data = 'char', data_path = 'data/tinyshakespeare.txt', data_dir = '', tokenizer = '', val_fraction = 0.1,
+  shard_format = 'auto',
   sampling = 'random',
   -- batch
   batch_size = 12, gradient_accumulation_steps = 1, total_batch_size = 0,
@@ -255,7 +256,7 @@ function M.build_data(cfg, rank, world)
     if cfg.data_dir == '' then fail("data = 'shards' needs data_dir") end
     local tok = cfg.tokenizer ~= '' and tokenizer.load(cfg.tokenizer) or nil
     local common = { batch_size = cfg.batch_size, block_size = cfg.block_size, rank = rank, world_size = world,
-                     sampling = cfg.sampling, device = cfg.device, bos_aligned = false }
+                     sampling = cfg.sampling, device = cfg.device, bos_aligned = false, shard_format = cfg.shard_format }
     local function mk(split, seed)
       local o = {}
       for k, v in pairs(common) do o[k] = v end

@@ -54,6 +54,13 @@ void gl_bpe_trainer_free(gl_bpe_trainer *tr);
    for no splitting (as for the trainer). */
 gl_tokenizer *gl_tok_from_merges(const char *pattern, int n_merges, const int32_t *pairs,
                                  int n_special, const char *const *special);
+/* A BPE tokenizer from its ranks, as tiktoken holds one: token id i has the
+   n_ordinary byte strings tokens[i] (lens[i] bytes); every byte has a
+   one-byte token, and each longer token must be the merge of two tokens of
+   lower rank (derived as gl_tok_load does).  Specials follow as ids
+   n_ordinary.. .  pattern as for gl_tok_from_merges. */
+gl_tokenizer *gl_tok_from_ranks(const char *pattern, int n_ordinary, const char *const *tokens, const int64_t *lens,
+                                int n_special, const char *const *special);
 /* Character-level tokenizer over the distinct bytes of text. */
 gl_tokenizer *gl_tok_char(const char *text, int64_t len, int n_special,
                           const char *const *special);

@@ -646,8 +646,8 @@ const char *gl_tok_token_bytes(const gl_tokenizer *t, int id, int64_t *len) {
    exactly two tokens, and those two become its pair.  Both ways of making a
    tokenizer from ranks use it (a merge list, a ranks file), so a tokenizer
    encodes the same before and after save + load.  path names the file in
-   errors; NULL means the tokens came from a merge list (ids 256.. are its
-   merges in order). */
+   errors ("" for none); NULL means the tokens came from a merge list (ids
+   256.. are its merges in order). */
 int tok_derive_merges(const char *fn, const char *path, gl_tokenizer *t) {
   merge_scratch ms = {0};
   int32_t *ids = NULL; int64_t ids_cap = 0;
@@ -656,7 +656,8 @@ int tok_derive_merges(const char *fn, const char *path, gl_tokenizer *t) {
   for (int32_t id = 0; id < t->n_ordinary && rc == GL_OK; id++) {
     int64_t n = t->tok_len[id];
     if (n == 1) continue;
-    if (path) snprintf(where, sizeof where, "'%s': token %d", path, id);
+    if (path && path[0]) snprintf(where, sizeof where, "'%s': token %d", path, id);
+    else if (path) snprintf(where, sizeof where, "token %d", id);
     else snprintf(where, sizeof where, "merge %d (token %d)", id - 255, id);
     if (GROW(ids, ids_cap, n)) { rc = gl_error("%s: out of memory", fn); break; }
     const uint8_t *s = t->blob + t->tok_off[id];
@@ -718,6 +719,35 @@ gl_tokenizer *gl_tok_from_merges(const char *pattern, int n_merges, const int32_
 nomem:
   gl_tok_free(t);
   return gl_error_null("%s: out of memory", fn);
+}
+
+gl_tokenizer *gl_tok_from_ranks(const char *pattern, int n_ordinary, const char *const *tokens, const int64_t *lens,
+                                int n_special, const char *const *special) {
+  const char *fn = "gl_tok_from_ranks";
+  if (n_ordinary < 256) return gl_error_null("%s: n_ordinary expected >= 256 (a token per byte), got %d", fn, n_ordinary);
+  GL_NONNULL_OR(NULL, fn, tokens, lens);
+  gl_tokenizer *t = tok_new(fn, pattern, 0);
+  if (!t) return NULL;
+  for (int i = 0; i < n_ordinary; i++) {
+    if (!tokens[i] || lens[i] < 1 || lens[i] > INT32_MAX) {
+      gl_error("%s: token %d expected 1 or more bytes, got %s", fn, i, tokens[i] ? "none" : "NULL");
+      gl_tok_free(t); return NULL;
+    }
+    const uint8_t *s = (const uint8_t *)tokens[i];
+    if (lens[i] == 1) {
+      if (t->byte_id[s[0]] >= 0) {
+        gl_error("%s: token %d is byte 0x%02x, which is token %d already", fn, i, s[0], t->byte_id[s[0]]);
+        gl_tok_free(t); return NULL;
+      }
+      t->byte_id[s[0]] = i;
+    }
+    if (tok_push(t, s, lens[i], -1, -1) < 0) { gl_tok_free(t); return gl_error_null("%s: out of memory", fn); }
+    t->n_ordinary++;
+  }
+  for (int b = 0; b < 256; b++)
+    if (t->byte_id[b] < 0) { gl_error("%s: byte 0x%02x has no token", fn, b); gl_tok_free(t); return NULL; }
+  if (tok_derive_merges(fn, "", t) || tok_add_specials(fn, t, n_special, special)) { gl_tok_free(t); return NULL; }
+  return t;
 }
 
 gl_tokenizer *gl_tok_char(const char *text, int64_t len, int n_special, const char *const *special) {

@@ -62,6 +62,23 @@ local function special_list(opts, what)
   return cstrings(sp, what .. ': special_tokens')
 end
 
+-- A BPE tokenizer from its ranks, as tiktoken holds one: ranks[i] is the
+-- byte string of token i-1; every byte needs a one-byte token and each
+-- longer token must be a merge of two of lower rank.  opts: pattern
+-- (default GPT-4's, '' for none), special_tokens (ids after the ranks).
+function M.from_ranks(ranks, opts)
+  opts = opts or {}
+  local n = #ranks
+  local arr, lens = ffi.new('const char *[?]', math.max(n, 1)), ffi.new('int64_t[?]', math.max(n, 1))
+  for i, s in ipairs(ranks) do
+    if type(s) ~= 'string' then error(('tokenizer.from_ranks: ranks[%d] expected a string, got %s'):format(i, type(s)), 2) end
+    arr[i - 1], lens[i - 1] = s, #s
+  end
+  local sp, ns = special_list(opts, 'tokenizer.from_ranks')
+  local t = wrap(lib.gl_tok_from_ranks(opts.pattern, n, arr, lens, ns, sp))
+  return t
+end
+
 -- Character-level tokenizer over the distinct bytes of text.
 function M.char(text, opts)
   if type(text) ~= 'string' then error('tokenizer.char: text expected a string, got ' .. type(text), 2) end
@@ -167,9 +184,51 @@ local function ids_table(t)
 end
 
 -- text -> ids (Lua table of 0-based ids, or an int32 tensor with tensor=true)
+-- allowed_special = 'all' or a list of names: those special tokens are
+-- recognised in the text (as tiktoken's encode does); otherwise text never
+-- produces a special token.
+local function encode_with_specials(self, text, opts)
+  local names = {}
+  if opts.allowed_special == 'all' then
+    for name in pairs(self.special_tokens) do names[#names + 1] = name end
+  elseif type(opts.allowed_special) == 'table' then
+    for i, name in ipairs(opts.allowed_special) do
+      if not self.special_tokens[name] then
+        error(('Tokenizer:encode: allowed_special[%d] %q is not a special token of this tokenizer'):format(i, tostring(name)), 3)
+      end
+      names[#names + 1] = name
+    end
+  else
+    error("Tokenizer:encode: allowed_special expected 'all' or a list of names, got " .. type(opts.allowed_special), 3)
+  end
+  local ids, pos = {}, 1
+  local first = prepend_id(self, opts, 'Tokenizer:encode')
+  if first >= 0 then ids[1] = first end
+  while pos <= #text do
+    local at, name = nil, nil
+    for _, n in ipairs(names) do
+      local s = text:find(n, pos, true)
+      if s and (not at or s < at or (s == at and #n > #name)) then at, name = s, n end
+    end
+    local piece = text:sub(pos, (at or #text + 1) - 1)
+    if #piece > 0 then
+      for _, id in ipairs(ids_table(Tensor.wrap(check_ptr(lib.gl_tok_encode(self.c, piece, #piece, -1), 3)))) do ids[#ids + 1] = id end
+    end
+    if not at then break end
+    ids[#ids + 1] = self.special_tokens[name]
+    pos = at + #name
+  end
+  return ids
+end
+
 function Tokenizer:encode(text, opts)
   opts = opts or {}
   if type(text) ~= 'string' then error('Tokenizer:encode: text expected a string, got ' .. type(text), 2) end
+  if opts.allowed_special ~= nil then
+    local ids = encode_with_specials(self, text, opts)
+    if opts.tensor then return require('gptlua').tensor(ids, { dtype = 'int32' }) end
+    return ids
+  end
   local t = Tensor.wrap(check_ptr(lib.gl_tok_encode(self.c, text, #text, prepend_id(self, opts, 'Tokenizer:encode')), 2))
   if opts.tensor then return t end
   return ids_table(t)
@@ -261,7 +320,7 @@ end
 
 -- every entry point checks its arguments (gptlua.check): "tokenizer.train: vocab_size must be ..."
 local check = require 'gptlua.check'
-check.wrap_table(M, { char = 'text:string, opts:opts?', from_merges = 'merges:opts, opts:opts?',
+check.wrap_table(M, { char = 'text:string, opts:opts?', from_merges = 'merges:opts, opts:opts?', from_ranks = 'ranks:opts, opts:opts?',
   train = 'sources:any, vocab_size:count, opts:opts?', load = 'path:string' }, 'tokenizer.')
 check.wrap_table(Tokenizer, { save = 'self:opts, path:string', special_id = 'self:opts, name:string',
   token_bytes = 'self:opts, id:integer', encode = 'self:opts, text:string, opts:opts?',

@@ -1,8 +1,8 @@
 -- gptlua.models.gpt2 — GPT-2: learned position embeddings, LayerNorm with
 -- bias, GELU (tanh) MLP, lm_head tied to the token embedding, GPT-2's init.
 -- Parameter names and shapes follow nanoGPT's layout of the GPT-2
--- checkpoint (transformer.h.N.attn.c_attn.weight, ...); load_gpt2_safetensors
--- also reads Hugging Face's file (Conv1D weights stored transposed).
+-- checkpoint (transformer.h.N.attn.c_attn.weight, ...); gptlua.hf reads and
+-- writes Hugging Face's files (Conv1D weights stored transposed).
 local gl = require 'gptlua'
 local nn = require 'gptlua.nn'
 local common = require 'gptlua.models.common'
@@ -112,27 +112,10 @@ nn.checked(GPT, { __init = 'self:module, cfg:opts?',
                   generate = 'self:module, idx:tensor, n:size, opts:opts?',
                   new_caches = 'self:module, batch:count, length:count' })
 
--- Loads GPT-2 weights from a safetensors file in Hugging Face's layout
--- (h.0.attn.c_attn.weight as Conv1D (in, out)) or in this model's layout.
+-- Loads GPT-2 weights from a model.safetensors in Hugging Face's layout
+-- (Conv1D weights, names with or without "transformer."): gptlua.hf.
 function GPT:load_gpt2_safetensors(path)
-  local st = require('gptlua.checkpoint').load_safetensors(path)
-  local sd = {}
-  local conv1d = { ['attn.c_attn.weight'] = true, ['attn.c_proj.weight'] = true,
-                   ['mlp.c_fc.weight'] = true, ['mlp.c_proj.weight'] = true }
-  for name, t in pairs(st) do
-    local n = name
-    if not n:match('^transformer%.') and not n:match('^lm_head') then n = 'transformer.' .. n end
-    if n:match('%.attn%.bias$') or n:match('%.attn%.masked_bias$') or n == 'lm_head.weight' then n = nil end
-    if n then
-      local suffix = n:match('^transformer%.h%.%d+%.(.*)$')
-      if suffix and conv1d[suffix] and name == n:gsub('^transformer%.', '') then
-        t = t:t():contiguous()  -- HF Conv1D (in, out) -> Linear (out, in)
-      end
-      sd[n] = t
-    end
-  end
-  self:load_state_dict(sd)
-  return self
+  return require('gptlua.hf').load_gpt2_weights(self, path)
 end
 
 return M

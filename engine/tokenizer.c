@@ -724,8 +724,9 @@ nomem:
 gl_tokenizer *gl_tok_from_ranks(const char *pattern, int n_ordinary, const char *const *tokens, const int64_t *lens,
                                 int n_special, const char *const *special) {
   const char *fn = "gl_tok_from_ranks";
-  if (n_ordinary < 256) return gl_error_null("%s: n_ordinary expected >= 256 (a token per byte), got %d", fn, n_ordinary);
   GL_NONNULL_OR(NULL, fn, tokens, lens);
+  if (n_special > 0 && !special) return gl_error_null("%s: special expected %d names, got NULL", fn, n_special);
+  if (n_ordinary < 256) return gl_error_null("%s: n_ordinary expected >= 256 (a token per byte), got %d", fn, n_ordinary);
   gl_tokenizer *t = tok_new(fn, pattern, 0);
   if (!t) return NULL;
   for (int i = 0; i < n_ordinary; i++) {

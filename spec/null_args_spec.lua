@@ -33,6 +33,7 @@ local NULL_OK = {
   gl_bpe_trainer_new = { pattern = 'optional: NULL selects the GPT-4 pattern' },
   gl_tok_from_merges = { pattern = 'optional: NULL selects the GPT-4 pattern' },
   gl_tok_unicode_version = { t = "optional: NULL asks for this build's tables" },
+  gl_tok_from_ranks = { pattern = 'optional: NULL selects the GPT-4 pattern' },
   gl_layernorm_backward = { weight = 'optional: no affine scale', dweight = 'optional: weight has no gradient',
     dbias = 'optional: bias has no gradient' },
   gl_layernorm_forward = { weight = 'optional: no affine scale', bias = 'optional: no bias',

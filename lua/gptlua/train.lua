@@ -56,6 +56,9 @@ M.defaults = {
   -- several ranks it is ddp ('none' trains each rank alone and is refused by run there);
   -- dist_timeout: seconds a collective may take before every rank is aborted
   dist = 'none', bucket_mb = 25, shard_size = 0, dist_timeout = 600,
+  -- slow links (localsgd, diloco, ddp's PowerSGD hook): gptlua.dist.policies.{localsgd,diloco,powersgd}
+  sync_every = 8, outer_lr = 0.7, outer_momentum = 0.9, outer_dtype = 'float32', diloco_fragments = 1,
+  powersgd_rank = 0,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
@@ -717,8 +720,12 @@ function Trainer:run()
       self:print(('step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.1f ms/step | mem %s | ETA %s'):format(
         self.step, cfg.max_iters, loss, lr, norm, tps, 100 * mfu, 1000 * elapsed / steps_since,
         fmt_bytes(mem.peak), fmt_time(eta)))
-      self:write_metrics({ step = self.step, loss = loss, lr = lr, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
-        ms_per_step = 1000 * elapsed / steps_since, step_ms = dt * 1000, mem_peak = mem.peak })
+      local rec = { step = self.step, loss = loss, lr = lr, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
+        ms_per_step = 1000 * elapsed / steps_since, step_ms = dt * 1000, mem_peak = mem.peak,
+        comm_bytes = self.comm and self.comm.sent_bytes or nil }  -- bytes rank 0 sent so far (gptlua.dist)
+      -- a policy's own numbers (round position, staleness, ...)
+      if self.policy.metrics then for k, v in pairs(self.policy:metrics()) do rec[k] = v end end
+      self:write_metrics(rec)
       if self.hooks.on_log then self.hooks.on_log(self, { loss = loss, norm = norm, tps = tps }) end
       paused_total = paused_total + paused
       t_last, tokens_since, steps_since, paused = now(), 0, 0, 0

@@ -73,7 +73,7 @@ local INTEGER_KEYS = {
   checkpoint_interval = { 0, COUNT }, keep_last = { 0, INT32 }, max_bad_steps = { 0, COUNT }, top_k = { 0, INT32 },
   threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
-  shard_size = { 0, COUNT },
+  shard_size = { 0, COUNT }, sync_every = { 1, COUNT }, diloco_fragments = { 1, INT32 }, powersgd_rank = { 0, INT32 },
 }
 M.INTEGER_KEYS = INTEGER_KEYS
 
@@ -181,6 +181,9 @@ function M.resolve_config(recipe, args)
   for _, k in ipairs(names) do
     local r = INTEGER_KEYS[k]
     check.integer(cfg[k], 'config', k, r[1], r[2], config.NO_POSITION)
+  end
+  if cfg.powersgd_rank > 0 and cfg.dist ~= 'ddp' then
+    fail(("powersgd_rank is a communication hook of dist = 'ddp', got dist = '%s'"):format(check.printable(cfg.dist)))
   end
   if cfg.eval_interval > 0 and cfg.eval_iters < 1 then
     fail(('eval_iters must be >= 1 when eval_interval is set (%d), got %d'):format(cfg.eval_interval, cfg.eval_iters))

@@ -74,7 +74,7 @@ return {
   tensorboard = 'write TensorBoard event files beside metrics.jsonl',
   profile = "profile steps 'N' (2..N+1) or 'A:B': a Chrome trace per rank and a top-ops table",
   -- distributed
-  dist = "'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp', 'localsgd' or 'diloco' (ddp by default on several ranks)",
+  dist = "'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp', 'localsgd', 'diloco' or 'ps' (ddp by default on several ranks)",
   bucket_mb = 'ddp/zero: gradient bucket size in MB',
   shard_size = 'hsdp: ranks per shard group (0: all ranks)',
   dist_timeout = 'seconds a collective may wait before every rank is aborted',
@@ -83,6 +83,8 @@ return {
   outer_momentum = 'diloco: momentum of the outer Nesterov SGD (0: plain SGD)',
   outer_dtype = "diloco: dtype the outer gradients travel in, 'float32' or 'bfloat16'",
   diloco_fragments = 'diloco: fragments synchronised at staggered steps, overlapping compute (1: all at once)',
+  ps_servers = 'ps: ranks that serve a shard of the parameters and its optimizer state',
+  max_staleness = 'ps: updates a worker may lag behind the servers (0: synchronous; only 0 is implemented)',
   powersgd_rank = 'ddp: rank of the PowerSGD gradient compression (0: off, plain all-reduce)',
   fsdp = 'fsdp/hsdp options (the keys below)',
   ['fsdp.reshard_after_forward'] = "free each block's gathered weights after its forward",

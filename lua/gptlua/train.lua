@@ -56,9 +56,9 @@ M.defaults = {
   -- several ranks it is ddp ('none' trains each rank alone and is refused by run there);
   -- dist_timeout: seconds a collective may take before every rank is aborted
   dist = 'none', bucket_mb = 25, shard_size = 0, dist_timeout = 600,
-  -- slow links (localsgd, diloco, ddp's PowerSGD hook): gptlua.dist.policies.{localsgd,diloco,powersgd}
+  -- slow links (localsgd, diloco, ps, ddp's PowerSGD hook): gptlua.dist.policies.{localsgd,diloco,ps,powersgd}
   sync_every = 8, outer_lr = 0.7, outer_momentum = 0.9, outer_dtype = 'float32', diloco_fragments = 1,
-  powersgd_rank = 0,
+  powersgd_rank = 0, ps_servers = 1, max_staleness = 0,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
@@ -74,6 +74,7 @@ local INTEGER_KEYS = {
   threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
   shard_size = { 0, COUNT }, sync_every = { 1, COUNT }, diloco_fragments = { 1, INT32 }, powersgd_rank = { 0, INT32 },
+  ps_servers = { 1, INT32 }, max_staleness = { 0, COUNT },
 }
 M.INTEGER_KEYS = INTEGER_KEYS
 

@@ -759,12 +759,12 @@ end
 -- (gptlua.train, LocalPolicy).
 dist.POLICIES = { ddp = 'gptlua.dist.policies.ddp', zero1 = 'gptlua.dist.policies.zero',
   zero2 = 'gptlua.dist.policies.zero', fsdp = 'gptlua.dist.fsdp', hsdp = 'gptlua.dist.fsdp',
-  localsgd = 'gptlua.dist.policies.localsgd', diloco = 'gptlua.dist.policies.diloco' }
+  localsgd = 'gptlua.dist.policies.localsgd', diloco = 'gptlua.dist.policies.diloco', ps = 'gptlua.dist.policies.ps' }
 
 function dist.policy(name, opts)
   local mod = dist.POLICIES[name]
   if not mod then
-    error(("dist.policy: unknown policy %s (expected 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp', 'localsgd' or 'diloco')")
+    error(("dist.policy: unknown policy %s (expected 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp', 'localsgd', 'diloco' or 'ps')")
       :format(tostring(name)), 2)
   end
   local p = require(mod).new(name, opts)

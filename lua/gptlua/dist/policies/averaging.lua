@@ -216,8 +216,13 @@ function A.load(self, c, path)
     end
     gl.no_grad(function() p:copy_(t:view(p.shape)) end)
   end
+  -- the optimizer's keys are the file's other pieces (a fresh optimizer
+  -- has no state yet to name them; load_state_dict checks they are all there)
   local tensors = {}
-  for k, t in pairs(self.optimizer:state_dict().tensors) do tensors[k] = piece(k):view(t.shape) end
+  for name, t in pairs(mine) do
+    local key = name:sub(1, #prefix) == prefix and name:sub(#prefix + 1):match('^(.*)@0$')
+    if key and not key:match('^param:') then tensors[key] = t end
+  end
   if next(tensors) ~= nil then
     self.optimizer:load_state_dict({ step = st.opt_step, steps = st.opt_steps, tensors = tensors })
   end

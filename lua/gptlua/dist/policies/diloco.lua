@@ -81,7 +81,7 @@ function DiLoCo.new(name, o)
       g.start = B.flat(g.n, g.dtype, g.device):copy_(g.flat)
       g.momentum = B.flat(g.n, g.dtype, g.device)
       g.delta = B.flat(g.n, g.dtype, g.device)
-      if self.outer_dtype == 'bfloat16' and g.dtype == 'float32' then g.send = B.flat(g.n, 'bfloat16', g.device) end
+      if self.outer_dtype == 'bfloat16' then g.send = B.flat(g.n, 'bfloat16', g.device) end
     end
     self.frags[f] = fr
   end

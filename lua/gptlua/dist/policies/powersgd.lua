@@ -30,6 +30,52 @@ local ckpt = require 'gptlua.checkpoint'
 local PowerSGD = {}
 PowerSGD.__index = PowerSGD
 
+-- ------------------------------------------------------------ checkpoints
+-- DDP's optimizer state is alike on every rank (optim.safetensors, as a
+-- plain checkpoint's); each rank's error buffers and Q's go to its own file
+-- (dist.policies.shards), "powersgd.<param>.error" and ".q".
+local function each_state(d, f)
+  for k, t in pairs(d.optimizer:state_dict().tensors) do f(k, t, 0, true) end
+  local self = d.powersgd
+  for _, mt in ipairs(self.mats) do
+    f('powersgd.' .. self.names[mt.p] .. '.error', mt.e, 0, false)
+    f('powersgd.' .. self.names[mt.p] .. '.q', mt.Q, 0, false)
+  end
+end
+
+local function state_layout(d)
+  local out = {}
+  for k, t in pairs(d.optimizer:state_dict().tensors) do out[k] = t.shape end
+  return out
+end
+
+local function save_checkpoint(d, trainer, model_sd, _, state)
+  state.powersgd = { rank = d.powersgd.rank }
+  return shards.save(trainer, d, model_sd, state)
+end
+
+-- The optimizer state (from any DDP checkpoint); this rank's error buffers
+-- and Q's when the checkpoint has them for as many ranks and the same rank
+-- r (else compression starts afresh: zero error, Q as at the start).
+local function load_checkpoint(d, _, c, path)
+  local st = c.state
+  d.optimizer:load_state_dict({ step = st.opt_step, steps = st.opt_steps, tensors = shards.full_tensors(path, c) })
+  local self = d.powersgd
+  local sh = st.shards
+  if not (st.powersgd and st.powersgd.rank == self.rank and sh and sh.world == d.comm.size) then return end
+  local mine = ckpt.load_safetensors(path .. '/' .. shards.rank_file(d.comm.rank))
+  for _, mt in ipairs(self.mats) do
+    for what, t in pairs({ error = mt.e, q = mt.Q }) do
+      local k = ('powersgd.%s.%s@0'):format(self.names[mt.p], what)
+      local src = mine[k]
+      if not src or src:numel() ~= t:numel() then
+        error(('resume: checkpoint %s lacks %s (%d elements) of rank %d'):format(path, k, t:numel(), d.comm.rank), 0)
+      end
+      t:copy_(src:view(t.shape))
+    end
+  end
+end
+
 -- Hooks the PowerSGD compression into the DDP policy `ddp` (its buckets
 -- already hold the gradients); model (optional) names the parameters in
 -- checkpoints.
@@ -128,52 +174,6 @@ function PowerSGD:reduce()
       for _, v in ipairs(self.vecs) do v.p.grad:copy_(B.view(self.vbuf, v.off, v.p.shape, false)) end
     end
   end)
-end
-
--- ------------------------------------------------------------ checkpoints
--- DDP's optimizer state is alike on every rank (optim.safetensors, as a
--- plain checkpoint's); each rank's error buffers and Q's go to its own file
--- (dist.policies.shards), "powersgd.<param>.error" and ".q".
-local function each_state(d, f)
-  for k, t in pairs(d.optimizer:state_dict().tensors) do f(k, t, 0, true) end
-  local self = d.powersgd
-  for _, mt in ipairs(self.mats) do
-    f('powersgd.' .. self.names[mt.p] .. '.error', mt.e, 0, false)
-    f('powersgd.' .. self.names[mt.p] .. '.q', mt.Q, 0, false)
-  end
-end
-
-local function state_layout(d)
-  local out = {}
-  for k, t in pairs(d.optimizer:state_dict().tensors) do out[k] = t.shape end
-  return out
-end
-
-local function save_checkpoint(d, trainer, model_sd, _, state)
-  state.powersgd = { rank = d.powersgd.rank }
-  return shards.save(trainer, d, model_sd, state)
-end
-
--- The optimizer state (from any DDP checkpoint); this rank's error buffers
--- and Q's when the checkpoint has them for as many ranks and the same rank
--- r (else compression starts afresh: zero error, Q as at the start).
-local function load_checkpoint(d, _, c, path)
-  local st = c.state
-  d.optimizer:load_state_dict({ step = st.opt_step, steps = st.opt_steps, tensors = shards.full_tensors(path, c) })
-  local self = d.powersgd
-  local sh = st.shards
-  if not (st.powersgd and st.powersgd.rank == self.rank and sh and sh.world == d.comm.size) then return end
-  local mine = ckpt.load_safetensors(path .. '/' .. shards.rank_file(d.comm.rank))
-  for _, mt in ipairs(self.mats) do
-    for what, t in pairs({ error = mt.e, q = mt.Q }) do
-      local k = ('powersgd.%s.%s@0'):format(self.names[mt.p], what)
-      local src = mine[k]
-      if not src or src:numel() ~= t:numel() then
-        error(('resume: checkpoint %s lacks %s (%d elements) of rank %d'):format(path, k, t:numel(), d.comm.rank), 0)
-      end
-      t:copy_(src:view(t.shape))
-    end
-  end
 end
 
 return PowerSGD

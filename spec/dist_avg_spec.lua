@@ -5,7 +5,8 @@
 -- sync_every 1 and diloco H 1 / outer lr 1 / no momentum with plain SGD;
 -- full-rank PowerSGD; synchronous ps on 1 and 2 servers with AdamW and
 -- clipping); each resumes exactly from a checkpoint in the middle of a
--- round; and the bytes each rank sends shrink as the policy says.
+-- round; asynchronous ps on 3 ranks keeps its staleness bound with a slow
+-- worker; and the bytes each rank sends shrink as the policy says.
 local gl = require 'gptlua'
 local train = require 'gptlua.train'
 local ckpt = require 'gptlua.checkpoint'
@@ -33,8 +34,6 @@ describe('slow-link policies: config', function()
     refuses({ dist = 'zero1', powersgd_rank = 4 },
       "config: powersgd_rank is a communication hook of dist = 'ddp', got dist = 'zero1'")
     refuses({ dist = 'ps', ps_servers = 2 }, 'config: ps_servers expected at most the number of ranks (1), got 2')
-    refuses({ dist = 'ps', max_staleness = 2 }, 'config: max_staleness 2: asynchronous parameter servers are not '
-      .. 'implemented, only synchronous ones (max_staleness = 0)')
   end)
 end)
 
@@ -108,6 +107,55 @@ describe('slow-link policies over MPI ranks', function()
       same({ losses = { full.losses[4], full.losses[5], full.losses[6] } }, tail, a .. ' resumed', 0)
       same_params(want, got, a .. ' resumed', 0)
     end
+  end)
+
+  -- 3 ranks, one server (rank 0 records every update), rank 2 sleeps 200 ms
+  -- before each batch: the two fast workers must run ahead of it (more
+  -- than one update each between two of its updates; in lock step they
+  -- would make exactly one each) and no applied update may be more than k
+  -- versions stale.  Asynchronous runs do not repeat exactly; the loss rank
+  -- 0 computes right after a checkpoint's quiesce does.
+  it('asynchronous ps: staleness never exceeds max_staleness, fast workers run ahead of a slow one, resumes', function()
+    local k = 6
+    local dir = out .. '/async'
+    os.execute('mkdir -p ' .. dir)
+    local args = ('dtype=float64 max_iters=12 dist=ps max_staleness=%d slow=2:200 checkpoint_interval=6 keep_last=5')
+      :format(k)
+    local o, rc = H.mpirun(3, 'spec/dist/avg_run.lua', dir .. ' ' .. args)
+    H.assert_ranks_ok(o, rc, 3)
+    local res = H.read_json(dir .. '/losses.json')
+    assert.equal(3 * 12, #res.ps_log)
+    local applied, slow, ahead = 0, 0, 0
+    local since_slow = 0
+    for _, e in ipairs(res.ps_log) do
+      local worker, staleness, dropped = e[1], e[2], e[3]
+      if not dropped then
+        applied = applied + 1
+        assert.is_true(staleness <= k, ('an update of worker %d applied %d versions stale'):format(worker, staleness))
+        if worker == 2 then
+          slow = slow + 1
+          ahead = math.max(ahead, since_slow)
+          since_slow = 0
+        else since_slow = since_slow + 1 end
+      end
+    end
+    assert.is_true(slow >= 6, 'the slow worker had ' .. slow .. ' updates applied')
+    assert.is_true(ahead > 2, 'the fast workers made at most ' .. ahead .. ' updates between two of the slow one')
+    local max = 0
+    for _, m in ipairs(res.metrics) do max = math.max(max, m.staleness_max) end
+    assert.is_true(max > 0 and max <= k, 'recorded staleness_max ' .. max)
+    -- (rank 0 logs its last step before the others' last updates arrive)
+    local logged = res.metrics[#res.metrics].updates
+    assert.is_true(logged > 12 and logged <= applied, ('%d updates logged, %d applied'):format(logged, applied))
+    local step6 = dir .. '/p/checkpoints/step_0000006'
+    assert.is_table(H.read_json(step6 .. '/state.json').ps_versions)
+    local rdir = out .. '/async_resumed'
+    os.execute('mkdir -p ' .. rdir)
+    o, rc = H.mpirun(3, 'spec/dist/avg_run.lua', rdir .. ' ' .. args .. ' resume=' .. step6)
+    H.assert_ranks_ok(o, rc, 3)
+    local tail = H.read_json(rdir .. '/losses.json').losses
+    assert.equal(6, #tail)
+    assert.equal(res.losses[7], tail[1])
   end)
 
   it('sends fewer bytes per rank: localsgd 1/H of DDP, bfloat16 outer gradients half, PowerSGD rank 2 less', function()

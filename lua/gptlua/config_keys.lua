@@ -84,7 +84,7 @@ return {
   outer_dtype = "diloco: dtype the outer gradients travel in, 'float32' or 'bfloat16'",
   diloco_fragments = 'diloco: fragments synchronised at staggered steps, overlapping compute (1: all at once)',
   ps_servers = 'ps: ranks that serve a shard of the parameters and its optimizer state',
-  max_staleness = 'ps: updates a worker may lag behind the servers (0: synchronous; only 0 is implemented)',
+  max_staleness = 'ps: updates a worker may lag behind the servers (0: synchronous, equals ddp)',
   powersgd_rank = 'ddp: rank of the PowerSGD gradient compression (0: off, plain all-reduce)',
   fsdp = 'fsdp/hsdp options (the keys below)',
   ['fsdp.reshard_after_forward'] = "free each block's gathered weights after its forward",

@@ -619,6 +619,7 @@ end
 -- float64 all-reduce (sum) of {loss, stop} instead of two.
 function Trainer:average_loss(loss)
   if not (self.comm and self.world > 1) then return self.policy:average_number(loss) end
+  if self.policy.asynchronous then take_stop_signals(self); return loss end  -- ranks do not meet every step
   take_stop_signals(self)
   local buf = self.step_numbers
   if not buf then

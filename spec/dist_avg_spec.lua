@@ -34,6 +34,12 @@ describe('slow-link policies: config', function()
     refuses({ dist = 'zero1', powersgd_rank = 4 },
       "config: powersgd_rank is a communication hook of dist = 'ddp', got dist = 'zero1'")
     refuses({ dist = 'ps', ps_servers = 2 }, 'config: ps_servers expected at most the number of ranks (1), got 2')
+    -- (a world of two ranks on a stand-in comm: only the check runs)
+    assert.has_error(function()
+      require('gptlua.dist.policies.ps').new('ps', { params = { gl.zeros({ 4 }):requires_grad_() },
+        optimizer = require('gptlua.optim').AdamW({ gl.zeros({ 4 }) }),
+        comm = { rank = 0, size = 2, broadcast = function() end }, cfg = { ps_servers = 2, max_staleness = 1 } })
+    end, 'config: asynchronous ps (max_staleness 1) runs one server, got ps_servers = 2')
   end)
 end)
 

@@ -24,7 +24,9 @@
 -- (counted once: a pipelined broadcast); DDP's ring all-reduce sends
 -- 2(N-1)/N * 4P from every rank.
 --
--- Asynchronous (k > 0).  Every rank pushes its own gradient (a point-to-
+-- Asynchronous (k > 0, one server: send/recv have no tags, so a rank that
+-- both serves and pulls from the same peer could not tell a push from a
+-- reply).  Every rank pushes its own gradient (a point-to-
 -- point message to each server; no averaging, local clipping) and pulls
 -- the shard back from the reply; the server applies each push as its own
 -- optimizer step, in arrival order.  Versions: server s counts the updates
@@ -72,6 +74,11 @@ function PS.new(name, o)
   if S > N then A.fail(('ps_servers expected at most the number of ranks (%d), got %d'):format(N, S)) end
   self.k = A.check_int(self.cfg, 'max_staleness', 0)
   self.asynchronous = self.k > 0
+  -- (send/recv carry no tag: with two servers a rank would receive pushes
+  -- and replies from the same peer in one stream, unmatched)
+  if self.asynchronous and S > 1 then
+    A.fail(('asynchronous ps (max_staleness %d) runs one server, got ps_servers = %d'):format(self.k, S))
+  end
   self.S, self.own = S, B.owners(self.optimizer, name)
   local p1 = self.params[1]
   for _, p in ipairs(self.params) do

@@ -28,7 +28,9 @@ local per_step = world.size * recipe.batch_size * recipe.block_size
 local iters = math.floor(tokens / per_step)
 local args = { '--max_iters=' .. iters, '--lr_decay_iters=' .. iters, '--warmup_iters=' .. math.floor(iters / 10),
   '--eval_interval=0', '--log_interval=' .. iters, '--sample_length=0', '--quiet=true', '--checkpoint_interval=0',
-  '--out_dir=' .. os.tmpname() .. '.d', '--name=slow_links' }
+  -- one directory every rank names alike (a checkpoint is written by all ranks)
+  '--out_dir=' .. (os.getenv('TMPDIR') or '/tmp') .. '/gptlua_slow_links', '--name=n' .. world.size,
+  '--overwrite=true' }
 for _, a in ipairs(over) do args[#args + 1] = a end
 local t0 = now()
 local _, t = train.main(recipe, args)

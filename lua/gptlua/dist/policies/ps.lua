@@ -24,9 +24,7 @@
 -- (counted once: a pipelined broadcast); DDP's ring all-reduce sends
 -- 2(N-1)/N * 4P from every rank.
 --
--- Asynchronous (k > 0, one server: send/recv have no tags, so a rank that
--- both serves and pulls from the same peer could not tell a push from a
--- reply).  Every rank pushes its own gradient (a point-to-
+-- Asynchronous (k > 0).  Every rank pushes its own gradient (a point-to-
 -- point message to each server; no averaging, local clipping) and pulls
 -- the shard back from the reply; the server applies each push as its own
 -- optimizer step, in arrival order.  Versions: server s counts the updates
@@ -64,6 +62,12 @@ local optim = require 'gptlua.optim'
 local G = require 'gptlua.ffi'
 local Tensor = gl.Tensor
 
+-- the version a flat buffer carries in its last element (asynchronous
+-- mode), and a message's kind in the one before
+local function version(t) return t:get(t:numel()) end
+local function set_version(t, v) t:set(v, t:numel()) end
+local function kind(t) return t:get(t:numel() - 1) end
+
 local PS = {}
 PS.__index = PS
 
@@ -74,11 +78,6 @@ function PS.new(name, o)
   if S > N then A.fail(('ps_servers expected at most the number of ranks (%d), got %d'):format(N, S)) end
   self.k = A.check_int(self.cfg, 'max_staleness', 0)
   self.asynchronous = self.k > 0
-  -- (send/recv carry no tag: with two servers a rank would receive pushes
-  -- and replies from the same peer in one stream, unmatched)
-  if self.asynchronous and S > 1 then
-    A.fail(('asynchronous ps (max_staleness %d) runs one server, got ps_servers = %d'):format(self.k, S))
-  end
   self.S, self.own = S, B.owners(self.optimizer, name)
   local p1 = self.params[1]
   for _, p in ipairs(self.params) do
@@ -218,7 +217,7 @@ function PS:save_checkpoint(trainer, model_sd, _, state)
   if self.asynchronous then
     self:_quiesce()
     state.ps_versions = {}
-    for i, sh in ipairs(self.shards) do state.ps_versions[i] = self:_version(sh.pflat) end
+    for i, sh in ipairs(self.shards) do state.ps_versions[i] = version(sh.pflat) end
   end
   return shards.save(trainer, self, model_sd, state)
 end
@@ -242,32 +241,45 @@ function PS:load_checkpoint(_, c, path)
   shards.set_steps(self.optimizer, c.state)
   if self.asynchronous then
     local vs = c.state.ps_versions or {}
-    for i, sh in ipairs(self.shards) do self:_set_version(sh.pflat, vs[i] or 0) end
+    for i, sh in ipairs(self.shards) do set_version(sh.pflat, vs[i] or 0) end
     self:_reset_versions()
   end
 end
 
 -- ------------------------------------------------------------ asynchronous
+-- Messages.  send/recv carry no tag, so every message between two ranks has
+-- one size, M = the largest shard + 2, and says what it is: elements
+-- [0, n) the shard's data, M-2 its kind (PUSH: a gradient for the
+-- receiver's shard; REPLY: the sender's shard; PARK), M-1 the version.
+-- Each rank keeps at most one receive posted per peer (only while it
+-- expects something from it: a server from workers not parked, a worker
+-- from the servers it awaits), so none is left pending at the end.
 local ffi = G.ffi
 pcall(ffi.cdef, 'int usleep(unsigned int usec);')
 local now = require('gptlua.cli').now
-local PARKED = -1
+local PUSH, REPLY, PARK = 1, 2, 3
 
-function PS:_version(t) return t:get(t:numel()) end
-function PS:_set_version(t, v) t:set(v, t:numel()) end
 
 function PS:_init_async()
   local N, me = self.comm.size, self.comm.rank
+  local dtype, device = self.params[1].dtype, self.params[1].device
+  local maxn = 0
+  for _, sh in ipairs(self.shards) do maxn = math.max(maxn, sh.n) end
+  self.M = maxn + 2
   self.log, self.since = {}, { max = 0, sum = 0, n = 0 }
   self.applied, self.dropped = 0, 0
+  self.chan, self.chan_work, self.awaiting = {}, {}, {}
+  for p = 0, N - 1 do if p ~= me then self.chan[p] = B.flat(self.M, dtype, device) end end
+  for _, sh in ipairs(self.shards) do
+    sh.out = B.flat(self.M, dtype, device)   -- this rank's push or park to sh's server
+    sh.data = B.view(sh.out, 0, { sh.n })
+  end
   if self.mine then
-    local sh, dtype, device = self.mine, self.params[1].dtype, self.params[1].device
-    sh.V = 0
-    sh.inbox, sh.outbox, sh.recv_work, sh.send_work = {}, {}, {}, {}
-    sh.queue = {}
+    local sh = self.mine
+    sh.inbox, sh.outbox, sh.send_work, sh.queue = {}, {}, {}, {}
     for w = 0, N - 1 do
-      sh.inbox[w] = B.flat(sh.n + 1, dtype, device)
-      if w ~= me then sh.outbox[w] = B.flat(sh.n + 1, dtype, device) end
+      sh.inbox[w] = B.flat(self.M, dtype, device)
+      if w ~= me then sh.outbox[w] = B.flat(self.M, dtype, device) end
     end
   end
   self:_reset_versions()
@@ -278,7 +290,7 @@ end
 function PS:_reset_versions()
   local sh = self.mine
   if not sh then return end
-  sh.V = self:_version(sh.pflat)
+  sh.V = version(sh.pflat)
   sh.v, sh.computing, sh.parked = {}, {}, {}
   for w = 0, self.comm.size - 1 do sh.v[w], sh.computing[w], sh.parked[w] = sh.V, true, false end
 end
@@ -295,35 +307,53 @@ function PS:_may_apply(sh, x)
   return true
 end
 
--- server: one pass over the inboxes and the queue; true if anything happened
+-- a message from peer p arrived in chan[p]
+function PS:_dispatch(p, msg)
+  local k, sh = kind(msg), self.mine
+  if k == REPLY then
+    local from = self.shards[p + 1]
+    G.check(G.lib.gl_copy(B.view(from.pflat, 0, { from.n }, false).c, B.view(msg, 0, { from.n }, false).c))
+    set_version(from.pflat, version(msg))
+    self.awaiting[p] = nil
+  elseif k == PARK then
+    sh.parked[p], sh.computing[p] = true, false
+  else
+    sh.inbox[p]:copy_(msg)
+    sh.computing[p] = false
+    sh.queue[#sh.queue + 1] = p
+  end
+end
+
+-- one pass: receives what arrived, applies what the bound allows; true if
+-- anything happened
 function PS:_serve()
-  local sh = self.mine
-  if not sh then return false end
   local moved = false
-  local me = self.comm.rank
-  for w = 0, self.comm.size - 1 do
-    if w ~= me then
-      local rw = sh.recv_work[w]
-      if not rw and not sh.parked[w] then   -- post the receive of w's next message
-        sh.recv_work[w] = self.comm:recv_async(sh.inbox[w], w)
-      elseif rw and rw:test() then
-        sh.recv_work[w] = nil
+  local sh = self.mine
+  for p = 0, self.comm.size - 1 do
+    if p ~= self.comm.rank then
+      local rw = self.chan_work[p]
+      if rw == nil then
+        if self.awaiting[p] or (sh and not sh.parked[p]) then
+          self.chan_work[p] = self.comm:recv_async(self.chan[p], p)
+        end
+      elseif rw:test() then
+        self.chan_work[p] = nil
+        self:_dispatch(p, self.chan[p])
         moved = true
-        if self:_version(sh.inbox[w]) == PARKED then sh.parked[w], sh.computing[w] = true, false
-        else sh.computing[w] = false; sh.queue[#sh.queue + 1] = w end
       end
     end
   end
+  if not sh then return moved end
   -- the oldest parameters first
   table.sort(sh.queue, function(a, b)
-    local va, vb = self:_version(sh.inbox[a]), self:_version(sh.inbox[b])
+    local va, vb = version(sh.inbox[a]), version(sh.inbox[b])
     if va ~= vb then return va < vb end
     return a < b
   end)
   local i = 1
   while i <= #sh.queue do
     local x = sh.queue[i]
-    local too_stale = sh.V - self:_version(sh.inbox[x]) > self.k
+    local too_stale = sh.V - version(sh.inbox[x]) > self.k
     if too_stale or self:_may_apply(sh, x) then
       table.remove(sh.queue, i)
       self:_apply(sh, x, too_stale)
@@ -340,15 +370,15 @@ end
 -- old, drops it: the rare case of several pushes queued at the bound) and
 -- replies with the shard
 function PS:_apply(sh, x, drop)
-  local staleness = sh.V - self:_version(sh.inbox[x])
+  local staleness = sh.V - version(sh.inbox[x])
   if drop then
     self.dropped = self.dropped + 1
     self.log[#self.log + 1] = { x, staleness, true }
   else
-    G.check(G.lib.gl_copy(sh.gflat.c, sh.inbox[x].c))
+    G.check(G.lib.gl_copy(B.view(sh.gflat, 0, { sh.n }, false).c, B.view(sh.inbox[x], 0, { sh.n }, false).c))
     self:_update_shard()
     sh.V = sh.V + 1
-    self:_set_version(sh.pflat, sh.V)
+    set_version(sh.pflat, sh.V)
     self.applied = self.applied + 1
     self.log[#self.log + 1] = { x, staleness }
     local m = self.since
@@ -357,21 +387,20 @@ function PS:_apply(sh, x, drop)
   sh.v[x], sh.computing[x] = sh.V, true
   if x ~= self.comm.rank then
     if sh.send_work[x] then sh.send_work[x]:wait() end
-    sh.outbox[x]:copy_(sh.pflat)
-    sh.send_work[x] = self.comm:send_async(sh.outbox[x], x)
+    local out = sh.outbox[x]
+    G.check(G.lib.gl_copy(B.view(out, 0, { sh.n }, false).c, B.view(sh.pflat, 0, { sh.n }, false).c))
+    out:set(REPLY, self.M - 1)
+    set_version(out, sh.V)
+    sh.send_work[x] = self.comm:send_async(out, x)
   else
     sh.own_applied = true
   end
 end
 
--- waits for every Work in list (and this rank's own update when own is
--- true) while serving; errors after the communicator's timeout
-function PS:_wait_serving(works, own, what)
+-- serves until done() is true; errors after the communicator's timeout
+function PS:_serve_until(done, what)
   local deadline = now() + (self.comm.timeout or 600)
-  while true do
-    local pending = own and not self.mine.own_applied
-    for _, w in pairs(works) do if not w:test() then pending = true end end
-    if not pending then return end
+  while not done() do
     if not self:_serve() then
       if now() > deadline then
         error(('ps: rank %d waited %g s for %s'):format(self.comm.rank, self.comm.timeout or 600, what), 0)
@@ -381,51 +410,55 @@ function PS:_wait_serving(works, own, what)
   end
 end
 
--- worker: push this rank's gradient of every shard, pull the shards back
-function PS:_step_async()
-  local me = self.comm.rank
-  local sends, recvs = {}, {}
-  local own = false
+local function all_done(works)
+  for _, w in pairs(works) do if not w:test() then return false end end
+  return true
+end
+
+-- sends kind (PUSH or PARK) to every server but this rank's own
+function PS:_send_all(k)
+  local sends = {}
   for _, sh in ipairs(self.shards) do
-    self:_set_version(sh.gflat, self:_version(sh.pflat))
-    if sh == self.mine then
-      sh.inbox[me]:copy_(sh.gflat)
-      sh.computing[me] = false
-      sh.queue[#sh.queue + 1] = me
-      sh.own_applied, own = false, true
-    else
-      sends[#sends + 1] = self.comm:send_async(sh.gflat, sh.server)
-      recvs[#recvs + 1] = self.comm:recv_async(sh.pflat, sh.server)
+    if sh ~= self.mine then
+      if k == PUSH then sh.data:copy_(B.view(sh.gflat, 0, { sh.n }, false)) end
+      sh.out:set(k, self.M - 1)
+      set_version(sh.out, version(sh.pflat))
+      if k == PUSH then self.awaiting[sh.server] = true end
+      sends[#sends + 1] = self.comm:send_async(sh.out, sh.server)
     end
   end
-  self:_wait_serving(sends, false, 'its pushes to the servers')
-  self:_wait_serving(recvs, own, "the servers' replies")
+  return sends
+end
+
+-- worker: push this rank's gradient of every shard, pull the shards back
+function PS:_step_async()
+  local me, sh = self.comm.rank, self.mine
+  if sh then
+    G.check(G.lib.gl_copy(B.view(sh.inbox[me], 0, { sh.n }, false).c, B.view(sh.gflat, 0, { sh.n }, false).c))
+    set_version(sh.inbox[me], version(sh.pflat))
+    sh.computing[me], sh.own_applied = false, false
+    sh.queue[#sh.queue + 1] = me
+  end
+  local sends = self:_send_all(PUSH)
+  self:_serve_until(function()
+    return all_done(sends) and next(self.awaiting) == nil and (not sh or sh.own_applied)
+  end, "the servers' replies")
 end
 
 -- every worker parks, servers serve until all are parked, every shard is
 -- broadcast from its server: then a collective may run
 function PS:_quiesce()
-  local me = self.comm.rank
-  local sends = {}
-  for _, sh in ipairs(self.shards) do
-    if sh == self.mine then sh.parked[me], sh.computing[me] = true, false
-    else
-      self:_set_version(sh.gflat, PARKED)
-      sends[#sends + 1] = self.comm:send_async(sh.gflat, sh.server)
-    end
-  end
-  self:_wait_serving(sends, false, 'its park messages to the servers')
-  local sh = self.mine
+  local me, sh = self.comm.rank, self.mine
+  if sh then sh.parked[me], sh.computing[me] = true, false end
+  local sends = self:_send_all(PARK)
+  self:_serve_until(function()
+    if not all_done(sends) then return false end
+    if not sh then return true end
+    if #sh.queue > 0 then return false end
+    for w = 0, self.comm.size - 1 do if not sh.parked[w] then return false end end
+    return true
+  end, 'every worker to park')
   if sh then
-    local deadline = now() + (self.comm.timeout or 600)
-    while true do
-      self:_serve()
-      local all = #sh.queue == 0
-      for w = 0, self.comm.size - 1 do if not sh.parked[w] then all = false end end
-      if all then break end
-      if now() > deadline then error(('ps: server rank %d waited for every worker to park'):format(me), 0) end
-      ffi.C.usleep(50)
-    end
     for _, w in pairs(sh.send_work) do w:wait() end
     sh.send_work = {}
   end

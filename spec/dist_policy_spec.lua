@@ -60,7 +60,7 @@ describe('gptlua.dist policies in one process', function()
 
   it('refuses unknown policies, bad options and optimizers ZeRO cannot shard', function()
     assert.has_error(function() dist.policy('zero3', {}) end,
-      "dist.policy: unknown policy zero3 (expected 'ddp', 'zero1', 'zero2', 'fsdp' or 'hsdp')")
+      "dist.policy: unknown policy zero3 (expected 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp', 'localsgd', 'diloco' or 'ps')")
     assert.has_error(function() dist.policy('ddp', { params = {}, optimizer = {} }) end,
       'dist.policy: ddp expected opts.params, a non-empty list of parameters')
     local p = gl.zeros({ 4 }):requires_grad_()

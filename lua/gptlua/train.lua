@@ -57,6 +57,9 @@ M.defaults = {
   -- several ranks it is ddp ('none' trains each rank alone and is refused by run there);
   -- dist_timeout: seconds a collective may take before every rank is aborted
   dist = 'none', bucket_mb = 25, shard_size = 0, dist_timeout = 600,
+  -- slow links (localsgd, diloco, ps, ddp's PowerSGD hook): gptlua.dist.policies.{localsgd,diloco,ps,powersgd}
+  sync_every = 8, outer_lr = 0.7, outer_momentum = 0.9, outer_dtype = 'float32', diloco_fragments = 1,
+  powersgd_rank = 0, ps_servers = 1, max_staleness = 0,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
@@ -71,7 +74,8 @@ local INTEGER_KEYS = {
   checkpoint_interval = { 0, COUNT }, keep_last = { 0, INT32 }, max_bad_steps = { 0, COUNT }, top_k = { 0, INT32 },
   threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
-  shard_size = { 0, COUNT },
+  shard_size = { 0, COUNT }, sync_every = { 1, COUNT }, diloco_fragments = { 1, INT32 }, powersgd_rank = { 0, INT32 },
+  ps_servers = { 1, INT32 }, max_staleness = { 0, COUNT },
 }
 M.INTEGER_KEYS = INTEGER_KEYS
 
@@ -179,6 +183,9 @@ function M.resolve_config(recipe, args)
   for _, k in ipairs(names) do
     local r = INTEGER_KEYS[k]
     check.integer(cfg[k], 'config', k, r[1], r[2], config.NO_POSITION)
+  end
+  if cfg.powersgd_rank > 0 and cfg.dist ~= 'ddp' then
+    fail(("powersgd_rank is a communication hook of dist = 'ddp', got dist = '%s'"):format(check.printable(cfg.dist)))
   end
   if cfg.eval_interval > 0 and cfg.eval_iters < 1 then
     fail(('eval_iters must be >= 1 when eval_interval is set (%d), got %d'):format(cfg.eval_interval, cfg.eval_iters))
@@ -613,6 +620,7 @@ end
 -- float64 all-reduce (sum) of {loss, stop} instead of two.
 function Trainer:average_loss(loss)
   if not (self.comm and self.world > 1) then return self.policy:average_number(loss) end
+  if self.policy.asynchronous then take_stop_signals(self); return loss end  -- ranks do not meet every step
   take_stop_signals(self)
   local buf = self.step_numbers
   if not buf then
@@ -718,8 +726,12 @@ function Trainer:run()
       self:print(('step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.1f ms/step | mem %s | ETA %s'):format(
         self.step, cfg.max_iters, loss, lr, norm, tps, 100 * mfu, 1000 * elapsed / steps_since,
         fmt_bytes(mem.peak), fmt_time(eta)))
-      self:write_metrics({ step = self.step, loss = loss, lr = lr, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
-        ms_per_step = 1000 * elapsed / steps_since, step_ms = dt * 1000, mem_peak = mem.peak })
+      local rec = { step = self.step, loss = loss, lr = lr, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
+        ms_per_step = 1000 * elapsed / steps_since, step_ms = dt * 1000, mem_peak = mem.peak,
+        comm_bytes = self.comm and self.comm.sent_bytes or nil }  -- bytes rank 0 sent so far (gptlua.dist)
+      -- a policy's own numbers (round position, staleness, ...)
+      if self.policy.metrics then for k, v in pairs(self.policy:metrics()) do rec[k] = v end end
+      self:write_metrics(rec)
       if self.hooks.on_log then self.hooks.on_log(self, { loss = loss, norm = norm, tps = tps }) end
       paused_total = paused_total + paused
       t_last, tokens_since, steps_since, paused = now(), 0, 0, 0

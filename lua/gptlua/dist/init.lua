@@ -482,11 +482,33 @@ function Comm:route(send, recv)
   return 'mpi'
 end
 
+-- Bytes this rank puts on the wire for a collective of n bytes per send
+-- buffer, as the textbook algorithms move them (ring all-reduce 2(N-1)/N n;
+-- reduce-scatter, all-to-all and scatter (N-1)/N n; all-gather (N-1) n;
+-- broadcast n from the root; reduce and gather n from the others; send n).
+-- Comm.sent_bytes sums them: what the policies' bytes per step report.
+local function wire_bytes(self, name, s)
+  local t = s.send
+  if not t then return 0 end
+  local n, N = t:numel() * lib.gl_dtype_size(t.c.dtype), self.size
+  if name == 'all_reduce' then return 2 * (N - 1) / N * n
+  elseif name == 'reduce_scatter' or name == 'all_to_all' then return (N - 1) / N * n
+  elseif name == 'scatter' then return self.rank == s.root and (N - 1) / N * n or 0
+  elseif name == 'all_gather' then return (N - 1) * n
+  elseif name == 'broadcast' then return self.rank == s.root and n or 0
+  elseif name == 'reduce' or name == 'gather' then return self.rank == s.root and 0 or n
+  elseif name == 'send' then return n end
+  return 0
+end
+
 local function run(self, name, s, async)
   local r = self:route(s.send, s.recv)
   local work
   if r == 'local' then work = run_local(self, name, s)
-  else work = run_remote(self, r == 'nccl' and self:_nccl_comm(3) or self.c, name, s) end
+  else
+    self.sent_bytes = (self.sent_bytes or 0) + wire_bytes(self, name, s)
+    work = run_remote(self, r == 'nccl' and self:_nccl_comm(3) or self.c, name, s)
+  end
   if async then return work end
   return work:wait()
 end
@@ -736,12 +758,14 @@ end
 -- from the gradient-ready hooks).  See the trainer's policy interface
 -- (gptlua.train, LocalPolicy).
 dist.POLICIES = { ddp = 'gptlua.dist.policies.ddp', zero1 = 'gptlua.dist.policies.zero',
-  zero2 = 'gptlua.dist.policies.zero', fsdp = 'gptlua.dist.fsdp', hsdp = 'gptlua.dist.fsdp' }
+  zero2 = 'gptlua.dist.policies.zero', fsdp = 'gptlua.dist.fsdp', hsdp = 'gptlua.dist.fsdp',
+  localsgd = 'gptlua.dist.policies.localsgd', diloco = 'gptlua.dist.policies.diloco', ps = 'gptlua.dist.policies.ps' }
 
 function dist.policy(name, opts)
   local mod = dist.POLICIES[name]
   if not mod then
-    error(("dist.policy: unknown policy %s (expected 'ddp', 'zero1', 'zero2', 'fsdp' or 'hsdp')"):format(tostring(name)), 2)
+    error(("dist.policy: unknown policy %s (expected 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp', 'localsgd', 'diloco' or 'ps')")
+      :format(tostring(name)), 2)
   end
   local p = require(mod).new(name, opts)
   return p

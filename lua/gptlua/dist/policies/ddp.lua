@@ -36,6 +36,9 @@ function DDP.new(name, o)
   end
   self:_order_buckets(order)
   self:_install_hooks()
+  -- PowerSGD compression as the buckets' communication hook (powersgd.lua)
+  local rank = o.cfg and o.cfg.powersgd_rank or 0
+  if rank ~= 0 then require('gptlua.dist.policies.powersgd').install(self, rank, o.model) end
   return self
 end
 

@@ -1,0 +1,349 @@
+-- gptlua.journal — the per-step journal of a run (issue 18), its replay
+-- check, and `gptlua replay` / `gptlua diff`.
+--
+-- run_dir/journal.jsonl, one JSON object a line, written by rank 0:
+--   a header each time the job starts or resumes:
+--     {"journal": 1, "run", "recipe", "args", "world", "from": step,
+--      "resumed_from": checkpoint, "config": the effective config}
+--   a record per optimizer step s (the step that took the model from s to s+1):
+--     {"step": s, "loss", "grad_norm", "lr_mult": hex floats (%a, exact),
+--      "ok": taken or skipped, "rng": the random stream's offset after it,
+--      "data": training rows consumed after it, "changes": live changes
+--      (gptlua.control) applied before it, and every journal_hash_interval
+--      steps "params" / "optim": FNV-1a hashes of every parameter's bytes
+--      and of the optimizer state (rank 0's shard under ZeRO/FSDP)}
+-- A run with cfg.replay = JOURNAL checks each of its steps against that
+-- journal as it goes and stops at the first difference, naming the step
+-- and the quantity; `gptlua replay RUN` starts such a run from one of RUN's
+-- checkpoints (same recipe, arguments and world size; into a temporary
+-- directory), and `gptlua diff A B` compares two runs' journals.
+local gl = require 'gptlua'
+local ffi = require 'ffi'
+local bit = require 'bit'
+local cjson = require 'cjson'
+
+local J = {}
+
+local function hex(x) return ('%a'):format(x) end
+J.hex = hex
+
+-- FNV-1a over 32-bit words, as a running 32-bit value (p = 2^24 + 403,
+-- split so every product stays exact in a double)
+local function fnv_words(h, p, n)
+  for i = 0, n - 1 do
+    h = bit.bxor(h, p[i])
+    h = bit.tobit(h * 403 + bit.lshift(h, 24))
+  end
+  return h
+end
+
+local function tensor_hash(h, t)
+  if t.device ~= 'cpu' then t = t:to('cpu') end
+  t = t:contiguous()
+  local bytes = t:numel() * gl.lib.gl_dtype_size((gl.Tensor.dtype_id(t.dtype, 'journal')))
+  local p = ffi.cast('const uint8_t *', gl.lib.gl_data_ptr(t.c))
+  local words = math.floor(bytes / 4)
+  h = fnv_words(h, ffi.cast('const int32_t *', p), words)
+  for i = words * 4, bytes - 1 do h = bit.tobit(bit.bxor(h, p[i]) * 403 + bit.lshift(bit.bxor(h, p[i]), 24)) end
+  return h
+end
+
+-- a hash of named tensors in name order, as 8 hex digits
+function J.hash_tensors(named)
+  local names = {}
+  for k in pairs(named) do names[#names + 1] = k end
+  table.sort(names)
+  local h = bit.tobit(0x811c9dc5)
+  for _, k in ipairs(names) do
+    for i = 1, #k do h = bit.tobit(bit.bxor(h, k:byte(i)) * 403 + bit.lshift(bit.bxor(h, k:byte(i)), 24)) end
+    h = tensor_hash(h, named[k])
+  end
+  return bit.tohex(h)
+end
+
+local function read_lines(path)
+  local f, err = io.open(path, 'rb')
+  if not f then return nil, err end
+  local out, n = {}, 0
+  for line in f:lines() do
+    n = n + 1
+    if line:match('%S') then
+      local ok, rec = pcall(cjson.decode, line)
+      if not ok or type(rec) ~= 'table' then
+        f:close()
+        return nil, ('%s:%d: not a JSON object'):format(path, n)
+      end
+      out[#out + 1] = rec
+    end
+  end
+  f:close()
+  return out
+end
+
+-- {headers = {...}, steps = {[s] = record}} of a journal file (a step
+-- journaled twice, by a run resumed from before it, keeps the later record)
+function J.read(path)
+  local recs, err = read_lines(path)
+  if not recs then error(('journal: cannot read %s: %s'):format(path, err), 0) end
+  local out = { headers = {}, steps = {}, last = -1, first = math.huge }
+  for _, r in ipairs(recs) do
+    if r.journal then out.headers[#out.headers + 1] = r
+    elseif type(r.step) == 'number' then
+      out.steps[r.step] = r
+      out.last, out.first = math.max(out.last, r.step), math.min(out.first, r.step)
+    end
+  end
+  return out
+end
+
+-- ------------------------------------------------------------- writing --
+local Journal = {}
+Journal.__index = Journal
+
+-- the journal of trainer t (rank 0 writes; every rank applies replayed
+-- changes); nil when cfg.journal is off and no replay is asked for
+function J.start(t, first_step, resumed_from)
+  local cfg = t.cfg
+  if not cfg.journal and cfg.replay == '' then return nil end
+  local self = setmetatable({ t = t, changes = {}, every = cfg.journal_hash_interval }, Journal)
+  if cfg.journal and t.rank == 0 then
+    self.path = t.run_dir .. '/journal.jsonl'
+    self.file = assert(io.open(self.path, 'ab'))
+    self:write({ journal = 1, run = t.run_id, recipe = rawget(_G, 'arg') and arg[0] or nil, args = t.args or {},
+      world = t.world, from = first_step, resumed_from = resumed_from, config = cfg })
+  end
+  if cfg.replay ~= '' then
+    self.expect = J.read(cfg.replay)
+    self.replay_to = cfg.replay_to
+    self:apply_replayed(first_step)
+  end
+  return self
+end
+
+function Journal:write(rec)
+  if not self.file then return end
+  self.file:write(cjson.encode(rec), '\n')
+  self.file:flush()
+end
+
+-- a live change applied before the next step (gptlua.control)
+function Journal:change(c) self.changes[#self.changes + 1] = c end
+
+-- replay: the changes the journal recorded before step s that this run has
+-- not applied yet (those of a checkpoint are in already: seq says)
+function Journal:apply_replayed(s)
+  local rec = self.expect.steps[s]
+  if not (rec and rec.changes) then return end
+  local have = #(self.t.live_changes or {})
+  for _, c in ipairs(rec.changes) do
+    if c.seq > have then
+      require('gptlua.control').apply(self.t, c)
+      have = have + 1
+    end
+  end
+end
+
+local FIELDS = { 'loss', 'grad_norm', 'lr_mult', 'ok', 'rng', 'data', 'params', 'optim' }
+J.FIELDS = FIELDS
+
+-- the first field on which records a and b differ, or nil
+function J.first_difference(a, b)
+  for _, k in ipairs(FIELDS) do
+    if a[k] ~= nil and b[k] ~= nil and a[k] ~= b[k] then return k end
+  end
+  local ca, cb = a.changes and #a.changes or 0, b.changes and #b.changes or 0
+  if ca ~= cb then return 'changes' end
+  return nil
+end
+
+-- Records step s (just taken); in a replay compares it with the journal
+-- (raising at a difference) and applies the changes recorded before the
+-- next step.  Returns true when a replay has reached replay_to.
+function Journal:step(s, loss, norm, lr_mult, ok)
+  local t = self.t
+  local rec = { step = s, loss = hex(loss), grad_norm = hex(norm), lr_mult = hex(lr_mult), ok = ok,
+                rng = gl.get_rng_state().offset, data = t.data.train:sample() }
+  if #self.changes > 0 then rec.changes, self.changes = self.changes, {} end
+  if self.every > 0 and (s + 1) % self.every == 0 and t.rank == 0 then
+    local named = {}
+    for _, np in ipairs(t.model:named_parameters()) do named[np[1]] = np[2] end
+    rec.params = J.hash_tensors(named)
+    rec.optim = J.hash_tensors(t.optimizer:state_dict().tensors)
+  end
+  self:write(rec)
+  if not self.expect then return false end
+  local want = self.expect.steps[s]
+  if t.rank == 0 then
+    if not want then
+      error(('replay: step %d is not in the journal %s (it ends at step %d)'):format(s, t.cfg.replay, self.expect.last), 0)
+    end
+    local k = J.first_difference(rec, want)
+    if k then
+      error(('replay: step %d differs from the journal: %s is %s, the journal has %s'):format(s, k,
+        tostring(rec[k] or (rec.changes and #rec.changes) or 0), tostring(want[k] or (want.changes and #want.changes) or 0)), 0)
+    end
+    self.checked = (self.checked or 0) + 1
+  end
+  self:apply_replayed(s + 1)
+  return self.replay_to > 0 and s + 1 >= self.replay_to
+end
+
+function Journal:close()
+  if self.file then self.file:close(); self.file = nil end
+  if self.expect and self.t.rank == 0 then
+    self.t:print(('replay: %d steps match the journal %s bit for bit'):format(self.checked or 0, self.t.cfg.replay))
+  end
+end
+
+-- ----------------------------------------------------------- replay CLI --
+local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+
+local REPLAY_USAGE = [[
+usage: gptlua replay RUN_DIR [--from STEP] [--to STEP]
+Re-runs RUN_DIR from its checkpoint at STEP (default: its earliest) with the
+same recipe, arguments and world size, into a temporary directory, and
+checks every step against RUN_DIR/journal.jsonl bit for bit (same device,
+deterministic kernels): exits 0 when all match, 1 at the first difference,
+naming the step and the quantity.
+]]
+
+local function opt_value(args, i, name)
+  local a = args[i]
+  local v = a:match('^%-%-' .. name .. '=(.*)$')
+  if v then return v, i end
+  if a == '--' .. name then return args[i + 1], i + 1 end
+end
+
+-- the arguments of the original run, less those replay sets itself
+local function kept_args(args)
+  local out = {}
+  for _, a in ipairs(args or {}) do
+    local k = a:match('^%-%-([%w_%.]+)')
+    if not (k == 'resume' or k == 'overwrite' or k == 'out_dir' or k == 'replay' or k == 'replay_to' or k == 'journal') then
+      out[#out + 1] = a
+    end
+  end
+  return out
+end
+
+function J.replay_main(args)
+  local dir, from, to
+  local i = 1
+  while args[i] do
+    local a = args[i]
+    if a == '-h' or a == '--help' then io.write(REPLAY_USAGE) return 0 end
+    local v, j = opt_value(args, i, 'from')
+    if v then from = tonumber(v); i = j
+    else
+      v, j = opt_value(args, i, 'to')
+      if v then to = tonumber(v); i = j
+      elseif a:sub(1, 1) == '-' then io.stderr:write('gptlua replay: unknown option ', a, '\n', REPLAY_USAGE) return 1
+      elseif not dir then dir = a
+      else io.stderr:write('gptlua replay: one run directory, got a second: ', a, '\n') return 1 end
+    end
+    i = i + 1
+  end
+  if not dir then io.stderr:write(REPLAY_USAGE) return 1 end
+  if (from and (from < 0 or from % 1 ~= 0)) or (to and (to < 1 or to % 1 ~= 0)) then
+    io.stderr:write('gptlua replay: --from and --to expect step numbers\n') return 1
+  end
+  dir = dir:gsub('/+$', '')
+  local jpath = dir .. '/journal.jsonl'
+  local journal = J.read(jpath)
+  local ckpt = require 'gptlua.checkpoint'
+  local list = ckpt.list(dir .. '/checkpoints')
+  local have = {}
+  for _, c in ipairs(list) do have[#have + 1] = tostring(c.step) end
+  local chosen
+  for _, c in ipairs(list) do
+    if (from == nil and not chosen) or c.step == from then chosen = c end
+  end
+  if not chosen then
+    error(('replay: no checkpoint %sin %s/checkpoints (there: %s)'):format(from and ('of step ' .. from .. ' ') or '',
+      dir, #have > 0 and table.concat(have, ', ') or 'none'), 0)
+  end
+  -- the header of the job that ran the steps after the checkpoint
+  local head
+  for _, h in ipairs(journal.headers) do if h.from <= chosen.step then head = h end end
+  if not head or not head.recipe then error(('replay: %s has no header for step %d'):format(jpath, chosen.step), 0) end
+  if journal.last < chosen.step then error(('replay: %s has no steps after %d'):format(jpath, chosen.step), 0) end
+  local tmp = os.tmpname()
+  os.remove(tmp)
+  local cmd = { GPTLUA.exe }
+  if head.world > 1 then cmd[#cmd + 1] = '-n ' .. head.world end
+  cmd[#cmd + 1] = quote(head.recipe)
+  for _, a in ipairs(kept_args(head.args)) do cmd[#cmd + 1] = quote(a) end
+  for _, a in ipairs({ '--out_dir=' .. tmp, '--resume=' .. chosen.path, '--replay=' .. jpath,
+      '--replay_to=' .. (to or journal.last + 1) }) do
+    cmd[#cmd + 1] = quote(a)
+  end
+  local line = table.concat(cmd, ' ')
+  io.write(('replay: %s from step %d to %d on %d rank%s\n'):format(dir, chosen.step, to or journal.last + 1, head.world,
+    head.world == 1 and '' or 's'))
+  io.stdout:flush()
+  local ok, how, code = os.execute(line)
+  os.execute('rm -rf ' .. quote(tmp))
+  if type(ok) == 'number' then code = ok / 256 end   -- LuaJIT's os.execute: the raw wait status
+  return (ok == true or code == 0) and 0 or 1
+end
+
+-- ------------------------------------------------------------- diff CLI --
+local function journal_of(p)
+  p = p:gsub('/+$', '')
+  if p:match('%.jsonl$') then return p end
+  return p .. '/journal.jsonl'
+end
+
+local function show_value(v)
+  if type(v) == 'table' then return cjson.encode(v) end
+  return tostring(v)
+end
+
+-- the config keys on which two headers differ, as "key a vs b" strings
+local function config_differences(a, b)
+  local out = {}
+  local ca, cb = a and a.config or {}, b and b.config or {}
+  local keys = {}
+  for k in pairs(ca) do keys[k] = true end
+  for k in pairs(cb) do keys[k] = true end
+  local names = {}
+  for k in pairs(keys) do
+    if k ~= 'name' and k ~= 'out_dir' and k ~= 'resume' and k ~= 'replay' and k ~= 'replay_to'
+        and show_value(ca[k]) ~= show_value(cb[k]) then names[#names + 1] = k end
+  end
+  table.sort(names)
+  for _, k in ipairs(names) do out[#out + 1] = ('%s %s vs %s'):format(k, show_value(ca[k]), show_value(cb[k])) end
+  return out
+end
+
+function J.diff_main(args)
+  if #args ~= 2 or args[1] == '-h' or args[1] == '--help' then
+    io.write('usage: gptlua diff RUN_A RUN_B\nThe first step where the journals of two runs diverge and what differs; '
+      .. 'exits 0 when they agree, 1 when they differ.\n')
+    return #args == 2 and 0 or 1
+  end
+  local a, b = J.read(journal_of(args[1])), J.read(journal_of(args[2]))
+  local cfg = config_differences(a.headers[1], b.headers[1])
+  if #cfg > 0 then io.write('config differs: ', table.concat(cfg, ', '), '\n') end
+  local first, last = math.max(a.first, b.first), math.min(a.last, b.last)
+  for s = first, last do
+    local ra, rb = a.steps[s], b.steps[s]
+    if ra and rb then
+      local k = J.first_difference(ra, rb)
+      if k then
+        io.write(('%s and %s diverge at step %d: %s %s vs %s\n'):format(args[1], args[2], s, k,
+          show_value(ra[k] or (ra.changes and #ra.changes) or 0), show_value(rb[k] or (rb.changes and #rb.changes) or 0)))
+        return 1
+      end
+    end
+  end
+  if a.last ~= b.last then
+    io.write(('%s and %s agree on steps %d..%d; one goes on to step %d\n'):format(args[1], args[2], first, last,
+      math.max(a.last, b.last)))
+    return 1
+  end
+  io.write(('%s and %s agree on every step (%d..%d)\n'):format(args[1], args[2], first, last))
+  return #cfg > 0 and 1 or 0
+end
+
+return J

@@ -388,14 +388,15 @@ local function parse_ranks(s)
   return #out > 0 and out or nil
 end
 
--- the text of a reply: one rank's output as it is, several prefixed
-local function show(reply)
+-- the text of a reply: rank 0's output as it is, other ranks' (asked for
+-- with --ranks) each line prefixed with its rank
+local function show(reply, prefixed)
   if reply.error then return false, reply.error end
   local lines, ok = {}, true
   for _, r in ipairs(reply.results or {}) do
     ok = ok and r.ok
     local text = r.out or ''
-    if #reply.results > 1 then text = ('[rank %d] %s'):format(r.rank, text:gsub('\n', '\n[rank ' .. r.rank .. '] ')) end
+    if prefixed then text = ('[rank %d] %s'):format(r.rank, text:gsub('\n', '\n[rank ' .. r.rank .. '] ')) end
     lines[#lines + 1] = text
   end
   return ok, table.concat(lines, '\n')
@@ -438,7 +439,7 @@ function M.attach_main(args)
       return false, e == 'timeout' and ('gptlua attach: no answer within %g s'):format(timeout)
         or 'gptlua attach: the job closed the connection (it ended)'
     end
-    return show(cjson.decode(line))
+    return show(cjson.decode(line), ranks == 'all' or #ranks > 1 or ranks[1] ~= 0)
   end
   if #codes > 0 then
     local rc = 0

@@ -198,11 +198,19 @@ function Server:poll(wait_ms)
     while not client.closed do
       local k = C.recv(client.fd, self.buf, 65536, MSG_DONTWAIT)
       if k > 0 then
-        client.data = client.data .. ffi.string(self.buf, k)
-        for line in client.data:gmatch('([^\n]*)\n') do
-          if line:match('%S') then take_line(self, client, line) end
+        local chunk = ffi.string(self.buf, k)
+        client.data = client.data .. chunk
+        if chunk:find('\n', 1, true) then   -- (searched only then: a long unfinished line stays linear)
+          local start = 1
+          while true do
+            local nl = client.data:find('\n', start, true)
+            if not nl then break end
+            local line = client.data:sub(start, nl - 1)
+            if line:match('%S') then take_line(self, client, line) end
+            start = nl + 1
+          end
+          client.data = client.data:sub(start)
         end
-        client.data = client.data:match('[^\n]*$')
         if #client.data > S.MAX_LINE then
           refuse(self, client, ('message longer than %d bytes'):format(S.MAX_LINE))
           self:drop(client)
@@ -241,8 +249,11 @@ function S.client(path)
   return setmetatable({ fd = fd, data = '', buf = ffi.new('char[65536]'), pfd = ffi.new('struct gl_pollfd[1]') }, Client)
 end
 
-function Client:send(line)
-  local p, n, sent = line .. '\n', #line + 1, 0
+-- sends line and its newline (partial = true: line alone, as a client cut
+-- off mid-message would)
+function Client:send(line, partial)
+  local p = partial and line or line .. '\n'
+  local n, sent = #p, 0
   while sent < n do
     local k = C.send(self.fd, ffi.cast('const char *', p) + sent, n - sent, MSG_NOSIGNAL)
     if k < 0 then return nil, errstr() end

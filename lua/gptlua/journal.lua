@@ -191,7 +191,9 @@ end
 function Journal:close()
   if self.file then self.file:close(); self.file = nil end
   if self.expect and self.t.rank == 0 then
-    self.t:print(('replay: %d steps match the journal %s bit for bit'):format(self.checked or 0, self.t.cfg.replay))
+    -- printed even when quiet: it is what a replay is run for
+    io.write(('replay: %d steps match the journal %s bit for bit\n'):format(self.checked or 0, self.t.cfg.replay))
+    io.stdout:flush()
   end
 end
 
@@ -294,9 +296,15 @@ local function journal_of(p)
   return p .. '/journal.jsonl'
 end
 
+-- a value as text, tables with their keys in order (so equal tables read alike)
 local function show_value(v)
-  if type(v) == 'table' then return cjson.encode(v) end
-  return tostring(v)
+  if type(v) ~= 'table' then return tostring(v) end
+  local keys = {}
+  for k in pairs(v) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  local parts = {}
+  for _, k in ipairs(keys) do parts[#parts + 1] = tostring(k) .. '=' .. show_value(v[k]) end
+  return '{' .. table.concat(parts, ', ') .. '}'
 end
 
 -- the config keys on which two headers differ, as "key a vs b" strings

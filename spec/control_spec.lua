@@ -147,7 +147,7 @@ describe('gptlua attach', function()
     has(out, 'reply\t{"error":"control: message without code (a string of Lua), got nil"}')
     has(out, 'reply\t{"error":"control: ranks must be \\"all\\", a rank or a list of ranks, got \\"some\\""}')
     local syntax = out:match('reply\t({[^\n]*"id":4[^\n]*)')                 -- a syntax error is the command's result
-    local r = cjson.decode(assert(syntax, out)).results[1]
+    local r = cjson.decode((assert(syntax, out))).results[1]
     assert.is_false(r.ok)
     has(r.out, "attach:1: unexpected symbol near '1'")
     has(out, ('reply\t{"error":"control: message longer than %d bytes"}'):format(require('gptlua.control_socket').MAX_LINE))

@@ -6,7 +6,8 @@
 --     {"journal": 1, "run", "recipe", "args", "world", "from": step,
 --      "resumed_from": checkpoint, "config": the effective config}
 --   a record per optimizer step s (the step that took the model from s to s+1):
---     {"step": s, "loss", "grad_norm", "lr_mult": hex floats (%a, exact),
+--     {"step": s, "loss", "grad_norm", "lr_mult", "lr" (the first parameter
+--      group's): hex floats (%a, exact),
 --      "ok": taken or skipped, "rng": the random stream's offset after it,
 --      "data": training rows consumed after it, "changes": live changes
 --      (gptlua.control) applied before it, and every journal_hash_interval
@@ -143,7 +144,7 @@ function Journal:apply_replayed(s)
   end
 end
 
-local FIELDS = { 'loss', 'grad_norm', 'lr_mult', 'ok', 'rng', 'data', 'params', 'optim' }
+local FIELDS = { 'loss', 'grad_norm', 'lr_mult', 'lr', 'ok', 'rng', 'data', 'params', 'optim' }
 J.FIELDS = FIELDS
 
 -- the first field on which records a and b differ, or nil
@@ -161,7 +162,8 @@ end
 -- next step.  Returns true when a replay has reached replay_to.
 function Journal:step(s, loss, norm, lr_mult, ok)
   local t = self.t
-  local rec = { step = s, loss = hex(loss), grad_norm = hex(norm), lr_mult = hex(lr_mult), ok = ok,
+  local g = t.optimizer.groups and t.optimizer.groups[1]
+  local rec = { step = s, loss = hex(loss), grad_norm = hex(norm), lr_mult = hex(lr_mult), lr = g and hex(g.lr), ok = ok,
                 rng = gl.get_rng_state().offset, data = t.data.train:sample() }
   if #self.changes > 0 then rec.changes, self.changes = self.changes, {} end
   if self.every > 0 and (s + 1) % self.every == 0 and t.rank == 0 then
@@ -235,10 +237,10 @@ function J.replay_main(args)
     local a = args[i]
     if a == '-h' or a == '--help' then io.write(REPLAY_USAGE) return 0 end
     local v, j = opt_value(args, i, 'from')
-    if v then from = tonumber(v); i = j
+    if v then from = tonumber(v) or -1; i = j
     else
       v, j = opt_value(args, i, 'to')
-      if v then to = tonumber(v); i = j
+      if v then to = tonumber(v) or -1; i = j
       elseif a:sub(1, 1) == '-' then io.stderr:write('gptlua replay: unknown option ', a, '\n', REPLAY_USAGE) return 1
       elseif not dir then dir = a
       else io.stderr:write('gptlua replay: one run directory, got a second: ', a, '\n') return 1 end

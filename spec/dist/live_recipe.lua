@@ -2,7 +2,8 @@
 -- (copied into the spec's temporary directory, so the attach spec can edit
 -- its lr_schedule and `reload` it).  LR_FACTOR is the line the spec edits.
 -- PERTURB_AT=N (journal spec): on_log adds 1e-3 to one weight after step
--- N-1, so step N of a replay differs from the journal.
+-- N-1, so step N of a replay differs from the journal; LIVE_PAUSE_AT=N
+-- pauses the job there (the journal spec changes it live at a known step).
 local LR_FACTOR = 1.0
 return {
   name = 'live', model = 'gpt2', data = 'char', data_path = 'data/tinyshakespeare.txt',
@@ -14,6 +15,8 @@ return {
     return function(step) return math.min(1, (step + 1) / (cfg.warmup_iters + 1)) * LR_FACTOR end
   end,
   on_log = function(t)
+    -- LIVE_PAUSE_AT=N: the job pauses itself after step N-1 and waits for `gptlua attach`
+    if tonumber(os.getenv('LIVE_PAUSE_AT')) == t.step and t.control then t.control.paused = true end
     if tonumber(os.getenv('PERTURB_AT')) == t.step then
       local w = t.model:parameters()[1]
       require('gptlua').no_grad(function() w:view({ w:numel() }):narrow(1, 1, 1):add_(1e-3) end)

@@ -9,7 +9,7 @@
 --     {"step": s, "loss", "grad_norm", "lr_mult", "lr" (the first parameter
 --      group's): hex floats (%a, exact),
 --      "ok": taken or skipped, "rng": the random stream's offset after it,
---      "data": training rows consumed after it, "changes": live changes
+--      "data": training rows consumed after it (loaders with sample()), "changes": live changes
 --      (gptlua.control) applied before it, and every journal_hash_interval
 --      steps "params" / "optim": FNV-1a hashes of every parameter's bytes
 --      and of the optimizer state (rank 0's shard under ZeRO/FSDP)}
@@ -164,7 +164,7 @@ function Journal:step(s, loss, norm, lr_mult, ok)
   local t = self.t
   local g = t.optimizer.groups and t.optimizer.groups[1]
   local rec = { step = s, loss = hex(loss), grad_norm = hex(norm), lr_mult = hex(lr_mult), lr = g and hex(g.lr), ok = ok,
-                rng = gl.get_rng_state().offset, data = t.data.train:sample() }
+                rng = gl.get_rng_state().offset, data = t.data.train.sample and t.data.train:sample() or nil }
   if #self.changes > 0 then rec.changes, self.changes = self.changes, {} end
   if self.every > 0 and (s + 1) % self.every == 0 and t.rank == 0 then
     local named = {}

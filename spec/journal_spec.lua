@@ -3,7 +3,8 @@
 -- checkpoint matches its journal bit for bit on 1 and 2 ranks (mpirun); a
 -- replay with one weight changed after step 16 stops at step 17 naming the
 -- loss; a change made live (through the control socket) is replayed at its
--- step; diff names the first step and quantity where two runs part.
+-- step; diff names the first step and quantity where two runs part; on 2
+-- ranks a step whose collectives differ between the ranks is caught.
 local cjson = require 'cjson'
 local J = require 'gptlua.journal'
 local H = require 'support.mpi'
@@ -140,5 +141,18 @@ describe('the journal of a 2-rank run (mpirun)', function()
     assert.equal(1, rc, o)
     has(o, 'replay: step 17 differs from the journal: loss is 0x')
     os.execute('rm -rf ' .. dir)
+  end)
+
+  it('journals a hash of each step\'s collectives; ranks whose collectives differ stop, naming the step', function()
+    local run, dir = run30('-n 2 --launcher=mpi')
+    local recs = records(run .. '/journal.jsonl')
+    for i = 2, #recs do assert.truthy(recs[i].collectives:match('^%x+$'), recs[i].collectives) end
+    os.execute('rm -rf ' .. dir)
+    local d = H.tmpdir()
+    local o, rc = H.sh(('env COLL_MISMATCH_AT=7 %s -n 2 --launcher=mpi spec/dist/live_recipe.lua --out_dir=%s --max_iters=30')
+      :format(H.EXE, d), 120)
+    assert.is_not.equal(0, rc, o)
+    has(o, 'journal: the ranks made different collectives in step 7 (op, group or sizes differ; rank ')
+    os.execute('rm -rf ' .. d)
   end)
 end)

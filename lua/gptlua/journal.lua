@@ -12,7 +12,9 @@
 --      "data": training rows consumed after it (loaders with sample()), "changes": live changes
 --      (gptlua.control) applied before it, and every journal_hash_interval
 --      steps "params" / "optim": FNV-1a hashes of every parameter's bytes
---      and of the optimizer state (rank 0's shard under ZeRO/FSDP)}
+--      and of the optimizer state (rank 0's shard under ZeRO/FSDP); on
+--      several ranks "collectives": a hash of the step's collectives (op,
+--      group, sizes), checked equal across ranks one step later}
 -- A run with cfg.replay = JOURNAL checks each of its steps against that
 -- journal as it goes and stops at the first difference, naming the step
 -- and the quantity; `gptlua replay RUN` starts such a run from one of RUN's
@@ -97,9 +99,68 @@ function J.read(path)
   return out
 end
 
--- ------------------------------------------------------------- writing --
 local Journal = {}
 Journal.__index = Journal
+
+-- ---------------------------------------------------------- collectives --
+-- On several ranks every rank folds each collective it makes (name, op,
+-- root, group size, element counts) into a hash of the step's sequence.
+-- The next step's loss all-reduce (train.lua's average_loss) carries a
+-- 20-bit digest h of it and h^2 from every rank: the ranks made the same
+-- sequence exactly when world * sum(h^2) == sum(h)^2 (Cauchy-Schwarz; exact
+-- in a double), so a mismatch is caught, naming its step, for no collective
+-- of its own.
+local function fold_string(h, str)
+  for i = 1, #str do h = bit.tobit(bit.bxor(h, str:byte(i)) * 403 + bit.lshift(bit.bxor(h, str:byte(i)), 24)) end
+  return h
+end
+
+local function numel_of(x)
+  if x == nil then return 0 end
+  if x.numel then return x:numel() end
+  return 0
+end
+
+local function fold_number(h, x)  -- x: an integer below 2^53, folded as two 32-bit words
+  local lo = x % 4294967296
+  h = bit.tobit(bit.bxor(h, bit.tobit(lo)) * 403 + bit.lshift(bit.bxor(h, bit.tobit(lo)), 24))
+  local hi = (x - lo) / 4294967296
+  return bit.tobit(bit.bxor(h, bit.tobit(hi)) * 403 + bit.lshift(bit.bxor(h, bit.tobit(hi)), 24))
+end
+
+local function observe_collectives(self)
+  local dist = require 'gptlua.dist'
+  local ids = setmetatable({}, { __index = function(t, k)  -- a name's hash, computed once
+    local v = fold_string(0, tostring(k))
+    t[k] = v
+    return v
+  end })
+  self.coll, self.coll_done = bit.tobit(0x811c9dc5), 0
+  dist.on_collective = function(name, comm, s)
+    local h = fold_number(self.coll, ids[name])
+    h = fold_number(h, ids[s.op or ''])
+    h = fold_number(h, (s.root or s.peer or 0) + 1)
+    h = fold_number(h, comm.size)
+    h = fold_number(h, numel_of(s.send))
+    self.coll = fold_number(h, numel_of(s.recv))
+  end
+end
+
+-- the 20-bit digest of the last finished step's collectives (0 on one rank)
+function Journal:collective_digest()
+  return self.coll and bit.band(self.coll_done, 0xfffff) or 0
+end
+
+-- sum_h, sum_h2 as the all-reduce returned them: raises when ranks differed
+function Journal:check_collectives(sum_h, sum_h2, world)
+  if not self.coll or self.coll_step == nil then return end
+  if world * sum_h2 ~= sum_h * sum_h then
+    error(('journal: the ranks made different collectives in step %d (op, group or sizes differ; '
+      .. 'rank %d\'s sequence hash %s)'):format(self.coll_step, self.t.rank, bit.tohex(self.coll_done)), 0)
+  end
+end
+
+-- ------------------------------------------------------------- writing --
 
 -- the journal of trainer t (rank 0 writes; every rank applies replayed
 -- changes); nil when cfg.journal is off and no replay is asked for
@@ -113,6 +174,7 @@ function J.start(t, first_step, resumed_from)
     self:write({ journal = 1, run = t.run_id, recipe = rawget(_G, 'arg') and arg[0] or nil, args = t.args or {},
       world = t.world, from = first_step, resumed_from = resumed_from, config = cfg })
   end
+  if t.world > 1 then observe_collectives(self) end
   if cfg.replay ~= '' then
     self.expect = J.read(cfg.replay)
     self.replay_to = cfg.replay_to
@@ -144,7 +206,7 @@ function Journal:apply_replayed(s)
   end
 end
 
-local FIELDS = { 'loss', 'grad_norm', 'lr_mult', 'lr', 'ok', 'rng', 'data', 'params', 'optim' }
+local FIELDS = { 'loss', 'grad_norm', 'lr_mult', 'lr', 'ok', 'rng', 'data', 'params', 'optim', 'collectives' }
 J.FIELDS = FIELDS
 
 -- the first field on which records a and b differ, or nil
@@ -166,6 +228,10 @@ function Journal:step(s, loss, norm, lr_mult, ok)
   local rec = { step = s, loss = hex(loss), grad_norm = hex(norm), lr_mult = hex(lr_mult), lr = g and hex(g.lr), ok = ok,
                 rng = gl.get_rng_state().offset, data = t.data.train.sample and t.data.train:sample() or nil }
   if #self.changes > 0 then rec.changes, self.changes = self.changes, {} end
+  if self.coll then  -- this step's collectives: compared across ranks in the next step's all-reduce
+    self.coll_done, self.coll_step, self.coll = self.coll, s, bit.tobit(0x811c9dc5)
+    rec.collectives = bit.tohex(self.coll_done)
+  end
   if self.every > 0 and (s + 1) % self.every == 0 and t.rank == 0 then
     local named = {}
     for _, np in ipairs(t.model:named_parameters()) do named[np[1]] = np[2] end
@@ -191,6 +257,7 @@ function Journal:step(s, loss, norm, lr_mult, ok)
 end
 
 function Journal:close()
+  if self.coll then require('gptlua.dist').on_collective = nil; self.coll = nil end
   if self.file then self.file:close(); self.file = nil end
   if self.expect and self.t.rank == 0 then
     -- printed even when quiet: it is what a replay is run for

@@ -616,20 +616,24 @@ end
 
 -- The step's loss averaged over the ranks (policy:average_number), and on
 -- several ranks also whether any rank has received a stop signal and
--- whether rank 0 holds a control command (gptlua.control): one float64
--- all-reduce (sum) of {loss, stop, command pending} instead of three.
+-- whether rank 0 holds a control command (gptlua.control), and the
+-- digest of every rank's last step's collectives (gptlua.journal): one
+-- float64 all-reduce (sum) of {loss, stop, command pending, h, h^2}.
 function Trainer:average_loss(loss)
   if not (self.comm and self.world > 1) then return self.policy:average_number(loss) end
   take_stop_signals(self)
   local buf = self.step_numbers
   if not buf then
-    buf = gl.empty({ 3 }, { dtype = 'float64' }):keep()
+    buf = gl.empty({ 5 }, { dtype = 'float64' }):keep()
     self.step_numbers = buf
   end
   local d = ffi.cast('double *', gl.lib.gl_data_ptr(buf.c))
   d[0], d[1], d[2] = loss, self.stop_signal and 1 or 0, self.control and self.control:pending() or 0
+  local h = self.journal and self.journal:collective_digest() or 0   -- the last step's collectives (gptlua.journal)
+  d[3], d[4] = h, h * h
   self.comm:all_reduce(buf, 'sum')
   self.stop_agreed, self.control_agreed = d[1] > 0, d[2] > 0
+  if self.journal then self.journal:check_collectives(d[3], d[4], self.world) end
   return d[0] / self.world
 end
 

@@ -201,6 +201,23 @@ describe('gptlua attach', function()
     os.execute('rm -rf ' .. dir)
   end)
 
+  it('a paused job still stops on SIGINT, saving its checkpoint', function()
+    local dir, run = setup()
+    local lines = start(dir, run, '')
+    for _, l in ipairs({
+      ('%s attach %s --timeout=60 -e "pause()"'):format(H.EXE, run),
+      'sleep 0.5; kill -INT $pid; wait $pid; echo "exit=$?"',
+      ('ls %s'):format(run),
+    }) do lines[#lines + 1] = l end
+    local out = H.sh(script(lines), 60)
+    has(out, 'exit=0')
+    local step = tonumber(out:match('paused at step (%d+)'))
+    assert.is_not_nil(step, out)
+    assert.is_nil(out:find('control.sock', 1, true), out)
+    assert.equal(step, ckpt.list(run .. '/checkpoints')[1].step)
+    os.execute('rm -rf ' .. dir)
+  end)
+
   it('set{} takes live keys with values checked as config values are', function()
     local cfg = { eval_iters = 20 }
     local function err(v)

@@ -265,18 +265,29 @@ local function run_command(self, cmd)
   return true, table.concat(out, '\n')
 end
 
--- every rank's copy of rank 0's string s (others pass nil)
+-- every rank's copy of rank 0's string s (others pass nil), and whether
+-- any rank has received a stop signal (Ctrl-C stops a paused job too):
+-- one all-reduce of {length, signal}, then a broadcast of the bytes
 local function share(t, s)
-  if t.world == 1 then return s end
+  t:take_stop_signals()
+  if t.world == 1 then return s, t.stop_signal == true end
   local comm = t.comm
-  local n = comm:all_reduce_number(t.rank == 0 and #s or 0, 'max')
-  if n == 0 then return '' end
+  local head = t.control_head
+  if not head then
+    head = gl.empty({ 2 }, { dtype = 'float64' }):keep()
+    t.control_head = head
+  end
+  local d = ffi.cast('double *', gl.lib.gl_data_ptr(head.c))
+  d[0], d[1] = t.rank == 0 and #s or 0, t.stop_signal and 1 or 0
+  comm:all_reduce(head, 'sum')
+  local n, stop = d[0], d[1] > 0
+  if n == 0 then return '', stop end
   local words = math.ceil(n / 4)
   local buf = gl.zeros({ words }, { dtype = 'int32' })
   local p = ffi.cast('char *', gl.lib.gl_data_ptr(buf.c))
   if t.rank == 0 then ffi.copy(p, s, n) end
   comm:broadcast(buf, 0)
-  return ffi.string(p, n)
+  return ffi.string(p, n), stop
 end
 
 -- rank 0 gets every rank's string s (a list by rank), others nil
@@ -318,7 +329,9 @@ function Ctl:round(wait_ms)
     for i, c in ipairs(batch) do wire[i] = { code = c.code, ranks = c.ranks, who = c.who } end
     s = #wire > 0 and cjson.encode(wire) or ''
   end
-  s = share(t, s)
+  local stop
+  s, stop = share(t, s)
+  if stop then self.stop = true end
   if s == '' then return 0 end
   local wire = cjson.decode(s)
   for i, c in ipairs(wire) do
@@ -352,7 +365,7 @@ end
 -- when the step's all-reduce agreed something is pending.  Runs pending
 -- commands; while paused keeps taking commands (an exchange every 0.2 s,
 -- so the other ranks wait in short collectives, not in one that times out).
--- Returns true when the job must stop (stop()).
+-- Returns true when the job must stop (stop(), or a stop signal while paused).
 function Ctl:boundary()
   local t = self.t
   if t.world > 1 and not t.control_agreed then return false end

@@ -603,6 +603,7 @@ local function take_stop_signals(self)
     if gl.lib.gl_signal_take(sig) > 0 then self.stop_signal = true end
   end
 end
+Trainer.take_stop_signals = take_stop_signals  -- gptlua.control: a paused job still stops
 
 -- true when any rank has received a stop signal; every rank asks at every
 -- step boundary.  On several ranks the answer is the one this step's loss

@@ -26,6 +26,22 @@ local function run30(launch, extra)
   return dir .. '/live', dir
 end
 
+describe('hash_tensors', function()
+  it('equal tensors hash alike; one changed element, or a name, changes the hash', function()
+    local gl = require 'gptlua'
+    gl.manual_seed(1)
+    local a = gl.randn({ 3, 5 })
+    local b = a:clone()
+    local h = J.hash_tensors({ w = a, v = gl.ones({ 7 }, { dtype = 'float64' }) })
+    assert.truthy(h:match('^%x+$') and #h == 16, h)
+    assert.equal(h, J.hash_tensors({ w = b, v = gl.ones({ 7 }, { dtype = 'float64' }) }))
+    assert.equal(J.hash_tensors({ w = a:t():contiguous() }), J.hash_tensors({ w = a:t() }))  -- a view: its elements
+    assert.are_not.equal(J.hash_tensors({ w = a }), J.hash_tensors({ u = a }))
+    b:view({ 15 }):narrow(1, 9, 1):add_(1e-6)
+    assert.are_not.equal(J.hash_tensors({ w = a }), J.hash_tensors({ w = b }))
+  end)
+end)
+
 describe('the journal', function()
   local run, dir
   setup(function() run, dir = run30('') end)

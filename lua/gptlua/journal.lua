@@ -30,38 +30,24 @@ local J = {}
 local function hex(x) return ('%a'):format(x) end
 J.hex = hex
 
--- FNV-1a over 32-bit words, as a running 32-bit value (p = 2^24 + 403,
--- split so every product stays exact in a double)
-local function fnv_words(h, p, n)
-  for i = 0, n - 1 do
-    h = bit.bxor(h, p[i])
-    h = bit.tobit(h * 403 + bit.lshift(h, 24))
-  end
-  return h
-end
-
-local function tensor_hash(h, t)
-  if t.device ~= 'cpu' then t = t:to('cpu') end
-  t = t:contiguous()
-  local bytes = t:numel() * gl.lib.gl_dtype_size((gl.Tensor.dtype_id(t.dtype, 'journal')))
-  local p = ffi.cast('const uint8_t *', gl.lib.gl_data_ptr(t.c))
-  local words = math.floor(bytes / 4)
-  h = fnv_words(h, ffi.cast('const int32_t *', p), words)
-  for i = words * 4, bytes - 1 do h = bit.tobit(bit.bxor(h, p[i]) * 403 + bit.lshift(bit.bxor(h, p[i]), 24)) end
-  return h
-end
-
--- a hash of named tensors in name order, as 8 hex digits
+-- FNV-1a 64 of named tensors in name order (each name's bytes, then the
+-- tensor's: gl_tensor_hash), as 16 hex digits
+local PRIME = 0x100000001b3ULL
 function J.hash_tensors(named)
   local names = {}
   for k in pairs(named) do names[#names + 1] = k end
   table.sort(names)
-  local h = bit.tobit(0x811c9dc5)
+  local h = ffi.new('uint64_t[1]', 0xcbf29ce484222325ULL)
   for _, k in ipairs(names) do
-    for i = 1, #k do h = bit.tobit(bit.bxor(h, k:byte(i)) * 403 + bit.lshift(bit.bxor(h, k:byte(i)), 24)) end
-    h = tensor_hash(h, named[k])
+    local x = h[0]
+    for i = 1, #k do x = bit.bxor(x, k:byte(i)) * PRIME end
+    h[0] = x
+    local t = named[k]
+    if t.device ~= 'cpu' then t = t:to('cpu') end   -- a host copy every journal_hash_interval steps
+    t = t:contiguous()
+    if gl.lib.gl_tensor_hash(t.c, h) ~= 0 then error(ffi.string(gl.lib.gl_last_error()), 2) end
   end
-  return bit.tohex(h)
+  return bit.tohex(h[0], 16)
 end
 
 local function read_lines(path)

@@ -201,6 +201,25 @@ describe('gptlua attach', function()
     os.execute('rm -rf ' .. dir)
   end)
 
+  it('the attach REPL (statements from a pipe): multi-line statements, :ranks, errors kept to the statement', function()
+    local dir, run = setup()
+    local lines = start(dir, run, '')
+    for _, l in ipairs({
+      ([[printf 'pause()\nfor i = 1, 2 do\n  print("line", i)\nend\n:ranks all\nrank\nerror("boom")\nstop()\n' | %s attach %s --timeout=60; echo "repl=$?"]])
+        :format(H.EXE, run),
+      'wait $pid; echo "exit=$?"',
+    }) do lines[#lines + 1] = l end
+    local out = H.sh(script(lines), 60)
+    has(out, 'line\t1\nline\t2')
+    has(out, 'results from ranks all')
+    has(out, '[rank 0] 0')
+    has(out, '[rank 0] boom')
+    has(out, '[rank 0] stopping at step')
+    has(out, 'repl=1')                       -- a statement failed (as the local REPL from a pipe)
+    has(out, 'exit=0')
+    os.execute('rm -rf ' .. dir)
+  end)
+
   it('a paused job still stops on SIGINT, saving its checkpoint', function()
     local dir, run = setup()
     local lines = start(dir, run, '')

@@ -225,7 +225,9 @@ function M.run(opts)
       local src = buffer and (buffer .. '\n' .. line) or line
       local helped = not buffer and not opts.remote and help_request(src)
       local f, err
-      if helped then
+      if opts.remote and not buffer and src:match('^%s*:') then  -- attach's own commands (:ranks ...)
+        f = function() return src end
+      elseif helped then
         if helped == '' then f = function() help.help() end
         else
           local g = compile(helped)

@@ -42,6 +42,14 @@ describe('hash_tensors', function()
   end)
 end)
 
+describe('replay', function()
+  it('re-runs with the run\'s arguments less those it sets itself', function()
+    assert.same({ '--max_iters=30', '--name', 'x', '--dist=ddp' }, J.kept_args({ '--max_iters=30', '--out_dir', '/tmp/a',
+      '--name', 'x', '--resume=runs/x', '--overwrite', '--dist=ddp', '--journal=true', '--replay_to', '5' }))
+    assert.same({ '--n_layer', '2' }, J.kept_args({ '--resume', '--n_layer', '2', '--overwrite', 'true' }))
+  end)
+end)
+
 describe('the journal', function()
   local run, dir
   setup(function() run, dir = run30('') end)

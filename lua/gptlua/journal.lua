@@ -284,16 +284,28 @@ local function opt_value(args, i, name)
 end
 
 -- the arguments of the original run, less those replay sets itself
+-- (as config.parse_args reads them: `--key value` takes the next argument
+-- unless it is an option; a boolean key only a true/false word)
+local REPLAY_SETS = { resume = 'string', overwrite = 'boolean', out_dir = 'string', replay = 'string',
+                      replay_to = 'number', journal = 'boolean' }
 local function kept_args(args)
-  local out = {}
-  for _, a in ipairs(args or {}) do
-    local k = a:match('^%-%-([%w_%.]+)')
-    if not (k == 'resume' or k == 'overwrite' or k == 'out_dir' or k == 'replay' or k == 'replay_to' or k == 'journal') then
-      out[#out + 1] = a
-    end
+  local out, i = {}, 1
+  args = args or {}
+  while args[i] do
+    local a = args[i]
+    local k, eq = a:match('^%-%-([%w_%.%-]+)(=?)')
+    local kind = k and REPLAY_SETS[(k:gsub('%-', '_'))]
+    if kind then
+      local nxt = args[i + 1]
+      if eq == '' and type(nxt) == 'string' and nxt:sub(1, 2) ~= '--' and (kind ~= 'boolean' or require('gptlua.config').BOOLEAN_WORDS[nxt]) then
+        i = i + 1    -- its value goes with it
+      end
+    else out[#out + 1] = a end
+    i = i + 1
   end
   return out
 end
+J.kept_args = kept_args
 
 function J.replay_main(args)
   local dir, from, to

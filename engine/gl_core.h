@@ -134,6 +134,10 @@ int gl_signal_take(int signum);
 
 /* FNV-1a 64-bit checksum of a file's bytes (checkpoint verification) */
 int gl_file_checksum(const char *path, uint64_t *out);
+/* FNV-1a 64 over a contiguous CPU tensor's bytes (as 64-bit words, then the
+   tail bytes), continuing from *h (start it at 0xcbf29ce484222325): the
+   journal's hashes of parameters and optimizer state */
+int gl_tensor_hash(const gl_tensor *t, uint64_t *h);
 
 /* comparison helpers (float64 accumulation) */
 int gl_max_abs_diff(const gl_tensor *a, const gl_tensor *b, double *out);

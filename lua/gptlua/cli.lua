@@ -10,6 +10,9 @@ local M = { verbose = false }
 -- it does.
 M.subcommands = {
   plot = { module = 'gptlua.observe.plot', help = 'RUN [RUN ...] [--out=FILE.png] [--terminal]: PNG of runs\' curves' },
+  attach = { module = 'gptlua.control', main = 'attach_main', help = 'RUN [-e CODE] [--ranks=all]: a REPL inside a running job' },
+  replay = { module = 'gptlua.journal', main = 'replay_main', help = 'RUN [--from STEP] [--to STEP]: re-run, check every step against the journal' },
+  diff = { module = 'gptlua.journal', main = 'diff_main', help = 'RUN_A RUN_B: the first step where two runs\' journals diverge' },
 }
 
 local USAGE = [==[
@@ -136,7 +139,7 @@ function M.main(argv)
     elseif M.subcommands[a] and #exprs == 0 and not interactive and not nranks and not plan then
       local sub = {}
       for k = i + 1, #argv do sub[#sub + 1] = argv[k] end
-      local ok, rc = M.protected(function() return require(M.subcommands[a].module).main(sub) end)
+      local ok, rc = M.protected(function() local c = M.subcommands[a]; return require(c.module)[c.main or 'main'](sub) end)
       return ok and (rc or 0) or 1
     else script = a; break end
     i = i + 1

@@ -145,6 +145,7 @@ local function default_of(defaults, key)
 end
 
 local BOOLEAN_WORDS = { ['true'] = true, ['false'] = true, yes = true, no = true, ['1'] = true, ['0'] = true }
+M.BOOLEAN_WORDS = BOOLEAN_WORDS  -- (gptlua.journal reads arguments as parse_args does)
 
 -- parse_args(args, defaults) -> overrides table, or an error (a string
 -- raised at level 0).  --key=value and --key value; a boolean key alone is

@@ -181,7 +181,9 @@ local function execute(f)
   return res
 end
 
--- run({globals = {names...}}): the loop; returns the exit status
+-- run({globals = {names...}}): the loop; returns the exit status.
+-- run({remote = function(src) return ok, text end, banner = line}): the
+-- same line editing for statements that run elsewhere (gptlua attach)
 function M.run(opts)
   opts = opts or {}
   local tty = GPTLUA and GPTLUA.isatty and GPTLUA.isatty(0) and GPTLUA.readline
@@ -197,9 +199,12 @@ function M.run(opts)
     GPTLUA.complete = M.complete
     local names = { '`gl`' }
     for _, g in ipairs(opts.globals or {}) do names[#names + 1] = '`' .. g .. '`' end
-    io.write('gptlua ', GPTLUA.version, ' — Lua REPL on the gptlua engine. ',
-      table.concat(names, ', '), #names > 1 and ' are loaded' or ' is loaded',
-      '; help() for help, Tab completes, Ctrl-C interrupts, Ctrl-D exits.\n')
+    if opts.banner then io.write(opts.banner, '\n')
+    else
+      io.write('gptlua ', GPTLUA.version, ' — Lua REPL on the gptlua engine. ',
+        table.concat(names, ', '), #names > 1 and ' are loaded' or ' is loaded',
+        '; help() for help, Tab completes, Ctrl-C interrupts, Ctrl-D exits.\n')
+    end
     read = function(prompt) return GPTLUA.readline(prompt) end
   else
     read = function() return io.read('*l') end
@@ -218,9 +223,11 @@ function M.run(opts)
       buffer = nil
     else
       local src = buffer and (buffer .. '\n' .. line) or line
-      local helped = not buffer and help_request(src)
+      local helped = not buffer and not opts.remote and help_request(src)
       local f, err
-      if helped then
+      if opts.remote and not buffer and src:match('^%s*:') then  -- attach's own commands (:ranks ...)
+        f = function() return src end
+      elseif helped then
         if helped == '' then f = function() help.help() end
         else
           local g = compile(helped)
@@ -237,6 +244,13 @@ function M.run(opts)
         failed = true
         remember(src)
         buffer = nil
+      elseif opts.remote then  -- gptlua attach: the statement runs in a job, which answers with text
+        buffer = nil
+        remember(src)
+        local ok, text = opts.remote(src)
+        if text and text ~= '' then (ok and io.stdout or io.stderr):write(text, '\n') end
+        if not ok then failed = true end
+        io.stdout:flush()
       else
         buffer = nil
         remember(src)

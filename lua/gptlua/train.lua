@@ -60,6 +60,9 @@ M.defaults = {
   -- slow links (localsgd, diloco, ps, ddp's PowerSGD hook): gptlua.dist.policies.{localsgd,diloco,ps,powersgd}
   sync_every = 8, outer_lr = 0.7, outer_momentum = 0.9, outer_dtype = 'float32', diloco_fragments = 1,
   powersgd_rank = 0, ps_servers = 1, max_staleness = 0,
+  -- steering and journal (gptlua.control, gptlua.journal): the control socket `gptlua attach` talks to,
+  -- run_dir/journal.jsonl, and a journal this run must match step by step (set by `gptlua replay`)
+  control = true, journal = true, journal_hash_interval = 10, replay = '', replay_to = 0,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
@@ -75,7 +78,7 @@ local INTEGER_KEYS = {
   threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
   shard_size = { 0, COUNT }, sync_every = { 1, COUNT }, diloco_fragments = { 1, INT32 }, powersgd_rank = { 0, INT32 },
-  ps_servers = { 1, INT32 }, max_staleness = { 0, COUNT },
+  ps_servers = { 1, INT32 }, max_staleness = { 0, COUNT }, journal_hash_interval = { 0, COUNT }, replay_to = { 0, COUNT },
 }
 M.INTEGER_KEYS = INTEGER_KEYS
 
@@ -116,6 +119,8 @@ local function checked_hook(name, f)
     return r
   end
 end
+
+M.checked_hook = checked_hook  -- gptlua.control's reload swaps hooks through it
 
 -- splits a recipe table into config values and hook functions
 local function split_recipe(recipe)
@@ -344,7 +349,7 @@ M.Trainer = Trainer
 function M.new(recipe, args)
   local cfg, hooks, launch = M.resolve_config(recipe, args)
   local self = setmetatable({ cfg = cfg, hooks = hooks, step = 0, bad_steps = 0, history = {}, launch = launch,
-    best_val_loss = math.huge }, Trainer)
+    best_val_loss = math.huge, args = args }, Trainer)
   self.rank, self.world = 0, 1
   if cfg.dist ~= 'none' then
     self.dist = require('gptlua.dist')
@@ -464,7 +469,8 @@ function Trainer:save_checkpoint()
   local state = { rng = gl.get_rng_state(), opt_step = opt_sd.step, opt_steps = opt_sd.steps,
                   data = self.data.train:state(), config = cfg, history = self.history,
                   bad_steps = self.bad_steps, run_id = self.run_id, saved_at = runs.time(),
-                  best_val_loss = self.best_val_loss < math.huge and self.best_val_loss or nil }
+                  best_val_loss = self.best_val_loss < math.huge and self.best_val_loss or nil,
+                  live = self.live_changes }  -- changes made through gptlua attach, re-applied on resume
   self.saved_step = self.step
   if self.policy.save_checkpoint then  -- sharded state: the policy writes its shards
     return self.policy:save_checkpoint(self, model_sd, opt_sd, state)
@@ -509,6 +515,7 @@ function Trainer:load_checkpoint(path)
   self.bad_steps = st.bad_steps or 0
   self.best_val_loss = st.best_val_loss or math.huge
   self.saved_step = st.step
+  if st.live then require('gptlua.control').reapply(self, st.live) end
   self:print(('resumed from %s at step %d'):format(path, self.step))
   return st
 end
@@ -604,6 +611,7 @@ local function take_stop_signals(self)
     if gl.lib.gl_signal_take(sig) > 0 then self.stop_signal = true end
   end
 end
+Trainer.take_stop_signals = take_stop_signals  -- gptlua.control: a paused job still stops
 
 -- true when any rank has received a stop signal; every rank asks at every
 -- step boundary.  On several ranks the answer is the one this step's loss
@@ -616,21 +624,26 @@ function Trainer:stop_requested()
 end
 
 -- The step's loss averaged over the ranks (policy:average_number), and on
--- several ranks also whether any rank has received a stop signal: one
--- float64 all-reduce (sum) of {loss, stop} instead of two.
+-- several ranks also whether any rank has received a stop signal and
+-- whether rank 0 holds a control command (gptlua.control), and the
+-- digest of every rank's last step's collectives (gptlua.journal): one
+-- float64 all-reduce (sum) of {loss, stop, command pending, h, h^2}.
 function Trainer:average_loss(loss)
   if not (self.comm and self.world > 1) then return self.policy:average_number(loss) end
   if self.policy.asynchronous then take_stop_signals(self); return loss end  -- ranks do not meet every step
   take_stop_signals(self)
   local buf = self.step_numbers
   if not buf then
-    buf = gl.empty({ 2 }, { dtype = 'float64' }):keep()
+    buf = gl.empty({ 5 }, { dtype = 'float64' }):keep()
     self.step_numbers = buf
   end
   local d = ffi.cast('double *', gl.lib.gl_data_ptr(buf.c))
-  d[0], d[1] = loss, self.stop_signal and 1 or 0
+  d[0], d[1], d[2] = loss, self.stop_signal and 1 or 0, self.control and self.control:pending() or 0
+  local h = self.journal and self.journal:collective_digest() or 0   -- the last step's collectives (gptlua.journal)
+  d[3], d[4] = h, h * h
   self.comm:all_reduce(buf, 'sum')
-  self.stop_agreed = d[1] > 0
+  self.stop_agreed, self.control_agreed = d[1] > 0, d[2] > 0
+  if self.journal then self.journal:check_collectives(d[3], d[4], self.world) end
   return d[0] / self.world
 end
 
@@ -664,6 +677,8 @@ function Trainer:run()
       self.launch.dist_default and 'default for' or 'on', self.world, cfg.dist_timeout))
   end
   self:print(('run %s writes %s'):format(self.run_id, self.run_dir))
+  self.control = require('gptlua.control').for_trainer(self)  -- nil when cfg.control is off
+  self.journal = require('gptlua.journal').start(self, first_step, resumed_from)
   signals(gl.lib.gl_signal_catch)
   -- time: the training steps apart from evals, samples and checkpoints
   -- ("pauses"), so ms/step, tok/s and MFU count steps only and the ETA adds
@@ -715,6 +730,7 @@ function Trainer:run()
     losses[#losses + 1] = loss
     self.history[#self.history + 1] = loss
     self.step = step + 1
+    local replayed = self.journal and self.journal:step(step, loss, norm, lr_mult, ok)
     tokens_since, steps_since = tokens_since + self.tokens_per_step, steps_since + 1
     if cfg.log_interval > 0 and (self.step % cfg.log_interval == 0 or self.step == cfg.max_iters) then
       local elapsed = math.max(now() - t_last - paused, 1e-9)
@@ -746,8 +762,10 @@ function Trainer:run()
     end
     paused = paused + (now() - t_other)
     if self:stop_requested() then interrupted = true; break end
+    if (self.control and self.control:boundary()) or replayed then interrupted = true; break end
   end
   signals(gl.lib.gl_signal_restore)
+  self:end_live()
   local final = { run_dir = self.run_dir }
   if interrupted then
     self:print(('interrupted at step %d: saving a checkpoint'):format(self.step))
@@ -779,6 +797,12 @@ function Trainer:run()
   final.seconds = { steps = total - paused_total, other = paused_total }
   if self.metrics_file then self.metrics_file:close(); self.metrics_file = nil end
   return final
+end
+
+-- closes the control socket (removing it) and the journal
+function Trainer:end_live()
+  if self.control then self.control:close(); self.control = nil end
+  if self.journal then self.journal:close(); self.journal = nil end
 end
 
 -- entry point for a recipe table and command-line args

@@ -501,7 +501,10 @@ local function wire_bytes(self, name, s)
   return 0
 end
 
+-- dist.on_collective(name, comm, spec): called before every collective when
+-- set (gptlua.journal hashes each step's sequence of collectives with it)
 local function run(self, name, s, async)
+  if dist.on_collective then dist.on_collective(name, self, s) end
   local r = self:route(s.send, s.recv)
   local work
   if r == 'local' then work = run_local(self, name, s)

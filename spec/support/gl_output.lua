@@ -1,5 +1,6 @@
 -- busted output handler for `make test`: a line per spec file with its
--- counts, every failure and error in full, and last the one line CI reads:
+-- counts and the seconds its tests took (to keep CI's budget in sight),
+-- every failure and error in full, and last the one line CI reads:
 --   N passed, N failed, N skipped
 -- (errors count as failed).
 return function(options)
@@ -7,6 +8,8 @@ return function(options)
   local handler = require('busted.outputHandlers.base')()
   local per_file, order = {}, {}
   local failures = {}
+  local now = require('gptlua.cli').now
+  local started
 
   local function file_of(element)
     local t = element.trace
@@ -16,10 +19,16 @@ return function(options)
   local function note(element, status)
     local f = file_of(element)
     local c = per_file[f]
-    if not c then c = { pass = 0, fail = 0, skip = 0 }; per_file[f] = c; order[#order + 1] = f end
+    if not c then c = { pass = 0, fail = 0, skip = 0, seconds = 0 }; per_file[f] = c; order[#order + 1] = f end
+    if started then c.seconds = c.seconds + (now() - started); started = nil end
     if status == 'success' then c.pass = c.pass + 1
     elseif status == 'pending' then c.skip = c.skip + 1
     else c.fail = c.fail + 1 end
+  end
+
+  handler.testStart = function()
+    started = now()
+    return nil, true
   end
 
   handler.testEnd = function(element, parent, status)
@@ -46,7 +55,7 @@ return function(options)
     io.write('\n')
     for _, f in ipairs(order) do
       local c = per_file[f]
-      io.write(string.format('  %-44s %4d passed %3d failed %3d skipped\n', f, c.pass, c.fail, c.skip))
+      io.write(string.format('  %-44s %4d passed %3d failed %3d skipped %7.1f s\n', f, c.pass, c.fail, c.skip, c.seconds))
     end
     for i, t in ipairs(failures) do
       local msg = t.message
@@ -63,6 +72,7 @@ return function(options)
     return nil, true
   end
 
+  busted.subscribe({ 'test', 'start' }, handler.testStart, { predicate = handler.cancelOnPending })
   busted.subscribe({ 'test', 'end' }, handler.testEnd, { predicate = handler.cancelOnPending })
   busted.subscribe({ 'suite', 'end' }, handler.suiteEnd)
   busted.subscribe({ 'error' }, handler.error)

@@ -107,6 +107,25 @@ local function numel_of(x)
   return 0
 end
 
+-- The size every rank of a collective must agree on, where there is one:
+-- all_reduce's buffer, reduce_scatter's and all_gather's whole (the counts'
+-- total with uneven shards).  Rooted collectives (gather, scatter, reduce,
+-- broadcast) hold their buffers on one side only and all_to_all's sizes are
+-- each rank's own: for those only the op, root and group size are folded.
+local function agreed_size(name, s)
+  if name == 'all_reduce' then return numel_of(s.send) end
+  if name == 'reduce_scatter' or name == 'all_gather' then
+    local counts = s.recv_counts
+    if type(counts) == 'table' then
+      local n = 0
+      for _, c in ipairs(counts) do n = n + c end
+      return n
+    end
+    return name == 'reduce_scatter' and numel_of(s.send) or numel_of(s.recv)
+  end
+  return 0
+end
+
 local function fold_number(h, x)  -- x: an integer below 2^53, folded as two 32-bit words
   local lo = x % 4294967296
   h = bit.tobit(bit.bxor(h, bit.tobit(lo)) * 403 + bit.lshift(bit.bxor(h, bit.tobit(lo)), 24))
@@ -121,15 +140,31 @@ local function observe_collectives(self)
     t[k] = v
     return v
   end })
-  self.coll, self.coll_done = bit.tobit(0x811c9dc5), 0
+  -- one running hash per communicator: collectives must come in the same
+  -- order within a communicator, not across communicators (an HSDP rank's
+  -- shard-group and replica-group operations may interleave differently on
+  -- each rank).  A communicator is known by its role (world, or the split
+  -- that made it: the same on every rank, as split is collective), so ranks
+  -- of different shard groups compare their groups' sequences.
+  self.coll, self.coll_done = {}, 0
   dist.on_collective = function(name, comm, s)
-    local h = fold_number(self.coll, ids[name])
+    -- point-to-point pairs differ from rank to rank by nature: not folded
+    if name == 'send' or name == 'recv' then return end
+    local role = comm.role or 'world'
+    local h = self.coll[role] or fold_string(0x811c9dc5, role)
+    h = fold_number(h, ids[name])
     h = fold_number(h, ids[s.op or ''])
-    h = fold_number(h, (s.root or s.peer or 0) + 1)
+    h = fold_number(h, (s.root or 0) + 1)
     h = fold_number(h, comm.size)
-    h = fold_number(h, numel_of(s.send))
-    self.coll = fold_number(h, numel_of(s.recv))
+    self.coll[role] = fold_number(h, agreed_size(name, s))
   end
+end
+
+-- the step's per-communicator hashes, combined independently of their order
+local function combine(seqs)
+  local h = 0
+  for _, v in pairs(seqs) do h = bit.tobit(h + v) end
+  return h
 end
 
 -- the 20-bit digest of the last finished step's collectives (0 on one rank)
@@ -227,7 +262,7 @@ function Journal:step(s, loss, norm, lr_mult, ok)
                 rng = gl.get_rng_state().offset, data = t.data.train.sample and t.data.train:sample() or nil }
   if #self.changes > 0 then rec.changes, self.changes = self.changes, {} end
   if self.coll then  -- this step's collectives: compared across ranks in the next step's all-reduce
-    self.coll_done, self.coll_step, self.coll = self.coll, s, bit.tobit(0x811c9dc5)
+    self.coll_done, self.coll_step, self.coll = combine(self.coll), s, {}
     rec.collectives = bit.tohex(self.coll_done)
   end
   if self.every > 0 and (s + 1) % self.every == 0 and t.rank == 0 then

@@ -286,17 +286,20 @@ function Comm:split(color, key)
   if type(key) ~= 'number' or key ~= math.floor(key) then
     error('split: key expected an integer, got ' .. tostring(key), 2)
   end
+  -- the child's role: which split of which communicator made it, the same
+  -- on every rank (split is collective) whatever group the rank landed in
+  self.nsplits = (self.nsplits or 0) + 1
+  local role = ('%s/%d'):format(self.role or 'world', self.nsplits)
   if not self.c then
-    self.nsplits = self.nsplits + 1
     if color < 0 then return nil end
     local child = local_comm(('%s.%d[%d]'):format(self.name, self.nsplits, color))
-    child.timeout = self.timeout
+    child.timeout, child.role = self.timeout, role
     return child
   end
   local out = ffi.new('gl_comm*[1]')
   G.check(mpi.gl_comm_split(self.c, color, key, out), 2)
   local child = out[0] ~= nil and wrap_comm(ffi.gc(out[0], mpi.gl_comm_free), self.backend, self.nccl) or nil
-  if child then child.timeout = self.timeout end   -- the engine's child inherits it too
+  if child then child.timeout, child.role = self.timeout, role end   -- the engine's child inherits the timeout too
   -- an existing NCCL communicator is split too (ncclCommSplit shares its
   -- resources); otherwise the child makes its own on first use
   if self._nccl_c then

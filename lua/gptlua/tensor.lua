@@ -288,7 +288,12 @@ function Tensor:size(d)
 end
 -- is_floating(): a floating dtype?  data_ptr(): the first element's address
 function Tensor:is_floating() return FLOATING[self.dtype] == true end
-function Tensor:data_ptr() return lib.gl_data_ptr(self.c) end
+-- (an error for a tensor without data: freed, or a meta tensor)
+function Tensor:data_ptr()
+  local p = lib.gl_data_ptr(self.c)
+  if p == nil then error(ffi.string(lib.gl_last_error()), 2) end
+  return p
+end
 
 -- Contiguous strides of a shape.
 local function contiguous_strides(shape)

@@ -618,7 +618,7 @@ function Trainer:average_loss(loss)
     buf = gl.empty({ 2 }, { dtype = 'float64' }):keep()
     self.step_numbers = buf
   end
-  local d = ffi.cast('double *', gl.lib.gl_data_ptr(buf.c))
+  local d = ffi.cast('double *', buf:data_ptr())
   d[0], d[1] = loss, self.stop_signal and 1 or 0
   self.comm:all_reduce(buf, 'sum')
   self.stop_agreed = d[1] > 0

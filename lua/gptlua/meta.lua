@@ -34,6 +34,7 @@ function M.active() return lib.gl_meta_active() ~= 0 end
 -- Forgets the twins of the devices a plan uses: statistics from zero, an
 -- empty cache.  The previous plan's tensors must be gone (the GC is run).
 local function reset(devices)
+  jit.flush()  -- (compiled traces can hold the previous plan's tensors as constants)
   for _ = 1, 3 do collectgarbage('collect') end
   for _, d in ipairs(devices) do G.check(lib.gl_meta_reset(d), 3) end
 end

@@ -165,6 +165,8 @@ function Tensor.wrap(p)
   local t = setmetatable({ c = p, shape = shape, dtype = DTYPE_NAME[p.dtype], device = device_name(p.device) }, Tensor)
   local s = scopes[#scopes]
   if s then s[#s + 1] = t end
+  local hook = Tensor.on_wrap  -- the planner's (gptlua.plan): it sees every tensor made
+  if hook then hook(t) end
   return t
 end
 

@@ -9,8 +9,10 @@
 --   fake.traffic(w)                        -- {group = {bytes =, calls =, by = {collective = {bytes, calls}}}}
 --
 -- Every collective checks its arguments for N ranks (the sizes the real
--- backends check), returns at once (async ones too: their Work completes
--- on wait or test, keeping its tensors until then as a real one does), and
+-- backends check), returns at once (an async one's Work completes at
+-- wait(), and test() says not yet: its tensors are kept as long as a real
+-- one can keep them, so the plan is of the slowest network; in a world of
+-- one test() completes it, as the local world's), and
 -- leaves its output as it is: on the meta device there is nothing to move.
 -- It counts the bytes this rank would send, by the ring algorithms' rule
 -- the communication table of ARCHITECTURE.md uses: an all-reduce of n
@@ -114,7 +116,8 @@ local function run(self, name, s)
   -- packing a list is real work the policy asked for (copies on the meta device)
   if s.pack_in then s.pack_in() end
   local dist = require 'gptlua.dist'
-  return setmetatable({ result = s.result, after = s.unpack_out, keep = { s.send, s.recv, s.keep } }, dist.Work)
+  return setmetatable({ result = s.result, after = s.unpack_out, keep = { s.send, s.recv, s.keep },
+    eager = self.size == 1 }, dist.Work)
 end
 
 local FakeComm = {}

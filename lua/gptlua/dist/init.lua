@@ -202,7 +202,10 @@ end
 local done_buf = ffi.new('int[1]')
 function Work:test()
   if self.done then return true end
-  if self.w == nil then finish(self); return true end   -- a fake world's: complete
+  if self.w == nil then  -- a fake world's: of one rank at once (as the local world's), else at wait()
+    if self.eager then finish(self) end
+    return self.done == true
+  end
   G.check(mpi.gl_work_test(self.w, done_buf), 2)
   if done_buf[0] ~= 0 then finish(self) end
   return self.done == true

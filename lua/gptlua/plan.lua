@@ -118,6 +118,10 @@ local function resolve(recipe, args, opts)
   if not o.margin or o.margin < 0 or o.margin >= 1 then
     fail(('margin must be a fraction in [0, 1), got %s'):format(tostring(popts.margin)))
   end
+  -- unset on several launched ranks, dist is ddp (gptlua.train): so here
+  local dist_given = copy.dist ~= nil
+  for _, a in ipairs(rargs) do if tostring(a):match('^%-%-dist=') or a == '--dist' then dist_given = true end end
+  if o.world > 1 and not dist_given then rargs[#rargs + 1] = '--dist=ddp' end
   -- the config as the trainer will see it (errors in it are the trainer's)
   local cfg = train.resolve_config(copy, rargs)
   local valid = {}
@@ -197,17 +201,24 @@ local function tag_layers(model, set_label)
   return function() for _, u in ipairs(undo) do u() end end
 end
 
--- Every Lua table reachable from root (depth-limited), tensors first.
-local function each_tensor(root, f, depth, seen)
+-- Every tensor reachable from root through tables (depth-limited), with
+-- the name of the field that holds it.
+local function each_tensor(root, f, depth, seen, key)
   seen = seen or {}
   if type(root) ~= 'table' or seen[root] or (depth or 0) > 6 then return end
   seen[root] = true
-  if getmetatable(root) == gl.Tensor then f(root); return end
+  if getmetatable(root) == gl.Tensor then f(root, key); return end
   for k, v in pairs(root) do
-    if type(v) == 'table' then each_tensor(v, f, (depth or 0) + 1, seen) end
-    if type(k) == 'table' then each_tensor(k, f, (depth or 0) + 1, seen) end
+    if type(v) == 'table' then each_tensor(v, f, (depth or 0) + 1, seen, type(k) == 'string' and k or key) end
+    if type(k) == 'table' then each_tensor(k, f, (depth or 0) + 1, seen, key) end
   end
 end
+
+-- What the sharding policies' own buffers are, by the fields that hold
+-- them (gptlua.dist.policies, dist/fsdp.lua); any other tensor a policy
+-- holds is a communication buffer (gathered units, send buffers, stacks).
+local POLICY_FIELDS = { pflat = 'parameters', pshard = 'parameters', gshard = 'gradients', grad = 'gradients',
+  m = 'optimizer state', v = 'optimizer state', buf = 'optimizer state', master = 'master weights' }
 
 -- The live storages at this moment, sorted into groups (see the header).
 local function classify(t, registry)
@@ -228,7 +239,7 @@ local function classify(t, registry)
       end
     end
   end
-  each_tensor(t.policy, function(x) mark(x, 'communication buffers') end)
+  each_tensor(t.policy, function(x, key) mark(x, POLICY_FIELDS[key] or 'communication buffers') end)
   local out = { layers = {} }
   local seen = {}
   for x, label in pairs(registry) do
@@ -296,7 +307,7 @@ local function run_plan(recipe, rargs, o, stop_at)
     if not ok then error(err, 0) end
     return { peak = st.peak, peak_at = peak_at, traffic = fake.traffic(w), cfg = t.cfg,
              accum = t.cfg.gradient_accumulation_steps, num_params = t.model:num_params(),
-             tokens_per_step = t.tokens_per_step, policy_shard = t.policy.S }
+             tokens_per_step = t.tokens_per_step, model_config = t.model.config }
   end, { reads = 'zeros' })
   res.groups = snapshot
   return res

@@ -49,8 +49,9 @@ function M.render(r)
   local cfg = r.config
   local lines = {}
   local function w(...) lines[#lines + 1] = table.concat({ ... }) end
+  local mc = r.model_config or cfg   -- the model's own sizes (nanochat's depth dial sets them)
   w(('memory plan for %s: %s, %.2fM parameters (%d layers, width %d, context %d, vocab %d)'):format(
-    tostring(r.name), cfg.model, r.num_params / 1e6, cfg.n_layer, cfg.n_embd, cfg.block_size, cfg.vocab_size))
+    tostring(r.name), cfg.model, r.num_params / 1e6, mc.n_layer, mc.n_embd, mc.block_size, mc.vocab_size))
   local pol = cfg.dist
   local poltxt = pol == 'hsdp' and ('hsdp (shard groups of %d, %d replicas)'):format(cfg.shard_size,
     r.world / cfg.shard_size) or pol

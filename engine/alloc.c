@@ -5,7 +5,16 @@
  * released, so a training step that allocates the same shapes every
  * iteration reuses the same blocks and reaches a steady state.  empty_cache
  * returns cached blocks to the system (or to cudaFree).  One mutex guards
- * each device: the loader thread may allocate concurrently with Lua. */
+ * each device: the loader thread may allocate concurrently with Lua.
+ *
+ * The meta device (gl_meta_set, gptlua.plan): while the process plans, its
+ * storages get a size and no memory.  Each device has a second cache,
+ * its meta twin, run by the same code (same classes, same free lists and
+ * cache hits, same statistics) with the raw allocation left out, so a plan
+ * reads the peak the device's allocator would reach.  Storages a plan
+ * makes for real (host values it needs: the dataset, the loader's
+ * batches; gl_meta_pause) are charged to the twin as well (storage->meta
+ * 2), so the plan's totals are the real run's, data included. */
 #include "internal.h"
 #include <pthread.h>
 #include <stdio.h>
@@ -23,16 +32,43 @@ typedef struct dev_cache {
   gl_mem_stats st;
 } dev_cache;
 
-static dev_cache caches[MAX_DEVICES];
+static dev_cache caches[MAX_DEVICES], meta_caches[MAX_DEVICES];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void init_caches(void) {
-  for (int i = 0; i < MAX_DEVICES; i++) pthread_mutex_init(&caches[i].mu, NULL);
+  for (int i = 0; i < MAX_DEVICES; i++) {
+    pthread_mutex_init(&caches[i].mu, NULL);
+    pthread_mutex_init(&meta_caches[i].mu, NULL);
+  }
 }
+
+/* the planning state: GL_META_OFF/ON/ZEROS and paused.  The process's, not
+   a thread's: the ops' OpenMP workers dispatch too (the planner's Lua runs
+   on one thread; the loader's producer thread makes no storages) */
+static int meta_mode, meta_paused;
+int gl_meta_set(int mode) {
+  if (mode < GL_META_OFF || mode > GL_META_ZEROS)
+    return gl_error("gl_meta_set: mode must be 0 (off), 1 (on) or 2 (on, reads give zeros), got %d", mode);
+  int old = meta_mode;
+  meta_mode = mode;
+  meta_paused = 0;
+  return old;
+}
+int gl_meta_mode(void) { return meta_mode; }
+int gl_meta_pause(int paused) { int old = meta_paused; meta_paused = paused != 0; return old; }
+int gl_meta_active(void) { return meta_mode != GL_META_OFF && !meta_paused; }
+/* what a storage made now is: 1 meta, 2 real but charged
+   to the meta twin too, 0 real */
+int gl_meta_kind(void) { return meta_mode == GL_META_OFF ? 0 : meta_paused ? 2 : 1; }
 
 static dev_cache *cache_for(int device) {
   pthread_once(&once, init_caches);
   int i = device + 1;
   return (i >= 0 && i < MAX_DEVICES) ? &caches[i] : NULL;
+}
+/* the statistics a caller sees: the meta twin's during a plan */
+static dev_cache *stats_for(int device) {
+  dev_cache *c = cache_for(device);
+  return c && meta_mode != GL_META_OFF ? &meta_caches[c - caches] : c;
 }
 
 /* Size class of a request, rounding *size up to the class size: 512-byte
@@ -52,7 +88,8 @@ static int size_class(int64_t *size) {
   return N_SMALL + (lg - 20) * 8 + (int)((r >> (lg - 3)) & 7);
 }
 
-static int raw_alloc(int device, int64_t size, void **out) {
+static int raw_alloc(int device, int meta, int64_t size, void **out) {
+  if (meta) { *out = NULL; return GL_OK; }  /* a meta twin: no memory */
   if (device < 0) {
     void *p = NULL;
     if (posix_memalign(&p, 64, (size_t)size) != 0 || !p)
@@ -67,19 +104,22 @@ static int raw_alloc(int device, int64_t size, void **out) {
 #endif
 }
 
-static void raw_free(int device, void *p) {
+static void raw_free(int device, int meta, void *p) {
+  if (meta) return;
   if (device < 0) { free(p); return; }
 #ifdef GL_WITH_CUDA
   cuda_free(device, p);
 #endif
 }
 
+static int is_meta(const dev_cache *c) { return c >= meta_caches && c < meta_caches + MAX_DEVICES; }
+
 static void release_cached(dev_cache *c, int device) {
   for (int k = 0; k < N_CLASSES; k++) {
     block *b = c->free_lists[k];
     while (b) {
       block *n = b->next;
-      raw_free(device, b->ptr);
+      raw_free(device, is_meta(c), b->ptr);
       c->st.reserved -= b->size;
       b->next = c->spare; c->spare = b;
       b = n;
@@ -128,10 +168,9 @@ static void *sim_block_of(void *user) {
 }
 #endif
 
-/* Allocate nbytes on device; *capacity receives the block size. */
-int gl_alloc(int device, int64_t nbytes, void **out, int64_t *capacity) {
-  dev_cache *c = cache_for(device);
-  if (!c) return gl_error("gl_empty: device %d out of range", device);
+/* A block of class size *size from c: cached, or fresh from the system. */
+static int take_block(dev_cache *c, int device, int64_t nbytes, void **out, int64_t *capacity) {
+  int meta = is_meta(c);
   int64_t size = nbytes;
   int k = size_class(&size);
   pthread_mutex_lock(&c->mu);
@@ -144,15 +183,15 @@ int gl_alloc(int device, int64_t nbytes, void **out, int64_t *capacity) {
     c->st.cache_hits++;
   } else {
     pthread_mutex_unlock(&c->mu);
-    int rc = raw_alloc(device, size, &p);
+    int rc = raw_alloc(device, meta, size, &p);
     if (rc != GL_OK) {  /* free everything cached and retry once */
       pthread_mutex_lock(&c->mu);
       release_cached(c, device);
       pthread_mutex_unlock(&c->mu);
       char msg[512];
       snprintf(msg, sizeof msg, "%s", gl_last_error());
-      if (raw_alloc(device, size, &p) != GL_OK) {
-        gl_mem_stats st; gl_mem_stats_get(device, &st);
+      if (raw_alloc(device, meta, size, &p) != GL_OK) {
+        gl_mem_stats st = c->st;
         return gl_error("%s (in use %lld bytes, reserved %lld bytes)", msg,
                         (long long)st.allocated, (long long)st.reserved);
       }
@@ -165,29 +204,21 @@ int gl_alloc(int device, int64_t nbytes, void **out, int64_t *capacity) {
   c->st.n_live++;
   if (c->st.allocated > c->st.peak) c->st.peak = c->st.allocated;
   pthread_mutex_unlock(&c->mu);
-#ifdef GL_SIM
-  if (device >= 0) p = sim_place_end(p, size, nbytes);
-#endif
   *out = p;
   *capacity = size;
   return GL_OK;
 }
 
-void gl_dealloc(int device, void *p, int64_t capacity) {
-  dev_cache *c = cache_for(device);
-  if (!c || !p) return;
+static void give_block(dev_cache *c, int device, void *p, int64_t capacity) {
   int64_t size = capacity;
   int k = size_class(&size);
   if (size != capacity) gl_panic("gl_dealloc: capacity %lld is not a class size", (long long)capacity);
-#ifdef GL_SIM
-  if (device >= 0) p = sim_block_of(p);
-#endif
   pthread_mutex_lock(&c->mu);
   block *b = c->spare;
   if (b) c->spare = b->next;
   else b = malloc(sizeof *b);
   if (!b) { /* cannot cache: give it back */
-    raw_free(device, p);
+    raw_free(device, is_meta(c), p);
     c->st.reserved -= size;
   } else {
     b->ptr = p; b->size = size; b->next = c->free_lists[k]; c->free_lists[k] = b;
@@ -198,9 +229,42 @@ void gl_dealloc(int device, void *p, int64_t capacity) {
   pthread_mutex_unlock(&c->mu);
 }
 
+/* Allocate nbytes on device; *capacity receives the block size.  kind
+   (gl_meta_kind): 1 a meta block (*out NULL), 2 a real block charged to
+   the meta twin too. */
+int gl_alloc(int device, int kind, int64_t nbytes, void **out, int64_t *capacity) {
+  dev_cache *c = cache_for(device);
+  if (!c) return gl_error("gl_empty: device %d out of range", device);
+  dev_cache *twin = &meta_caches[c - caches];
+  if (kind == 1) return take_block(twin, device, nbytes, out, capacity);
+  GL_TRY(take_block(c, device, nbytes, out, capacity));
+  if (kind == 2) {
+    void *none;
+    int64_t cap;
+    take_block(twin, device, nbytes, &none, &cap);
+  }
+#ifdef GL_SIM
+  if (device >= 0) *out = sim_place_end(*out, *capacity, nbytes);
+#endif
+  return GL_OK;
+}
+
+void gl_dealloc(int device, int kind, void *p, int64_t capacity) {
+  dev_cache *c = cache_for(device);
+  if (!c) return;
+  dev_cache *twin = &meta_caches[c - caches];
+  if (kind == 1) { give_block(twin, device, NULL, capacity); return; }
+  if (!p) return;
+  if (kind == 2) give_block(twin, device, NULL, capacity);
+#ifdef GL_SIM
+  if (device >= 0) p = sim_block_of(p);
+#endif
+  give_block(c, device, p, capacity);
+}
+
 int gl_mem_stats_get(int device, gl_mem_stats *out) {
   GL_NONNULL("gl_mem_stats_get", out);
-  dev_cache *c = cache_for(device);
+  dev_cache *c = stats_for(device);
   if (!c) return gl_error("gl_mem_stats_get: device %d out of range", device);
   pthread_mutex_lock(&c->mu);
   *out = c->st;
@@ -209,7 +273,7 @@ int gl_mem_stats_get(int device, gl_mem_stats *out) {
 }
 
 int gl_mem_reset_peak(int device) {
-  dev_cache *c = cache_for(device);
+  dev_cache *c = stats_for(device);
   if (!c) return gl_error("gl_mem_reset_peak: device %d out of range", device);
   pthread_mutex_lock(&c->mu);
   c->st.peak = c->st.allocated;
@@ -218,10 +282,28 @@ int gl_mem_reset_peak(int device) {
 }
 
 int gl_empty_cache(int device) {
-  dev_cache *c = cache_for(device);
+  dev_cache *c = stats_for(device);
   if (!c) return gl_error("gl_empty_cache: device %d out of range", device);
   pthread_mutex_lock(&c->mu);
   release_cached(c, device);
   pthread_mutex_unlock(&c->mu);
+  return GL_OK;
+}
+
+/* Forgets the meta twin of device: statistics to zero, cache emptied (a
+   new plan starts from an empty allocator).  Refused while meta storages
+   of it are alive. */
+int gl_meta_reset(int device) {
+  dev_cache *c = cache_for(device);
+  if (!c) return gl_error("gl_meta_reset: device %d out of range", device);
+  dev_cache *m = &meta_caches[c - caches];
+  pthread_mutex_lock(&m->mu);
+  int64_t live = m->st.n_live;
+  if (live == 0) {
+    release_cached(m, device);
+    memset(&m->st, 0, sizeof m->st);
+  }
+  pthread_mutex_unlock(&m->mu);
+  if (live) return gl_error("gl_meta_reset: %lld meta storages of device %d are still alive", (long long)live, device);
   return GL_OK;
 }

@@ -46,7 +46,9 @@ typedef struct gl_storage {
   int32_t device;
   int32_t external;   /* 0: allocator block; 1: borrowed (e.g. mmap), never
                          freed here; 2: pinned host memory, freed with it */
-  int32_t pad_;
+  int32_t meta;       /* 0: real; 1: a meta storage (no data: data is NULL,
+                         nbytes and capacity as a real one's); 2: real, made
+                         while planning and charged to the plan too */
 } gl_storage;
 
 typedef struct gl_tensor {
@@ -121,10 +123,30 @@ int gl_rand_uniform(gl_tensor *t, uint64_t seed, uint64_t offset, double lo, dou
 int gl_rand_normal(gl_tensor *t, uint64_t seed, uint64_t offset, double mean, double std);
 int gl_rand_u32(uint64_t seed, uint64_t counter, uint32_t out[4]);
 
-/* allocator */
+/* allocator (during a plan: the meta twin's statistics) */
 int gl_mem_stats_get(int device, gl_mem_stats *out);
 int gl_mem_reset_peak(int device);
 int gl_empty_cache(int device);
+
+/* The meta device, for the process (gptlua.plan runs the trainer on it).
+   With mode ON or ZEROS every storage made is a meta storage: a
+   size and no memory, charged to its device's meta twin in the allocator
+   (same size classes and caching; gl_mem_stats_get reads the twin), and
+   the ops validate and return without running a kernel.  Reading a meta
+   tensor's values (get_item, to_doubles, data_ptr, sumsq, saving, copy
+   to another device) is an error naming it under ON; under ZEROS the
+   numbers read are 0 (the planner: the trainer reads its loss).
+   gl_meta_pause(1) makes real storages again (host values a plan needs:
+   the dataset, the loader's batches), still charged to the twin; a meta
+   tensor is refused outside an unpaused plan.  One thread plans at a time.  gl_meta_set returns the
+   previous mode (and unpauses); gl_meta_reset zeroes a twin with no live
+   meta storages. */
+enum { GL_META_OFF = 0, GL_META_ON = 1, GL_META_ZEROS = 2 };
+int gl_meta_set(int mode);
+int gl_meta_mode(void);
+int gl_meta_pause(int paused);
+int gl_meta_active(void);
+int gl_meta_reset(int device);
 
 /* signals: catch counts deliveries of signum (e.g. SIGINT = 2) instead of
    the default action; take returns the count since the last take. */

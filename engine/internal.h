@@ -143,14 +143,28 @@ void gl_dist_verdict(const gl_work *w, const char *const *why, char *buf, int n)
 void gl_dist_print_abort(int world_rank, const char *msg);
 
 /* Device dispatch: cpu_NAME for device < 0, cuda_NAME otherwise (when the
-   engine is built with CUDA; without it, a clear error). */
+   engine is built with CUDA; without it, a clear error).  During a plan
+   (gl_meta_active) no kernel runs: the op has validated and allocated as
+   it would, and returns. */
 #ifdef GL_WITH_CUDA
 #define GL_DISPATCH(dev, name, ...) \
-  ((dev) < 0 ? cpu_##name(__VA_ARGS__) : cuda_##name(__VA_ARGS__))
+  (gl_meta_active() ? GL_OK : (dev) < 0 ? cpu_##name(__VA_ARGS__) : cuda_##name(__VA_ARGS__))
 #else
 #define GL_DISPATCH(dev, name, ...) \
-  ((dev) < 0 ? cpu_##name(__VA_ARGS__) : gl_error("%s: this engine was built without CUDA", #name))
+  (gl_meta_active() ? GL_OK : (dev) < 0 ? cpu_##name(__VA_ARGS__) \
+                                        : gl_error("%s: this engine was built without CUDA", #name))
 #endif
+
+/* what a storage made now is (gl_storage.meta) */
+int gl_meta_kind(void);
+/* Before reading t's values on the host: GL_OK when it has data; for a
+   meta tensor 1 under GL_META_ZEROS (read zeros) and otherwise an error
+   "fn: arg is a meta tensor {shape} dtype (a shape without data): ...". */
+int gl_meta_read(const gl_tensor *t, const char *fn, const char *arg);
+/* gl_empty on the CPU, real even while planning: for values the engine
+   writes itself (tokenizer output, loader batches, shard reads) */
+gl_tensor *gl_empty_host(int dtype, int ndim, const int64_t *shape);
+static inline int gl_is_meta(const gl_tensor *t) { return t && t->storage && t->storage->meta == 1; }
 
 /* Device memory hooks used by the allocator and copies (kernels/runtime.cu). */
 #ifdef GL_WITH_CUDA

@@ -249,7 +249,7 @@ static int pool_cap(const gl_loader *L) { return 2 * (L->cfg.prefetch + 4); }
    Pinned: a view of a pooled buffer nobody else holds, else a new one. */
 static gl_tensor *batch_tensor(gl_loader *L) {
   int64_t shape[2] = {L->cfg.batch_size, L->cfg.block_size};
-  if (!L->pinned) return gl_empty(GL_I64, GL_DEVICE_CPU, 2, shape);
+  if (!L->pinned) return gl_empty_host(GL_I64, 2, shape);
   for (int i = 0; i < L->npool; i++)
     if (__atomic_load_n(&L->pool[i]->storage->refcount, __ATOMIC_ACQUIRE) == 1)
       return gl_as_strided(L->pool[i], 2, L->pool[i]->shape, L->pool[i]->stride, 0);

@@ -192,6 +192,7 @@ int gl_sumsq(const gl_tensor *x, double *out) {
   GL_TRY(check_args(fn, ARGS({x, "x", A_IN})));
   if (!out) return gl_error("%s: out is NULL, expected a pointer to a double", fn);
   *out = 0;
+  if (gl_meta_read(x, fn, "x") == GL_ERR) return GL_ERR;
   if (x->numel == 0) return GL_OK;
   return GL_DISPATCH(x->device, sumsq, x, out);
 }
@@ -207,6 +208,7 @@ int gl_sumsq_multi(int n, const gl_tensor **xs, double *out) {
     char name[32];
     snprintf(name, sizeof name, "xs[%d]", i);
     GL_TRY(check_args(fn, ARGS({xs[0], "xs[0]", A_IN}, {xs[i], name, A_IN})));
+    if (gl_meta_read(xs[i], fn, name) == GL_ERR) return GL_ERR;
   }
   return GL_DISPATCH(xs[0]->device, sumsq_multi, n, xs, out);
 }
@@ -265,7 +267,7 @@ int gl_matmul_pair(gl_tensor *out1, const gl_tensor *a1, const gl_tensor *b1, gl
   GL_TRY(check_no_overlap("gl_matmul_pair", out2, "out2", a1, "a1"));
   GL_TRY(check_no_overlap("gl_matmul_pair", out2, "out2", b1, "b1"));
   int sequential = out1->device >= 0 || out2->device >= 0 || gl_get_num_threads() < 2 || out1->numel == 0 ||
-                   out2->numel == 0;
+                   out2->numel == 0 || gl_meta_active();  /* (GL_DISPATCH: a plan runs no kernel) */
 #ifndef _OPENMP
   sequential = 1;
 #endif

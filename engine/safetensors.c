@@ -48,6 +48,12 @@ int gl_safetensors_save(const char *path, int n, const char **names,
   for (int i = 0; i < n; i++) {
     char arg[32]; snprintf(arg, sizeof arg, "tensor %d", i + 1);
     if (gl_tensor_check(ts[i], "gl_safetensors_save", arg)) { cJSON_Delete(root); return GL_ERR; }
+    if (gl_is_meta(ts[i])) {  /* even where a plan's reads give zeros: nothing to write */
+      cJSON_Delete(root);
+      char sh[96];
+      return gl_error("gl_safetensors_save: %s '%s' is a meta tensor %s %s (a shape without data): it has no values to "
+                      "save", arg, names[i] ? names[i] : "", gl_shape_str(ts[i], sh, sizeof sh), gl_dtype_name(ts[i]->dtype));
+    }
     if (!names[i] || !names[i][0] || cJSON_GetObjectItemCaseSensitive(root, names[i])) {
       cJSON_Delete(root);
       return gl_error("gl_safetensors_save: name of tensor %d is empty or repeated ('%s')", i + 1, names[i] ? names[i] : "");
@@ -267,7 +273,7 @@ gl_tensor *gl_safetensors_get(const gl_st_file *f, int i) {
   GL_NONNULL_OR(NULL, "gl_safetensors_get", f);
   if (i < 0 || i >= f->n) return gl_error_null("gl_safetensors_get: index %d out of range", i);
   const st_entry *e = &f->e[i];
-  gl_tensor *t = gl_empty(e->dtype, GL_DEVICE_CPU, e->ndim, e->shape);
+  gl_tensor *t = gl_empty_host(e->dtype, e->ndim, e->shape);
   if (!t) return NULL;
   int64_t left = e->end - e->begin, pos = f->data_start + e->begin;
   char *p = t->storage->data;

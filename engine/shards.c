@@ -353,7 +353,7 @@ gl_tensor *gl_shard_tokens(const gl_shard *s, int64_t start, int64_t n) {
     return gl_error_null("%s: range [%lld, %lld) expected within [0, %lld) of '%s'", fn, (long long)start,
                          (long long)(start + n), (long long)total, s->path);
   int64_t shape[1] = {n};
-  gl_tensor *out = gl_empty(GL_I32, GL_DEVICE_CPU, 1, shape);
+  gl_tensor *out = gl_empty_host(GL_I32, 1, shape);
   if (!out) return NULL;
   int32_t *dst = gl_data_ptr(out);
   const uint8_t *data = gl_shard_data(s);

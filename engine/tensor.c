@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-int gl_alloc(int device, int64_t nbytes, void **out, int64_t *capacity);
-void gl_dealloc(int device, void *p, int64_t capacity);
+int gl_alloc(int device, int kind, int64_t nbytes, void **out, int64_t *capacity);
+void gl_dealloc(int device, int kind, void *p, int64_t capacity);
 
 #ifdef GL_WITH_CUDA
 void *gl_cuda_host_alloc(int64_t nbytes);
@@ -17,7 +17,7 @@ int gl_cuda_host_free(void *ptr);
 static void storage_decref(gl_storage *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-    if (s->external == 0 && s->data) gl_dealloc(s->device, s->data, s->capacity);
+    if (s->external == 0 && (s->data || s->meta == 1)) gl_dealloc(s->device, s->meta, s->data, s->capacity);
 #ifdef GL_WITH_CUDA
     if (s->external == 2 && s->data) gl_cuda_host_free(s->data);
 #endif
@@ -29,9 +29,22 @@ int gl_tensor_check(const gl_tensor *t, const char *fn, const char *arg) {
   GL_NONNULL("gl_tensor_check", fn, arg);
   if (!t) return gl_error("%s: %s is nil, expected a tensor", fn, arg);
   if (t->magic != GL_TENSOR_MAGIC) return gl_error("%s: %s is not a valid tensor handle", fn, arg);
-  if (!t->storage || !t->storage->data)
+  if (!t->storage || (!t->storage->data && t->storage->meta != 1))
     return gl_error("%s: %s has been freed (its storage was released)", fn, arg);
+  if (t->storage->meta == 1 && !gl_meta_active()) {
+    char sh[96];
+    return gl_error("%s: %s is a meta tensor %s %s (a shape without data), usable only while planning", fn, arg,
+                    gl_shape_str(t, sh, sizeof sh), gl_dtype_name(t->dtype));
+  }
   return GL_OK;
+}
+
+int gl_meta_read(const gl_tensor *t, const char *fn, const char *arg) {
+  if (!gl_is_meta(t)) return GL_OK;
+  if (gl_meta_mode() == GL_META_ZEROS) return 1;
+  char sh[96];
+  return gl_error("%s: %s is a meta tensor %s %s (a shape without data): it has no values to read", fn, arg,
+                  gl_shape_str(t, sh, sizeof sh), gl_dtype_name(t->dtype));
 }
 
 static int check_shape(const char *fn, int ndim, const int64_t *shape, int64_t *numel) {
@@ -62,7 +75,7 @@ static gl_tensor *new_struct(int dtype, int device, int ndim, const int64_t *sha
 static int check_dtype_device(const char *fn, int dtype, int device) {
   if (dtype < 0 || dtype >= GL_NDTYPES) return gl_error("%s: invalid dtype %d", fn, dtype);
   if (device < GL_DEVICE_CPU) return gl_error("%s: invalid device %d", fn, device);
-  if (device >= 0) {
+  if (device >= 0 && gl_meta_kind() != 1) {  /* a plan may be of a GPU this machine lacks */
     int n = gl_cuda_device_count();
     if (!gl_cuda_built()) return gl_error("%s: cuda:%d requested but this engine was built without CUDA", fn, device);
     if (device >= n) return gl_error("%s: cuda:%d requested but %d CUDA device(s) are available", fn, device, n);
@@ -78,11 +91,21 @@ gl_tensor *gl_empty(int dtype, int device, int ndim, const int64_t *shape) {
                                                    (long long)numel, gl_dtype_name(dtype));
   gl_storage *s = calloc(1, sizeof *s);
   if (!s) return gl_error_null("gl_empty: out of host memory");
-  if (gl_alloc(device, numel * es, &s->data, &s->capacity) != GL_OK) { free(s); return NULL; }
-  s->nbytes = numel * es; s->refcount = 1; s->device = device;
+  int kind = gl_meta_kind();
+  if (gl_alloc(device, kind, numel * es, &s->data, &s->capacity) != GL_OK) { free(s); return NULL; }
+  s->nbytes = numel * es; s->refcount = 1; s->device = device; s->meta = kind;
   gl_tensor *t = new_struct(dtype, device, ndim, shape);
   if (!t) { storage_decref(s); return NULL; }
   t->storage = s;
+  return t;
+}
+
+/* A host tensor whose values the engine fills itself (tokenizer output,
+   loader batches, shard reads): real even while this thread plans. */
+gl_tensor *gl_empty_host(int dtype, int ndim, const int64_t *shape) {
+  int paused = gl_meta_pause(1);
+  gl_tensor *t = gl_empty(dtype, GL_DEVICE_CPU, ndim, shape);
+  gl_meta_pause(paused);
   return t;
 }
 
@@ -195,6 +218,16 @@ int gl_tensor_release(gl_tensor *t) {
 
 void *gl_data_ptr(const gl_tensor *t) {
   if (gl_tensor_check(t, "gl_data_ptr", "tensor")) return NULL;
+  int m = gl_meta_read(t, "gl_data_ptr", "tensor");
+  if (m == GL_ERR) return NULL;
+  if (m == 1) {  /* reads give zeros: a small host buffer (the trainer's numbers), writes go nowhere */
+    static __thread double zeros[8];
+    if (t->storage->nbytes > (int64_t)sizeof zeros)
+      return gl_error_null("gl_data_ptr: tensor is a meta tensor of %lld bytes (a shape without data): "
+                           "it has no values to read", (long long)t->storage->nbytes);
+    memset(zeros, 0, sizeof zeros);
+    return zeros;
+  }
   return (char *)t->storage->data + t->offset * gl_dtype_size(t->dtype);
 }
 
@@ -241,6 +274,7 @@ int gl_same_storage(const gl_tensor *a, const gl_tensor *b) {
 /* ---- element access (CPU only; CUDA tensors go through a copy) ---------- */
 static int check_elem(const gl_tensor *t, const char *fn, int64_t off) {
   GL_CHECK_T(t, fn, "tensor");
+  if (gl_is_meta(t)) return GL_OK;
   if (t->device >= 0) return gl_error("%s: tensor is on cuda:%d, element access needs a cpu tensor", fn, t->device);
   int64_t cap = t->storage->nbytes / gl_dtype_size(t->dtype);
   if (off < 0 || t->offset + off >= cap)
@@ -250,11 +284,14 @@ static int check_elem(const gl_tensor *t, const char *fn, int64_t off) {
 int gl_get_item(const gl_tensor *t, int64_t off, double *out) {
   GL_NONNULL("gl_get_item", t, out);
   GL_TRY(check_elem(t, "gl_get_item", off));
+  int m = gl_meta_read(t, "gl_get_item", "tensor");
+  if (m != GL_OK) { *out = 0; return m == 1 ? GL_OK : GL_ERR; }
   *out = gl_load(t->storage->data, t->dtype, t->offset + off);
   return GL_OK;
 }
 int gl_set_item(gl_tensor *t, int64_t off, double v) {
   GL_TRY(check_elem(t, "gl_set_item", off));
+  if (gl_is_meta(t)) return GL_OK;  /* a write to a meta tensor goes nowhere, as its kernels do */
   gl_store(t->storage->data, t->dtype, t->offset + off, v);
   return GL_OK;
 }
@@ -263,6 +300,13 @@ int gl_set_item(gl_tensor *t, int64_t off, double v) {
 static int to_from_doubles(gl_tensor *t, double *buf, int to, const char *fn) {
   GL_CHECK_T(t, fn, "tensor");
   if (t->device >= 0) return gl_error("%s: tensor is on cuda:%d, expected a cpu tensor", fn, t->device);
+  if (gl_is_meta(t)) {
+    if (!to) return GL_OK;  /* a write to a meta tensor goes nowhere */
+    int m = gl_meta_read(t, fn, "tensor");
+    if (m != 1) return GL_ERR;
+    for (int64_t k = 0; k < t->numel; k++) buf[k] = 0;
+    return GL_OK;
+  }
   int64_t idx[GL_MAX_DIMS] = {0};
   for (int64_t k = 0; k < t->numel; k++) {
     int64_t off = t->offset;
@@ -287,6 +331,8 @@ int gl_max_abs_diff(const gl_tensor *a, const gl_tensor *b, double *out) {
   GL_CHECK_T(a, "gl_max_abs_diff", "a");
   GL_CHECK_T(b, "gl_max_abs_diff", "b");
   GL_TRY(gl_check_same_shape(a, b, "gl_max_abs_diff", "a", "b"));
+  if (gl_meta_read(a, "gl_max_abs_diff", "a") == GL_ERR || gl_meta_read(b, "gl_max_abs_diff", "b") == GL_ERR) return GL_ERR;
+  if (gl_is_meta(a) || gl_is_meta(b)) { *out = 0; return GL_OK; }
   if (a->device >= 0 || b->device >= 0) return gl_error("gl_max_abs_diff: expected cpu tensors");
   double m = 0;
   gl_iter it; gl_iter_init(&it, 2, (const gl_tensor *[]){a, b});
@@ -311,6 +357,10 @@ int gl_copy(gl_tensor *dst, const gl_tensor *src) {
   GL_TRY(gl_check_same_shape(dst, src, "gl_copy", "dst", "src"));
   GL_TRY(gl_check_no_zero_stride(dst, "gl_copy", "dst"));
   if (dst->device == src->device) return GL_DISPATCH(dst->device, copy, dst, src);
+  if (gl_meta_active()) {  /* a plan: to the host is reading values */
+    if (dst->device < 0 && gl_meta_read(src, "gl_copy", "src") == GL_ERR) return GL_ERR;
+    return GL_OK;
+  }
 #ifdef GL_WITH_CUDA
   /* across devices: convert on the source device into a contiguous buffer of
      dst's dtype, move the bytes, then place them into dst's layout */
@@ -336,6 +386,7 @@ int gl_fill(gl_tensor *t, double v) {
 int gl_arange(gl_tensor *t, double start, double step) {
   GL_CHECK_T(t, "gl_arange", "tensor");
   if (t->ndim != 1) return gl_error("gl_arange: expected a 1-d tensor, got %d dims", t->ndim);
+  if (gl_meta_active()) return GL_OK;  /* a plan runs no kernels */
   if (t->device >= 0) {
     gl_tensor *h = gl_empty(t->dtype, GL_DEVICE_CPU, 1, t->shape);
     if (!h) return GL_ERR;

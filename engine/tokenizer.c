@@ -336,7 +336,7 @@ int report_enc_err(const char *fn, const enc_err *err, int doc) {
 
 static gl_tensor *ids_tensor(const char *fn, const int32_t *ids, int64_t n) {
   int64_t shape[1] = {n};
-  gl_tensor *out = gl_empty(GL_I32, GL_DEVICE_CPU, 1, shape);
+  gl_tensor *out = gl_empty_host(GL_I32, 1, shape);
   if (!out) return NULL;
   if (n) memcpy(gl_data_ptr(out), ids, (size_t)n * sizeof(int32_t));
   return out;
@@ -397,7 +397,7 @@ int64_t *make_cuts(const uint8_t *s, int64_t len, int nthreads, int64_t *npieces
 /* character level: one id per byte, written straight into the result */
 static gl_tensor *encode_char(const char *fn, const gl_tokenizer *t, const uint8_t *s, int64_t len, int32_t prepend_id) {
   int64_t shape[1] = {len + (prepend_id >= 0)};
-  gl_tensor *out = gl_empty(GL_I32, GL_DEVICE_CPU, 1, shape);
+  gl_tensor *out = gl_empty_host(GL_I32, 1, shape);
   if (!out) return NULL;
   int32_t *dst = gl_data_ptr(out);
   if (prepend_id >= 0) *dst++ = prepend_id;
@@ -474,7 +474,7 @@ gl_tensor *gl_tok_encode(const gl_tokenizer *t, const char *text, int64_t len, i
   if (bad >= 0) report_enc_err(fn, &errs[bad], -1);
   else {
     int64_t shape[1] = {total};
-    out = gl_empty(GL_I32, GL_DEVICE_CPU, 1, shape);
+    out = gl_empty_host(GL_I32, 1, shape);
     if (out) {
       int32_t *dst = gl_data_ptr(out);
       if (prepend_id >= 0) *dst++ = prepend_id;
@@ -558,7 +558,7 @@ gl_tensor *gl_tok_split(const gl_tokenizer *t, const char *text, int64_t len) {
   if (err.kind) report_enc_err(fn, &err, -1);
   else {
     int64_t shape[1] = {acc.n};
-    out = gl_empty(GL_I64, GL_DEVICE_CPU, 1, shape);
+    out = gl_empty_host(GL_I64, 1, shape);
     if (out && acc.n) memcpy(gl_data_ptr(out), acc.v, (size_t)acc.n * sizeof(int64_t));
   }
   splitter_free(&sp);

@@ -31,7 +31,7 @@ options:
                  torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and Gloo)
                  or auto (default: mpi when mpirun is on PATH, else tcp)
   --plan         print the per-rank memory plan of a recipe instead of running it
-                 (gptlua --plan recipe.lua [--world=N] [--device_memory=80GiB] [--margin=0.1] [--key=value])
+                 (gptlua --plan recipe.lua [--world=N] [--rank=R] [--device_memory=80GiB] [--margin=0.1] [--key=value])
   -v, --verbose  print a traceback with every error (a user's error is otherwise one line)
   -V, --version  print the version
   -h, --help     print this help

@@ -142,6 +142,9 @@ function gl.cuda_available() return G.lib.gl_cuda_device_count() > 0 end
 -- "cuda if available, else cpu"
 function gl.default_device() return gl.cuda_available() and 'cuda:0' or 'cpu' end
 
+-- the meta device: tensors with shapes and no data (lua/gptlua/meta.lua)
+gl.meta = require 'gptlua.meta'
+
 -- the memory plan of a config (see lua/gptlua/plan.lua): gl.plan(cfg, opts)
 gl.plan = check.wrap('plan', 'recipe:any, opts:opts?', function(...) return require('gptlua.plan').plan(...) end)
 

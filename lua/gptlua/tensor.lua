@@ -165,6 +165,8 @@ function Tensor.wrap(p)
   local t = setmetatable({ c = p, shape = shape, dtype = DTYPE_NAME[p.dtype], device = device_name(p.device) }, Tensor)
   local s = scopes[#scopes]
   if s then s[#s + 1] = t end
+  local hook = Tensor.on_wrap  -- the planner's (gptlua.plan): it sees every tensor made
+  if hook then hook(t) end
   return t
 end
 
@@ -288,7 +290,12 @@ function Tensor:size(d)
 end
 -- is_floating(): a floating dtype?  data_ptr(): the first element's address
 function Tensor:is_floating() return FLOATING[self.dtype] == true end
-function Tensor:data_ptr() return lib.gl_data_ptr(self.c) end
+-- (an error for a tensor without data: freed, or a meta tensor)
+function Tensor:data_ptr()
+  local p = lib.gl_data_ptr(self.c)
+  if p == nil then error(ffi.string(lib.gl_last_error()), 2) end
+  return p
+end
 
 -- Contiguous strides of a shape.
 local function contiguous_strides(shape)

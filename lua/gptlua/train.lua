@@ -637,7 +637,7 @@ function Trainer:average_loss(loss)
     buf = gl.empty({ 5 }, { dtype = 'float64' }):keep()
     self.step_numbers = buf
   end
-  local d = ffi.cast('double *', gl.lib.gl_data_ptr(buf.c))
+  local d = ffi.cast('double *', buf:data_ptr())
   d[0], d[1], d[2] = loss, self.stop_signal and 1 or 0, self.control and self.control:pending() or 0
   local h = self.journal and self.journal:collective_digest() or 0   -- the last step's collectives (gptlua.journal)
   d[3], d[4] = h, h * h

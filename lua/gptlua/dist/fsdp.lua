@@ -266,8 +266,8 @@ function M.new(name, o)
   end
   -- shard group: consecutive ranks; replica group: the ranks holding the same shard
   local r = self.comm.rank
-  self.shard = self.comm:split(math.floor(r / S), r)
-  self.replica = self.comm:split(r % S, r)
+  self.shard = self.comm:split(math.floor(r / S), r, { size = S, rank = r % S })
+  self.replica = self.comm:split(r % S, r, { size = N / S, rank = math.floor(r / S) })
   self.S, self.s, self.replica_rank = S, self.shard.rank, self.replica.rank
 
   local name_of, trainable = {}, {}

@@ -202,6 +202,10 @@ end
 local done_buf = ffi.new('int[1]')
 function Work:test()
   if self.done then return true end
+  if self.w == nil then  -- a fake world's: of one rank at once (as the local world's), else at wait()
+    if self.eager then finish(self) end
+    return self.done == true
+  end
   G.check(mpi.gl_work_test(self.w, done_buf), 2)
   if done_buf[0] ~= 0 then finish(self) end
   return self.done == true
@@ -276,8 +280,20 @@ end
 
 -- Sub-communicator of the ranks that pass the same color, ordered by key
 -- (default: rank).  Collective over self.  color nil or < 0: this rank joins
--- none and gets nil.
-function Comm:split(color, key)
+-- none and gets nil.  group {size =, rank =}: what the caller knows the new
+-- group will be (this rank's place in it); checked here, and what a fake
+-- world (gptlua.dist.fake), which sees one rank only, needs to make it.
+function Comm:split(color, key, group)
+  if self.fake then return self.fake.split(self, color, key, group) end
+  local child = self:_split(color, key)
+  if group and child and (child.size ~= group.size or (group.rank and child.rank ~= group.rank)) then
+    error(('split: the new group is rank %d of %d, the caller expected rank %s of %d'):format(child.rank, child.size,
+      tostring(group.rank), group.size), 2)
+  end
+  return child
+end
+
+function Comm:_split(color, key)
   color = color or -1
   key = key or self.rank
   if type(color) ~= 'number' or color ~= math.floor(color) then
@@ -477,6 +493,7 @@ local function on_cuda(t) return t ~= nil and t.device ~= 'cpu' end
 -- one, 'nccl' when the group uses NCCL and every tensor is on a GPU, else
 -- 'mpi' (CPU tensors, mixed devices, barrier).
 function Comm:route(send, recv)
+  if self.fake then return 'fake' end
   if not self.c then return 'local' end
   if self.nccl and (on_cuda(send) or on_cuda(recv)) and (send == nil or on_cuda(send))
       and (recv == nil or on_cuda(recv)) then
@@ -511,6 +528,7 @@ local function run(self, name, s, async)
   local r = self:route(s.send, s.recv)
   local work
   if r == 'local' then work = run_local(self, name, s)
+  elseif r == 'fake' then work = self.fake.run(self, name, s)
   else
     self.sent_bytes = (self.sent_bytes or 0) + wire_bytes(self, name, s)
     work = run_remote(self, r == 'nccl' and self:_nccl_comm(3) or self.c, name, s)
@@ -651,9 +669,9 @@ function Comm:all_reduce_number(x, op)
     buf._keep = true
     self._number = buf
   end
-  ffi.cast('double *', lib.gl_data_ptr(buf.c))[0] = x
+  ffi.cast('double *', buf:data_ptr())[0] = x
   self:all_reduce(buf, op)
-  return ffi.cast('double *', lib.gl_data_ptr(buf.c))[0]
+  return ffi.cast('double *', buf:data_ptr())[0]
 end
 
 -- --------------------------------------------------------- process group --
@@ -792,6 +810,9 @@ function dist.device()
   return 'cpu'
 end
 function dist.get_world() return world end
+-- Makes w the world dist.init returns (a fake world: gptlua.dist.fake), or
+-- forgets it (nil); returns the previous one.
+function dist.set_world(w) local old = world; world = w; return old end
 function dist.rank() return world and world.rank or 0 end
 function dist.size() return world and world.size or 1 end
 -- the MPI library, nil for a world of one (specs check nothing was loaded)

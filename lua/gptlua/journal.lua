@@ -89,8 +89,10 @@ local Journal = {}
 Journal.__index = Journal
 
 -- ---------------------------------------------------------- collectives --
--- On several ranks every rank folds each collective it makes (name, op,
--- root, group size, element counts) into a hash of the step's sequence.
+-- On several ranks every rank folds each collective it makes on the world
+-- communicator (name, op, root, the element count all ranks pass alike;
+-- not sub-groups' collectives, nor point-to-point sends and receives) into
+-- a hash of the step's sequence.
 -- The next step's loss all-reduce (train.lua's average_loss) carries a
 -- 20-bit digest h of it and h^2 from every rank: the ranks made the same
 -- sequence exactly when world * sum(h^2) == sum(h)^2 (Cauchy-Schwarz; exact
@@ -114,6 +116,17 @@ local function fold_number(h, x)  -- x: an integer below 2^53, folded as two 32-
   return bit.tobit(bit.bxor(h, bit.tobit(hi)) * 403 + bit.lshift(bit.bxor(h, bit.tobit(hi)), 24))
 end
 
+-- the size every rank of a collective passes alike: the tensor of an
+-- all-reduce, broadcast or reduce, the whole of a reduce-scatter's input or
+-- an all-gather's output; 0 where ranks' sizes differ by role or by counts
+-- (gather, scatter, all-to-all)
+local function symmetric_numel(name, s)
+  if name == 'all_reduce' or name == 'broadcast' or name == 'reduce' then return numel_of(s.send or s.recv) end
+  if name == 'reduce_scatter' then return numel_of(s.send) end
+  if name == 'all_gather' then return numel_of(s.recv) end
+  return 0
+end
+
 local function observe_collectives(self)
   local dist = require 'gptlua.dist'
   local ids = setmetatable({}, { __index = function(t, k)  -- a name's hash, computed once
@@ -122,13 +135,17 @@ local function observe_collectives(self)
     return v
   end })
   self.coll, self.coll_done = bit.tobit(0x811c9dc5), 0
+  local world = self.t.comm
   dist.on_collective = function(name, comm, s)
+    -- every rank calls the world's collectives in one order; a sub-group's
+    -- (HSDP replicas, shard groups) legitimately differ between groups, and
+    -- a send/recv pair's two sides by design: those are left out
+    if comm ~= world or name == 'send' or name == 'recv' then return end
     local h = fold_number(self.coll, ids[name])
     h = fold_number(h, ids[s.op or ''])
-    h = fold_number(h, (s.root or s.peer or 0) + 1)
+    h = fold_number(h, (s.root or 0) + 1)
     h = fold_number(h, comm.size)
-    h = fold_number(h, numel_of(s.send))
-    self.coll = fold_number(h, numel_of(s.recv))
+    self.coll = fold_number(h, symmetric_numel(name, s))
   end
 end
 

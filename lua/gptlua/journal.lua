@@ -90,7 +90,9 @@ Journal.__index = Journal
 
 -- ---------------------------------------------------------- collectives --
 -- On several ranks every rank folds each collective it makes (name, op,
--- root, group size, element counts) into a hash of the step's sequence.
+-- root, group size, the element count all ranks pass alike; not
+-- point-to-point sends and receives) into a hash per communicator of the
+-- step's sequence, and sums those hashes.
 -- The next step's loss all-reduce (train.lua's average_loss) carries a
 -- 20-bit digest h of it and h^2 from every rank: the ranks made the same
 -- sequence exactly when world * sum(h^2) == sum(h)^2 (Cauchy-Schwarz; exact

@@ -152,6 +152,16 @@ void gl_dist_print_abort(int world_rank, const char *msg);
   ((dev) < 0 ? cpu_##name(__VA_ARGS__) : gl_error("%s: this engine was built without CUDA", #name))
 #endif
 
+/* Graph pools of the caching allocator (engine/alloc.c, used by
+   kernels/runtime.cu's CUDA graphs): while a device's pool is open every
+   allocation there comes from it and every block freed there joins it; its
+   blocks go back to the shared cache at release (live ones when freed). */
+typedef struct gl_alloc_pool gl_alloc_pool;
+gl_alloc_pool *gl_alloc_pool_open(int device);  /* NULL + error if one is open */
+void gl_alloc_pool_close(int device);           /* stops serving from the open pool */
+void gl_alloc_pool_release(gl_alloc_pool *pool);
+int64_t gl_alloc_pool_bytes(const gl_alloc_pool *pool);  /* its blocks, live or free (mutex not taken) */
+
 /* Device memory hooks used by the allocator and copies (kernels/runtime.cu). */
 #ifdef GL_WITH_CUDA
 int cuda_malloc(int device, int64_t nbytes, void **out);

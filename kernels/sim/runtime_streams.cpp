@@ -43,8 +43,20 @@ static const char *intern(const char *s) {
 }
 
 /* ---- running work ---------------------------------------------------------------- */
+/* wall time spent inside work items (all streams), in nanoseconds: what the
+   host spent outside them is its own (gl_sim_work_seconds, for benchmarks) */
+static std::atomic<uint64_t> work_ns{0};
+extern "C" __attribute__((visibility("default"))) double gl_sim_work_seconds(void) { return (double)work_ns.load() * 1e-9; }
+
 static void run_work(CUstream_st *s, QueueItem &it) {
   if (gl_sim_sticky() != cudaSuccess) return;  /* a failed context runs nothing more */
+  auto t0 = std::chrono::steady_clock::now();
+  struct AddTime {
+    std::chrono::steady_clock::time_point t0;
+    ~AddTime() {
+      work_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    }
+  } add_time{t0};
   gl_sim_device_scope scope;
   ItemCtx ctx;
   ctx.me.stream = s->id;

@@ -98,8 +98,8 @@ typedef struct gl_cuda_graph gl_cuda_graph;
 int gl_cuda_graph_begin(int device);
 gl_cuda_graph *gl_cuda_graph_end(int device);  /* NULL + error: nothing captured */
 int gl_cuda_graph_launch(gl_cuda_graph *g);    /* queued on the compute stream */
-int64_t gl_cuda_graph_nodes(const gl_cuda_graph *g);       /* kernels, copies, sets recorded */
-int64_t gl_cuda_graph_pool_bytes(const gl_cuda_graph *g);  /* device memory the graph holds */
+int64_t gl_cuda_graph_nodes(const gl_cuda_graph *g);       /* kernels, copies, sets recorded; -1 for NULL */
+int64_t gl_cuda_graph_pool_bytes(const gl_cuda_graph *g);  /* device memory the graph holds; -1 for NULL */
 void gl_cuda_graph_destroy(gl_cuda_graph *g);
 
 /* Page-locked host memory (for the data loader: fast, overlappable copies).

@@ -679,9 +679,13 @@ extern "C" int gl_cuda_graph_launch(gl_cuda_graph *g) {
   return GL_OK;
 }
 
-extern "C" int64_t gl_cuda_graph_nodes(const gl_cuda_graph *g) { return g ? (int64_t)g->nodes : 0; }
+extern "C" int64_t gl_cuda_graph_nodes(const gl_cuda_graph *g) {
+  if (!g) return gl_error("gl_cuda_graph_nodes: g is NULL, expected a graph of gl_cuda_graph_end");
+  return (int64_t)g->nodes;
+}
 extern "C" int64_t gl_cuda_graph_pool_bytes(const gl_cuda_graph *g) {
-  return g && g->pool ? gl_alloc_pool_bytes(g->pool) : 0;
+  if (!g) return gl_error("gl_cuda_graph_pool_bytes: g is NULL, expected a graph of gl_cuda_graph_end");
+  return g->pool ? gl_alloc_pool_bytes(g->pool) : 0;
 }
 
 extern "C" void gl_cuda_graph_destroy(gl_cuda_graph *g) {

@@ -7,11 +7,12 @@
 -- until the host is free again (the launch calls return before the GPU is
 -- done), with the device time from events beside it.
 --   build/sim/gptlua recipes/tools/graph_overhead.lua [--steps=10] [--model=nanochat|gpt2]
--- The loss here is the mean square of the logits, not the cross-entropy:
--- gl.cross_entropy reads its target count and upstream gradient on the host
--- (:item()), which a capture cannot contain (NOTES-cuda.md says what is
--- left to move onto the device).
+-- The step is the trainer's micro-step in its cuda_graph mode
+-- (gptlua.train_graph): the model's loss (cross-entropy in its host-free
+-- form) and the backward into the parameters' gradients; the optimizer is
+-- not part of it.
 local gl = require 'gptlua'
+local O = require 'gptlua.ops'
 local cuda = require 'gptlua.cuda'
 local ffi = require 'ffi'
 local now = require('gptlua.cli').now
@@ -39,14 +40,16 @@ r.build_data = function()
 end
 local t = train.new(r, {})
 local model = t.model
-local x = gl.uniform({ r.batch_size, r.block_size }, 0, 65, { seed = 5, dtype = 'float64' }):clamp_(0, 64)
-  :to('int64'):to('cuda:0'):keep()
+local xy = gl.uniform({ r.batch_size, r.block_size + 1 }, 0, 65, { seed = 5, dtype = 'float64' }):clamp_(0, 64)
+  :to('int64'):to('cuda:0')
+local x = xy:narrow(2, 1, r.block_size):contiguous():keep()
+local y = xy:narrow(2, 2, r.block_size):contiguous():keep()
+O.host_free_loss = true
 
 -- forward and backward into the parameters' (kept) gradients
 local function step()
   gl.scope(function()
-    local logits = model:forward(x)
-    local loss = (logits:float() * logits:float()):mean()
+    local _, loss = model:forward(x, y)
     loss:backward(nil, { free_activations = true })
   end)
 end
@@ -75,7 +78,6 @@ end
 local g = cuda.graph(step)
 local eager_host, eager_dev, eager_wall, eager_ev = measure(step, opts.steps)
 local graph_host, graph_dev, graph_wall, graph_ev = measure(function() g:replay() end, opts.steps)
--- the two give the same gradients (a check, not a timing)
 print(('graph_overhead: %s model of the default recipe (%d layers, width %d, B=%d T=%d, %s), %d steps each, %s')
   :format(opts.model, r.n_layer, r.n_embd, r.batch_size, r.block_size, tostring(t.cfg.dtype), opts.steps,
     sim and 'CUDA simulator (host time = wall time outside simulated device work)' or 'GPU'))

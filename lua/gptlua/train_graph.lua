@@ -20,7 +20,9 @@
 --     that a captured launch would freeze.
 -- cuda_graph = 'auto' uses a graph where one applies (a CUDA device, one
 -- process, no dropout, no profiler) and says once why a capture failed,
--- then runs op by op; true makes either an error; false never captures.
+-- then runs op by op; true makes either an error; false (the default until
+-- the cross-entropy's scale is read on the device: NOTES-cuda.md) never
+-- captures.
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
 local O = require 'gptlua.ops'

@@ -63,7 +63,8 @@ describe('trainer: cuda_graph #cuda', function()
     assert.is_nil(trainer({ cuda_graph = false }).graph)
     ok, err = pcall(trainer, { cuda_graph = 'sometimes' })
     assert.is_false(ok)
-    assert.matches("cuda_graph must be 'auto', true or false, got sometimes", err, 1, true)
+    assert.matches("cuda_graph must be 'off' (false), 'auto' or true, got sometimes", err, 1, true)
+    assert.is_nil(trainer({}).graph)  -- off by default
   end)
 end)
 
@@ -78,5 +79,11 @@ describe('trainer: cuda_graph on the CPU', function()
     local ok, err = pcall(train.new, r, {})
     assert.is_false(ok)
     assert.matches('cuda_graph = true: the device is cpu', err, 1, true)
+    -- from the command line: --cuda_graph is true, --cuda_graph=off / false / auto
+    r.cuda_graph = nil
+    ok, err = pcall(train.new, r, { '--cuda_graph' })
+    assert.is_false(ok)
+    assert.matches('cuda_graph = true: the device is cpu', err, 1, true)
+    for _, w in ipairs({ 'off', 'false', 'auto' }) do assert.is_nil(train.new(r, { '--cuda_graph=' .. w }).graph) end
   end)
 end)

@@ -20,9 +20,9 @@
 --     that a captured launch would freeze.
 -- cuda_graph = 'auto' uses a graph where one applies (a CUDA device, one
 -- process, no dropout, no profiler) and says once why a capture failed,
--- then runs op by op; true makes either an error; false (the default until
--- the cross-entropy's scale is read on the device: NOTES-cuda.md) never
--- captures.
+-- then runs op by op; true makes either an error; 'off' or false (the
+-- default until the cross-entropy's scale is read on the device:
+-- NOTES-cuda.md) never captures.
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
 local O = require 'gptlua.ops'
@@ -31,12 +31,12 @@ local M = {}
 
 local WORDS = { auto = 'auto', ['true'] = true, on = true, ['false'] = false, off = false }
 
--- cfg.cuda_graph as 'auto', true or false; an error for anything else
+-- cfg.cuda_graph as 'auto', true or false ('off'); an error for anything else
 function M.mode(cfg)
   local v = cfg.cuda_graph
   if type(v) == 'string' then v = WORDS[v:lower()] == nil and v or WORDS[v:lower()] end
   if v ~= 'auto' and v ~= true and v ~= false then
-    error(("config: cuda_graph must be 'auto', true or false, got %s"):format(tostring(cfg.cuda_graph)), 0)
+    error(("config: cuda_graph must be 'off' (false), 'auto' or true, got %s"):format(tostring(cfg.cuda_graph)), 0)
   end
   return v
 end

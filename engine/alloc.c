@@ -14,7 +14,16 @@
  * reads the peak the device's allocator would reach.  Storages a plan
  * makes for real (host values it needs: the dataset, the loader's
  * batches; gl_meta_pause) are charged to the twin as well (storage->meta
- * 2), so the plan's totals are the real run's, data included. */
+ * 2), so the plan's totals are the real run's, data included.
+ *
+ * Graph pools (CUDA graphs, kernels/runtime.cu): a graph replays its work on
+ * the addresses it was captured with, so while a capture runs the device's
+ * open pool serves every allocation, from its own blocks or fresh ones,
+ * never from the shared free lists, and takes every block freed meanwhile
+ * (the graph still uses it at each launch).  A pool's blocks, once free, are
+ * reused only inside a capture into that pool; they return to the shared
+ * cache when the graph is destroyed (gl_alloc_pool_release).  Meta twins
+ * have no pools. */
 #include "internal.h"
 #include <pthread.h>
 #include <stdio.h>
@@ -24,12 +33,24 @@ enum { N_SMALL = 2048, N_CLASSES = 2048 + 8 * 44, MAX_DEVICES = 17 /* cpu + 16 G
 #define SMALL_LIMIT ((int64_t)1 << 20)
 
 typedef struct block { struct block *next; void *ptr; int64_t size; } block;
+/* a graph pool's blocks: handed out (live) or free for its next capture */
+typedef struct pool_block { void *ptr; int64_t size; int live; } pool_block;
+struct gl_alloc_pool {
+  int device;
+  int released;                  /* the graph is gone: blocks go to the cache when freed */
+  pool_block *b;
+  int64_t n, cap, live;
+  struct gl_alloc_pool *next;    /* the device's pools */
+};
+
 
 typedef struct dev_cache {
   pthread_mutex_t mu;
   block *free_lists[N_CLASSES];  /* cached blocks per class */
   block *spare;                  /* recycled block records */
   gl_mem_stats st;
+  gl_alloc_pool *open_pool;      /* serving allocations (a capture runs) */
+  gl_alloc_pool *pools;          /* every pool with blocks */
 } dev_cache;
 
 static dev_cache caches[MAX_DEVICES], meta_caches[MAX_DEVICES];
@@ -168,7 +189,113 @@ static void *sim_block_of(void *user) {
 }
 #endif
 
-/* A block of class size *size from c: cached, or fresh from the system. */
+/* ---- graph pools ----------------------------------------------------------- */
+static void cache_block_locked(dev_cache *c, int device, void *p, int64_t size, int k);
+
+static int pool_add_locked(gl_alloc_pool *pool, void *p, int64_t size, int live) {
+  if (pool->n == pool->cap) {
+    int64_t cap = pool->cap ? 2 * pool->cap : 256;
+    pool_block *nb = realloc(pool->b, (size_t)cap * sizeof *nb);
+    if (!nb) return GL_ERR;
+    pool->b = nb;
+    pool->cap = cap;
+  }
+  pool->b[pool->n++] = (pool_block){p, size, live};
+  pool->live += live;
+  return GL_OK;
+}
+
+/* a free block of exactly `size` (a class size) from the pool */
+static int pool_take_locked(gl_alloc_pool *pool, int64_t size, void **out) {
+  for (int64_t i = 0; i < pool->n; i++)
+    if (!pool->b[i].live && pool->b[i].size == size) {
+      pool->b[i].live = 1;
+      pool->live++;
+      *out = pool->b[i].ptr;
+      return 1;
+    }
+  return 0;
+}
+
+static void pool_unlink_free_locked(dev_cache *c, gl_alloc_pool *pool) {
+  for (gl_alloc_pool **pp = &c->pools; *pp; pp = &(*pp)->next)
+    if (*pp == pool) { *pp = pool->next; break; }
+  free(pool->b);
+  free(pool);
+}
+
+/* p is a block of one of c's pools: marked free there, or, the pool
+   released, handed to the shared cache.  0 when no pool has p. */
+static int pool_give_back_locked(dev_cache *c, void *p) {
+  for (gl_alloc_pool *pool = c->pools; pool; pool = pool->next)
+    for (int64_t i = 0; i < pool->n; i++) {
+      if (pool->b[i].ptr != p || !pool->b[i].live) continue;
+      pool->b[i].live = 0;
+      pool->live--;
+      if (pool->released) {
+        int64_t size = pool->b[i].size;
+        pool->b[i] = pool->b[--pool->n];
+        cache_block_locked(c, pool->device, p, size, size_class(&size));
+        if (pool->n == 0) pool_unlink_free_locked(c, pool);
+      }
+      return 1;
+    }
+  return 0;
+}
+
+gl_alloc_pool *gl_alloc_pool_open(int device) {
+  dev_cache *c = cache_for(device);
+  if (!c || device < 0) { gl_error("gl_alloc_pool_open: device %d is not a CUDA device", device); return NULL; }
+  gl_alloc_pool *pool = calloc(1, sizeof *pool);
+  if (!pool) { gl_error("gl_alloc_pool_open: out of host memory"); return NULL; }
+  pool->device = device;
+  pthread_mutex_lock(&c->mu);
+  if (c->open_pool) {
+    pthread_mutex_unlock(&c->mu);
+    free(pool);
+    gl_error("gl_alloc_pool_open: cuda:%d already has a capture running", device);
+    return NULL;
+  }
+  pool->next = c->pools;
+  c->pools = pool;
+  c->open_pool = pool;
+  pthread_mutex_unlock(&c->mu);
+  return pool;
+}
+
+void gl_alloc_pool_close(int device) {
+  dev_cache *c = cache_for(device);
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  c->open_pool = NULL;
+  pthread_mutex_unlock(&c->mu);
+}
+
+void gl_alloc_pool_release(gl_alloc_pool *pool) {
+  if (!pool) return;
+  dev_cache *c = cache_for(pool->device);
+  pthread_mutex_lock(&c->mu);
+  if (c->open_pool == pool) c->open_pool = NULL;
+  pool->released = 1;
+  for (int64_t i = 0; i < pool->n;) {
+    if (pool->b[i].live) { i++; continue; }
+    int64_t size = pool->b[i].size;
+    void *p = pool->b[i].ptr;
+    pool->b[i] = pool->b[--pool->n];
+    cache_block_locked(c, pool->device, p, size, size_class(&size));
+  }
+  if (pool->n == 0) pool_unlink_free_locked(c, pool);
+  pthread_mutex_unlock(&c->mu);
+}
+
+int64_t gl_alloc_pool_bytes(const gl_alloc_pool *pool) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < pool->n; i++) n += pool->b[i].size;
+  return n;
+}
+
+/* A block of class size *size from c: from the open graph pool, cached, or
+   fresh from the system. */
 static int take_block(dev_cache *c, int device, int64_t nbytes, void **out, int64_t *capacity) {
   int meta = is_meta(c);
   int64_t size = nbytes;
@@ -176,7 +303,21 @@ static int take_block(dev_cache *c, int device, int64_t nbytes, void **out, int6
   pthread_mutex_lock(&c->mu);
   block **pp = &c->free_lists[k];
   void *p = NULL;
-  if (*pp) {
+  gl_alloc_pool *pool = c->open_pool;
+  if (pool && pool_take_locked(pool, size, &p)) {
+    c->st.cache_hits++;
+  } else if (pool) {  /* a fresh block for the pool, never one of the shared cache */
+    pthread_mutex_unlock(&c->mu);
+    int rc = raw_alloc(device, meta, size, &p);
+    if (rc != GL_OK) return rc;
+    pthread_mutex_lock(&c->mu);
+    if (pool_add_locked(pool, p, size, 1) != GL_OK) {
+      pthread_mutex_unlock(&c->mu);
+      raw_free(device, meta, p);
+      return gl_error("gl_empty: out of host memory for the graph pool's block table");
+    }
+    c->st.reserved += size;
+  } else if (*pp) {
     block *b = *pp; *pp = b->next;
     p = b->ptr;
     b->next = c->spare; c->spare = b;
@@ -214,6 +355,19 @@ static void give_block(dev_cache *c, int device, void *p, int64_t capacity) {
   int k = size_class(&size);
   if (size != capacity) gl_panic("gl_dealloc: capacity %lld is not a class size", (long long)capacity);
   pthread_mutex_lock(&c->mu);
+  if ((c->pools && pool_give_back_locked(c, p))   /* a pool's block: back to its pool (or the cache) */
+      || (c->open_pool && pool_add_locked(c->open_pool, p, size, 0) == GL_OK)) {  /* the graph still uses it */
+    ;
+  } else {
+    cache_block_locked(c, device, p, size, k);
+  }
+  c->st.allocated -= size;
+  c->st.n_frees++;
+  c->st.n_live--;
+  pthread_mutex_unlock(&c->mu);
+}
+
+static void cache_block_locked(dev_cache *c, int device, void *p, int64_t size, int k) {
   block *b = c->spare;
   if (b) c->spare = b->next;
   else b = malloc(sizeof *b);
@@ -223,10 +377,6 @@ static void give_block(dev_cache *c, int device, void *p, int64_t capacity) {
   } else {
     b->ptr = p; b->size = size; b->next = c->free_lists[k]; c->free_lists[k] = b;
   }
-  c->st.allocated -= size;
-  c->st.n_frees++;
-  c->st.n_live--;
-  pthread_mutex_unlock(&c->mu);
 }
 
 /* Allocate nbytes on device; *capacity receives the block size.  kind

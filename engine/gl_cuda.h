@@ -84,6 +84,24 @@ int gl_copy_async(gl_tensor *dst, const gl_tensor *src, gl_cuda_event *done);
 /* copies started by gl_copy_async whose tensors are still held */
 int gl_copy_async_pending(void);
 
+/* CUDA graphs: the work queued on cuda:N's compute stream between begin and
+   end is captured, not run; each launch replays it with the same arguments
+   on the same addresses.  Allocations made meanwhile come from a pool the
+   graph keeps until it is destroyed (memory freed during the capture too),
+   so what the graph reads and writes stays its own; tensors allocated
+   before and used by the capture must be kept alive by the caller (they are
+   the graph's inputs and outputs: write inputs in place before a launch).
+   A call the capture cannot contain (a host wait, a copy to pageable host
+   memory) fails in the op that made it; end then fails too and says why.
+   Without a GPU build these return GL_ERR. */
+typedef struct gl_cuda_graph gl_cuda_graph;
+int gl_cuda_graph_begin(int device);
+gl_cuda_graph *gl_cuda_graph_end(int device);  /* NULL + error: nothing captured */
+int gl_cuda_graph_launch(gl_cuda_graph *g);    /* queued on the compute stream */
+int64_t gl_cuda_graph_nodes(const gl_cuda_graph *g);       /* kernels, copies, sets recorded; -1 for NULL */
+int64_t gl_cuda_graph_pool_bytes(const gl_cuda_graph *g);  /* device memory the graph holds; -1 for NULL */
+void gl_cuda_graph_destroy(gl_cuda_graph *g);
+
 /* Page-locked host memory (for the data loader: fast, overlappable copies).
    Pinned blocks are counted in gl_cuda_pinned_bytes(). */
 void *gl_cuda_host_alloc(int64_t nbytes);

@@ -165,6 +165,15 @@ int gl_meta_read(const gl_tensor *t, const char *fn, const char *arg);
    writes itself (tokenizer output, loader batches, shard reads) */
 gl_tensor *gl_empty_host(int dtype, int ndim, const int64_t *shape);
 static inline int gl_is_meta(const gl_tensor *t) { return t && t->storage && t->storage->meta == 1; }
+/* Graph pools of the caching allocator (engine/alloc.c, used by
+   kernels/runtime.cu's CUDA graphs): while a device's pool is open every
+   allocation there comes from it and every block freed there joins it; its
+   blocks go back to the shared cache at release (live ones when freed). */
+typedef struct gl_alloc_pool gl_alloc_pool;
+gl_alloc_pool *gl_alloc_pool_open(int device);  /* NULL + error if one is open */
+void gl_alloc_pool_close(int device);           /* stops serving from the open pool */
+void gl_alloc_pool_release(gl_alloc_pool *pool);
+int64_t gl_alloc_pool_bytes(const gl_alloc_pool *pool);  /* its blocks, live or free (mutex not taken) */
 
 /* Device memory hooks used by the allocator and copies (kernels/runtime.cu). */
 #ifdef GL_WITH_CUDA

@@ -24,6 +24,12 @@ struct CuDevice {
   CuIdCheck check_meta[CU_CHECK_SLOTS];
   int checks_used = 0;
   std::mutex checks_mu;
+  /* a CUDA graph capture of the compute stream runs (gl_cuda_graph_begin):
+     its allocation pool and the tables it uses (kept resident until the
+     graph is destroyed) */
+  bool capturing = false;
+  gl_alloc_pool *capture_pool = nullptr;
+  std::vector<void *> capture_tables;
 };
 static CuDevice devices[CU_MAX_DEVICES];
 
@@ -158,6 +164,7 @@ struct CuTable {
   void *dptr = nullptr;
   size_t cap = 0;
   uint64_t used = 0;
+  int graphs = 0;           /* CUDA graphs that read it: never replaced meanwhile */
 };
 struct CuTables {
   std::mutex mu;
@@ -170,15 +177,22 @@ int cu_table(int dev, cudaStream_t st, const void *host, size_t nbytes, const vo
   if (dev < 0 || dev >= CU_MAX_DEVICES) return gl_error("cuda: device %d out of range", dev);
   CuTables *ts = &tables[dev];
   std::lock_guard<std::mutex> g(ts->mu);
-  CuTable *victim = &ts->t[0];
+  CuDevice *d = &devices[dev];
+  CuTable *victim = nullptr;
   for (CuTable &t : ts->t) {
     if (t.bytes.size() == nbytes && t.dptr && memcmp(t.bytes.data(), host, nbytes) == 0) {
       t.used = ++ts->clock;
       *out = t.dptr;
+      if (d->capturing) {
+        t.graphs++;
+        d->capture_tables.push_back(t.dptr);
+      }
       return GL_OK;
     }
-    if (t.used < victim->used) victim = &t;
+    if (t.graphs == 0 && (!victim || t.used < victim->used)) victim = &t;
   }
+  if (!victim)
+    return gl_error("cuda: cuda:%d has all %d multi-tensor tables held by CUDA graphs; destroy one first", dev, CU_TABLES);
   if (victim->cap < nbytes) {  /* grows rarely: cudaFree waits for the device */
     if (victim->dptr) GL_CU_CHECK(cudaFree(victim->dptr));
     victim->dptr = nullptr;
@@ -192,7 +206,20 @@ int cu_table(int dev, cudaStream_t st, const void *host, size_t nbytes, const vo
   GL_CU_CHECK(cudaMemcpyAsync(victim->dptr, victim->bytes.data(), nbytes, cudaMemcpyHostToDevice, st));
   victim->used = ++ts->clock;
   *out = victim->dptr;
+  if (d->capturing) {
+    victim->graphs++;
+    d->capture_tables.push_back(victim->dptr);
+  }
   return GL_OK;
+}
+
+/* a graph destroyed: the tables it held may be replaced again */
+static void release_tables(int dev, const std::vector<void *> &held) {
+  CuTables *ts = &tables[dev];
+  std::lock_guard<std::mutex> g(ts->mu);
+  for (void *p : held)
+    for (CuTable &t : ts->t)
+      if (t.dptr == p && t.graphs > 0) { t.graphs--; break; }
 }
 
 /* ---- raw device memory (behind engine/alloc.c's caching allocator) ------ */
@@ -200,7 +227,13 @@ extern "C" int cuda_malloc(int device, int64_t nbytes, void **out) {
   cudaStream_t st = nullptr;
   GL_TRY(begin_named(device, "cuda_malloc", &st));
   void *p = nullptr;
+  /* cudaMalloc is not stream-ordered, so a capture may allocate: a graph
+     pool (engine/alloc.c) grows while the step is captured, as PyTorch's
+     caching allocator does, in the relaxed capture mode */
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  GL_CU_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   cudaError_t e = cudaMalloc(&p, (size_t)(nbytes > 0 ? nbytes : 1));
+  GL_CU_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     size_t fr = 0, tot = 0;
@@ -546,3 +579,120 @@ extern "C" int gl_cuda_host_free(void *ptr) {
   return GL_OK;
 }
 extern "C" int64_t gl_cuda_pinned_bytes(void) { return pinned_bytes.load(); }
+
+/* ---- CUDA graphs (gl_cuda.h) ------------------------------------------------
+   The compute stream is captured in the global mode: a call that would make
+   the host wait for it (a synchronize, a copy to pageable memory) or
+   allocate outside the graph pool fails, and the failing op's error names
+   the call.  Allocations during the capture come from a graph pool
+   (engine/alloc.c) that outlives the capture, so every address the graph
+   recorded stays the graph's until gl_cuda_graph_destroy.  The id checks
+   queued in the capture are re-armed at each launch (their slots are
+   rewritten by the replayed check kernels and read at the next host wait);
+   the multi-tensor tables it read stay resident. */
+struct gl_cuda_graph {
+  int device = 0;
+  cudaGraphExec_t exec = nullptr;
+  gl_alloc_pool *pool = nullptr;
+  size_t nodes = 0;
+  int nchecks = 0;
+  CuIdCheck check_meta[CU_CHECK_SLOTS];
+  std::vector<void *> tables;
+};
+
+extern "C" int gl_cuda_graph_begin(int device) {
+  CuDevice *d = nullptr;
+  GL_TRY(device_state(device, "gl_cuda_graph_begin", &d));
+  if (d->capturing) return gl_error("gl_cuda_graph_begin: cuda:%d is already capturing a graph", device);
+  GL_CU_CHECK(cudaSetDevice(device));
+  GL_TRY(cu_report_checks(device));  /* the graph's checks start from an empty table */
+  gl_alloc_pool *pool = gl_alloc_pool_open(device);
+  if (!pool) return GL_ERR;
+  cudaError_t e = cudaStreamBeginCapture(d->stream[GL_STREAM_COMPUTE], cudaStreamCaptureModeGlobal);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    gl_alloc_pool_release(pool);
+    return gl_error("gl_cuda_graph_begin: cudaStreamBeginCapture on cuda:%d: %s", device, cudaGetErrorString(e));
+  }
+  d->capture_pool = pool;
+  d->capture_tables.clear();
+  d->capturing = true;
+  return GL_OK;
+}
+
+extern "C" gl_cuda_graph *gl_cuda_graph_end(int device) {
+  CuDevice *d = nullptr;
+  if (device_state(device, "gl_cuda_graph_end", &d) != GL_OK) return nullptr;
+  if (!d->capturing) {
+    gl_error("gl_cuda_graph_end: cuda:%d is not capturing (gl_cuda_graph_begin first)", device);
+    return nullptr;
+  }
+  gl_alloc_pool_close(device);
+  d->capturing = false;
+  gl_alloc_pool *pool = d->capture_pool;
+  d->capture_pool = nullptr;
+  std::vector<void *> held;
+  held.swap(d->capture_tables);
+  cudaGraph_t graph = nullptr;
+  cudaError_t e = cudaStreamEndCapture(d->stream[GL_STREAM_COMPUTE], &graph);
+  gl_cuda_graph *g = nullptr;
+  if (e == cudaSuccess) {
+    g = new gl_cuda_graph();
+    g->device = device;
+    e = cudaGraphGetNodes(graph, nullptr, &g->nodes);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);  /* the executable graph is independent of it */
+  }
+  {
+    std::lock_guard<std::mutex> lk(d->checks_mu);
+    if (g && e == cudaSuccess) {
+      g->nchecks = d->checks_used;
+      memcpy(g->check_meta, d->check_meta, sizeof g->check_meta);
+    }
+    d->checks_used = 0;  /* the captured check kernels have not run */
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (g && g->exec) cudaGraphExecDestroy(g->exec);
+    delete g;
+    gl_alloc_pool_release(pool);
+    release_tables(device, held);
+    gl_error("gl_cuda_graph_end: the work queued on cuda:%d could not be captured: %s", device, cudaGetErrorString(e));
+    return nullptr;
+  }
+  g->pool = pool;
+  g->tables = std::move(held);
+  return g;
+}
+
+extern "C" int gl_cuda_graph_launch(gl_cuda_graph *g) {
+  if (!g) return gl_error("gl_cuda_graph_launch: g is NULL, expected a graph of gl_cuda_graph_end");
+  CuDevice *d = nullptr;
+  GL_TRY(device_state(g->device, "gl_cuda_graph_launch", &d));
+  if (d->capturing) return gl_error("gl_cuda_graph_launch: cuda:%d is capturing a graph", g->device);
+  GL_CU_CHECK(cudaSetDevice(g->device));
+  std::lock_guard<std::mutex> lk(d->checks_mu);
+  if (d->checks_used > 0) GL_TRY(report_checks_locked(g->device, d));  /* checks queued before: read them now */
+  GL_CU_CHECK(cudaGraphLaunch(g->exec, d->stream[GL_STREAM_COMPUTE]));
+  memcpy(d->check_meta, g->check_meta, sizeof d->check_meta);
+  d->checks_used = g->nchecks;
+  return GL_OK;
+}
+
+extern "C" int64_t gl_cuda_graph_nodes(const gl_cuda_graph *g) {
+  if (!g) return gl_error("gl_cuda_graph_nodes: g is NULL, expected a graph of gl_cuda_graph_end");
+  return (int64_t)g->nodes;
+}
+extern "C" int64_t gl_cuda_graph_pool_bytes(const gl_cuda_graph *g) {
+  if (!g) return gl_error("gl_cuda_graph_pool_bytes: g is NULL, expected a graph of gl_cuda_graph_end");
+  return g->pool ? gl_alloc_pool_bytes(g->pool) : 0;
+}
+
+extern "C" void gl_cuda_graph_destroy(gl_cuda_graph *g) {
+  if (!g) return;
+  if (g->exec) (void)cudaGraphExecDestroy(g->exec);
+  (void)cudaGetLastError();
+  gl_alloc_pool_release(g->pool);  /* later work on the stream is ordered after the graph's */
+  release_tables(g->device, g->tables);
+  delete g;
+}

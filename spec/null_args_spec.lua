@@ -28,6 +28,7 @@ local NULL_OK = {
   gl_comm_free_world = { c = 'a destructor: free(NULL) is a no-op' },
   gl_work_free = { w = 'a destructor: free(NULL) is a no-op' },
   gl_cuda_event_destroy = { e = 'a destructor: free(NULL) is a no-op' },
+  gl_cuda_graph_destroy = { g = 'a destructor: free(NULL) is a no-op' },
   gl_cuda_host_free = { ptr = 'a destructor: free(NULL) is a no-op' },
   gl_safetensors_save = { metadata_json = 'optional: NULL writes no __metadata__' },
   gl_bpe_trainer_new = { pattern = 'optional: NULL selects the GPT-4 pattern' },

@@ -85,6 +85,20 @@ static const ErrorText error_texts[] = {
   {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
   {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
   {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+  {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+   "operation not permitted when stream is capturing"},
+  {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+   "operation failed due to a previous error during capture"},
+  {cudaErrorStreamCaptureMerge, "cudaErrorStreamCaptureMerge", "operation would result in a merge of separate capture sequences"},
+  {cudaErrorStreamCaptureUnmatched, "cudaErrorStreamCaptureUnmatched", "capture was not ended in the same stream as it began"},
+  {cudaErrorStreamCaptureUnjoined, "cudaErrorStreamCaptureUnjoined", "capturing stream has unjoined work"},
+  {cudaErrorStreamCaptureIsolation, "cudaErrorStreamCaptureIsolation",
+   "dependency created on uncaptured work in another stream"},
+  {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+   "operation would make the legacy stream depend on a capturing blocking stream"},
+  {cudaErrorCapturedEvent, "cudaErrorCapturedEvent", "operation not permitted on an event last recorded in a capturing stream"},
+  {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+   "attempt to terminate a thread-local capture sequence from another thread"},
   {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 static const ErrorText *error_text(cudaError_t code) {
@@ -331,6 +345,8 @@ extern "C" cudaError_t cudaDeviceSynchronize(void) {
   rt();
   RETURN_IF_STICKY();
   if (config.devices == 0) return api_error(cudaErrorNoDevice, "cudaDeviceSynchronize: no simulated device");
+  cudaError_t e = capture_unsafe_call("cudaDeviceSynchronize", true);
+  if (e != cudaSuccess) return e;
   host_wait_device("cudaDeviceSynchronize", tls_device);
   RETURN_IF_STICKY();
   return cudaSuccess;

@@ -10,6 +10,9 @@
  *                        pinned host memory, what a pointer is
  *   runtime_streams.cpp  streams and events: queueing and running work,
  *                        host synchronisation, copies and sets
+ *   runtime_graphs.cpp   stream capture and graphs: what a capturing stream
+ *                        records instead of running, the calls a capture
+ *                        forbids, instantiation and launch
  *
  * The runtime's state (Runtime, one instance, made at first use) and the
  * stream and event records are defined here because all three files touch
@@ -27,6 +30,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <functional>
+#include <thread>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -87,6 +92,26 @@ struct QueueItem {
   uint64_t count = 0;
 };
 
+/* A capture sequence (runtime_graphs.cpp): begun on `origin`, joined by the
+   streams that waited for an event recorded in it; its nodes are the work
+   those streams queued while capturing, in the order queued (a topological
+   order: a node is recorded after everything it depends on). */
+struct CUgraphNode_st {
+  const char *what = nullptr;     /* interned work name */
+  std::function<void()> work;     /* re-run at every launch */
+  std::vector<size_t> deps;       /* indices of the nodes it follows */
+};
+struct CaptureSeq {
+  struct CUstream_st *origin = nullptr;
+  int mode = 0;                   /* cudaStreamCaptureMode */
+  std::thread::id thread;         /* that began it */
+  bool ended = false;
+  bool invalidated = false;
+  std::string why;                /* the call that invalidated it */
+  std::vector<CUgraphNode_st> nodes;
+  std::vector<struct CUstream_st *> streams;  /* origin first, then joined ones */
+};
+
 struct CUstream_st {
   uint32_t id = 0;          /* index in Runtime::streams; 0 is never used (means "none" in page records) */
   int device = 0;
@@ -97,6 +122,8 @@ struct CUstream_st {
   gl_sim_rt::Clock clock;   /* what the next item will be ordered after */
   uint64_t submitted = 0, completed = 0;  /* queue positions (work, markers, waits) */
   std::deque<QueueItem> queue;            /* threads mode */
+  std::shared_ptr<CaptureSeq> capture;    /* the capture it belongs to, if any */
+  std::vector<size_t> tail;               /* capturing: the nodes its next node follows */
 };
 
 struct CUevent_st {
@@ -108,6 +135,8 @@ struct CUevent_st {
   uint64_t gen = 0;               /* records so far */
   gl_sim_rt::Clock clock;         /* the recording stream's clock at the record */
   double time_ms = 0;             /* host wall time when the marker ran */
+  std::shared_ptr<CaptureSeq> capture;  /* last recorded in a capturing stream: that capture */
+  std::vector<size_t> tail;             /* the nodes it was recorded after */
 };
 
 namespace gl_sim_rt __attribute__((visibility("hidden"))) {
@@ -130,6 +159,8 @@ struct Runtime {
   std::map<uintptr_t, PinnedBlock> pinned;  /* cudaHostAlloc blocks by start */
   std::atomic<size_t> in_use[MAX_DEVICES];
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<CaptureSeq>> captures;  /* active capture sequences */
+  std::unordered_set<void *> graphs, execs;           /* live cudaGraph_t, cudaGraphExec_t */
 };
 extern Runtime *rt_state;
 /* the runtime, initialised at the first call */
@@ -146,6 +177,36 @@ CUstream_st *new_stream_locked(Runtime &R, int device, unsigned flags, bool lega
 /* The host waits for every stream of device d (all devices when d < 0);
    fn names the API call for the account's count of host syncs. */
 void host_wait_device(const char *fn, int d);
+
+/* (runtime_streams.cpp) a stream handle of the API: NULL is the calling
+   thread's device's legacy stream; an error for one that is not live */
+cudaError_t resolve_stream(const char *fn, cudaStream_t h, CUstream_st **out);
+/* queues (or, capturing, records) work on s, as gl_sim_submit; R.mu not held */
+void submit_work(CUstream_st *s, const char *what, std::function<void()> work);
+/* the live event behind a handle, or NULL (R.mu held) */
+std::shared_ptr<CUevent_st> find_event(cudaEvent_t e);
+
+/* ---- stream capture (runtime_graphs.cpp) --------------------------------------- */
+/* Every stream operation asks first (R.mu held): cudaSuccess, or the error
+   the real runtime gives for it now — the stream's capture was invalidated;
+   the operation would make the host wait for a capturing stream
+   (host_waits) or capture pageable host memory (pageable): the capture is
+   invalidated; the legacy stream is used while a blocking stream of its
+   device captures (cudaErrorStreamCaptureImplicit).  fn names the call. */
+cudaError_t capture_guard_locked(Runtime &R, const char *fn, CUstream_st *s, bool host_waits, bool pageable);
+/* A capturing stream's work becomes a node of its capture (R.mu held). */
+void capture_record_locked(CUstream_st *s, const char *what, std::function<void()> work);
+/* cudaStreamWaitEvent when the event or the stream is in a capture: joins
+   s to the event's capture, adds a dependency inside one, or the error
+   (R.mu held). */
+cudaError_t capture_wait_event_locked(Runtime &R, CUstream_st *s, CUevent_st *ev);
+/* Calls the runtime calls potentially unsafe during a capture (cudaMalloc,
+   cudaFree, pinned allocations, cudaDeviceSynchronize, cudaMemcpyPeer):
+   prohibited, and the capture invalidated, unless the thread's capture mode
+   is relaxed, when a global-mode capture runs anywhere or a thread-local
+   one on this thread.  device_sync: the call also waits for every stream
+   (cudaDeviceSynchronize), which no capture survives. */
+cudaError_t capture_unsafe_call(const char *fn, bool device_sync);
 
 /* ---- the work item a thread runs, and the checks (runtime_memory.cpp) -------- */
 /* One access record of a page: which work item, for the stream check. */

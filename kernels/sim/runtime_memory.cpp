@@ -430,6 +430,8 @@ extern "C" cudaError_t cudaMalloc(void **dev_ptr, size_t size) {
   RETURN_IF_STICKY();
   if (!dev_ptr) return api_error(cudaErrorInvalidValue, "cudaMalloc: devPtr is NULL");
   if (config.devices == 0) return api_error(cudaErrorNoDevice, "cudaMalloc: no simulated device");
+  cudaError_t ce = capture_unsafe_call("cudaMalloc", false);
+  if (ce != cudaSuccess) return ce;
   *dev_ptr = nullptr;
   if (size == 0) return cudaSuccess;  /* as the real runtime: success and a NULL pointer */
   int dev = tls_device;
@@ -493,6 +495,8 @@ extern "C" cudaError_t cudaMalloc(void **dev_ptr, size_t size) {
 extern "C" cudaError_t cudaFree(void *dev_ptr) {
   Runtime &R = rt();
   if (!dev_ptr) return gl_sim_sticky();
+  cudaError_t ce = capture_unsafe_call("cudaFree", false);
+  if (ce != cudaSuccess) return ce;
   uintptr_t a = (uintptr_t)dev_ptr;
   int dev = -1;
   {
@@ -570,6 +574,8 @@ extern "C" cudaError_t cudaHostAlloc(void **host_ptr, size_t size, unsigned int 
   if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined))
     return api_error(cudaErrorInvalidValue, "cudaHostAlloc: flags 0x%x, expected a combination of 0x1, 0x2, 0x4", flags);
   if (config.devices == 0) return api_error(cudaErrorNoDevice, "cudaHostAlloc: no simulated device");
+  cudaError_t ce = capture_unsafe_call("cudaHostAlloc", false);
+  if (ce != cudaSuccess) return ce;
   size_t len = ((size ? size : 1) + PAGE - 1) & ~(PAGE - 1);
   void *p = nullptr;
   if (posix_memalign(&p, PAGE, len) != 0 || !p)
@@ -586,6 +592,8 @@ extern "C" cudaError_t cudaMallocHost(void **host_ptr, size_t size) { return cud
 extern "C" cudaError_t cudaFreeHost(void *host_ptr) {
   Runtime &R = rt();
   if (!host_ptr) return cudaSuccess;
+  cudaError_t ce = capture_unsafe_call("cudaFreeHost", false);
+  if (ce != cudaSuccess) return ce;
   {
     std::lock_guard<std::mutex> g(R.pinned_mu);
     if (!R.pinned.count((uintptr_t)host_ptr))

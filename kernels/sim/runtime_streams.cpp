@@ -43,8 +43,20 @@ static const char *intern(const char *s) {
 }
 
 /* ---- running work ---------------------------------------------------------------- */
+/* wall time spent inside work items (all streams), in nanoseconds: what the
+   host spent outside them is its own (gl_sim_work_seconds, for benchmarks) */
+static std::atomic<uint64_t> work_ns{0};
+extern "C" __attribute__((visibility("default"))) double gl_sim_work_seconds(void) { return (double)work_ns.load() * 1e-9; }
+
 static void run_work(CUstream_st *s, QueueItem &it) {
   if (gl_sim_sticky() != cudaSuccess) return;  /* a failed context runs nothing more */
+  auto t0 = std::chrono::steady_clock::now();
+  struct AddTime {
+    std::chrono::steady_clock::time_point t0;
+    ~AddTime() {
+      work_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    }
+  } add_time{t0};
   gl_sim_device_scope scope;
   ItemCtx ctx;
   ctx.me.stream = s->id;
@@ -143,6 +155,10 @@ static void order_submission_locked(Runtime &R, CUstream_st *s) {
 static uint64_t submit_on(CUstream_st *s, const char *what, std::function<void()> work, Clock *clock_out) {
   Runtime &R = *rt_state;
   std::unique_lock<std::mutex> lk(R.mu);
+  if (s->capture) {  /* recorded, not run: a graph launch runs it */
+    capture_record_locked(s, what, std::move(work));
+    return 0;
+  }
   order_submission_locked(R, s);
   s->work_seq++;
   if (s->clock.size() <= s->id) s->clock.resize(s->id + 1, 0);
@@ -203,8 +219,15 @@ void host_wait_device(const char *fn, int d) {
 }
 }  // namespace gl_sim_rt
 
+namespace gl_sim_rt {
+void submit_work(CUstream_st *s, const char *what, std::function<void()> work) {
+  submit_on(s, what, std::move(work), nullptr);
+}
+}  // namespace gl_sim_rt
+
 /* ---- handles --------------------------------------------------------------------- */
-static cudaError_t resolve_stream(const char *fn, cudaStream_t h, CUstream_st **out) {
+namespace gl_sim_rt {
+cudaError_t resolve_stream(const char *fn, cudaStream_t h, CUstream_st **out) {
   Runtime &R = rt();
   if (!h) {
     if (config.devices == 0) return api_error(cudaErrorNoDevice, "%s: no simulated device (GL_SIM_DEVICES=0)", fn);
@@ -217,9 +240,17 @@ static cudaError_t resolve_stream(const char *fn, cudaStream_t h, CUstream_st **
   return cudaSuccess;
 }
 
-static std::shared_ptr<CUevent_st> find_event(cudaEvent_t e) {  /* R.mu held */
+std::shared_ptr<CUevent_st> find_event(cudaEvent_t e) {  /* R.mu held */
   auto it = rt_state->events.find(e);
   return it == rt_state->events.end() ? nullptr : it->second;
+}
+}  // namespace gl_sim_rt
+
+/* the capture guard of an operation on s (R.mu taken here) */
+static cudaError_t guard(const char *fn, CUstream_st *s, bool host_waits, bool pageable) {
+  Runtime &R = *rt_state;
+  std::lock_guard<std::mutex> g(R.mu);
+  return capture_guard_locked(R, fn, s, host_waits, pageable);
 }
 
 /* ---- sim.h: submit ----------------------------------------------------------------- */
@@ -231,6 +262,11 @@ void gl_sim_submit(cudaStream_t stream, const char *what, std::function<void()> 
     return;
   }
   if (gl_sim_sticky() != cudaSuccess) return;
+  cudaError_t e = guard(name, s, false, false);
+  if (e != cudaSuccess) {
+    gl_sim_set_last_error(e, "%s", cudaGetErrorString(e));
+    return;
+  }
   submit_on(s, name, std::move(work), nullptr);
 }
 
@@ -302,6 +338,12 @@ static cudaError_t copy(const char *fn, void *dst, const void *src, size_t n, cu
   } else if (src_dev) {
     return api_error(cudaErrorInvalidValue, "%s: src %p is device memory (cuda:%d), expected host memory for %s", fn,
                      src, si.device, kind_name(kind));
+  }
+  {
+    bool host_waits = sync_api || k == cudaMemcpyHostToHost || (k == cudaMemcpyDeviceToHost && di.side == HOST_PAGEABLE);
+    bool pageable = (k == cudaMemcpyHostToDevice && si.side == HOST_PAGEABLE) ||
+                    (k == cudaMemcpyDeviceToHost && di.side == HOST_PAGEABLE);
+    if ((e = guard(fn, s, host_waits, pageable)) != cudaSuccess) return e;
   }
   Clock clock;
   if (k == cudaMemcpyHostToHost) {
@@ -383,6 +425,8 @@ static cudaError_t peer_copy(const char *fn, void *dst, int dst_device, const vo
   if (si.device != src_device)
     return api_error(cudaErrorInvalidValue, "%s: src %p is memory of cuda:%d, expected cuda:%d (srcDevice)", fn, src,
                      si.device, src_device);
+  if (sync_api && (e = capture_unsafe_call(fn, false)) != cudaSuccess) return e;
+  if ((e = guard(fn, s, sync_api, false)) != cudaSuccess) return e;
   if (sync_api) {
     /* cudaMemcpyPeer is serialised with all work on both devices (and the current one) */
     host_wait_device("cudaMemcpyPeer", -1);
@@ -421,6 +465,7 @@ static cudaError_t memset_on(const char *fn, void *p, int value, size_t n, CUstr
   PtrInfo in = classify(p, n);
   cudaError_t e = check_device_range(fn, "devPtr", p, n, in, nullptr);
   if (e != cudaSuccess) return e;
+  if ((e = guard(fn, s, false, false)) != cudaSuccess) return e;
   unsigned char byte = (unsigned char)value;
   submit_on(s, fn, [=] {
     memset(p, byte, n);
@@ -500,6 +545,7 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   CUstream_st *s = nullptr;
   cudaError_t e = resolve_stream("cudaStreamSynchronize", stream, &s);
   if (e != cudaSuccess) return e;
+  if ((e = guard("cudaStreamSynchronize", s, true, false)) != cudaSuccess) return e;
   uint64_t pos;
   Clock clock;
   {
@@ -519,6 +565,7 @@ extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream) {
   cudaError_t e = resolve_stream("cudaStreamQuery", stream, &s);
   if (e != cudaSuccess) return e;
   std::lock_guard<std::mutex> g(R.mu);
+  if ((e = capture_guard_locked(R, "cudaStreamQuery", s, true, false)) != cudaSuccess) return e;
   if (s->completed < s->submitted) return cudaErrorNotReady;  /* not an error: no last error */
   clock_merge(R.host_clock, s->clock);  /* the host has seen it finish: later work is ordered after */
   return cudaSuccess;
@@ -535,6 +582,8 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t even
   std::lock_guard<std::mutex> g(R.mu);
   std::shared_ptr<CUevent_st> ev = find_event(event);
   if (!ev) return api_error(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: %p is not a live event", (void *)event);
+  if (ev->capture || s->capture) return capture_wait_event_locked(R, s, ev.get());
+  if ((e = capture_guard_locked(R, "cudaStreamWaitEvent", s, false, false)) != cudaSuccess) return e;
   if (!ev->recorded) return cudaSuccess;  /* waiting for an event never recorded is a no-op */
   order_submission_locked(R, s);
   clock_merge(s->clock, ev->clock);
@@ -577,6 +626,14 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (ev->device != s->device)
     return api_error(cudaErrorInvalidResourceHandle, "cudaEventRecord: an event of cuda:%d recorded on a stream of cuda:%d",
                      ev->device, s->device);
+  if ((e = capture_guard_locked(R, "cudaEventRecord", s, false, false)) != cudaSuccess) return e;
+  if (s->capture) {  /* a record inside a capture: what later waits on it depend on */
+    ev->capture = s->capture;
+    ev->tail = s->tail;
+    return cudaSuccess;
+  }
+  ev->capture.reset();
+  ev->tail.clear();
   order_submission_locked(R, s);
   ev->recorded = true;
   ev->stream = s;
@@ -606,6 +663,8 @@ extern "C" cudaError_t cudaEventQuery(cudaEvent_t event) {
   std::lock_guard<std::mutex> g(R.mu);
   std::shared_ptr<CUevent_st> ev = find_event(event);
   if (!ev) return api_error(cudaErrorInvalidResourceHandle, "cudaEventQuery: %p is not a live event", (void *)event);
+  if (ev->capture)
+    return api_error(cudaErrorCapturedEvent, "cudaEventQuery: event %p was last recorded in a capturing stream", (void *)event);
   if (!event_done_locked(ev.get())) return cudaErrorNotReady;
   if (ev->recorded) clock_merge(R.host_clock, ev->clock);  /* the host has seen it pass, as after a synchronize */
   return cudaSuccess;
@@ -617,6 +676,9 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::unique_lock<std::mutex> lk(R.mu);
   std::shared_ptr<CUevent_st> ev = find_event(event);
   if (!ev) return api_error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: %p is not a live event", (void *)event);
+  if (ev->capture)
+    return api_error(cudaErrorCapturedEvent, "cudaEventSynchronize: event %p was last recorded in a capturing stream",
+                     (void *)event);
   if (!ev->recorded) return cudaSuccess;
   if (!tls_item) {
     gl_sim_account_sync("cudaEventSynchronize");
@@ -641,6 +703,9 @@ extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEv
     return api_error(cudaErrorInvalidResourceHandle,
                      "cudaEventElapsedTime: the %s event was created with cudaEventDisableTiming",
                      (a->flags & cudaEventDisableTiming) ? "start" : "end");
+  if (a->capture || b->capture)
+    return api_error(cudaErrorCapturedEvent, "cudaEventElapsedTime: the %s event was last recorded in a capturing stream",
+                     a->capture ? "start" : "end");
   if (!a->recorded || !b->recorded)
     return api_error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: the %s event was never recorded",
                      a->recorded ? "end" : "start");

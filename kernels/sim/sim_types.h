@@ -37,6 +37,15 @@ typedef enum cudaError {
   cudaErrorMisalignedAddress = 716,
   cudaErrorLaunchFailure = 719,
   cudaErrorNotSupported = 801,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureMerge = 902,
+  cudaErrorStreamCaptureUnmatched = 903,
+  cudaErrorStreamCaptureUnjoined = 904,
+  cudaErrorStreamCaptureIsolation = 905,
+  cudaErrorStreamCaptureImplicit = 906,
+  cudaErrorCapturedEvent = 907,
+  cudaErrorStreamCaptureWrongThread = 908,
   cudaErrorUnknown = 999
 } cudaError_t;
 
@@ -73,11 +82,21 @@ typedef enum cudaDataType_t {
 /* ---- handles ----------------------------------------------------------- */
 typedef struct CUstream_st *cudaStream_t;  /* NULL: the legacy default stream */
 typedef struct CUevent_st *cudaEvent_t;
+typedef struct CUgraph_st *cudaGraph_t;          /* a captured graph (runtime_graphs.cpp) */
+typedef struct CUgraphExec_st *cudaGraphExec_t;  /* an instantiated graph */
+typedef struct CUgraphNode_st *cudaGraphNode_t;  /* one node of a graph */
 
 /* ---- flags and enums --------------------------------------------------- */
 enum { cudaStreamDefault = 0, cudaStreamNonBlocking = 1 };
 enum { cudaEventDefault = 0, cudaEventBlockingSync = 1, cudaEventDisableTiming = 2 };
 enum { cudaHostAllocDefault = 0, cudaHostAllocPortable = 1, cudaHostAllocMapped = 2 };
+/* stream capture (CUDA graphs) */
+typedef enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1, cudaStreamCaptureModeRelaxed = 2
+} cudaStreamCaptureMode;
+typedef enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1, cudaStreamCaptureStatusInvalidated = 2
+} cudaStreamCaptureStatus;
 typedef enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
   cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4

@@ -175,6 +175,56 @@ function cuda.time(fn, opts)
   return t0:elapsed_time(t1) / iters
 end
 
+-- ---------------------------------------------------------------- graphs
+-- cuda.graph(fn, dev): runs fn() with dev's compute stream captured (the
+-- kernels, copies and sets it queues are recorded, not run) and returns a
+-- cuda.Graph whose :replay() re-runs them with the same arguments on the
+-- same memory, for the cost of one launch.  Tensors fn allocates (and frees)
+-- belong to the graph's memory pool until g:free(); tensors made before
+-- and used by fn are the graph's inputs and outputs: keep them alive, and
+-- change inputs in place (copy_) before a replay.  What fn's host code
+-- computes (shapes, Lua numbers) is frozen at capture.  A call the capture
+-- cannot contain — the host reading the device (:item(), a synchronize) —
+-- ends the capture: cuda.graph raises "cuda.graph: ... could not be
+-- captured: <the op and call that broke it>".
+local Graph = {}
+Graph.__index = Graph
+Graph.__name = 'cuda.Graph'
+
+function cuda.graph(fn, dev)
+  if type(fn) ~= 'function' then error('cuda.graph: fn expected a function, got ' .. type(fn), 2) end
+  local id = ordinal(dev, 'cuda.graph')
+  check(lib.gl_cuda_graph_begin(id), 2)
+  local ok, err = xpcall(fn, function(e) return e end)
+  local g = lib.gl_cuda_graph_end(id)  -- always: the stream leaves capture mode
+  if not ok then
+    if g ~= nil then lib.gl_cuda_graph_destroy(g) end
+    error(('cuda.graph: the work on cuda:%d could not be captured: %s'):format(id, tostring(err)), 2)
+  end
+  if g == nil then
+    error(('cuda.graph: the work on cuda:%d could not be captured: %s'):format(id, ffi.string(lib.gl_last_error())), 2)
+  end
+  ffi.gc(g, lib.gl_cuda_graph_destroy)
+  return setmetatable({ g = g, device = id, nodes = tonumber(lib.gl_cuda_graph_nodes(g)),
+                        pool_bytes = tonumber(lib.gl_cuda_graph_pool_bytes(g)) }, Graph)
+end
+
+-- queues the recorded work on the compute stream again (the host does not wait)
+function Graph:replay()
+  if not self.g then error('cuda.Graph:replay: the graph was freed', 2) end
+  check(lib.gl_cuda_graph_launch(self.g), 2)
+  return self
+end
+
+-- destroys the graph now: its memory pool returns to the caching allocator
+function Graph:free()
+  if self.g then
+    ffi.gc(self.g, nil)
+    lib.gl_cuda_graph_destroy(self.g)
+    self.g = nil
+  end
+end
+
 -- ---------------------------------------------------------------- async copies
 -- Copies src into dst (same dtype and numel, contiguous; one side on a CUDA
 -- device) on that device's copy stream, behind the work queued so far on

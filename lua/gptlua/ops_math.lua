@@ -713,6 +713,13 @@ function O.rope(x, cos, sin)
 end
 
 -- ---------------------------------------------------------------- losses
+-- O.host_free_loss: when true, cross_entropy on a GPU reads nothing on the
+-- host (a CUDA graph capture cannot contain a host read; the trainer's
+-- cuda_graph mode sets it): the count of targets stays a device scalar and
+-- the backward scales by g / count on the device, one more pass over the
+-- (N, V) gradient.  Off: the count and g are read with :item().
+O.host_free_loss = false
+
 -- cross_entropy(logits (N, V) or (..., V), targets (N) or (...), opts):
 -- mean over targets ~= ignore_index; optional tanh soft-capping.
 function O.cross_entropy(logits, targets, opts)
@@ -732,20 +739,30 @@ function O.cross_entropy(logits, targets, opts)
   local sopt = { dtype = stat_dtype(logits), device = logits.device }
   local losses, lse = Tensor.empty({ N }, sopt), Tensor.empty({ N }, sopt)
   K(lib.gl_cross_entropy_forward(losses.c, lse.c, l2.c, t2.c, ignore, softcap))
-  local count = N
+  local count, count_t = N, nil  -- count_t: max(count, 1) on the device (host_free_loss)
+  local on_device = O.host_free_loss and t2.device ~= 'cpu'
   if opts.ignore_index then
     local ig = O.full({}, ignore, { dtype = t2.dtype, device = t2.device })
     local ne = binary_raw(B.ne, t2, ig, 'cross_entropy', 'float64')
     local cnt = reduce_raw(R.sum, ne, nil, false, 'cross_entropy')
-    count = cnt:item()
+    if on_device then count_t = unary_raw(U.clamp, cnt, 1, math.huge) else count = cnt:item() end
     drop(ig); drop(ne); drop(cnt)
   end
   local total = reduce_raw(R.sum, losses, nil, false, 'cross_entropy')
-  local loss = unary_raw(U.mul_scalar, total, 1 / math.max(count, 1))
+  local loss = count_t and binary_raw(B.div, total, count_t, 'cross_entropy', total.dtype)
+    or unary_raw(U.mul_scalar, total, 1 / math.max(count, 1))
   drop(total); drop(losses)
   return record(loss, { logits }, function(_, g, node)
     local dl = empty_like(l2)
-    K(lib.gl_cross_entropy_backward(dl.c, l2.c, t2.c, lse.c, ignore, softcap, g:item() / math.max(count, 1)))
+    if on_device then  -- dl = (softmax - onehot) * (g / count), the scale a device scalar
+      K(lib.gl_cross_entropy_backward(dl.c, l2.c, t2.c, lse.c, ignore, softcap, 1))
+      local s = count_t and binary_raw(B.div, g, count_t, 'cross_entropy', g.dtype) or unary_raw(U.mul_scalar, g, 1 / N)
+      local scaled = binary_raw(B.mul, dl, s, 'cross_entropy', dl.dtype)
+      drop(dl); drop(s)
+      dl = scaled
+    else
+      K(lib.gl_cross_entropy_backward(dl.c, l2.c, t2.c, lse.c, ignore, softcap, g:item() / math.max(count, 1)))
+    end
     local out = dl:_as_strided(logits.shape, Tensor.contiguous_strides(logits.shape), 0)
     drop(dl)
     if not node.retaining then drop(l2); drop(lc, logits); drop(t2); drop(tc, targets) end

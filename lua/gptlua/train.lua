@@ -53,6 +53,8 @@ M.defaults = {
   peak_flops = 0, quiet = false,
   -- seeing a run (gptlua.observe): TensorBoard events next to metrics.jsonl; profile = 'N' or 'A:B' steps
   tensorboard = true, profile = '',
+  -- CUDA graphs (gptlua.train_graph): 'off' (false), 'auto' or true; optimizer steps run op by op first
+  cuda_graph = 'off', cuda_graph_warmup = 1,
   -- distributed policy (gptlua.dist): 'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp'; unset on
   -- several ranks it is ddp ('none' trains each rank alone and is refused by run there);
   -- dist_timeout: seconds a collective may take before every rank is aborted
@@ -75,7 +77,7 @@ local INTEGER_KEYS = {
   max_iters = { 1, COUNT }, warmup_iters = { 0, COUNT }, lr_decay_iters = { 0, COUNT }, eval_interval = { 0, COUNT },
   eval_iters = { 0, COUNT }, log_interval = { 0, COUNT }, sample_interval = { 0, COUNT }, sample_length = { 0, INT32 },
   checkpoint_interval = { 0, COUNT }, keep_last = { 0, INT32 }, max_bad_steps = { 0, COUNT }, top_k = { 0, INT32 },
-  threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
+  threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, cuda_graph_warmup = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
   shard_size = { 0, COUNT }, sync_every = { 1, COUNT }, diloco_fragments = { 1, INT32 }, powersgd_rank = { 0, INT32 },
   ps_servers = { 1, INT32 }, max_staleness = { 0, COUNT }, journal_hash_interval = { 0, COUNT }, replay_to = { 0, COUNT },
@@ -391,6 +393,7 @@ function M.new(recipe, args)
   self.flops_per_token = model:flops_per_token(cfg.block_size)
   self.tensorboard = require('gptlua.observe.tensorboard').for_trainer(self)  -- nil when off
   self.profiler = require('gptlua.observe.profiler').for_trainer(self)        -- wraps train_step; nil when off
+  self.graph = require('gptlua.train_graph').for_trainer(self)                -- nil when off
   return self
 end
 
@@ -531,14 +534,18 @@ function Trainer:train_step()
   policy:zero_grad()
   local loss_sum = 0
   for micro = 1, accum do
-    gl.scope(function()
-      local x, y = self.data.train:next_batch()
-      policy:before_micro_step(micro, accum)
-      local _, loss = model:forward(x, y)
-      loss_sum = loss_sum + loss:item()
-      local scaled = loss * (1 / accum)
-      scaled:backward(nil, { free_activations = true })
-    end)
+    if self.graph then  -- replayed as one CUDA graph after its warm-up (gptlua.train_graph)
+      loss_sum = loss_sum + self.graph:micro_step(micro, accum)
+    else
+      gl.scope(function()
+        local x, y = self.data.train:next_batch()
+        policy:before_micro_step(micro, accum)
+        local _, loss = model:forward(x, y)
+        loss_sum = loss_sum + loss:item()
+        local scaled = loss * (1 / accum)
+        scaled:backward(nil, { free_activations = true })
+      end)
+    end
   end
   policy:after_backward()
   local loss = self:average_loss(loss_sum / accum)
@@ -549,6 +556,7 @@ function Trainer:train_step()
   end
   if cfg.grad_clip > 0 and norm > cfg.grad_clip then policy:scale_grads(cfg.grad_clip / (norm + 1e-6)) end
   gl.scope(function() policy:step() end)
+  if self.graph then self.graph:step_done() end
   return loss, norm, lr_mult, true
 end
 

@@ -13,7 +13,10 @@ M.PATH = GPTLUA.libdir .. '/libgptlua_simtest.so'
 -- cudaError_t values (kernels/sim/sim_types.h: the real runtime's numbers)
 M.E = { InvalidValue = 1, MemoryAllocation = 2, InvalidConfiguration = 9, InvalidMemcpyDirection = 21,
         InvalidDevice = 101, InvalidResourceHandle = 400, IllegalAddress = 700, LaunchOutOfResources = 701,
-        LaunchTimeout = 702, IllegalInstruction = 715, MisalignedAddress = 716, LaunchFailure = 719 }
+        LaunchTimeout = 702, IllegalInstruction = 715, MisalignedAddress = 716, LaunchFailure = 719,
+        IllegalState = 401, StreamCaptureUnsupported = 900, StreamCaptureInvalidated = 901,
+        StreamCaptureMerge = 902, StreamCaptureUnmatched = 903, StreamCaptureUnjoined = 904,
+        StreamCaptureIsolation = 905, StreamCaptureImplicit = 906, CapturedEvent = 907 }
 
 -- the test library is there (a simulator build; absent from CPU and GPU builds)
 function M.available()
@@ -51,6 +54,13 @@ local function declare()
     int gl_simtest_rt_func_attribute(void);
     int gl_simtest_rt_bad_arg(const char *name);
     int gl_simtest_rt_planted(const char *name);
+
+    /* test_graphs.cu */
+    const char *gl_simtest_graph_message(void);
+    int gl_simtest_graph_replay(void);
+    int gl_simtest_graph_fork_join(void);
+    int gl_simtest_graph_misuse(const char *name, int *end);
+    int gl_simtest_graph_destroyed_exec(void);
 
     /* test_numeric.cu */
     long gl_simtest_num_16_to_float(void);
@@ -109,7 +119,7 @@ function M.lib()
 end
 
 -- the first problem the last check of `suite` met (exec: test_exec.cu, rt:
--- test_runtime.cu)
+-- test_runtime.cu, graph: test_graphs.cu)
 function M.message(suite)
   return ffi.string(M.lib()['gl_simtest_' .. suite .. '_message']())
 end

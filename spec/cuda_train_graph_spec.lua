@@ -1,0 +1,89 @@
+-- The trainer's CUDA graph mode (lua/gptlua/train_graph.lua, config key
+-- cuda_graph): steps whose forward and backward are replayed from one
+-- captured graph give the same losses and the same parameters, bit for bit,
+-- as the same steps launched op by op (cuda_graph_warmup past the run);
+-- what cannot be captured is said, and refused under cuda_graph = true.
+-- On a GPU and under the CUDA simulator; pending without either.
+local gl = require 'gptlua'
+local train = require 'gptlua.train'
+local twin = require 'support.cuda_twin'
+local HAVE_GPU, NO_GPU = twin.HAVE_GPU, twin.NO_GPU
+
+local function gpu_it(name, fn)
+  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
+end
+
+-- a tiny trainer of the default recipe on cuda:0
+local function trainer(over)
+  local r = dofile(gl.root .. '/recipes/shakespeare.lua')
+  r.n_layer, r.n_head, r.n_embd, r.block_size, r.batch_size = 1, 2, 32, 16, 4
+  r.quiet, r.device, r.eval_interval, r.sample_length, r.tensorboard = true, 'cuda:0', 0, 0, false
+  r.out_dir = os.tmpname()
+  os.remove(r.out_dir)
+  r.warmup_iters = 1
+  for k, v in pairs(over or {}) do r[k] = v end
+  return train.new(r, {})
+end
+
+local function param_bits(t)
+  local out = {}
+  for i, p in ipairs(t.params) do
+    local c = p:to('cpu'):float():contiguous()
+    local ffi = require 'ffi'
+    local d, n = ffi.cast('uint32_t *', c:data_ptr()), c:numel()
+    local bits = {}
+    for j = 0, n - 1 do bits[j + 1] = tonumber(d[j]) end
+    out[i] = bits
+  end
+  return out
+end
+
+describe('trainer: cuda_graph #cuda', function()
+  gpu_it('replays steps bit for bit like steps launched op by op', function()
+    local steps = 4
+    local graphed = trainer({ cuda_graph = true, cuda_graph_warmup = 1, gradient_accumulation_steps = 2 })
+    local eager = trainer({ cuda_graph = true, cuda_graph_warmup = 100, gradient_accumulation_steps = 2 })
+    for s = 1, steps do
+      local la, na = graphed:train_step()
+      local lb, nb = eager:train_step()
+      assert.are.equal(lb, la, 'loss of step ' .. s)
+      assert.are.equal(nb, na, 'gradient norm of step ' .. s)
+    end
+    assert.is_truthy(graphed.graph.g, 'the graphed trainer captured')
+    assert.is_nil(eager.graph.g)
+    assert.are.same(param_bits(eager), param_bits(graphed))
+    graphed.graph:free()
+  end)
+
+  gpu_it('says what cannot be captured, and refuses it under cuda_graph = true', function()
+    local ok, err = pcall(trainer, { cuda_graph = true, dropout = 0.1 })
+    assert.is_false(ok)
+    assert.matches('cuda_graph = true: dropout 0.1 > 0 draws a fresh mask', err, 1, true)
+    assert.is_nil(trainer({ cuda_graph = 'auto', dropout = 0.1 }).graph)
+    assert.is_nil(trainer({ cuda_graph = false }).graph)
+    ok, err = pcall(trainer, { cuda_graph = 'sometimes' })
+    assert.is_false(ok)
+    assert.matches("cuda_graph must be 'off' (false), 'auto' or true, got sometimes", err, 1, true)
+    assert.is_nil(trainer({}).graph)  -- off by default
+  end)
+end)
+
+describe('trainer: cuda_graph on the CPU', function()
+  it('is off under auto and an error under true', function()
+    local r = dofile(gl.root .. '/recipes/shakespeare.lua')
+    r.n_layer, r.n_head, r.n_embd, r.block_size, r.batch_size = 1, 2, 32, 16, 4
+    r.quiet, r.device, r.eval_interval, r.sample_length, r.tensorboard = true, 'cpu', 0, 0, false
+    r.out_dir = os.tmpname()
+    assert.is_nil(train.new(r, {}).graph)
+    r.cuda_graph = true
+    local ok, err = pcall(train.new, r, {})
+    assert.is_false(ok)
+    assert.matches('cuda_graph = true: the device is cpu', err, 1, true)
+    -- from the command line: --cuda_graph is true, --cuda_graph=off / false / auto
+    r.cuda_graph = nil
+    ok, err = pcall(train.new, r, { '--cuda_graph' })
+    assert.is_false(ok)
+    assert.matches('cuda_graph = true: the device is cpu', err, 1, true)
+    for _, w in ipairs({ 'off', 'false', 'auto' }) do assert.is_nil(train.new(r, { '--cuda_graph=' .. w }).graph) end
+  end)
+end)

@@ -551,16 +551,19 @@ describe('CUDA cross-entropy and optimizers vs CPU #cuda', function()
   gpu_it('cross-entropy forward and backward with ignore_index and softcap', function()
     for _, dt in ipairs({ 'float32', 'bfloat16' }) do
       local N, V = 37, 1001
-      local ins = { x = pair({ N, V }, { dtype = dt, layout = 'narrow' }), t = id_pair({ N }, V, 'int64', -100) }
+      local ins = { x = pair({ N, V }, { dtype = dt, layout = 'narrow' }), t = id_pair({ N }, V, 'int64', -100),
+                    s = pair({ 1 }) }
       for _, cap in ipairs({ 0, 15 }) do
         compare(ins, function(S)
           local loss, lse = S.out({ N }, 'float32'), S.out({ N }, 'float32')
           K(lib.gl_cross_entropy_forward(loss.c, lse.c, S.x.c, S.t.c, -100, cap))
           local d = S.out({ N, V }, dt)
-          K(lib.gl_cross_entropy_backward(d.c, S.x.c, S.t.c, lse.c, -100, cap, 1 / N))
+          K(lib.gl_cross_entropy_backward(d.c, S.x.c, S.t.c, lse.c, -100, cap, 1 / N, nil))
           local inplace = S.x:clone()  -- dlogits may overwrite the logits
-          K(lib.gl_cross_entropy_backward(inplace.c, inplace.c, S.t.c, lse.c, -100, cap, 1 / N))
-          return loss, lse, d, inplace
+          K(lib.gl_cross_entropy_backward(inplace.c, inplace.c, S.t.c, lse.c, -100, cap, 1 / N, nil))
+          local scaled = S.out({ N, V }, dt)  -- a factor read on the device (no host wait)
+          K(lib.gl_cross_entropy_backward(scaled.c, S.x.c, S.t.c, lse.c, -100, cap, 1 / N, S.s.c))
+          return loss, lse, d, inplace, scaled
         end, dt, ('cross-entropy %s softcap %g'):format(dt, cap))
       end
     end

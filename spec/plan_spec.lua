@@ -479,7 +479,7 @@ f:close()
     assert.equal(0, rc, out)
     for _, s in ipairs({ 'memory plan for gpt2_124m', '124.48M parameters', 'on 8 ranks', 'parameters', 'gradients',
                          'optimizer state', 'master weights', 'gathered parameters', 'communication buffers',
-                         'activations, forward', 'activations, backward', 'total', 'per layer', 'logits B*T*V*a',
+                         'activations, forward', 'activations, backward', 'total', 'per layer', 'logits R*V*a',
                          'device memory', 'without checkpointing' }) do
       assert.truthy(out:find(s, 1, true), 'missing "' .. s .. '" in:\n' .. out)
     end

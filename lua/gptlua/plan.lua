@@ -30,10 +30,9 @@
 --     .grad).  Only a broadcast's gradient stays to the end of the
 --     micro-step (sum_to's reduction buffer: GPT-2's positions).
 -- So the live set shrinks layer by layer through backward, and the peak
--- comes where backward starts: the whole forward plus the logits'
--- gradient and the head's input and weight gradients (the head's
--- backward), or, for a vocabulary small next to the width, inside the
--- last layer's backward.  With units BTC = B*T*C elements (B
+-- comes at the end of the forward, inside the fused head (the whole
+-- forward plus one chunk of logits and the head's input and weight
+-- gradients, which it makes there), or inside the last layer's backward.  With units BTC = B*T*C elements (B
 -- micro-batch, T context, C width), BTK = B*T*C*Hkv/H, BT, BTH = B*T*H
 -- (H heads), BTV = B*T*V (V vocab), CC = C*C (weights), a = bytes per
 -- activation (the model dtype), f = bytes per statistic (fp32; fp64 for
@@ -47,13 +46,15 @@
 --     out, c_proj, residual, norm, c_fc (4), relu2 (4), c_proj, residual;
 --     the norms' rstd, attention lse
 --   nanochat backward, per layer: 22*BTC*a + 4*BTK*a + 12*CC*a
---   head: final norm BTC*a, logits BTV*a, CE losses/lse 2*BT*f, target mask
---     BT*8 (the mask and the losses go within the loss); dlogits BTV*a
+--   head (gl.linear_cross_entropy, fused over chunks of R = min(8192, B*T)
+--     rows): final norm BTC*a; in its forward the losses BT*f, a target
+--     mask BT*f, dx BTC*a and dW VC*a (kept for the backward), one chunk's
+--     lse R*f and logits RV*a = R*V*a (gone within the forward)
 -- Backward allocates a layer's gradients while the layer's forward is
 -- still live and releases both by the time it leaves the layer.
 -- `gptlua --plan` prints these formulas for the recipe, what of them
--- stays to the end of the micro-step, and where the peak comes.  For a big
--- vocabulary the logits and their gradient, 2*B*T*V*a, dominate.
+-- stays to the end of the micro-step, and where the peak comes.  The fused
+-- head never holds the B*T*V logits: one chunk of R*V, inside its forward.
 --
 -- Activation checkpointing (gl.checkpoint per block) runs each block
 -- without recording inside a tensor scope, so only the block's output
@@ -527,6 +528,32 @@ local function sim_ops(S)
       return dl
     end, what, { lse })
   end
+  -- the fused head (ops_head.lua, ignore_index set): the losses, the
+  -- target count's temporaries (mask, count, clamp; the inverse stays to
+  -- the end of the forward), dx and dW made in the forward and handed to
+  -- the backward, one chunk's lse and logits, the loss sum and the loss
+  function O.linear_cross_entropy(x, W, what)
+    S.at(what)
+    local x2 = S.view(x)
+    local losses = S.new(sz(1, 'BT', 'f'), what .. ' losses')
+    local ig = S.new(sz(1, '1', 'i64'), 'ignore_index scalar')
+    local mask = S.new(sz(1, 'BT', 'f'), 'target mask')
+    local count = S.new(sz(1, '1', 'f'), 'target count')
+    local clamped = S.new(sz(1, '1', 'f'), 'target count >= 1')
+    local inv = S.new(sz(1, '1', 'f'), '1 / target count')
+    S.release(ig); S.release(mask); S.release(count); S.release(clamped)
+    local want = S.grad and (x.requires_grad or W.requires_grad)
+    local dx = want and x.requires_grad and S.new(x.sz, what .. ' dx') or nil
+    local dW = want and W.requires_grad and S.new(W.sz, what .. ' weight gradient') or nil
+    local lse = want and S.new(sz(1, 'R', 'f'), what .. ' lse (one chunk)') or nil
+    local logits = S.new(sz(1, 'RV'), what .. ' logits (one chunk)')
+    S.release(logits)
+    if lse then S.release(lse) end
+    local total = S.new(sz(1, '1', 'f'), 'loss sum')
+    local loss = S.new(total.sz, 'loss')
+    S.release(total); S.release(losses); S.release(x2); S.release(inv)
+    return S.record(loss, { x, W }, function() return dx, dW end, what)
+  end
   -- gl.checkpoint: the block runs without recording inside a scope (only
   -- its output stays, pinned by the detached view that is recorded); its
   -- backward views the input (pinned to the end of the micro-step), reruns
@@ -756,7 +783,7 @@ function FORWARD.gpt2(O, S, m, P, checkpointing)
   end
   S.part = L + 1
   x = O.layer_norm(x, P('transformer.ln_f.weight'), P('transformer.ln_f.bias'), 'ln_f')
-  return O.linear(x, P('transformer.wte.weight'), nil, sz(1, 'BTV'), 'lm head (tied)')
+  return O.linear_cross_entropy(x, P('transformer.wte.weight'), 'lm head (tied) + cross-entropy')
 end
 
 function FORWARD.nanochat(O, S, m, P, checkpointing)
@@ -786,12 +813,12 @@ function FORWARD.nanochat(O, S, m, P, checkpointing)
   end
   S.part = L + 1
   x = O.rms_norm(x, 'BT', 'final norm')
-  return O.linear(x, P('lm_head.weight'), nil, sz(1, 'BTV'), 'lm head')
+  return O.linear_cross_entropy(x, P('lm_head.weight'), 'lm head + cross-entropy')
 end
 
 local function units(d)
   return { BTC = d.B * d.T * d.C, BTK = d.B * d.T * d.Ck, BT = d.B * d.T, BTH = d.B * d.T * d.H,
-           BTHk = d.B * d.T * d.Hk, BTV = d.B * d.T * d.V, TC = d.T * d.C, T = d.T, ['1'] = 1,
+           BTHk = d.B * d.T * d.Hk, BTV = d.B * d.T * d.V, R = d.R, RV = d.R * d.V, TC = d.T * d.C, T = d.T, ['1'] = 1,
            C = d.C, CC = d.C * d.C, CkC = d.Ck * d.C, VC = d.V * d.C }
 end
 
@@ -809,7 +836,7 @@ end
 
 -- "18*BTC*a + BTH*f + 4*BT*f" for a list of storages
 local TAG_BYTES = { a = 'a', f = 'f', f64 = '8', i64 = '8' }
-local UNIT_ORDER = { 'BTV', 'BTC', 'BTK', 'TC', 'BTH', 'BTHk', 'BT', 'T', 'VC', 'CC', 'CkC', 'C', '1' }
+local UNIT_ORDER = { 'BTV', 'RV', 'BTC', 'BTK', 'TC', 'BTH', 'BTHk', 'BT', 'R', 'T', 'VC', 'CC', 'CkC', 'C', '1' }
 local UNIT_RANK = {}
 for i, name in ipairs(UNIT_ORDER) do UNIT_RANK[name] = i end
 local function formula(list)
@@ -857,6 +884,7 @@ end
 local function activations(m, B, sizes, checkpointing, pol)
   local d = { B = B, T = m.block_size, C = m.n_embd, H = m.n_head, Hk = m.n_kv_head, V = m.vocab_size,
               Ck = m.n_embd * m.n_kv_head / m.n_head }
+  d.R = math.min(require('gptlua.ops').HEAD_CHUNK_ROWS, B * d.T)  -- the fused head's rows per chunk
   local u = units(d)
   local S = new_sim(u, sizes)
   local O = sim_ops(S)
@@ -871,7 +899,7 @@ local function activations(m, B, sizes, checkpointing, pol)
   local forward
   S.scope(function()
     if F then F.start() end
-    local loss = O.cross_entropy(FORWARD[m.kind](O, S, m, P, checkpointing), 'cross-entropy')
+    local loss = FORWARD[m.kind](O, S, m, P, checkpointing)
     if F then F.forward_done() end
     local scaled = O.unary(loss, 'loss / accumulation')
     forward = S.live.act
@@ -894,7 +922,7 @@ local function activations(m, B, sizes, checkpointing, pol)
   return {
     forward = forward, peak = S.peak, at_peak = S.at_peak, backward = S.at_peak.act - forward,
     checkpointing = checkpointing, recomputes = checkpointing or F ~= nil,
-    peak_at = S.peak_at, n_layer = L, units = d, logits = block(B * d.T * d.V * sizes.a),
+    peak_at = S.peak_at, n_layer = L, units = d, logits = block(d.R * d.V * sizes.a),
     layer_forward = sum_bytes(lf), layer_forward_kept = sum_bytes(kept_fwd), layer_backward = sum_bytes(lb),
     layer_kept = sum_bytes(layer_kept),
     formula = { layer_forward = formula(lf), layer_forward_kept = formula(kept_fwd), layer_backward = formula(lb),
@@ -1569,7 +1597,8 @@ local function render(r)
   end
   w('  outside the layers    forward ', a.formula.outside_forward)
   w('                        backward ', a.formula.outside_backward)
-  w('  logits B*T*V*a        ', fmt(a.logits), ' (and as much again for their gradient)')
+  w('  logits R*V*a          ', fmt(a.logits), (' (one chunk of R = %d rows: the fused head never holds B*T*V)'):format(
+    a.units.R))
   w('  peak                  ', fmt(b.activations), ' = forward ', fmt(b.act_forward), ' + ', fmt(b.act_backward),
     ', ', describe_peak(a.peak_at, L))
   local saves = a.with_checkpointing < a.without_checkpointing

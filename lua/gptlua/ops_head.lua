@@ -90,7 +90,7 @@ function O.linear_cross_entropy(x, W, targets, opts)
   local t2 = tc:_as_strided({ N }, { 1 }, tc:storage_offset())
   local sopt = { dtype = x.dtype == 'float64' and 'float64' or 'float32', device = x.device }
   local losses = Tensor.empty({ N }, sopt)
-  local inv, k = O._loss.inverse_count(t2, opts.ignore_index, sopt.dtype)
+  local inv, k = O._raw.inverse_count(t2, opts.ignore_index, sopt.dtype)
   local want = A.is_grad_enabled() and (x.requires_grad or W.requires_grad)
   local dx = want and x.requires_grad and Tensor.empty({ N, C }, { dtype = x.dtype, device = x.device }) or nil
   local dW = want and W.requires_grad and O.empty_like(W) or nil
@@ -122,7 +122,7 @@ function O.linear_cross_entropy(x, W, targets, opts)
     drop(xr); drop(tr); drop(lr); drop(lser)
   end
   drop(Wt); drop(lse)
-  local total = O._loss.reduce_raw(lib.GL_R_SUM, losses, nil, false, 'linear_cross_entropy')
+  local total = O._raw.reduce_raw(lib.GL_R_SUM, losses, nil, false, 'linear_cross_entropy')
   local loss
   if inv then loss = O.binary_raw(lib.GL_B_MUL, total, inv, 'linear_cross_entropy')
   else loss = O.unary_raw(lib.GL_U_MUL_SCALAR, total, k) end

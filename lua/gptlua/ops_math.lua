@@ -772,8 +772,8 @@ function O.cross_entropy(logits, targets, opts)
   end, { l2, t2 }, 'cross_entropy', { lse })
 end
 
--- what ops_head.lua's fused head shares with cross_entropy (not gl.* functions)
-O._loss = { inverse_count = ce_inverse_count, reduce_raw = reduce_raw }
+-- raw helpers other modules share (ops_head.lua's fused head, optim's Newton-Schulz); not gl.* functions
+O._raw = { inverse_count = ce_inverse_count, reduce_raw = reduce_raw }
 
 -- dropout(x, p, training): a fresh mask per call from the global RNG
 function O.dropout(x, p, training)

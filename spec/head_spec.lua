@@ -71,6 +71,15 @@ describe('fused LM head: linear + softcap + cross-entropy in chunks of rows', fu
     assert.equal(0, gx2:abs():max():item()); assert.equal(0, gx1:max_abs_diff(gx2))
   end)
 
+  it('no rows: loss 0, zero weight gradient', function()
+    local x, W = gl.randn({ 0, 3 }), gl.randn({ 5, 3 })
+    W.requires_grad = true
+    local loss = gl.linear_cross_entropy(x, W, gl.empty({ 0 }, { dtype = 'int64' }), { ignore_index = -1 })
+    loss:backward()
+    assert.equal(0, loss:item())
+    assert.equal(0, W.grad:abs():max():item())
+  end)
+
   it('gradient of only one input, a second backward through a kept graph, and no_grad', function()
     local x, W = gl.randn({ 6, 4 }), gl.randn({ 7, 4 })
     local t = targets(6, 7)

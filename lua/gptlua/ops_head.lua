@@ -94,6 +94,7 @@ function O.linear_cross_entropy(x, W, targets, opts)
   local want = A.is_grad_enabled() and (x.requires_grad or W.requires_grad)
   local dx = want and x.requires_grad and Tensor.empty({ N, C }, { dtype = x.dtype, device = x.device }) or nil
   local dW = want and W.requires_grad and O.empty_like(W) or nil
+  if dW and N == 0 then dW:zero_() end  -- no chunk writes it
   local Wt = raw_t(W)
   local lse = want and Tensor.empty({ math.min(rows, N) }, sopt) or nil
   for r0 = 0, N - 1, rows do

@@ -64,7 +64,7 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(attention_backward, (gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window)) \
   X(rope, (gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse)) \
   X(cross_entropy_forward, (gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits, const gl_tensor *targets, int64_t ignore_index, double softcap)) \
-  X(cross_entropy_backward, (gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets, const gl_tensor *lse, int64_t ignore_index, double softcap, double scale)) \
+  X(cross_entropy_backward, (gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets, const gl_tensor *lse, int64_t ignore_index, double softcap, double scale, const gl_tensor *scale_by)) \
   X(dropout, (gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uint64_t offset)) \
   X(adamw_update, (gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v, int64_t start, int64_t len, double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step)) \
   X(momentum_update, (gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, int64_t start, int64_t len, double mu, int nesterov)) \

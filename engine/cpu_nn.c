@@ -188,9 +188,11 @@ int cpu_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, const gl_tensor
   return CALL(wide(logits), ce_forward, losses, lse, logits, targets, ignore_index, softcap);
 }
 int cpu_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets,
-                               const gl_tensor *lse, int64_t ignore_index, double softcap, double scale) {
+                               const gl_tensor *lse, int64_t ignore_index, double softcap, double scale,
+                               const gl_tensor *scale_by) {
   GL_TRY(check_ids("gl_cross_entropy_backward", "targets", targets, logits->shape[1], "vocab size of logits", 1,
                    ignore_index));
+  if (scale_by) scale *= gl_load(scale_by->storage->data, scale_by->dtype, scale_by->offset);
   return CALL(wide(logits), ce_backward, dlogits, logits, targets, lse, ignore_index, softcap, scale);
 }
 

@@ -134,9 +134,13 @@ int gl_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_t
    Targets outside [0, V) other than ignore_index are an error. */
 int gl_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits,
                              const gl_tensor *targets, int64_t ignore_index, double softcap);
-/* dlogits = scale * (softmax(z) - onehot(target)) * dz/dlogits; ignored rows 0 */
+/* dlogits = scale * scale_by[0] * (softmax(z) - onehot(target)) * dz/dlogits;
+   ignored rows 0.  scale_by (one float element, on logits' device) may be
+   NULL (1): a factor known only on the device (the upstream gradient over
+   the count of kept targets), read by the kernel so the host never waits. */
 int gl_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets,
-                              const gl_tensor *lse, int64_t ignore_index, double softcap, double scale);
+                              const gl_tensor *lse, int64_t ignore_index, double softcap, double scale,
+                              const gl_tensor *scale_by);
 
 /* out = x * mask / (1 - p), mask ~ Bernoulli(1 - p) from Philox(seed, offset + i).
    The backward is the same call on dy with the same seed and offset. */

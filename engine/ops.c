@@ -587,17 +587,21 @@ int gl_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, const gl_tensor 
 }
 
 int gl_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets,
-                              const gl_tensor *lse, int64_t ignore_index, double softcap, double scale) {
+                              const gl_tensor *lse, int64_t ignore_index, double softcap, double scale,
+                              const gl_tensor *scale_by) {
   const char *fn = "gl_cross_entropy_backward";
   GL_TRY(check_args(fn, ARGS({dlogits, "dlogits", A_OUT | A_FLOAT}, {logits, "logits", A_FLOAT},
-                             {targets, "targets", A_INDEX}, {lse, "lse", A_FLOAT})));
+                             {targets, "targets", A_INDEX}, {lse, "lse", A_FLOAT},
+                             {scale_by, "scale_by", A_OPT | A_FLOAT})));
+  if (scale_by && scale_by->numel != 1)
+    return gl_error("%s: scale_by has %lld elements, expected 1", fn, (long long)scale_by->numel);
   GL_TRY(check_ce(fn, logits, targets, softcap));
   GL_TRY(gl_check_same_shape(logits, dlogits, fn, "logits", "dlogits"));
   GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(logits->dtype), "float32, float64 for float64 logits"));
   GL_TRY(check_shape(lse, fn, "lse", 1, logits->shape, "N, the rows of logits"));
   if (dlogits->numel == 0) return GL_OK;
   return GL_DISPATCH(logits->device, cross_entropy_backward, dlogits, logits, targets, lse, ignore_index, softcap,
-                     scale);
+                     scale, scale_by);
 }
 
 /* ---- dropout ------------------------------------------------------------------ */

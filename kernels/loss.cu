@@ -3,7 +3,10 @@
  * Twin of the cross-entropy in engine/cpu_nn.c:
  *   z = softcap > 0 ? softcap * tanh(logits / softcap) : logits,
  *   lse = log sum exp z, loss = lse - z[target]; ignored rows: loss = lse = 0;
- *   dlogits = scale * (exp(z - lse) - onehot) * (1 - (z / softcap)^2).
+ *   dlogits = scale * (exp(z - lse) - onehot) * (1 - (z / softcap)^2),
+ *   scale times scale_by[0] when given: a factor that lives on the device
+ *   (the upstream gradient over the count of kept targets), read by every
+ *   block so the host never waits for it.
  * One block per row streams the vocabulary in one pass (an online max / sum
  * per thread, merged across the block), so no softmax matrix is ever
  * materialised; the backward recomputes the probabilities from lse and may
@@ -50,7 +53,8 @@ __global__ void ce_forward_kernel(AnyPtr losses, int64_t lss, AnyPtr lse, int64_
 template <class P, class T>
 __global__ void ce_backward_kernel(P dlogits, int64_t d0, int64_t d1, P logits, int64_t s0, int64_t s1,
                                    IdxPtr targets, int64_t ts, AnyPtr lse, int64_t ess, int64_t N, int64_t V,
-                                   int64_t ignore, T cap, T scale) {
+                                   int64_t ignore, T cap, T scale, AnyPtr scale_by) {
+  if (!scale_by.null()) scale *= scale_by.get<T>(0);
   CU_ROW_LOOP(r, N) {
     int64_t tg = targets.get(r * ts);
     if (tg == ignore) {
@@ -93,7 +97,8 @@ extern "C" int cuda_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, con
 }
 
 extern "C" int cuda_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets,
-                                           const gl_tensor *lse, int64_t ignore_index, double softcap, double scale) {
+                                           const gl_tensor *lse, int64_t ignore_index, double softcap, double scale,
+                                           const gl_tensor *scale_by) {
   int64_t N = logits->shape[0], V = logits->shape[1];
   if (N == 0 || V == 0) return GL_OK;
   cudaStream_t st;
@@ -107,7 +112,7 @@ extern "C" int cuda_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *
     GL_LAUNCH(cu_row_grid(N), threads, 0, st, ce_backward_kernel<P, T>)(
         P::from(dlogits), dlogits->stride[0], dlogits->stride[1], P::from(logits), logits->stride[0],
         logits->stride[1], IdxPtr::from(targets), targets->stride[0], AnyPtr::from(lse), lse->stride[0], N, V,
-        ignore_index, (T)softcap, (T)scale);
+        ignore_index, (T)softcap, (T)scale, AnyPtr::from(scale_by));
     GL_CU_LAUNCHED();
     return GL_OK;
   });

@@ -67,3 +67,34 @@ describe('cuda-sim account: bytes, FLOPs, syncs of each launch #cuda #sim', func
     assert.matches('make sim%-account', why)
   end)
 end)
+
+-- The fit's arithmetic alone (no simulator): counts made up from known
+-- coefficients come back exactly, including the vocabulary-linear part
+-- that nanochat d20's account uses (counted at V = 1024 and 2048,
+-- evaluated at 65536).
+describe('account fit: out + L*layer over (B, T), out linear in the vocabulary', function()
+  it('recovers made-up counts exactly at another size, depth and vocabulary', function()
+    local gl = require 'gptlua'
+    local acc = dofile(gl.root .. '/recipes/tools/account.lua')
+    -- a kernel whose bytes are out = (5 + 3N + 0.5NT + 7T) + V (11 + 2N), layer = 13 + 17N + 0.25NT + 19T
+    local function count(L, B, T, V)
+      local N = B * T
+      local v = (5 + 3 * N + 0.5 * N * T + 7 * T) + V * (11 + 2 * N) + L * (13 + 17 * N + 0.25 * N * T + 19 * T)
+      return { rows = { k = { launches = L + 1, flops = 0, read = v, written = 2 * v } }, order = { 'k' } }
+    end
+    local sizes = { { 1, 64 }, { 2, 64 }, { 1, 128 }, { 2, 128 } }
+    local runs, vocab = { {}, {} }, { V1 = 1024, V2 = 2048, runs = {} }
+    for L = 1, 2 do for s, bt in ipairs(sizes) do runs[L][s] = count(L, bt[1], bt[2], 1024) end end
+    for s, bt in ipairs(sizes) do vocab.runs[s] = count(1, bt[1], bt[2], 2048) end
+    local fit = acc.fit(sizes, runs, vocab)
+    local want = count(20, 32, 2048, 65536).rows.k
+    local got = fit.predict(20, 32, 2048, nil, 65536).k
+    for _, f in ipairs({ 'launches', 'read', 'written' }) do
+      assert.is_true(math.abs(got[f] - want[f]) <= 1e-9 * want[f], ('%s: %.17g vs %.17g'):format(f, got[f], want[f]))
+    end
+    assert.has_error(function() fit.predict(20, 32, 2048) end, 'account: the fit is linear in the vocabulary; predict needs V')
+    -- without a vocabulary the fit is the eight-step one (V fixed at the counted 1024)
+    local fixed = acc.fit(sizes, runs).predict(20, 32, 2048).k
+    assert.is_true(math.abs(fixed.read - count(20, 32, 2048, 1024).rows.k.read) <= 1e-9 * fixed.read)
+  end)
+end)

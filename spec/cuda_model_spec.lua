@@ -14,7 +14,11 @@
 --            steps, so a few elements drift apart while the rest agree: the
 --            largest difference says little, the mean bounds the drift; Muon
 --            orthogonalises the gradient, so a zero-initialised matrix such
---            as nanochat's c_proj carries the gradients' 5e-2 straight over).
+--            as nanochat's c_proj carries the gradients' 5e-2 straight over;
+--            nanochat's parameters 8e-2: on the GPU Muon's Newton-Schulz runs
+--            in bf16 for bf16 parameters, on the CPU in fp32, and the bf16
+--            iteration alone differs by 4-6% of its largest entry, see
+--            spec/cuda_spec.lua; measured 5.1e-2 on c_proj).
 -- One slice is left out of the parameter comparison: GPT-2's key bias
 -- (c_attn.bias, second third).  Its gradient is exactly zero in exact
 -- arithmetic (q . (k + b) shifts every score of a row by the same q . b,
@@ -60,7 +64,7 @@ end
 
 local TOL = {
   float32 = { loss = 1e-5, grad = 1e-4, param = 1e-4 },
-  bfloat16 = { loss = 1e-2, grad = 5e-2, param = 5e-2, mean = true },
+  bfloat16 = { loss = 1e-2, grad = 5e-2, param = 5e-2, mean = true, muon_param = 8e-2 },
 }
 
 describe('whole model on the GPU vs the CPU #cuda', function()
@@ -98,7 +102,8 @@ describe('whole model on the GPU vs the CPU #cuda', function()
         for i, np in ipairs(pc) do
           assert.equal(dtype, pg[i][2].dtype)
           local r = (tol.mean and mean_rel or rel)(compared(np[1], pg[i][2]), compared(np[1], np[2]))
-          assert.is_true(r < tol.param, np[1] .. ' after 10 steps rel err ' .. r)
+          local t = kind == 'nanochat' and tol.muon_param or tol.param
+          assert.is_true(r < t, np[1] .. ' after 10 steps rel err ' .. r)
         end
       end)
     end

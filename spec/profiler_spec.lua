@@ -107,13 +107,14 @@ describe('profiler', function()
     assert.equal(3, trace.otherData.last_step)
     local ops = names_of(trace, function(e) return e.cat == 'op' end)
     -- mul: the trainer's loss * (1 / accum), reached only through the operator
-    for _, n in ipairs({ 'embedding', 'layer_norm', 'linear', 'attention_qkv', 'gelu', 'add', 'mul', 'cross_entropy' }) do
+    for _, n in ipairs({ 'embedding', 'layer_norm', 'linear', 'attention_qkv', 'gelu', 'add', 'mul',
+                         'linear_cross_entropy' }) do
       assert.is_true((ops[n] or 0) > 0, 'no ' .. n .. ' in the trace')
     end
-    assert.equal(2 * (2 * 4 + 1), ops.linear)   -- 2 steps x (2 layers x (c_attn, c_proj, c_fc, c_proj) + lm_head)
+    assert.equal(2 * 2 * 4, ops.linear)   -- 2 steps x 2 layers x (c_attn, c_proj, c_fc, c_proj); lm_head is fused
     local nodes = names_of(trace, function(e) return e.cat == 'node' end)
     for _, n in ipairs({ 'embedding backward', 'layer_norm backward', 'linear backward', 'attention_qkv backward',
-                         'gelu backward', 'cross_entropy backward' }) do
+                         'gelu backward', 'linear_cross_entropy backward' }) do
       assert.is_true((nodes[n] or 0) > 0, 'no ' .. n .. ' in the trace')
     end
     local phases = names_of(trace, function(e) return e.ph == 'X' and e.cat ~= 'op' and e.cat ~= 'node' end)
@@ -173,7 +174,7 @@ describe('profiler', function()
     local _, t = train.main(r, { '--profile=1:2' })
     local trace = H.read_json(r.out_dir .. '/p/profile/trace.rank0.json')
     local dev = names_of(trace, function(e) return e.tid == 2 and e.cat == 'device' and e.ph == 'X' and e.dur >= 0 end)
-    for _, n in ipairs({ 'linear', 'layer_norm', 'cross_entropy', 'linear backward' }) do
+    for _, n in ipairs({ 'linear', 'layer_norm', 'linear_cross_entropy', 'linear backward' }) do
       assert.is_true((dev[n] or 0) > 0, 'no device time for ' .. n)
     end
     local with_time = 0

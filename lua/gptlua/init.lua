@@ -5,6 +5,7 @@ local Tensor = require 'gptlua.tensor'
 local A = require 'gptlua.autograd'
 local O = require 'gptlua.ops'
 require 'gptlua.ops_math'
+require 'gptlua.ops_head'
 
 local gl = {
   ffi = G.ffi, lib = G.lib, Tensor = Tensor,
@@ -48,7 +49,8 @@ local OPS = {
   gather = 'x:tensor, dim:integer, index:tensor',
   scaled_dot_product_attention = 'q:tensor, k:tensor, v:tensor, opts:opts?',
   attention_qkv = 'qkv:tensor, n_head:count, opts:opts?', rope = 'x:tensor, cos:tensor, sin:tensor',
-  cross_entropy = 'logits:tensor, targets:tensor, opts:opts?', dropout = 'x:tensor, p:number, training:boolean?',
+  cross_entropy = 'logits:tensor, targets:tensor, opts:opts?',
+  linear_cross_entropy = 'x:tensor, weight:tensor, targets:tensor, opts:opts?', dropout = 'x:tensor, p:number, training:boolean?',
   -- shapes
   cat = 'tensors:tensors, dim:integer?', stack = 'tensors:tensors, dim:integer?', split = 'x:tensor, size:count, dim:integer?',
   chunk = 'x:tensor, n:count, dim:integer?', broadcast_shape = 'a:shape, b:shape, what:string?',

@@ -713,15 +713,32 @@ function O.rope(x, cos, sin)
 end
 
 -- ---------------------------------------------------------------- losses
--- O.host_free_loss: when true, cross_entropy on a GPU reads nothing on the
--- host (a CUDA graph capture cannot contain a host read; the trainer's
--- cuda_graph mode sets it): the count of targets stays a device scalar and
--- the backward scales by g / count on the device, one more pass over the
--- (N, V) gradient.  Off: the count and g are read with :item().
-O.host_free_loss = false
+-- The mean's divisor of a cross-entropy over targets t2 (N): with an
+-- ignore_index, 1 / max(count of kept targets, 1) as a one-element tensor of
+-- dtype `dt` on t2's device, computed there (nobody waits for the count);
+-- without one, the number 1 / max(N, 1).
+local function ce_inverse_count(t2, ignore_index, dt)
+  if not ignore_index then return nil, 1 / math.max(t2:numel(), 1) end
+  local ig = O.full({}, ignore_index, { dtype = t2.dtype, device = t2.device })
+  local ne = binary_raw(B.ne, t2, ig, 'cross_entropy', dt)
+  local cnt = reduce_raw(R.sum, ne, nil, false, 'cross_entropy')
+  local clamped = unary_raw(U.clamp, cnt, 1, math.huge)
+  local inv = unary_raw(U.rdiv_scalar, clamped, 1)
+  drop(ig); drop(ne); drop(cnt); drop(clamped)
+  return inv, 1
+end
+
+-- the backward's factor for the rows' gradients: g * inv * k, as a device
+-- scalar (scale_by) and a number; the caller releases the tensor
+local function ce_grad_scale(g, inv, k)
+  if inv == nil then return g, k, false end
+  return binary_raw(B.mul, g, inv, 'cross_entropy'), k, true
+end
 
 -- cross_entropy(logits (N, V) or (..., V), targets (N) or (...), opts):
--- mean over targets ~= ignore_index; optional tanh soft-capping.
+-- mean over targets ~= ignore_index; optional tanh soft-capping.  No host
+-- wait: the count of kept targets and the upstream gradient stay on the
+-- device (the backward kernel reads their product).
 function O.cross_entropy(logits, targets, opts)
   opts = opts or {}
   local ignore = opts.ignore_index or -100
@@ -739,36 +756,24 @@ function O.cross_entropy(logits, targets, opts)
   local sopt = { dtype = stat_dtype(logits), device = logits.device }
   local losses, lse = Tensor.empty({ N }, sopt), Tensor.empty({ N }, sopt)
   K(lib.gl_cross_entropy_forward(losses.c, lse.c, l2.c, t2.c, ignore, softcap))
-  local count, count_t = N, nil  -- count_t: max(count, 1) on the device (host_free_loss)
-  local on_device = O.host_free_loss and t2.device ~= 'cpu'
-  if opts.ignore_index then
-    local ig = O.full({}, ignore, { dtype = t2.dtype, device = t2.device })
-    local ne = binary_raw(B.ne, t2, ig, 'cross_entropy', 'float64')
-    local cnt = reduce_raw(R.sum, ne, nil, false, 'cross_entropy')
-    if on_device then count_t = unary_raw(U.clamp, cnt, 1, math.huge) else count = cnt:item() end
-    drop(ig); drop(ne); drop(cnt)
-  end
+  local inv, k = ce_inverse_count(t2, opts.ignore_index, sopt.dtype)
   local total = reduce_raw(R.sum, losses, nil, false, 'cross_entropy')
-  local loss = count_t and binary_raw(B.div, total, count_t, 'cross_entropy', total.dtype)
-    or unary_raw(U.mul_scalar, total, 1 / math.max(count, 1))
+  local loss = inv and binary_raw(B.mul, total, inv, 'cross_entropy') or unary_raw(U.mul_scalar, total, k)
   drop(total); drop(losses)
   return record(loss, { logits }, function(_, g, node)
     local dl = empty_like(l2)
-    if on_device then  -- dl = (softmax - onehot) * (g / count), the scale a device scalar
-      K(lib.gl_cross_entropy_backward(dl.c, l2.c, t2.c, lse.c, ignore, softcap, 1))
-      local s = count_t and binary_raw(B.div, g, count_t, 'cross_entropy', g.dtype) or unary_raw(U.mul_scalar, g, 1 / N)
-      local scaled = binary_raw(B.mul, dl, s, 'cross_entropy', dl.dtype)
-      drop(dl); drop(s)
-      dl = scaled
-    else
-      K(lib.gl_cross_entropy_backward(dl.c, l2.c, t2.c, lse.c, ignore, softcap, g:item() / math.max(count, 1)))
-    end
+    local by, kk, made = ce_grad_scale(g, inv, k)
+    K(lib.gl_cross_entropy_backward(dl.c, l2.c, t2.c, lse.c, ignore, softcap, kk, by.c))
+    if made then drop(by) end
     local out = dl:_as_strided(logits.shape, Tensor.contiguous_strides(logits.shape), 0)
     drop(dl)
-    if not node.retaining then drop(l2); drop(lc, logits); drop(t2); drop(tc, targets) end
+    if not node.retaining then drop(l2); drop(lc, logits); drop(t2); drop(tc, targets); drop(inv) end
     return out
   end, { l2, t2 }, 'cross_entropy', { lse })
 end
+
+-- raw helpers other modules share (ops_head.lua's fused head, optim's Newton-Schulz); not gl.* functions
+O._raw = { inverse_count = ce_inverse_count, reduce_raw = reduce_raw }
 
 -- dropout(x, p, training): a fresh mask per call from the global RNG
 function O.dropout(x, p, training)

@@ -178,9 +178,21 @@ end
 -- ---------------------------------------------------------------- Muon
 -- Quintic Newton–Schulz orthogonalisation (modded-nanogpt coefficients):
 -- X <- a X + (b A + c A^2) X with A = X X^T, on the wide orientation.
+-- `dtype`: what the iteration runs in (default G's own).  Muon runs it in
+-- bfloat16 for a bf16 parameter on a GPU (optim.ns_dtype): the three
+-- products of each step on cuBLASLt's bf16 tensor cores, as modded-nanogpt
+-- and nanochat do, since the iteration only has to land the singular values
+-- in a band around 1, which bf16 rounding does not disturb; float32 and
+-- float64 training, and the CPU, keep G's dtype.  The result comes back in
+-- G's dtype; the caller's state (Muon's momentum buffer) stays fp32.
 local NS = { 3.4445, -4.7750, 2.0315 }
-function optim.newton_schulz(G, steps)
+function optim.ns_dtype(p)
+  if p.device ~= 'cpu' and p.dtype == 'bfloat16' then return 'bfloat16' end
+  return nil
+end
+function optim.newton_schulz(G, steps, dtype)
   steps = steps or 5
+  dtype = dtype or G.dtype
   -- temporaries are released as soon as they are used: Muon runs this per
   -- matrix, and a whole model's worth of them would otherwise pile up
   local function free(t) if t ~= G then Tensor.release(t) end end
@@ -190,8 +202,19 @@ function optim.newton_schulz(G, steps)
     local Gt = tall and G:t() or nil
     local X = gl.raw_contiguous(Gt or G)
     if Gt then free(Gt) end  -- the view would keep G (the update direction) alive
-    local Xs = X * (1 / (gl.global_norm({ X }) + 1e-7))
+    local Xs
+    if X.device == 'cpu' then Xs = X * (1 / (gl.global_norm({ X }) + 1e-7))
+    else  -- on a GPU the norm stays on the device: no host wait per matrix
+      local n = gl._raw.reduce_raw(lib.GL_R_NORM2, X, nil, false, 'newton_schulz')
+      local d = n + 1e-7
+      Xs = X / d
+      free(n); free(d)
+    end
     free(X); X = Xs
+    if X.dtype ~= dtype then  -- the iteration's precision (bf16 on a GPU)
+      local Xd = X:to(dtype)
+      free(X); X = Xd
+    end
     for _ = 1, steps do
       local Xt = X:t()
       local Am = gl.matmul_raw(X, Xt)
@@ -207,6 +230,10 @@ function optim.newton_schulz(G, steps)
       local out = gl.raw_contiguous(Xt)
       free(Xt); free(X)
       X = out
+    end
+    if X.dtype ~= G.dtype then
+      local Xg = X:to(G.dtype)
+      free(X); X = Xg
     end
     return X
   end)
@@ -239,7 +266,7 @@ Muon.set_lr_mult, Muon.state_dict, Muon.load_state_dict = set_lr_mult, state_dic
 function Muon.update_direction(p, grad, buf, g)
   local upd = gl.empty(p.shape, { dtype = 'float32', device = p.device })
   K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0))
-  local X = optim.newton_schulz(upd, g.ns_steps)
+  local X = optim.newton_schulz(upd, g.ns_steps, optim.ns_dtype(p))
   Tensor.release(upd)
   return X
 end
@@ -349,7 +376,7 @@ for _, cls in ipairs({ AdamW, Muon, Combined }) do
   cls.set_lr_mult = check.wrap('set_lr_mult', 'self:opts, mult:number', cls.set_lr_mult)
 end
 Combined.set_momentum = check.wrap('set_momentum', 'self:opts, momentum:number', Combined.set_momentum)
-optim.newton_schulz = check.wrap('newton_schulz', 'G:tensor, steps:integer?', optim.newton_schulz)
+optim.newton_schulz = check.wrap('newton_schulz', 'G:tensor, steps:integer?, dtype:string?', optim.newton_schulz)
 optim.nanochat = check.wrap('nanochat', 'model:module, opts:opts?', optim.nanochat)
 
 -- --------------------------------------------------------------- schedules

@@ -10,10 +10,10 @@
 --     replayed backward accumulates into them as the op-by-op one does.
 --   - Memory: what the capture allocates comes from the graph's pool
 --     (kernels/runtime.cu, engine/alloc.c) and stays the graph's.
---   - Losses: gl.cross_entropy runs in its host-free form in the micro-steps
---     of this mode, from the first warm-up step on (ops_math.lua's
---     host_free_loss), so a run is the same computation whether a step is
---     replayed or launched op by op.
+--   - Losses: gl.cross_entropy and the fused head read nothing on the host
+--     (the count of targets and the upstream gradient stay on the device),
+--     so a run is the same computation whether a step is replayed or
+--     launched op by op.
 --   - Outside the graph, as before: the loss read (one host wait per
 --     micro-step), the gradient norm and clipping, the optimizer step.  They
 --     read host numbers (the scheduled learning rate, the clip decision)
@@ -25,7 +25,6 @@
 -- NOTES-cuda.md) never captures.
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
-local O = require 'gptlua.ops'
 
 local M = {}
 
@@ -99,15 +98,9 @@ function Graph:capture(model, accum)
 end
 
 -- one micro-step (the trainer's loop body): the batch, forward, backward;
--- returns the loss as a number.  The host-free losses are on only here
--- (evals and samples between steps read their losses as before).
+-- returns the loss as a number
 function Graph:micro_step(micro, accum)
-  local was = O.host_free_loss
-  O.host_free_loss = true
-  local ok, v = pcall(self.micro_step_body, self, micro, accum)
-  O.host_free_loss = was
-  if not ok then error(v, 0) end
-  return v
+  return self:micro_step_body(micro, accum)
 end
 
 function Graph:micro_step_body(micro, accum)

@@ -15,7 +15,18 @@
 --     out(B, T) + L * layer(B, T),   each  a + b*N + c*N*T + d*T
 -- (c: attention's T^2 work; d: per-position work, GPT-2's position table).
 -- Eight counted steps give the eight coefficients: L = 1 and 2, at (B, T) =
--- (1, T0), (2, T0), (1, 2*T0), (2, 2*T0).  check() compares the extrapolation
+-- (1, T0), (2, T0), (1, 2*T0), (2, 2*T0).  A model with `Vs` (nanochat d20,
+-- whose 168M embedding and head parameters made each counted step take
+-- minutes: the simulated AdamW over them) is counted at two small
+-- vocabularies V1, V2 instead of its own: the layers do not depend on V and
+-- the rest is linear in it (tables, head GEMMs, cross-entropy rows, their
+-- optimizer state), so each coefficient of `out` becomes p + q*V, from the
+-- eight steps at V1 and four more (L = 1) at V2, evaluated at the real V.
+-- Each counted step is its forward, backward and clip, plus the
+-- optimizer's update counted separately once per depth, vocabulary and
+-- context (it does not depend on the batch) and added row by row: the
+-- simulated update (Muon's Newton-Schulz over every matrix) is most of a
+-- step's time.  check() counts whole steps, so it checks the split too.  check() compares the extrapolation
 -- with a direct count at another size (spec/account_spec.lua).  Exact while
 -- every kernel's launch configuration scales with the size; the one known
 -- exception is a reduction whose block count saturates (kernels/reduce.cu
@@ -109,7 +120,8 @@ end
 M.MODELS = {
   gpt2_124m = { recipe = 'gpt2_124m', B = 64, T = 1024, layers = 12, C = 768, T0 = 64,
                 args = function(L) return { '--n_layer=' .. L } end },
-  nanochat_d20 = { recipe = 'nanochat_d20', B = 32, T = 2048, layers = 20, C = 1280, T0 = 64,
+  nanochat_d20 = { recipe = 'nanochat_d20', B = 32, T = 2048, layers = 20, C = 1280, T0 = 64, V = 65536,
+                   Vs = { 1024, 2048 },
                    args = function(L) return { '--depth=0', '--n_layer=' .. L, '--n_embd=1280', '--n_head=10' } end },
 }
 
@@ -126,11 +138,20 @@ local function trainer(model, L, B, T, extra)
 end
 
 -- One training step (micro-batch B x T, backward, clip, optimizer update)
--- counted after one warm-up step (optimizer state, cached plans).
-function M.count_step(model, L, B, T, extra)
+-- counted after one warm-up step (optimizer state, cached plans).  part:
+-- nil (the whole step), 'no optimizer' (the step without the optimizer's
+-- update, in the warm-up too) or 'optimizer' (only the update, after a
+-- whole warm-up step: the state exists and the gradients are there).
+function M.count_step(model, L, B, T, extra, part)
   local t = trainer(model, L, B, T, extra)
+  if part == 'no optimizer' then t.policy.step = function() end end
   t:train_step()
-  local res = M.count(function() t:train_step() end)
+  local res
+  if part == 'optimizer' then
+    res = M.count(function() gl.scope(function() t.policy:step() end) end)  -- as Trainer:train_step runs it
+  else
+    res = M.count(function() t:train_step() end)
+  end
   res.flops_per_token, res.tokens = t.flops_per_token, B * T
   res.params = t.model:num_params()
   t = nil
@@ -171,14 +192,17 @@ end
 
 -- Fits every row's counts as out(B,T) + L*layer(B,T), each a combination of
 -- basis(B, T), from counted steps at L = 1 and 2 and the sizes {B, T}
--- (runs[L][s]).  Returns the fit: fit.predict(L, B, T [, 'layer']) -> rows.
-function M.fit(sizes, runs)
+-- (runs[L][s]).  With `vocab` = { V1, V2, runs = L = 1 steps at V2 } (runs
+-- being at V1), out's coefficients are linear in the vocabulary.  Returns
+-- the fit: fit.predict(L, B, T [, part [, V]]) -> rows.
+function M.fit(sizes, runs, vocab)
   local A = {}
   for s, bt in ipairs(sizes) do A[s] = basis(bt[1], bt[2]) end
   local names, seen = {}, {}
-  for L = 1, 2 do
+  local all = { runs[1], runs[2], vocab and vocab.runs }
+  for _, rs in ipairs(all) do
     for s = 1, #sizes do
-      for _, n in ipairs(runs[L][s].order) do if not seen[n] then seen[n] = true; names[#names + 1] = n end end
+      for _, n in ipairs(rs[s].order) do if not seen[n] then seen[n] = true; names[#names + 1] = n end end
     end
   end
   local coef = {}
@@ -192,19 +216,36 @@ function M.fit(sizes, runs)
         layer[s], out[s] = v2 - v1, 2 * v1 - v2
       end
       coef[n][f] = { out = solve(A, out), layer = solve(A, layer) }
+      if vocab then  -- out at V2 (the L = 1 step less one layer): out = p + q*V per coefficient
+        local out2 = {}
+        for s = 1, #sizes do
+          local r = vocab.runs[s].rows[n]
+          out2[s] = (r and r[f] or 0) - layer[s]
+        end
+        local x1, x2, p, q = coef[n][f].out, solve(A, out2), {}, {}
+        for i = 1, #x1 do
+          q[i] = (x2[i] - x1[i]) / (vocab.V2 - vocab.V1)
+          p[i] = x1[i] - q[i] * vocab.V1
+        end
+        coef[n][f].out, coef[n][f].outV = p, q
+      end
     end
   end
-  local fit = { names = names, coef = coef }
+  local fit = { names = names, coef = coef, vocab = vocab }
   -- counts at (L, B, T); part 'layer': one layer's; 'layer tokens': one
   -- layer's work that grows with the tokens (no optimizer, no zeroing)
-  function fit.predict(L, B, T, part)
+  function fit.predict(L, B, T, part, V)
+    if vocab and not V then error('account: the fit is linear in the vocabulary; predict needs V', 2) end
     local x = basis(B, T)
     local rows = {}
     for _, n in ipairs(names) do
       local r = {}
       for _, f in ipairs(FIELDS) do
         local c, lay, out = coef[n][f], 0, 0
-        for i = 1, #x do lay, out = lay + c.layer[i] * x[i], out + c.out[i] * x[i] end
+        for i = 1, #x do
+          lay, out = lay + c.layer[i] * x[i], out + c.out[i] * x[i]
+          if c.outV then out = out + c.outV[i] * x[i] * V end
+        end
         if part == 'layer tokens' then lay = lay - c.layer[1] end  -- without the fixed (parameter-sized) part
         r[f] = part and lay or out + L * lay
       end
@@ -231,17 +272,66 @@ function M.measure(model, extra, log)
   end
   local T0 = model.T0
   local sizes = { { 1, T0 }, { 2, T0 }, { 1, 2 * T0 }, { 2, 2 * T0 } }
+  local V1, V2 = model.Vs and model.Vs[1], model.Vs and model.Vs[2]
+  -- The optimizer's update does not depend on the batch (the parameters'
+  -- shapes do not), only on the context where a parameter is sized by it
+  -- (GPT-2's position table): it is counted once per depth, vocabulary and
+  -- context (at B = 1) and added to the steps counted without it, which saves
+  -- where the time goes (nanochat's Newton-Schulz over every matrix, simulated).
+  local function counted(L, bt, V, part)
+    local t0 = now()
+    local r = M.count_step(model, L, bt[1], bt[2], M.with_vocab(extra, V), part)
+    if log then
+      log(('  counted L=%d B=%d T=%d%s%s in %.0f s'):format(L, bt[1], bt[2], V and (' V=' .. V) or '',
+        part and (' (' .. part .. ')') or '', now() - t0))
+    end
+    return r
+  end
+  local function step(L, bt, V, opt)
+    local T = bt[2]
+    opt[T] = opt[T] or counted(L, { 1, T }, V, 'optimizer')
+    return M.merge(counted(L, bt, V, 'no optimizer'), opt[T])
+  end
   local runs = { {}, {} }
   for L = 1, 2 do
-    for s, bt in ipairs(sizes) do
-      local t0 = now()
-      runs[L][s] = M.count_step(model, L, bt[1], bt[2], extra)
-      if log then log(('  counted L=%d B=%d T=%d in %.0f s'):format(L, bt[1], bt[2], now() - t0)) end
-    end
+    local opt = {}
+    for s, bt in ipairs(sizes) do runs[L][s] = step(L, bt, V1, opt) end
   end
-  local fit = M.fit(sizes, runs)
+  local vocab
+  if V2 then
+    vocab = { V1 = V1, V2 = V2, runs = {} }
+    local opt = {}
+    for s, bt in ipairs(sizes) do vocab.runs[s] = step(1, bt, V2, opt) end
+  end
+  local fit = M.fit(sizes, runs, vocab)
   fit.sizes, fit.runs = sizes, runs
   return fit
+end
+
+-- a + b, row by row (counts of two parts of one step)
+function M.merge(a, b)
+  local res = { rows = {}, order = {}, host_s = a.host_s + b.host_s, flops_per_token = a.flops_per_token,
+                tokens = a.tokens, params = a.params }
+  for _, r in ipairs({ a, b }) do
+    for _, n in ipairs(r.order) do
+      local x = res.rows[n]
+      if not x then
+        x = { launches = 0, flops = 0, read = 0, written = 0 }
+        res.rows[n] = x
+        res.order[#res.order + 1] = n
+      end
+      for _, f in ipairs(FIELDS) do x[f] = x[f] + r.rows[n][f] end
+    end
+  end
+  return res
+end
+
+-- the trainer's extra arguments with the vocabulary V (nil: the recipe's)
+function M.with_vocab(extra, V)
+  if not V then return extra end
+  local e = { '--vocab_size=' .. V }
+  for _, a in ipairs(extra or {}) do e[#e + 1] = a end
+  return e
 end
 
 -- Kernels whose bytes depend on the data, not only on the sizes: an
@@ -271,9 +361,9 @@ end
 -- Largest relative difference between the fit's prediction at (L, B, T) and
 -- a direct count there, over every row and field (0 when exact), and where;
 -- then the same over the data-dependent rows; and the direct count.
-function M.check(model, fit, L, B, T, extra)
-  local direct = M.count_step(model, L, B, T, extra)
-  local pred = fit.predict(L, B, T)
+function M.check(model, fit, L, B, T, extra, V)
+  local direct = M.count_step(model, L, B, T, M.with_vocab(extra, V))
+  local pred = fit.predict(L, B, T, nil, V)
   local worst, where, dworst, dwhere = 0, 'none', 0, 'none'
   local names = {}
   for _, n in ipairs(fit.names) do names[n] = true end
@@ -391,21 +481,31 @@ function M.main(opts, out)
   out(('account: %s, one training step (B=%d, T=%d, %d layers, AdamW%s, bf16 with fp32 master weights and '
        .. 'optimizer state), counted by the CUDA simulator'):format(opts.model, model.B, model.T, model.layers,
        recipe.optimizer == 'nanochat' and ' + Muon' or ''))
-  out(('counting L=1,2 layers at (B,T) = (1,%d), (2,%d), (1,%d), (2,%d), real width and vocabulary; each '
-       .. 'kernel\'s counts fitted as out + L*layer, each a + b*N + c*N*T + d*T (N = B*T), and evaluated at the '
-       .. 'full size'):format(model.T0, model.T0, 2 * model.T0, 2 * model.T0))
+  if model.Vs then
+    out(('counting L=1,2 layers at (B,T) = (1,%d), (2,%d), (1,%d), (2,%d), real width, vocabulary %d, and L=1 at '
+         .. 'the same sizes with vocabulary %d; each kernel\'s counts fitted as out + L*layer, each a + b*N + c*N*T '
+         .. '+ d*T (N = B*T), out\'s coefficients linear in the vocabulary, and evaluated at the full size and '
+         .. 'vocabulary %d (every count is the simulator\'s; only the vocabulary and the size are extrapolated)')
+        :format(model.T0, model.T0, 2 * model.T0, 2 * model.T0, model.Vs[1], model.Vs[2], model.V))
+  else
+    out(('counting L=1,2 layers at (B,T) = (1,%d), (2,%d), (1,%d), (2,%d), real width and vocabulary; each '
+         .. 'kernel\'s counts fitted as out + L*layer, each a + b*N + c*N*T + d*T (N = B*T), and evaluated at the '
+         .. 'full size'):format(model.T0, model.T0, 2 * model.T0, 2 * model.T0))
+  end
   local fit = M.measure(model, nil, out)
   if opts.check == 1 then
     local T = math.floor(model.T0 * 3 / 2)
-    local worst, where, dworst, dwhere = M.check(model, fit, 3, 3, T)
-    out(('extrapolation check at L=3 B=3 T=%d against a direct count: largest relative difference %.2g (%s); '
-         .. 'data-dependent rows %.2g (%s)'):format(T, worst, where, dworst, dwhere))
+    local V = model.Vs and (model.Vs[1] + model.Vs[2]) * 3 / 4 or nil  -- a third vocabulary between them
+    local worst, where, dworst, dwhere = M.check(model, fit, 3, 3, T, nil, V)
+    out(('extrapolation check at L=3 B=3 T=%d%s against a direct count: largest relative difference %.2g (%s); '
+         .. 'data-dependent rows %.2g (%s)'):format(T, V and (' V=' .. V) or '', worst, where, dworst, dwhere))
   end
   local ref = fit.runs[2][4]
-  local rows = fit.predict(model.layers, model.B, model.T)
+  local rows = fit.predict(model.layers, model.B, model.T, nil, model.V)
   return M.report(rows, fit.names, {
     tokens = model.B * model.T, flops_per_token = M.flops_per_token(model, fit),
-    layer_rows = fit.predict(model.layers, model.B, model.T, 'layer tokens'), act_bytes = model.B * model.T * model.C * 2,
+    layer_rows = fit.predict(model.layers, model.B, model.T, 'layer tokens', model.V),
+    act_bytes = model.B * model.T * model.C * 2,
     host_s = ref.host_s,
     host_note = ('measured in the simulator at L=2 B=2 T=%d: Lua, engine and the simulated runtime\'s API calls, '
                  .. 'device work excluded'):format(2 * model.T0) }, out)
@@ -413,12 +513,14 @@ end
 
 -- The full-size model's FLOPs per token (as bench.lua's MFU uses), from the
 -- counted models' (models/common.lua: 6 * non-lookup parameters + 12 *
--- n_layer * n_embd * T; each layer adds the same parameters).
+-- n_layer * n_embd * T; each layer adds the same parameters; counted at a
+-- vocabulary V1, the head adds C parameters per token of the real V more).
 function M.flops_per_token(model, fit)
   local r1, r2, C, T0 = fit.runs[1][1], fit.runs[2][1], model.C, fit.sizes[1][2]
   local np1 = (r1.flops_per_token - 12 * 1 * C * T0) / 6
   local np2 = (r2.flops_per_token - 12 * 2 * C * T0) / 6
-  return 6 * (np1 + (model.layers - 1) * (np2 - np1)) + 12 * model.layers * C * model.T
+  local head = fit.vocab and (model.V - fit.vocab.V1) * C or 0
+  return 6 * (np1 + (model.layers - 1) * (np2 - np1) + head) + 12 * model.layers * C * model.T
 end
 
 return M

@@ -12,7 +12,6 @@
 -- form) and the backward into the parameters' gradients; the optimizer is
 -- not part of it.
 local gl = require 'gptlua'
-local O = require 'gptlua.ops'
 local cuda = require 'gptlua.cuda'
 local ffi = require 'ffi'
 local now = require('gptlua.cli').now
@@ -44,7 +43,6 @@ local xy = gl.uniform({ r.batch_size, r.block_size + 1 }, 0, 65, { seed = 5, dty
   :to('int64'):to('cuda:0')
 local x = xy:narrow(2, 1, r.block_size):contiguous():keep()
 local y = xy:narrow(2, 2, r.block_size):contiguous():keep()
-O.host_free_loss = true
 
 -- forward and backward into the parameters' (kept) gradients
 local function step()

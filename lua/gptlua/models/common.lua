@@ -54,8 +54,15 @@ end
 
 -- logits = x W^T; with targets, the loss (mean cross-entropy, targets of -1
 -- ignored, soft-capping fused into the loss).  Without targets the logits
--- are soft-capped; with targets the raw logits come back with the loss.
+-- are soft-capped.  With targets only the loss comes back (nil, loss): the
+-- head, its soft-cap and the loss run fused over chunks of rows
+-- (gl.linear_cross_entropy, ops_head.lua), never holding the (B, T, V)
+-- logits; a `linear` other than gl.linear (a parallel layout's) keeps the
+-- unfused head and returns the raw logits with the loss.
 function M.head(model, x, targets, linear, weight, softcap)
+  if targets ~= nil and linear == gl.linear then
+    return nil, gl.linear_cross_entropy(x, weight, targets, { ignore_index = -1, softcap = softcap })
+  end
   local logits = linear(x, weight)
   if targets == nil then
     if softcap and softcap > 0 then logits = gl.softcap(logits, softcap) end

@@ -106,6 +106,12 @@ describe('slow-link policies over MPI ranks', function()
       local tail, got = run(args .. ' resume=' .. step3)
       same({ losses = { full.losses[4], full.losses[5], full.losses[6] } }, tail, a .. ' resumed', 0)
       same_params(want, got, a .. ' resumed', 0)
+      if a:match('localsgd') then   -- local state of 2 ranks: not on 3
+        local o, rc = H.mpirun(3, 'spec/dist/avg_run.lua', out .. '/r3 dtype=float64 ' .. args .. ' resume=' .. step3)
+        assert.is_true(rc ~= 0)
+        assert.truthy(o:find(('resume: checkpoint %s holds the local state of 2 localsgd ranks; resume it on 2 ranks, '
+          .. 'not 3'):format(step3), 1, true), o)
+      end
     end
   end)
 

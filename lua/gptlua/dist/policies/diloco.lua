@@ -140,6 +140,12 @@ function DiLoCo:step()
   end
 end
 
+-- MPI moves a message only inside MPI calls: a fragment in flight gets a
+-- push at every micro-step
+function DiLoCo:before_micro_step()
+  if self.pending then require('gptlua.dist').progress() end
+end
+
 function DiLoCo:metrics()
   return { round_step = self.steps % self.H, syncs = self.syncs }
 end

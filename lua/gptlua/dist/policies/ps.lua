@@ -37,18 +37,21 @@
 -- up to k updates ahead of a slow one instead of waiting for it every step.
 -- (Two pushes queued at the bound cannot both be applied: the second is
 -- dropped, counted in the metrics' `dropped`, and its worker continues
--- from fresh parameters.)  Servers serve whenever
--- their rank is inside the policy (while waiting for replies).  Before any
--- collective (average_number: evals; checkpoints) every worker parks (a
--- message with version -1), the servers serve until all are parked, and
--- every shard is broadcast from its server, so every rank continues from
--- the servers' parameters.  The trainer's per-step {loss, stop} all-reduce
--- is skipped (policy.asynchronous): the logged loss is rank 0's own, and
--- a stop signal is acted on by the rank that received it only (a limit of
--- this mode).  Every applied update's staleness is recorded: metrics
--- staleness_max / staleness_mean since the last log record (rank 0 serves
--- shard 0), policy.log the whole list {worker, staleness[, dropped]}.  The order of
--- updates depends on timing: asynchronous runs do not repeat exactly.
+-- from fresh parameters.)  Servers serve whenever their rank is inside the
+-- policy (while waiting for its replies).  Before any collective
+-- (average_number: evals; checkpoints) every worker parks (a PARK
+-- message), the servers serve until all are parked, and every shard is
+-- broadcast from its server, so every rank continues from the servers'
+-- parameters.  The trainer's per-step {loss, stop} all-reduce is skipped
+-- (policy.asynchronous): the logged loss is rank 0's own, and stop signals
+-- are not acted on (the ranks do not meet each step to agree on the step
+-- to stop at; a limit of this mode: the run ends at max_iters).  Every
+-- applied update's staleness is recorded: metrics staleness_max /
+-- staleness_mean / updates / dropped since the last log record (rank 0's,
+-- the server of shard 1, which every push reaches), policy.log the whole
+-- list {worker, staleness[, dropped]}.  The order of updates depends on
+-- timing: asynchronous runs do not repeat exactly.  Bytes per step: every
+-- worker sends each server its shard's gradient and receives it back.
 --
 -- Checkpoints: each server writes its shard's optimizer state
 -- (optim.rankNNNNN.safetensors, whole tensors at offset 0); state.json's

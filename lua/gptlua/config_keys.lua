@@ -77,6 +77,8 @@ return {
   dist = "'none', 'ddp', 'zero1', 'zero2', 'fsdp' or 'hsdp' (ddp by default on several ranks)",
   bucket_mb = 'ddp/zero: gradient bucket size in MB',
   shard_size = 'hsdp: ranks per shard group (0: all ranks)',
+  dp = 'mesh: data-parallel ranks (0: the world over tp); dist runs over them',
+  tp = 'mesh: tensor-parallel ranks per model copy (Megatron layout, innermost; 1: off)',
   dist_timeout = 'seconds a collective may wait before every rank is aborted',
   fsdp = 'fsdp/hsdp options (the keys below)',
   ['fsdp.reshard_after_forward'] = "free each block's gathered weights after its forward",

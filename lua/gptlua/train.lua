@@ -56,6 +56,8 @@ M.defaults = {
   -- several ranks it is ddp ('none' trains each rank alone and is refused by run there);
   -- dist_timeout: seconds a collective may take before every rank is aborted
   dist = 'none', bucket_mb = 25, shard_size = 0, dist_timeout = 600,
+  -- device mesh (gptlua.dist.mesh): tensor parallel over tp ranks, data parallel (dist) over dp
+  dp = 0, tp = 1,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
@@ -70,7 +72,7 @@ local INTEGER_KEYS = {
   checkpoint_interval = { 0, COUNT }, keep_last = { 0, INT32 }, max_bad_steps = { 0, COUNT }, top_k = { 0, INT32 },
   threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
-  shard_size = { 0, COUNT },
+  shard_size = { 0, COUNT }, dp = { 0, INT32 }, tp = { 1, INT32 },
 }
 M.INTEGER_KEYS = INTEGER_KEYS
 
@@ -343,17 +345,25 @@ function M.new(recipe, args)
     self.comm = self.dist.init({ timeout = cfg.dist_timeout })
     self.rank, self.world = self.comm.rank, self.comm.size
   end
+  -- a mesh (--dp, --tp): the data is split over its dp ranks only (the tp
+  -- ranks of a group read the same batch)
+  self.dp_rank, self.dp_size = self.rank, self.world
+  if cfg.tp > 1 or cfg.dp > 0 then
+    if not self.comm then fail(("tp %d and dp %d need a distributed run (dist = 'ddp')"):format(cfg.tp, cfg.dp)) end
+    self.mesh = self.dist.mesh({ dp = cfg.dp, tp = cfg.tp, world = self.comm })
+    self.dp_rank, self.dp_size = self.mesh.coord.dp, self.mesh.size.dp
+  end
   -- each rank of a distributed GPU run trains on the GPU it is bound to
   if self.dist and (cfg.device == 'cuda' or cfg.device == 'cuda:0') and self.dist.device() ~= 'cpu' then
     cfg.device = self.dist.device()
   end
   if cfg.threads > 0 then gl.set_num_threads(cfg.threads) end
   gl.manual_seed(cfg.seed)
-  local d = (hooks.build_data or M.build_data)(cfg, self.rank, self.world)
+  local d = (hooks.build_data or M.build_data)(cfg, self.dp_rank, self.dp_size)
   self.data = d
   if cfg.vocab_size == 0 then cfg.vocab_size = d.vocab_size end
   if cfg.total_batch_size > 0 then
-    local per = cfg.batch_size * cfg.block_size * self.world
+    local per = cfg.batch_size * cfg.block_size * self.dp_size
     if cfg.total_batch_size % per ~= 0 then
       fail(('total_batch_size %d is not a multiple of batch_size*block_size*world (%d)'):format(cfg.total_batch_size, per))
     end
@@ -363,6 +373,10 @@ function M.new(recipe, args)
   local model = (hooks.build_model or M.build_model)(cfg)
   if cfg.dtype ~= 'float32' then model:to(cfg.dtype) end
   if cfg.device ~= 'cpu' then model:to(cfg.device) end
+  if self.mesh and self.mesh.size.tp > 1 then  -- cut the whole model over the tp group
+    self.flops_per_token = model:flops_per_token(cfg.block_size)  -- the whole model's
+    self.tp_layout = require('gptlua.dist.tensor_parallel').parallelize(model, self.mesh.tp)
+  end
   self.model = model
   local groups = hooks.param_groups and hooks.param_groups(cfg, model) or nil
   self.optimizer = (hooks.build_optimizer or M.build_optimizer)(cfg, model, groups)
@@ -371,11 +385,15 @@ function M.new(recipe, args)
   self.params = model:parameters()
   local popts = { comm = self.comm, model = model, optimizer = self.optimizer, params = self.params,
                   bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size, cfg = cfg, units = hooks.fsdp_units }
+  if self.mesh then popts.comm = self.mesh.dp end
   self.policy = self.dist and self.dist.policy(cfg.dist, popts) or Local.new(popts)
+  if self.tp_layout then
+    self.policy = require('gptlua.dist.policies.tp').new(self.policy, self.tp_layout, self.mesh, cfg.dist)
+  end
   self.run_dir = cfg.out_dir .. '/' .. cfg.name
   self.ckpt_dir = self.run_dir .. '/checkpoints'
-  self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * self.world
-  self.flops_per_token = model:flops_per_token(cfg.block_size)
+  self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * self.dp_size
+  self.flops_per_token = self.flops_per_token or model:flops_per_token(cfg.block_size)
   self.tensorboard = require('gptlua.observe.tensorboard').for_trainer(self)  -- nil when off
   self.profiler = require('gptlua.observe.profiler').for_trainer(self)        -- wraps train_step; nil when off
   return self
@@ -487,7 +505,8 @@ function Trainer:load_checkpoint(path)
     error(('resume: checkpoint %s has %s = %s, this run has %s; not loaded'):format(path, k,
       tostring(st.config[k]), tostring(cfg[k])), 0)
   end
-  self.model:load_state_dict(c.model)
+  if self.policy.load_model then self.policy:load_model(c.model)  -- a cut model takes its part
+  else self.model:load_state_dict(c.model) end
   if self.policy.load_checkpoint then  -- sharded state: the policy takes its part
     self.policy:load_checkpoint(self, c, path)
   else  -- a sharded checkpoint (st.shards) is assembled whole
@@ -648,11 +667,12 @@ function Trainer:run()
     cfg.model, self.model:num_params() / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size))
   self:print(('device %s (%d threads), %s, batch %d x %d x %d accum x %d ranks = %d tokens/step'):format(
     cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
-    self.world, self.tokens_per_step))
+    self.dp_size, self.tokens_per_step))
   self:print(('MFU against a peak of %s per device (%s)'):format(progress.fmt_flops(peak), peak_source))
   if self.world > 1 then
     self:print(('dist: %s (%s %d ranks), collective timeout %g s'):format(cfg.dist,
       self.launch.dist_default and 'default for' or 'on', self.world, cfg.dist_timeout))
+    if self.mesh then self:print(tostring(self.mesh)) end
   end
   self:print(('run %s writes %s'):format(self.run_id, self.run_dir))
   signals(gl.lib.gl_signal_catch)

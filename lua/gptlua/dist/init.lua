@@ -747,6 +747,10 @@ function dist.policy(name, opts)
   return p
 end
 
+-- The world as a grid of named dimensions with a Comm per dimension
+-- (dist.mesh{dp = 2, tp = 2}; lua/gptlua/dist/mesh.lua).
+function dist.mesh(o) return require('gptlua.dist.mesh').new(o) end
+
 -- Advances in-flight collectives without blocking (MPI moves data only
 -- inside MPI calls): call it between pieces of compute to overlap them.
 function dist.progress()

@@ -56,6 +56,8 @@ end
 -- ignored, soft-capping fused into the loss).  Without targets the logits
 -- are soft-capped; with targets the raw logits come back with the loss.
 function M.head(model, x, targets, linear, weight, softcap)
+  -- a tensor-parallel model's vocabulary-parallel head (gptlua.dist.tensor_parallel)
+  if model.tp_head then return model.tp_head(x, targets, weight, softcap) end
   local logits = linear(x, weight)
   if targets == nil then
     if softcap and softcap > 0 then logits = gl.softcap(logits, softcap) end

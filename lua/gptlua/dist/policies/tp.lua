@@ -1,0 +1,106 @@
+-- gptlua.dist.policies.tp — the trainer's policy for a tensor-parallel
+-- model (gptlua.dist.tensor_parallel) on a mesh: wraps the data-parallel
+-- policy that runs over the mesh's dp group.
+--
+-- Layout: every rank holds its tp shard of the cut matrices (and of their
+-- optimizer state) and a whole copy of the replicated parameters; ranks
+-- with the same tp coordinate form a dp group, and the inner policy (ddp)
+-- averages their gradients as it would for a whole model.
+--
+-- Step: forward and backward communicate over tp inside the model (f and
+-- g); after_backward is the inner policy's (dp all-reduce of the local
+-- shard's gradients: 2(dp-1)/dp * P/tp elements per rank); the gradient
+-- norm is the whole model's: sum of squares of the shards summed over tp
+-- plus the replicated ones once — one all-reduce of a number over tp
+-- (replicated gradients are equal on every tp rank, so each rank adds
+-- 1/tp of theirs); AdamW then runs elementwise on each rank's shard.
+--
+-- Checkpoints hold full tensors: the dp-rank-0 row gathers every cut
+-- parameter and its optimizer state over tp (tensor_parallel.gather) and
+-- world rank 0 writes them as an unsharded run would, so a checkpoint loads
+-- at any tp (or none); loading cuts the full tensors for this rank.
+--
+-- Muon (optimizer 'nanochat') is refused: Newton–Schulz needs whole
+-- matrices, and gathering them (2(tp-1)/tp of every hidden matrix per step
+-- for the owner's gradient and update) is not written yet.
+local B = require 'gptlua.dist.policies.base'
+local TP = require 'gptlua.dist.tensor_parallel'
+local optim = require 'gptlua.optim'
+local ckpt = require 'gptlua.checkpoint'
+
+local P = {}
+P.__index = P
+
+local function fail(msg) error('tensor parallel: ' .. msg, 0) end
+
+-- inner: the data-parallel policy over mesh.dp (its name in dist_name)
+function P.new(inner, layout, mesh, dist_name)
+  if dist_name ~= 'ddp' and dist_name ~= 'none' then
+    fail(("dist '%s' with tp > 1 is not supported yet (expected dist = 'ddp' over the dp dimension)"):format(
+      tostring(dist_name)))
+  end
+  for _, o in ipairs(inner.optimizer.optimizers or { inner.optimizer }) do
+    if getmetatable(o) == optim.Muon then
+      fail("optimizer 'nanochat' (Muon) with tp > 1 is not supported yet: Newton-Schulz needs whole matrices "
+        .. "(use optimizer = 'adamw')")
+    end
+  end
+  local self = setmetatable({ inner = inner, layout = layout, mesh = mesh, optimizer = inner.optimizer,
+    params = inner.params, collective_forward = true }, P)
+  return self
+end
+
+function P:zero_grad() return self.inner:zero_grad() end
+function P:before_micro_step(micro, accum) return self.inner:before_micro_step(micro, accum) end
+function P:after_backward() return self.inner:after_backward() end
+function P:average_number(x) return self.inner:average_number(x) end
+function P:scale_grads(s) return self.inner:scale_grads(s) end
+function P:step() return self.inner:step() end
+function P:detach() if self.inner.detach then self.inner:detach() end end
+function P:optimizer_state_bytes()
+  return self.inner.optimizer_state_bytes and self.inner:optimizer_state_bytes() or 0
+end
+
+-- the whole model's gradient norm (see the header)
+function P:grad_norm()
+  local sharded, replicated = 0, 0
+  for _, p in ipairs(self.params) do
+    if p.grad then
+      local s = B.sumsq(p.grad)
+      if self.layout.sharded[p] then sharded = sharded + s else replicated = replicated + s end
+    end
+  end
+  local tp = self.layout.comm
+  return math.sqrt(tp:all_reduce_number(sharded + replicated / tp.size, 'sum'))
+end
+
+-- "adamw.NAME.m" -> NAME
+local function opt_param_name(key) return key:match('^[%w_]+%.(.*)%.[%w_]+$') end
+
+function P:save_checkpoint(trainer, model_sd, opt_sd, state)
+  local model_full, opt_full
+  if self.mesh.coord.dp == 0 then  -- one tp group gathers; the others hold the same values
+    model_full = TP.full_state(self.layout, model_sd)
+    opt_full = TP.full_state(self.layout, opt_sd.tensors, opt_param_name)
+  end
+  state.mesh = { dp = self.mesh.size.dp, tp = self.mesh.size.tp }
+  if trainer.rank ~= 0 then return nil end
+  local path = ckpt.save(trainer.ckpt_dir, trainer.step, { model = model_full, optim = opt_full, state = state },
+    trainer.cfg.keep_last)
+  trainer:print(('saved checkpoint %s'):format(path))
+  return path
+end
+
+-- the model's part of a checkpoint's full tensors (train.lua's load hook)
+function P:load_model(sd)
+  self.layout.model:load_state_dict(TP.local_state(self.layout, sd))
+end
+
+function P:load_checkpoint(trainer, c, path)
+  local st = c.state
+  local tensors = st.shards and require('gptlua.dist.policies.shards').full_tensors(path, c) or c.optim
+  tensors = TP.local_state(self.layout, tensors, opt_param_name)
+  self.optimizer:load_state_dict({ step = st.opt_step, steps = st.opt_steps, tensors = tensors })
+end
+
+return P

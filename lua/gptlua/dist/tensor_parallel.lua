@@ -1,0 +1,277 @@
+-- gptlua.dist.tensor_parallel — Megatron-style tensor parallelism over the
+-- mesh's tp group: one layer's matrices split over tp ranks.
+--
+--   local TP = require 'gptlua.dist.tensor_parallel'
+--   local layout = TP.parallelize(model, mesh.tp)   -- gpt2 or nanochat, in place
+--
+-- Layout (rank r of tp ranks; the model is built whole with the run's seed
+-- on every rank and then cut, so its weights are exactly one rank's):
+--   attention   column-parallel q, k, v (heads r*H/tp .. ; KV heads
+--               r*Hkv/tp .. under GQA; gpt2's fused c_attn is cut per q, k
+--               and v block): each rank attends with its own heads, and
+--               nanochat's QK-norm and rotary act per head, so per shard
+--   attn proj   row-parallel: input columns of those heads; bias added once
+--               after the all-reduce
+--   MLP         column-parallel up (c_fc: 4C/tp rows), row-parallel down
+--   embedding   vocabulary-parallel: rows [r*V/tp, (r+1)*V/tp); a token
+--               outside the shard looks up zeros, the all-reduce sums
+--   head        vocabulary-parallel cross-entropy on the V/tp logits of the
+--               shard: max and sum-exp all-reduced (and the target's logit),
+--               logits never gathered (gpt2's head is tied to the embedding
+--               shard).  Without targets (sampling) the logits are gathered.
+--   the rest    (norms, position embedding, row-parallel biases) replicated:
+--               their inputs and output gradients are the same on every tp
+--               rank, so their gradients are too and need no communication
+--
+-- Two autograd functions carry the communication (Megatron's f and g):
+--   copy_to     identity forward; backward all-reduces the input gradient
+--               (each rank's column shard contributed part of it)
+--   reduce_from all-reduce forward (partial sums of a row-parallel product);
+--               identity backward
+-- Per block and micro-step: forward two all-reduces (attention, MLP) of
+-- B*T*C elements each, backward two more, so 4 * 2(tp-1)/tp * B*T*C
+-- elements sent per rank; embedding and head add one B*T*C all-reduce
+-- forward and one backward, and the loss three of B*T numbers.
+--
+-- The layout records, for every parameter cut, the dimension and the number
+-- of blocks it was cut in (gpt2's c_attn: 3, q|k|v), so checkpoints gather
+-- full tensors (TP.gather) and any tp size can cut them again (TP.slice).
+local gl = require 'gptlua'
+local A = require 'gptlua.autograd'
+
+local TP = {}
+
+local function fail(msg) error('tensor parallel: ' .. msg, 0) end
+
+-- ------------------------------------------------------- f and g --
+-- identity forward; backward: the gradient summed over the tp group
+function TP.copy_to(x, comm)
+  if comm.size == 1 then return x end
+  local out = x:detach()
+  return A.record(out, { x }, function(_, g)
+    local r = g:contiguous():clone()
+    comm:all_reduce(r, 'sum')
+    return r
+  end, nil, 'tp_copy_to')
+end
+
+-- forward: x summed over the tp group; backward: identity
+function TP.reduce_from(x, comm)
+  if comm.size == 1 then return x end
+  local out = gl.no_grad(function() return x:contiguous():clone() end)
+  comm:all_reduce(out, 'sum')
+  return A.record(out, { x }, function(_, g) return g end, nil, 'tp_reduce_from')
+end
+
+-- ---------------------------------------------------- cutting tensors --
+-- rank r's part of full: along dim, in `blocks` equal blocks each cut in n
+function TP.slice(full, spec, r, n)
+  local d, blocks = spec.dim, spec.blocks or 1
+  local len = full.shape[d]
+  local per = len / blocks / n
+  local parts = {}
+  for b = 0, blocks - 1 do parts[#parts + 1] = full:narrow(d, b * len / blocks + r * per + 1, per) end
+  return gl.no_grad(function()
+    local out = #parts == 1 and parts[1]:contiguous():clone() or gl.cat(parts, d)
+    return out:contiguous()
+  end)
+end
+
+-- the full tensor from every rank's part (collective over comm)
+function TP.gather(part, spec, comm)
+  local n = comm.size
+  if n == 1 then return part end
+  return gl.no_grad(function()
+    local list = {}
+    local src = part:contiguous()
+    for i = 1, n do list[i] = gl.empty(part.shape, { dtype = part.dtype, device = part.device }) end
+    comm:all_gather(list, src)
+    local d, blocks = spec.dim, spec.blocks or 1
+    local per = part.shape[d] / blocks
+    local pieces = {}
+    for b = 0, blocks - 1 do
+      for i = 1, n do pieces[#pieces + 1] = list[i]:narrow(d, b * per + 1, per) end
+    end
+    return gl.cat(pieces, d)
+  end)
+end
+
+-- replaces module[name] (a parameter) by rank r's part; returns the part
+local function cut(layout, module, name, full_name, spec)
+  local full = module[name]
+  local part = TP.slice(full, spec, layout.rank, layout.size)
+  part.requires_grad = true
+  module[name] = part
+  layout.specs[full_name] = spec
+  layout.full_shape[full_name] = full.shape
+  layout.sharded[part] = true
+  return part
+end
+
+-- ---------------------------------------------------- parallel layers --
+local function column_parallel(layout, lin, prefix, blocks)
+  cut(layout, lin, 'weight', prefix .. '.weight', { dim = 1, blocks = blocks })
+  if lin.bias then cut(layout, lin, 'bias', prefix .. '.bias', { dim = 1, blocks = blocks }) end
+  local comm = layout.comm
+  lin.forward = function(self, x) return gl.linear(TP.copy_to(x, comm), self.weight, self.bias) end
+end
+
+local function row_parallel(layout, lin, prefix)
+  cut(layout, lin, 'weight', prefix .. '.weight', { dim = 2 })
+  local comm = layout.comm
+  lin.forward = function(self, x)
+    local y = TP.reduce_from(gl.linear(x, self.weight), comm)
+    if self.bias then y = y + self.bias end
+    return y
+  end
+end
+
+-- ids inside [lo, lo + n): local row and a mask of the inside ones
+local function local_ids(ids, lo, n)
+  local shifted = ids - lo
+  local clamped = gl.clamp(shifted, 0, n - 1)
+  return clamped, gl.eq(clamped, shifted)
+end
+
+local function vocab_embedding(layout, emb, prefix)
+  local w = cut(layout, emb, 'weight', prefix .. '.weight', { dim = 1 })
+  local comm, lo, n = layout.comm, layout.rank * w.shape[1], w.shape[1]
+  emb.forward = function(self, ids)
+    local row, inside = local_ids(ids, lo, n)
+    local e = gl.embedding(row, self.weight)
+    e = e * inside:to(e.dtype):unsqueeze(#e.shape)
+    return TP.reduce_from(e, comm)
+  end
+  return w
+end
+
+-- Mean cross-entropy of vocabulary-sharded logits (..., V/tp) against
+-- targets (...) in [0, V) (-1: ignored), softcap fused as gl.cross_entropy
+-- does: loss = log sum_v exp(z_v - m) - (z_t - m), with m the global max,
+-- the sum and z_t assembled by all-reduces over comm.
+function TP.vocab_cross_entropy(logits, targets, comm, lo, softcap)
+  local V = logits.shape[#logits.shape]
+  local z = (softcap and softcap > 0) and gl.softcap(logits, softcap) or logits
+  local last = #z.shape
+  local m = gl.no_grad(function() return gl.max(z, last, true):contiguous():clone() end)
+  comm:all_reduce(m, 'max')
+  local shifted = z - m
+  local sum_exp = TP.reduce_from(gl.sum(gl.exp(shifted), last), comm)
+  local row, inside = local_ids(targets, lo, V)
+  local picked = gl.gather(shifted, last, row:unsqueeze(last)):squeeze(last)
+  local target_logit = TP.reduce_from(picked * inside:to(picked.dtype), comm)
+  local valid = gl.ne(targets, -1):to(logits.dtype)
+  local count = gl.sum(valid):item()
+  local per_token = (gl.log(sum_exp) - target_logit) * valid
+  return gl.sum(per_token) * (1 / math.max(count, 1))
+end
+
+-- the model's head under tp (models/common.lua calls model.tp_head)
+local function head(layout)
+  local comm = layout.comm
+  return function(x, targets, weight, softcap)
+    local logits = gl.linear(TP.copy_to(x, comm), weight)
+    if targets == nil then  -- sampling: whole rows of logits
+      local full = TP.gather(logits, { dim = #logits.shape }, comm)
+      if softcap and softcap > 0 then full = gl.softcap(full, softcap) end
+      return full, nil
+    end
+    return logits, TP.vocab_cross_entropy(logits, targets, comm, layout.rank * weight.shape[1], softcap)
+  end
+end
+
+-- ------------------------------------------------------- the models --
+local function divides(what, n, tp)
+  if n % tp ~= 0 then
+    fail(('%s %d is not divisible by tp %d'):format(what, n, tp))
+  end
+end
+
+-- The model's sizes against tp (before anything is cut).
+function TP.check(cfg, tp)
+  divides('n_head', cfg.n_head, tp)
+  if cfg.n_kv_head and cfg.n_kv_head ~= false then divides('n_kv_head', cfg.n_kv_head, tp) end
+  divides('n_embd', cfg.n_embd, tp)
+  if cfg.vocab_size % tp ~= 0 then
+    fail(('vocab_size %d is not divisible by tp %d (set --vocab_size to a multiple of %d, e.g. %d)'):format(
+      cfg.vocab_size, tp, tp, math.ceil(cfg.vocab_size / tp) * tp))
+  end
+end
+
+local function kind_of(model)
+  local name = getmetatable(model).__name
+  if name == 'GPT2' then return 'gpt2' elseif name == 'Nanochat' then return 'nanochat' end
+  fail(('parallelize knows the gpt2 and nanochat models, got %s'):format(tostring(name)))
+end
+
+-- Cuts model (gpt2 or nanochat) in place over comm (the mesh's tp group)
+-- and returns its layout: {comm, rank, size, specs = {name = {dim, blocks}},
+-- full_shape = {name = shape}, sharded = {param = true}, model}.
+function TP.parallelize(model, comm)
+  local cfg = model.config
+  local tp = comm.size
+  local kind = kind_of(model)
+  TP.check(cfg, tp)
+  local layout = { comm = comm, rank = comm.rank, size = tp, specs = {}, full_shape = {}, sharded = {}, model = model }
+  local tr = model.transformer
+  for i = 1, tr.h.n do
+    local b, p = tr.h[i], ('transformer.h.%d.'):format(i - 1)
+    if kind == 'gpt2' then
+      column_parallel(layout, b.attn.c_attn, p .. 'attn.c_attn', 3)
+      b.attn.n_head = cfg.n_head / tp
+    else
+      column_parallel(layout, b.attn.c_q, p .. 'attn.c_q')
+      column_parallel(layout, b.attn.c_k, p .. 'attn.c_k')
+      column_parallel(layout, b.attn.c_v, p .. 'attn.c_v')
+      b.attn.H, b.attn.Hkv = cfg.n_head / tp, cfg.n_kv_head / tp
+    end
+    row_parallel(layout, b.attn.c_proj, p .. 'attn.c_proj')
+    column_parallel(layout, b.mlp.c_fc, p .. 'mlp.c_fc')
+    row_parallel(layout, b.mlp.c_proj, p .. 'mlp.c_proj')
+  end
+  local wte = vocab_embedding(layout, tr.wte, 'transformer.wte')
+  if kind == 'gpt2' then
+    model.lm_head_weight = wte  -- tied: the head uses the same shard
+    local H = cfg.n_head / tp
+    model.new_caches = function(self, B, S)
+      return require('gptlua.models.common').new_caches(cfg.n_layer, B, H, S, cfg.n_embd / cfg.n_head, wte)
+    end
+  else
+    cut(layout, model.lm_head, 'weight', 'lm_head.weight', { dim = 1 })
+    local Hkv = cfg.n_kv_head / tp
+    model.new_caches = function(self, B, S)
+      return require('gptlua.models.common').new_caches(cfg.n_layer, B, Hkv, S, cfg.n_embd / cfg.n_head,
+        self.lm_head.weight)
+    end
+  end
+  model.tp_head = head(layout)
+  model.tp_layout = layout
+  return layout
+end
+
+-- name -> full tensor of a state dict whose sharded entries (by layout's
+-- names; keys may carry a prefix and a suffix: optimizer state
+-- "adamw.NAME.m") are gathered over the tp group.  Collective.
+function TP.full_state(layout, sd, name_of)
+  local out = {}
+  local keys = {}
+  for k in pairs(sd) do keys[#keys + 1] = k end
+  table.sort(keys)  -- every rank gathers in the same order
+  for _, k in ipairs(keys) do
+    local spec = layout.specs[name_of and name_of(k) or k]
+    out[k] = spec and TP.gather(sd[k], spec, layout.comm) or sd[k]
+  end
+  return out
+end
+
+-- this rank's part of a state dict of full tensors
+function TP.local_state(layout, sd, name_of)
+  local out = {}
+  for k, t in pairs(sd) do
+    local spec = layout.specs[name_of and name_of(k) or k]
+    out[k] = spec and TP.slice(t, spec, layout.rank, layout.size) or t
+  end
+  return out
+end
+
+return TP

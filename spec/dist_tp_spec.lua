@@ -2,9 +2,10 @@
 -- trainer's tp policy): mesh sizes and bad meshes in this process; then on
 -- 2 and 4 MPI ranks (spec/dist/tp_*.lua workers), float64 tiny models:
 -- one forward and backward of gpt2 and nanochat (GQA included) at tp 2,
--- tp 4 and dp 2 x tp 2 equal to the whole model on the whole batch (loss,
--- every gradient, sampling), 5 trainer steps (AdamW, clipping by the whole
--- model's norm) of each layout equal to one process, and checkpoints that
+-- tp 4 and dp 2 x tp 2, each also with sequence parallelism, equal to the
+-- whole model on the whole batch (loss, every gradient, sampling), 5
+-- trainer steps (AdamW, clipping by the whole model's norm) of each layout
+-- equal to one process, and checkpoints that
 -- load under another mesh (tp 2 -> one process, one process -> dp 2 x tp 2).
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
@@ -72,9 +73,13 @@ describe('gptlua.dist.mesh in one process', function()
       :totable())
   end)
 
-  it('refuses tp without a distributed run, and tp < 1', function()
+  it('refuses tp without a distributed run, sp without tp, and tp < 1', function()
     assert.has_error(function() train.new(recipe('gpt2', { dist = 'none' }), { '--tp=2' }) end,
       "config: tp 2 and dp 0 need a distributed run (dist = 'ddp')")
+    assert.has_error(function() train.new(recipe('gpt2', { dist = 'none' }), { '--sp' }) end,
+      'config: sp (sequence parallel) needs tp > 1, got tp 1')
+    assert.has_error(function() TP.check({ n_head = 4, n_embd = 32, vocab_size = 68, block_size = 6 }, 4, true) end,
+      'tensor parallel: block_size 6 is not divisible by tp 4')
     assert.has_error(function() train.new(recipe('gpt2'), { '--tp=0' }) end)
   end)
 end)
@@ -114,9 +119,11 @@ describe('tensor parallelism on MPI ranks', function()
   local out = H.tmpdir()
   teardown(function() os.execute('rm -rf ' .. out) end)
 
-  it('one forward and backward at tp 2, tp 4 and dp 2 x tp 2 equals the whole model (loss, every gradient)', function()
+  it('one forward and backward at tp 2, tp 4 and dp 2 x tp 2, with and without sequence parallelism, equals the '
+    .. 'whole model (loss, every gradient)', function()
     for _, case in ipairs({ { 1, 2, 'gpt2 nanochat nanochat:2' }, { 1, 4, 'gpt2 nanochat' },
-                            { 2, 2, 'gpt2 nanochat:2' } }) do
+                            { 2, 2, 'gpt2 nanochat:2' }, { 1, 2, 'sp gpt2 nanochat:2' }, { 1, 4, 'sp gpt2 nanochat' },
+                            { 2, 2, 'sp gpt2 nanochat:2' } }) do
       local o, rc = H.mpirun(case[1] * case[2], 'spec/dist/tp_grads.lua', ('%d %d %s'):format(case[1], case[2], case[3]))
       H.assert_ranks_ok(o, rc, case[1] * case[2])
     end
@@ -137,10 +144,12 @@ describe('tensor parallelism on MPI ranks', function()
     return refs[model]
   end
 
-  it('5 trainer steps of tp 2, tp 4 and dp 2 x tp 2 equal one process (losses, clipped norms, parameters)', function()
+  it('5 trainer steps of tp 2, tp 4, dp 2 x tp 2, tp 2 + sp and dp 2 x tp 2 + sp equal one process (losses, '
+    .. 'clipped norms, parameters)', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
       local ref = reference(model)
-      for _, case in ipairs({ { 2, '--tp=2' }, { 4, '--tp=4' }, { 4, '--dp=2 --tp=2' } }) do
+      for _, case in ipairs({ { 2, '--tp=2' }, { 4, '--tp=4' }, { 4, '--dp=2 --tp=2' }, { 2, '--tp=2 --sp' },
+                              { 4, '--dp=2 --tp=2 --sp' } }) do
         if not (model == 'nanochat' and case[2] == '--tp=4') then  -- 2 KV heads
           local what = ('%s %s'):format(model, case[2])
           local dir = ('%s/%s_%d_%s'):format(out, model, case[1], case[2]:gsub('[^%w]', ''))

@@ -57,7 +57,7 @@ M.defaults = {
   -- dist_timeout: seconds a collective may take before every rank is aborted
   dist = 'none', bucket_mb = 25, shard_size = 0, dist_timeout = 600,
   -- device mesh (gptlua.dist.mesh): tensor parallel over tp ranks, data parallel (dist) over dp
-  dp = 0, tp = 1,
+  dp = 0, tp = 1, sp = false,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
@@ -375,7 +375,10 @@ function M.new(recipe, args)
   if cfg.device ~= 'cpu' then model:to(cfg.device) end
   if self.mesh and self.mesh.size.tp > 1 then  -- cut the whole model over the tp group
     self.flops_per_token = model:flops_per_token(cfg.block_size)  -- the whole model's
-    self.tp_layout = require('gptlua.dist.tensor_parallel').parallelize(model, self.mesh.tp)
+    self.tp_layout = require('gptlua.dist.tensor_parallel').parallelize(model, self.mesh.tp,
+      { sequence_parallel = cfg.sp })
+  elseif cfg.sp then
+    fail('sp (sequence parallel) needs tp > 1, got tp ' .. cfg.tp)
   end
   self.model = model
   local groups = hooks.param_groups and hooks.param_groups(cfg, model) or nil

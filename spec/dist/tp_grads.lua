@@ -4,7 +4,7 @@
 -- against the whole model on the whole batch in this process: the loss and
 -- every parameter's gradient (gathered to full size; replicated ones
 -- averaged over dp) must agree to 1e-10.  Also sampling (gathered logits).
--- args: DP TP model[:n_kv_head] ...   Prints "OK rank R of N".
+-- args: DP TP [sp] model[:n_kv_head] ...   (sp: sequence parallel)  Prints "OK rank R of N".
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local TP = require 'gptlua.dist.tensor_parallel'
@@ -36,19 +36,22 @@ end
 ys[1][2], ys[B / 2 + 1][2] = -1, -1  -- ignored targets, as many on every dp rank
 local X, Y = gl.tensor(xs, { dtype = 'int64' }), gl.tensor(ys, { dtype = 'int64' })
 
-for i = 3, #arg do
+local first, sp = 3, false
+if arg[3] == 'sp' then first, sp = 4, true end
+for i = first, #arg do
   local kind, kv = arg[i]:match('^(%w+):?(%d*)$')
   kv = tonumber(kv)
   local ref = build(kind, kv)
   local _, ref_loss = ref:forward(X, Y)
   ref_loss:backward()
   local model = build(kind, kv)
-  local layout = TP.parallelize(model, mesh.tp)
+  local layout = TP.parallelize(model, mesh.tp, { sequence_parallel = sp })
   local per = B / dp
   local x = X:narrow(1, mesh.coord.dp * per + 1, per):contiguous()
   local y = Y:narrow(1, mesh.coord.dp * per + 1, per):contiguous()
   local _, loss = model:forward(x, y)
   loss:backward()
+  TP.sum_replicated_grads(layout, model:parameters())
   local l = mesh.dp:all_reduce_number(loss:item(), 'avg')
   local want = ref_loss:item()
   assert(math.abs(l - want) < 1e-10, ('%s: loss %.15g, expected %.15g'):format(kind, l, want))

@@ -63,6 +63,75 @@ function TP.reduce_from(x, comm)
   return A.record(out, { x }, function(_, g) return g end, nil, 'tp_reduce_from')
 end
 
+-- Sequence parallel's pair, along dim 2 (T) of (B, T, C) activations:
+--   gather_seq   forward all-gathers the T/tp shards; backward
+--                reduce-scatters the gradient (sums the column shards'
+--                contributions and leaves each rank its T/tp rows)
+--   scatter_seq  forward reduce-scatters partial sums to T/tp shards;
+--                backward all-gathers the gradient
+-- The ranks' blocks are consecutive in T, so they travel as a list of
+-- contiguous (B, T/tp, C) tensors (one copy each way).
+local function seq_chunks(x, n)
+  local per, list = x.shape[2] / n, {}
+  for r = 1, n do list[r] = x:narrow(2, (r - 1) * per + 1, per):contiguous() end
+  return list
+end
+
+local function all_gather_seq(x, comm)
+  local list = {}
+  for r = 1, comm.size do list[r] = gl.empty(x.shape, { dtype = x.dtype, device = x.device }) end
+  comm:all_gather(list, x:contiguous())
+  return gl.cat(list, 2)
+end
+
+local function reduce_scatter_seq(x, comm)
+  local shape = { x.shape[1], x.shape[2] / comm.size }
+  for d = 3, #x.shape do shape[d] = x.shape[d] end
+  local out = gl.empty(shape, { dtype = x.dtype, device = x.device })
+  comm:reduce_scatter(out, seq_chunks(x, comm.size), 'sum')
+  return out
+end
+
+function TP.gather_seq(x, comm)
+  if comm.size == 1 then return x end
+  local out = gl.no_grad(all_gather_seq, x, comm)
+  return A.record(out, { x }, function(_, g) return reduce_scatter_seq(g, comm) end, nil, 'sp_gather')
+end
+
+function TP.scatter_seq(x, comm)
+  if comm.size == 1 then return x end
+  local out = gl.no_grad(reduce_scatter_seq, x, comm)
+  return A.record(out, { x }, function(_, g) return all_gather_seq(g, comm) end, nil, 'sp_scatter')
+end
+
+-- Under sequence parallelism the layers between the matrices see T/tp
+-- rows; a forward decides once, at the embedding, whether it runs that way
+-- (layout.seq_now): training needs T divisible by tp, a forward without
+-- gradients (eval, sampling a few tokens) of another length runs as plain
+-- tensor parallelism, which computes the same.
+local function seq_mode(layout, T)
+  local on = layout.sequence_parallel and T % layout.size == 0
+  if layout.sequence_parallel and not on and gl.is_grad_enabled() then
+    fail(('sequence parallel: a sequence of %d tokens is not divisible by tp %d'):format(T, layout.size))
+  end
+  layout.seq_now = on
+  return on
+end
+
+-- what feeds a column-parallel matrix: the whole sequence (gathered under
+-- sequence parallelism), with the gradient summed over tp
+local function into_columns(layout, x)
+  if layout.seq_now then return TP.gather_seq(x, layout.comm) end
+  return TP.copy_to(x, layout.comm)
+end
+
+-- what leaves a row-parallel matrix: the partial sums added over tp (and
+-- cut to this rank's T/tp rows under sequence parallelism)
+local function out_of_rows(layout, y)
+  if layout.seq_now then return TP.scatter_seq(y, layout.comm) end
+  return TP.reduce_from(y, layout.comm)
+end
+
 -- ---------------------------------------------------- cutting tensors --
 -- rank r's part of full: along dim, in `blocks` equal blocks each cut in n
 function TP.slice(full, spec, r, n)
@@ -112,15 +181,13 @@ end
 local function column_parallel(layout, lin, prefix, blocks)
   cut(layout, lin, 'weight', prefix .. '.weight', { dim = 1, blocks = blocks })
   if lin.bias then cut(layout, lin, 'bias', prefix .. '.bias', { dim = 1, blocks = blocks }) end
-  local comm = layout.comm
-  lin.forward = function(self, x) return gl.linear(TP.copy_to(x, comm), self.weight, self.bias) end
+  lin.forward = function(self, x) return gl.linear(into_columns(layout, x), self.weight, self.bias) end
 end
 
 local function row_parallel(layout, lin, prefix)
   cut(layout, lin, 'weight', prefix .. '.weight', { dim = 2 })
-  local comm = layout.comm
   lin.forward = function(self, x)
-    local y = TP.reduce_from(gl.linear(x, self.weight), comm)
+    local y = out_of_rows(layout, gl.linear(x, self.weight))
     if self.bias then y = y + self.bias end
     return y
   end
@@ -135,12 +202,13 @@ end
 
 local function vocab_embedding(layout, emb, prefix)
   local w = cut(layout, emb, 'weight', prefix .. '.weight', { dim = 1 })
-  local comm, lo, n = layout.comm, layout.rank * w.shape[1], w.shape[1]
+  local lo, n = layout.rank * w.shape[1], w.shape[1]
   emb.forward = function(self, ids)
+    seq_mode(layout, ids.shape[#ids.shape])  -- the first layer of every forward
     local row, inside = local_ids(ids, lo, n)
     local e = gl.embedding(row, self.weight)
     e = e * inside:to(e.dtype):unsqueeze(#e.shape)
-    return TP.reduce_from(e, comm)
+    return out_of_rows(layout, e)
   end
   return w
 end
@@ -170,7 +238,7 @@ end
 local function head(layout)
   local comm = layout.comm
   return function(x, targets, weight, softcap)
-    local logits = gl.linear(TP.copy_to(x, comm), weight)
+    local logits = gl.linear(into_columns(layout, x), weight)
     if targets == nil then  -- sampling: whole rows of logits
       local full = TP.gather(logits, { dim = #logits.shape }, comm)
       if softcap and softcap > 0 then full = gl.softcap(full, softcap) end
@@ -187,8 +255,9 @@ local function divides(what, n, tp)
   end
 end
 
--- The model's sizes against tp (before anything is cut).
-function TP.check(cfg, tp)
+-- The model's sizes against tp (before anything is cut); sp: sequence parallel.
+function TP.check(cfg, tp, sp)
+  if sp then divides('block_size', cfg.block_size, tp) end
   divides('n_head', cfg.n_head, tp)
   if cfg.n_kv_head and cfg.n_kv_head ~= false then divides('n_kv_head', cfg.n_kv_head, tp) end
   divides('n_embd', cfg.n_embd, tp)
@@ -207,12 +276,14 @@ end
 -- Cuts model (gpt2 or nanochat) in place over comm (the mesh's tp group)
 -- and returns its layout: {comm, rank, size, specs = {name = {dim, blocks}},
 -- full_shape = {name = shape}, sharded = {param = true}, model}.
-function TP.parallelize(model, comm)
+function TP.parallelize(model, comm, opts)
   local cfg = model.config
   local tp = comm.size
   local kind = kind_of(model)
-  TP.check(cfg, tp)
-  local layout = { comm = comm, rank = comm.rank, size = tp, specs = {}, full_shape = {}, sharded = {}, model = model }
+  local sp = opts and opts.sequence_parallel or false
+  TP.check(cfg, tp, sp)
+  local layout = { comm = comm, rank = comm.rank, size = tp, specs = {}, full_shape = {}, sharded = {}, model = model,
+    sequence_parallel = sp }
   local tr = model.transformer
   for i = 1, tr.h.n do
     local b, p = tr.h[i], ('transformer.h.%d.'):format(i - 1)
@@ -231,6 +302,14 @@ function TP.parallelize(model, comm)
   end
   local wte = vocab_embedding(layout, tr.wte, 'transformer.wte')
   if kind == 'gpt2' then
+    -- sequence parallel: each rank adds the positions of its own T/tp rows
+    tr.wpe.forward = function(self, pos)
+      if layout.seq_now then
+        local per = pos:numel() / layout.size
+        pos = pos:narrow(1, layout.rank * per + 1, per)
+      end
+      return gl.embedding(pos, self.weight)
+    end
     model.lm_head_weight = wte  -- tied: the head uses the same shard
     local H = cfg.n_head / tp
     model.new_caches = function(self, B, S)
@@ -247,6 +326,17 @@ function TP.parallelize(model, comm)
   model.tp_head = head(layout)
   model.tp_layout = layout
   return layout
+end
+
+-- Sequence parallel: the replicated parameters (norms, biases after the
+-- row-parallel matrices, gpt2's position embedding) saw only this rank's
+-- T/tp rows, so their gradients are summed over tp (one all-reduce per
+-- parameter; after the step's last backward, before the norm).
+function TP.sum_replicated_grads(layout, params)
+  if not layout.sequence_parallel or layout.size == 1 then return end
+  for _, p in ipairs(params) do
+    if p.grad and not layout.sharded[p] then layout.comm:all_reduce(p.grad, 'sum') end
+  end
 end
 
 -- name -> full tensor of a state dict whose sharded entries (by layout's

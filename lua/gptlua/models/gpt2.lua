@@ -19,9 +19,9 @@ function Attention:__init(cfg)
 end
 -- x (B, T, C); cache (optional) {k=, v=, pos=} for generation
 function Attention:forward(x, cache)
-  local B, T = x.shape[1], x.shape[2]
   local H = self.n_head
   local qkv = self.c_attn(x)
+  local B, T = qkv.shape[1], qkv.shape[2]  -- (under sequence parallelism x holds T/tp rows, qkv all T)
   local y
   if cache then  -- generation: keys and values accumulate in the cache
     local Cq = qkv.shape[3] / 3  -- C, or C/tp under tensor parallelism (H is then the local heads)

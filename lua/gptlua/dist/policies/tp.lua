@@ -9,7 +9,9 @@
 --
 -- Step: forward and backward communicate over tp inside the model (f and
 -- g); after_backward is the inner policy's (dp all-reduce of the local
--- shard's gradients: 2(dp-1)/dp * P/tp elements per rank); the gradient
+-- shard's gradients: 2(dp-1)/dp * P/tp elements per rank), and under
+-- sequence parallelism an all-reduce over tp of the replicated parameters'
+-- gradients (each rank saw T/tp rows: 2(tp-1)/tp * P_replicated); the gradient
 -- norm is the whole model's: sum of squares of the shards summed over tp
 -- plus the replicated ones once — one all-reduce of a number over tp
 -- (replicated gradients are equal on every tp rank, so each rank adds
@@ -52,7 +54,10 @@ end
 
 function P:zero_grad() return self.inner:zero_grad() end
 function P:before_micro_step(micro, accum) return self.inner:before_micro_step(micro, accum) end
-function P:after_backward() return self.inner:after_backward() end
+function P:after_backward()
+  self.inner:after_backward()
+  TP.sum_replicated_grads(self.layout, self.params)  -- sequence parallel only
+end
 function P:average_number(x) return self.inner:average_number(x) end
 function P:scale_grads(s) return self.inner:scale_grads(s) end
 function P:step() return self.inner:step() end

@@ -144,12 +144,13 @@ describe('tensor parallelism on MPI ranks', function()
     return refs[model]
   end
 
-  it('5 trainer steps of tp 2, tp 4, dp 2 x tp 2, tp 2 + sp and dp 2 x tp 2 + sp equal one process (losses, '
-    .. 'clipped norms, parameters)', function()
+  it('5 trainer steps of tp 2, tp 4, dp 2 x tp 2 (ddp, zero1), tp 2 + sp and dp 2 x tp 2 + sp (ddp, zero2) equal '
+    .. 'one process (losses, clipped norms, parameters)', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
       local ref = reference(model)
       for _, case in ipairs({ { 2, '--tp=2' }, { 4, '--tp=4' }, { 4, '--dp=2 --tp=2' }, { 2, '--tp=2 --sp' },
-                              { 4, '--dp=2 --tp=2 --sp' } }) do
+                              { 4, '--dp=2 --tp=2 --sp' }, { 4, '--dp=2 --tp=2 --dist=zero1' },
+                              { 4, '--dp=2 --tp=2 --sp --dist=zero2' } }) do
         if not (model == 'nanochat' and case[2] == '--tp=4') then  -- 2 KV heads
           local what = ('%s %s'):format(model, case[2])
           local dir = ('%s/%s_%d_%s'):format(out, model, case[1], case[2]:gsub('[^%w]', ''))
@@ -165,7 +166,7 @@ describe('tensor parallelism on MPI ranks', function()
     end
   end)
 
-  it('checkpoints load under another mesh: tp 2 -> one process, one process -> dp 2 x tp 2', function()
+  it('checkpoints load under another mesh: tp 2 -> one process -> dp 2 x tp 2, and with ZeRO-2 and ZeRO-1', function()
     local ref = reference('gpt2')
     -- tp 2 saves at step 3 (full tensors); one process goes on to 5
     local a = out .. '/resume_a'
@@ -190,5 +191,16 @@ describe('tensor parallelism on MPI ranks', function()
     assert_close({ ref.losses[4], ref.losses[5] }, r4.losses, 'tp 1 -> dp 2 x tp 2 loss')
     e = H.rel_error(ref.params, final_params(r4))
     assert.is_true(e < 1e-9, ('tp 1 -> dp 2 x tp 2: final parameters differ, relative error %.3g'):format(e))
+    -- ZeRO's optimizer pieces: dp 2 x tp 2 zero2 saves at 3 (assembled whole), dp 2 x tp 2 zero1 goes on
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/resume_c gpt2 3 --dp=2 --tp=2 --dist=zero2')
+    H.assert_ranks_ok(o, rc, 4)
+    local zstep3 = result(out .. '/resume_c').checkpoint
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/c4 gpt2 5 --dp=2 --tp=2 --dist=zero1 --resume=%s'):format(out,
+      zstep3))
+    H.assert_ranks_ok(o, rc, 4)
+    local c4 = result(out .. '/c4')
+    assert_close({ ref.losses[4], ref.losses[5] }, c4.losses, 'zero2 dp 2 x tp 2 -> zero1 dp 2 x tp 2 loss')
+    e = H.rel_error(ref.params, final_params(c4))
+    assert.is_true(e < 1e-9, ('zero2 -> zero1 under tp 2: final parameters differ, relative error %.3g'):format(e))
   end)
 end)

@@ -7,6 +7,9 @@
 -- with the same tp coordinate form a dp group, and the inner policy (ddp)
 -- averages their gradients as it would for a whole model.
 --
+-- Inner policies: ddp, zero1, zero2 (their gradient pieces through
+-- each_grad, their optimizer state through each_state); fsdp is refused.
+--
 -- Step: forward and backward communicate over tp inside the model (f and
 -- g); after_backward is the inner policy's (dp all-reduce of the local
 -- shard's gradients: 2(dp-1)/dp * P/tp elements per rank), and under
@@ -29,6 +32,8 @@ local B = require 'gptlua.dist.policies.base'
 local TP = require 'gptlua.dist.tensor_parallel'
 local optim = require 'gptlua.optim'
 local ckpt = require 'gptlua.checkpoint'
+local shards = require 'gptlua.dist.policies.shards'
+local gl = require 'gptlua'
 
 local P = {}
 P.__index = P
@@ -37,9 +42,9 @@ local function fail(msg) error('tensor parallel: ' .. msg, 0) end
 
 -- inner: the data-parallel policy over mesh.dp (its name in dist_name)
 function P.new(inner, layout, mesh, dist_name)
-  if dist_name ~= 'ddp' and dist_name ~= 'none' then
-    fail(("dist '%s' with tp > 1 is not supported yet (expected dist = 'ddp' over the dp dimension)"):format(
-      tostring(dist_name)))
+  if dist_name ~= 'ddp' and dist_name ~= 'zero1' and dist_name ~= 'zero2' then
+    fail(("dist '%s' with tp > 1 is not supported yet (expected 'ddp', 'zero1' or 'zero2' over the dp dimension)")
+      :format(tostring(dist_name)))
   end
   for _, o in ipairs(inner.optimizer.optimizers or { inner.optimizer }) do
     if getmetatable(o) == optim.Muon then
@@ -54,9 +59,21 @@ end
 
 function P:zero_grad() return self.inner:zero_grad() end
 function P:before_micro_step(micro, accum) return self.inner:before_micro_step(micro, accum) end
+-- f(p, grad, counted) for every piece of the averaged gradient this rank
+-- holds (ZeRO: its slices; DDP: every gradient, counted on dp rank 0)
+function P:_each_grad(f)
+  if self.inner.each_grad then return self.inner:each_grad(f) end
+  local counted = self.mesh.coord.dp == 0
+  for _, p in ipairs(self.params) do if p.grad then f(p, p.grad, counted) end end
+end
+
 function P:after_backward()
   self.inner:after_backward()
-  TP.sum_replicated_grads(self.layout, self.params)  -- sequence parallel only
+  -- sequence parallel: the replicated parameters' gradients summed over tp
+  if self.layout.sequence_parallel then
+    local sharded, tp = self.layout.sharded, self.layout.comm
+    self:_each_grad(function(p, g) if not sharded[p] then tp:all_reduce(g, 'sum') end end)
+  end
 end
 function P:average_number(x) return self.inner:average_number(x) end
 function P:scale_grads(s) return self.inner:scale_grads(s) end
@@ -68,15 +85,32 @@ end
 
 -- the whole model's gradient norm (see the header)
 function P:grad_norm()
-  local sharded, replicated = 0, 0
-  for _, p in ipairs(self.params) do
-    if p.grad then
-      local s = B.sumsq(p.grad)
-      if self.layout.sharded[p] then sharded = sharded + s else replicated = replicated + s end
-    end
+  local sharded, w = self.layout.sharded, 1 / self.layout.size
+  local s = 0
+  self:_each_grad(function(p, g, counted)
+    if counted then s = s + B.sumsq(g) * (sharded[p] and 1 or w) end
+  end)
+  return math.sqrt(self.mesh.world:all_reduce_number(s, 'sum'))
+end
+
+-- This tp rank's whole optimizer state {key = tensor} (ZeRO's pieces
+-- assembled over dp: one all-reduce of the state, for checkpoints only).
+function P:_local_optimizer_state(opt_sd)
+  local inner = self.inner
+  if not inner.each_state then return opt_sd.tensors end
+  local out, keys = {}, {}
+  for k, shape in pairs(inner:state_layout()) do
+    out[k] = gl.zeros(shape, { dtype = 'float32', device = self.params[1].device })
+    keys[#keys + 1] = k
   end
-  local tp = self.layout.comm
-  return math.sqrt(tp:all_reduce_number(sharded + replicated / tp.size, 'sum'))
+  table.sort(keys)
+  inner:each_state(function(k, t, off, replicated)
+    if not replicated or inner.comm.rank == 0 then
+      B.view(out[k], off, { t:numel() }, false):copy_(B.view(t, 0, { t:numel() }, false))
+    end
+  end)
+  for _, k in ipairs(keys) do inner.comm:all_reduce(out[k], 'sum') end
+  return out
 end
 
 -- "adamw.NAME.m" -> NAME
@@ -84,9 +118,10 @@ local function opt_param_name(key) return key:match('^[%w_]+%.(.*)%.[%w_]+$') en
 
 function P:save_checkpoint(trainer, model_sd, opt_sd, state)
   local model_full, opt_full
+  local opt_local = self:_local_optimizer_state(opt_sd)
   if self.mesh.coord.dp == 0 then  -- one tp group gathers; the others hold the same values
     model_full = TP.full_state(self.layout, model_sd)
-    opt_full = TP.full_state(self.layout, opt_sd.tensors, opt_param_name)
+    opt_full = TP.full_state(self.layout, opt_local, opt_param_name)
   end
   state.mesh = { dp = self.mesh.size.dp, tp = self.mesh.size.tp }
   if trainer.rank ~= 0 then return nil end
@@ -103,9 +138,20 @@ end
 
 function P:load_checkpoint(trainer, c, path)
   local st = c.state
-  local tensors = st.shards and require('gptlua.dist.policies.shards').full_tensors(path, c) or c.optim
+  local tensors = st.shards and shards.full_tensors(path, c) or c.optim
   tensors = TP.local_state(self.layout, tensors, opt_param_name)
-  self.optimizer:load_state_dict({ step = st.opt_step, steps = st.opt_steps, tensors = tensors })
+  local inner = self.inner
+  if not inner.each_state then
+    self.optimizer:load_state_dict({ step = st.opt_step, steps = st.opt_steps, tensors = tensors })
+    return
+  end
+  -- ZeRO: each rank copies its pieces out of this tp rank's whole state
+  local index = shards.index(nil, { optim = tensors })
+  inner:reset_masters()
+  inner:each_state(function(k, t, off, _, kind)
+    if kind == 'state' or index[k] then shards.fill(index, k, off, t, path) end
+  end)
+  shards.set_steps(self.optimizer, st)
 end
 
 return P

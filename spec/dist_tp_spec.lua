@@ -134,14 +134,15 @@ describe('tensor parallelism on MPI ranks', function()
   end)
 
   local refs = {}
-  local function reference(model)
-    if not refs[model] then
-      local t = train.new(recipe(model, { out_dir = out .. '/ref_' .. model }), {})
+  local function reference(model, optimizer)
+    optimizer = optimizer or 'adamw'
+    local k = model .. '_' .. optimizer
+    if not refs[k] then
+      local t = train.new(recipe(model, { out_dir = out .. '/ref_' .. k, optimizer = optimizer }), {})
       local res = t:run()
-      refs[model] = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model),
-        params = H.params_of(t.model) }
+      refs[k] = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. k), params = H.params_of(t.model) }
     end
-    return refs[model]
+    return refs[k]
   end
 
   it('5 trainer steps of tp 2, tp 4, dp 2 x tp 2 (ddp, zero1), tp 2 + sp and dp 2 x tp 2 + sp (ddp, zero2) equal '
@@ -164,6 +165,31 @@ describe('tensor parallelism on MPI ranks', function()
         end
       end
     end
+  end)
+
+  -- Newton–Schulz runs in float32 on the whole matrix gathered from the
+  -- shards' momentum updates (float64 gradients, so both sides round the
+  -- same values): equal to 1e-9 here too
+  it('5 trainer steps of nanochat with Muon at tp 2 and dp 2 x tp 2 + sp equal one process', function()
+    local ref = reference('nanochat', 'nanochat')
+    for _, case in ipairs({ { 2, '--tp=2' }, { 4, '--dp=2 --tp=2 --sp' } }) do
+      local what = 'nanochat muon ' .. case[2]
+      local dir = ('%s/muon_%d_%s'):format(out, case[1], case[2]:gsub('[^%w]', ''))
+      local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s nanochat 5 --optimizer=nanochat %s'):format(dir,
+        case[2]))
+      H.assert_ranks_ok(o, rc, case[1])
+      local res = result(dir)
+      assert_close(ref.losses, res.losses, what .. ' loss')
+      assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm')
+      local e = H.rel_error(ref.params, final_params(res))
+      assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+    end
+    -- ZeRO's Muon stacks own whole matrices per dp rank: refused under tp
+    local o, rc = H.mpirun(2, 'spec/dist/tp_train.lua', out .. '/muon_zero nanochat 5 --optimizer=nanochat --tp=2 '
+      .. '--dist=zero1')
+    assert.not_equal(0, rc)
+    assert.truthy(o:find("tensor parallel: optimizer 'nanochat' (Muon) with tp > 1 runs over dist = 'ddp' only, got "
+      .. "'zero1'", 1, true), o)
   end)
 
   it('checkpoints load under another mesh: tp 2 -> one process -> dp 2 x tp 2, and with ZeRO-2 and ZeRO-1', function()

@@ -173,6 +173,7 @@ local function cut(layout, module, name, full_name, spec)
   module[name] = part
   layout.specs[full_name] = spec
   layout.full_shape[full_name] = full.shape
+  layout.full_shape_of[part] = full.shape
   layout.sharded[part] = true
   return part
 end
@@ -282,7 +283,7 @@ function TP.parallelize(model, comm, opts)
   local kind = kind_of(model)
   local sp = opts and opts.sequence_parallel or false
   TP.check(cfg, tp, sp)
-  local layout = { comm = comm, rank = comm.rank, size = tp, specs = {}, full_shape = {}, sharded = {}, model = model,
+  local layout = { comm = comm, rank = comm.rank, size = tp, specs = {}, full_shape = {}, full_shape_of = {}, sharded = {}, model = model,
     sequence_parallel = sp }
   local tr = model.transformer
   for i = 1, tr.h.n do

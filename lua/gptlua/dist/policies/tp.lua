@@ -25,9 +25,17 @@
 -- world rank 0 writes them as an unsharded run would, so a checkpoint loads
 -- at any tp (or none); loading cuts the full tensors for this rank.
 --
--- Muon (optimizer 'nanochat') is refused: Newton–Schulz needs whole
--- matrices, and gathering them (2(tp-1)/tp of every hidden matrix per step
--- for the owner's gradient and update) is not written yet.
+-- Muon (optimizer 'nanochat', with ddp): Newton–Schulz needs whole
+-- matrices.  The momentum stays cut (it is elementwise: each rank keeps
+-- and updates its shard's buffer), then the step's momentum update of each
+-- cut matrix is all-gathered over tp, every tp rank orthogonalises the
+-- whole matrix and keeps its own rows or columns of the result: (tp-1)/tp
+-- * M fp32 elements received per rank per step for M hidden-matrix
+-- elements, and each tp rank repeats the whole model's Newton–Schulz
+-- (not divided by tp; gathering for one owner per matrix would divide it
+-- for a scatter of the same volume more).  The scale uses the whole
+-- matrix's shape.  With ZeRO, whose Muon stacks own matrices per dp rank,
+-- it is refused.
 local B = require 'gptlua.dist.policies.base'
 local TP = require 'gptlua.dist.tensor_parallel'
 local optim = require 'gptlua.optim'
@@ -40,6 +48,30 @@ P.__index = P
 
 local function fail(msg) error('tensor parallel: ' .. msg, 0) end
 
+-- Muon on cut matrices (see the header): each update's direction from the
+-- whole matrix, the scale from its whole shape.
+function P.whole_matrix_muon(muon, layout)
+  local lib = require('gptlua.ffi').lib
+  local spec_of = {}
+  for _, np in ipairs(layout.model:named_parameters()) do spec_of[np[2]] = layout.specs[np[1]] end
+  muon.update_direction = function(p, grad, buf, g)
+    local spec = spec_of[p]
+    if not spec then return optim.Muon.update_direction(p, grad, buf, g) end
+    local upd = gl.empty(p.shape, { dtype = 'float32', device = p.device })
+    require('gptlua.ffi').check(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum,
+      g.nesterov and 1 or 0))
+    local whole = TP.gather(upd, spec, layout.comm)
+    local X = optim.newton_schulz(whole, g.ns_steps)
+    local mine = TP.slice(X, spec, layout.rank, layout.size)
+    gl.Tensor.release(upd); gl.Tensor.release(whole); gl.Tensor.release(X)
+    return mine
+  end
+  muon.matrix_shape = function(p)
+    local np = spec_of[p] and layout.full_shape_of[p]
+    return np or p.shape
+  end
+end
+
 -- inner: the data-parallel policy over mesh.dp (its name in dist_name)
 function P.new(inner, layout, mesh, dist_name)
   if dist_name ~= 'ddp' and dist_name ~= 'zero1' and dist_name ~= 'zero2' then
@@ -48,8 +80,10 @@ function P.new(inner, layout, mesh, dist_name)
   end
   for _, o in ipairs(inner.optimizer.optimizers or { inner.optimizer }) do
     if getmetatable(o) == optim.Muon then
-      fail("optimizer 'nanochat' (Muon) with tp > 1 is not supported yet: Newton-Schulz needs whole matrices "
-        .. "(use optimizer = 'adamw')")
+      if dist_name ~= 'ddp' then
+        fail(("optimizer 'nanochat' (Muon) with tp > 1 runs over dist = 'ddp' only, got '%s'"):format(dist_name))
+      end
+      P.whole_matrix_muon(o, layout)
     end
   end
   local self = setmetatable({ inner = inner, layout = layout, mesh = mesh, optimizer = inner.optimizer,

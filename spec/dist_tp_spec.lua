@@ -145,23 +145,29 @@ describe('tensor parallelism on MPI ranks', function()
     return refs[k]
   end
 
-  it('5 trainer steps of tp 2, tp 4, dp 2 x tp 2 (ddp, zero1), tp 2 + sp and dp 2 x tp 2 + sp (ddp, zero2) equal '
-    .. 'one process (losses, clipped norms, parameters)', function()
+  it('5 trainer steps of tp 2, tp 4, dp 2 x tp 2 (ddp, zero1, fsdp), tp 2 + sp and dp 2 x tp 2 + sp (ddp, zero2, '
+    .. 'fsdp) equal one process (losses, clipped norms, parameters)', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
       local ref = reference(model)
-      for _, case in ipairs({ { 2, '--tp=2' }, { 4, '--tp=4' }, { 4, '--dp=2 --tp=2' }, { 2, '--tp=2 --sp' },
-                              { 4, '--dp=2 --tp=2 --sp' }, { 4, '--dp=2 --tp=2 --dist=zero1' },
-                              { 4, '--dp=2 --tp=2 --sp --dist=zero2' } }) do
-        if not (model == 'nanochat' and case[2] == '--tp=4') then  -- 2 KV heads
+      -- (nanochat, whose layers are cut the same way, runs a quicker subset;
+      -- its 2 KV heads do not divide by tp 4)
+      for _, case in ipairs({ { 2, '--tp=2', true }, { 4, '--tp=4' }, { 4, '--dp=2 --tp=2' }, { 2, '--tp=2 --sp' },
+                              { 4, '--dp=2 --tp=2 --sp', true }, { 4, '--dp=2 --tp=2 --dist=zero1' },
+                              { 4, '--dp=2 --tp=2 --sp --dist=zero2', true }, { 4, '--dp=2 --tp=2 --dist=fsdp' },
+                              { 4, '--dp=2 --tp=2 --sp --dist=fsdp', true } }) do
+        if model == 'gpt2' or case[3] then
           local what = ('%s %s'):format(model, case[2])
+          -- FSDP reduce-scatters gradients in float32 (its reduce_dtype), so
+          -- its float64 runs agree to float32's rounding only
+          local tol = case[2]:match('fsdp') and 1e-6 or 1e-9
           local dir = ('%s/%s_%d_%s'):format(out, model, case[1], case[2]:gsub('[^%w]', ''))
           local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s %s 5 %s'):format(dir, model, case[2]))
           H.assert_ranks_ok(o, rc, case[1])
           local res = result(dir)
-          assert_close(ref.losses, res.losses, what .. ' loss')
-          assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm')
+          assert_close(ref.losses, res.losses, what .. ' loss', tol)
+          assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm', tol)
           local e = H.rel_error(ref.params, final_params(res))
-          assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+          assert.is_true(e < tol, ('%s: final parameters differ, relative error %.3g'):format(what, e))
         end
       end
     end
@@ -192,7 +198,7 @@ describe('tensor parallelism on MPI ranks', function()
       .. "'zero1'", 1, true), o)
   end)
 
-  it('checkpoints load under another mesh: tp 2 -> one process -> dp 2 x tp 2, and with ZeRO-2 and ZeRO-1', function()
+  it('checkpoints load under another mesh: tp 2 -> one process -> dp 2 x tp 2, and ZeRO-2 -> FSDP under tp 2', function()
     local ref = reference('gpt2')
     -- tp 2 saves at step 3 (full tensors); one process goes on to 5
     local a = out .. '/resume_a'
@@ -217,16 +223,16 @@ describe('tensor parallelism on MPI ranks', function()
     assert_close({ ref.losses[4], ref.losses[5] }, r4.losses, 'tp 1 -> dp 2 x tp 2 loss')
     e = H.rel_error(ref.params, final_params(r4))
     assert.is_true(e < 1e-9, ('tp 1 -> dp 2 x tp 2: final parameters differ, relative error %.3g'):format(e))
-    -- ZeRO's optimizer pieces: dp 2 x tp 2 zero2 saves at 3 (assembled whole), dp 2 x tp 2 zero1 goes on
+    -- ZeRO's optimizer pieces: dp 2 x tp 2 zero2 saves at 3 (assembled whole), dp 2 x tp 2 fsdp goes on
     o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/resume_c gpt2 3 --dp=2 --tp=2 --dist=zero2')
     H.assert_ranks_ok(o, rc, 4)
     local zstep3 = result(out .. '/resume_c').checkpoint
-    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/c4 gpt2 5 --dp=2 --tp=2 --dist=zero1 --resume=%s'):format(out,
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/c4 gpt2 5 --dp=2 --tp=2 --dist=fsdp --resume=%s'):format(out,
       zstep3))
     H.assert_ranks_ok(o, rc, 4)
     local c4 = result(out .. '/c4')
-    assert_close({ ref.losses[4], ref.losses[5] }, c4.losses, 'zero2 dp 2 x tp 2 -> zero1 dp 2 x tp 2 loss')
+    assert_close({ ref.losses[4], ref.losses[5] }, c4.losses, 'zero2 dp 2 x tp 2 -> fsdp dp 2 x tp 2 loss', 1e-6)
     e = H.rel_error(ref.params, final_params(c4))
-    assert.is_true(e < 1e-9, ('zero2 -> zero1 under tp 2: final parameters differ, relative error %.3g'):format(e))
+    assert.is_true(e < 1e-6, ('zero2 -> fsdp under tp 2: final parameters differ, relative error %.3g'):format(e))
   end)
 end)

@@ -7,8 +7,10 @@
 -- with the same tp coordinate form a dp group, and the inner policy (ddp)
 -- averages their gradients as it would for a whole model.
 --
--- Inner policies: ddp, zero1, zero2 (their gradient pieces through
--- each_grad, their optimizer state through each_state); fsdp is refused.
+-- Inner policies: ddp, zero1, zero2, fsdp, hsdp (their gradient pieces
+-- through each_grad, their optimizer state through each_state; FSDP's
+-- parameters through full_state_dict).  FSDP's blocks recompute their
+-- forward in backward, tp collectives included (one more forward's worth).
 --
 -- Step: forward and backward communicate over tp inside the model (f and
 -- g); after_backward is the inner policy's (dp all-reduce of the local
@@ -74,9 +76,10 @@ end
 
 -- inner: the data-parallel policy over mesh.dp (its name in dist_name)
 function P.new(inner, layout, mesh, dist_name)
-  if dist_name ~= 'ddp' and dist_name ~= 'zero1' and dist_name ~= 'zero2' then
-    fail(("dist '%s' with tp > 1 is not supported yet (expected 'ddp', 'zero1' or 'zero2' over the dp dimension)")
-      :format(tostring(dist_name)))
+  local ok = { ddp = true, zero1 = true, zero2 = true, fsdp = true, hsdp = true }
+  if not ok[dist_name] then
+    fail(("dist '%s' with tp > 1 is not supported (expected 'ddp', 'zero1', 'zero2', 'fsdp' or 'hsdp' over the dp "
+      .. 'dimension)'):format(tostring(dist_name)))
   end
   for _, o in ipairs(inner.optimizer.optimizers or { inner.optimizer }) do
     if getmetatable(o) == optim.Muon then
@@ -87,7 +90,7 @@ function P.new(inner, layout, mesh, dist_name)
     end
   end
   local self = setmetatable({ inner = inner, layout = layout, mesh = mesh, optimizer = inner.optimizer,
-    params = inner.params, collective_forward = true }, P)
+    params = inner.params or B.trainable(layout.model:parameters()), collective_forward = true }, P)
   return self
 end
 
@@ -138,8 +141,8 @@ function P:_local_optimizer_state(opt_sd)
     keys[#keys + 1] = k
   end
   table.sort(keys)
-  inner:each_state(function(k, t, off, replicated)
-    if not replicated or inner.comm.rank == 0 then
+  inner:each_state(function(k, t, off, replicated, kind)
+    if kind ~= 'param' and (not replicated or inner.comm.rank == 0) then
       B.view(out[k], off, { t:numel() }, false):copy_(B.view(t, 0, { t:numel() }, false))
     end
   end)
@@ -153,6 +156,8 @@ local function opt_param_name(key) return key:match('^[%w_]+%.(.*)%.[%w_]+$') en
 function P:save_checkpoint(trainer, model_sd, opt_sd, state)
   local model_full, opt_full
   local opt_local = self:_local_optimizer_state(opt_sd)
+  -- FSDP's parameters live in shards: gathered whole over dp first (collective)
+  if self.inner.full_state_dict then model_sd = self.inner:full_state_dict() end
   if self.mesh.coord.dp == 0 then  -- one tp group gathers; the others hold the same values
     model_full = TP.full_state(self.layout, model_sd)
     opt_full = TP.full_state(self.layout, opt_local, opt_param_name)
@@ -181,10 +186,10 @@ function P:load_checkpoint(trainer, c, path)
   end
   -- ZeRO: each rank copies its pieces out of this tp rank's whole state
   local index = shards.index(nil, { optim = tensors })
-  inner:reset_masters()
+  if inner.reset_masters then inner:reset_masters() end
   inner:each_state(function(k, t, off, _, kind)
-    if kind == 'state' or index[k] then shards.fill(index, k, off, t, path) end
-  end)
+    if kind == 'state' or (kind == 'master' and index[k]) then shards.fill(index, k, off, t, path) end
+  end, true)  -- (FSDP: every HSDP replica fills its pieces)
   shards.set_steps(self.optimizer, st)
 end
 

@@ -6,11 +6,12 @@
 -- whole model on the whole batch (loss, every gradient, sampling), 5
 -- trainer steps (AdamW, clipping by the whole model's norm) of each layout
 -- equal to one process, and checkpoints that
--- load under another mesh (tp 2 -> one process, one process -> dp 2 x tp 2).
+-- load under another mesh; context parallelism (Ulysses) likewise.
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local mesh = require 'gptlua.dist.mesh'
 local TP = require 'gptlua.dist.tensor_parallel'
+local CP = require 'gptlua.dist.context_parallel'
 local train = require 'gptlua.train'
 local ckpt = require 'gptlua.checkpoint'
 local cjson = require 'cjson'
@@ -32,8 +33,9 @@ describe('gptlua.dist.mesh in one process', function()
     assert.has_error(function() mesh.sizes({ dp = 1.5 }, 4) end,
       'dist.mesh: dp expected a positive integer (or 0: the rest of the world), got 1.5')
     assert.has_error(function() mesh.sizes({ pp = 2 }, 4) end, 'dist.mesh: unknown dimension pp (expected dp, cp or tp)')
-    assert.has_error(function() mesh.sizes({ cp = 2 }, 4) end,
-      'dist.mesh: cp 2: context parallelism is not implemented yet (expected cp = 1)')
+    assert.same({ dp = 2, cp = 2, tp = 1 }, mesh.sizes({ cp = 2 }, 4))
+    assert.has_error(function() mesh.sizes({ cp = 3, tp = 2 }, 4) end,
+      'dist.mesh: tp 2 x cp 3 = 6 does not divide the world of 4 ranks')
     assert.has_error(function() dist.mesh({ dp = 2, tp = 2 }) end,
       'dist.mesh: dp 2 x cp 1 x tp 2 = 4 ranks, but the world has 1')
   end)
@@ -75,7 +77,13 @@ describe('gptlua.dist.mesh in one process', function()
 
   it('refuses tp without a distributed run, sp without tp, and tp < 1', function()
     assert.has_error(function() train.new(recipe('gpt2', { dist = 'none' }), { '--tp=2' }) end,
-      "config: tp 2 and dp 0 need a distributed run (dist = 'ddp')")
+      "config: tp 2, cp 1 and dp 0 need a distributed run (dist = 'ddp')")
+    assert.has_error(function() train.new(recipe('gpt2', { dist = 'none' }), { '--cp=2' }) end,
+      "config: tp 1, cp 2 and dp 0 need a distributed run (dist = 'ddp')")
+    assert.has_error(function() CP.check({ n_head = 4, n_kv_head = 2, block_size = 16 }, 4) end,
+      'context parallel: n_kv_head 2 is not divisible by cp 4')
+    assert.has_error(function() CP.check({ n_head = 4, block_size = 6 }, 4) end,
+      'context parallel: block_size 6 is not divisible by cp 4')
     assert.has_error(function() train.new(recipe('gpt2', { dist = 'none' }), { '--sp' }) end,
       'config: sp (sequence parallel) needs tp > 1, got tp 1')
     assert.has_error(function() TP.check({ n_head = 4, n_embd = 32, vocab_size = 68, block_size = 6 }, 4, true) end,
@@ -133,6 +141,14 @@ describe('tensor parallelism on MPI ranks', function()
     assert.truthy(o:find('tensor parallel: n_kv_head 2 is not divisible by tp 4', 1, true), o)
   end)
 
+  it('context parallel (Ulysses): one forward and backward at cp 2, cp 4 and dp 2 x cp 2 equals the whole model',
+    function()
+    for _, case in ipairs({ { 1, 2, 'gpt2 nanochat:2' }, { 1, 4, 'gpt2 nanochat' }, { 2, 2, 'gpt2 nanochat:2' } }) do
+      local o, rc = H.mpirun(case[1] * case[2], 'spec/dist/cp_grads.lua', ('%d %d %s'):format(case[1], case[2], case[3]))
+      H.assert_ranks_ok(o, rc, case[1] * case[2])
+    end
+  end)
+
   local refs = {}
   local function reference(model, optimizer)
     optimizer = optimizer or 'adamw'
@@ -145,13 +161,14 @@ describe('tensor parallelism on MPI ranks', function()
     return refs[k]
   end
 
-  it('5 trainer steps of tp 2, tp 4, dp 2 x tp 2 (ddp, zero1, fsdp), tp 2 + sp and dp 2 x tp 2 + sp (ddp, zero2, '
-    .. 'fsdp) equal one process (losses, clipped norms, parameters)', function()
+  it('5 trainer steps of cp 2, dp 2 x cp 2 (zero1), tp 2, tp 4, dp 2 x tp 2 (ddp, zero1, fsdp), tp 2 + sp and '
+    .. 'dp 2 x tp 2 + sp (ddp, zero2, fsdp) equal one process (losses, clipped norms, parameters)', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
       local ref = reference(model)
       -- (nanochat, whose layers are cut the same way, runs a quicker subset;
       -- its 2 KV heads do not divide by tp 4)
-      for _, case in ipairs({ { 2, '--tp=2', true }, { 4, '--tp=4' }, { 4, '--dp=2 --tp=2' }, { 2, '--tp=2 --sp' },
+      for _, case in ipairs({ { 2, '--cp=2', true }, { 4, '--dp=2 --cp=2 --dist=zero1' },
+                              { 2, '--tp=2', true }, { 4, '--tp=4' }, { 4, '--dp=2 --tp=2' }, { 2, '--tp=2 --sp' },
                               { 4, '--dp=2 --tp=2 --sp', true }, { 4, '--dp=2 --tp=2 --dist=zero1' },
                               { 4, '--dp=2 --tp=2 --sp --dist=zero2', true }, { 4, '--dp=2 --tp=2 --dist=fsdp' },
                               { 4, '--dp=2 --tp=2 --sp --dist=fsdp', true } }) do

@@ -79,6 +79,7 @@ return {
   shard_size = 'hsdp: ranks per shard group (0: all ranks)',
   dp = 'mesh: data-parallel ranks (0: the world over tp); dist runs over them',
   tp = 'mesh: tensor-parallel ranks per model copy (Megatron layout, innermost; 1: off)',
+  cp = 'mesh: context-parallel ranks splitting each sequence (Ulysses all-to-all attention; 1: off)',
   sp = 'sequence parallel with tp: norms, dropout and residuals on T/tp rows (all-gather/reduce-scatter)',
   dist_timeout = 'seconds a collective may wait before every rank is aborted',
   fsdp = 'fsdp/hsdp options (the keys below)',

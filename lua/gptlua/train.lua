@@ -57,7 +57,7 @@ M.defaults = {
   -- dist_timeout: seconds a collective may take before every rank is aborted
   dist = 'none', bucket_mb = 25, shard_size = 0, dist_timeout = 600,
   -- device mesh (gptlua.dist.mesh): tensor parallel over tp ranks, data parallel (dist) over dp
-  dp = 0, tp = 1, sp = false,
+  dp = 0, tp = 1, sp = false, cp = 1,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
@@ -72,7 +72,7 @@ local INTEGER_KEYS = {
   checkpoint_interval = { 0, COUNT }, keep_last = { 0, INT32 }, max_bad_steps = { 0, COUNT }, top_k = { 0, INT32 },
   threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
-  shard_size = { 0, COUNT }, dp = { 0, INT32 }, tp = { 1, INT32 },
+  shard_size = { 0, COUNT }, dp = { 0, INT32 }, tp = { 1, INT32 }, cp = { 1, INT32 },
 }
 M.INTEGER_KEYS = INTEGER_KEYS
 
@@ -348,9 +348,13 @@ function M.new(recipe, args)
   -- a mesh (--dp, --tp): the data is split over its dp ranks only (the tp
   -- ranks of a group read the same batch)
   self.dp_rank, self.dp_size = self.rank, self.world
-  if cfg.tp > 1 or cfg.dp > 0 then
-    if not self.comm then fail(("tp %d and dp %d need a distributed run (dist = 'ddp')"):format(cfg.tp, cfg.dp)) end
-    self.mesh = self.dist.mesh({ dp = cfg.dp, tp = cfg.tp, world = self.comm })
+  if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 then
+    if not self.comm then
+      fail(("tp %d, cp %d and dp %d need a distributed run (dist = 'ddp')"):format(cfg.tp, cfg.cp, cfg.dp))
+    end
+    if cfg.tp > 1 and cfg.cp > 1 then fail(('tp %d with cp %d: tensor and context parallelism are not composed yet')
+      :format(cfg.tp, cfg.cp)) end
+    self.mesh = self.dist.mesh({ dp = cfg.dp, tp = cfg.tp, cp = cfg.cp, world = self.comm })
     self.dp_rank, self.dp_size = self.mesh.coord.dp, self.mesh.size.dp
   end
   -- each rank of a distributed GPU run trains on the GPU it is bound to
@@ -375,10 +379,14 @@ function M.new(recipe, args)
   if cfg.device ~= 'cpu' then model:to(cfg.device) end
   if self.mesh and self.mesh.size.tp > 1 then  -- cut the whole model over the tp group
     self.flops_per_token = model:flops_per_token(cfg.block_size)  -- the whole model's
+    self.whole_num_params = model:num_params()
     self.tp_layout = require('gptlua.dist.tensor_parallel').parallelize(model, self.mesh.tp,
       { sequence_parallel = cfg.sp })
   elseif cfg.sp then
     fail('sp (sequence parallel) needs tp > 1, got tp ' .. cfg.tp)
+  end
+  if self.mesh and self.mesh.size.cp > 1 then  -- split the sequence over the cp group (Ulysses)
+    require('gptlua.dist.context_parallel').parallelize(model, self.mesh.cp)
   end
   self.model = model
   local groups = hooks.param_groups and hooks.param_groups(cfg, model) or nil
@@ -388,8 +396,9 @@ function M.new(recipe, args)
   self.params = model:parameters()
   local popts = { comm = self.comm, model = model, optimizer = self.optimizer, params = self.params,
                   bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size, cfg = cfg, units = hooks.fsdp_units }
-  if self.mesh then popts.comm = self.mesh.dp end
+  if self.mesh then popts.comm = self.mesh.dp_cp end  -- gradients average over dp (x cp)
   self.policy = self.dist and self.dist.policy(cfg.dist, popts) or Local.new(popts)
+  if self.mesh and self.mesh.size.cp > 1 then self.policy.collective_forward = true end
   if self.tp_layout then
     self.policy = require('gptlua.dist.policies.tp').new(self.policy, self.tp_layout, self.mesh, cfg.dist)
   end
@@ -667,7 +676,7 @@ function Trainer:run()
   if resumed_from then self:write_metrics({ step = first_step, resumed = true, from = resumed_from }) end
   local peak, peak_source = progress.peak_flops(cfg)
   self:print(('model %s: %.2fM parameters, %d layers, %d heads, width %d, context %d, vocab %d'):format(
-    cfg.model, self.model:num_params() / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size))
+    cfg.model, (self.whole_num_params or self.model:num_params()) / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size))
   self:print(('device %s (%d threads), %s, batch %d x %d x %d accum x %d ranks = %d tokens/step'):format(
     cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
     self.dp_size, self.tokens_per_step))

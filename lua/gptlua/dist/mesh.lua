@@ -5,9 +5,10 @@
 --   mesh.size.tp, mesh.coord.tp                   -- its size, this rank's place in it
 --
 -- Dimensions, outermost first: dp (data parallel: replicas or shards of the
--- model that see different batches), cp (context parallel; not implemented
--- yet, only size 1), tp (tensor parallel: the ranks that split one layer's
--- matrices).  tp is innermost, as Megatron-LM and torchtitan lay it out: the
+-- model that see different batches), cp (context parallel: the ranks that
+-- split one sequence), tp (tensor parallel: the ranks that split one
+-- layer's matrices).  mesh.dp_cp is the group of dp x cp (the ranks with
+-- this rank's tp coordinate): gradients of a layout with cp average over it.  tp is innermost, as Megatron-LM and torchtitan lay it out: the
 -- ranks of a tp group are consecutive, so with one node per tp group its
 -- per-block all-reduces stay inside the node.  So with dp = 2, tp = 2:
 --
@@ -45,9 +46,6 @@ function M.sizes(o, world_size)
         tostring(v)))
     end
     s[d] = v
-  end
-  if s.cp ~= 1 then
-    fail(('cp %d: context parallelism is not implemented yet (expected cp = 1)'):format(s.cp))
   end
   local inner = s.cp * s.tp
   if s.dp == 0 then
@@ -89,6 +87,8 @@ function M.new(o)
     local comm = world:split(r - coord[d] * stride[d], coord[d])
     self[d] = comm
   end
+  -- dp x cp: the ranks sharing this rank's tp coordinate
+  self.dp_cp = size.cp == 1 and self.dp or world:split(coord.tp, r)
   return self
 end
 

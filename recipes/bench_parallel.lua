@@ -1,5 +1,5 @@
 -- recipes/bench_parallel.lua — communication per step and rank of each mesh
--- layout (dp, tp, tp + sp, ZeRO over dp), counted in the communicator and
+-- layout (dp, tp, tp + sp, cp, ZeRO over dp), counted in the communicator and
 -- compared with the model in ARCHITECTURE.md ("Tensor and sequence
 -- parallel"), and the step time on CPU ranks.
 --
@@ -11,11 +11,13 @@
 -- (batch_size x RANKS rows: a layout with fewer dp ranks accumulates more
 -- micro-steps).  Each collective a rank starts is counted with the bytes a
 -- ring algorithm makes it send: all-reduce 2(n-1)/n of the tensor,
--- all-gather (n-1) x its input, reduce-scatter (n-1) x its output; per
--- step, by the mesh dimension of the Comm (tp, dp, world).  The model's
+-- all-gather (n-1) x its input, reduce-scatter (n-1) x its output,
+-- all-to-all (n-1)/n of its input; per step, by the mesh dimension of the
+-- Comm (tp, cp, dp: the gradients' group, world).  The model's
 -- column is what the layout should send (per optimizer step, per rank):
 --   tp   A (4L + 2) 2(tp-1)/tp B T C + A 3 2(tp-1)/tp B T    (+ sp: 2(tp-1)/tp P_repl)
---   dp   2(dp-1)/dp P/tp-ish (the rank's parameter elements, P_rank)
+--   cp   A L 8 (cp-1)/cp B (T/cp) C
+--   dp   2(n-1)/n P_rank (the rank's parameter elements; n = dp x cp)
 -- with A micro-steps, L blocks, e bytes per element.  Step times are the
 -- slowest rank's mean over --steps after one warm-up step; on a shared
 -- machine they are noisy: compare them as ratios within one run.
@@ -58,6 +60,11 @@ local model = {
   all_gather = function(self, out, input) return (self.size - 1) * esize(input) end,
   reduce_scatter = function(self, out) return (self.size - 1) * esize(list_or_tensor(out, 1)) end,
   broadcast = function(self, t) return esize(t) end,
+  all_to_all = function(self, out, input)
+    local b = 0
+    for i = 1, self.size do b = b + esize(list_or_tensor(input, i)) end
+    return (self.size - 1) / self.size * b
+  end,
 }
 for name, bytes in pairs(model) do
   for _, m in ipairs({ name, name .. '_async' }) do
@@ -78,6 +85,8 @@ local layouts = {
   { name = 'zero1 dp2 x tp2', args = { '--dp=2', '--tp=2', '--dist=zero1' } },
   { name = 'tp' .. N, args = { '--tp=' .. N } },
   { name = 'tp' .. N .. ' + sp', args = { '--tp=' .. N, '--sp' } },
+  { name = 'ddp dp2 x cp2', args = { '--dp=2', '--cp=2' } },
+  { name = 'cp' .. N, args = { '--cp=' .. N } },
 }
 
 local function recipe()
@@ -92,7 +101,7 @@ local function fmt_mb(b) return ('%.3f'):format(b / 2 ^ 20) end
 if world.rank == 0 then
   print(('%d ranks, gpt2 %d layers, width %d, context %d, global batch %d rows; bytes sent per rank per optimizer '
     .. 'step (MiB), counted / model'):format(N, L, C, T, Bsz * N))
-  print(('%-22s %18s %18s %10s %12s'):format('layout', 'tp', 'dp', 'world', 'ms/step'))
+  print(('%-22s %18s %18s %18s %10s %12s'):format('layout', 'tp', 'cp', 'dp', 'world', 'ms/step'))
 end
 for _, lay in ipairs(layouts) do
   if N % 4 == 0 or not lay.args[1] or not lay.args[1]:match('dp=2') then
@@ -105,14 +114,16 @@ for _, lay in ipairs(layouts) do
     for _ = 1, steps do t:train_step() end
     local dt = world:all_reduce_number((now() - t0) / steps, 'max')
     local mesh = t.mesh
-    local by = { tp = 0, dp = 0, world = 0 }
+    local by = { tp = 0, cp = 0, dp = 0, world = 0 }
+    local grads = t.policy.inner and t.policy.inner.comm or t.policy.comm
     for comm, b in pairs(counting) do
-      local d = (mesh and comm == mesh.tp and 'tp') or ((mesh and comm == mesh.dp or comm == t.policy.comm) and 'dp')
-        or 'world'
+      local d = (mesh and comm == mesh.tp and 'tp') or (mesh and comm == mesh.cp and 'cp')
+        or ((comm == grads) and 'dp') or 'world'
       by[d] = by[d] + b / steps
     end
     -- the model (see the header), per optimizer step and rank
-    local tp, dp = mesh and mesh.size.tp or 1, mesh and mesh.size.dp or N
+    local tp, cp = mesh and mesh.size.tp or 1, mesh and mesh.size.cp or 1
+    local dp = (mesh and mesh.size.dp or N) * cp
     local A, e = t.cfg.gradient_accumulation_steps, 4
     local P_rank, P_repl = 0, 0
     for _, p in ipairs(t.params) do
@@ -123,11 +134,12 @@ for _, lay in ipairs(layouts) do
       or 0
     if tp > 1 and t.cfg.sp then want_tp = want_tp + 2 * (tp - 1) / tp * P_repl * e end
     local want_dp = dp > 1 and 2 * (dp - 1) / dp * P_rank * e or 0
+    local want_cp = cp > 1 and A * L * 8 * (cp - 1) / cp * Bsz * (T / cp) * C * e or 0
     -- the slowest rank's counts (ranks of one layout send alike)
-    for _, k in ipairs({ 'tp', 'dp', 'world' }) do by[k] = world:all_reduce_number(by[k], 'max') end
+    for _, k in ipairs({ 'tp', 'cp', 'dp', 'world' }) do by[k] = world:all_reduce_number(by[k], 'max') end
     if world.rank == 0 then
-      print(('%-22s %8s / %-7s %8s / %-7s %10s %12.1f'):format(lay.name, fmt_mb(by.tp), fmt_mb(want_tp), fmt_mb(by.dp),
-        fmt_mb(want_dp), fmt_mb(by.world), 1000 * dt))
+      print(('%-22s %8s / %-7s %8s / %-7s %8s / %-7s %10s %12.1f'):format(lay.name, fmt_mb(by.tp), fmt_mb(want_tp),
+        fmt_mb(by.cp), fmt_mb(want_cp), fmt_mb(by.dp), fmt_mb(want_dp), fmt_mb(by.world), 1000 * dt))
       io.stdout:flush()
     end
     t.policy:detach()

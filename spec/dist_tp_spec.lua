@@ -38,6 +38,9 @@ describe('gptlua.dist.mesh in one process', function()
       'dist.mesh: tp 2 x cp 3 = 6 does not divide the world of 4 ranks')
     assert.has_error(function() dist.mesh({ dp = 2, tp = 2 }) end,
       'dist.mesh: dp 2 x cp 1 x tp 2 = 4 ranks, but the world has 1')
+    local ok, err = pcall(dist.mesh, 5)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('dist.mesh: sizes must be a table, got 5', 1, true), tostring(err))
   end)
 
   it('in a world of one has a Comm of one rank per dimension', function()

@@ -819,6 +819,7 @@ end
 -- entry points and their options' fields checked (gptlua.check): "dist.init: backend must be a string, got 5"
 local check = require 'gptlua.check'
 check.options('dist_init_opts', { backend = 'string?', timeout = 'real?', threads = 'integer?' })
-check.wrap_table(dist, { init = 'opts:dist_init_opts?', policy = 'name:string, opts:opts?', discover = 'getenv:callable?' }, 'dist.')
+check.wrap_table(dist, { init = 'opts:dist_init_opts?', policy = 'name:string, opts:opts?', discover = 'getenv:callable?',
+  mesh = 'sizes:opts' }, 'dist.')
 
 return dist

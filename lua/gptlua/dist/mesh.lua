@@ -27,7 +27,7 @@ local M = {}
 M.DIMS = { 'dp', 'cp', 'tp' }   -- outermost first
 local KNOWN = { dp = true, cp = true, tp = true, world = true }
 
-local function fail(msg) error('dist.mesh: ' .. msg, 3) end
+local function fail(msg) error('dist.mesh: ' .. msg, 0) end  -- a user's error: one line
 
 -- Checks sizes against the world's and returns {dp = , cp = , tp = }.
 -- (No communication: the spec checks refusals in a world of one.)

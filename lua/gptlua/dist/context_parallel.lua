@@ -37,36 +37,61 @@ local function fail(msg) error('context parallel: ' .. msg, 0) end
 -- (B, Tl, parts*W) rows of this rank -> (B, T, parts*W/n) heads of this
 -- rank: chunk j of every part goes to rank j; rank i's rows come back in
 -- rank order.
+-- (through one (n, B, Tl, parts*w) buffer each way: chunk j of the send
+-- buffer goes to rank j, chunk i of the receive buffer came from rank i)
+local function exchange(send, comm)
+  local recv = gl.empty(send.shape, { dtype = send.dtype, device = send.device })
+  local counts = {}
+  for i = 1, comm.size do counts[i] = send:numel() / comm.size end
+  comm:all_to_all(recv, send, { send_counts = counts, recv_counts = counts })
+  gl.Tensor.release(send)
+  return recv
+end
+
+-- views hold their buffer's storage: released with it
+local function release(list) for _, t in ipairs(list) do gl.Tensor.release(t) end end
+
 local function to_heads(x, parts, comm)
   local n = comm.size
-  local W = x.shape[3] / parts
+  local B, Tl, W = x.shape[1], x.shape[2], x.shape[3] / parts
   local w = W / n
-  local send, recv = {}, {}
+  local send = gl.empty({ n, B, Tl, parts * w }, { dtype = x.dtype, device = x.device })
   for j = 0, n - 1 do
-    local pieces = {}
-    for p = 0, parts - 1 do pieces[#pieces + 1] = x:narrow(3, p * W + j * w + 1, w) end
-    send[j + 1] = (#pieces == 1 and pieces[1] or gl.cat(pieces, 3)):contiguous()
-    recv[j + 1] = gl.empty(send[j + 1].shape, { dtype = x.dtype, device = x.device })
+    local chunk = send:select(1, j + 1)
+    for p = 0, parts - 1 do
+      local dst, src = chunk:narrow(3, p * w + 1, w), x:narrow(3, p * W + j * w + 1, w)
+      dst:copy_(src)
+      release({ dst, src })
+    end
+    release({ chunk })
   end
-  comm:all_to_all(recv, send)
-  return gl.cat(recv, 2)
+  local recv = exchange(send, comm)
+  local rows = {}
+  for i = 1, n do rows[i] = recv:select(1, i) end
+  local out = gl.cat(rows, 2)
+  release(rows); release({ recv })
+  return out
 end
 
 -- the inverse: (B, T, parts*W/n) heads -> (B, Tl, parts*W) rows
 local function to_rows(y, parts, comm)
   local n = comm.size
-  local Tl, w = y.shape[2] / n, y.shape[3] / parts
-  local send, recv = {}, {}
+  local B, Tl, w = y.shape[1], y.shape[2] / n, y.shape[3] / parts
+  local send = gl.empty({ n, B, Tl, parts * w }, { dtype = y.dtype, device = y.device })
   for i = 0, n - 1 do
-    send[i + 1] = y:narrow(2, i * Tl + 1, Tl):contiguous()
-    recv[i + 1] = gl.empty(send[i + 1].shape, { dtype = y.dtype, device = y.device })
+    local dst, src = send:select(1, i + 1), y:narrow(2, i * Tl + 1, Tl)
+    dst:copy_(src)
+    release({ dst, src })
   end
-  comm:all_to_all(recv, send)
-  local pieces = {}
+  local recv = exchange(send, comm)
+  local rows, pieces = {}, {}
+  for j = 1, n do rows[j] = recv:select(1, j) end
   for p = 0, parts - 1 do
-    for j = 1, n do pieces[#pieces + 1] = recv[j]:narrow(3, p * w + 1, w) end
+    for j = 1, n do pieces[#pieces + 1] = rows[j]:narrow(3, p * w + 1, w) end
   end
-  return gl.cat(pieces, 3)
+  local out = gl.cat(pieces, 3)
+  release(pieces); release(rows); release({ recv })
+  return out
 end
 
 function CP.to_heads(x, parts, comm)

@@ -38,6 +38,7 @@
 -- full tensors (TP.gather) and any tp size can cut them again (TP.slice).
 local gl = require 'gptlua'
 local A = require 'gptlua.autograd'
+local Tensor = gl.Tensor
 
 local TP = {}
 
@@ -69,26 +70,41 @@ end
 --                contributions and leaves each rank its T/tp rows)
 --   scatter_seq  forward reduce-scatters partial sums to T/tp shards;
 --                backward all-gathers the gradient
--- The ranks' blocks are consecutive in T, so they travel as a list of
--- contiguous (B, T/tp, C) tensors (one copy each way).
-local function seq_chunks(x, n)
-  local per, list = x.shape[2] / n, {}
-  for r = 1, n do list[r] = x:narrow(2, (r - 1) * per + 1, per):contiguous() end
-  return list
+-- The ranks' blocks are consecutive in T, so they travel through one
+-- (tp, B, T/tp, ...) buffer (a copy each way), released as soon as the
+-- collective is done, not at the end of the step's tensor scope.
+local function stacked_shape(x, n)
+  local shape = { n, x.shape[1], x.shape[2] / n }
+  for d = 3, #x.shape do shape[d + 1] = x.shape[d] end
+  return shape
 end
 
 local function all_gather_seq(x, comm)
-  local list = {}
-  for r = 1, comm.size do list[r] = gl.empty(x.shape, { dtype = x.dtype, device = x.device }) end
-  comm:all_gather(list, x:contiguous())
-  return gl.cat(list, 2)
+  local n = comm.size
+  local buf = gl.empty({ n, unpack(x.shape) }, { dtype = x.dtype, device = x.device })
+  comm:all_gather(buf, x:contiguous())
+  local parts = {}
+  for r = 1, n do parts[r] = buf:select(1, r) end
+  local out = gl.cat(parts, 2)
+  for _, v in ipairs(parts) do Tensor.release(v) end  -- views hold buf's storage too
+  Tensor.release(buf)
+  return out
 end
 
 local function reduce_scatter_seq(x, comm)
-  local shape = { x.shape[1], x.shape[2] / comm.size }
-  for d = 3, #x.shape do shape[d] = x.shape[d] end
+  local n = comm.size
+  local shape = stacked_shape(x, n)
+  local buf = gl.empty(shape, { dtype = x.dtype, device = x.device })
+  local per = shape[3]
+  for r = 1, n do
+    local dst, src = buf:select(1, r), x:narrow(2, (r - 1) * per + 1, per)
+    dst:copy_(src)
+    Tensor.release(dst); Tensor.release(src)
+  end
+  table.remove(shape, 1)
   local out = gl.empty(shape, { dtype = x.dtype, device = x.device })
-  comm:reduce_scatter(out, seq_chunks(x, comm.size), 'sum')
+  comm:reduce_scatter(out, buf, 'sum')
+  Tensor.release(buf)
   return out
 end
 

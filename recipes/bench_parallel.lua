@@ -62,7 +62,8 @@ local model = {
   broadcast = function(self, t) return esize(t) end,
   all_to_all = function(self, out, input)
     local b = 0
-    for i = 1, self.size do b = b + esize(list_or_tensor(input, i)) end
+    if getmetatable(input) == gl.Tensor then b = esize(input)
+    else for i = 1, self.size do b = b + esize(input[i]) end end
     return (self.size - 1) / self.size * b
   end,
 }

@@ -279,8 +279,11 @@ function Muon:step()
         if p.grad then
           local st = self.state[p]
           if not st then st = new_state(p, self.state_keys); self.state[p] = st end
-          local X = Muon.update_direction(p, p.grad, st.momentum_buffer, g)
-          local scale = math.sqrt(math.max(1, p.shape[1] / p.shape[2]))
+          -- (a tensor-parallel run sets update_direction and matrix_shape on
+          -- the instance: the direction of the whole matrix, cut to the shard)
+          local X = (self.update_direction or Muon.update_direction)(p, p.grad, st.momentum_buffer, g)
+          local shape = self.matrix_shape and self.matrix_shape(p) or p.shape
+          local scale = math.sqrt(math.max(1, shape[1] / shape[2]))
           local target = update_target(p, st)
           local Xd = X:to(target.dtype)
           target:add_(Xd, -g.lr * scale)

@@ -65,6 +65,8 @@ M.defaults = {
   -- steering and journal (gptlua.control, gptlua.journal): the control socket `gptlua attach` talks to,
   -- run_dir/journal.jsonl, and a journal this run must match step by step (set by `gptlua replay`)
   control = true, journal = true, journal_hash_interval = 10, replay = '', replay_to = 0,
+  -- device mesh (gptlua.dist.mesh): tensor parallel over tp ranks, data parallel (dist) over dp
+  dp = 0, tp = 1, sp = false, cp = 1,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
 }
 
@@ -81,6 +83,7 @@ local INTEGER_KEYS = {
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
   shard_size = { 0, COUNT }, sync_every = { 1, COUNT }, diloco_fragments = { 1, INT32 }, powersgd_rank = { 0, INT32 },
   ps_servers = { 1, INT32 }, max_staleness = { 0, COUNT }, journal_hash_interval = { 0, COUNT }, replay_to = { 0, COUNT },
+  dp = { 0, INT32 }, tp = { 1, INT32 }, cp = { 1, INT32 },
 }
 M.INTEGER_KEYS = INTEGER_KEYS
 
@@ -358,17 +361,29 @@ function M.new(recipe, args)
     self.comm = self.dist.init({ timeout = cfg.dist_timeout })
     self.rank, self.world = self.comm.rank, self.comm.size
   end
+  -- a mesh (--dp, --tp): the data is split over its dp ranks only (the tp
+  -- ranks of a group read the same batch)
+  self.dp_rank, self.dp_size = self.rank, self.world
+  if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 then
+    if not self.comm then
+      fail(("tp %d, cp %d and dp %d need a distributed run (dist = 'ddp')"):format(cfg.tp, cfg.cp, cfg.dp))
+    end
+    if cfg.tp > 1 and cfg.cp > 1 then fail(('tp %d with cp %d: tensor and context parallelism are not composed yet')
+      :format(cfg.tp, cfg.cp)) end
+    self.mesh = self.dist.mesh({ dp = cfg.dp, tp = cfg.tp, cp = cfg.cp, world = self.comm })
+    self.dp_rank, self.dp_size = self.mesh.coord.dp, self.mesh.size.dp
+  end
   -- each rank of a distributed GPU run trains on the GPU it is bound to
   if self.dist and (cfg.device == 'cuda' or cfg.device == 'cuda:0') and self.dist.device() ~= 'cpu' then
     cfg.device = self.dist.device()
   end
   if cfg.threads > 0 then gl.set_num_threads(cfg.threads) end
   gl.manual_seed(cfg.seed)
-  local d = (hooks.build_data or M.build_data)(cfg, self.rank, self.world)
+  local d = (hooks.build_data or M.build_data)(cfg, self.dp_rank, self.dp_size)
   self.data = d
   if cfg.vocab_size == 0 then cfg.vocab_size = d.vocab_size end
   if cfg.total_batch_size > 0 then
-    local per = cfg.batch_size * cfg.block_size * self.world
+    local per = cfg.batch_size * cfg.block_size * self.dp_size
     if cfg.total_batch_size % per ~= 0 then
       fail(('total_batch_size %d is not a multiple of batch_size*block_size*world (%d)'):format(cfg.total_batch_size, per))
     end
@@ -378,6 +393,17 @@ function M.new(recipe, args)
   local model = (hooks.build_model or M.build_model)(cfg)
   if cfg.dtype ~= 'float32' then model:to(cfg.dtype) end
   if cfg.device ~= 'cpu' then model:to(cfg.device) end
+  if self.mesh and self.mesh.size.tp > 1 then  -- cut the whole model over the tp group
+    self.flops_per_token = model:flops_per_token(cfg.block_size)  -- the whole model's
+    self.whole_num_params = model:num_params()
+    self.tp_layout = require('gptlua.dist.tensor_parallel').parallelize(model, self.mesh.tp,
+      { sequence_parallel = cfg.sp })
+  elseif cfg.sp then
+    fail('sp (sequence parallel) needs tp > 1, got tp ' .. cfg.tp)
+  end
+  if self.mesh and self.mesh.size.cp > 1 then  -- split the sequence over the cp group (Ulysses)
+    require('gptlua.dist.context_parallel').parallelize(model, self.mesh.cp)
+  end
   self.model = model
   local groups = hooks.param_groups and hooks.param_groups(cfg, model) or nil
   self.optimizer = (hooks.build_optimizer or M.build_optimizer)(cfg, model, groups)
@@ -386,11 +412,16 @@ function M.new(recipe, args)
   self.params = model:parameters()
   local popts = { comm = self.comm, model = model, optimizer = self.optimizer, params = self.params,
                   bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size, cfg = cfg, units = hooks.fsdp_units }
+  if self.mesh then popts.comm = self.mesh.dp_cp end  -- gradients average over dp (x cp)
   self.policy = self.dist and self.dist.policy(cfg.dist, popts) or Local.new(popts)
+  if self.mesh and self.mesh.size.cp > 1 then self.policy.collective_forward = true end
+  if self.tp_layout then
+    self.policy = require('gptlua.dist.policies.tp').new(self.policy, self.tp_layout, self.mesh, cfg.dist)
+  end
   self.run_dir = cfg.out_dir .. '/' .. cfg.name
   self.ckpt_dir = self.run_dir .. '/checkpoints'
-  self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * self.world
-  self.flops_per_token = model:flops_per_token(cfg.block_size)
+  self.tokens_per_step = cfg.batch_size * cfg.block_size * cfg.gradient_accumulation_steps * self.dp_size
+  self.flops_per_token = self.flops_per_token or model:flops_per_token(cfg.block_size)
   self.tensorboard = require('gptlua.observe.tensorboard').for_trainer(self)  -- nil when off
   self.profiler = require('gptlua.observe.profiler').for_trainer(self)        -- wraps train_step; nil when off
   self.graph = require('gptlua.train_graph').for_trainer(self)                -- nil when off
@@ -504,7 +535,8 @@ function Trainer:load_checkpoint(path)
     error(('resume: checkpoint %s has %s = %s, this run has %s; not loaded'):format(path, k,
       tostring(st.config[k]), tostring(cfg[k])), 0)
   end
-  self.model:load_state_dict(c.model)
+  if self.policy.load_model then self.policy:load_model(c.model)  -- a cut model takes its part
+  else self.model:load_state_dict(c.model) end
   if self.policy.load_checkpoint then  -- sharded state: the policy takes its part
     self.policy:load_checkpoint(self, c, path)
   else  -- a sharded checkpoint (st.shards) is assembled whole
@@ -675,14 +707,15 @@ function Trainer:run()
   if resumed_from then self:write_metrics({ step = first_step, resumed = true, from = resumed_from }) end
   local peak, peak_source = progress.peak_flops(cfg)
   self:print(('model %s: %.2fM parameters, %d layers, %d heads, width %d, context %d, vocab %d'):format(
-    cfg.model, self.model:num_params() / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size))
+    cfg.model, (self.whole_num_params or self.model:num_params()) / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size))
   self:print(('device %s (%d threads), %s, batch %d x %d x %d accum x %d ranks = %d tokens/step'):format(
     cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
-    self.world, self.tokens_per_step))
+    self.dp_size, self.tokens_per_step))
   self:print(('MFU against a peak of %s per device (%s)'):format(progress.fmt_flops(peak), peak_source))
   if self.world > 1 then
     self:print(('dist: %s (%s %d ranks), collective timeout %g s'):format(cfg.dist,
       self.launch.dist_default and 'default for' or 'on', self.world, cfg.dist_timeout))
+    if self.mesh then self:print(tostring(self.mesh)) end
   end
   self:print(('run %s writes %s'):format(self.run_id, self.run_dir))
   self.control = require('gptlua.control').for_trainer(self)  -- nil when cfg.control is off

@@ -793,6 +793,18 @@ function FSDP:grad_norm()
   return math.sqrt(self.shard:all_reduce_number(s, 'sum'))
 end
 
+-- Calls f(p, grad, counted) for every piece of the averaged gradient this
+-- rank holds (its part of each unit's shard; every replica holds the same
+-- pieces, the first counts them), as Zero:each_grad: tensor parallelism
+-- weighs and sums them over tp.
+function FSDP:each_grad(f)
+  self:after_backward()
+  local counted = self.replica_rank == 0
+  for _, u in ipairs(self.units) do
+    for _, pc in ipairs(u.pieces) do f(pc.p, tmp_view(u.gshard, pc.start, pc.len), counted) end
+  end
+end
+
 function FSDP:scale_grads(s)
   for _, u in ipairs(self.units) do u.gshard:mul_(s) end
 end

@@ -795,6 +795,10 @@ function dist.policy(name, opts)
   return p
 end
 
+-- The world as a grid of named dimensions with a Comm per dimension
+-- (dist.mesh{dp = 2, tp = 2}; lua/gptlua/dist/mesh.lua).
+function dist.mesh(o) return require('gptlua.dist.mesh').new(o) end
+
 -- Advances in-flight collectives without blocking (MPI moves data only
 -- inside MPI calls): call it between pieces of compute to overlap them.
 function dist.progress()
@@ -866,6 +870,7 @@ end
 -- entry points and their options' fields checked (gptlua.check): "dist.init: backend must be a string, got 5"
 local check = require 'gptlua.check'
 check.options('dist_init_opts', { backend = 'string?', timeout = 'real?', threads = 'integer?' })
-check.wrap_table(dist, { init = 'opts:dist_init_opts?', policy = 'name:string, opts:opts?', discover = 'getenv:callable?' }, 'dist.')
+check.wrap_table(dist, { init = 'opts:dist_init_opts?', policy = 'name:string, opts:opts?', discover = 'getenv:callable?',
+  mesh = 'sizes:opts' }, 'dist.')
 
 return dist

@@ -60,6 +60,8 @@ end
 -- logits; a `linear` other than gl.linear (a parallel layout's) keeps the
 -- unfused head and returns the raw logits with the loss.
 function M.head(model, x, targets, linear, weight, softcap)
+  -- a tensor-parallel model's vocabulary-parallel head (gptlua.dist.tensor_parallel)
+  if model.tp_head then return model.tp_head(x, targets, weight, softcap) end
   if targets ~= nil and linear == gl.linear then
     return nil, gl.linear_cross_entropy(x, weight, targets, { ignore_index = -1, softcap = softcap })
   end

@@ -19,16 +19,17 @@ function Attention:__init(cfg)
 end
 -- x (B, T, C); cache (optional) {k=, v=, pos=} for generation
 function Attention:forward(x, cache)
-  local B, T, C = x.shape[1], x.shape[2], x.shape[3]
   local H = self.n_head
   local qkv = self.c_attn(x)
+  local B, T = qkv.shape[1], qkv.shape[2]  -- (under sequence parallelism x holds T/tp rows, qkv all T)
   local y
   if cache then  -- generation: keys and values accumulate in the cache
-    local function heads(i)  -- (B, T, C) slice i -> (B, H, T, D)
-      return qkv:narrow(3, (i - 1) * C + 1, C):reshape(B, T, H, C / H):transpose(2, 3)
+    local Cq = qkv.shape[3] / 3  -- C, or C/tp under tensor parallelism (H is then the local heads)
+    local function heads(i)  -- (B, T, Cq) slice i -> (B, H, T, D)
+      return qkv:narrow(3, (i - 1) * Cq + 1, Cq):reshape(B, T, H, Cq / H):transpose(2, 3)
     end
     local k, v = common.cache_append(cache, heads(2), heads(3))
-    y = gl.scaled_dot_product_attention(heads(1), k, v):transpose(2, 3):reshape(B, T, C)
+    y = gl.scaled_dot_product_attention(heads(1), k, v):transpose(2, 3):reshape(B, T, Cq)
   else
     y = gl.attention_qkv(qkv, H)  -- reads q, k, v in place, no split copies
   end

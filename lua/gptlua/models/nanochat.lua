@@ -44,9 +44,10 @@ function Attention:__init(cfg)
   self:add('c_proj', linear(H * D, C, true))
 end
 function Attention:forward(x, cos, sin, cache)
-  local B, T = x.shape[1], x.shape[2]
   local H, Hkv, D = self.H, self.Hkv, self.D
-  local q = self.c_q(x):view(B, T, H, D)
+  local q = self.c_q(x)
+  local B, T = q.shape[1], q.shape[2]  -- (under sequence parallelism x holds T/tp rows, q all T)
+  q = q:view(B, T, H, D)
   local k = self.c_k(x):view(B, T, Hkv, D)
   local v = self.c_v(x):view(B, T, Hkv, D)
   q, k = norm(gl.rope(q, cos, sin)), norm(gl.rope(k, cos, sin))

@@ -278,6 +278,23 @@ function Zero:grad_norm()
   return math.sqrt(self.comm:all_reduce_number(s, 'sum'))
 end
 
+-- Calls f(p, grad, counted) for every piece of the step's averaged
+-- gradient this rank holds once after_backward is done: its slices of the
+-- sharded buckets, its Muon matrices, and the replicated gradients, which
+-- every rank holds and rank 0 counts (counted pieces over all ranks make
+-- the whole once).  Tensor parallelism weighs and sums them over tp.
+function Zero:each_grad(f)
+  for _, b in ipairs(self.buckets) do
+    if b.kind == 'replicated' then
+      for _, p in ipairs(b.params) do f(p, p.grad, self.r == 0) end
+    elseif b.kind == 'sharded' then
+      for _, sg in ipairs(b.segs) do f(sg.p, B.view(b.gshard, sg.start, { sg.len }, false), true) end
+    else
+      for _, e in ipairs(b.owned) do f(e.p, e.grad, true) end
+    end
+  end
+end
+
 function Zero:scale_grads(s)
   for _, b in ipairs(self.buckets) do (b.kind == 'replicated' and b.grad or b.gshard):mul_(s) end
 end

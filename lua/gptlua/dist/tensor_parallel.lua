@@ -1,0 +1,384 @@
+-- gptlua.dist.tensor_parallel — Megatron-style tensor parallelism over the
+-- mesh's tp group: one layer's matrices split over tp ranks.
+--
+--   local TP = require 'gptlua.dist.tensor_parallel'
+--   local layout = TP.parallelize(model, mesh.tp)   -- gpt2 or nanochat, in place
+--
+-- Layout (rank r of tp ranks; the model is built whole with the run's seed
+-- on every rank and then cut, so its weights are exactly one rank's):
+--   attention   column-parallel q, k, v (heads r*H/tp .. ; KV heads
+--               r*Hkv/tp .. under GQA; gpt2's fused c_attn is cut per q, k
+--               and v block): each rank attends with its own heads, and
+--               nanochat's QK-norm and rotary act per head, so per shard
+--   attn proj   row-parallel: input columns of those heads; bias added once
+--               after the all-reduce
+--   MLP         column-parallel up (c_fc: 4C/tp rows), row-parallel down
+--   embedding   vocabulary-parallel: rows [r*V/tp, (r+1)*V/tp); a token
+--               outside the shard looks up zeros, the all-reduce sums
+--   head        vocabulary-parallel cross-entropy on the V/tp logits of the
+--               shard: max and sum-exp all-reduced (and the target's logit),
+--               logits never gathered (gpt2's head is tied to the embedding
+--               shard).  Without targets (sampling) the logits are gathered.
+--   the rest    (norms, position embedding, row-parallel biases) replicated:
+--               their inputs and output gradients are the same on every tp
+--               rank, so their gradients are too and need no communication
+--
+-- Two autograd functions carry the communication (Megatron's f and g):
+--   copy_to     identity forward; backward all-reduces the input gradient
+--               (each rank's column shard contributed part of it)
+--   reduce_from all-reduce forward (partial sums of a row-parallel product);
+--               identity backward
+-- Per block and micro-step: forward two all-reduces (attention, MLP) of
+-- B*T*C elements each, backward two more, so 4 * 2(tp-1)/tp * B*T*C
+-- elements sent per rank; embedding and head add one B*T*C all-reduce
+-- forward and one backward, and the loss three of B*T numbers.
+--
+-- The layout records, for every parameter cut, the dimension and the number
+-- of blocks it was cut in (gpt2's c_attn: 3, q|k|v), so checkpoints gather
+-- full tensors (TP.gather) and any tp size can cut them again (TP.slice).
+local gl = require 'gptlua'
+local A = require 'gptlua.autograd'
+local Tensor = gl.Tensor
+
+local TP = {}
+
+local function fail(msg) error('tensor parallel: ' .. msg, 0) end
+
+-- ------------------------------------------------------- f and g --
+-- identity forward; backward: the gradient summed over the tp group
+function TP.copy_to(x, comm)
+  if comm.size == 1 then return x end
+  local out = x:detach()
+  return A.record(out, { x }, function(_, g)
+    local r = g:contiguous():clone()
+    comm:all_reduce(r, 'sum')
+    return r
+  end, nil, 'tp_copy_to')
+end
+
+-- forward: x summed over the tp group; backward: identity
+function TP.reduce_from(x, comm)
+  if comm.size == 1 then return x end
+  local out = gl.no_grad(function() return x:contiguous():clone() end)
+  comm:all_reduce(out, 'sum')
+  return A.record(out, { x }, function(_, g) return g end, nil, 'tp_reduce_from')
+end
+
+-- Sequence parallel's pair, along dim 2 (T) of (B, T, C) activations:
+--   gather_seq   forward all-gathers the T/tp shards; backward
+--                reduce-scatters the gradient (sums the column shards'
+--                contributions and leaves each rank its T/tp rows)
+--   scatter_seq  forward reduce-scatters partial sums to T/tp shards;
+--                backward all-gathers the gradient
+-- The ranks' blocks are consecutive in T, so they travel through one
+-- (tp, B, T/tp, ...) buffer (a copy each way), released as soon as the
+-- collective is done, not at the end of the step's tensor scope.
+local function stacked_shape(x, n)
+  local shape = { n, x.shape[1], x.shape[2] / n }
+  for d = 3, #x.shape do shape[d + 1] = x.shape[d] end
+  return shape
+end
+
+local function all_gather_seq(x, comm)
+  local n = comm.size
+  local buf = gl.empty({ n, unpack(x.shape) }, { dtype = x.dtype, device = x.device })
+  comm:all_gather(buf, x:contiguous())
+  local parts = {}
+  for r = 1, n do parts[r] = buf:select(1, r) end
+  local out = gl.cat(parts, 2)
+  for _, v in ipairs(parts) do Tensor.release(v) end  -- views hold buf's storage too
+  Tensor.release(buf)
+  return out
+end
+
+local function reduce_scatter_seq(x, comm)
+  local n = comm.size
+  local shape = stacked_shape(x, n)
+  local buf = gl.empty(shape, { dtype = x.dtype, device = x.device })
+  local per = shape[3]
+  for r = 1, n do
+    local dst, src = buf:select(1, r), x:narrow(2, (r - 1) * per + 1, per)
+    dst:copy_(src)
+    Tensor.release(dst); Tensor.release(src)
+  end
+  table.remove(shape, 1)
+  local out = gl.empty(shape, { dtype = x.dtype, device = x.device })
+  comm:reduce_scatter(out, buf, 'sum')
+  Tensor.release(buf)
+  return out
+end
+
+function TP.gather_seq(x, comm)
+  if comm.size == 1 then return x end
+  local out = gl.no_grad(all_gather_seq, x, comm)
+  return A.record(out, { x }, function(_, g) return reduce_scatter_seq(g, comm) end, nil, 'sp_gather')
+end
+
+function TP.scatter_seq(x, comm)
+  if comm.size == 1 then return x end
+  local out = gl.no_grad(reduce_scatter_seq, x, comm)
+  return A.record(out, { x }, function(_, g) return all_gather_seq(g, comm) end, nil, 'sp_scatter')
+end
+
+-- Under sequence parallelism the layers between the matrices see T/tp
+-- rows; a forward decides once, at the embedding, whether it runs that way
+-- (layout.seq_now): training needs T divisible by tp, a forward without
+-- gradients (eval, sampling a few tokens) of another length runs as plain
+-- tensor parallelism, which computes the same.
+local function seq_mode(layout, T)
+  local on = layout.sequence_parallel and T % layout.size == 0
+  if layout.sequence_parallel and not on and gl.is_grad_enabled() then
+    fail(('sequence parallel: a sequence of %d tokens is not divisible by tp %d'):format(T, layout.size))
+  end
+  layout.seq_now = on
+  return on
+end
+
+-- what feeds a column-parallel matrix: the whole sequence (gathered under
+-- sequence parallelism), with the gradient summed over tp
+local function into_columns(layout, x)
+  if layout.seq_now then return TP.gather_seq(x, layout.comm) end
+  return TP.copy_to(x, layout.comm)
+end
+
+-- what leaves a row-parallel matrix: the partial sums added over tp (and
+-- cut to this rank's T/tp rows under sequence parallelism)
+local function out_of_rows(layout, y)
+  if layout.seq_now then return TP.scatter_seq(y, layout.comm) end
+  return TP.reduce_from(y, layout.comm)
+end
+
+-- ---------------------------------------------------- cutting tensors --
+-- rank r's part of full: along dim, in `blocks` equal blocks each cut in n
+function TP.slice(full, spec, r, n)
+  local d, blocks = spec.dim, spec.blocks or 1
+  local len = full.shape[d]
+  local per = len / blocks / n
+  local parts = {}
+  for b = 0, blocks - 1 do parts[#parts + 1] = full:narrow(d, b * len / blocks + r * per + 1, per) end
+  return gl.no_grad(function()
+    local out = #parts == 1 and parts[1]:contiguous():clone() or gl.cat(parts, d)
+    return out:contiguous()
+  end)
+end
+
+-- the full tensor from every rank's part (collective over comm)
+function TP.gather(part, spec, comm)
+  local n = comm.size
+  if n == 1 then return part end
+  return gl.no_grad(function()
+    local list = {}
+    local src = part:contiguous()
+    for i = 1, n do list[i] = gl.empty(part.shape, { dtype = part.dtype, device = part.device }) end
+    comm:all_gather(list, src)
+    local d, blocks = spec.dim, spec.blocks or 1
+    local per = part.shape[d] / blocks
+    local pieces = {}
+    for b = 0, blocks - 1 do
+      for i = 1, n do pieces[#pieces + 1] = list[i]:narrow(d, b * per + 1, per) end
+    end
+    return gl.cat(pieces, d)
+  end)
+end
+
+-- replaces module[name] (a parameter) by rank r's part; returns the part
+local function cut(layout, module, name, full_name, spec)
+  local full = module[name]
+  local part = TP.slice(full, spec, layout.rank, layout.size)
+  part.requires_grad = true
+  module[name] = part
+  layout.specs[full_name] = spec
+  layout.full_shape[full_name] = full.shape
+  layout.full_shape_of[part] = full.shape
+  layout.sharded[part] = true
+  return part
+end
+
+-- ---------------------------------------------------- parallel layers --
+local function column_parallel(layout, lin, prefix, blocks)
+  cut(layout, lin, 'weight', prefix .. '.weight', { dim = 1, blocks = blocks })
+  if lin.bias then cut(layout, lin, 'bias', prefix .. '.bias', { dim = 1, blocks = blocks }) end
+  lin.forward = function(self, x) return gl.linear(into_columns(layout, x), self.weight, self.bias) end
+end
+
+local function row_parallel(layout, lin, prefix)
+  cut(layout, lin, 'weight', prefix .. '.weight', { dim = 2 })
+  lin.forward = function(self, x)
+    local y = out_of_rows(layout, gl.linear(x, self.weight))
+    if self.bias then y = y + self.bias end
+    return y
+  end
+end
+
+-- ids inside [lo, lo + n): local row and a mask of the inside ones
+local function local_ids(ids, lo, n)
+  local shifted = ids - lo
+  local clamped = gl.clamp(shifted, 0, n - 1)
+  return clamped, gl.eq(clamped, shifted)
+end
+
+local function vocab_embedding(layout, emb, prefix)
+  local w = cut(layout, emb, 'weight', prefix .. '.weight', { dim = 1 })
+  local lo, n = layout.rank * w.shape[1], w.shape[1]
+  emb.forward = function(self, ids)
+    seq_mode(layout, ids.shape[#ids.shape])  -- the first layer of every forward
+    local row, inside = local_ids(ids, lo, n)
+    local e = gl.embedding(row, self.weight)
+    e = e * inside:to(e.dtype):unsqueeze(#e.shape)
+    return out_of_rows(layout, e)
+  end
+  return w
+end
+
+-- Mean cross-entropy of vocabulary-sharded logits (..., V/tp) against
+-- targets (...) in [0, V) (-1: ignored), softcap fused as gl.cross_entropy
+-- does: loss = log sum_v exp(z_v - m) - (z_t - m), with m the global max,
+-- the sum and z_t assembled by all-reduces over comm.
+function TP.vocab_cross_entropy(logits, targets, comm, lo, softcap)
+  local V = logits.shape[#logits.shape]
+  local z = (softcap and softcap > 0) and gl.softcap(logits, softcap) or logits
+  local last = #z.shape
+  local m = gl.no_grad(function() return gl.max(z, last, true):contiguous():clone() end)
+  comm:all_reduce(m, 'max')
+  local shifted = z - m
+  local sum_exp = TP.reduce_from(gl.sum(gl.exp(shifted), last), comm)
+  local row, inside = local_ids(targets, lo, V)
+  local picked = gl.gather(shifted, last, row:unsqueeze(last)):squeeze(last)
+  local target_logit = TP.reduce_from(picked * inside:to(picked.dtype), comm)
+  local valid = gl.ne(targets, -1):to(logits.dtype)
+  local count = gl.sum(valid):item()
+  local per_token = (gl.log(sum_exp) - target_logit) * valid
+  return gl.sum(per_token) * (1 / math.max(count, 1))
+end
+
+-- the model's head under tp (models/common.lua calls model.tp_head)
+local function head(layout)
+  local comm = layout.comm
+  return function(x, targets, weight, softcap)
+    local logits = gl.linear(into_columns(layout, x), weight)
+    if targets == nil then  -- sampling: whole rows of logits
+      local full = TP.gather(logits, { dim = #logits.shape }, comm)
+      if softcap and softcap > 0 then full = gl.softcap(full, softcap) end
+      return full, nil
+    end
+    return logits, TP.vocab_cross_entropy(logits, targets, comm, layout.rank * weight.shape[1], softcap)
+  end
+end
+
+-- ------------------------------------------------------- the models --
+local function divides(what, n, tp)
+  if n % tp ~= 0 then
+    fail(('%s %d is not divisible by tp %d'):format(what, n, tp))
+  end
+end
+
+-- The model's sizes against tp (before anything is cut); sp: sequence parallel.
+function TP.check(cfg, tp, sp)
+  if sp then divides('block_size', cfg.block_size, tp) end
+  divides('n_head', cfg.n_head, tp)
+  if cfg.n_kv_head and cfg.n_kv_head ~= false then divides('n_kv_head', cfg.n_kv_head, tp) end
+  divides('n_embd', cfg.n_embd, tp)
+  if cfg.vocab_size % tp ~= 0 then
+    fail(('vocab_size %d is not divisible by tp %d (set --vocab_size to a multiple of %d, e.g. %d)'):format(
+      cfg.vocab_size, tp, tp, math.ceil(cfg.vocab_size / tp) * tp))
+  end
+end
+
+local function kind_of(model)
+  local name = getmetatable(model).__name
+  if name == 'GPT2' then return 'gpt2' elseif name == 'Nanochat' then return 'nanochat' end
+  fail(('parallelize knows the gpt2 and nanochat models, got %s'):format(tostring(name)))
+end
+
+-- Cuts model (gpt2 or nanochat) in place over comm (the mesh's tp group)
+-- and returns its layout: {comm, rank, size, specs = {name = {dim, blocks}},
+-- full_shape = {name = shape}, sharded = {param = true}, model}.
+function TP.parallelize(model, comm, opts)
+  local cfg = model.config
+  local tp = comm.size
+  local kind = kind_of(model)
+  local sp = opts and opts.sequence_parallel or false
+  TP.check(cfg, tp, sp)
+  local layout = { comm = comm, rank = comm.rank, size = tp, specs = {}, full_shape = {}, full_shape_of = {}, sharded = {}, model = model,
+    sequence_parallel = sp }
+  local tr = model.transformer
+  for i = 1, tr.h.n do
+    local b, p = tr.h[i], ('transformer.h.%d.'):format(i - 1)
+    if kind == 'gpt2' then
+      column_parallel(layout, b.attn.c_attn, p .. 'attn.c_attn', 3)
+      b.attn.n_head = cfg.n_head / tp
+    else
+      column_parallel(layout, b.attn.c_q, p .. 'attn.c_q')
+      column_parallel(layout, b.attn.c_k, p .. 'attn.c_k')
+      column_parallel(layout, b.attn.c_v, p .. 'attn.c_v')
+      b.attn.H, b.attn.Hkv = cfg.n_head / tp, cfg.n_kv_head / tp
+    end
+    row_parallel(layout, b.attn.c_proj, p .. 'attn.c_proj')
+    column_parallel(layout, b.mlp.c_fc, p .. 'mlp.c_fc')
+    row_parallel(layout, b.mlp.c_proj, p .. 'mlp.c_proj')
+  end
+  local wte = vocab_embedding(layout, tr.wte, 'transformer.wte')
+  if kind == 'gpt2' then
+    -- sequence parallel: each rank adds the positions of its own T/tp rows
+    tr.wpe.forward = function(self, pos)
+      if layout.seq_now then
+        local per = pos:numel() / layout.size
+        pos = pos:narrow(1, layout.rank * per + 1, per)
+      end
+      return gl.embedding(pos, self.weight)
+    end
+    model.lm_head_weight = wte  -- tied: the head uses the same shard
+    local H = cfg.n_head / tp
+    model.new_caches = function(self, B, S)
+      return require('gptlua.models.common').new_caches(cfg.n_layer, B, H, S, cfg.n_embd / cfg.n_head, wte)
+    end
+  else
+    cut(layout, model.lm_head, 'weight', 'lm_head.weight', { dim = 1 })
+    local Hkv = cfg.n_kv_head / tp
+    model.new_caches = function(self, B, S)
+      return require('gptlua.models.common').new_caches(cfg.n_layer, B, Hkv, S, cfg.n_embd / cfg.n_head,
+        self.lm_head.weight)
+    end
+  end
+  model.tp_head = head(layout)
+  model.tp_layout = layout
+  return layout
+end
+
+-- Sequence parallel: the replicated parameters (norms, biases after the
+-- row-parallel matrices, gpt2's position embedding) saw only this rank's
+-- T/tp rows, so their gradients are summed over tp (one all-reduce per
+-- parameter; after the step's last backward, before the norm).
+function TP.sum_replicated_grads(layout, params)
+  if not layout.sequence_parallel or layout.size == 1 then return end
+  for _, p in ipairs(params) do
+    if p.grad and not layout.sharded[p] then layout.comm:all_reduce(p.grad, 'sum') end
+  end
+end
+
+-- name -> full tensor of a state dict whose sharded entries (by layout's
+-- names; keys may carry a prefix and a suffix: optimizer state
+-- "adamw.NAME.m") are gathered over the tp group.  Collective.
+function TP.full_state(layout, sd, name_of)
+  local out = {}
+  local keys = {}
+  for k in pairs(sd) do keys[#keys + 1] = k end
+  table.sort(keys)  -- every rank gathers in the same order
+  for _, k in ipairs(keys) do
+    local spec = layout.specs[name_of and name_of(k) or k]
+    out[k] = spec and TP.gather(sd[k], spec, layout.comm) or sd[k]
+  end
+  return out
+end
+
+-- this rank's part of a state dict of full tensors
+function TP.local_state(layout, sd, name_of)
+  local out = {}
+  for k, t in pairs(sd) do
+    local spec = layout.specs[name_of and name_of(k) or k]
+    out[k] = spec and TP.slice(t, spec, layout.rank, layout.size) or t
+  end
+  return out
+end
+
+return TP

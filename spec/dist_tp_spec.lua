@@ -1,0 +1,258 @@
+-- gptlua.dist.mesh and tensor parallelism (gptlua.dist.tensor_parallel, the
+-- trainer's tp policy): mesh sizes and bad meshes in this process; then on
+-- 2 and 4 MPI ranks (spec/dist/tp_*.lua workers), float64 tiny models:
+-- one forward and backward of gpt2 and nanochat (GQA included) at tp 2,
+-- tp 4 and dp 2 x tp 2, each also with sequence parallelism, equal to the
+-- whole model on the whole batch (loss, every gradient, sampling), 5
+-- trainer steps (AdamW, clipping by the whole model's norm) of each layout
+-- equal to one process, and checkpoints that
+-- load under another mesh; context parallelism (Ulysses) likewise.
+local gl = require 'gptlua'
+local dist = require 'gptlua.dist'
+local mesh = require 'gptlua.dist.mesh'
+local TP = require 'gptlua.dist.tensor_parallel'
+local CP = require 'gptlua.dist.context_parallel'
+local train = require 'gptlua.train'
+local ckpt = require 'gptlua.checkpoint'
+local cjson = require 'cjson'
+
+local H = require 'support.mpi'
+local ROOT, MPIRUN = H.ROOT, H.MPIRUN
+local recipe = dofile(ROOT .. '/spec/dist/tp_recipe.lua')
+
+describe('gptlua.dist.mesh in one process', function()
+  it('infers dp from the world and refuses meshes that do not fit it', function()
+    assert.same({ dp = 2, cp = 1, tp = 2 }, mesh.sizes({ tp = 2 }, 4))
+    assert.same({ dp = 4, cp = 1, tp = 1 }, mesh.sizes({}, 4))
+    assert.same({ dp = 1, cp = 1, tp = 4 }, mesh.sizes({ dp = 1, tp = 4 }, 4))
+    assert.has_error(function() mesh.sizes({ tp = 3 }, 4) end,
+      'dist.mesh: tp 3 x cp 1 = 3 does not divide the world of 4 ranks')
+    assert.has_error(function() mesh.sizes({ dp = 2, tp = 4 }, 4) end,
+      'dist.mesh: dp 2 x cp 1 x tp 4 = 8 ranks, but the world has 4')
+    assert.has_error(function() mesh.sizes({ tp = 0 }, 4) end, 'dist.mesh: tp expected a positive integer, got 0')
+    assert.has_error(function() mesh.sizes({ dp = 1.5 }, 4) end,
+      'dist.mesh: dp expected a positive integer (or 0: the rest of the world), got 1.5')
+    assert.has_error(function() mesh.sizes({ pp = 2 }, 4) end, 'dist.mesh: unknown dimension pp (expected dp, cp or tp)')
+    assert.same({ dp = 2, cp = 2, tp = 1 }, mesh.sizes({ cp = 2 }, 4))
+    assert.has_error(function() mesh.sizes({ cp = 3, tp = 2 }, 4) end,
+      'dist.mesh: tp 2 x cp 3 = 6 does not divide the world of 4 ranks')
+    assert.has_error(function() dist.mesh({ dp = 2, tp = 2 }) end,
+      'dist.mesh: dp 2 x cp 1 x tp 2 = 4 ranks, but the world has 1')
+    local ok, err = pcall(dist.mesh, 5)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('dist.mesh: sizes must be a table, got 5', 1, true), tostring(err))
+  end)
+
+  it('in a world of one has a Comm of one rank per dimension', function()
+    local m = dist.mesh({})
+    for _, d in ipairs({ 'dp', 'cp', 'tp' }) do
+      assert.equal(1, m.size[d]); assert.equal(0, m.coord[d]); assert.equal(1, m[d].size)
+    end
+    assert.same({ 0 }, m:group_ranks('tp'))
+    assert.equal('Mesh(dp 1 x cp 1 x tp 1; rank 0 at 0,0,0)', tostring(m))
+  end)
+
+  it('refuses models whose heads, KV heads, width or vocabulary tp does not divide', function()
+    local cfg = { n_head = 4, n_kv_head = 4, n_embd = 32, vocab_size = 68 }
+    TP.check(cfg, 4)
+    local function bad(over, tp, msg)
+      local c = {}
+      for k, v in pairs(cfg) do c[k] = v end
+      for k, v in pairs(over) do c[k] = v end
+      assert.has_error(function() TP.check(c, tp) end, msg)
+    end
+    bad({ n_head = 6 }, 4, 'tensor parallel: n_head 6 is not divisible by tp 4')
+    bad({ n_kv_head = 2 }, 4, 'tensor parallel: n_kv_head 2 is not divisible by tp 4')
+    bad({ n_embd = 30 }, 4, 'tensor parallel: n_embd 30 is not divisible by tp 4')
+    bad({ vocab_size = 65 }, 2,
+      'tensor parallel: vocab_size 65 is not divisible by tp 2 (set --vocab_size to a multiple of 2, e.g. 66)')
+  end)
+
+  it('cuts and reassembles fused blocks (gpt2 c_attn: q|k|v per rank)', function()
+    local full = gl.arange(0, 24, { dtype = 'float64' }):view(12, 2)
+    local spec = { dim = 1, blocks = 3 }
+    local p0, p1 = TP.slice(full, spec, 0, 2), TP.slice(full, spec, 1, 2)
+    assert.same({ { 0, 1 }, { 2, 3 }, { 8, 9 }, { 10, 11 }, { 16, 17 }, { 18, 19 } }, p0:totable())
+    assert.same({ { 4, 5 }, { 6, 7 }, { 12, 13 }, { 14, 15 }, { 20, 21 }, { 22, 23 } }, p1:totable())
+    assert.same({ { 0, 1, 2, 3, 4, 5 } }, TP.slice(gl.arange(0, 6, { dtype = 'float64' }):view(1, 6), { dim = 2 }, 0, 1)
+      :totable())
+  end)
+
+  it('refuses tp without a distributed run, sp without tp, and tp < 1', function()
+    assert.has_error(function() train.new(recipe('gpt2', { dist = 'none' }), { '--tp=2' }) end,
+      "config: tp 2, cp 1 and dp 0 need a distributed run (dist = 'ddp')")
+    assert.has_error(function() train.new(recipe('gpt2', { dist = 'none' }), { '--cp=2' }) end,
+      "config: tp 1, cp 2 and dp 0 need a distributed run (dist = 'ddp')")
+    assert.has_error(function() CP.check({ n_head = 4, n_kv_head = 2, block_size = 16 }, 4) end,
+      'context parallel: n_kv_head 2 is not divisible by cp 4')
+    assert.has_error(function() CP.check({ n_head = 4, block_size = 6 }, 4) end,
+      'context parallel: block_size 6 is not divisible by cp 4')
+    assert.has_error(function() train.new(recipe('gpt2', { dist = 'none' }), { '--sp' }) end,
+      'config: sp (sequence parallel) needs tp > 1, got tp 1')
+    assert.has_error(function() TP.check({ n_head = 4, n_embd = 32, vocab_size = 68, block_size = 6 }, 4, true) end,
+      'tensor parallel: block_size 6 is not divisible by tp 4')
+    assert.has_error(function() train.new(recipe('gpt2'), { '--tp=0' }) end)
+  end)
+end)
+
+-- ------------------------------------------------------------ MPI ranks --
+local function result(dir)
+  return H.read_json(dir .. '/result.json')
+end
+
+local function grad_norms(dir)
+  local out = {}
+  for line in io.lines(dir .. '/p/metrics.jsonl') do
+    local m = cjson.decode(line)
+    if m.grad_norm then out[#out + 1] = m.grad_norm end
+  end
+  return out
+end
+
+local function assert_close(want, got, what, tol)
+  assert.equal(#want, #got, what)
+  for i = 1, #want do
+    local rel = math.abs(want[i] - got[i]) / math.abs(want[i])
+    assert.is_true(rel < (tol or 1e-9), ('%s: step %d %.15g, expected %.15g (relative error %.2g)'):format(
+      what, i, got[i], want[i], rel))
+  end
+end
+
+local function final_params(res)
+  return ckpt.load_safetensors(res.checkpoint .. '/model.safetensors')
+end
+
+describe('tensor parallelism on MPI ranks', function()
+  if not MPIRUN then
+    pending('mpirun is not installed (make deps)')
+    return
+  end
+  local out = H.tmpdir()
+  teardown(function() os.execute('rm -rf ' .. out) end)
+
+  it('one forward and backward at tp 2, tp 4 and dp 2 x tp 2, with and without sequence parallelism, equals the '
+    .. 'whole model (loss, every gradient)', function()
+    for _, case in ipairs({ { 1, 2, 'gpt2 nanochat nanochat:2' }, { 1, 4, 'gpt2 nanochat' },
+                            { 2, 2, 'gpt2 nanochat:2' }, { 1, 2, 'sp gpt2 nanochat:2' }, { 1, 4, 'sp gpt2 nanochat' },
+                            { 2, 2, 'sp gpt2 nanochat:2' } }) do
+      local o, rc = H.mpirun(case[1] * case[2], 'spec/dist/tp_grads.lua', ('%d %d %s'):format(case[1], case[2], case[3]))
+      H.assert_ranks_ok(o, rc, case[1] * case[2])
+    end
+    -- a mesh the model's KV heads do not fit is refused on every rank, in one line
+    local o, rc = H.mpirun(4, 'spec/dist/tp_grads.lua', '1 4 nanochat:2')
+    assert.not_equal(0, rc)
+    assert.truthy(o:find('tensor parallel: n_kv_head 2 is not divisible by tp 4', 1, true), o)
+  end)
+
+  it('context parallel (Ulysses): one forward and backward at cp 2, cp 4 and dp 2 x cp 2 equals the whole model',
+    function()
+    for _, case in ipairs({ { 1, 2, 'gpt2 nanochat:2' }, { 1, 4, 'gpt2 nanochat' }, { 2, 2, 'gpt2 nanochat:2' } }) do
+      local o, rc = H.mpirun(case[1] * case[2], 'spec/dist/cp_grads.lua', ('%d %d %s'):format(case[1], case[2], case[3]))
+      H.assert_ranks_ok(o, rc, case[1] * case[2])
+    end
+  end)
+
+  local refs = {}
+  local function reference(model, optimizer)
+    optimizer = optimizer or 'adamw'
+    local k = model .. '_' .. optimizer
+    if not refs[k] then
+      local t = train.new(recipe(model, { out_dir = out .. '/ref_' .. k, optimizer = optimizer }), {})
+      local res = t:run()
+      refs[k] = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. k), params = H.params_of(t.model) }
+    end
+    return refs[k]
+  end
+
+  it('5 trainer steps of cp 2, dp 2 x cp 2 (zero1), tp 2, tp 4, dp 2 x tp 2 (ddp, zero1, fsdp), tp 2 + sp and '
+    .. 'dp 2 x tp 2 + sp (ddp, zero2, fsdp) equal one process (losses, clipped norms, parameters)', function()
+    for _, model in ipairs({ 'gpt2', 'nanochat' }) do
+      local ref = reference(model)
+      -- (nanochat, whose layers are cut the same way, runs a quicker subset;
+      -- its 2 KV heads do not divide by tp 4)
+      for _, case in ipairs({ { 2, '--cp=2', true }, { 4, '--dp=2 --cp=2 --dist=zero1' },
+                              { 2, '--tp=2', true }, { 4, '--tp=4' }, { 4, '--dp=2 --tp=2' }, { 2, '--tp=2 --sp' },
+                              { 4, '--dp=2 --tp=2 --sp', true }, { 4, '--dp=2 --tp=2 --dist=zero1' },
+                              { 4, '--dp=2 --tp=2 --sp --dist=zero2', true }, { 4, '--dp=2 --tp=2 --dist=fsdp' },
+                              { 4, '--dp=2 --tp=2 --sp --dist=fsdp', true } }) do
+        if model == 'gpt2' or case[3] then
+          local what = ('%s %s'):format(model, case[2])
+          -- FSDP reduce-scatters gradients in float32 (its reduce_dtype), so
+          -- its float64 runs agree to float32's rounding only
+          local tol = case[2]:match('fsdp') and 1e-6 or 1e-9
+          local dir = ('%s/%s_%d_%s'):format(out, model, case[1], case[2]:gsub('[^%w]', ''))
+          local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s %s 5 %s'):format(dir, model, case[2]))
+          H.assert_ranks_ok(o, rc, case[1])
+          local res = result(dir)
+          assert_close(ref.losses, res.losses, what .. ' loss', tol)
+          assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm', tol)
+          local e = H.rel_error(ref.params, final_params(res))
+          assert.is_true(e < tol, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+        end
+      end
+    end
+  end)
+
+  -- Newton–Schulz runs in float32 on the whole matrix gathered from the
+  -- shards' momentum updates (float64 gradients, so both sides round the
+  -- same values): equal to 1e-9 here too
+  it('5 trainer steps of nanochat with Muon at tp 2 and dp 2 x tp 2 + sp equal one process', function()
+    local ref = reference('nanochat', 'nanochat')
+    for _, case in ipairs({ { 2, '--tp=2' }, { 4, '--dp=2 --tp=2 --sp' } }) do
+      local what = 'nanochat muon ' .. case[2]
+      local dir = ('%s/muon_%d_%s'):format(out, case[1], case[2]:gsub('[^%w]', ''))
+      local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s nanochat 5 --optimizer=nanochat %s'):format(dir,
+        case[2]))
+      H.assert_ranks_ok(o, rc, case[1])
+      local res = result(dir)
+      assert_close(ref.losses, res.losses, what .. ' loss')
+      assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm')
+      local e = H.rel_error(ref.params, final_params(res))
+      assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+    end
+    -- ZeRO's Muon stacks own whole matrices per dp rank: refused under tp
+    local o, rc = H.mpirun(2, 'spec/dist/tp_train.lua', out .. '/muon_zero nanochat 5 --optimizer=nanochat --tp=2 '
+      .. '--dist=zero1')
+    assert.not_equal(0, rc)
+    assert.truthy(o:find("tensor parallel: optimizer 'nanochat' (Muon) with tp > 1 runs over dist = 'ddp' only, got "
+      .. "'zero1'", 1, true), o)
+  end)
+
+  it('checkpoints load under another mesh: tp 2 -> one process -> dp 2 x tp 2, and ZeRO-2 -> FSDP under tp 2', function()
+    local ref = reference('gpt2')
+    -- tp 2 saves at step 3 (full tensors); one process goes on to 5
+    local a = out .. '/resume_a'
+    local o, rc = H.mpirun(2, 'spec/dist/tp_train.lua', a .. ' gpt2 3 --tp=2')
+    H.assert_ranks_ok(o, rc, 2)
+    local step3 = result(a).checkpoint
+    local sd = ckpt.load_safetensors(step3 .. '/model.safetensors')
+    assert.same({ 96, 32 }, sd['transformer.h.0.attn.c_attn.weight'].shape)
+    assert.same({ 68, 32 }, sd['transformer.wte.weight'].shape)
+    local t = train.new(recipe('gpt2', { out_dir = out .. '/resume_a1', max_iters = 5 }), { '--resume=' .. step3 })
+    local res = t:run()
+    assert_close({ ref.losses[4], ref.losses[5] }, res.losses, 'tp 2 -> 1 loss')
+    local e = H.rel_error(ref.params, H.params_of(t.model))
+    assert.is_true(e < 1e-9, ('tp 2 -> 1: final parameters differ, relative error %.3g'):format(e))
+    -- one process saves at step 3; dp 2 x tp 2 goes on to 5
+    local b = out .. '/resume_b'
+    local t3 = train.new(recipe('gpt2', { out_dir = b, max_iters = 3 }), {})
+    local one = t3:run().checkpoint
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/b4 gpt2 5 --dp=2 --tp=2 --resume=%s'):format(out, one))
+    H.assert_ranks_ok(o, rc, 4)
+    local r4 = result(out .. '/b4')
+    assert_close({ ref.losses[4], ref.losses[5] }, r4.losses, 'tp 1 -> dp 2 x tp 2 loss')
+    e = H.rel_error(ref.params, final_params(r4))
+    assert.is_true(e < 1e-9, ('tp 1 -> dp 2 x tp 2: final parameters differ, relative error %.3g'):format(e))
+    -- ZeRO's optimizer pieces: dp 2 x tp 2 zero2 saves at 3 (assembled whole), dp 2 x tp 2 fsdp goes on
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/resume_c gpt2 3 --dp=2 --tp=2 --dist=zero2')
+    H.assert_ranks_ok(o, rc, 4)
+    local zstep3 = result(out .. '/resume_c').checkpoint
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/c4 gpt2 5 --dp=2 --tp=2 --dist=fsdp --resume=%s'):format(out,
+      zstep3))
+    H.assert_ranks_ok(o, rc, 4)
+    local c4 = result(out .. '/c4')
+    assert_close({ ref.losses[4], ref.losses[5] }, c4.losses, 'zero2 dp 2 x tp 2 -> fsdp dp 2 x tp 2 loss', 1e-6)
+    e = H.rel_error(ref.params, final_params(c4))
+    assert.is_true(e < 1e-6, ('zero2 -> fsdp under tp 2: final parameters differ, relative error %.3g'):format(e))
+  end)
+end)

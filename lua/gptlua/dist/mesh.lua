@@ -84,11 +84,13 @@ function M.new(o)
   local stride = { tp = 1, cp = size.tp, dp = size.tp * size.cp }
   for _, d in ipairs(M.DIMS) do
     -- the ranks that differ only in d share a color: this rank with its d coordinate zeroed
-    local comm = world:split(r - coord[d] * stride[d], coord[d])
+    -- (the group's size and this rank's place: a fake world needs them, a real one checks them)
+    local comm = world:split(r - coord[d] * stride[d], coord[d], { size = size[d], rank = coord[d] })
     self[d] = comm
   end
   -- dp x cp: the ranks sharing this rank's tp coordinate
-  self.dp_cp = size.cp == 1 and self.dp or world:split(coord.tp, r)
+  self.dp_cp = size.cp == 1 and self.dp
+    or world:split(coord.tp, r, { size = size.dp * size.cp, rank = coord.dp * size.cp + coord.cp })
   return self
 end
 

@@ -64,7 +64,7 @@ describe('memory planner', function()
     end
   end)
 
-  it('plans the peak of each rank of real runs on 2, 3 and 4 MPI ranks within 1% (an upper bound where timing decides)', function()
+  it('plans the peak of each rank of real runs on 2, 3 and 4 MPI ranks within 1% (an upper bound where timing decides), mesh layouts too', function()
     local launch = require 'gptlua.dist.launch'
     local dir = os.tmpname()
     os.remove(dir)
@@ -105,6 +105,14 @@ f:close()
               pol[1] == 'hsdp' and ('/' .. r.shard_size) or '', n) }
           end
         end
+      end
+      -- the device mesh's layouts, planned by the same real code
+      local mesh = n == 2 and { { tp = 2 }, { cp = 2 } } or n == 4 and { { tp = 2, sp = true, dist = 'zero1' } } or {}
+      for _, m in ipairs(mesh) do
+        local r = recipe('default', { m.dist or 'ddp' })
+        r.tp, r.cp, r.sp, r.vocab_size = m.tp or 1, m.cp or 1, m.sp or false, 66
+        cases[#cases + 1] = { recipe = r, what = ('default %s tp %d%s cp %d on %d'):format(r.dist, r.tp,
+          r.sp and '+sp' or '', r.cp, n) }
       end
       local src = assert(io.open(worker)):read('*a'):gsub('"CASES"', function() return ('%q'):format(cjson.encode(cases)) end)
       local wf = assert(io.open(worker .. n, 'w')); wf:write(src); wf:close()

@@ -55,6 +55,10 @@ function M.render(r)
   local pol = cfg.dist
   local poltxt = pol == 'hsdp' and ('hsdp (shard groups of %d, %d replicas)'):format(cfg.shard_size,
     r.world / cfg.shard_size) or pol
+  -- a device mesh: the policy runs over dp (x cp), tensor/context parallel inside
+  if (cfg.tp or 1) > 1 or (cfg.cp or 1) > 1 then
+    poltxt = ('%s over dp, mesh tp %d%s, cp %d'):format(poltxt, cfg.tp or 1, cfg.sp and ' + sp' or '', cfg.cp or 1)
+  end
   w(('policy %s on %d rank%s (rank %d planned), %s, micro-batch %d x %d, accumulation %d, optimizer %s, '
     .. 'activation checkpointing %s'):format(poltxt, r.world, r.world == 1 and '' or 's', r.rank, cfg.dtype,
     cfg.batch_size, cfg.block_size, r.accum, cfg.optimizer, cfg.activation_checkpointing and 'on' or 'off'))

@@ -89,10 +89,9 @@ local Journal = {}
 Journal.__index = Journal
 
 -- ---------------------------------------------------------- collectives --
--- On several ranks every rank folds each collective it makes (name, op,
--- root, group size, the element count all ranks pass alike; not
--- point-to-point sends and receives) into a hash per communicator of the
--- step's sequence, and sums those hashes.
+-- On several ranks every rank folds each collective it makes on the world
+-- communicator (name, op, root, group size, the element count all ranks
+-- pass alike) into a hash of the step's sequence.
 -- The next step's loss all-reduce (train.lua's average_loss) carries a
 -- 20-bit digest h of it and h^2 from every rank: the ranks made the same
 -- sequence exactly when world * sum(h^2) == sum(h)^2 (Cauchy-Schwarz; exact
@@ -142,16 +141,15 @@ local function observe_collectives(self)
     t[k] = v
     return v
   end })
-  -- one running hash per communicator: collectives must come in the same
-  -- order within a communicator, not across communicators (an HSDP rank's
-  -- shard-group and replica-group operations may interleave differently on
-  -- each rank).  A communicator is known by its role (world, or the split
-  -- that made it: the same on every rank, as split is collective), so ranks
-  -- of different shard groups compare their groups' sequences.
+  -- The world communicator's collectives only: every rank makes those in
+  -- one order.  A sub-group's (HSDP replicas and shard groups, a device
+  -- mesh's dp/tp/cp groups) legitimately differ between groups and may
+  -- interleave differently on each rank, and a send/recv pair's two sides
+  -- differ by design: those are left out.
   self.coll, self.coll_done = {}, 0
+  local world = self.t.comm
   dist.on_collective = function(name, comm, s)
-    -- point-to-point pairs differ from rank to rank by nature: not folded
-    if name == 'send' or name == 'recv' then return end
+    if comm ~= world or name == 'send' or name == 'recv' then return end
     local role = comm.role or 'world'
     local h = self.coll[role] or fold_string(0x811c9dc5, role)
     h = fold_number(h, ids[name])

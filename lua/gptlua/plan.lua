@@ -39,12 +39,14 @@
 -- activation (the model dtype), f = bytes per statistic (fp32; fp64 for
 -- float64 models):
 --   gpt2 forward, per layer:     18*BTC*a + 4*BT*f + BTH*f   (+2*BTC*a with dropout)
---     ln_1, qkv (3), attention out, c_proj, residual, ln_2, c_fc (4), gelu (4),
---     c_proj, residual; mean/rstd of both norms, attention lse
+--     ln_1, qkv (3), attention out, c_proj, residual + ln_2 (gl.add_layer_norm:
+--     two), mlp (gl.mlp: GELU input (4), GELU (4), output), residual;
+--     mean/rstd of both norms, attention lse
 --   gpt2 backward, per layer:    18*BTC*a + 12*CC*a + 13*C*a (weight and bias gradients)
 --   nanochat forward, per layer: 18*BTC*a + 4*BTK*a + 2*BTH*f + BTHk*f + 2*BT*f
 --     norm, c_q, c_k/c_v (2 BTK), rope and norm of q, of k (2 BTK), attention
---     out, c_proj, residual, norm, c_fc (4), relu2 (4), c_proj, residual;
+--     out, c_proj, residual + norm (gl.add_rms_norm: two), mlp (relu2 input
+--     (4), relu2 (4), output), residual;
 --     the norms' rstd, attention lse
 --   nanochat backward, per layer: 22*BTC*a + 4*BTK*a + 12*CC*a
 --   head: final norm BTC*a, logits BTV*a, CE losses/lse 2*BT*f, target mask
@@ -372,7 +374,16 @@ local function new_sim(u, sizes)
         local g = grads[t]
         grads[t] = nil
         S.part, S.where = fn.part, { part = fn.part, what = fn.what, phase = 'backward', recompute = fn.recompute }
+        -- a node with adds_into takes over its input's gradient so far
+        -- (autograd's adds_into: gl.add_layer_norm's norm) and lets it go
+        local taken
+        if fn.adds_into and g ~= nil then
+          local xj = fn.inputs[fn.adds_into]
+          taken = grads[xj]
+          grads[xj] = nil
+        end
         local in_grads = g ~= nil and { fn.backward(g) } or {}
+        if taken ~= nil then drop(taken) end
         for j, x in ipairs(fn.inputs) do
           if x.requires_grad then
             local gx = in_grads[j]
@@ -465,6 +476,58 @@ local function sim_ops(S)
     end, what, owned)
   end
   function O.layer_norm(x, w, b, what) return norm(x, w, b, 'BT', what, true) end
+  -- gl.add_layer_norm / gl.add_rms_norm: s and y, then the statistics; s is
+  -- an add node, y a norm node that takes over the gradient s has so far
+  -- (adds_into) and returns dx with it added, no gradient sum of its own
+  function O.add_norm(x, r, w, b, stat, what, with_mean)
+    S.at(what)
+    local s = S.new(x.sz, what .. ' sum')
+    local y = S.new(x.sz, what)
+    local owned = {}
+    if with_mean then owned[1] = S.new(sz(1, stat, 'f'), what .. ' mean') end
+    owned[#owned + 1] = S.new(sz(1, stat, 'f'), what .. ' rstd')
+    s = S.record(s, { x, r }, function(g) return g, g end, what .. ' sum')
+    local inputs = { s }
+    if w then inputs[#inputs + 1] = w end
+    if b then inputs[#inputs + 1] = b end
+    y = S.record(y, inputs, function()
+      local dx = S.new(x.sz, what .. ' dx')
+      local dw = w and S.new(w.sz, what .. ' weight gradient')
+      local db = b and S.new(b.sz, what .. ' bias gradient')
+      if dw then return dx, dw, db end
+      return dx, db
+    end, what, owned)
+    if y.grad_fn then y.grad_fn.adds_into = 1 end
+    return s, y
+  end
+  -- gl.mlp: the activation's input and output belong to the node (released
+  -- after its backward, or at once without autograd); backward makes the
+  -- weight and bias gradients, then d(activation input), then dx, and lets
+  -- d(activation input) go
+  function O.mlp(x, W1, b1, W2, b2, hsize, what)
+    S.at(what)
+    local x2 = S.view(x)
+    local pre = S.new(hsize, what .. ' activation input')
+    local h = S.new(hsize, what .. ' activation')
+    local out = S.new(x.sz, what)
+    local params = { W1, b1 or false, W2, b2 or false }
+    local inputs = { x }
+    for _, t in ipairs(params) do if t then inputs[#inputs + 1] = t end end
+    out = S.record(out, inputs, function()
+      local grads = { false }
+      for _, t in ipairs(params) do
+        if t then grads[#grads + 1] = t.requires_grad and S.new(t.sz, what .. ' parameter gradient') or false end
+      end
+      local dpre = S.new(hsize, what .. ' activation input gradient')
+      if x.requires_grad then grads[1] = S.new(x.sz, what .. ' dx') end
+      S.release(dpre)
+      S.release(x2)
+      for i = 1, #grads do if grads[i] == false then grads[i] = nil end end
+      return unpack(grads, 1, #inputs)
+    end, what, { pre, h })
+    if not out.grad_fn then S.release(pre); S.release(h); S.release(x2) end
+    return out
+  end
   function O.rms_norm(x, stat, what) return norm(x, nil, nil, stat, what, false) end
   -- a + b, b broadcast over the batch when smaller (GPT-2's positions):
   -- b's gradient is sum_to's reduction, reached through a view that
@@ -745,10 +808,11 @@ function FORWARD.gpt2(O, S, m, P, checkpointing)
       a = O.attention_qkv(a, 'BTH', 'attention')
       a = dropout(O.linear(a, P(h .. 'attn.c_proj.weight'), P(h .. 'attn.c_proj.bias'), BTC, 'attn c_proj'),
         'attn dropout')
-      xi = O.add(xi, a, 'residual')
-      local f = O.layer_norm(xi, P(h .. 'ln_2.weight'), P(h .. 'ln_2.bias'), 'ln_2')
-      f = O.unary(O.linear(f, P(h .. 'mlp.c_fc.weight'), P(h .. 'mlp.c_fc.bias'), sz(4, 'BTC'), 'c_fc'), 'gelu')
-      f = dropout(O.linear(f, P(h .. 'mlp.c_proj.weight'), P(h .. 'mlp.c_proj.bias'), BTC, 'mlp c_proj'), 'mlp dropout')
+      local f
+      xi, f = O.add_norm(xi, a, P(h .. 'ln_2.weight'), P(h .. 'ln_2.bias'), 'BT', 'residual + ln_2', true)
+      f = O.mlp(f, P(h .. 'mlp.c_fc.weight'), P(h .. 'mlp.c_fc.bias'), P(h .. 'mlp.c_proj.weight'),
+        P(h .. 'mlp.c_proj.bias'), sz(4, 'BTC'), 'mlp')
+      f = dropout(f, 'mlp dropout')
       return O.add(xi, f, 'residual')
     end
     local function call(xi) return S.call_block(i, block, xi) end
@@ -776,10 +840,11 @@ function FORWARD.nanochat(O, S, m, P, checkpointing)
       k = O.rms_norm(O.rope(k, 'rope k'), 'BTHk', 'norm k')
       q, k, v = O.view(q, 'q transpose'), O.view(k, 'k transpose'), O.view(v, 'v transpose')
       local y = O.view(O.view(O.sdpa(q, k, v, 'BTH', 'attention'), 'y transpose'), 'y reshape')
-      xi = O.add(xi, O.linear(y, P(h .. 'attn.c_proj.weight'), nil, BTC, 'attn c_proj'), 'residual')
-      local f = O.rms_norm(xi, 'BT', 'mlp norm')
-      f = O.unary(O.linear(f, P(h .. 'mlp.c_fc.weight'), nil, sz(4, 'BTC'), 'c_fc'), 'relu2')
-      return O.add(xi, O.linear(f, P(h .. 'mlp.c_proj.weight'), nil, BTC, 'mlp c_proj'), 'residual')
+      local f
+      xi, f = O.add_norm(xi, O.linear(y, P(h .. 'attn.c_proj.weight'), nil, BTC, 'attn c_proj'), nil, nil, 'BT',
+        'residual + mlp norm', false)
+      f = O.mlp(f, P(h .. 'mlp.c_fc.weight'), nil, P(h .. 'mlp.c_proj.weight'), nil, sz(4, 'BTC'), 'mlp')
+      return O.add(xi, f, 'residual')
     end
     local function call(xi) return S.call_block(i, block, xi) end
     if checkpointing then x = O.checkpoint(call, x) else x = call(x) end

@@ -23,6 +23,22 @@ static inline int gl_blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t
 /* bias (N) as a view broadcast over out's rows (..., M, N), by value: the
    CPU twin of a bias epilogue copies it into out (engine/cpu_matmul.c) */
 gl_tensor gl_bias_rows(const gl_tensor *bias, const gl_tensor *out);
+/* The epilogues of gl_matmul_epilogue as separate passes (engine/cpu_fused.c),
+   dispatched by device: the CPU's implementation, and the GPU's for what
+   cuBLASLt cannot fuse.  gl_epilogue_product runs the product (GELU: into
+   aux, or out when aux is NULL, with the bias), gl_epilogue_finish the
+   passes after it (GELU, GELU', the bias gradient's sum). */
+int gl_epilogue_product(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
+                        gl_tensor *aux);
+int gl_epilogue_finish(int epi, gl_tensor *out, const gl_tensor *a, gl_tensor *bias, gl_tensor *aux);
+/* gl_add_norm_forward and gl_norm_backward_add as the unfused ops
+   (engine/cpu_fused.c): the CPU's, and the GPU's for rows its fused kernels
+   do not take */
+int gl_add_norm_unfused(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
+                        const gl_tensor *r, const gl_tensor *weight, const gl_tensor *bias, double eps, int center);
+int gl_norm_backward_add_unfused(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy,
+                                 const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean,
+                                 const gl_tensor *rstd, const gl_tensor *dres, int center);
 /* Whether t's dims [0, nd-1) step through rows with a single stride (*sr):
    then a batch of products with a shared right operand folds into one. */
 static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
@@ -48,12 +64,15 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(sumsq_multi, (int n, const gl_tensor **xs, double *out)) \
   X(matmul_bias, (gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias)) \
   X(matmul, (gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta)) \
+  X(matmul_epilogue, (int epilogue, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias, gl_tensor *aux)) \
   X(softmax, (gl_tensor *out, const gl_tensor *x, int log)) \
   X(softmax_backward, (gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, int log)) \
   X(layernorm_forward, (gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *weight, const gl_tensor *bias, double eps)) \
   X(layernorm_backward, (gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean, const gl_tensor *rstd)) \
   X(rmsnorm_forward, (gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *weight, double eps)) \
   X(rmsnorm_backward, (gl_tensor *dx, gl_tensor *dweight, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *weight, const gl_tensor *rstd)) \
+  X(add_norm_forward, (gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *r, const gl_tensor *weight, const gl_tensor *bias, double eps, int center)) \
+  X(norm_backward_add, (gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean, const gl_tensor *rstd, const gl_tensor *dres, int center)) \
   X(embedding_forward, (gl_tensor *out, const gl_tensor *table, const gl_tensor *ids)) \
   X(embedding_backward, (gl_tensor *dtable, const gl_tensor *dout, const gl_tensor *ids)) \
   X(index_select, (gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx)) \

@@ -82,6 +82,34 @@ int gl_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const
 int gl_matmul_pair(gl_tensor *out1, const gl_tensor *a1, const gl_tensor *b1, gl_tensor *out2,
                    const gl_tensor *a2, const gl_tensor *b2, double alpha, double beta);
 
+/* What happens to a product on its way out (gl_matmul_epilogue).  On a GPU
+   each is a cuBLASLt epilogue, so the activation or the bias gradient costs
+   no pass over memory of its own; on the CPU, and where cuBLASLt cannot take
+   the layout, the same kernels as the unfused ops run after the product. */
+typedef enum gl_epilogue {
+  GL_EPI_GELU = 1, /* aux = a @ b + bias (bias (N) or NULL); out = gelu_tanh(aux); aux NULL: not kept
+                      (CUBLASLT_EPILOGUE_GELU_AUX_BIAS) */
+  GL_EPI_DGELU,    /* out = (a @ b) * gelu_tanh'(aux); bias (N) or NULL = sum of out over its rows
+                      (CUBLASLT_EPILOGUE_DGELU_BGRAD) */
+  GL_EPI_BGRAD,    /* out = a @ b; bias (M) or NULL = sum of a over K (CUBLASLT_EPILOGUE_BGRADA/B) */
+  GL_EPI_COUNT
+} gl_epilogue;
+/* One 2-D product out (M, N) = a (M, K) @ b (K, N) with an epilogue; bias
+   and aux are of out's dtype, aux (M, N) and contiguous, bias contiguous. */
+int gl_matmul_epilogue(int epilogue, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
+                       gl_tensor *aux);
+/* A linear layer's backward, y (M, N) = x (M, K) @ weight^T + bias with
+   weight (N, K): dx = dy @ weight, dweight = dy^T @ x, dbias = the sum of dy
+   over its rows.  With pre_gelu (M, K), x was gelu_tanh(pre_gelu) and dx is
+   the gradient of pre_gelu instead (dx_bias, or NULL: its sum over rows,
+   the gradient of the bias that went into pre_gelu).  Any output may be NULL
+   (not wanted).  The two products run side by side on the CPU (one thread
+   each); on a GPU the gradients of the biases and GELU ride in the products'
+   epilogues.  The nanoGPT MLP's backward is two calls, with no pass of its
+   own over the activations (llm.c's matmul_backward does the same). */
+int gl_linear_backward(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, gl_tensor *dx_bias,
+                       const gl_tensor *dy, const gl_tensor *x, const gl_tensor *weight, const gl_tensor *pre_gelu);
+
 /* softmax / log_softmax over the last dim; backward takes the forward output */
 int gl_softmax(gl_tensor *out, const gl_tensor *x, int log);
 int gl_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, int log);
@@ -98,6 +126,19 @@ int gl_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tensor *x,
                        const gl_tensor *weight, double eps);
 int gl_rmsnorm_backward(gl_tensor *dx, gl_tensor *dweight, const gl_tensor *dy,
                         const gl_tensor *x, const gl_tensor *weight, const gl_tensor *rstd);
+/* A residual add fused with the norm after it (a block's x = x + f(x);
+   h = norm(x)): s = x + r, then y = norm(s) as gl_layernorm_forward
+   (center 1) or gl_rmsnorm_forward (center 0: mean and bias NULL).  On a
+   GPU one pass reads x and r and writes s and y. */
+int gl_add_norm_forward(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
+                        const gl_tensor *r, const gl_tensor *weight, const gl_tensor *bias, double eps, int center);
+/* The norm's backward with the gradient that reached its input by the
+   residual stream added in the same pass: dx = norm'(dy) + dres (dres NULL:
+   nothing added), otherwise as gl_layernorm_backward (center 1) or
+   gl_rmsnorm_backward (center 0: mean and dbias NULL). */
+int gl_norm_backward_add(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy, const gl_tensor *x,
+                         const gl_tensor *weight, const gl_tensor *mean, const gl_tensor *rstd, const gl_tensor *dres,
+                         int center);
 
 /* out (ids.shape..., C) = table[ids]; ids int32/int64 checked against rows. */
 int gl_embedding_forward(gl_tensor *out, const gl_tensor *table, const gl_tensor *ids);

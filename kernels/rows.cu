@@ -11,8 +11,16 @@
  * The weight / bias gradients of the norms are deterministic: each of a
  * fixed number of blocks sums its rows' contributions per column into its
  * own row of a scratch matrix, and a second kernel adds those rows per
- * column in block order. */
+ * column in block order.
+ *
+ * Fused with the residual stream (issue 13): gl_add_norm_forward computes
+ * s = x + r and y = norm(s) in one pass (add_norm_forward_kernel: the row of
+ * s in shared memory, so x and r are read once and s and y written once;
+ * bfloat16 rows move in 16-byte vectors), and the norm's backward adds the
+ * residual gradient dres into dx in its own pass (gl_norm_backward_add).
+ * Twin: engine/cpu_fused.c; spec/cuda_spec.lua ("residual add + norm"). */
 #include "common.cuh"
+#include <type_traits>
 
 /* outer dims of a (rows, C) view: x.shape[:-1] with each tensor's strides
    (per-row statistics have exactly those dims, so their strides fit too) */
@@ -23,6 +31,12 @@ template <int N> static CuIdx<N> row_idx(const gl_tensor *x, std::initializer_li
   return cu_idx<N>(x->ndim - 1, x->shape, st);
 }
 static inline int64_t last_stride(const gl_tensor *t) { return t ? t->stride[t->ndim - 1] : 0; }
+/* Threads for a one-block-per-row kernel sized to the row: about 8
+   elements (a 16-byte bf16 vector) per thread, so C = 768 gets 128 threads,
+   not 512 that mostly idle between barriers.  (The norms' backward keeps
+   cu_row_threads: its grid is a fixed 2 blocks per SM, so its blocks must
+   be wide.) */
+static inline int row_threads_sized(int64_t C) { return cu_row_threads((C + 7) / 8 * 2); }
 
 /* ---- softmax ---------------------------------------------------------------- */
 template <class P, class T>
@@ -83,7 +97,7 @@ extern "C" int cuda_softmax(gl_tensor *out, const gl_tensor *x, int log) {
   cudaStream_t st;
   GL_TRY(cu_begin(out->device, &st));
   CuIdx<2> ix = row_idx<2>(x, {out, x});
-  int threads = cu_row_threads(C);
+  int threads = row_threads_sized(C);
   return cu_dispatch({out, x}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
@@ -100,7 +114,7 @@ extern "C" int cuda_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl
   cudaStream_t st;
   GL_TRY(cu_begin(dx->device, &st));
   CuIdx<3> ix = row_idx<3>(y, {dx, y, dy});
-  int threads = cu_row_threads(C);
+  int threads = row_threads_sized(C);
   return cu_dispatch({dx, y, dy}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
@@ -149,15 +163,18 @@ __global__ void norm_forward_kernel(P y, P x, P w, P b, AnyPtr mean, AnyPtr rstd
 /* xhat = (x - mean) rstd, g = dy w:
    dx = rstd (g - mean(g) - xhat mean(g xhat))   (mean(g) only when centering);
    block k adds dy xhat and dy of its rows into part[k][c] and part[k][C + c]
-   (each column owned by one thread, so no races).  ix: dx, dy, x, mean, rstd. */
+   (each column owned by one thread, so no races).  dres (or null): the
+   gradient reaching x by the residual stream, added to dx.  ix: dx, dy, x,
+   mean, rstd, dres. */
 template <class P, class T, bool CENTER>
-__global__ void norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr rstd, T *part, CuIdx<5> ix,
-                                     int64_t rows, int64_t C, int64_t dxs, int64_t dys, int64_t xs, int64_t ws) {
+__global__ void norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr rstd, T *part, P dres, CuIdx<6> ix,
+                                     int64_t rows, int64_t C, int64_t dxs, int64_t dys, int64_t xs, int64_t ws,
+                                     int64_t drs) {
   T *pw = part ? part + (int64_t)blockIdx.x * 2 * C : nullptr;
   if (pw)  /* zeroed by the thread that owns the column */
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) { pw[c] = 0; pw[C + c] = 0; }
   CU_ROW_LOOP(r, rows) {
-    int64_t off[5];
+    int64_t off[6];
     ix.offsets(r, off);
     T m = CENTER ? mean.get<T>(off[3]) : (T)0;
     T rs = rstd.get<T>(off[4]);
@@ -175,7 +192,8 @@ __global__ void norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr r
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         T g = dy.template get<T>(off[1] + c * dys), xh = (x.template get<T>(off[2] + c * xs) - m) * rs;
         T gw = g * (w.null() ? (T)1 : w.template get<T>(c * ws));
-        dx.set(off[0] + c * dxs, rs * (gw - sg - xh * sgx));
+        T d = rs * (gw - sg - xh * sgx);
+        dx.set(off[0] + c * dxs, dres.null() ? d : d + dres.template get<T>(off[5] + c * drs));
       }
   }
 }
@@ -200,7 +218,7 @@ static void launch_norm_forward(cudaStream_t st, gl_tensor *y, gl_tensor *mean, 
                                 const gl_tensor *x, const gl_tensor *w, const gl_tensor *b, double eps) {
   int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
   CuIdx<4> ix = row_idx<4>(x, {y, x, mean, rstd});
-  GL_LAUNCH(cu_row_grid(rows), cu_row_threads(C), 0, st, norm_forward_kernel<P, T, CENTER>)(
+  GL_LAUNCH(cu_row_grid(rows), row_threads_sized(C), 0, st, norm_forward_kernel<P, T, CENTER>)(
       P::from(y), P::from(x), P::from(w), P::from(b), AnyPtr::from(mean), AnyPtr::from(rstd), ix, rows, C,
       last_stride(y), last_stride(x), last_stride(w), last_stride(b), (T)eps);
 }
@@ -223,16 +241,17 @@ static int norm_forward(gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl
 template <class P, class T, bool CENTER>
 static void launch_norm_backward(cudaStream_t st, unsigned blocks, T *part, gl_tensor *dx, const gl_tensor *dy,
                                  const gl_tensor *x, const gl_tensor *w, const gl_tensor *mean,
-                                 const gl_tensor *rstd) {
+                                 const gl_tensor *rstd, const gl_tensor *dres) {
   int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
-  CuIdx<5> ix = row_idx<5>(x, {dx, dy, x, mean, rstd});
+  CuIdx<6> ix = row_idx<6>(x, {dx, dy, x, mean, rstd, dres});
   GL_LAUNCH(blocks, cu_row_threads(C), 0, st, norm_backward_kernel<P, T, CENTER>)(
-      P::from(dx), P::from(dy), P::from(x), P::from(w), AnyPtr::from(mean), AnyPtr::from(rstd), part, ix, rows,
-      C, last_stride(dx), last_stride(dy), last_stride(x), last_stride(w));
+      P::from(dx), P::from(dy), P::from(x), P::from(w), AnyPtr::from(mean), AnyPtr::from(rstd), part,
+      P::from(dres), ix, rows, C, last_stride(dx), last_stride(dy), last_stride(x), last_stride(w), last_stride(dres));
 }
 
 static int norm_backward(gl_tensor *dx, gl_tensor *dw, gl_tensor *db, const gl_tensor *dy, const gl_tensor *x,
-                         const gl_tensor *w, const gl_tensor *mean, const gl_tensor *rstd, bool center) {
+                         const gl_tensor *w, const gl_tensor *mean, const gl_tensor *rstd, bool center,
+                         const gl_tensor *dres = NULL) {
   int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
   if (rows == 0) return GL_OK;
   int dev = x->device;
@@ -243,14 +262,14 @@ static int norm_backward(gl_tensor *dx, gl_tensor *dw, gl_tensor *db, const gl_t
   int64_t nb = std::min<int64_t>(rows, 2 * (int64_t)sm);
   unsigned blocks = (unsigned)(nb < 1 ? 1 : nb);
   bool need_params = dw || db;
-  return cu_dispatch({dx, dy, x, w}, [&](auto p, auto t) -> int {
+  return cu_dispatch({dx, dy, x, w, dres}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
     CuTemp part;
     if (need_params) GL_TRY(part.make(sizeof(T) == 8 ? GL_F64 : GL_F32, dev, (int64_t)blocks * 2 * C));
     T *pp = part.ptr<T>();
-    if (center) launch_norm_backward<P, T, true>(st, blocks, pp, dx, dy, x, w, mean, rstd);
-    else launch_norm_backward<P, T, false>(st, blocks, pp, dx, dy, x, w, mean, rstd);
+    if (center) launch_norm_backward<P, T, true>(st, blocks, pp, dx, dy, x, w, mean, rstd, dres);
+    else launch_norm_backward<P, T, false>(st, blocks, pp, dx, dy, x, w, mean, rstd, dres);
     GL_CU_LAUNCHED();
     if (need_params) {
       GL_LAUNCH(cu_blocks(dev, C, 256), 256, 0, st, norm_param_grad_kernel<T>)(
@@ -277,4 +296,151 @@ extern "C" int cuda_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tens
 extern "C" int cuda_rmsnorm_backward(gl_tensor *dx, gl_tensor *dweight, const gl_tensor *dy, const gl_tensor *x,
                                      const gl_tensor *weight, const gl_tensor *rstd) {
   return norm_backward(dx, dweight, NULL, dy, x, weight, NULL, rstd, false);
+}
+
+/* ---- residual add + norm ------------------------------------------------------ */
+/* The value the storage type keeps of v (the unfused add stores s, and the
+   norm reads it back: the statistics are of the rounded s). */
+template <class S, class T> __device__ __forceinline__ T cu_stored(TPtr<S>, T v) {
+  return CuStore<S>::template load<T>(CuStore<S>::template store<T>(v));
+}
+template <class T> __device__ __forceinline__ T cu_stored(AnyPtr p, T v) {
+  switch (p.dt) {
+    case GL_BF16: return (T)__bfloat162float(__float2bfloat16((float)v));
+    case GL_F16: return (T)__half2float(__float2half((float)v));
+    case GL_F32: return (T)(float)v;
+  }
+  return v;
+}
+
+/* s = x + r; y = norm(s) (as norm_forward_kernel).  One block per row; the
+   row of s, as stored, is kept in row[C] of shared memory for the
+   statistics and y.  VEC: bfloat16 rows with contiguous, 16-byte aligned
+   elements and C % 8 == 0 move 8 elements per 16-byte load or store.
+   ix: s, y, x, r, mean, rstd. */
+template <class P, class T, bool CENTER, bool VEC>
+__global__ void add_norm_forward_kernel(P s, P y, P x, P r, P w, P b, AnyPtr mean, AnyPtr rstd, CuIdx<6> ix,
+                                        int64_t rows, int64_t C, int64_t ss, int64_t ys, int64_t xs, int64_t rs_,
+                                        int64_t ws, int64_t bs, T eps) {
+  GL_DYNAMIC_SHARED(unsigned char, add_norm_smem, 16);  /* one type for every instantiation (nvcc) */
+  T *row = (T *)add_norm_smem;  /* (C) */
+  CU_ROW_LOOP(rr, rows) {
+    int64_t off[6];
+    ix.offsets(rr, off);
+    T sum = 0;
+    if constexpr (VEC) {
+      for (int64_t c = (int64_t)threadIdx.x * 8; c < C; c += (int64_t)blockDim.x * 8) {
+        uint4 xv = *(const uint4 *)(x.p + off[2] + c), rv = *(const uint4 *)(r.p + off[3] + c), sv;
+        const bf16 *xe = (const bf16 *)&xv, *re = (const bf16 *)&rv;
+        bf16 *se = (bf16 *)&sv;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+          se[k] = __float2bfloat16(__bfloat162float(xe[k]) + __bfloat162float(re[k]));
+          T v = (T)__bfloat162float(se[k]);
+          row[c + k] = v;
+          sum += v;
+        }
+        *(uint4 *)(s.p + off[0] + c) = sv;
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        T v = cu_stored(s, x.template get<T>(off[2] + c * xs) + r.template get<T>(off[3] + c * rs_));
+        s.set(off[0] + c * ss, v);
+        row[c] = v;
+        sum += v;
+      }
+    }
+    T m = CENTER ? cu_block_reduce(sum, CuSum(), (T)0) / (T)C : (T)0;
+    if (!CENTER) __syncthreads();  /* row[] complete (the reduction's barriers do it when centering) */
+    T v = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T d = row[c] - m;
+      v += d * d;
+    }
+    v = cu_block_reduce(v, CuSum(), (T)0);
+    T rs = (T)1 / cu_sqrt(v / (T)C + eps);
+    if constexpr (VEC) {
+      for (int64_t c = (int64_t)threadIdx.x * 8; c < C; c += (int64_t)blockDim.x * 8) {
+        uint4 yv;
+        bf16 *ye = (bf16 *)&yv;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+          T wv = w.null() ? (T)1 : w.template get<T>((c + k) * ws);
+          T bv = (!CENTER || b.null()) ? (T)0 : b.template get<T>((c + k) * bs);
+          ye[k] = __float2bfloat16((float)((row[c + k] - m) * rs * wv + bv));
+        }
+        *(uint4 *)(y.p + off[1] + c) = yv;
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        T wv = w.null() ? (T)1 : w.template get<T>(c * ws);
+        T bv = (!CENTER || b.null()) ? (T)0 : b.template get<T>(c * bs);
+        y.set(off[1] + c * ys, (row[c] - m) * rs * wv + bv);
+      }
+    }
+    if (threadIdx.x == 0) {
+      if (CENTER && !mean.null()) mean.set(off[4], m);
+      if (!rstd.null()) rstd.set(off[5], rs);
+    }
+    __syncthreads();  /* row[] is read before the next row overwrites it */
+  }
+}
+
+/* whether every row of t starts 16-byte aligned with contiguous elements */
+static bool rows_vec16(const gl_tensor *t) {
+  if (t->stride[t->ndim - 1] != 1 || ((uintptr_t)cu_ptr(t) & 15)) return false;
+  for (int d = 0; d < t->ndim - 1; d++)
+    if (t->shape[d] > 1 && (t->stride[d] * gl_dtype_size(t->dtype)) % 16 != 0) return false;
+  return true;
+}
+
+enum { ADD_NORM_MAX_SHARED = 48 << 10 };  /* the row in shared memory, without the opt-in */
+
+template <class P, class T, bool CENTER, bool VEC>
+static void launch_add_norm(cudaStream_t st, gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd,
+                            const gl_tensor *x, const gl_tensor *r, const gl_tensor *w, const gl_tensor *b,
+                            double eps) {
+  int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
+  CuIdx<6> ix = row_idx<6>(x, {s, y, x, r, mean, rstd});
+  /* sized to the row: one 16-byte vector (or 8 elements) per thread and pass */
+  int threads = row_threads_sized(C);
+  GL_LAUNCH(cu_row_grid(rows), threads, (size_t)C * sizeof(T), st, add_norm_forward_kernel<P, T, CENTER, VEC>)(
+      P::from(s), P::from(y), P::from(x), P::from(r), P::from(w), P::from(b), AnyPtr::from(mean),
+      AnyPtr::from(rstd), ix, rows, C, last_stride(s), last_stride(y), last_stride(x), last_stride(r),
+      last_stride(w), last_stride(b), (T)eps);
+}
+
+extern "C" int cuda_add_norm_forward(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
+                                     const gl_tensor *r, const gl_tensor *weight, const gl_tensor *bias, double eps,
+                                     int center) {
+  int64_t C = x->shape[x->ndim - 1];
+  int wide = x->dtype == GL_F64;
+  if (row_count(x) == 0) return GL_OK;
+  if (C * (wide ? 8 : 4) > ADD_NORM_MAX_SHARED)  /* a row too wide for shared memory: the unfused ops */
+    return gl_add_norm_unfused(s, y, mean, rstd, x, r, weight, bias, eps, center);
+  cudaStream_t st;
+  GL_TRY(cu_begin(y->device, &st));
+  bool vec = x->dtype == GL_BF16 && C % 8 == 0 && rows_vec16(s) && rows_vec16(y) && rows_vec16(x) && rows_vec16(r);
+  return cu_dispatch({s, y, x, r, weight, bias}, [&](auto p, auto t) -> int {
+    using P = decltype(p);
+    using T = decltype(t);
+    if constexpr (std::is_same<P, TPtr<bf16>>::value) {
+      if (vec) {
+        if (center) launch_add_norm<P, T, true, true>(st, s, y, mean, rstd, x, r, weight, bias, eps);
+        else launch_add_norm<P, T, false, true>(st, s, y, mean, rstd, x, r, weight, bias, eps);
+        GL_CU_LAUNCHED();
+        return GL_OK;
+      }
+    }
+    if (center) launch_add_norm<P, T, true, false>(st, s, y, mean, rstd, x, r, weight, bias, eps);
+    else launch_add_norm<P, T, false, false>(st, s, y, mean, rstd, x, r, weight, bias, eps);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  });
+}
+
+extern "C" int cuda_norm_backward_add(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy,
+                                      const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean,
+                                      const gl_tensor *rstd, const gl_tensor *dres, int center) {
+  return norm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd, center != 0, dres);
 }

@@ -37,7 +37,10 @@ describe('cuda-sim account: bytes, FLOPs, syncs of each launch #cuda #sim', func
     local got, out = worker('ops', 120)
     expect_all(got, out, { 'add.launches', 'add.read', 'add.written', 'gelu.read', 'gelu.written',
                            'layernorm.read', 'layernorm.written', 'matmul.flops', 'matmul.read', 'matmul.written',
-                           'item.syncs_at_least' })
+                           'item.syncs_at_least', 'epilogue_gelu.gemm_launches', 'epilogue_gelu.other_launches',
+                           'epilogue_dgelu.gemm_launches', 'epilogue_dgelu.other_launches',
+                           'epilogue_bgrad.gemm_launches', 'epilogue_bgrad.other_launches', 'add_norm.launches',
+                           'add_norm.all_launches', 'add_norm.read', 'add_norm.written' })
   end)
 
   it('counts a training step\'s GEMM FLOPs as the model\'s shapes give them', function()

@@ -32,6 +32,24 @@ describe('gradient checks (float64 central differences) through autograd', funct
     gc.check(function(a, b) return gl.matmul(a, b) end, { R({ 4 }, 34), R({ 4, 3 }, 35) })
     gc.check(function(x, w, b) return gl.linear(x, w, b) end, { R({ 2, 3, 4 }, 36), R({ 5, 4 }, 37), R({ 5 }, 38) })
   end)
+  it('the fused residual add + norm (gl.add_layer_norm, gl.add_rms_norm), both outputs used', function()
+    gc.check(function(x, r, w, b)
+      local s, h = gl.add_layer_norm(x, r, w, b)
+      return s * 0.5 + h
+    end, { R({ 2, 3, 6 }, 70), R({ 2, 3, 6 }, 71), R({ 6 }, 72), R({ 6 }, 73) })
+    gc.check(function(x, r)
+      local s, h = gl.add_rms_norm(x, r)
+      return h * s
+    end, { R({ 3, 5 }, 74), R({ 3, 5 }, 75) })
+  end)
+  it('the fused MLP (gl.mlp), GELU and ReLU^2, with and without biases', function()
+    for _, act in ipairs({ 'gelu', 'relu2' }) do
+      gc.check(function(x, w1, b1, w2, b2) return gl.mlp(x, w1, b1, w2, b2, act) end,
+        { R({ 2, 3, 4 }, 60), R({ 6, 4 }, 61), R({ 6 }, 62), R({ 5, 6 }, 63), R({ 5 }, 64) })
+      gc.check(function(x, w1, w2) return gl.mlp(x, w1, nil, w2, nil, act) end,
+        { R({ 3, 4 }, 65), R({ 7, 4 }, 66), R({ 4, 7 }, 67) })
+    end
+  end)
   it('softmax and log_softmax over any dim', function()
     gc.check(function(a) return gl.softmax(a, -1) end, { R({ 3, 5 }, 40) })
     gc.check(function(a) return gl.log_softmax(a, 1) end, { R({ 3, 5 }, 41) })

@@ -404,6 +404,55 @@ describe('CUDA matmul (cuBLASLt) vs CPU #cuda', function()
     assert.is_false(ok)
     assert.matches('gl_matmul_bias: bias has shape {4}, expected {3}', err)
   end)
+
+  -- the MLP's fusions: cuBLASLt's GELU_AUX_BIAS / GELU, DGELU_BGRAD, BGRADB
+  -- (row-major out) and BGRADA (transposed out) where the layout allows them,
+  -- the product and then the unfused kernels where it does not (N = 9: an aux
+  -- ld not a multiple of 8; float64; GELU into a transposed out)
+  gpu_it('matmul epilogues (gl_matmul_epilogue, gl_linear_backward), in cuBLASLt and without it', function()
+    local M, C = 17, 24
+    for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+      for _, N in ipairs({ 8, 32, 9 }) do
+        local ins = { a = pair({ M, C }, { dtype = dt }), w = pair({ N, C }, { dtype = dt }),
+                      bias = pair({ N }, { dtype = dt }), g = pair({ M, N }, { dtype = dt }),
+                      pre = pair({ M, C }, { dtype = dt }) }
+        compare(ins, function(S)
+          local function E(e, out, a, b, bias, aux)
+            K(lib.gl_matmul_epilogue(e, out.c, a.c, b.c, bias and bias.c, aux and aux.c))
+            return out
+          end
+          local aux, db = S.out({ M, N }, dt), S.out({ N }, dt)
+          local h = E(lib.GL_EPI_GELU, S.out({ M, N }, dt), S.a, S.w:t(), S.bias, aux)
+          local h_nobias = E(lib.GL_EPI_GELU, S.out({ M, N }, dt), S.a, S.w:t(), nil, nil)
+          local h_t = E(lib.GL_EPI_GELU, S.out({ M, N }, dt, 'transposed'), S.a, S.w:t(), S.bias, nil)
+          local dgelu = E(lib.GL_EPI_DGELU, S.out({ M, N }, dt), S.a, S.w:t(), db, aux)
+          -- a linear layer's backward whose input was gelu(pre): dx is d(pre)
+          local dx, dW, dbias, dxb = S.out({ M, C }, dt), S.out({ N, C }, dt), S.out({ N }, dt), S.out({ C }, dt)
+          K(lib.gl_linear_backward(dx.c, dW.c, dbias.c, dxb.c, S.g.c, S.a.c, S.w.c, S.pre.c))
+          local dW_t, db_t = S.out({ N, C }, dt, 'transposed'), S.out({ N }, dt)
+          E(lib.GL_EPI_BGRAD, dW_t, S.g:t(), S.a, db_t, nil)
+          return aux, h, h_nobias, h_t, dgelu, db, dx, dW, dbias, dxb, dW_t, db_t
+        end, dt, ('matmul_epilogue %s N=%d'):format(dt, N))
+      end
+    end
+  end)
+
+  gpu_it('the fused MLP (gl.mlp), GELU and ReLU^2, forward and backward', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+      for _, act in ipairs({ 'gelu', 'relu2' }) do
+        local ins = { x = pair({ 2, 9, 16 }, { dtype = dt }), w1 = pair({ 64, 16 }, { dtype = dt }),
+                      b1 = pair({ 64 }, { dtype = dt }), w2 = pair({ 16, 64 }, { dtype = dt }),
+                      b2 = pair({ 16 }, { dtype = dt }), g = pair({ 2, 9, 16 }, { dtype = dt }) }
+        compare(ins, function(S)
+          local leaves = {}
+          for _, k in ipairs({ 'x', 'w1', 'b1', 'w2', 'b2' }) do leaves[k] = S[k]:detach():requires_grad_() end
+          local y = gl.mlp(leaves.x, leaves.w1, leaves.b1, leaves.w2, leaves.b2, act)
+          y:backward(S.g)
+          return y:detach(), leaves.x.grad, leaves.w1.grad, leaves.b1.grad, leaves.w2.grad, leaves.b2.grad
+        end, dt, ('mlp %s %s'):format(act, dt))
+      end
+    end
+  end)
 end)
 
 -- ------------------------------------------------------------ rows
@@ -445,6 +494,39 @@ describe('CUDA softmax and norms vs CPU #cuda', function()
             return y, mean, rstd, dx, dw, db, ry, rr, rdx, rdw
           end, dt, ('norms %s {%s} affine=%s'):format(dt, table.concat(shape, ','), tostring(affine)))
         end
+      end
+    end
+  end)
+
+  -- gl_add_norm_forward: the 16-byte vector path (bf16, C % 8 == 0, aligned
+  -- contiguous rows), the scalar one (C = 67, padded rows of x), and a row
+  -- too wide for shared memory (the unfused ops); gl_norm_backward_add with
+  -- and without the residual gradient
+  gpu_it('residual add + norm (gl_add_norm_forward, gl_norm_backward_add)', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+      local sdt = dt == 'float64' and 'float64' or 'float32'
+      for _, case in ipairs({ { { 3, 17, 96 }, 'contiguous' }, { { 200, 67 }, 'narrow' }, { { 2, 13000 }, 'contiguous' } }) do
+        local shape = case[1]
+        local C, lead = shape[#shape], copy_shape(shape)
+        lead[#lead] = nil
+        local ins = { x = pair(shape, { dtype = dt, layout = case[2] }), r = pair(shape, { dtype = dt }),
+                      g = pair(shape, { dtype = dt }), dres = pair(shape, { dtype = dt }),
+                      w = pair({ C }, { dtype = dt }), b = pair({ C }, { dtype = dt }) }
+        compare(ins, function(S)
+          -- the float32 reference of a bfloat16 run takes s as bfloat16 stores it (the GPU's statistics,
+          -- like the unfused ops', are of the rounded s; near-zero means would otherwise differ by it)
+          local x, r = S.x, S.r
+          if not S.gpu and dt == 'bfloat16' then x, r = (S.x + S.r):to('bfloat16'):to('float32'), gl.zeros(shape) end
+          local s, y, mean, rstd = S.out(shape, dt), S.out(shape, dt), S.out(lead, sdt), S.out(lead, sdt)
+          K(lib.gl_add_norm_forward(s.c, y.c, mean.c, rstd.c, x.c, r.c, S.w.c, S.b.c, 1e-5, 1))
+          local dx, dw, db = S.out(shape, dt), S.out({ C }, dt), S.out({ C }, dt)
+          K(lib.gl_norm_backward_add(dx.c, dw.c, db.c, S.g.c, s.c, S.w.c, mean.c, rstd.c, S.dres.c, 1))
+          local rs, ry, rr = S.out(shape, dt), S.out(shape, dt), S.out(lead, sdt)
+          K(lib.gl_add_norm_forward(rs.c, ry.c, nil, rr.c, x.c, r.c, nil, nil, 1e-6, 0))
+          local rdx = S.out(shape, dt)
+          K(lib.gl_norm_backward_add(rdx.c, nil, nil, S.g.c, rs.c, nil, nil, rr.c, nil, 0))
+          return s, y, mean, rstd, dx, dw, db, rs, ry, rr, rdx
+        end, dt, ('add_norm %s {%s} %s'):format(dt, table.concat(shape, ','), case[2]))
       end
     end
   end)

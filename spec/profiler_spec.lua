@@ -107,14 +107,15 @@ describe('profiler', function()
     assert.equal(3, trace.otherData.last_step)
     local ops = names_of(trace, function(e) return e.cat == 'op' end)
     -- mul: the trainer's loss * (1 / accum), reached only through the operator
-    for _, n in ipairs({ 'embedding', 'layer_norm', 'linear', 'attention_qkv', 'gelu', 'add', 'mul',
+    for _, n in ipairs({ 'embedding', 'layer_norm', 'linear', 'attention_qkv', 'add_layer_norm', 'mlp', 'add', 'mul',
                          'linear_cross_entropy' }) do
       assert.is_true((ops[n] or 0) > 0, 'no ' .. n .. ' in the trace')
     end
-    assert.equal(2 * 2 * 4, ops.linear)   -- 2 steps x 2 layers x (c_attn, c_proj, c_fc, c_proj); lm_head is fused
+    assert.equal(2 * 2 * 2, ops.linear)   -- 2 steps x 2 layers x (c_attn, c_proj); the MLP is gl.mlp, lm_head fused with the loss
+    assert.equal(2 * 2, ops.mlp)
     local nodes = names_of(trace, function(e) return e.cat == 'node' end)
     for _, n in ipairs({ 'embedding backward', 'layer_norm backward', 'linear backward', 'attention_qkv backward',
-                         'gelu backward', 'linear_cross_entropy backward' }) do
+                         'add_layer_norm backward', 'mlp backward', 'linear_cross_entropy backward' }) do
       assert.is_true((nodes[n] or 0) > 0, 'no ' .. n .. ' in the trace')
     end
     local phases = names_of(trace, function(e) return e.ph == 'X' and e.cat ~= 'op' and e.cat ~= 'node' end)

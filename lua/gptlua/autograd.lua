@@ -64,7 +64,10 @@ end
 -- here and compared before the backward runs, so a saved tensor modified
 -- in place in between raises instead of giving a wrong gradient.
 -- `owned` lists saved op-internal tensors that nothing else references:
--- they are released right after the node's backward.
+-- they are released right after the node's backward.  A node whose
+-- kernel can add an existing gradient into its result in the same pass sets
+-- node.adds_into = j: backward then finds the gradient input j has so far
+-- in node.taken_grad (nil if none yet) and returns the sum for input j.
 function A.record(out, inputs, backward, saved, name, owned)
   if not grad_enabled then return out end
   local needs = false
@@ -212,10 +215,22 @@ function A.backward(root, grad, opts)
         end
         fn.retaining = retain  -- a backward may drop its captured views unless the graph is kept
         check_versions(fn)
+        -- a node with adds_into = j adds the gradient its input j has so far
+        -- into its own result, in its kernel's pass (gl.add_layer_norm's norm:
+        -- the residual stream's gradient); it finds it in fn.taken_grad
+        local taken
+        if fn.adds_into and g ~= nil then
+          local xj = fn.inputs[fn.adds_into]
+          taken = grads[xj]
+          grads[xj] = nil
+        end
+        fn.taken_grad = taken
         local in_grads
         if g == nil then in_grads = {}
         elseif A.profile_node then in_grads = { A.profile_node(fn, g) }  -- a profile runs (gptlua.observe.profiler)
         else in_grads = { fn.backward(fn.saved, g, fn) } end
+        fn.taken_grad = nil
+        if taken ~= nil then drop(taken) end
         for j, x in ipairs(fn.inputs) do
           if x.requires_grad then
             local gx = in_grads[j]

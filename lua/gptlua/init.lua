@@ -43,8 +43,11 @@ local OPS = {
   -- products and network ops
   matmul = 'a:tensor, b:tensor', matmul_raw = 'a:tensor, b:tensor, out:tensor?, beta:number?, alpha:number?',
   matmul_pair_raw = 'a1:tensor, b1:tensor, a2:tensor, b2:tensor', linear = 'x:tensor, weight:tensor, bias:tensor?',
+  mlp = 'x:tensor, fc_weight:tensor, fc_bias:tensor?, proj_weight:tensor, proj_bias:tensor?, activation:string',
   softmax = 'x:tensor, dim:integer?', log_softmax = 'x:tensor, dim:integer?',
   layer_norm = 'x:tensor, weight:tensor?, bias:tensor?, eps:number?', rms_norm = 'x:tensor, weight:tensor?, eps:number?',
+  add_layer_norm = 'x:tensor, r:tensor, weight:tensor?, bias:tensor?, eps:number?',
+  add_rms_norm = 'x:tensor, r:tensor, weight:tensor?, eps:number?',
   embedding = 'ids:tensor, weight:tensor', index_select = 'x:tensor, dim:integer, index:tensor',
   gather = 'x:tensor, dim:integer, index:tensor',
   scaled_dot_product_attention = 'q:tensor, k:tensor, v:tensor, opts:opts?',

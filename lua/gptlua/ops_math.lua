@@ -491,26 +491,109 @@ function O.linear(x, W, bias)
   return record(out, inputs, function(_, g, node)
     local gc = raw_contiguous(g)
     local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
-    local gx, gW, gb, rawx
-    if x.requires_grad and W.requires_grad then
-      local g2t = raw_t(g2)
-      rawx, gW = O.matmul_pair_raw(g2, W, g2t, x2)
-      drop(g2t)
-    elseif x.requires_grad then rawx = O.matmul_raw(g2, W)
-    elseif W.requires_grad then
-      local g2t = raw_t(g2)
-      gW = O.matmul_raw(g2t, x2)
-      drop(g2t)
-    end
+    -- dx and dW side by side on the CPU; on a GPU db rides in dW's epilogue
+    local rawx = x.requires_grad and empty_like(x2, { lead, n_in }) or nil
+    local gW = W.requires_grad and empty_like(W) or nil
+    local gb = bias and bias.requires_grad and empty_like(bias) or nil
+    K(lib.gl_linear_backward(rawx and rawx.c, gW and gW.c, gb and gb.c, NULL, g2.c, x2.c, W.c, NULL))
+    local gx
     if rawx then
       gx = rawx:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
       drop(rawx)
     end
-    if bias and bias.requires_grad then gb = reduce_raw(R.sum, g2, 1, false, 'linear') end
     drop(g2); drop(gc, g)
     if not node.retaining then drop(x2); drop(xc, x) end
     return gx, gW, gb
   end, { W.requires_grad and x2 or nil, x.requires_grad and W or nil }, 'linear')
+end
+
+local MLP_ACTS = { gelu = true, relu2 = true }
+-- mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, activation): a
+-- transformer's MLP, act(x fc_weight^T + fc_bias) proj_weight^T + proj_bias,
+-- as one op so that its passes over the (..., 4C) activations fuse: with
+-- 'gelu' (tanh) the GELU rides in the first product's epilogue (the GELU
+-- input kept for the backward) and, backward, GELU' and the first bias's
+-- gradient in the epilogue of the product that makes dx of the second
+-- layer (gl_matmul_epilogue, gl_linear_backward; cuBLASLt's GELU_AUX_BIAS
+-- and DGELU_BGRAD on a GPU).  'relu2' (nanochat's relu(x)^2) has no
+-- cuBLASLt epilogue: it is one pass each way (gl_unary, gl_unary_backward,
+-- the latter in place over the gradient).  Biases may be nil.
+function O.mlp(x, W1, b1, W2, b2, act)
+  if not MLP_ACTS[act] then
+    error(('mlp: activation is %s, expected \'gelu\' or \'relu2\''):format(tostring(act)), 2)
+  end
+  local nx = #x.shape
+  local C, H = x.shape[nx], W1.shape[1]
+  if #W1.shape ~= 2 or W1.shape[2] ~= C then
+    error(('mlp: fc_weight has shape %s, expected {*,%d} (the last dim of x %s)'):format(shape_str(W1.shape), C,
+      shape_str(x.shape)), 2)
+  end
+  if #W2.shape ~= 2 or W2.shape[2] ~= H then
+    error(('mlp: proj_weight has shape %s, expected {*,%d} (the rows of fc_weight)'):format(shape_str(W2.shape), H), 2)
+  end
+  local n_out = W2.shape[1]
+  for _, b in ipairs({ { b1, H, 'fc_bias' }, { b2, n_out, 'proj_bias' } }) do
+    if b[1] and (#b[1].shape ~= 1 or b[1].shape[1] ~= b[2]) then
+      error(('mlp: %s has shape %s, expected {%d}'):format(b[3], shape_str(b[1].shape), b[2]), 2)
+    end
+  end
+  local lead = 1
+  for i = 1, nx - 1 do lead = lead * x.shape[i] end
+  local xc = raw_contiguous(x)
+  local x2 = xc:_as_strided({ lead, C }, { C, 1 }, xc:storage_offset())
+  local opts = { dtype = x.dtype, device = x.device }
+  local pre = Tensor.empty({ lead, H }, opts)  -- the activation's input, kept for the backward
+  local h = Tensor.empty({ lead, H }, opts)    -- its output, the second product's input
+  local W1t, W2t = raw_t(W1), raw_t(W2)
+  if act == 'gelu' then
+    K(lib.gl_matmul_epilogue(lib.GL_EPI_GELU, h.c, x2.c, W1t.c, b1 and b1.c, pre.c))
+  else
+    if b1 then K(lib.gl_matmul_bias(pre.c, x2.c, W1t.c, b1.c)) else O.matmul_raw(x2, W1t, pre, 0) end
+    K(lib.gl_unary(U.relu2, h.c, pre.c, 0, 0))
+  end
+  local oshape = x:size(); oshape[nx] = n_out
+  local out = Tensor.empty(oshape, opts)
+  local out2 = out:_as_strided({ lead, n_out }, { n_out, 1 }, 0)
+  if b2 then K(lib.gl_matmul_bias(out2.c, h.c, W2t.c, b2.c)) else O.matmul_raw(h, W2t, out2, 0) end
+  drop(W1t); drop(W2t); drop(out2)
+  local inputs = { x, W1, b1 or false, W2, b2 or false }
+  local rec_inputs, slot = {}, {}
+  for i, t in ipairs(inputs) do if t then rec_inputs[#rec_inputs + 1] = t; slot[i] = #rec_inputs end end
+  out = record(out, rec_inputs, function(_, g, node)
+    local gc = raw_contiguous(g)
+    local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
+    local function want(t) return t and t.requires_grad and empty_like(t) or nil end
+    local gW1, gb1, gW2, gb2 = want(W1), want(b1), want(W2), want(b2)
+    local need_pre = x.requires_grad or W1.requires_grad or (b1 and b1.requires_grad)
+    local dpre = need_pre and empty_like(pre) or nil
+    local gelu = act == 'gelu'
+    -- second layer: dW2, db2, and the gradient of the activation's input
+    -- (GELU' and db1 in the product's epilogue)
+    K(lib.gl_linear_backward(dpre and dpre.c, gW2 and gW2.c, gb2 and gb2.c, gelu and gb1 and gb1.c or NULL,
+      g2.c, h.c, W2.c, gelu and pre.c or NULL))
+    if dpre and not gelu then  -- relu2': in place over the gradient, then db1
+      K(lib.gl_unary_backward(U.relu2, dpre.c, dpre.c, pre.c, 0, 0))
+      if gb1 then K(lib.gl_linear_backward(NULL, NULL, gb1.c, NULL, dpre.c, x2.c, W1.c, NULL)) end
+    end
+    local gx
+    if dpre then  -- first layer: dx, dW1 (db1 is done)
+      local rawx = x.requires_grad and empty_like(x2, { lead, C }) or nil
+      K(lib.gl_linear_backward(rawx and rawx.c, gW1 and gW1.c, NULL, NULL, dpre.c, x2.c, W1.c, NULL))
+      if rawx then
+        gx = rawx:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
+        drop(rawx)
+      end
+      drop(dpre)
+    end
+    drop(g2); drop(gc, g)
+    if not node.retaining then drop(x2); drop(xc, x) end
+    local grads = { gx, gW1, gb1, gW2, gb2 }
+    local r = {}
+    for i = 1, 5 do if slot[i] then r[slot[i]] = grads[i] end end
+    return unpack(r, 1, #rec_inputs)
+  end, { x2, W1, W2, pre, h }, 'mlp', { pre, h })
+  if not out.grad_fn then Tensor.release(pre); Tensor.release(h); drop(x2); drop(xc, x) end  -- nothing will read them
+  return out
 end
 
 -- ----------------------------------------------------------- softmax family
@@ -577,6 +660,54 @@ function O.rms_norm(x, weight, eps)
     K(lib.gl_rmsnorm_backward(dx.c, dw and dw.c or NULL, gc.c, xc.c, weight and weight.c or NULL, rstd.c))
     return dx, dw
   end, { xc, weight }, 'rms_norm', { rstd })
+end
+
+-- A residual add and the norm after it, fused (a block's x = x + f(x);
+-- h = norm(x)): one pass computes s = x + r and y = norm(s) on a GPU, and
+-- backward the norm's gradient and the one s already has from the
+-- residual stream are added in the norm backward's pass (the autograd node
+-- takes that gradient over: adds_into).  Returns s, y.
+local function add_norm(x, r, weight, bias, eps, center, name)
+  if not same_shape(x.shape, r.shape) then
+    error(('%s: r has shape %s, expected %s (the shape of x)'):format(name, shape_str(r.shape), shape_str(x.shape)), 3)
+  end
+  local xc = x:is_contiguous() and x or x:contiguous()
+  local rc = r:is_contiguous() and r or r:contiguous()
+  local s, y = empty_like(xc), empty_like(xc)
+  local sopt = { dtype = stat_dtype(x), device = x.device }
+  local mean = center and Tensor.empty(lead_shape(x), sopt) or nil
+  local rstd = Tensor.empty(lead_shape(x), sopt)
+  K(lib.gl_add_norm_forward(s.c, y.c, mean and mean.c, rstd.c, xc.c, rc.c, weight and weight.c, bias and bias.c,
+    eps, center and 1 or 0))
+  s = record(s, { x, r }, function(_, g) return g, g end, nil, 'add')
+  local inputs = { s }
+  if weight then inputs[#inputs + 1] = weight end
+  if bias then inputs[#inputs + 1] = bias end
+  y = record(y, inputs, function(_, g, node)
+    local gc = g:is_contiguous() and g or g:contiguous()
+    local dres = node.taken_grad
+    local dx = empty_like(s)
+    local dw = weight and weight.requires_grad and empty_like(weight) or nil
+    local db = bias and bias.requires_grad and empty_like(bias) or nil
+    K(lib.gl_norm_backward_add(dx.c, dw and dw.c, db and db.c, gc.c, s.c, weight and weight.c, mean and mean.c,
+      rstd.c, dres and dres.c, center and 1 or 0))
+    drop(gc, g)
+    if weight and bias then return dx, dw, db elseif weight then return dx, dw elseif bias then return dx, db end
+    return dx
+  end, { s, weight }, name, center and { mean, rstd } or { rstd })
+  if y.grad_fn then y.grad_fn.adds_into = 1 end
+  return s, y
+end
+
+-- add_layer_norm(x, r, weight, bias, eps): s = x + r and layer_norm(s,
+-- weight, bias, eps), fused; returns s, layer_norm(s)
+function O.add_layer_norm(x, r, weight, bias, eps)
+  return add_norm(x, r, weight, bias, eps or 1e-5, true, 'add_layer_norm')
+end
+-- add_rms_norm(x, r, weight, eps): s = x + r and rms_norm(s, weight, eps),
+-- fused; returns s, rms_norm(s)
+function O.add_rms_norm(x, r, weight, eps)
+  return add_norm(x, r, weight, nil, eps or 1e-6, false, 'add_rms_norm')
 end
 
 -- ---------------------------------------------------------------- embedding

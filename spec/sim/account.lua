@@ -41,6 +41,16 @@ if what == 'ops' then
   r = row(res, '^norm_forward')
   say('layernorm.read', r.read, N * C * 2 + 2 * C * 2)
   say('layernorm.written', r.written, N * C * 2 + 2 * N * 4)
+  -- the residual add fused with the norm: x and r read once, s and y written once, one launch
+  local s2 = gl.empty({ N, C }, DEV)
+  res = acc.count(function()
+    gl.check(lib.gl_add_norm_forward(s2.c, out.c, mean.c, rstd.c, x.c, y.c, w.c, b.c, 1e-5, 1))
+  end)
+  r = row(res, '^add_norm')
+  say('add_norm.launches', r.launches, 1)
+  say('add_norm.all_launches', row(res, '.').launches, 1)
+  say('add_norm.read', r.read, 2 * N * C * 2 + 2 * C * 2)
+  say('add_norm.written', r.written, 2 * N * C * 2 + 2 * N * 4)
   -- a matrix product: 2mnk, and each operand once
   local K, M2 = 128, 160
   local a, bm = gl.randn({ N, K }, DEV), gl.randn({ K, M2 }, DEV)
@@ -50,6 +60,22 @@ if what == 'ops' then
   say('matmul.flops', r.flops, 2 * N * K * M2)
   say('matmul.read', r.read, (N * K + K * M2) * 2)
   say('matmul.written', r.written, N * M2 * 2)
+  -- the MLP's fusions (gl_matmul_epilogue): GELU, GELU' with the bias
+  -- gradient, and a bias gradient ride in the product: one cuBLASLt launch,
+  -- no kernel of their own
+  local aux, bv, bm2 = gl.empty({ N, M2 }, DEV), gl.empty({ M2 }, DEV), gl.empty({ K }, DEV)
+  local dw = gl.empty({ K, M2 }, DEV)
+  for _, e in ipairs({
+    { 'gelu', function() gl.check(lib.gl_matmul_epilogue(lib.GL_EPI_GELU, d.c, a.c, bm.c, bv.c, aux.c)) end },
+    { 'dgelu', function() gl.check(lib.gl_matmul_epilogue(lib.GL_EPI_DGELU, d.c, a.c, bm.c, bv.c, aux.c)) end },
+    { 'bgrad', function() gl.check(lib.gl_matmul_epilogue(lib.GL_EPI_BGRAD, dw.c, a:t().c, d.c, bm2.c, nil)) end },
+  }) do
+    res = acc.count(e[2])
+    local other = 0
+    for _, n in ipairs(res.order) do if not n:match('^cublasLt') then other = other + res.rows[n].launches end end
+    say('epilogue_' .. e[1] .. '.gemm_launches', row(res, '^cublasLt').launches, 1)
+    say('epilogue_' .. e[1] .. '.other_launches', other, 0)
+  end
   -- a value read back: one copy to the host and the host's waits
   res = acc.count(function() return d:sum():item() end)
   r = row(res, '^' .. acc.SYNC)

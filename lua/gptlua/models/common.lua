@@ -1,7 +1,8 @@
 -- gptlua.models.common — what the GPT variants share: config checking,
--- the LM head and loss, activation checkpointing per block, KV caches and
--- sampling.
+-- the LM head and loss, activation checkpointing per block, the fused MLP
+-- and residual + norm, KV caches and sampling.
 local gl = require 'gptlua'
+local nn = require 'gptlua.nn'
 
 local M = {}
 
@@ -187,4 +188,30 @@ function M.generate(model, idx, n, opts)
   return gl.tensor(ids, { dtype = 'int64', device = idx.device })
 end
 
+
+-- mlp(m, act): an MLP module's forward, m.c_proj(act(m.c_fc(x))), as the
+-- fused gl.mlp when both layers are plain nn.Linear (a layout that replaced
+-- or wrapped them runs its own modules instead)
+local function plain_linear(l) return getmetatable(l) == nn.Linear and rawget(l, 'forward') == nil end
+-- add_norm(x, r, norm): s = x + r and norm(s), the residual add fused with
+-- the norm after it when norm is a plain nn.LayerNorm (gl.add_layer_norm)
+-- or nn.RMSNorm (gl.add_rms_norm); returns s, norm(s)
+function M.add_norm(x, r, norm)
+  local mt = getmetatable(norm)
+  if mt == nn.LayerNorm and rawget(norm, 'forward') == nil then
+    return gl.add_layer_norm(x, r, norm.weight, norm.bias, norm.eps)
+  elseif mt == nn.RMSNorm and rawget(norm, 'forward') == nil then
+    return gl.add_rms_norm(x, r, norm.weight, norm.eps)
+  end
+  local s = x + r
+  return s, norm(s)
+end
+
+function M.mlp(m, x, act)
+  local fc, proj = m.c_fc, m.c_proj
+  if plain_linear(fc) and plain_linear(proj) then
+    return gl.mlp(x, fc.weight, fc.bias, proj.weight, proj.bias, act)
+  end
+  return proj(gl[act](fc(x)))
+end
 return M

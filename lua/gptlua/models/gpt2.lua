@@ -44,7 +44,7 @@ function MLP:__init(cfg)
   self.dropout = cfg.dropout or 0
 end
 function MLP:forward(x)
-  return gl.dropout(self.c_proj(gl.gelu(self.c_fc(x))), self.dropout, self.training)
+  return gl.dropout(common.mlp(self, x, 'gelu'), self.dropout, self.training)
 end
 
 local Block = nn.class('Block', nn.Module)
@@ -55,8 +55,8 @@ function Block:__init(cfg)
   self:add('mlp', MLP(cfg))
 end
 function Block:forward(x, cache)
-  x = x + self.attn(self.ln_1(x), cache)
-  return x + self.mlp(self.ln_2(x))
+  local s, h = common.add_norm(x, self.attn(self.ln_1(x), cache), self.ln_2)  -- x + attn, then ln_2: one pass
+  return s + self.mlp(h)
 end
 
 local Transformer = nn.class('Transformer', nn.Module)

@@ -62,7 +62,7 @@ function MLP:__init(cfg)
   self:add('c_fc', linear(cfg.n_embd, 4 * cfg.n_embd))
   self:add('c_proj', linear(4 * cfg.n_embd, cfg.n_embd, true))
 end
-function MLP:forward(x) return self.c_proj(gl.relu2(self.c_fc(x))) end
+function MLP:forward(x) return common.mlp(self, x, 'relu2') end
 
 local Block = nn.class('NanochatBlock', nn.Module)
 function Block:__init(cfg)
@@ -71,8 +71,8 @@ function Block:__init(cfg)
 end
 function Block:forward(x, cache)
   local rot = self.rotary
-  x = x + self.attn(norm(x), rot.cos, rot.sin, cache)
-  return x + self.mlp(norm(x))
+  local s, h = gl.add_rms_norm(x, self.attn(norm(x), rot.cos, rot.sin, cache), nil, 1e-6)  -- x + attn, norm: one pass
+  return s + self.mlp(h)
 end
 
 local Transformer = nn.class('NanochatTransformer', nn.Module)

@@ -1,0 +1,70 @@
+/* cpu_fused.c — the CPU side of the fused ops of issue 13 (gl_ops.h:
+ * gl_matmul_epilogue, gl_linear_backward's epilogues, gl_add_norm_forward,
+ * gl_norm_backward_add).  On a GPU each is one pass or rides in a cuBLASLt
+ * epilogue; on the CPU it is the unfused ops' own kernels in sequence, so
+ * the results are bit for bit the unfused ops' (make run's losses do not
+ * move) and the cost is theirs, never more.  The GPU also runs these where
+ * cuBLASLt cannot take a layout (kernels/matmul.cu) or a row does not fit
+ * its fused kernel (kernels/rows.cu): every step dispatches by device.
+ * Specs: spec/fused_spec.lua; the GPU twins in spec/cuda_spec.lua. */
+#include "backend.h"
+
+/* ---- a product's epilogue: the product, then the unfused ops' kernels ---- */
+int gl_epilogue_product(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
+                        gl_tensor *aux) {
+  gl_tensor *dst = epi == GL_EPI_GELU && aux ? aux : out;
+  if (epi == GL_EPI_GELU && bias) return GL_DISPATCH(out->device, matmul_bias, dst, a, b, bias);
+  return GL_DISPATCH(out->device, matmul, dst, a, b, 1, 0);
+}
+
+int gl_epilogue_finish(int epi, gl_tensor *out, const gl_tensor *a, gl_tensor *bias, gl_tensor *aux) {
+  int dev = out->device;
+  if (epi == GL_EPI_GELU) return GL_DISPATCH(dev, unary, GL_U_GELU_TANH, out, aux ? aux : out, 0, 0);
+  if (epi == GL_EPI_DGELU) GL_TRY(GL_DISPATCH(dev, unary_backward, GL_U_GELU_TANH, out, out, aux, 0, 0));
+  if (!bias || bias->numel == 0) return GL_OK;
+  /* the bias gradient: (1, N) sums over out's rows, or (M, 1) sums of a over K */
+  gl_tensor v = *bias;
+  v.ndim = 2;
+  if (epi == GL_EPI_DGELU) {
+    v.shape[0] = 1; v.shape[1] = bias->shape[0]; v.stride[0] = bias->shape[0]; v.stride[1] = bias->stride[0];
+    return GL_DISPATCH(dev, reduce, GL_R_SUM, &v, out, 1u);
+  }
+  v.shape[0] = bias->shape[0]; v.shape[1] = 1; v.stride[0] = bias->stride[0]; v.stride[1] = 1;
+  return GL_DISPATCH(dev, reduce, GL_R_SUM, &v, a, 2u);
+}
+
+int cpu_matmul_epilogue(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
+                        gl_tensor *aux) {
+  GL_TRY(gl_epilogue_product(epi, out, a, b, bias, aux));
+  return gl_epilogue_finish(epi, out, a, bias, aux);
+}
+
+/* ---- a residual add and the norm after it ---------------------------------- */
+int gl_add_norm_unfused(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
+                        const gl_tensor *r, const gl_tensor *weight, const gl_tensor *bias, double eps, int center) {
+  int dev = y->device;
+  GL_TRY(GL_DISPATCH(dev, binary, GL_B_ADD, s, x, r));
+  if (center) return GL_DISPATCH(dev, layernorm_forward, y, mean, rstd, s, weight, bias, eps);
+  return GL_DISPATCH(dev, rmsnorm_forward, y, rstd, s, weight, eps);
+}
+
+int gl_norm_backward_add_unfused(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy,
+                                 const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean,
+                                 const gl_tensor *rstd, const gl_tensor *dres, int center) {
+  int dev = dx->device;
+  if (center) GL_TRY(GL_DISPATCH(dev, layernorm_backward, dx, dweight, dbias, dy, x, weight, mean, rstd));
+  else GL_TRY(GL_DISPATCH(dev, rmsnorm_backward, dx, dweight, dy, x, weight, rstd));
+  /* dx + dres, the order autograd's accumulation adds them in */
+  return dres ? GL_DISPATCH(dev, binary, GL_B_ADD, dx, dx, dres) : GL_OK;
+}
+
+int cpu_add_norm_forward(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
+                         const gl_tensor *r, const gl_tensor *weight, const gl_tensor *bias, double eps, int center) {
+  return gl_add_norm_unfused(s, y, mean, rstd, x, r, weight, bias, eps, center);
+}
+
+int cpu_norm_backward_add(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy, const gl_tensor *x,
+                          const gl_tensor *weight, const gl_tensor *mean, const gl_tensor *rstd, const gl_tensor *dres,
+                          int center) {
+  return gl_norm_backward_add_unfused(dx, dweight, dbias, dy, x, weight, mean, rstd, dres, center);
+}

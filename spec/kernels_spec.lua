@@ -488,6 +488,15 @@ describe('matmul kernel', function()
     local out = gl.full({ 3, 2 }, 0 / 0, { dtype = 'float64' })
     run(out, a, b, 1, 0)
     assert_close(out:tolist(), ref_matmul(a, b, nil, 1, 0), 1e-13, 'beta 0')
+    -- rows with a gap (ld > N) and a transposed out, both over NaN, in both dtypes
+    for _, dt in ipairs({ 'float32', 'float64' }) do
+      local a2, b2 = randn({ 3, 4 }, dt), randn({ 4, 2 }, dt)
+      for _, v in ipairs({ gl.full({ 3, 5 }, 0 / 0, { dtype = dt }):narrow(2, 2, 2),
+                           gl.full({ 2, 3 }, 0 / 0, { dtype = dt }):t() }) do
+        run(v, a2, b2, 1, 0)
+        assert_close(v:tolist(), ref_matmul(a2, b2, nil, 1, 0), dt == 'float64' and 1e-13 or 1e-6, 'beta 0 strided ' .. dt)
+      end
+    end
     local c0 = randn({ 3, 2 })
     local c = c0:clone()
     run(c, empty({ 3, 0 }), empty({ 0, 2 }), 1, 3)

@@ -488,6 +488,15 @@ describe('matmul kernel', function()
     local out = gl.full({ 3, 2 }, 0 / 0, { dtype = 'float64' })
     run(out, a, b, 1, 0)
     assert_close(out:tolist(), ref_matmul(a, b, nil, 1, 0), 1e-13, 'beta 0')
+    -- rows with a gap (ld > N) and a transposed out, both over NaN, in both dtypes
+    for _, dt in ipairs({ 'float32', 'float64' }) do
+      local a2, b2 = randn({ 3, 4 }, dt), randn({ 4, 2 }, dt)
+      for _, v in ipairs({ gl.full({ 3, 5 }, 0 / 0, { dtype = dt }):narrow(2, 2, 2),
+                           gl.full({ 2, 3 }, 0 / 0, { dtype = dt }):t() }) do
+        run(v, a2, b2, 1, 0)
+        assert_close(v:tolist(), ref_matmul(a2, b2, nil, 1, 0), dt == 'float64' and 1e-13 or 1e-6, 'beta 0 strided ' .. dt)
+      end
+    end
     local c0 = randn({ 3, 2 })
     local c = c0:clone()
     run(c, empty({ 3, 0 }), empty({ 0, 2 }), 1, 3)
@@ -707,6 +716,35 @@ describe('layernorm and rmsnorm kernels', function()
     assert.same(res[1][1], res[2][1])
     assert_close(res[2][2], res[1][2], 1e-5, 'dweight across thread counts')
     assert_close(res[2][3], res[1][3], 1e-5, 'dbias across thread counts')
+  end)
+  -- dense float32 tensors take a pointer-walking path, others the strided
+  -- one: same arithmetic, so the same bits
+  it('dense and strided operands give identical rmsnorm, layernorm and rope results', function()
+    local shape = { 3, 5, 4, 32 }
+    for _, dt in ipairs({ 'float32', 'float64' }) do
+      local x, g, w = randn(shape, dt), randn(shape, dt), randn({ 32 }, dt)
+      local angle = randn({ 5, 16 }, dt)
+      local cos, sin = gl.cos(angle), gl.sin(angle)
+      local res = {}
+      for _, kind in ipairs({ 'contiguous', 'transposed', 'narrowed' }) do
+        local xv, gv = layout(x, kind), layout(g, kind)
+        local y, m, r = layout(empty(shape, dt), kind), empty(lead(shape), dt), empty(lead(shape), dt)
+        local dx, dw, db = layout(empty(shape, dt), kind), empty({ 32 }, dt), empty({ 32 }, dt)
+        check(lib.gl_layernorm_forward(y.c, m.c, r.c, xv.c, w.c, nil, eps))
+        check(lib.gl_layernorm_backward(dx.c, dw.c, db.c, gv.c, xv.c, w.c, m.c, r.c))
+        local y2, r2, dx2 = layout(empty(shape, dt), kind), empty(lead(shape), dt), layout(empty(shape, dt), kind)
+        check(lib.gl_rmsnorm_forward(y2.c, r2.c, xv.c, nil, eps))
+        check(lib.gl_rmsnorm_backward(dx2.c, nil, gv.c, xv.c, nil, r2.c))
+        local ro, ri = layout(empty(shape, dt), kind), layout(empty(shape, dt), kind)
+        check(lib.gl_rope(ro.c, xv.c, layout(cos, kind).c, layout(sin, kind).c, 0))
+        check(lib.gl_rope(ri.c, ro.c, cos.c, sin.c, 1))
+        res[kind] = { y:tolist(), m:tolist(), r:tolist(), dx:tolist(), y2:tolist(), r2:tolist(), dx2:tolist(),
+                      ro:tolist(), ri:tolist() }
+      end
+      assert.same(res.contiguous, res.transposed)
+      assert.same(res.contiguous, res.narrowed)
+      assert_close(res.contiguous[9], x:tolist(), dt == 'float32' and 1e-5 or 1e-12, 'rope inverse ' .. dt)
+    end
   end)
 end)
 

@@ -178,7 +178,11 @@ gl_tokenizer *gl_tok_load(const char *path) {
     if (!snames || !sids) { gl_error("%s: out of memory", fn); goto fail; }
     int k = 0;
     for (cJSON *it = sp ? sp->child : NULL; it; it = it->next, k++) {
-      if (!cJSON_IsNumber(it)) { gl_error("%s: '%s': special token '%s' expected an id", fn, jpath, it->string); goto fail; }
+      if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0 && it->valuedouble <= INT32_MAX) ||
+          it->valuedouble != (double)(int32_t)it->valuedouble) {
+        gl_error("%s: '%s': special token '%s' expected an integer id in [0, 2^31)", fn, jpath, it->string);
+        goto fail;
+      }
       snames[k] = it->string; sids[k] = (int32_t)it->valuedouble;
     }
     /* order the specials by id */

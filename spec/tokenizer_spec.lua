@@ -340,6 +340,13 @@ describe('tokenizer files', function()
     raises("token 0 contains byte 0x61, which has no token", tok.load, p)
     f = io.open(p, 'wb'); f:write('YQ== 0\nYg== 1\nYWI= 2\nYWI= 3\n'); f:close()
     raises("token 3 is not a merge of two tokens of lower rank (it duplicates another token)", tok.load, p)
+    -- a special token's id past int32 (found by the fuzzer: it was cast unchecked)
+    f = io.open(p, 'wb'); f:write('YQ== 0\n'); f:close()
+    for _, id in ipairs({ '2.9e17', '-1', '1.5', '"x"' }) do
+      f = io.open(p .. '.json', 'wb'); f:write('{"type": "bpe", "pattern": null, "special_tokens": {"<|s|>": ' .. id .. '}}'); f:close()
+      raises("special token '<|s|>' expected an integer id in [0, 2^31)", tok.load, p)
+    end
+    os.remove(p .. '.json')
     os.remove(p)
     raises('does not exist', tok.load, p)
   end)

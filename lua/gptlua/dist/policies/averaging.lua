@@ -125,13 +125,7 @@ function L:average_number(x) return self.comm:all_reduce_number(x, 'avg') end
 function L:grad_norm() return optim.clip_grad_norm(self.params, 0) end
 function L:scale_grads(s) for _, p in ipairs(self.params) do if p.grad then p.grad:mul_(s) end end end
 function L:detach() end
-function L:optimizer_state_bytes()
-  local n = 0
-  for _, o in ipairs(self.optimizer.optimizers or { self.optimizer }) do
-    for _, st in pairs(o.state or {}) do for _, t in pairs(st) do n = n + B.bytes(t) end end
-  end
-  return n
-end
+function L:optimizer_state_bytes() return B.optimizer_state_bytes(self.optimizer) end
 
 function A.local_steps(P)
   for k, f in pairs(L) do if P[k] == nil then P[k] = f end end

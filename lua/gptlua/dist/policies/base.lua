@@ -60,6 +60,16 @@ end
 
 function B.bytes(t) return t:numel() * lib.gl_dtype_size(t.c.dtype) end
 
+-- bytes of an optimizer's state held on this rank (every tensor of every
+-- parameter's state; a combined optimizer's parts summed)
+function B.optimizer_state_bytes(optimizer)
+  local n = 0
+  for _, o in ipairs(optimizer.optimizers or { optimizer }) do
+    for _, st in pairs(o.state or {}) do for _, t in pairs(st) do n = n + B.bytes(t) end end
+  end
+  return n
+end
+
 -- sum of squares of a tensor's elements, in double
 local sumsq_buf = ffi.new('double[1]')
 function B.sumsq(t)

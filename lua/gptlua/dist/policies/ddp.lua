@@ -72,12 +72,6 @@ end
 function DDP:step() self.optimizer:step() end
 
 -- bytes of optimizer state on this rank (the whole, unsharded)
-function DDP:optimizer_state_bytes()
-  local n = 0
-  for _, o in ipairs(self.optimizer.optimizers or { self.optimizer }) do
-    for _, st in pairs(o.state or {}) do for _, t in pairs(st) do n = n + B.bytes(t) end end
-  end
-  return n
-end
+function DDP:optimizer_state_bytes() return B.optimizer_state_bytes(self.optimizer) end
 
 return DDP

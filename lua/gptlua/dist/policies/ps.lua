@@ -183,13 +183,7 @@ function PS:step()
   for _, w in ipairs(works) do w:wait() end
 end
 
-function PS:optimizer_state_bytes()
-  local n = 0
-  for _, o in ipairs(self.optimizer.optimizers or { self.optimizer }) do
-    for _, st in pairs(o.state or {}) do for _, t in pairs(st) do n = n + B.bytes(t) end end
-  end
-  return n
-end
+function PS:optimizer_state_bytes() return B.optimizer_state_bytes(self.optimizer) end
 
 -- ------------------------------------------------------------ checkpoints
 -- the state keys of parameter p: {key, kind}

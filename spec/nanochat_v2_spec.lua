@@ -268,6 +268,17 @@ describe('nanochat versions', function()
     assert.is_false(v2.smear); assert.equal(5000, v2.rope_base); assert.is_true(v2.backout)
   end)
 
+  it('tensor and context parallelism refuse the version-2 features in one line (they rewrite the attention)', function()
+    local m = nanochat.GPT({ version = 'v2', depth = 2, n_embd = 32, n_head = 2, vocab_size = 16, block_size = 8 })
+    for _, c in ipairs({ { 'gptlua.dist.tensor_parallel', 'tensor parallelism' },
+                         { 'gptlua.dist.context_parallel', 'context parallelism' } }) do
+      local ok, err = pcall(require(c[1]).parallelize, m, { size = 2, rank = 0 })
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(c[2] .. ": nanochat's version-2 features", 1, true), tostring(err))
+      assert.truthy(tostring(err):find("use nanochat.version = 'v1'", 1, true))
+    end
+  end)
+
   it('refuses bad feature values in one line naming the key', function()
     for _, case in ipairs({
       { { version = 'v3' }, "version must be 'v1' or 'v2', got 'v3'" },
@@ -288,5 +299,59 @@ describe('nanochat versions', function()
       assert.truthy(tostring(err):find(case[2]), tostring(err))
       assert.is_nil(tostring(err):find('traceback'))
     end
+  end)
+end)
+
+describe('nanochat versions in the trainer', function()
+  local train = require 'gptlua.train'
+  local function tmpdir() local d = os.tmpname(); os.remove(d); os.execute('mkdir -p ' .. d); return d end
+  local function recipe(over)
+    local r = { name = 'nc', model = 'nanochat', optimizer = 'nanochat', data = 'char', n_layer = 2, n_head = 2,
+                n_embd = 32, block_size = 16, batch_size = 2, max_iters = 2, eval_interval = 0, log_interval = 1,
+                sample_length = 0, warmup_iters = 1, quiet = true, device = 'cpu', control = false, journal = false,
+                tensorboard = false }
+    for k, v in pairs(over or {}) do r[k] = v end
+    return r
+  end
+
+  it('takes the version and each feature as nanochat.KEY, from a recipe and the command line', function()
+    local t = train.new(recipe({ out_dir = tmpdir(), nanochat = { version = 'v2', smear = false } }),
+                        { '--nanochat.rope_base=5000', '--nanochat.backout=off' })
+    local c = t.model.config
+    assert.equal('v2', c.version); assert.is_false(c.smear); assert.is_false(c.backout); assert.equal(5000, c.rope_base)
+    assert.is_true(c.value_embeds); assert.equal(1.2, c.qk_scale); assert.equal(128, t.model.lm_head.weight.shape[1])
+    local v1 = train.new(recipe({ out_dir = tmpdir() }), {})
+    assert.is_true(nanochat.first_release(v1.model.config))
+    for _, case in ipairs({ { '--nanochat.version=v3', "config: nanochat.version must be 'v1' or 'v2', got 'v3'" },
+                            { '--nanochat.smear=maybe', "config: nanochat.smear must be true, false or 'auto', got maybe" },
+                            { '--nanochat.short_window=-1', 'config: nanochat.short_window must be an integer >= 0' } }) do
+      local ok, err = pcall(train.new, recipe({ out_dir = tmpdir() }), { case[1] })
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(case[2], 1, true), tostring(err))
+    end
+  end)
+
+  it('checkpoints record the version: a resume under another version is refused, an old checkpoint is v1', function()
+    local d = tmpdir()
+    train.main(recipe({ out_dir = d, nanochat = { version = 'v2' } }), {})
+    local ok, err = pcall(train.main, recipe({ out_dir = d, max_iters = 3 }), { '--resume=latest' })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('has nanochat.version = v2, this run has v1; not loaded', 1, true), tostring(err))
+    ok, err = pcall(train.main, recipe({ out_dir = d, max_iters = 3, nanochat = { version = 'v2', smear = false } }),
+                    { '--resume=latest' })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('has nanochat.smear = true, this run has false', 1, true), tostring(err))
+    local res = train.main(recipe({ out_dir = d, max_iters = 3, nanochat = { version = 'v2' } }), { '--resume=latest' })
+    assert.equal(1, #res.losses)
+    -- a checkpoint written before the versions (no nanochat table) is the first-release model
+    local d1 = tmpdir()
+    train.main(recipe({ out_dir = d1 }), {})
+    local st = d1 .. '/nc/checkpoints/step_0000002/state.json'
+    local f = assert(io.open(st)); local s = cjson.decode(f:read('*a')); f:close()
+    assert.equal('v1', s.config.nanochat.version)
+    local t = train.new(recipe({ out_dir = tmpdir(), nanochat = { version = 'v2' } }), {})
+    assert.equal('version', select(1, nanochat.config_mismatch(nil, t.cfg.nanochat)))
+    assert.is_nil(nanochat.config_mismatch(nil, { version = 'v1' }))
+    os.execute('rm -rf ' .. d .. ' ' .. d1)
   end)
 end)

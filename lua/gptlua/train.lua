@@ -68,6 +68,8 @@ M.defaults = {
   -- device mesh (gptlua.dist.mesh): tensor parallel over tp ranks, data parallel (dist) over dp
   dp = 0, tp = 1, sp = false, cp = 1,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
+  -- model = 'nanochat': 'v1' (first release) or 'v2' (nanochat 92d63d4) and each feature (gptlua.models.nanochat)
+  nanochat = require('gptlua.models.nanochat').trainer_defaults(),
 }
 
 -- Integer keys: {min, max}.  Sizes reach the engine as int32; counts of
@@ -209,6 +211,10 @@ function M.resolve_config(recipe, args)
   if cfg.schedule ~= 'cosine' and cfg.schedule ~= 'wsd' and cfg.schedule ~= 'constant' then
     fail(("unknown schedule '%s' (expected 'cosine', 'wsd' or 'constant')"):format(check.printable(cfg.schedule)))
   end
+  if cfg.model == 'nanochat' then
+    local ok, err = pcall(require('gptlua.models.nanochat').trainer_keys, cfg.nanochat)
+    if not ok then fail(tostring(err)) end
+  end
   if cfg.model == 'gpt2' and cfg.n_embd % cfg.n_head ~= 0 then
     fail(('n_embd %d is not divisible by n_head %d'):format(cfg.n_embd, cfg.n_head))
   end
@@ -299,7 +305,9 @@ function M.build_model(cfg)
   if cfg.depth > 0 then mc.depth = cfg.depth
   else mc.n_layer, mc.n_head, mc.n_embd, mc.depth = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_layer end
   if cfg.n_kv_head > 0 then mc.n_kv_head = cfg.n_kv_head end
-  return require('gptlua.models.nanochat').GPT(mc)
+  local nanochat = require('gptlua.models.nanochat')
+  for k, v in pairs(nanochat.trainer_keys(cfg.nanochat)) do mc[k] = v end
+  return nanochat.GPT(mc)
 end
 
 -- AdamW with weight decay on matrices only (nanoGPT), or nanochat's split
@@ -520,7 +528,11 @@ end
 -- run's, or nil when it describes this run's model
 function Trainer:mismatch(config)
   for _, k in ipairs({ 'model', 'n_layer', 'n_head', 'n_embd', 'vocab_size', 'block_size', 'depth' }) do
-    if type(config) == 'table' and config[k] ~= nil and config[k] ~= self.cfg[k] then return k end
+    if type(config) == 'table' and config[k] ~= nil and config[k] ~= self.cfg[k] then return k, config[k], self.cfg[k] end
+  end
+  if type(config) == 'table' and self.cfg.model == 'nanochat' then  -- the version and its features
+    local k, theirs, ours = require('gptlua.models.nanochat').config_mismatch(config.nanochat, self.cfg.nanochat)
+    if k then return 'nanochat.' .. k, theirs, ours end
   end
   return nil
 end
@@ -530,10 +542,10 @@ function Trainer:load_checkpoint(path)
   local c = ckpt.load(path)
   local st = c.state
   local cfg = self.cfg
-  local k = self:mismatch(st.config)
+  local k, theirs, ours = self:mismatch(st.config)
   if k then
     error(('resume: checkpoint %s has %s = %s, this run has %s; not loaded'):format(path, k,
-      tostring(st.config[k]), tostring(cfg[k])), 0)
+      tostring(theirs), tostring(ours)), 0)
   end
   if self.policy.load_model then self.policy:load_model(c.model)  -- a cut model takes its part
   else self.model:load_state_dict(c.model) end

@@ -115,6 +115,58 @@ function M.resolve(cfg)
   return cfg
 end
 
+-- The trainer's `nanochat` table (gptlua.train's defaults: 0, '' and 'auto'
+-- take the version's value) as model keys; a bad value is a one-line error
+-- naming nanochat.KEY.  Booleans come as true/false or, from the command
+-- line, 'true'/'false'/'on'/'off'.
+M.TRAINER_DEFAULTS = { version = 'v1', qk_scale = 0, rope_base = 0, norm_eps = 0, window_pattern = '',
+                       short_window = 0, value_embeds = 'auto', smear = 'auto', backout = 'auto', lambdas = 'auto',
+                       pad_vocab_to = 0, init = '' }
+function M.trainer_defaults()
+  local t = {}
+  for k, v in pairs(M.TRAINER_DEFAULTS) do t[k] = v end
+  return t
+end
+local FLAG_WORDS = { ['true'] = true, on = true, yes = true, ['1'] = true,
+                     ['false'] = false, off = false, no = false, ['0'] = false }
+function M.trainer_keys(t)
+  local out = {}
+  for k, v in pairs(t or {}) do
+    local d = M.TRAINER_DEFAULTS[k]
+    if d == nil then error(('nanochat.%s is not a nanochat key'):format(tostring(k)), 0) end
+    if v ~= d then
+      if d == 'auto' and type(v) ~= 'boolean' then
+        if FLAG_WORDS[v] == nil then
+          error(("nanochat.%s must be true, false or 'auto', got %s"):format(k, tostring(v)), 0)
+        end
+        v = FLAG_WORDS[v]
+      end
+      out[k] = v
+    end
+  end
+  local ok, err = pcall(M.resolve, out)  -- the model's checks, with the trainer's name for the key
+  if not ok and not tostring(err):match('unknown model option') then
+    local msg = tostring(err):gsub('^.-nanochat: (%w+)', 'nanochat.%1')
+    error(msg, 0)
+  end
+  return out
+end
+
+-- The first feature on which two trainer `nanochat` tables describe
+-- different models, with both values; nil when they agree.  A checkpoint
+-- from before the versions has no table: the first-release model.
+function M.config_mismatch(theirs, ours)
+  local function features(t)
+    local cfg = M.resolve(M.trainer_keys(t or { version = 'v1' }))
+    return cfg
+  end
+  local a, b = features(theirs), features(ours)
+  for _, k in ipairs({ 'version', unpack(M.FEATURES) }) do
+    if a[k] ~= b[k] then return k, a[k], b[k] end
+  end
+  return nil
+end
+
 -- true when cfg (resolved) is the first-release model in every feature:
 -- what the parallel layouts that rewrite the attention know how to cut
 function M.first_release(cfg)

@@ -355,3 +355,64 @@ describe('nanochat versions in the trainer', function()
     os.execute('rm -rf ' .. d .. ' ' .. d1)
   end)
 end)
+
+describe('recipes/speedrun.lua', function()
+  local train = require 'gptlua.train'
+  local function speedrun() return dofile(gl.root .. '/recipes/speedrun.lua') end
+
+  it("is nanochat's v2 model with nanochat's parameter groups, every parameter in exactly one", function()
+    local d = os.tmpname(); os.remove(d)
+    local t = train.new(speedrun(), { '--device=cpu', '--quiet', '--out_dir=' .. d, '--control=false', '--block_size=32' })
+    assert.equal('v2', t.model.config.version)
+    local seen, n = {}, 0
+    local adam, muon = t.optimizer.optimizers[1], t.optimizer.optimizers[2]
+    for _, o in ipairs({ adam, muon }) do
+      for _, g in ipairs(o.groups) do
+        for i, p in ipairs(g.params) do
+          assert.is_nil(seen[p], g.names[i] .. ' twice'); seen[p] = g; n = n + 1
+        end
+      end
+    end
+    assert.equal(#t.model:parameters(), n)
+    local scale = (128 / 768) ^ -0.5
+    local want = { ['lm_head.weight'] = { 0.008 * scale, 0.8, 0.96, 0.01 }, ['transformer.wte.weight'] = { 0.3 * scale, 0.8, 0.995, 0.001 },
+                   ['value_embeds.1.weight'] = { 0.15 * scale, 0.8, 0.995, 0.01 }, resid_lambdas = { 0.005, 0.8, 0.95, 0.05 },
+                   x0_lambdas = { 0.5, 0.96, 0.95, 0 }, smear_lambda = { 0.2, 0.8, 0.95, 0 }, backout_lambda = { 0.2, 0.8, 0.95, 0 } }
+    for _, g in ipairs(adam.groups) do
+      for i, name in ipairs(g.names) do
+        local w = want[name]
+        if w then
+          assert.is_true(math.abs(g.initial_lr - w[1]) < 1e-12, name)
+          assert.same({ w[2], w[3] }, g.betas); assert.equal(w[4], g.weight_decay); assert.equal(1e-10, g.eps)
+          want[name] = nil
+        end
+      end
+    end
+    assert.is_nil(next(want))
+    assert.is_true(seen[t.model.transformer.h[2].attn.ve_gate.weight].momentum ~= nil)  -- Muon, as nanochat
+    os.execute('rm -rf ' .. d)
+  end)
+
+  it("schedules are base_train.py's: warmup 40, warm-down over the last 65% to 5%, momentum 0.85 -> 0.97 -> 0.90", function()
+    local r = speedrun()
+    local lr, mom = r.lr_schedule({ max_iters = 1000 }), r.momentum_schedule({ max_iters = 2000 })
+    assert.equal(1 / 40, lr(0)); assert.equal(1, lr(39)); assert.equal(1, lr(350))
+    assert.is_true(math.abs(lr(1000) - 0.05) < 1e-12); assert.is_true(math.abs(lr(675) - 0.525) < 1e-12)  -- halfway down
+    assert.equal(0.85, mom(0)); assert.is_true(math.abs(mom(200) - 0.91) < 1e-12)
+    assert.equal(0.97, mom(400)); assert.equal(0.97, mom(699))
+    assert.is_true(math.abs(mom(1350) - 0.935) < 1e-12); assert.is_true(math.abs(mom(2000) - 0.90) < 1e-12)
+  end)
+
+  it('trains a few steps (the trainer takes its momentum_schedule hook)', function()
+    local d = os.tmpname(); os.remove(d)
+    local r = speedrun()
+    local asked = {}
+    local mom = r.momentum_schedule
+    r.momentum_schedule = function(cfg) local f = mom(cfg); return function(it) asked[#asked + 1] = it; return f(it) end end
+    local res = train.main(r, { '--device=cpu', '--quiet', '--out_dir=' .. d, '--control=false', '--block_size=32',
+                               '--max_iters=3', '--eval_interval=0', '--sample_length=0' })
+    assert.equal(3, #res.losses)
+    assert.same({ 0, 1, 2 }, asked)
+    os.execute('rm -rf ' .. d)
+  end)
+end)

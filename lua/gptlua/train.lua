@@ -109,6 +109,7 @@ local HOOKS = {
                  function(v) return type(v) == 'table' and type(v.train) == 'table' and v.train.next_batch ~= nil end },
   build_optimizer = { 'an optimizer (a table with step)', has({ 'step' }) },
   lr_schedule = { 'a function of the step', callable },
+  momentum_schedule = { 'a function of the step', callable },  -- Muon's momentum (default: optim.schedules.muon_momentum)
   param_groups = { 'a table of parameter groups', function(v) return type(v) == 'table' end },
   fsdp_units = { 'a table of units', function(v) return type(v) == 'table' end },
   on_log = false, on_eval = false,
@@ -416,7 +417,7 @@ function M.new(recipe, args)
   local groups = hooks.param_groups and hooks.param_groups(cfg, model) or nil
   self.optimizer = (hooks.build_optimizer or M.build_optimizer)(cfg, model, groups)
   self.schedule = (hooks.lr_schedule or M.lr_schedule)(cfg)
-  self.momentum_schedule = optim.schedules.muon_momentum()
+  self.momentum_schedule = hooks.momentum_schedule and hooks.momentum_schedule(cfg) or optim.schedules.muon_momentum()
   self.params = model:parameters()
   local popts = { comm = self.comm, model = model, optimizer = self.optimizer, params = self.params,
                   bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size, cfg = cfg, units = hooks.fsdp_units }

@@ -27,32 +27,10 @@ local optim = require 'gptlua.optim'
 
 local WARMUP, WARMDOWN, FINAL = 40, 0.65, 0.05
 
--- nanochat's parameter groups (setup_optimizer) for the v2 model
-local function build_optimizer(cfg, model)
-  local scale = (model.config.n_embd / 768) ^ -0.5
-  local groups = { head = {}, emb = {}, ve = {}, resid = {}, x0 = {}, smear = {} }
-  local matrices = {}
-  for _, np in ipairs(model:named_parameters()) do
-    local name = np[1]
-    if name:match('^transformer%.h%.') then matrices[#matrices + 1] = np
-    elseif name == 'lm_head.weight' then table.insert(groups.head, np)
-    elseif name == 'transformer.wte.weight' then table.insert(groups.emb, np)
-    elseif name:match('^value_embeds%.') then table.insert(groups.ve, np)
-    elseif name == 'resid_lambdas' then table.insert(groups.resid, np)
-    elseif name == 'x0_lambdas' then table.insert(groups.x0, np)
-    else table.insert(groups.smear, np) end  -- smear_gate, smear_lambda, backout_lambda
-  end
-  local adam = {
-    { params = groups.head, lr = 0.008 * scale, betas = { 0.8, 0.96 }, weight_decay = 0.01 },
-    { params = groups.emb, lr = 0.3 * scale, betas = { 0.8, 0.995 }, weight_decay = 0.001 },
-    { params = groups.ve, lr = 0.3 * scale * 0.5, betas = { 0.8, 0.995 }, weight_decay = 0.01 },
-    { params = groups.resid, lr = 0.5 * 0.01, betas = { 0.8, 0.95 }, weight_decay = 0.05 },
-    { params = groups.x0, lr = 0.5, betas = { 0.96, 0.95 }, weight_decay = 0.0 },
-    { params = groups.smear, lr = 0.2, betas = { 0.8, 0.95 }, weight_decay = 0.0 },
-  }
-  local used = {}
-  for _, g in ipairs(adam) do if #g.params > 0 then used[#used + 1] = g end end
-  return optim.Combined({ optim.AdamW(used, { eps = 1e-10 }), optim.Muon(matrices, { lr = 0.02, momentum = 0.95 }) })
+-- nanochat's parameter groups (setup_optimizer: GPT:optimizer_groups)
+local function build_optimizer(_, model)
+  local g = model:optimizer_groups()
+  return optim.Combined({ optim.AdamW(g.adamw), optim.Muon(g.muon, { lr = g.matrix_lr, momentum = 0.95 }) })
 end
 
 return {
@@ -66,16 +44,8 @@ return {
   sample_length = 300, temperature = 0.8, top_k = 200,
   device = 'auto', seed = 1337,
   build_optimizer = build_optimizer,
-  lr_schedule = function(cfg)
-    local n = cfg.max_iters
-    local warmdown = math.floor(WARMDOWN * n + 0.5)
-    return function(it)
-      if it < WARMUP then return (it + 1) / WARMUP end
-      if it <= n - warmdown then return 1 end
-      local progress = (n - it) / warmdown
-      return progress + (1 - progress) * FINAL
-    end
-  end,
+  -- base_train.py's lr: (it+1)/40 warmup, constant, then linear to 5% over the last 65% (= wsd)
+  lr_schedule = function(cfg) return optim.schedules.wsd(WARMUP, cfg.max_iters, WARMDOWN, FINAL) end,
   momentum_schedule = function(cfg)
     local n = cfg.max_iters
     local warmdown = math.floor(WARMDOWN * n + 0.5)

@@ -38,6 +38,8 @@ else
   end
   local c = ckpt.load(path)
   local cfg = c.state.config
+  -- a nanochat checkpoint from before the model's versions is the first-release model
+  if cfg.model == 'nanochat' and cfg.nanochat == nil then cfg.nanochat = { version = 'v1' } end
   cfg.device = gl.default_device()
   local t = train.new(cfg, { '--quiet' })
   t.model:load_state_dict(c.model)

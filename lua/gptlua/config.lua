@@ -8,7 +8,8 @@ local check = require 'gptlua.check'
 local M = {}
 
 -- string keys that also take a boolean (--resume alone means 'latest')
-local TAKES_BOOLEAN = { resume = true, cuda_graph = true }
+local TAKES_BOOLEAN = { resume = true, cuda_graph = true,
+  value_embeds = true, smear = true, backout = true, lambdas = true }  -- nanochat.* ('auto' or a flag)
 
 -- Config errors carry no file:line (level 0): check.* at level -1.
 M.NO_POSITION = -1

@@ -115,7 +115,7 @@ function M.new(recipe, args)
   local groups = hooks.param_groups and hooks.param_groups(cfg, model) or nil
   self.optimizer = (hooks.build_optimizer or M.build_optimizer)(cfg, model, groups)
   self.schedule = (hooks.lr_schedule or M.lr_schedule)(cfg)
-  self.momentum_schedule = optim.schedules.muon_momentum()
+  self.momentum_schedule = hooks.momentum_schedule and hooks.momentum_schedule(cfg) or optim.schedules.muon_momentum()
   self.params = model:parameters()
   local popts = { comm = self.comm, model = model, optimizer = self.optimizer, params = self.params,
                   bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size, cfg = cfg, units = hooks.fsdp_units }
@@ -227,7 +227,11 @@ end
 -- run's, or nil when it describes this run's model
 function Trainer:mismatch(config)
   for _, k in ipairs({ 'model', 'n_layer', 'n_head', 'n_embd', 'vocab_size', 'block_size', 'depth' }) do
-    if type(config) == 'table' and config[k] ~= nil and config[k] ~= self.cfg[k] then return k end
+    if type(config) == 'table' and config[k] ~= nil and config[k] ~= self.cfg[k] then return k, config[k], self.cfg[k] end
+  end
+  if type(config) == 'table' and self.cfg.model == 'nanochat' then  -- the version and its features
+    local k, theirs, ours = require('gptlua.models.nanochat').config_mismatch(config.nanochat, self.cfg.nanochat)
+    if k then return 'nanochat.' .. k, theirs, ours end
   end
   return nil
 end
@@ -237,10 +241,10 @@ function Trainer:load_checkpoint(path)
   local c = ckpt.load(path)
   local st = c.state
   local cfg = self.cfg
-  local k = self:mismatch(st.config)
+  local k, theirs, ours = self:mismatch(st.config)
   if k then
     error(('resume: checkpoint %s has %s = %s, this run has %s; not loaded'):format(path, k,
-      tostring(st.config[k]), tostring(cfg[k])), 0)
+      tostring(theirs), tostring(ours)), 0)
   end
   if self.policy.load_model then self.policy:load_model(c.model)  -- a cut model takes its part
   else self.model:load_state_dict(c.model) end

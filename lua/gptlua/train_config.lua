@@ -51,6 +51,8 @@ M.defaults = {
   -- device mesh (gptlua.dist.mesh): tensor parallel over tp ranks, data parallel (dist) over dp
   dp = 0, tp = 1, sp = false, cp = 1,
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
+  -- model = 'nanochat': 'v1' (first release) or 'v2' (nanochat 92d63d4) and each feature (gptlua.models.nanochat)
+  nanochat = require('gptlua.models.nanochat').trainer_defaults(),
 }
 
 -- Integer keys: {min, max}.  Sizes reach the engine as int32; counts of
@@ -90,6 +92,7 @@ local HOOKS = {
                  function(v) return type(v) == 'table' and type(v.train) == 'table' and v.train.next_batch ~= nil end },
   build_optimizer = { 'an optimizer (a table with step)', has({ 'step' }) },
   lr_schedule = { 'a function of the step', callable },
+  momentum_schedule = { 'a function of the step', callable },  -- Muon's momentum (default: optim.schedules.muon_momentum)
   param_groups = { 'a table of parameter groups', function(v) return type(v) == 'table' end },
   fsdp_units = { 'a table of units', function(v) return type(v) == 'table' end },
   on_log = false, on_eval = false,
@@ -192,6 +195,10 @@ function M.resolve_config(recipe, args)
   if cfg.schedule ~= 'cosine' and cfg.schedule ~= 'wsd' and cfg.schedule ~= 'constant' then
     fail(("unknown schedule '%s' (expected 'cosine', 'wsd' or 'constant')"):format(check.printable(cfg.schedule)))
   end
+  if cfg.model == 'nanochat' then
+    local ok, err = pcall(require('gptlua.models.nanochat').trainer_keys, cfg.nanochat)
+    if not ok then fail(tostring(err)) end
+  end
   if cfg.model == 'gpt2' and cfg.n_embd % cfg.n_head ~= 0 then
     fail(('n_embd %d is not divisible by n_head %d'):format(cfg.n_embd, cfg.n_head))
   end
@@ -282,7 +289,9 @@ function M.build_model(cfg)
   if cfg.depth > 0 then mc.depth = cfg.depth
   else mc.n_layer, mc.n_head, mc.n_embd, mc.depth = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_layer end
   if cfg.n_kv_head > 0 then mc.n_kv_head = cfg.n_kv_head end
-  return require('gptlua.models.nanochat').GPT(mc)
+  local nanochat = require('gptlua.models.nanochat')
+  for k, v in pairs(nanochat.trainer_keys(cfg.nanochat)) do mc[k] = v end
+  return nanochat.GPT(mc)
 end
 
 -- AdamW with weight decay on matrices only (nanoGPT), or nanochat's split

@@ -139,6 +139,7 @@ function CP.parallelize(model, comm)
   if name ~= 'GPT2' and name ~= 'Nanochat' then
     fail(('parallelize knows the gpt2 and nanochat models, got %s'):format(tostring(name)))
   end
+  if name == 'Nanochat' then require('gptlua.models.nanochat').check_layout(cfg, 'context parallelism') end
   CP.check(cfg, comm.size)
   local layout = { comm = comm, rank = comm.rank, size = comm.size, seq_now = false, model = model }
   local tr = model.transformer

@@ -297,6 +297,7 @@ function TP.parallelize(model, comm, opts)
   local cfg = model.config
   local tp = comm.size
   local kind = kind_of(model)
+  if kind == 'nanochat' then require('gptlua.models.nanochat').check_layout(cfg, 'tensor parallelism') end
   local sp = opts and opts.sequence_parallel or false
   TP.check(cfg, tp, sp)
   local layout = { comm = comm, rank = comm.rank, size = tp, specs = {}, full_shape = {}, full_shape_of = {}, sharded = {}, model = model,

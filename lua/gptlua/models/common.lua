@@ -45,12 +45,15 @@ function M.check_config(cfg, what)
   end
 end
 
--- one block, recomputed in backward when activation checkpointing is on
-function M.run_block(block, x, cache, cfg)
+-- one block, recomputed in backward when activation checkpointing is on;
+-- extra (a tensor or nil) is the block's third argument (nanochat's value
+-- embedding), a checkpoint input of its own so its gradient flows
+function M.run_block(block, x, cache, cfg, extra)
   if cfg.activation_checkpointing and block.training and cache == nil and gl.is_grad_enabled() then
+    if extra ~= nil then return gl.checkpoint(function(h, e) return block(h, nil, e) end, x, extra) end
     return gl.checkpoint(function(h) return block(h) end, x)
   end
-  return block(x, cache)
+  return block(x, cache, extra)
 end
 
 -- logits = x W^T; with targets, the loss (mean cross-entropy, targets of -1

@@ -2,30 +2,205 @@
 -- parameter-free RMSNorm, ReLU² MLP, QK-norm, untied lm_head, no biases,
 -- logits soft-capped with tanh.  One dial, depth: n_layer = depth,
 -- n_embd = 64 * depth, heads of 128 (any of them can be overridden).
+--
+-- Two versions, picked by `version` (each feature below is also a key of
+-- its own; 'auto' takes the version's value):
+--   'v1'  the model gptlua has trained since its first release (nanochat's
+--         first release as gptlua wrote it: rope base 10000, RMSNorm eps
+--         1e-6, full attention everywhere, its own init).  The default, so
+--         recipes and checkpoints that name no version keep their results.
+--   'v2'  nanochat at commit 92d63d4 (github.com/karpathy/nanochat,
+--         nanochat/gpt.py), written here from its definitions:
+--     qk_scale 1.2      q and k multiplied by 1.2 after the QK-norm
+--     rope_base 100000
+--     norm_eps 'dtype'  F.rms_norm without eps: the activation dtype's
+--                       machine epsilon (2^-23 float32, 2^-7 bfloat16)
+--     lambdas           before block i: x = resid_lambdas[i] x + x0_lambdas[i] x0,
+--                       x0 the (smeared) normed embedding; init 1.15 - 0.10 i/(L-1)
+--                       and 0.20 - 0.15 i/(L-1)
+--     value_embeds      layers i with i % 2 == (L-1) % 2 (0-based; the last
+--                       always) add a per-layer token embedding (kv width) to v,
+--                       gated per KV head: v += 3 sigmoid(ve_gate(x[..., :12])) ve
+--     smear             x[t] += smear_lambda sigmoid(smear_gate(x[t, :24])) x[t-1]
+--                       on the normed embedding (generation keeps x[t-1])
+--     backout           x -= backout_lambda h, h the residual stream after
+--                       block L//2 (0-based), before the final norm
+--     window_pattern 'SSSL'  tiled over the layers, the last layer always L;
+--                       L sees the whole context, S `short_window` tokens back
+--                       (0: nanochat's rule, a quarter of block_size rounded up
+--                       to a multiple of 128); FA3's window (w, 0) lets a query
+--                       see w keys back plus itself, which is gl's window w + 1
+--     pad_vocab_to 64   embedding and head rows padded; logits cut to vocab_size
+--     init 'v2'         nanochat's init_weights: wte N(0, 0.8), lm_head N(0, 0.001),
+--                       c_q/c_k/c_v U(+-s), c_fc U(+-0.4 s), s = sqrt(3/n_embd),
+--                       projections 0, value embeddings U(+-s), gates U(0, 0.02),
+--                       smear_lambda 0, backout_lambda 0.2
+--     and n_embd from depth rounded up to a multiple of head_dim (base_train.py).
+--   Deliberate differences from 92d63d4: the 1.2 on q and k is folded into the
+--   attention's scale (1.44 / sqrt(D): the same scores, one op less); the
+--   rotary tables are computed in double precision and rounded once to the
+--   model's dtype (nanochat computes them in float32); the last chunk of a
+--   prefill with a KV cache smears its first token with the cached previous
+--   one (nanochat only prefills from position 0, where the two agree).
+-- The parameter names are nanochat's (resid_lambdas, x0_lambdas, smear_gate,
+-- smear_lambda, backout_lambda, value_embeds.<layer, 0-based>, ve_gate).
 local gl = require 'gptlua'
 local nn = require 'gptlua.nn'
 local common = require 'gptlua.models.common'
 
 local M = {}
-M.defaults = { depth = 20, vocab_size = 65536, block_size = 2048, n_layer = false, n_embd = false,
-               n_head = false, n_kv_head = false, head_dim = 128, softcap = 15, rope_base = 10000,
-               dropout = 0.0, activation_checkpointing = false }
 
--- resolves the depth dial into concrete sizes
+-- every feature's value in each version
+M.versions = {
+  v1 = { qk_scale = 1, rope_base = 10000, norm_eps = 1e-6, window_pattern = 'L', short_window = 0,
+         value_embeds = false, smear = false, backout = false, lambdas = false, pad_vocab_to = 1, init = 'v1' },
+  v2 = { qk_scale = 1.2, rope_base = 100000, norm_eps = 'dtype', window_pattern = 'SSSL', short_window = 0,
+         value_embeds = true, smear = true, backout = true, lambdas = true, pad_vocab_to = 64, init = 'v2' },
+}
+M.FEATURES = { 'qk_scale', 'rope_base', 'norm_eps', 'window_pattern', 'short_window', 'value_embeds', 'smear',
+               'backout', 'lambdas', 'pad_vocab_to', 'init' }
+
+M.defaults = { depth = 20, vocab_size = 65536, block_size = 2048, n_layer = false, n_embd = false,
+               n_head = false, n_kv_head = false, head_dim = 128, softcap = 15,
+               dropout = 0.0, activation_checkpointing = false, version = 'v1' }
+for _, k in ipairs(M.FEATURES) do M.defaults[k] = 'auto' end
+
+local VE_GATE_CHANNELS, SMEAR_CHANNELS = 12, 24
+
+local function bad(k, want, v)
+  error(('nanochat: %s must be %s, got %s'):format(k, want, type(v) == 'string' and "'" .. v .. "'" or tostring(v)), 4)
+end
+local function posnum(v) return type(v) == 'number' and v > 0 and v < math.huge end
+
+-- resolves the version's features and the depth dial into concrete sizes
 function M.resolve(cfg)
   cfg = common.fill(cfg, M.defaults, 'nanochat')
+  local ver = M.versions[cfg.version]
+  if not ver then bad('version', "'v1' or 'v2'", cfg.version) end
+  for _, k in ipairs(M.FEATURES) do if cfg[k] == 'auto' then cfg[k] = ver[k] end end
+  if not posnum(cfg.qk_scale) then bad('qk_scale', 'a positive number', cfg.qk_scale) end
+  if not posnum(cfg.rope_base) then bad('rope_base', 'a positive number', cfg.rope_base) end
+  if cfg.norm_eps ~= 'dtype' and not (type(cfg.norm_eps) == 'number' and cfg.norm_eps >= 0 and cfg.norm_eps < 1) then
+    bad('norm_eps', "a number in [0, 1) or 'dtype'", cfg.norm_eps)
+  end
+  if type(cfg.window_pattern) ~= 'string' or not cfg.window_pattern:upper():match('^[SL]+$') then
+    bad('window_pattern', "a string of S and L (e.g. 'SSSL')", cfg.window_pattern)
+  end
+  local sw = cfg.short_window
+  if type(sw) ~= 'number' or sw < 0 or sw ~= math.floor(sw) then bad('short_window', 'an integer >= 0', sw) end
+  for _, k in ipairs({ 'value_embeds', 'smear', 'backout', 'lambdas' }) do
+    if type(cfg[k]) ~= 'boolean' then bad(k, 'true or false', cfg[k]) end
+  end
+  local pv = cfg.pad_vocab_to
+  if type(pv) ~= 'number' or pv < 1 or pv ~= math.floor(pv) then bad('pad_vocab_to', 'a positive integer', pv) end
+  if cfg.init ~= 'v1' and cfg.init ~= 'v2' then bad('init', "'v1' or 'v2'", cfg.init) end
   if cfg.n_layer == false then cfg.n_layer = cfg.depth end
-  if cfg.n_embd == false then cfg.n_embd = 64 * cfg.depth end
+  if cfg.n_embd == false then
+    cfg.n_embd = 64 * cfg.depth
+    if cfg.version == 'v2' then cfg.n_embd = math.ceil(cfg.n_embd / cfg.head_dim) * cfg.head_dim end
+  end
   if cfg.n_head == false then cfg.n_head = math.max(1, math.floor(cfg.n_embd / cfg.head_dim)) end
   if cfg.n_kv_head == false then cfg.n_kv_head = cfg.n_head end
   common.check_config(cfg, 'nanochat')
   if (cfg.n_embd / cfg.n_head) % 2 ~= 0 then
     error(('nanochat: head dim %d must be even for rotary embeddings'):format(cfg.n_embd / cfg.n_head), 3)
   end
+  if cfg.smear and cfg.n_embd < SMEAR_CHANNELS then
+    error(('nanochat: smear reads the first %d channels, n_embd is %d'):format(SMEAR_CHANNELS, cfg.n_embd), 3)
+  end
+  if cfg.value_embeds and cfg.n_embd < VE_GATE_CHANNELS then
+    error(('nanochat: value_embeds gates read the first %d channels, n_embd is %d'):format(VE_GATE_CHANNELS, cfg.n_embd), 3)
+  end
+  cfg.padded_vocab_size = math.ceil(cfg.vocab_size / pv) * pv
   return cfg
 end
 
-local function norm(x) return gl.rms_norm(x, nil, 1e-6) end
+-- The trainer's `nanochat` table (gptlua.train's defaults: 0, '' and 'auto'
+-- take the version's value) as model keys; a bad value is a one-line error
+-- naming nanochat.KEY.  Booleans come as true/false or, from the command
+-- line, 'true'/'false'/'on'/'off'.
+M.TRAINER_DEFAULTS = { version = 'v1', qk_scale = 0, rope_base = 0, norm_eps = 0, window_pattern = '',
+                       short_window = 0, value_embeds = 'auto', smear = 'auto', backout = 'auto', lambdas = 'auto',
+                       pad_vocab_to = 0, init = '' }
+function M.trainer_defaults()
+  local t = {}
+  for k, v in pairs(M.TRAINER_DEFAULTS) do t[k] = v end
+  return t
+end
+local FLAG_WORDS = { ['true'] = true, on = true, yes = true, ['1'] = true,
+                     ['false'] = false, off = false, no = false, ['0'] = false }
+function M.trainer_keys(t)
+  local out = {}
+  for k, v in pairs(t or {}) do
+    local d = M.TRAINER_DEFAULTS[k]
+    if d == nil then error(('nanochat.%s is not a nanochat key'):format(tostring(k)), 0) end
+    if v ~= d then
+      if d == 'auto' and type(v) ~= 'boolean' then
+        if FLAG_WORDS[v] == nil then
+          error(("nanochat.%s must be true, false or 'auto', got %s"):format(k, tostring(v)), 0)
+        end
+        v = FLAG_WORDS[v]
+      end
+      out[k] = v
+    end
+  end
+  local ok, err = pcall(M.resolve, out)  -- the model's checks, with the trainer's name for the key
+  if not ok and not tostring(err):match('unknown model option') then
+    local msg = tostring(err):gsub('^.-nanochat: (%w+)', 'nanochat.%1')
+    error(msg, 0)
+  end
+  return out
+end
+
+-- The first feature on which two trainer `nanochat` tables describe
+-- different models, with both values; nil when they agree.  A checkpoint
+-- from before the versions has no table: the first-release model.
+function M.config_mismatch(theirs, ours)
+  local function features(t)
+    local cfg = M.resolve(M.trainer_keys(t or { version = 'v1' }))
+    return cfg
+  end
+  local a, b = features(theirs), features(ours)
+  for _, k in ipairs({ 'version', unpack(M.FEATURES) }) do
+    if a[k] ~= b[k] then return k, a[k], b[k] end
+  end
+  return nil
+end
+
+-- true when cfg (resolved) is the first-release model in every feature:
+-- what the parallel layouts that rewrite the attention know how to cut
+function M.first_release(cfg)
+  for _, k in ipairs(M.FEATURES) do if cfg[k] ~= nil and cfg[k] ~= M.versions.v1[k] then return false end end
+  return true
+end
+-- refuses a model with any newer feature in a layout that cannot run it
+function M.check_layout(cfg, layout)
+  if not M.first_release(cfg) then
+    error(("%s: nanochat's version-2 features (value embeddings, smear, backout, lambdas, windows, qk_scale, "
+      .. "norm_eps) are not written for it yet; use nanochat.version = 'v1'"):format(layout), 0)
+  end
+end
+
+-- nanochat's window of layer i (1-based) as FA3's (left, 0): keys back from
+-- the query, block_size for L; the last layer is always L
+function M.window_left(cfg, i)
+  local long = cfg.block_size
+  local p = cfg.window_pattern:upper()
+  local c = i == cfg.n_layer and 'L' or p:sub((i - 1) % #p + 1, (i - 1) % #p + 1)
+  if c == 'L' then return long end
+  if cfg.short_window > 0 then return cfg.short_window end
+  return math.ceil(math.ceil(long / 4) / 128) * 128  -- -(-long // 4 // 128) * 128
+end
+
+-- layers with value embeddings (0-based i as nanochat: i % 2 == (L - 1) % 2)
+function M.has_ve(cfg, i) return cfg.value_embeds and (i - 1) % 2 == (cfg.n_layer - 1) % 2 end
+
+-- the norm's eps for activations of dtype
+local MACHINE_EPS = { float32 = 2 ^ -23, float64 = 2 ^ -52, bfloat16 = 2 ^ -7, float16 = 2 ^ -10 }
+local function eps_for(cfg, dtype)
+  if cfg.norm_eps ~= 'dtype' then return cfg.norm_eps end
+  return MACHINE_EPS[dtype] or error('nanochat: no machine epsilon known for dtype ' .. tostring(dtype), 3)
+end
 
 -- Linear init as nanochat: uniform-like spread std 1/sqrt(in); projections
 -- into the residual stream start at zero.
@@ -34,7 +209,7 @@ local function linear(n_in, n_out, zero)
 end
 
 local Attention = nn.class('NanochatAttention', nn.Module)
-function Attention:__init(cfg)
+function Attention:__init(cfg, i)
   local C, H, Hkv = cfg.n_embd, cfg.n_head, cfg.n_kv_head
   local D = C / H
   self.H, self.Hkv, self.D = H, Hkv, D
@@ -42,18 +217,32 @@ function Attention:__init(cfg)
   self:add('c_k', linear(C, Hkv * D))
   self:add('c_v', linear(C, Hkv * D))
   self:add('c_proj', linear(H * D, C, true))
+  if M.has_ve(cfg, i) then self:add('ve_gate', linear(VE_GATE_CHANNELS, Hkv)) end
+  -- gl's window counts the query itself; a long window hides nothing
+  local left = M.window_left(cfg, i)
+  self.window = left < cfg.block_size and left + 1 or 0
+  self.scale = cfg.qk_scale ^ 2 / math.sqrt(D)
 end
-function Attention:forward(x, cos, sin, cache)
+-- x (B,T,C) normed; ve (B,T,Hkv*D) this layer's value embedding or nil;
+-- eps the QK-norm's
+function Attention:forward(x, cos, sin, cache, ve, eps)
   local H, Hkv, D = self.H, self.Hkv, self.D
+  eps = eps or 1e-6
   local q = self.c_q(x)
   local B, T = q.shape[1], q.shape[2]  -- (under sequence parallelism x holds T/tp rows, q all T)
   q = q:view(B, T, H, D)
   local k = self.c_k(x):view(B, T, Hkv, D)
   local v = self.c_v(x):view(B, T, Hkv, D)
-  q, k = norm(gl.rope(q, cos, sin)), norm(gl.rope(k, cos, sin))
+  if ve then  -- value residual: v + 3 sigmoid(gate) ve, one gate per KV head
+    local gate = gl.sigmoid(self.ve_gate(x:narrow(3, 1, VE_GATE_CHANNELS))) * 3
+    v = v + gate:unsqueeze(4) * ve:view(B, T, Hkv, D)
+  end
+  q, k = gl.rms_norm(gl.rope(q, cos, sin), nil, eps), gl.rms_norm(gl.rope(k, cos, sin), nil, eps)
   q, k, v = q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3)
   if cache then k, v = common.cache_append(cache, k, v) end
-  local y = gl.scaled_dot_product_attention(q, k, v)
+  local y
+  if self.window == 0 and self.scale == 1 / math.sqrt(D) then y = gl.scaled_dot_product_attention(q, k, v)
+  else y = gl.scaled_dot_product_attention(q, k, v, { scale = self.scale, window = self.window }) end
   return self.c_proj(y:transpose(2, 3):reshape(B, T, H * D))
 end
 
@@ -65,21 +254,65 @@ end
 function MLP:forward(x) return common.mlp(self, x, 'relu2') end
 
 local Block = nn.class('NanochatBlock', nn.Module)
-function Block:__init(cfg)
-  self:add('attn', Attention(cfg))
+function Block:__init(cfg, i)
+  self:add('attn', Attention(cfg, i))
   self:add('mlp', MLP(cfg))
 end
-function Block:forward(x, cache)
-  local rot = self.rotary
-  local s, h = gl.add_rms_norm(x, self.attn(norm(x), rot.cos, rot.sin, cache), nil, 1e-6)  -- x + attn, norm: one pass
+-- self.rotary and self.eps are set by GPT:forward for this pass
+function Block:forward(x, cache, ve)
+  local rot, eps = self.rotary, self.eps or 1e-6
+  local h0 = gl.rms_norm(x, nil, eps)
+  local s, h = gl.add_rms_norm(x, self.attn(h0, rot.cos, rot.sin, cache, ve, eps), nil, eps)  -- x + attn, norm: one pass
   return s + self.mlp(h)
 end
 
 local Transformer = nn.class('NanochatTransformer', nn.Module)
 function Transformer:__init(cfg)
-  self:add('wte', nn.Embedding(cfg.vocab_size, cfg.n_embd, { std = 1.0 }))
+  self:add('wte', nn.Embedding(cfg.padded_vocab_size, cfg.n_embd, { std = 1.0 }))
   local h = self:add('h', nn.ModuleList())
-  for _ = 1, cfg.n_layer do h:append(Block(cfg)) end
+  for i = 1, cfg.n_layer do h:append(Block(cfg, i)) end
+end
+
+-- nanochat's init_weights (92d63d4), in place
+local function init_v2(self, cfg)
+  local s = math.sqrt(3) / math.sqrt(cfg.n_embd)
+  local tr = self.transformer
+  gl.no_grad(function()
+    tr.wte.weight:normal_(0, 0.8)
+    self.lm_head.weight:normal_(0, 0.001)
+    for i = 1, tr.h.n do
+      local a, m = tr.h[i].attn, tr.h[i].mlp
+      a.c_q.weight:uniform_(-s, s); a.c_k.weight:uniform_(-s, s); a.c_v.weight:uniform_(-s, s)
+      a.c_proj.weight:zero_()
+      m.c_fc.weight:uniform_(-0.4 * s, 0.4 * s)
+      m.c_proj.weight:zero_()
+    end
+    if cfg.smear then self.smear_gate.weight:uniform_(0, 0.02) end
+    if cfg.value_embeds then
+      for i = 1, tr.h.n do
+        if M.has_ve(cfg, i) then self.value_embeds[tostring(i - 1)].weight:uniform_(-s, s) end
+      end
+      for i = 1, tr.h.n do
+        local g = tr.h[i].attn.ve_gate
+        if g then g.weight:uniform_(0, 0.02) end
+      end
+    end
+  end)
+end
+
+-- rotary tables for every position: (block_size, D/2) cos and sin of
+-- t / base^(2i/D), computed in double precision, stored as dtype
+local function rope_tables(cfg, dtype)
+  local D = cfg.n_embd / cfg.n_head
+  local cos, sin = {}, {}
+  for t = 1, cfg.block_size do
+    cos[t], sin[t] = {}, {}
+    for i = 1, D / 2 do
+      local ang = (t - 1) / cfg.rope_base ^ ((2 * (i - 1)) / D)
+      cos[t][i], sin[t][i] = math.cos(ang), math.sin(ang)
+    end
+  end
+  return gl.tensor(cos, { dtype = dtype }), gl.tensor(sin, { dtype = dtype })
 end
 
 local GPT = nn.class('Nanochat', nn.Module)
@@ -87,21 +320,70 @@ M.GPT = GPT
 function GPT:__init(cfg)
   cfg = M.resolve(cfg)
   self.config = cfg
+  local L = cfg.n_layer
   self:add('transformer', Transformer(cfg))
-  self:add('lm_head', nn.Linear(cfg.n_embd, cfg.vocab_size, { bias = false, std = 0.001 }))
-  -- rotary tables for every position: (block_size, D/2), not saved
-  local D = cfg.n_embd / cfg.n_head
-  local T = cfg.block_size
-  local cos, sin = {}, {}
-  for t = 1, T do
-    cos[t], sin[t] = {}, {}
-    for i = 1, D / 2 do
-      local ang = (t - 1) / cfg.rope_base ^ ((2 * (i - 1)) / D)
-      cos[t][i], sin[t][i] = math.cos(ang), math.sin(ang)
+  self:add('lm_head', nn.Linear(cfg.n_embd, cfg.padded_vocab_size, { bias = false, std = 0.001 }))
+  if cfg.lambdas then
+    local r, x0 = {}, {}
+    for i = 0, L - 1 do
+      r[i + 1] = 1.15 - 0.10 * i / math.max(L - 1, 1)
+      x0[i + 1] = 0.20 - 0.15 * i / math.max(L - 1, 1)
+    end
+    self:param('resid_lambdas', gl.tensor(r))
+    self:param('x0_lambdas', gl.tensor(x0))
+  end
+  if cfg.smear then
+    self:add('smear_gate', linear(SMEAR_CHANNELS, 1))
+    self:param('smear_lambda', gl.zeros({ 1 }))
+  end
+  if cfg.backout then self:param('backout_lambda', gl.full({ 1 }, 0.2)) end
+  if cfg.value_embeds then
+    local D = cfg.n_embd / cfg.n_head
+    local ve = self:add('value_embeds', nn.Module())
+    for i = 1, L do
+      if M.has_ve(cfg, i) then ve:add(tostring(i - 1), nn.Embedding(cfg.padded_vocab_size, cfg.n_kv_head * D)) end
     end
   end
-  self:buffer('rope_cos', gl.tensor(cos), false)
-  self:buffer('rope_sin', gl.tensor(sin), false)
+  if cfg.init == 'v2' then init_v2(self, cfg) end
+  local cos, sin = rope_tables(cfg, 'float32')
+  self:buffer('rope_cos', cos, false)
+  self:buffer('rope_sin', sin, false)
+end
+
+-- moves/casts as every module; a float64 model gets its rotary tables
+-- computed again in double precision rather than widened from float32
+function GPT:to(device_or_dtype)
+  nn.Module.to(self, device_or_dtype)
+  if self.rope_cos.dtype == 'float64' then
+    local cos, sin = rope_tables(self.config, 'float64')
+    self.rope_cos:copy_(cos:to(self.rope_cos.device)); self.rope_sin:copy_(sin:to(self.rope_sin.device))
+  end
+  return self
+end
+
+-- the smear of the normed embedding x (B,T,C): each position adds the gated
+-- previous one; with KV caches the previous position of the last call is kept
+function GPT:smear(x, caches)
+  local B, T, C = x.shape[1], x.shape[2], x.shape[3]
+  local prev = caches and caches.smear and caches.smear.filled and caches.smear.x or nil
+  local lam = self.smear_lambda
+  local out
+  if prev then
+    local gate = gl.sigmoid(self.smear_gate(x:narrow(3, 1, SMEAR_CHANNELS))) * lam
+    local shifted = T > 1 and gl.cat({ prev, x:narrow(2, 1, T - 1) }, 2) or prev
+    out = x + gate * shifted
+  elseif T > 1 then
+    local rest = x:narrow(2, 2, T - 1)
+    local gate = gl.sigmoid(self.smear_gate(rest:narrow(3, 1, SMEAR_CHANNELS))) * lam
+    out = gl.cat({ x:narrow(2, 1, 1), rest + gate * x:narrow(2, 1, T - 1) }, 2)
+  else
+    out = x
+  end
+  if caches and caches.smear then
+    caches.smear.x:copy_(x:narrow(2, T, 1))
+    caches.smear.filled = true
+  end
+  return out
 end
 
 function GPT:forward(idx, targets, caches)
@@ -118,26 +400,95 @@ function GPT:forward(idx, targets, caches)
     rot.cos, rot.sin = rot.cos:to(to), rot.sin:to(to)
   end
   rot.cos, rot.sin = rot.cos:contiguous(), rot.sin:contiguous()
-  local x = norm(tr.wte(idx))
+  local eps = eps_for(cfg, tr.wte.weight.dtype)
+  local x = gl.rms_norm(tr.wte(idx), nil, eps)
+  if cfg.smear then x = self:smear(x, caches) end
+  local x0 = x
+  local backout_at, x_backout = math.floor(cfg.n_layer / 2) + 1, nil
   for i = 1, tr.h.n do
-    tr.h[i].rotary = rot
-    x = common.run_block(tr.h[i], x, caches and caches[i], cfg)
+    local block = tr.h[i]
+    block.rotary, block.eps = rot, eps
+    if cfg.lambdas then
+      x = self.resid_lambdas:narrow(1, i, 1) * x + self.x0_lambdas:narrow(1, i, 1) * x0
+    end
+    local ve = M.has_ve(cfg, i) and self.value_embeds[tostring(i - 1)](idx) or nil
+    x = common.run_block(block, x, caches and caches[i], cfg, ve)
+    if cfg.backout and i == backout_at then x_backout = x end
   end
-  x = norm(x)
-  return common.head(self, x, targets, gl.linear, self.lm_head.weight, cfg.softcap)
+  if x_backout then x = x - self.backout_lambda * x_backout end
+  x = gl.rms_norm(x, nil, eps)
+  local w = self.lm_head.weight
+  if cfg.padded_vocab_size ~= cfg.vocab_size then w = w:narrow(1, 1, cfg.vocab_size) end
+  return common.head(self, x, targets, gl.linear, w, cfg.softcap)
 end
 
--- training FLOPs per token; the token embedding is only looked up
-function GPT:flops_per_token(T) return common.flops_per_token(self, self.transformer.wte.weight, T) end
+-- training FLOPs per token: 6 per weight of every product (the token and
+-- value embeddings are only looked up, the lambdas scale), plus 12 C per
+-- key a query sees, the window's keys on a short layer (nanochat's
+-- estimate_flops); the first-release model counts as it always has
+function GPT:flops_per_token(T)
+  local cfg = self.config
+  if M.first_release(cfg) then return common.flops_per_token(self, self.transformer.wte.weight, T) end
+  T = T or cfg.block_size
+  local N = 0
+  for _, np in ipairs(self:named_parameters()) do
+    local name = np[1]
+    if #np[2].shape == 2 and not name:match('wte') and not name:match('^value_embeds%.') then N = N + np[2]:numel() end
+  end
+  local attn = 0
+  for i = 1, cfg.n_layer do attn = attn + 12 * cfg.n_embd * math.min(M.window_left(cfg, i), T) end
+  return 6 * N + attn
+end
+
+-- nanochat's setup_optimizer (92d63d4): every block matrix to Muon (lr
+-- matrix_lr, momentum 0.95), the rest to AdamW groups (eps 1e-10) with
+-- their own rate, betas and weight decay; head, embedding and value
+-- embeddings' rates times (n_embd/768)^-0.5.  Returns {adamw = groups,
+-- muon = {name, tensor} pairs}; a group with no parameters is left out.
+GPT.OPTIMIZER_DEFAULTS = { unembedding_lr = 0.008, embedding_lr = 0.3, matrix_lr = 0.02, scalar_lr = 0.5 }
+function GPT:optimizer_groups(opts)
+  opts = opts or {}
+  local o = {}
+  for k, v in pairs(GPT.OPTIMIZER_DEFAULTS) do o[k] = opts[k] or v end
+  local scale = (self.config.n_embd / 768) ^ -0.5
+  local head, emb, ve, resid, x0, smear, muon = {}, {}, {}, {}, {}, {}, {}
+  for _, np in ipairs(self:named_parameters()) do
+    local name = np[1]
+    if name:match('^transformer%.h%.') then muon[#muon + 1] = np
+    elseif name == 'lm_head.weight' then head[#head + 1] = np
+    elseif name == 'transformer.wte.weight' then emb[#emb + 1] = np
+    elseif name:match('^value_embeds%.') then ve[#ve + 1] = np
+    elseif name == 'resid_lambdas' then resid[#resid + 1] = np
+    elseif name == 'x0_lambdas' then x0[#x0 + 1] = np
+    else smear[#smear + 1] = np end  -- smear_gate, smear_lambda, backout_lambda
+  end
+  local all = {
+    { params = head, lr = o.unembedding_lr * scale, betas = { 0.8, 0.96 }, eps = 1e-10, weight_decay = 0.01 },
+    { params = emb, lr = o.embedding_lr * scale, betas = { 0.8, 0.995 }, eps = 1e-10, weight_decay = 0.001 },
+    { params = ve, lr = o.embedding_lr * scale * 0.5, betas = { 0.8, 0.995 }, eps = 1e-10, weight_decay = 0.01 },
+    { params = resid, lr = o.scalar_lr * 0.01, betas = { 0.8, 0.95 }, eps = 1e-10, weight_decay = 0.05 },
+    { params = x0, lr = o.scalar_lr, betas = { 0.96, 0.95 }, eps = 1e-10, weight_decay = 0.0 },
+    { params = smear, lr = 0.2, betas = { 0.8, 0.95 }, eps = 1e-10, weight_decay = 0.0 },
+  }
+  local adamw = {}
+  for _, g in ipairs(all) do if #g.params > 0 then adamw[#adamw + 1] = g end end
+  return { adamw = adamw, muon = muon, matrix_lr = o.matrix_lr }
+end
 
 function GPT:new_caches(B, S)
   local cfg = self.config
-  return common.new_caches(cfg.n_layer, B, cfg.n_kv_head, S, cfg.n_embd / cfg.n_head, self.lm_head.weight)
+  local w = self.lm_head.weight
+  local caches = common.new_caches(cfg.n_layer, B, cfg.n_kv_head, S, cfg.n_embd / cfg.n_head, w)
+  if cfg.smear then  -- the last position's normed embedding, for the next call's smear
+    caches.smear = { x = gl.zeros({ B, 1, cfg.n_embd }, { dtype = w.dtype, device = w.device }), filled = false }
+  end
+  return caches
 end
 GPT.generate = common.generate
 nn.checked(GPT, { __init = 'self:module, cfg:opts?',
                   forward = 'self:module, idx:tensor, targets:tensor?, caches:opts?',
                   generate = 'self:module, idx:tensor, n:size, opts:opts?',
-                  new_caches = 'self:module, batch:count, length:count' })
+                  new_caches = 'self:module, batch:count, length:count',
+                  optimizer_groups = 'self:module, opts:opts?' })
 
 return M

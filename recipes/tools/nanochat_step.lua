@@ -1,0 +1,51 @@
+-- What nanochat's version-2 features cost per training step on the default
+-- recipe's sizes (recipes/shakespeare.lua: 4 layers, width 128, context 64,
+-- batch 12): v1, v2, and v2 with one feature off at a time, each timed in
+-- every round, rounds interleaved so a loaded machine slows all alike.
+-- Prints the median ms/step of each and its ratio to v1.
+--   gptlua recipes/tools/nanochat_step.lua [--iters=20] [--rounds=3]
+local gl = require 'gptlua'
+local train = require 'gptlua.train'
+local now = require('gptlua.cli').now
+
+local opts = { iters = 20, rounds = 3 }
+for _, a in ipairs(arg) do
+  local k, v = a:match('^%-%-([%w_]+)=(%d+)$')
+  if not k or opts[k] == nil then error('nanochat_step: unknown argument ' .. a .. ' (--iters=N, --rounds=N)', 0) end
+  opts[k] = tonumber(v)
+end
+
+local variants = {
+  { 'v1', {} }, { 'v2', { '--nanochat.version=v2' } },
+  { 'v2 - lambdas', { '--nanochat.version=v2', '--nanochat.lambdas=off' } },
+  { 'v2 - value_embeds', { '--nanochat.version=v2', '--nanochat.value_embeds=off' } },
+  { 'v2 - smear', { '--nanochat.version=v2', '--nanochat.smear=off' } },
+  { 'v2 - backout', { '--nanochat.version=v2', '--nanochat.backout=off' } },
+  { 'v2 - padding', { '--nanochat.version=v2', '--nanochat.pad_vocab_to=1' } },
+}
+local dir = os.tmpname(); os.remove(dir)
+local trainers = {}
+for i, v in ipairs(variants) do
+  local args = { '--quiet', '--control=false', '--journal=false', '--tensorboard=false', '--eval_interval=0',
+                 '--sample_length=0', '--log_interval=0', '--max_iters=1000000', '--out_dir=' .. dir, '--name=v' .. i }
+  for _, a in ipairs(v[2]) do args[#args + 1] = a end
+  trainers[i] = train.new(dofile(gl.root .. '/recipes/shakespeare.lua'), args)
+  for _ = 1, 3 do trainers[i]:train_step() end  -- warm: optimizer state, caches
+end
+local times = {}
+for i = 1, #variants do times[i] = {} end
+for _ = 1, opts.rounds do
+  for i, t in ipairs(trainers) do
+    local t0 = now()
+    for _ = 1, opts.iters do t:train_step() end
+    times[i][#times[i] + 1] = (now() - t0) / opts.iters * 1000
+  end
+end
+os.execute('rm -rf ' .. dir)
+local function median(t) table.sort(t); return t[math.ceil(#t / 2)] end
+local base = median(times[1])
+print(('%-20s %10s %8s'):format('model', 'ms/step', 'x v1'))
+for i, v in ipairs(variants) do
+  local m = median(times[i])
+  print(('%-20s %10.1f %8.2f'):format(v[1], m, m / base))
+end

@@ -449,7 +449,11 @@ describe('CUDA matmul (cuBLASLt) vs CPU #cuda', function()
           local y = gl.mlp(leaves.x, leaves.w1, leaves.b1, leaves.w2, leaves.b2, act)
           y:backward(S.g)
           return y:detach(), leaves.x.grad, leaves.w1.grad, leaves.b1.grad, leaves.w2.grad, leaves.b2.grad
-        end, dt, ('mlp %s %s'):format(act, dt))
+          -- relu^2 in bfloat16: the GPU squares a bf16-rounded pre-activation
+          -- and keeps the square in bf16, so its relative error is about twice
+          -- gelu's (w2's gradient reached 1.05% of its scale at run seed
+          -- 509914000; the CPU reference squares in float32)
+        end, dt, ('mlp %s %s'):format(act, dt), act == 'relu2' and 2 or 1)
       end
     end
   end)

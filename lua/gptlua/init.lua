@@ -5,6 +5,8 @@ local Tensor = require 'gptlua.tensor'
 local A = require 'gptlua.autograd'
 local O = require 'gptlua.ops'
 require 'gptlua.ops_math'
+require 'gptlua.ops_attention'
+require 'gptlua.ops_shape'
 require 'gptlua.ops_head'
 
 local gl = {

@@ -1,0 +1,113 @@
+-- gptlua.ops_attention — differentiable attention and rotary embeddings:
+-- scaled_dot_product_attention (causal, optional sliding window, GQA),
+-- attention straight from a fused qkv projection, and rope.  Each is the
+-- engine's attention kernel forward (keeping the log-sum-exp) plus its
+-- backward kernel; functions land in gptlua.ops (gl.*).
+
+local G = require 'gptlua.ffi'
+local Tensor = require 'gptlua.tensor'
+local A = require 'gptlua.autograd'
+local O = require 'gptlua.ops'
+local ffi, lib = G.ffi, G.lib
+local record = A.record
+local empty_like = O.empty_like
+
+local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
+local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
+local raw_contiguous, drop = O.raw_contiguous, O.drop_view
+local function stat_dtype(x) return x.dtype == 'float64' and 'float64' or 'float32' end
+
+-- ---------------------------------------------------------------- attention
+-- scaled_dot_product_attention(q, k, v, {scale=, window=}): causal,
+-- q (B,H,T,D), k/v (B,Hkv,S,D); grouped-query when Hkv < H.  The kernels
+-- take strided views, so nothing is copied: the output (and the input
+-- gradients) are (B,H,T,D) views of (B,T,H,D) buffers, which makes the
+-- usual transpose(2,3):reshape(B,T,C) that follows a free view.
+local function heads_view(t)  -- (B,T,H,D) contiguous -> (B,H,T,D) view
+  local B, T, H, D = t.shape[1], t.shape[2], t.shape[3], t.shape[4]
+  return t:_as_strided({ B, H, T, D }, { T * H * D, D, H * D, 1 }, t:storage_offset())
+end
+local function heads_buffer(like)  -- a (B,T,H,D) buffer for a (B,H,T,D) tensor
+  local s = like.shape
+  local buf = Tensor.empty({ s[1], s[3], s[2], s[4] }, { dtype = like.dtype, device = like.device })
+  local v = heads_view(buf)
+  drop(buf)  -- the view now holds the only reference
+  return v
+end
+
+local function attention_raw(q, k, v, out, lse, scale, window)
+  K(lib.gl_attention_forward(out.c, lse.c, q.c, k.c, v.c, scale, window))
+end
+
+-- scaled_dot_product_attention(q, k, v, opts): causal softmax(q k^T * scale) v
+-- per head; q (B,H,T,D), k/v (B,Hkv,S,D); opts.scale (1/sqrt(D)), opts.window
+function O.scaled_dot_product_attention(q, k, v, opts)
+  opts = opts or {}
+  if #q.shape ~= 4 then error(('scaled_dot_product_attention: q has shape %s, expected (B,H,T,D)'):format(shape_str(q.shape)), 2) end
+  local scale = opts.scale or 1 / math.sqrt(q.shape[4])
+  local window = opts.window or 0
+  local out = heads_buffer(q)
+  local lse = Tensor.empty({ q.shape[1], q.shape[2], q.shape[3] }, { dtype = stat_dtype(q), device = q.device })
+  attention_raw(q, k, v, out, lse, scale, window)
+  return record(out, { q, k, v }, function(_, g)
+    local dq, dk, dv = heads_buffer(q), heads_buffer(k), heads_buffer(v)
+    K(lib.gl_attention_backward(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, out.c, lse.c, scale, window))
+    return dq, dk, dv
+  end, { q, k, v, out }, 'attention', { lse })
+end
+
+-- attention_qkv(qkv (B,T,3C), n_head, opts) -> y (B,T,C): causal attention
+-- straight from the fused projection's output (GPT-2's c_attn) with no
+-- split/transpose copies; the backward writes dq, dk, dv into one dqkv.
+function O.attention_qkv(qkv, H, opts)
+  opts = opts or {}
+  local B, T, C3 = qkv.shape[1], qkv.shape[2], qkv.shape[3]
+  if #qkv.shape ~= 3 or C3 % (3 * H) ~= 0 then
+    error(('attention_qkv: qkv has shape %s, expected (B,T,3*C) with C divisible by n_head %d'):format(
+      shape_str(qkv.shape), H), 2)
+  end
+  local C = C3 / 3
+  local D = C / H
+  local scale = opts.scale or 1 / math.sqrt(D)
+  local window = opts.window or 0
+  local x = qkv:is_contiguous() and qkv or qkv:contiguous()
+  local function part(t, i)  -- (B,H,T,D) view of q, k or v inside a (B,T,3C) tensor
+    return t:_as_strided({ B, H, T, D }, { T * C3, D, C3, 1 }, t:storage_offset() + (i - 1) * C)
+  end
+  local y = Tensor.empty({ B, T, C }, { dtype = qkv.dtype, device = qkv.device })
+  local y4 = y:_as_strided({ B, T, H, D }, { T * C, H * D, D, 1 }, 0)
+  local yv = heads_view(y4)
+  drop(y4)
+  local lse = Tensor.empty({ B, H, T }, { dtype = stat_dtype(qkv), device = qkv.device })
+  local q, k, v = part(x, 1), part(x, 2), part(x, 3)
+  attention_raw(q, k, v, yv, lse, scale, window)
+  drop(q); drop(k); drop(v)
+  return record(y, { x }, function(_, g, node)
+    local gc = raw_contiguous(g)
+    local g4 = gc:_as_strided({ B, T, H, D }, { T * C, H * D, D, 1 }, gc:storage_offset())
+    local gv = heads_view(g4)
+    local dx = Tensor.empty(x.shape, { dtype = x.dtype, device = x.device })
+    local v6 = { part(dx, 1), part(dx, 2), part(dx, 3), part(x, 1), part(x, 2), part(x, 3) }
+    K(lib.gl_attention_backward(v6[1].c, v6[2].c, v6[3].c, gv.c, v6[4].c, v6[5].c, v6[6].c, yv.c, lse.c, scale, window))
+    for _, t in ipairs(v6) do drop(t) end
+    drop(gv); drop(g4); drop(gc, g)
+    if not node.retaining then drop(yv) end
+    return dx
+  end, { x, y }, 'attention_qkv', { lse })
+end
+
+-- rotary embedding on x (B, T, H, D) with cos/sin (T, D/2)
+function O.rope(x, cos, sin)
+  local xc = x:is_contiguous() and x or x:contiguous()
+  local out = empty_like(xc)
+  K(lib.gl_rope(out.c, xc.c, cos.c, sin.c, 0))
+  return record(out, { xc }, function(_, g)
+    local dx = empty_like(xc)
+    local gc = g:is_contiguous() and g or g:contiguous()
+    K(lib.gl_rope(dx.c, gc.c, cos.c, sin.c, 1))
+    return dx
+  end, { cos, sin }, 'rope')
+end
+
+
+return O

@@ -1,0 +1,322 @@
+-- gptlua.train_config — what a run is made of: every key a recipe may set
+-- (defaults, integer ranges), the hooks a recipe may define (their results
+-- checked), resolving a recipe plus command line into a checked cfg, and the
+-- default builders of data, model, optimizer and learning-rate schedule.
+-- gptlua.train re-exports each (train.defaults, train.build_model, ...).
+local gl = require 'gptlua'
+local config = require 'gptlua.config'
+local check = require 'gptlua.check'
+local optim = require 'gptlua.optim'
+local ckpt = require 'gptlua.checkpoint'
+
+local M = {}
+
+-- Every key a recipe may set; nanoGPT's names where one exists.
+M.defaults = {
+  name = 'run', out_dir = 'runs', seed = 1337, device = 'auto', dtype = 'auto', threads = 0,
+  -- model
+  model = 'gpt2', vocab_size = 0, block_size = 64, n_layer = 4, n_head = 4, n_embd = 128, dropout = 0.0,
+  bias = true, depth = 0, n_kv_head = 0, softcap = 15, activation_checkpointing = false,
+  -- data: 'char' (character-level over data_path), 'random' (benchmarking), 'shards' (data_dir)
+  data = 'char', data_path = 'data/tinyshakespeare.txt', data_dir = '', tokenizer = '', val_fraction = 0.1,
+  shard_format = 'auto',
+  sampling = 'random',
+  -- batch
+  batch_size = 12, gradient_accumulation_steps = 1, total_batch_size = 0,
+  -- optimizer: 'adamw' or 'nanochat' (Muon for hidden matrices + AdamW)
+  optimizer = 'adamw', learning_rate = 1e-3, min_lr = 1e-4, beta1 = 0.9, beta2 = 0.99, eps = 1e-8,
+  weight_decay = 0.1, grad_clip = 1.0, matrix_lr = 0.02, embedding_lr = 0.2, unembedding_lr = 0.004,
+  -- schedule: 'cosine' (warmup, decay to min_lr at lr_decay_iters), 'wsd', 'constant'
+  schedule = 'cosine', decay_lr = true, warmup_iters = 100, lr_decay_iters = 2000, cooldown_frac = 0.2,
+  -- loop
+  max_iters = 2000, eval_interval = 250, eval_iters = 20, eval_only = false, log_interval = 10,
+  sample_interval = 0, sample_length = 500, sample_prompt = '\n', temperature = 0.8, top_k = 0,
+  checkpoint_interval = 0, always_save_checkpoint = true, keep_last = 2, resume = '', overwrite = false,
+  max_bad_steps = 5,
+  peak_flops = 0, quiet = false,
+  -- seeing a run (gptlua.observe): TensorBoard events next to metrics.jsonl; profile = 'N' or 'A:B' steps
+  tensorboard = true, profile = '',
+  -- CUDA graphs (gptlua.train_graph): 'off' (false), 'auto' or true; optimizer steps run op by op first
+  cuda_graph = 'off', cuda_graph_warmup = 1,
+  -- distributed policy (gptlua.dist): 'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp'; unset on
+  -- several ranks it is ddp ('none' trains each rank alone and is refused by run there);
+  -- dist_timeout: seconds a collective may take before every rank is aborted
+  dist = 'none', bucket_mb = 25, shard_size = 0, dist_timeout = 600,
+  -- slow links (localsgd, diloco, ps, ddp's PowerSGD hook): gptlua.dist.policies.{localsgd,diloco,ps,powersgd}
+  sync_every = 8, outer_lr = 0.7, outer_momentum = 0.9, outer_dtype = 'float32', diloco_fragments = 1,
+  powersgd_rank = 0, ps_servers = 1, max_staleness = 0,
+  -- steering and journal (gptlua.control, gptlua.journal): the control socket `gptlua attach` talks to,
+  -- run_dir/journal.jsonl, and a journal this run must match step by step (set by `gptlua replay`)
+  control = true, journal = true, journal_hash_interval = 10, replay = '', replay_to = 0,
+  -- device mesh (gptlua.dist.mesh): tensor parallel over tp ranks, data parallel (dist) over dp
+  dp = 0, tp = 1, sp = false, cp = 1,
+  fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
+  -- model = 'nanochat': 'v1' (first release) or 'v2' (nanochat 92d63d4) and each feature (gptlua.models.nanochat)
+  nanochat = require('gptlua.models.nanochat').trainer_defaults(),
+}
+
+-- Integer keys: {min, max}.  Sizes reach the engine as int32; counts of
+-- steps stay exact in a Lua number up to 2^53.  0 means "none", "off" or
+-- "infer" where a key allows it.
+local INT32, COUNT = 2 ^ 31 - 1, 2 ^ 53
+local INTEGER_KEYS = {
+  batch_size = { 1, INT32 }, block_size = { 1, INT32 }, gradient_accumulation_steps = { 1, INT32 },
+  max_iters = { 1, COUNT }, warmup_iters = { 0, COUNT }, lr_decay_iters = { 0, COUNT }, eval_interval = { 0, COUNT },
+  eval_iters = { 0, COUNT }, log_interval = { 0, COUNT }, sample_interval = { 0, COUNT }, sample_length = { 0, INT32 },
+  checkpoint_interval = { 0, COUNT }, keep_last = { 0, INT32 }, max_bad_steps = { 0, COUNT }, top_k = { 0, INT32 },
+  threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, cuda_graph_warmup = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
+  n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
+  shard_size = { 0, COUNT }, sync_every = { 1, COUNT }, diloco_fragments = { 1, INT32 }, powersgd_rank = { 0, INT32 },
+  ps_servers = { 1, INT32 }, max_staleness = { 0, COUNT }, journal_hash_interval = { 0, COUNT }, replay_to = { 0, COUNT },
+  dp = { 0, INT32 }, tp = { 1, INT32 }, cp = { 1, INT32 },
+}
+M.INTEGER_KEYS = INTEGER_KEYS
+
+-- Hooks a recipe may define, each with what it must return: a hook that
+-- returns something else fails at once, naming the hook and what it returned
+-- (not later as "attempt to index a nil value").  false: anything.
+local function has(fields)
+  return function(v)
+    if type(v) ~= 'table' then return false end
+    for _, f in ipairs(fields) do if v[f] == nil then return false end end
+    return true
+  end
+end
+local function callable(v)
+  local mt = type(v) == 'table' and getmetatable(v)
+  return type(v) == 'function' or (mt and mt.__call ~= nil) or false
+end
+local HOOKS = {
+  build_model = { 'a model (a table with forward and parameters)', has({ 'forward', 'parameters' }) },
+  build_data = { 'a table with a train loader (a table with next_batch)',
+                 function(v) return type(v) == 'table' and type(v.train) == 'table' and v.train.next_batch ~= nil end },
+  build_optimizer = { 'an optimizer (a table with step)', has({ 'step' }) },
+  lr_schedule = { 'a function of the step', callable },
+  momentum_schedule = { 'a function of the step', callable },  -- Muon's momentum (default: optim.schedules.muon_momentum)
+  param_groups = { 'a table of parameter groups', function(v) return type(v) == 'table' end },
+  fsdp_units = { 'a table of units', function(v) return type(v) == 'table' end },
+  on_log = false, on_eval = false,
+}
+
+-- the recipe's hook `name` with its result checked
+local function checked_hook(name, f)
+  local want = HOOKS[name]
+  if not want then return f end
+  return function(...)
+    local r = f(...)
+    if not want[2](r) then
+      error(('recipe: hook %s returned %s, expected %s'):format(name, check.describe(r), want[1]), 0)
+    end
+    return r
+  end
+end
+
+M.checked_hook = checked_hook  -- gptlua.control's reload swaps hooks through it
+
+-- splits a recipe table into config values and hook functions
+local function split_recipe(recipe)
+  if type(recipe) ~= 'table' then
+    error(('recipe: expected a table of config values and hooks, got %s'):format(check.describe(recipe)), 0)
+  end
+  local cfg, hooks = {}, {}
+  for k, v in pairs(recipe) do
+    if type(v) == 'function' then
+      if HOOKS[k] == nil then
+        local names = {}
+        for h in pairs(HOOKS) do names[#names + 1] = h end
+        table.sort(names)
+        error(('recipe: unknown hook %s (valid hooks: %s)'):format(k, table.concat(names, ', ')), 0)
+      end
+      hooks[k] = checked_hook(k, v)
+    else cfg[k] = v end
+  end
+  return cfg, hooks
+end
+
+local function fail(msg) error('config: ' .. msg, 0) end
+
+-- Returns cfg, hooks and where the launch put it: {ranks = the world the
+-- launcher variables describe (1 without a launcher), dist_default = true
+-- when dist was not set and the world made it ddp}.
+-- dtype 'auto': bfloat16 mixed precision on a GPU (bf16 weights and
+-- activations, fp32 master weights and optimizer state: optim.needs_master),
+-- float32 on the CPU, where bf16 only adds conversions
+function M.auto_dtype(device) return device == 'cpu' and 'float32' or 'bfloat16' end
+
+function M.resolve_config(recipe, args)
+  local rcfg, hooks = split_recipe(recipe)
+  config.validate(rcfg, M.defaults)
+  local cli = config.parse_args(args, M.defaults)
+  local cfg = config.merge(M.defaults, rcfg, cli)
+  -- the launcher's world (an error when its sources disagree): more than one
+  -- rank trains with ddp unless the recipe or the command line says otherwise
+  local launched = require('gptlua.dist').discover()
+  local launch = { ranks = launched and launched.size or 1 }
+  if launch.ranks > 1 and rcfg.dist == nil and cli.dist == nil then
+    cfg.dist, launch.dist_default = 'ddp', true
+  end
+  if cfg.device == 'auto' then cfg.device = gl.default_device() end
+  gl.Tensor.device_id(cfg.device, 'config: device')
+  if cfg.device ~= 'cpu' and not gl.cuda_available() then
+    fail(('device %s requested but no CUDA device is available (use --device=cpu)'):format(cfg.device))
+  end
+  for _, k in ipairs({ 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'matrix_lr' }) do
+    if cfg[k] < 0 then fail(('%s must be >= 0, got %s'):format(k, cfg[k])) end
+  end
+  if type(cfg.name) ~= 'string' or not cfg.name:match('^[%w_][%w_.-]*$') then
+    fail(('name must be a directory name of letters, digits, _ . - (not starting with . or -), got %s')
+      :format(check.describe(cfg.name)))
+  end
+  if cfg.overwrite and cfg.resume ~= '' and cfg.resume ~= false then
+    fail('resume and overwrite exclude each other: --resume continues the run, --overwrite deletes it')
+  end
+  if not (cfg.dist_timeout > 0) then fail(('dist_timeout must be > 0 seconds, got %s'):format(cfg.dist_timeout)) end
+  -- integer keys: the shared check refuses 2.5, NaN, inf and values past
+  -- what the key's type holds (config.lua already refused non-finite numbers)
+  local names = {}
+  for k in pairs(INTEGER_KEYS) do names[#names + 1] = k end
+  table.sort(names)
+  for _, k in ipairs(names) do
+    local r = INTEGER_KEYS[k]
+    check.integer(cfg[k], 'config', k, r[1], r[2], config.NO_POSITION)
+  end
+  if cfg.powersgd_rank > 0 and cfg.dist ~= 'ddp' then
+    fail(("powersgd_rank is a communication hook of dist = 'ddp', got dist = '%s'"):format(check.printable(cfg.dist)))
+  end
+  if cfg.eval_interval > 0 and cfg.eval_iters < 1 then
+    fail(('eval_iters must be >= 1 when eval_interval is set (%d), got %d'):format(cfg.eval_interval, cfg.eval_iters))
+  end
+  if cfg.optimizer ~= 'adamw' and cfg.optimizer ~= 'nanochat' and not hooks.build_optimizer then
+    fail(("unknown optimizer '%s' (expected 'adamw' or 'nanochat')"):format(check.printable(cfg.optimizer)))
+  end
+  if cfg.model ~= 'gpt2' and cfg.model ~= 'nanochat' and not hooks.build_model then
+    fail(("unknown model '%s' (expected 'gpt2' or 'nanochat')"):format(check.printable(cfg.model)))
+  end
+  if cfg.schedule ~= 'cosine' and cfg.schedule ~= 'wsd' and cfg.schedule ~= 'constant' then
+    fail(("unknown schedule '%s' (expected 'cosine', 'wsd' or 'constant')"):format(check.printable(cfg.schedule)))
+  end
+  if cfg.model == 'nanochat' then
+    local ok, err = pcall(require('gptlua.models.nanochat').trainer_keys, cfg.nanochat)
+    if not ok then fail(tostring(err)) end
+  end
+  if cfg.model == 'gpt2' and cfg.n_embd % cfg.n_head ~= 0 then
+    fail(('n_embd %d is not divisible by n_head %d'):format(cfg.n_embd, cfg.n_head))
+  end
+  if cfg.dropout < 0 or cfg.dropout >= 1 then fail('dropout must be in [0, 1), got ' .. cfg.dropout) end
+  if cfg.dtype == 'auto' then cfg.dtype, launch.dtype_auto = M.auto_dtype(cfg.device), true end
+  if cfg.dtype ~= 'float32' and cfg.dtype ~= 'float64' and cfg.dtype ~= 'bfloat16' then
+    fail(("dtype must be auto, float32, float64 or bfloat16, got '%s'"):format(check.printable(cfg.dtype)))
+  end
+  return cfg, hooks, launch
+end
+
+-- ------------------------------------------------------------------ data
+local function resolve_path(p)
+  if ckpt.exists(p) then return p end
+  local alt = gl.root .. '/' .. p
+  if ckpt.exists(alt) then return alt end
+  error(('data: file %s not found (also looked in %s)'):format(p, gl.root), 0)
+end
+
+-- default data: returns {train = loader, val = loader, tokenizer = tok, vocab_size = n}
+function M.build_data(cfg, rank, world)
+  local data = require 'gptlua.data'
+  local function loaders(train_tokens, val_tokens)
+    local common = { batch_size = cfg.batch_size, block_size = cfg.block_size, rank = rank, world_size = world,
+                     sampling = cfg.sampling, device = cfg.device }
+    local function mk(tokens, seed)
+      if tokens:numel() <= cfg.block_size + 1 then
+        fail(('block_size %d is longer than the data (%d tokens in a split)'):format(cfg.block_size, tokens:numel()))
+      end
+      local o = {}
+      for k, v in pairs(common) do o[k] = v end
+      o.tokens, o.seed = tokens, seed
+      return data.loader(o)
+    end
+    -- eval reads the training split through its own stream so that
+    -- evaluating never moves the training data position
+    return mk(train_tokens, cfg.seed), mk(val_tokens, cfg.seed + 1), mk(train_tokens, cfg.seed + 2)
+  end
+  if cfg.data == 'char' then
+    local tokenizer = require 'gptlua.tokenizer'
+    local f = assert(io.open(resolve_path(cfg.data_path), 'rb'))
+    local text = f:read('*a')
+    f:close()
+    local tok = tokenizer.char(text)
+    local ids = tok:encode(text, { tensor = true })
+    local n = ids:numel()
+    local n_train = math.floor(n * (1 - cfg.val_fraction))
+    local val_tokens = ids:narrow(1, n_train + 1, n - n_train):contiguous():keep()
+    local tr, va, ev = loaders(ids:narrow(1, 1, n_train):contiguous(), val_tokens)
+    return { train = tr, val = va, eval_train = ev, tokenizer = tok, vocab_size = tok.vocab_size,
+             val_tokens = val_tokens }
+  elseif cfg.data == 'random' then
+    -- uniform random tokens generated by the loader itself (benchmarking)
+    local V = cfg.vocab_size > 0 and cfg.vocab_size or 50304
+    local function mk(seed)
+      return data.loader({ source = 'random', vocab_size = V, batch_size = cfg.batch_size, block_size = cfg.block_size,
+                           rank = rank, world_size = world, seed = seed, device = cfg.device })
+    end
+    return { train = mk(cfg.seed), val = mk(cfg.seed + 1), eval_train = mk(cfg.seed + 2), vocab_size = V }
+  elseif cfg.data == 'shards' then
+    local tokenizer = require 'gptlua.tokenizer'
+    if cfg.data_dir == '' then fail("data = 'shards' needs data_dir") end
+    local tok = cfg.tokenizer ~= '' and tokenizer.load(cfg.tokenizer) or nil
+    local common = { batch_size = cfg.batch_size, block_size = cfg.block_size, rank = rank, world_size = world,
+                     sampling = cfg.sampling, device = cfg.device, bos_aligned = false, shard_format = cfg.shard_format }
+    local function mk(split, seed)
+      local o = {}
+      for k, v in pairs(common) do o[k] = v end
+      o.files, o.seed, o.split = cfg.data_dir, seed, split
+      if tok then o.vocab_size = tok.vocab_size end
+      return data.loader(o)
+    end
+    return { train = mk('train', cfg.seed), val = mk('val', cfg.seed + 1), eval_train = mk('train', cfg.seed + 2), tokenizer = tok,
+             vocab_size = tok and tok.vocab_size or cfg.vocab_size }
+  end
+  fail(("unknown data source '%s' (expected 'char', 'random' or 'shards')"):format(check.printable(cfg.data)))
+end
+
+-- ------------------------------------------------------------------ model
+function M.build_model(cfg)
+  if cfg.model == 'gpt2' then
+    return require('gptlua.models.gpt2').GPT({ vocab_size = cfg.vocab_size, block_size = cfg.block_size,
+      n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd, dropout = cfg.dropout, bias = cfg.bias,
+      activation_checkpointing = cfg.activation_checkpointing })
+  end
+  local mc = { vocab_size = cfg.vocab_size, block_size = cfg.block_size, softcap = cfg.softcap,
+               dropout = cfg.dropout, activation_checkpointing = cfg.activation_checkpointing }
+  if cfg.depth > 0 then mc.depth = cfg.depth
+  else mc.n_layer, mc.n_head, mc.n_embd, mc.depth = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_layer end
+  if cfg.n_kv_head > 0 then mc.n_kv_head = cfg.n_kv_head end
+  local nanochat = require('gptlua.models.nanochat')
+  for k, v in pairs(nanochat.trainer_keys(cfg.nanochat)) do mc[k] = v end
+  return nanochat.GPT(mc)
+end
+
+-- AdamW with weight decay on matrices only (nanoGPT), or nanochat's split
+function M.build_optimizer(cfg, model, groups)
+  if cfg.optimizer == 'nanochat' then
+    return optim.nanochat(model, { matrix_lr = cfg.matrix_lr, embedding_lr = cfg.embedding_lr,
+                                   unembedding_lr = cfg.unembedding_lr })
+  end
+  if not groups then
+    local decay, no_decay = {}, {}
+    for _, np in ipairs(model:named_parameters()) do
+      if #np[2].shape >= 2 then decay[#decay + 1] = np else no_decay[#no_decay + 1] = np end
+    end
+    groups = { { params = decay, weight_decay = cfg.weight_decay } }
+    if #no_decay > 0 then groups[2] = { params = no_decay, weight_decay = 0 } end
+  end
+  return optim.AdamW(groups, { lr = cfg.learning_rate, betas = { cfg.beta1, cfg.beta2 }, eps = cfg.eps })
+end
+
+function M.lr_schedule(cfg)
+  if not cfg.decay_lr or cfg.schedule == 'constant' then return optim.schedules.linear_warmup(cfg.warmup_iters) end
+  if cfg.schedule == 'wsd' then return optim.schedules.wsd(cfg.warmup_iters, cfg.max_iters, cfg.cooldown_frac, 0) end
+  local ratio = cfg.learning_rate > 0 and cfg.min_lr / cfg.learning_rate or 0
+  return optim.schedules.cosine(cfg.warmup_iters, cfg.lr_decay_iters, ratio)
+end
+
+
+return M

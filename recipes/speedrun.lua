@@ -40,7 +40,7 @@ return {
   data = 'char', data_path = 'data/tinyshakespeare.txt', val_fraction = 0.1,
   batch_size = 8, gradient_accumulation_steps = 1,
   optimizer = 'nanochat', grad_clip = 0,
-  max_iters = 1500, eval_interval = 250, eval_iters = 20, log_interval = 50,
+  max_iters = 1000, eval_interval = 200, eval_iters = 20, log_interval = 50,
   sample_length = 300, temperature = 0.8, top_k = 200,
   device = 'auto', seed = 1337,
   build_optimizer = build_optimizer,

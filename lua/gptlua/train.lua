@@ -227,7 +227,13 @@ end
 -- run's, or nil when it describes this run's model
 function Trainer:mismatch(config)
   for _, k in ipairs({ 'model', 'n_layer', 'n_head', 'n_embd', 'vocab_size', 'block_size', 'depth' }) do
-    if type(config) == 'table' and config[k] ~= nil and config[k] ~= self.cfg[k] then return k end
+    if type(config) == 'table' and config[k] ~= nil and config[k] ~= self.cfg[k] then return k, config[k], self.cfg[k] end
+  end
+  -- Muon's variant decides its state (NorMuon's second moment) and update;
+  -- a checkpoint from before the key is classic
+  if type(config) == 'table' and self.cfg.optimizer == 'nanochat' and config.optimizer == 'nanochat'
+    and (config.muon_variant or 'classic') ~= self.cfg.muon_variant then
+    return 'muon_variant', config.muon_variant or 'classic', self.cfg.muon_variant
   end
   return nil
 end
@@ -237,10 +243,10 @@ function Trainer:load_checkpoint(path)
   local c = ckpt.load(path)
   local st = c.state
   local cfg = self.cfg
-  local k = self:mismatch(st.config)
+  local k, theirs, ours = self:mismatch(st.config)
   if k then
     error(('resume: checkpoint %s has %s = %s, this run has %s; not loaded'):format(path, k,
-      tostring(st.config[k]), tostring(cfg[k])), 0)
+      tostring(theirs), tostring(ours)), 0)
   end
   if self.policy.load_model then self.policy:load_model(c.model)  -- a cut model takes its part
   else self.model:load_state_dict(c.model) end

@@ -49,9 +49,14 @@ end
 -- master copy in its optimizer state; the update runs on the master and is
 -- rounded into the parameter afterwards.
 local function needs_master(p) return p.dtype ~= 'float32' and p.dtype ~= 'float64' end
-local function new_state(p, keys)
+-- Optimizer state is fp32, or float64 for a float64 parameter (a float64
+-- run is a reference: its state keeps its precision).
+local function state_dtype(p) return p.dtype == 'float64' and 'float64' or 'float32' end
+optim.state_dtype = state_dtype
+-- spec: the optimizer's param_state(p, g), a list of {key, shape}
+local function new_state(p, spec)
   local st = {}
-  for _, k in ipairs(keys) do st[k] = gl.zeros(p.shape, { dtype = 'float32', device = p.device }):keep() end
+  for _, e in ipairs(spec) do st[e[1]] = gl.zeros(e[2], { dtype = state_dtype(p), device = p.device }):keep() end
   if needs_master(p) then st.master = p:to('float32'):detach():keep() end
   return st
 end
@@ -80,16 +85,18 @@ local function load_state_dict(self, sd)
   local pending = {}
   for _, g in ipairs(self.groups) do
     for i, p in ipairs(g.params) do
-      local keys = self.state_keys
-      if needs_master(p) then keys = { unpack(keys) }; keys[#keys + 1] = 'master' end
-      for _, k in ipairs(keys) do
+      local spec = { unpack(self:param_state(p, g)) }
+      if needs_master(p) then spec[#spec + 1] = { 'master', p.shape } end
+      if self.check_state then self:check_state(sd.tensors, g, i) end
+      for _, e in ipairs(spec) do
+        local k, shape = e[1], e[2]
         local key = self.prefix .. g.names[i] .. '.' .. k
         local t = sd.tensors[key]
         if t == nil then error('optimizer state: missing ' .. key, 3) end
         check.tensor(t, 'optimizer load_state_dict', key, 3)
-        if not gl.same_shape(t.shape, p.shape) then
-          error(('optimizer state: %s has shape {%s}, parameter has {%s}'):format(key,
-            table.concat(t.shape, ','), table.concat(p.shape, ',')), 3)
+        if not gl.same_shape(t.shape, shape) then
+          error(('optimizer state: %s has shape {%s}, expected {%s}'):format(key,
+            table.concat(t.shape, ','), table.concat(shape, ',')), 3)
         end
         pending[#pending + 1] = { p, k, t }
       end
@@ -98,7 +105,8 @@ local function load_state_dict(self, sd)
   for _, e in ipairs(pending) do
     local p, k, t = e[1], e[2], e[3]
     self.state[p] = self.state[p] or {}
-    local dst = self.state[p][k] or gl.zeros(p.shape, { dtype = 'float32', device = p.device }):keep()
+    local dst = self.state[p][k] or gl.zeros(t.shape, { dtype = k == 'master' and 'float32' or state_dtype(p),
+      device = p.device }):keep()
     dst:copy_(t)
     self.state[p][k] = dst
   end
@@ -114,8 +122,7 @@ setmetatable(AdamW, { __call = function(_, params, opts)
   opts = opts or {}
   local d = { lr = opts.lr or 1e-3, betas = opts.betas or { 0.9, 0.999 }, eps = opts.eps or 1e-8,
               weight_decay = opts.weight_decay or 0.0 }
-  local self = setmetatable({ groups = make_groups(params, d, 'AdamW'), state = {}, t = 0, prefix = 'adamw.',
-                              state_keys = { 'm', 'v' } }, AdamW)
+  local self = setmetatable({ groups = make_groups(params, d, 'AdamW'), state = {}, t = 0, prefix = 'adamw.' }, AdamW)
   for _, g in ipairs(self.groups) do
     check_num(g.eps, 'AdamW: eps', 0); check_num(g.weight_decay, 'AdamW: weight_decay', 0)
     if type(g.betas) ~= 'table' or #g.betas ~= 2 then check.fail('AdamW', 'betas', 'a pair {beta1, beta2}', g.betas, 2) end
@@ -126,6 +133,8 @@ setmetatable(AdamW, { __call = function(_, params, opts)
   return self
 end })
 AdamW.set_lr_mult, AdamW.state_dict, AdamW.load_state_dict = set_lr_mult, state_dict, load_state_dict
+-- the state tensors of parameter p in group g: {key, shape} in order
+function AdamW:param_state(p) return { { 'm', p.shape }, { 'v', p.shape } } end
 
 -- Every parameter with a gradient is updated by one gl_adamw_update_multi
 -- call per (device, betas, eps) — one launch on a GPU for the whole model —
@@ -150,7 +159,7 @@ function AdamW:step()
     for _, p in ipairs(g.params) do
       if p.grad then
         local st = self.state[p]
-        if not st then st = new_state(p, self.state_keys); self.state[p] = st end
+        if not st then st = new_state(p, self:param_state(p, g)); self.state[p] = st end
         local key = ('%s %.17g %.17g %.17g'):format(p.device, g.betas[1], g.betas[2], g.eps)
         local c = calls[key]
         if not c then c = { g = g }; calls[key] = c; order[#order + 1] = c end
@@ -176,8 +185,16 @@ function AdamW:step()
 end
 
 -- ---------------------------------------------------------------- Muon
--- Quintic Newton–Schulz orthogonalisation (modded-nanogpt coefficients):
--- X <- a X + (b A + c A^2) X with A = X X^T, on the wide orientation.
+-- Orthogonalisation of an update G: X <- a X + (b A + c A^2) X with
+-- A = X X^T, on the wide orientation (a tall G is transposed in and out).
+--   'newton_schulz'  the quintic iteration with modded-nanogpt's fixed
+--                    coefficients after X = G / (|G| + 1e-7): gptlua's
+--                    first release (muon_variant 'classic');
+--   'polar_express'  Polar Express (Amsel, Persson, Musco, Gower 2025,
+--                    arXiv 2505.16932): one coefficient triple per
+--                    iteration, computed for 5 iterations (safety factor
+--                    2e-2, cushion 2; the values nanochat 92d63d4 uses),
+--                    after X = G / (1.01 |G| + 1e-6); at most 5 steps.
 -- `dtype`: what the iteration runs in (default G's own).  Muon runs it in
 -- bfloat16 for a bf16 parameter on a GPU (optim.ns_dtype): the three
 -- products of each step on cuBLASLt's bf16 tensor cores, as modded-nanogpt
@@ -186,13 +203,30 @@ end
 -- float64 training, and the CPU, keep G's dtype.  The result comes back in
 -- G's dtype; the caller's state (Muon's momentum buffer) stays fp32.
 local NS = { 3.4445, -4.7750, 2.0315 }
+local POLAR_EXPRESS = {
+  { 8.156554524902461, -22.48329292557795, 15.878769915207462 },
+  { 4.042929935166739, -2.808917465908714, 0.5000178451051316 },
+  { 3.8916678022926607, -2.772484153217685, 0.5060648178503393 },
+  { 3.285753657755655, -2.3681294933425376, 0.46449024233003106 },
+  { 2.3465413258596377, -1.7097828382687081, 0.42323551169305323 },
+}
+optim.POLAR_EXPRESS = POLAR_EXPRESS
+local ORTHO = { newton_schulz = { scale = 1, eps = 1e-7 }, polar_express = { scale = 1.01, eps = 1e-6 } }
 function optim.ns_dtype(p)
   if p.device ~= 'cpu' and p.dtype == 'bfloat16' then return 'bfloat16' end
   return nil
 end
-function optim.newton_schulz(G, steps, dtype)
+local reduce_raw = gl._raw.reduce_raw
+function optim.newton_schulz(G, steps, dtype, ortho)
   steps = steps or 5
   dtype = dtype or G.dtype
+  ortho = ortho or 'newton_schulz'
+  local how = ORTHO[ortho]
+  if not how then check.fail('newton_schulz', 'ortho', "'newton_schulz' or 'polar_express'", ortho, 3) end
+  if ortho == 'polar_express' and steps > #POLAR_EXPRESS then
+    error(('newton_schulz: polar_express has coefficients for %d steps, got steps = %d'):format(#POLAR_EXPRESS,
+      steps), 3)
+  end
   -- temporaries are released as soon as they are used: Muon runs this per
   -- matrix, and a whole model's worth of them would otherwise pile up
   local function free(t) if t ~= G then Tensor.release(t) end end
@@ -203,10 +237,10 @@ function optim.newton_schulz(G, steps, dtype)
     local X = gl.raw_contiguous(Gt or G)
     if Gt then free(Gt) end  -- the view would keep G (the update direction) alive
     local Xs
-    if X.device == 'cpu' then Xs = X * (1 / (gl.global_norm({ X }) + 1e-7))
+    if X.device == 'cpu' then Xs = X * (1 / (gl.global_norm({ X }) * how.scale + how.eps))
     else  -- on a GPU the norm stays on the device: no host wait per matrix
-      local n = gl._raw.reduce_raw(lib.GL_R_NORM2, X, nil, false, 'newton_schulz')
-      local d = n + 1e-7
+      local n = reduce_raw(lib.GL_R_NORM2, X, nil, false, 'newton_schulz')
+      local d = how.scale == 1 and n + how.eps or gl.unary_raw(lib.GL_U_AFFINE, n, how.scale, how.eps)
       Xs = X / d
       free(n); free(d)
     end
@@ -215,13 +249,14 @@ function optim.newton_schulz(G, steps, dtype)
       local Xd = X:to(dtype)
       free(X); X = Xd
     end
-    for _ = 1, steps do
+    for i = 1, steps do
+      local c = ortho == 'polar_express' and POLAR_EXPRESS[i] or NS
       local Xt = X:t()
       local Am = gl.matmul_raw(X, Xt)
       local Bm = gl.matmul_raw(Am, Am)
-      Bm:mul_(NS[3]):add_(Am, NS[2])
+      Bm:mul_(c[3]):add_(Am, c[2])
       local Xn = gl.matmul_raw(Bm, X)
-      Xn:add_(X, NS[1])
+      Xn:add_(X, c[1])
       free(Xt); free(Am); free(Bm); free(X)
       X = Xn
     end
@@ -239,19 +274,56 @@ function optim.newton_schulz(G, steps, dtype)
   end)
 end
 
+-- Muon's variants: each a set of the group options below.
+--   classic  gptlua's first release (nanochat's first Muon): Nesterov
+--            momentum, Newton–Schulz, no weight decay; one fp32 momentum
+--            buffer per matrix.
+--   current  nanochat 92d63d4 (nanochat/optim.py, muon_step_fused):
+--            momentum, MuonEq row equilibration, Polar Express, Muon+
+--            renormalisation, NorMuon (beta2 0.9) and cautious weight
+--            decay; a second fp32 buffer of max(rows, cols) per matrix.
+-- Options (per group): ortho ('newton_schulz' | 'polar_express');
+-- row_equilibrate (MuonEq, arXiv 2603.28254: each row of the momentum
+-- update scaled to the mean row norm |U|/sqrt(rows) before
+-- orthogonalising, rows of norm < 1e-6 counted as 1e-6); renormalize
+-- (Muon+, arXiv 2602.21545: X scaled to Frobenius norm sqrt(min(rows,
+-- cols)), |X| floored at 1e-6); normuon_beta2 (NorMuon, arXiv 2510.05491,
+-- 0: off: per neuron of the longer side, v = lerp(v, mean(X^2 along the
+-- shorter side), 1 - beta2); X scaled by rsqrt(max(v, 1e-10)) per neuron,
+-- then as a whole back to its Frobenius norm before (floored at 1e-10));
+-- weight_decay (decoupled: p -= lr wd p, lr the shape-scaled rate) and
+-- cautious (decay only where the update and the parameter agree in sign,
+-- X * p >= 0, nanochat's mask).
+local MUON_VARIANTS = {
+  classic = { ortho = 'newton_schulz', row_equilibrate = false, renormalize = false, normuon_beta2 = 0,
+              cautious = false },
+  current = { ortho = 'polar_express', row_equilibrate = true, renormalize = true, normuon_beta2 = 0.9,
+              cautious = true },
+}
+optim.MUON_VARIANTS = MUON_VARIANTS
+
 local Muon = {}
 Muon.__index = Muon
 optim.Muon = Muon
--- Muon(params, {lr=0.02, momentum=0.95, nesterov=true, ns_steps=5}); 2-D only
+-- Muon(params, {lr=0.02, momentum=0.95, nesterov=true, ns_steps=5,
+-- variant='classic', weight_decay=0, and the variant's options above}); 2-D only
 setmetatable(Muon, { __call = function(_, params, opts)
   opts = opts or {}
+  local variant = opts.variant or 'classic'
+  local preset = MUON_VARIANTS[variant]
+  if not preset then check.fail('Muon', 'variant', "'classic' or 'current'", variant, 3) end
   local d = { lr = opts.lr or 0.02, momentum = opts.momentum or 0.95, nesterov = opts.nesterov ~= false,
-              ns_steps = opts.ns_steps or 5 }
-  local self = setmetatable({ groups = make_groups(params, d, 'Muon'), state = {}, t = 0, prefix = 'muon.',
-                              state_keys = { 'momentum_buffer' } }, Muon)
+              ns_steps = opts.ns_steps or 5, weight_decay = opts.weight_decay or 0, variant = variant }
+  for k, v in pairs(preset) do if opts[k] == nil then d[k] = v else d[k] = opts[k] end end
+  local self = setmetatable({ groups = make_groups(params, d, 'Muon'), state = {}, t = 0, prefix = 'muon.' }, Muon)
   for _, g in ipairs(self.groups) do
     check_num(g.momentum, 'Muon: momentum', 0)
-    check.integer(g.ns_steps, 'Muon', 'ns_steps', 0, nil, 3)
+    check.integer(g.ns_steps, 'Muon', 'ns_steps', 0, g.ortho == 'polar_express' and #POLAR_EXPRESS or nil, 3)
+    check.one_of(g.ortho, { 'newton_schulz', 'polar_express' }, 'Muon', 'ortho', 3)
+    check_num(g.weight_decay, 'Muon: weight_decay', 0)
+    check_num(g.normuon_beta2, 'Muon: normuon_beta2', 0)
+    if g.normuon_beta2 >= 1 then error('Muon: normuon_beta2 must be in [0, 1), got ' .. g.normuon_beta2, 2) end
+    for _, k in ipairs({ 'row_equilibrate', 'renormalize', 'cautious' }) do check.type(g[k], 'boolean', 'Muon', k, 3) end
     for i, p in ipairs(g.params) do
       if #p.shape ~= 2 then
         error(('Muon: parameter %s has %d dims; Muon applies only to 2-D matrices'):format(g.names[i], #p.shape), 2)
@@ -262,14 +334,122 @@ setmetatable(Muon, { __call = function(_, params, opts)
 end })
 Muon.set_lr_mult, Muon.state_dict, Muon.load_state_dict = set_lr_mult, state_dict, load_state_dict
 
--- the orthogonalised update of one matrix (momentum applied to buf in place)
-function Muon.update_direction(p, grad, buf, g)
-  local upd = gl.empty(p.shape, { dtype = 'float32', device = p.device })
+-- NorMuon's second moment: one number per neuron of the longer side
+-- (rows of a tall or square matrix, columns of a wide one)
+function Muon.second_moment_shape(shape)
+  if shape[1] >= shape[2] then return { shape[1], 1 } end
+  return { 1, shape[2] }
+end
+function Muon:param_state(p, g)
+  local out = { { 'momentum_buffer', p.shape } }
+  if g.normuon_beta2 > 0 then out[2] = { 'second_momentum_buffer', Muon.second_moment_shape(p.shape) } end
+  return out
+end
+-- a checkpoint's NorMuon state must match this optimizer's: a variant
+-- mismatch is refused by name, not as a missing or ignored tensor
+function Muon:check_state(tensors, g, i)
+  local key = self.prefix .. g.names[i] .. '.second_momentum_buffer'
+  local has, wants = tensors[key] ~= nil, g.normuon_beta2 > 0
+  if has ~= wants then
+    error(('optimizer state: %s %s, but this Muon %s NorMuon (muon_variant %s); the checkpoint was saved by '
+      .. 'another Muon variant'):format(key, has and 'is in the checkpoint' or 'is missing',
+      wants and 'uses' or 'does not use', g.variant), 4)
+  end
+end
+
+local U, BIN = { sq = lib.GL_U_SQUARE, rsqrt = lib.GL_U_RSQRT, sqrt = lib.GL_U_SQRT, clamp = lib.GL_U_CLAMP,
+  mul = lib.GL_U_MUL_SCALAR, rdiv = lib.GL_U_RDIV_SCALAR }, { mul = lib.GL_B_MUL, div = lib.GL_B_DIV,
+  sub = lib.GL_B_SUB, ge = lib.GL_B_GE }
+local unary, binary, rel = gl.unary_raw, gl.binary_raw, Tensor.release
+-- the Frobenius norm of X as a 0-d tensor on X's device (no host wait)
+local function fro(X) return reduce_raw(lib.GL_R_NORM2, X, nil, false, 'Muon') end
+
+-- MuonEq: X's rows scaled to the mean row norm, in place (fp32 X)
+local function row_equilibrate(X)
+  local total = fro(X)
+  local target = unary(U.mul, total, 1 / math.sqrt(X.shape[1]))
+  local rn = reduce_raw(lib.GL_R_NORM2, X, 2, true, 'Muon')      -- (rows, 1)
+  rn:clamp_(1e-6)
+  local s = binary(BIN.div, target, rn, 'Muon')
+  X:mul_(s)
+  rel(total); rel(target); rel(rn); rel(s)
+end
+
+-- Muon+: X scaled to Frobenius norm sqrt(min(rows, cols)), in place
+local function renormalize(X)
+  local n = fro(X)
+  n:clamp_(1e-6)
+  local s = unary(U.rdiv, n, math.sqrt(math.min(X.shape[1], X.shape[2])))
+  X:mul_(s)
+  rel(n); rel(s)
+end
+
+-- NorMuon: per-neuron second moment v (updated in place) and X scaled by
+-- it, then back to its Frobenius norm, in place
+local function normuon(X, v, beta2)
+  local rows, cols = X.shape[1], X.shape[2]
+  local dim = rows >= cols and 2 or 1            -- the shorter side is averaged
+  local n_red = X.shape[dim]
+  local sq = unary(U.sq, X)
+  local vmean = reduce_raw(lib.GL_R_MEAN, sq, dim, true, 'Muon')
+  rel(sq)
+  local before = fro(X)                          -- = sqrt(sum(vmean) * n_red)
+  local d = binary(BIN.sub, vmean, v, 'Muon')
+  v:add_(d, 1 - beta2)
+  rel(d)
+  local floored = unary(U.clamp, v, 1e-10, math.huge)
+  local step = unary(U.rsqrt, floored)           -- per neuron
+  local w = binary(BIN.mul, vmean, unary(U.sq, step, nil, nil, floored), 'Muon')
+  local after = reduce_raw(lib.GL_R_SUM, w, nil, false, 'Muon')
+  local after_n = unary(U.sqrt, unary(U.mul, after, n_red, nil, after))   -- = |X scaled by step|
+  after_n:clamp_(1e-10)
+  local ratio = binary(BIN.div, before, after_n, 'Muon')
+  local scale = binary(BIN.mul, step, ratio, 'Muon')
+  X:mul_(scale)
+  for _, t in ipairs({ vmean, before, floored, step, w, after, after_n, ratio, scale }) do rel(t) end
+end
+
+-- The update direction of one matrix (whole; momentum applied to buf and
+-- NorMuon's second moment to vbuf in place): momentum -> [MuonEq] ->
+-- orthogonalisation -> [Muon+] -> [NorMuon], in fp32 but for the
+-- iteration itself (optim.ns_dtype).  The result is in p's dtype or fp32.
+function Muon.update_direction(p, grad, buf, g, vbuf)
+  local upd = gl.empty(p.shape, { dtype = buf.dtype, device = p.device })
   K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0))
-  local X = optim.newton_schulz(upd, g.ns_steps, optim.ns_dtype(p))
+  if g.row_equilibrate then row_equilibrate(upd) end
+  local X = optim.newton_schulz(upd, g.ns_steps, optim.ns_dtype(p), g.ortho)
   Tensor.release(upd)
+  if g.renormalize then renormalize(X) end
+  if g.normuon_beta2 > 0 then normuon(X, vbuf, g.normuon_beta2) end
   return X
 end
+
+-- Applies an update direction X (or a piece of one: everything here is
+-- elementwise) to target (the parameter, its fp32 master, or a shard of
+-- either) at the shape-scaled rate lr: target -= lr X, and with weight
+-- decay target -= lr wd target (cautious: only where X target >= 0), the
+-- decay computed from target before the update as nanochat does.
+function optim.muon_apply(target, X, lr, g)
+  local Xd = X:to(target.dtype)
+  local decay
+  if g.weight_decay > 0 then
+    if g.cautious then
+      local prod = binary(BIN.mul, Xd, target, 'Muon')
+      local zero = gl.zeros({}, { dtype = prod.dtype, device = prod.device })
+      local mask = binary(BIN.ge, prod, zero, 'Muon', target.dtype)   -- 1 where they agree, else 0
+      decay = binary(BIN.mul, mask, target, 'Muon')
+      rel(prod); rel(zero); rel(mask)
+    else
+      decay = target:clone()
+    end
+  end
+  target:add_(Xd, -lr)
+  if decay then target:add_(decay, -lr * g.weight_decay); rel(decay) end
+  if Xd ~= X then rel(Xd) end
+end
+
+-- the shape-scaled rate of a matrix of `shape`: lr sqrt(max(1, rows/cols))
+function Muon.scaled_lr(g, shape) return g.lr * math.sqrt(math.max(1, shape[1] / shape[2])) end
 
 function Muon:step()
   self.t = self.t + 1
@@ -278,18 +458,15 @@ function Muon:step()
       for _, p in ipairs(g.params) do
         if p.grad then
           local st = self.state[p]
-          if not st then st = new_state(p, self.state_keys); self.state[p] = st end
+          if not st then st = new_state(p, self:param_state(p, g)); self.state[p] = st end
           -- (a tensor-parallel run sets update_direction and matrix_shape on
           -- the instance: the direction of the whole matrix, cut to the shard)
-          local X = (self.update_direction or Muon.update_direction)(p, p.grad, st.momentum_buffer, g)
+          local X = (self.update_direction or Muon.update_direction)(p, p.grad, st.momentum_buffer, g,
+            st.second_momentum_buffer)
           local shape = self.matrix_shape and self.matrix_shape(p) or p.shape
-          local scale = math.sqrt(math.max(1, shape[1] / shape[2]))
-          local target = update_target(p, st)
-          local Xd = X:to(target.dtype)
-          target:add_(Xd, -g.lr * scale)
+          optim.muon_apply(update_target(p, st), X, Muon.scaled_lr(g, shape), g)
           write_back(p, st)
           Tensor.release(X)  -- one matrix's temporaries at a time
-          if Xd ~= X then Tensor.release(Xd) end
         end
       end
     end
@@ -325,12 +502,59 @@ function Combined:set_momentum(mu)
   end
 end
 
--- nanochat's split: hidden matrices -> Muon, embedding / lm_head / vectors
--- -> AdamW with their own learning rates (scaled by (n_embd/768)^-0.5).
+-- nanochat's split: hidden matrices -> Muon, everything else -> AdamW.
+-- variant 'classic' (gptlua's first release): embedding, head and any other
+-- parameters in three AdamW groups, betas (0.8, 0.95), no weight decay,
+-- rates scaled by (n_embd/768)^-0.5, the other group at scalar_lr 0.004.
+-- variant 'current' (nanochat 92d63d4, GPT.setup_optimizer): AdamW eps
+-- 1e-10 in nanochat's groups, s = (n_embd/768)^-0.5:
+--   lm_head            unembedding_lr s      betas (0.8, 0.96)   wd 0.01
+--   wte                embedding_lr s        (0.8, 0.995)        0.001
+--   value_embeds.*     embedding_lr s / 2    (0.8, 0.995)        0.01
+--   resid_lambdas      scalar_lr / 100       (0.8, 0.95)         0.05
+--   x0_lambdas         scalar_lr             (0.96, 0.95)        0
+--   the rest (smear gate and lambda, backout lambda)  0.2  (0.8, 0.95)  0
+-- and Muon variant 'current' (NorMuon beta2 0.9, cautious weight decay
+-- muon_weight_decay, default 0 as setup_optimizer's).  Groups a model
+-- lacks are left out.
+local NANOCHAT_CURRENT_GROUPS = {   -- name pattern, lr (a function of opts, s), betas, weight decay
+  { '^lm_head%.', function(o, s) return o.unembedding_lr * s end, { 0.8, 0.96 }, 0.01 },
+  { '^transformer%.wte%.', function(o, s) return o.embedding_lr * s end, { 0.8, 0.995 }, 0.001 },
+  { '^value_embeds%.', function(o, s) return o.embedding_lr * s * 0.5 end, { 0.8, 0.995 }, 0.01 },
+  { '^resid_lambdas$', function(o) return o.scalar_lr * 0.01 end, { 0.8, 0.95 }, 0.05 },
+  { '^x0_lambdas$', function(o) return o.scalar_lr end, { 0.96, 0.95 }, 0.0 },
+  { '', function() return 0.2 end, { 0.8, 0.95 }, 0.0 },
+}
+local function nanochat_current(model, opts, matrices, rest, scale)
+  local o = { unembedding_lr = opts.unembedding_lr or 0.008, embedding_lr = opts.embedding_lr or 0.3,
+              scalar_lr = opts.scalar_lr or 0.5 }
+  local members = {}
+  for i = 1, #NANOCHAT_CURRENT_GROUPS do members[i] = {} end
+  for _, np in ipairs(rest) do
+    for i, spec in ipairs(NANOCHAT_CURRENT_GROUPS) do
+      if np[1]:match(spec[1]) then table.insert(members[i], np); break end
+    end
+  end
+  local groups = {}
+  for i, spec in ipairs(NANOCHAT_CURRENT_GROUPS) do
+    if #members[i] > 0 then
+      groups[#groups + 1] = { params = members[i], lr = spec[2](o, scale), betas = spec[3], weight_decay = spec[4] }
+    end
+  end
+  local list = { AdamW(groups, { eps = 1e-10 }) }
+  if #matrices > 0 then
+    list[#list + 1] = Muon(matrices, { lr = opts.matrix_lr or 0.02, momentum = opts.momentum or 0.95,
+      variant = 'current', normuon_beta2 = opts.muon_beta2, weight_decay = opts.muon_weight_decay })
+  end
+  return Combined(list)
+end
+
 function optim.nanochat(model, opts)
   opts = opts or {}
   local C = model.config.n_embd
   local scale = (C / 768) ^ -0.5
+  local variant = opts.variant or 'classic'
+  if not MUON_VARIANTS[variant] then check.fail('nanochat', 'variant', "'classic' or 'current'", variant, 3) end
   local matrices, emb, head, other = {}, {}, {}, {}
   for _, np in ipairs(model:named_parameters()) do
     local name, p = np[1], np[2]
@@ -339,13 +563,19 @@ function optim.nanochat(model, opts)
     elseif name:match('lm_head') then head[#head + 1] = np
     else other[#other + 1] = np end
   end
+  if variant == 'current' then
+    local rest = {}
+    for _, list in ipairs({ head, emb, other }) do for _, np in ipairs(list) do rest[#rest + 1] = np end end
+    return nanochat_current(model, opts, matrices, rest, scale)
+  end
   local adam_groups = {}
   if #emb > 0 then adam_groups[#adam_groups + 1] = { params = emb, lr = (opts.embedding_lr or 0.2) * scale } end
   if #head > 0 then adam_groups[#adam_groups + 1] = { params = head, lr = (opts.unembedding_lr or 0.004) * scale } end
   if #other > 0 then adam_groups[#adam_groups + 1] = { params = other, lr = (opts.scalar_lr or 0.004) * scale } end
   local list = { AdamW(adam_groups, { betas = opts.adam_betas or { 0.8, 0.95 }, eps = 1e-10, weight_decay = 0 }) }
   if #matrices > 0 then
-    list[#list + 1] = Muon(matrices, { lr = opts.matrix_lr or 0.02, momentum = opts.momentum or 0.95 })
+    list[#list + 1] = Muon(matrices, { lr = opts.matrix_lr or 0.02, momentum = opts.momentum or 0.95,
+      weight_decay = opts.muon_weight_decay })
   end
   return Combined(list)
 end
@@ -379,7 +609,8 @@ for _, cls in ipairs({ AdamW, Muon, Combined }) do
   cls.set_lr_mult = check.wrap('set_lr_mult', 'self:opts, mult:number', cls.set_lr_mult)
 end
 Combined.set_momentum = check.wrap('set_momentum', 'self:opts, momentum:number', Combined.set_momentum)
-optim.newton_schulz = check.wrap('newton_schulz', 'G:tensor, steps:integer?, dtype:string?', optim.newton_schulz)
+optim.newton_schulz = check.wrap('newton_schulz', 'G:tensor, steps:integer?, dtype:string?, ortho:string?',
+  optim.newton_schulz)
 optim.nanochat = check.wrap('nanochat', 'model:module, opts:opts?', optim.nanochat)
 
 -- --------------------------------------------------------------- schedules

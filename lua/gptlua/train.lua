@@ -233,6 +233,12 @@ function Trainer:mismatch(config)
     local k, theirs, ours = require('gptlua.models.nanochat').config_mismatch(config.nanochat, self.cfg.nanochat)
     if k then return 'nanochat.' .. k, theirs, ours end
   end
+  -- Muon's variant decides its state (NorMuon's second moment) and update;
+  -- a checkpoint from before the key is classic
+  if type(config) == 'table' and self.cfg.optimizer == 'nanochat' and config.optimizer == 'nanochat'
+    and (config.muon_variant or 'classic') ~= self.cfg.muon_variant then
+    return 'muon_variant', config.muon_variant or 'classic', self.cfg.muon_variant
+  end
   return nil
 end
 

@@ -26,6 +26,8 @@ M.defaults = {
   -- optimizer: 'adamw' or 'nanochat' (Muon for hidden matrices + AdamW)
   optimizer = 'adamw', learning_rate = 1e-3, min_lr = 1e-4, beta1 = 0.9, beta2 = 0.99, eps = 1e-8,
   weight_decay = 0.1, grad_clip = 1.0, matrix_lr = 0.02, embedding_lr = 0.2, unembedding_lr = 0.004,
+  -- nanochat's optimizer version (gptlua.optim.nanochat, optim.MUON_VARIANTS): 'classic' or 'current'
+  muon_variant = 'classic', muon_weight_decay = 0, muon_beta2 = 0.9, scalar_lr = 0,
   -- schedule: 'cosine' (warmup, decay to min_lr at lr_decay_iters), 'wsd', 'constant'
   schedule = 'cosine', decay_lr = true, warmup_iters = 100, lr_decay_iters = 2000, cooldown_frac = 0.2,
   -- loop
@@ -160,7 +162,8 @@ function M.resolve_config(recipe, args)
   if cfg.device ~= 'cpu' and not gl.cuda_available() then
     fail(('device %s requested but no CUDA device is available (use --device=cpu)'):format(cfg.device))
   end
-  for _, k in ipairs({ 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'matrix_lr' }) do
+  for _, k in ipairs({ 'learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'matrix_lr', 'muon_weight_decay',
+                       'scalar_lr' }) do
     if cfg[k] < 0 then fail(('%s must be >= 0, got %s'):format(k, cfg[k])) end
   end
   if type(cfg.name) ~= 'string' or not cfg.name:match('^[%w_][%w_.-]*$') then
@@ -188,6 +191,18 @@ function M.resolve_config(recipe, args)
   end
   if cfg.optimizer ~= 'adamw' and cfg.optimizer ~= 'nanochat' and not hooks.build_optimizer then
     fail(("unknown optimizer '%s' (expected 'adamw' or 'nanochat')"):format(check.printable(cfg.optimizer)))
+  end
+  if not optim.MUON_VARIANTS[cfg.muon_variant] then
+    fail(("unknown muon_variant '%s' (expected 'classic' or 'current')"):format(check.printable(cfg.muon_variant)))
+  end
+  if not (cfg.muon_beta2 >= 0 and cfg.muon_beta2 < 1) then fail(('muon_beta2 must be in [0, 1), got %s'):format(cfg.muon_beta2)) end
+  if cfg.muon_variant ~= 'classic' and cfg.optimizer ~= 'nanochat' and not hooks.build_optimizer then
+    fail(("muon_variant '%s' applies to optimizer = 'nanochat', got optimizer = '%s'"):format(cfg.muon_variant,
+      check.printable(cfg.optimizer)))
+  end
+  if cfg.muon_variant ~= 'classic' and cfg.optimizer == 'nanochat' and cfg.tp > 1 then
+    fail(("muon_variant '%s' with tp > 1 is not supported yet (tensor parallelism runs the classic Muon)")
+      :format(cfg.muon_variant))
   end
   if cfg.model ~= 'gpt2' and cfg.model ~= 'nanochat' and not hooks.build_model then
     fail(("unknown model '%s' (expected 'gpt2' or 'nanochat')"):format(check.printable(cfg.model)))
@@ -298,7 +313,9 @@ end
 function M.build_optimizer(cfg, model, groups)
   if cfg.optimizer == 'nanochat' then
     return optim.nanochat(model, { matrix_lr = cfg.matrix_lr, embedding_lr = cfg.embedding_lr,
-                                   unembedding_lr = cfg.unembedding_lr })
+                                   unembedding_lr = cfg.unembedding_lr, variant = cfg.muon_variant,
+                                   muon_weight_decay = cfg.muon_weight_decay, muon_beta2 = cfg.muon_beta2,
+                                   scalar_lr = cfg.scalar_lr > 0 and cfg.scalar_lr or nil })
   end
   if not groups then
     local decay, no_decay = {}, {}

@@ -30,7 +30,9 @@ function FSDP:state_bytes()
     if u.m then r.optimizer = r.optimizer + B.bytes(u.m) + B.bytes(u.v) end
     if u.master then r.master = r.master + B.bytes(u.master) end
   end
-  for _, m in ipairs(self.muon and self.muon.owned or {}) do r.optimizer = r.optimizer + B.bytes(m.buf) end
+  for _, m in ipairs(self.muon and self.muon.owned or {}) do
+    r.optimizer = r.optimizer + B.bytes(m.buf) + (m.vbuf and B.bytes(m.vbuf) or 0)
+  end
   return r
 end
 
@@ -110,7 +112,10 @@ function FSDP:each_state(f, all)
       f(key(pc.w, 'v'), pc.vv, pc.poff, false, 'state')
     end
   end
-  for _, m in ipairs(self.muon and self.muon.owned or {}) do f(key(m.w, 'momentum_buffer'), m.buf, 0, false, 'state') end
+  for _, m in ipairs(self.muon and self.muon.owned or {}) do
+    f(key(m.w, 'momentum_buffer'), m.buf, 0, false, 'state')
+    if m.vbuf then f(key(m.w, 'second_momentum_buffer'), m.vbuf, 0, false, 'state') end
+  end
 end
 
 -- key -> shape of every tensor of the whole (unsharded) optimizer state,
@@ -120,7 +125,7 @@ function FSDP:state_layout()
   for p, w in pairs(self.own) do
     local u = self.unit_of[p]
     if u then
-      for _, k in ipairs(w.opt.state_keys) do out[key(w, k)] = p.shape end
+      for _, e in ipairs(w.opt:param_state(p, w.group)) do out[key(w, e[1])] = e[2] end
       if u.master then out[key(w, 'master')] = p.shape end
     end
   end

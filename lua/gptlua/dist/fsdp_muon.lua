@@ -75,6 +75,9 @@ function FSDP:_plan_muon()
   for _, m in ipairs(mats) do
     if m.owner == s then
       m.buf = gl.zeros(m.p.shape, { dtype = 'float32', device = device }):keep()
+      if m.w.group.normuon_beta2 > 0 then   -- NorMuon's second moment (muon_variant 'current')
+        m.vbuf = gl.zeros(optim.Muon.second_moment_shape(m.p.shape), { dtype = 'float32', device = device }):keep()
+      end
       m.from = {}
       mu.owned[#mu.owned + 1] = m
     end
@@ -123,7 +126,7 @@ function FSDP:_muon_update(x)
   for _, m in ipairs(mu.owned) do
     local grad = gl.empty(m.p.shape, { dtype = mu.dtype, device = mu.device })
     for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(grad, f.eoff, f.len).c, tmp_view(recv, f.pos, f.len).c)) end
-    local X = optim.Muon.update_direction(grad, grad, m.buf, m.w.group)
+    local X = optim.Muon.update_direction(grad, grad, m.buf, m.w.group, m.vbuf)
     if X.dtype ~= mu.update_dtype then X = X:to(mu.update_dtype) end
     for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(upd, f.pos, f.len).c, tmp_view(X, f.eoff, f.len).c)) end
     grad:free()
@@ -134,9 +137,10 @@ function FSDP:_muon_update(x)
   self.shard:all_to_all(back, upd, { send_counts = mu.recv_counts, recv_counts = mu.send_counts })
   upd:free()
   for _, e in ipairs(mu.send) do
-    local g, shape, u = e.m.w.group, e.m.p.shape, e.m.u
-    local scale = math.sqrt(math.max(1, shape[1] / shape[2]))
-    tmp_view(u.master or u.pshard, e.start, e.len):add_(tmp_view(back, e.pos, e.len), -g.lr * scale)
+    -- elementwise, so a piece takes its part (cautious weight decay included)
+    local g, u = e.m.w.group, e.m.u
+    optim.muon_apply(tmp_view(u.master or u.pshard, e.start, e.len), tmp_view(back, e.pos, e.len),
+      optim.Muon.scaled_lr(g, e.m.p.shape), g)
   end
   back:free()
 end

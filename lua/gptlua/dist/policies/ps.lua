@@ -190,8 +190,8 @@ function PS:optimizer_state_bytes() return B.optimizer_state_bytes(self.optimize
 local function keys_of(self, p)
   local w = self.own[p]
   local out = {}
-  for _, k in ipairs(w.opt.state_keys) do out[#out + 1] = { w.opt.prefix .. w.name .. '.' .. k, k } end
-  if optim.needs_master(p) then out[#out + 1] = { w.opt.prefix .. w.name .. '.master', 'master' } end
+  for _, e in ipairs(w.opt:param_state(p, w.group)) do out[#out + 1] = { w.opt.prefix .. w.name .. '.' .. e[1], e[1], e[2] } end
+  if optim.needs_master(p) then out[#out + 1] = { w.opt.prefix .. w.name .. '.master', 'master', p.shape } end
   return out
 end
 
@@ -206,7 +206,7 @@ end
 
 function PS:state_layout()
   local out = {}
-  for _, p in ipairs(self.params) do for _, kk in ipairs(keys_of(self, p)) do out[kk[1]] = p.shape end end
+  for _, p in ipairs(self.params) do for _, kk in ipairs(keys_of(self, p)) do out[kk[1]] = kk[3] end end
   return out
 end
 

@@ -11,8 +11,10 @@
 --                  keeps m and v for the slice only;
 --   Muon stacks    the K matrices of one shape that Muon updates, stacked
 --                  and padded with zero matrices to N*ceil(K/N): rank r owns
---                  whole matrices, runs momentum + Newton–Schulz on them
---                  only and keeps their momentum buffers only;
+--                  whole matrices, runs momentum + Newton–Schulz (and the
+--                  variant's steps: optim.Muon.update_direction) on them
+--                  only and keeps their momentum buffers (and NorMuon's
+--                  second moments) only;
 --   replicated     AdamW parameters under MIN_SHARD elements: all-reduced
 --                  and updated on every rank (not worth a collective each).
 -- Gradients reach the owner by reduce-scatter (average).  zero1 keeps full
@@ -175,8 +177,11 @@ function Zero:_add_flat(kind, list)
     local first = r * b.per_rank
     for j = first + 1, math.min(#list, first + b.per_rank) do
       local p = list[j]
-      b.owned[#b.owned + 1] = { p = p, w = self.own[p], grad = B.view(b.gshard, b.offs[j] - r * b.c, p.shape),
+      local w = self.own[p]
+      b.owned[#b.owned + 1] = { p = p, w = w, grad = B.view(b.gshard, b.offs[j] - r * b.c, p.shape),
                                 buf = zeros32(p.shape, p.device),
+                                -- NorMuon's second moment (muon_variant 'current')
+                                vbuf = w.group.normuon_beta2 > 0 and zeros32(optim.Muon.second_moment_shape(p.shape), p.device) or nil,
                                 master = b.master and B.view(b.master, b.offs[j] - r * b.c, p.shape) }
     end
   end
@@ -326,12 +331,9 @@ function Zero:step()
         else
           for _, e in ipairs(b.owned) do
             local g, p = e.w.group, e.p
-            local target = e.master or p
-            local X = optim.Muon.update_direction(p, e.grad, e.buf, g)
-            local Xd = X:to(target.dtype)
-            target:add_(Xd, -g.lr * math.sqrt(math.max(1, p.shape[1] / p.shape[2])))
+            local X = optim.Muon.update_direction(p, e.grad, e.buf, g, e.vbuf)
+            optim.muon_apply(e.master or p, X, optim.Muon.scaled_lr(g, p.shape), g)
             Tensor.release(X)   -- one matrix's temporaries at a time
-            if Xd ~= X then Tensor.release(Xd) end
           end
         end
         if b.master then K(lib.gl_copy(b.pshard.c, b.master.c)) end
@@ -357,7 +359,9 @@ function Zero:state_bytes()
       end
     else
       if b.kind == 'sharded' then r.optimizer = r.optimizer + B.bytes(b.m) + B.bytes(b.v)
-      else for _, e in ipairs(b.owned) do r.optimizer = r.optimizer + B.bytes(e.buf) end end
+      else
+        for _, e in ipairs(b.owned) do r.optimizer = r.optimizer + B.bytes(e.buf) + (e.vbuf and B.bytes(e.vbuf) or 0) end
+      end
       if b.master then r.master = r.master + B.bytes(b.master) end
     end
   end
@@ -388,6 +392,7 @@ function Zero:each_state(f)
     else
       for _, e in ipairs(b.owned) do
         f(key(e.w, 'momentum_buffer'), e.buf, 0, false, 'state')
+        if e.vbuf then f(key(e.w, 'second_momentum_buffer'), e.vbuf, 0, false, 'state') end
         if e.master then f(key(e.w, 'master'), e.master, 0, false, 'master') end
       end
     end
@@ -399,7 +404,7 @@ end
 function Zero:state_layout()
   local out = {}
   for p, w in pairs(self.own) do
-    for _, k in ipairs(w.opt.state_keys) do out[key(w, k)] = p.shape end
+    for _, e in ipairs(w.opt:param_state(p, w.group)) do out[key(w, e[1])] = e[2] end
     if optim.needs_master(p) then out[key(w, 'master')] = p.shape end
   end
   return out

@@ -1,6 +1,6 @@
 -- The default recipe (recipes/shakespeare.lua) with nanochat's current
 -- block and optimizer (issue 19's comparison): nanochat.version = 'v2',
--- nanochat's AdamW groups + Muon and base_train.py's schedules, as
+-- its optimizer (muon_variant 'current') and base_train.py's schedules, as
 -- recipes/speedrun.lua has them; everything else (data, sizes, batch,
 -- steps, evals, seed) the default recipe's.
 --   gptlua recipes/tools/shakespeare_nanochat.lua      (against: gptlua recipes/shakespeare.lua)
@@ -9,7 +9,8 @@ local speedrun = dofile(root .. '/recipes/speedrun.lua')
 local r = dofile(root .. '/recipes/shakespeare.lua')
 r.name = 'shakespeare_nanochat'
 r.nanochat = { version = 'v2' }
-r.optimizer, r.grad_clip = 'nanochat', 0
-r.build_optimizer, r.lr_schedule, r.momentum_schedule = speedrun.build_optimizer, speedrun.lr_schedule,
-  speedrun.momentum_schedule
+for _, k in ipairs({ 'optimizer', 'muon_variant', 'matrix_lr', 'embedding_lr', 'unembedding_lr', 'muon_weight_decay',
+                    'grad_clip', 'lr_schedule', 'momentum_schedule' }) do
+  r[k] = speedrun[k]
+end
 return r

@@ -440,41 +440,6 @@ function GPT:flops_per_token(T)
   return 6 * N + attn
 end
 
--- nanochat's setup_optimizer (92d63d4): every block matrix to Muon (lr
--- matrix_lr, momentum 0.95), the rest to AdamW groups (eps 1e-10) with
--- their own rate, betas and weight decay; head, embedding and value
--- embeddings' rates times (n_embd/768)^-0.5.  Returns {adamw = groups,
--- muon = {name, tensor} pairs}; a group with no parameters is left out.
-GPT.OPTIMIZER_DEFAULTS = { unembedding_lr = 0.008, embedding_lr = 0.3, matrix_lr = 0.02, scalar_lr = 0.5 }
-function GPT:optimizer_groups(opts)
-  opts = opts or {}
-  local o = {}
-  for k, v in pairs(GPT.OPTIMIZER_DEFAULTS) do o[k] = opts[k] or v end
-  local scale = (self.config.n_embd / 768) ^ -0.5
-  local head, emb, ve, resid, x0, smear, muon = {}, {}, {}, {}, {}, {}, {}
-  for _, np in ipairs(self:named_parameters()) do
-    local name = np[1]
-    if name:match('^transformer%.h%.') then muon[#muon + 1] = np
-    elseif name == 'lm_head.weight' then head[#head + 1] = np
-    elseif name == 'transformer.wte.weight' then emb[#emb + 1] = np
-    elseif name:match('^value_embeds%.') then ve[#ve + 1] = np
-    elseif name == 'resid_lambdas' then resid[#resid + 1] = np
-    elseif name == 'x0_lambdas' then x0[#x0 + 1] = np
-    else smear[#smear + 1] = np end  -- smear_gate, smear_lambda, backout_lambda
-  end
-  local all = {
-    { params = head, lr = o.unembedding_lr * scale, betas = { 0.8, 0.96 }, eps = 1e-10, weight_decay = 0.01 },
-    { params = emb, lr = o.embedding_lr * scale, betas = { 0.8, 0.995 }, eps = 1e-10, weight_decay = 0.001 },
-    { params = ve, lr = o.embedding_lr * scale * 0.5, betas = { 0.8, 0.995 }, eps = 1e-10, weight_decay = 0.01 },
-    { params = resid, lr = o.scalar_lr * 0.01, betas = { 0.8, 0.95 }, eps = 1e-10, weight_decay = 0.05 },
-    { params = x0, lr = o.scalar_lr, betas = { 0.96, 0.95 }, eps = 1e-10, weight_decay = 0.0 },
-    { params = smear, lr = 0.2, betas = { 0.8, 0.95 }, eps = 1e-10, weight_decay = 0.0 },
-  }
-  local adamw = {}
-  for _, g in ipairs(all) do if #g.params > 0 then adamw[#adamw + 1] = g end end
-  return { adamw = adamw, muon = muon, matrix_lr = o.matrix_lr }
-end
-
 function GPT:new_caches(B, S)
   local cfg = self.config
   local w = self.lm_head.weight
@@ -488,7 +453,6 @@ GPT.generate = common.generate
 nn.checked(GPT, { __init = 'self:module, cfg:opts?',
                   forward = 'self:module, idx:tensor, targets:tensor?, caches:opts?',
                   generate = 'self:module, idx:tensor, n:size, opts:opts?',
-                  new_caches = 'self:module, batch:count, length:count',
-                  optimizer_groups = 'self:module, opts:opts?' })
+                  new_caches = 'self:module, batch:count, length:count' })
 
 return M

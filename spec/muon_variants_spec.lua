@@ -277,6 +277,18 @@ describe('muon_variant in the trainer', function()
       .. 'classic Muon)', err({ tp = 2 }))
   end)
 
+  it("muon_weight_decay_schedule = 'cosine' takes Muon's weight decay to zero at max_iters, as nanochat", function()
+    local c = optim.schedules.cosine_to_zero(4)
+    assert.same({ 1, 0.5 + 0.5 * math.cos(math.pi / 4), 0.5, 0 }, { c(0), c(1), c(2), c(4) })
+    local seen = {}
+    local r = recipe({ name = 'wd', max_iters = 4, muon_weight_decay_schedule = 'cosine' })
+    r.on_log = function(t) seen[#seen + 1] = t.optimizer.optimizers[2].groups[1].weight_decay end
+    train.main(r, {})
+    for s = 1, 4 do assert.near(0.1 * c(s - 1), seen[s], 1e-15) end
+    local ok, e = pcall(train.resolve_config, recipe({ muon_weight_decay_schedule = 'linear' }), {})
+    assert.equal("config: unknown muon_weight_decay_schedule 'linear' (expected 'constant' or 'cosine')", e)
+  end)
+
   it('resumes NorMuon state exactly and refuses to resume under another variant', function()
     local straight = train.main(recipe({ name = 'a' }), {}).losses
     train.main(recipe({ name = 'b', max_iters = 3, checkpoint_interval = 3 }), {})

@@ -323,6 +323,7 @@ setmetatable(Muon, { __call = function(_, params, opts)
     check_num(g.weight_decay, 'Muon: weight_decay', 0)
     check_num(g.normuon_beta2, 'Muon: normuon_beta2', 0)
     if g.normuon_beta2 >= 1 then error('Muon: normuon_beta2 must be in [0, 1), got ' .. g.normuon_beta2, 2) end
+    g.initial_weight_decay = g.weight_decay   -- what set_muon_weight_decay_mult scales
     for _, k in ipairs({ 'row_equilibrate', 'renormalize', 'cautious' }) do check.type(g[k], 'boolean', 'Muon', k, 3) end
     for i, p in ipairs(g.params) do
       if #p.shape ~= 2 then
@@ -501,6 +502,13 @@ function Combined:set_momentum(mu)
     if getmetatable(o) == Muon then for _, g in ipairs(o.groups) do g.momentum = mu end end
   end
 end
+-- Muon's weight decay times mult (a schedule's value: nanochat decays it
+-- to zero over the run, optim.schedules.cosine_to_zero)
+function Combined:set_muon_weight_decay_mult(mult)
+  for _, o in ipairs(self.optimizers) do
+    if getmetatable(o) == Muon then for _, g in ipairs(o.groups) do g.weight_decay = g.initial_weight_decay * mult end end
+  end
+end
 
 -- nanochat's split: hidden matrices -> Muon, everything else -> AdamW.
 -- variant 'classic' (gptlua's first release): embedding, head and any other
@@ -609,6 +617,8 @@ for _, cls in ipairs({ AdamW, Muon, Combined }) do
   cls.set_lr_mult = check.wrap('set_lr_mult', 'self:opts, mult:number', cls.set_lr_mult)
 end
 Combined.set_momentum = check.wrap('set_momentum', 'self:opts, momentum:number', Combined.set_momentum)
+Combined.set_muon_weight_decay_mult = check.wrap('set_muon_weight_decay_mult', 'self:opts, mult:number',
+  Combined.set_muon_weight_decay_mult)
 optim.newton_schulz = check.wrap('newton_schulz', 'G:tensor, steps:integer?, dtype:string?, ortho:string?',
   optim.newton_schulz)
 optim.nanochat = check.wrap('nanochat', 'model:module, opts:opts?', optim.nanochat)
@@ -648,11 +658,17 @@ function optim.schedules.muon_momentum(from, to, steps)
   return function(step) local f = math.min(step / steps, 1); return (1 - f) * from + f * to end
 end
 
+-- cosine from 1 at step 0 to 0 at `total` (nanochat's Muon weight decay)
+function optim.schedules.cosine_to_zero(total)
+  return function(step) return 0.5 * (1 + math.cos(math.pi * math.min(step, total) / total)) end
+end
+
 -- schedule constructors: numbers in, a function of the step out
 local SCHEDULES = {
   linear_warmup = 'warmup:number', cosine = 'warmup:number, total:number, min_ratio:number?',
   wsd = 'warmup:number, total:number, cooldown_frac:number?, final_ratio:number?',
   muon_momentum = 'from:number?, to:number?, steps:number?',
+  cosine_to_zero = 'total:count',
 }
 check.wrap_table(optim.schedules, SCHEDULES, 'schedules.')
 

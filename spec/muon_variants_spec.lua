@@ -32,7 +32,7 @@ local function run_case(case, dtype)
   local input = fixture.inputs[case.input]
   local shape = input.shape
   local W = gl.tensor(input.W0, { dtype = dtype }):view(shape[1], shape[2]):requires_grad_()
-  local opts = { lr = fixture.lr }
+  local opts = { lr = fixture.lr, state_dtype = dtype }
   for k, v in pairs(case.opts) do opts[k] = v end
   local opt = optim.Muon({ W }, opts)
   local diffs = {}
@@ -78,6 +78,11 @@ describe('Muon variants', function()
     assert.same({ 'classic', 'newton_schulz', false, false, 0, false, 0 },
       { g.variant, g.ortho, g.row_equilibrate, g.renormalize, g.normuon_beta2, g.cautious, g.weight_decay })
     assert.same({ { 'momentum_buffer', { 4, 3 } } }, o:param_state(W, g))
+    local P = gl.randn({ 4, 3 }, { seed = 2, dtype = 'float64' })   -- state is fp32 unless asked (state_dtype)
+    local o64 = optim.Muon({ P })
+    P.grad = gl.randn({ 4, 3 }, { seed = 3, dtype = 'float64' })
+    o64:step()
+    assert.equal('float32', o64.state[P].momentum_buffer.dtype)
   end)
 
   it('Polar Express on a diagonal matrix is the scalar polynomial on each diagonal entry', function()
@@ -114,7 +119,8 @@ describe('Muon variants', function()
     local g = { 0.5, 0.5, -1, -1 }
     local function step(cautious)
       local W = gl.tensor(W0, { dtype = 'float64' }):view(2, 2)
-      local o = optim.Muon({ W }, { lr = 0.1, ns_steps = 0, weight_decay = 0.5, cautious = cautious })
+      local o = optim.Muon({ W }, { lr = 0.1, ns_steps = 0, weight_decay = 0.5, cautious = cautious,
+        state_dtype = 'float64' })
       W.grad = gl.tensor(g, { dtype = 'float64' }):view(2, 2)
       o:step()
       return W:flatten():tolist()
@@ -135,7 +141,8 @@ describe('Muon variants', function()
     -- v starts at 0, so after one step v = (1 - beta2) mean(X^2) per row and
     -- X scaled by v^-1/2 has rows of one norm; the rescale restores |X|
     local W = gl.zeros({ 6, 3 }, { dtype = 'float64' })
-    local o = optim.Muon({ W }, { lr = 1, ns_steps = 0, momentum = 0, nesterov = false, normuon_beta2 = 0.9 })
+    local o = optim.Muon({ W }, { lr = 1, ns_steps = 0, momentum = 0, nesterov = false, normuon_beta2 = 0.9,
+      state_dtype = 'float64' })
     local G = gl.randn({ 6, 3 }, { seed = 2, dtype = 'float64' })
     for j = 1, 3 do G:set(G:get(2, j) * 10, 2, j) end   -- one loud row
     W.grad = G

@@ -169,6 +169,12 @@ describe('Muon variants', function()
       'Muon: weight_decay must be a number >= 0, got -1')
     assert.has_error(function() optim.Muon({ W }, { ortho = 'svd' }) end,
       "Muon: ortho must be one of newton_schulz, polar_express, got the string 'svd'")
+    -- tensor parallelism overrides the direction with the classic one: the
+    -- variant's steps would be skipped silently, so they are refused
+    local o = optim.Muon({ W }, { variant = 'current' })
+    o.update_direction = optim.Muon.update_direction
+    W.grad = gl.ones({ 2, 2 })
+    assert.has_error(function() o:step() end, "Muon: tensor parallelism runs the classic variant's direction, got variant current")
   end)
 
   it('state saves and restores exactly, and a variant mismatch is refused by name', function()

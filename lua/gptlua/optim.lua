@@ -464,7 +464,12 @@ function Muon:step()
           local st = self.state[p]
           if not st then st = new_state(p, self:param_state(p, g), self.state_dtype); self.state[p] = st end
           -- (a tensor-parallel run sets update_direction and matrix_shape on
-          -- the instance: the direction of the whole matrix, cut to the shard)
+          -- the instance: the direction of the whole matrix, cut to the shard;
+          -- it runs the classic direction, so the variant's steps are refused)
+          if rawget(self, 'update_direction') and (g.ortho ~= 'newton_schulz' or g.row_equilibrate or g.renormalize
+            or g.normuon_beta2 > 0) then
+            error(("Muon: tensor parallelism runs the classic variant's direction, got variant %s"):format(g.variant), 0)
+          end
           local X = (self.update_direction or Muon.update_direction)(p, p.grad, st.momentum_buffer, g,
             st.second_momentum_buffer)
           local shape = self.matrix_shape and self.matrix_shape(p) or p.shape

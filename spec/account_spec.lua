@@ -56,6 +56,12 @@ describe('cuda-sim account: bytes, FLOPs, syncs of each launch #cuda #sim', func
     expect_all(got, out, { 'extrapolation.data_dependent_within_30pct' })
   end)
 
+  it('counts the same with the products skipped (the quick mode) as with them computed', function()
+    local got, out = worker('quick', 300)
+    expect_all(got, out, { 'quick.gpt2.differing_counts', 'quick.gpt2.has_products',
+                           'quick.nanochat.differing_counts', 'quick.nanochat.has_products' })
+  end)
+
   it('is one command from any engine, which hands it to the account flavour', function()
     local out, rc = S.sh(S.EXE .. ' recipes/bench_cuda.lua --account --model=gpt3', 120)
     assert.are_not.equal(0, rc)

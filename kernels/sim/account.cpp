@@ -28,6 +28,14 @@
  *            device synchronisation, a copy to pageable host memory,
  *            cudaFree (runtime_streams.cpp, runtime_memory.cpp).
  *
+ * The quick mode (gl_sim_account_skip_products): cuBLASLt products are
+ * counted from their descriptors as always, but not computed; their outputs
+ * get a fixed pattern of small finite numbers (cublaslt_matmul.cpp).  No
+ * count depends on a product's values (spec/account_spec.lua compares a
+ * tiny model's step counted both ways), and the products are nearly all of
+ * the simulator's time at nanochat d20's width: the account runs in this
+ * mode, so its numbers (losses, norms) are garbage while its counts are not.
+ *
  * Items are aggregated by name (the kernel expression, "cublasLt bf16 NT
  * gelu", "cudaMemcpy ..."), in first-seen order.  The account needs the
  * default sync stream mode (one work item at a time on the submitting
@@ -37,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <atomic>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -92,6 +101,9 @@ double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 Account A;
+
+/* the quick mode: products counted, not computed (read by stream threads too) */
+std::atomic<bool> g_skip_products{false};
 
 /* counting: the account is on and a work item is running (sync mode: on
    this thread).  A plain global: read by every instrumented access. */
@@ -201,6 +213,8 @@ void gl_sim_account_add(const char *rename, double flops, double bytes_read, dou
   A.item_written += bytes_written;
 }
 
+bool gl_sim_account_skips_products(void) { return g_skip_products.load(std::memory_order_relaxed); }
+
 void gl_sim_account_sync(const char *what) {
   if (!A.on) return;
   row_named(A.syncs, A.sync_of, what ? what : "sync").launches += 1;
@@ -262,6 +276,14 @@ __attribute__((visibility("default"))) int gl_sim_account_start(char *err, int e
 }
 
 __attribute__((visibility("default"))) void gl_sim_account_stop(void) { A.on = false; }
+
+/* The quick mode on (1) or off (0), in any simulator build and whether or
+   not the account is counting: from now on every cuBLASLt product is
+   counted from its descriptors and its outputs get a fixed pattern instead
+   of its values.  Returns the previous setting. */
+__attribute__((visibility("default"))) int gl_sim_account_skip_products(int on) {
+  return g_skip_products.exchange(on != 0) ? 1 : 0;
+}
 
 /* wall seconds spent running work items (and counting them) since start:
    what the host spent outside them is its own time (dispatch) */

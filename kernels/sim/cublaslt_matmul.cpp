@@ -228,6 +228,36 @@ template <class T> static void compute(const Job &j) {
   }
 }
 
+/* The account's quick mode (account.cpp, gl_sim_account_skip_products):
+   what the product writes — D, the epilogue's aux matrix and bias gradient
+   — gets a fixed pattern instead of the product's values: small finite
+   numbers in [-1/32, 1/32), never zero, so that whatever reads them
+   (norms, softmax, the gradient clip, Newton-Schulz's normalisation) sees
+   ordinary values and takes the path a real step takes.  O(mn) per batch
+   where the product is O(mnk). */
+static inline double pattern(int64_t i) {
+  return (double)((int)(((uint64_t)i * 2654435761u) >> 24 & 255) - 128) / 4096.0 + 1.0 / 8192.0;
+}
+template <class T> static void fill_pattern(const Job &j) {
+  const Problem &q = j.q;
+  const int ed = type_size(q.d.type), eaux = q.aux ? type_size(q.aux_type) : 0;
+  const int ebias = q.bias ? type_size(q.bias_type) : 0;
+  for (int64_t bi = 0; bi < q.batch; bi++) {
+    char *d = j.D + bi * q.d.stride * ed;
+    for (int64_t c = 0; c < q.n; c++)
+      for (int64_t r = 0; r < q.m; r++) store_elem<T>(d, q.d.type, r + c * q.d.ld, (T)pattern(r + c * q.m));
+    if (q.aux_out) {
+      char *aux_p = (char *)q.aux + bi * q.aux_stride * eaux;
+      for (int64_t c = 0; c < q.n; c++)
+        for (int64_t r = 0; r < q.m; r++) store_elem<T>(aux_p, q.aux_type, r + c * q.aux_ld, (T)pattern(r + c * q.m + 1));
+    }
+    if (q.bgrad_rows || q.bgrada || q.bgradb) {
+      char *bias_p = (char *)q.bias + bi * q.bias_stride * ebias;
+      for (int64_t i = 0, len = q.bgradb ? q.n : q.m; i < len; i++) store_elem<T>(bias_p, q.bias_type, i, (T)pattern(i + 2));
+    }
+  }
+}
+
 /* The account's figures for one matmul (account.cpp): 2mnk per batch plus
    one FLOP per output element for each epilogue step; each operand moved
    once (a batch-shared operand, stride 0, once), which is the least the
@@ -296,7 +326,10 @@ static void run_job(const Job &j) {
     memset(j.workspace, 0xcb, part);
     memset(j.workspace + ws - part, 0xcb, part);
   }
-  if (q.f64) compute<double>(j);
+  if (gl_sim_account_skips_products()) {
+    if (q.f64) fill_pattern<double>(j);
+    else fill_pattern<float>(j);
+  } else if (q.f64) compute<double>(j);
   else compute<float>(j);
 }
 

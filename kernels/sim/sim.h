@@ -125,5 +125,8 @@ void gl_sim_account_item_begin(const char *what);
 void gl_sim_account_item_end(void);
 void gl_sim_account_add(const char *rename, double flops, double bytes_read, double bytes_written);
 void gl_sim_account_sync(const char *what);
+/* The account's quick mode (gl_sim_account_skip_products): true while
+   cuBLASLt products are counted from their descriptors and not computed. */
+bool gl_sim_account_skips_products(void);
 
 #endif

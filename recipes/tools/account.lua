@@ -65,6 +65,7 @@ int gl_sim_account_start(char *err, int errlen);
 void gl_sim_account_stop(void);
 double gl_sim_account_item_seconds(void);
 int gl_sim_account_get(int syncs, int i, gl_sim_account_row *out);
+int gl_sim_account_skip_products(int on);
 ]] end
 
 -- the library if it can count (the account flavour), else nil and why
@@ -118,7 +119,7 @@ end
 -- context are set on each (nanochat's depth dial also sets the width, so
 -- its width is pinned and n_layer varied).
 M.MODELS = {
-  gpt2_124m = { recipe = 'gpt2_124m', B = 64, T = 1024, layers = 12, C = 768, T0 = 64,
+  gpt2_124m = { recipe = 'gpt2_124m', B = 64, T = 1024, layers = 12, C = 768, T0 = 64, opt_by_context = true,
                 args = function(L) return { '--n_layer=' .. L } end },
   nanochat_d20 = { recipe = 'nanochat_d20', B = 32, T = 2048, layers = 20, C = 1280, T0 = 64, V = 65536,
                    Vs = { 1024, 2048 },
@@ -275,8 +276,9 @@ function M.measure(model, extra, log)
   local V1, V2 = model.Vs and model.Vs[1], model.Vs and model.Vs[2]
   -- The optimizer's update does not depend on the batch (the parameters'
   -- shapes do not), only on the context where a parameter is sized by it
-  -- (GPT-2's position table): it is counted once per depth, vocabulary and
-  -- context (at B = 1) and added to the steps counted without it, which saves
+  -- (GPT-2's position table, `opt_by_context`): it is counted once per
+  -- depth, vocabulary and context (at B = 1; nanochat: once per depth and
+  -- vocabulary) and added to the steps counted without it, which saves
   -- where the time goes (nanochat's Newton-Schulz over every matrix, simulated).
   local function counted(L, bt, V, part)
     local t0 = now()
@@ -289,8 +291,9 @@ function M.measure(model, extra, log)
   end
   local function step(L, bt, V, opt)
     local T = bt[2]
-    opt[T] = opt[T] or counted(L, { 1, T }, V, 'optimizer')
-    return M.merge(counted(L, bt, V, 'no optimizer'), opt[T])
+    local key = model.opt_by_context and T or 0  -- (nanochat's parameters do not depend on T)
+    opt[key] = opt[key] or counted(L, { 1, T }, V, 'optimizer')
+    return M.merge(counted(L, bt, V, 'no optimizer'), opt[key])
   end
   local runs = { {}, {} }
   for L = 1, 2 do
@@ -492,6 +495,10 @@ function M.main(opts, out)
          .. 'kernel\'s counts fitted as out + L*layer, each a + b*N + c*N*T + d*T (N = B*T), and evaluated at the '
          .. 'full size'):format(model.T0, model.T0, 2 * model.T0, 2 * model.T0))
   end
+  -- the quick mode: cuBLASLt products counted from their descriptors and
+  -- not computed (kernels/sim/account.cpp); the counts are the same
+  -- (spec/account_spec.lua), the run many times shorter
+  if opts.quick ~= 0 then assert(M.library()).gl_sim_account_skip_products(1) end
   local fit = M.measure(model, nil, out)
   if opts.check == 1 then
     local T = math.floor(model.T0 * 3 / 2)

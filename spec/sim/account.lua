@@ -2,7 +2,7 @@
 -- simulator's account flavour (build/sim-account/gptlua, GL_SIM_SMS=2) and
 -- prints what it counted next to an independent count, one "KEY counted
 -- expected" line each, for the spec to compare.
---   build/sim-account/gptlua spec/sim/account.lua ops|step|extrapolation
+--   build/sim-account/gptlua spec/sim/account.lua ops|step|extrapolation|quick
 local gl = require 'gptlua'
 local acc = dofile(gl.root .. '/recipes/tools/account.lua')
 local lib = gl.lib
@@ -87,7 +87,8 @@ end
 -- tokens, no biases (the bias gradients' column sums, narrower than 512,
 -- would split over blocks differently at each counted size: see
 -- recipes/tools/account.lua's M.measure)
-local tiny = { recipe = 'gpt2_124m', B = 8, T = 256, layers = 4, C = 64, T0 = 64, args = acc.MODELS.gpt2_124m.args }
+local tiny = { recipe = 'gpt2_124m', B = 8, T = 256, layers = 4, C = 64, T0 = 64, opt_by_context = true,
+               args = acc.MODELS.gpt2_124m.args }
 local extra = { '--n_embd=64', '--n_head=1', '--vocab_size=512', '--bias=false' }
 
 if what == 'step' then
@@ -139,4 +140,36 @@ if what == 'extrapolation' then
   return
 end
 
-error('spec/sim/account.lua: expected ops, step or extrapolation, got ' .. tostring(what), 0)
+if what == 'quick' then
+  -- the quick mode (products counted from their descriptors, not computed)
+  -- counts what the computing mode counts, row for row, on a step of each
+  -- optimizer: GPT-2 (AdamW) and nanochat (Muon's Newton-Schulz, whose
+  -- normalisation and the clip read what the products wrote)
+  local nano = { recipe = 'nanochat_d20', T0 = 64,
+                 args = function(L) return { '--depth=0', '--n_layer=' .. L, '--n_embd=128', '--n_head=2' } end }
+  for _, m in ipairs({ { 'gpt2', tiny, extra }, { 'nanochat', nano, { '--vocab_size=512' } } }) do
+    local counts = {}
+    for q = 0, 1 do
+      lib.gl_sim_account_skip_products(q)
+      counts[q] = acc.count_step(m[2], 2, 2, 64, m[3])
+    end
+    lib.gl_sim_account_skip_products(0)
+    local differ, rows = 0, 0
+    for _, n in ipairs(counts[0].order) do
+      rows = rows + 1
+      for _, f in ipairs({ 'launches', 'flops', 'read', 'written' }) do
+        local a, b = counts[0].rows[n][f], counts[1].rows[n] and counts[1].rows[n][f]
+        if a ~= b then differ = differ + 1; print(('differs: %s %s %s %.0f %s'):format(m[1], n, f, a, tostring(b))) end
+      end
+    end
+    for _, n in ipairs(counts[1].order) do
+      if not counts[0].rows[n] then differ = differ + 1; print(('only in the quick mode: %s %s'):format(m[1], n)) end
+    end
+    print(('%s: %d rows'):format(m[1], rows))
+    say('quick.' .. m[1] .. '.differing_counts', differ, 0)
+    say('quick.' .. m[1] .. '.has_products', counts[1].rows['cublasLt 16BF NN'] and 1 or 0, 1)
+  end
+  return
+end
+
+error('spec/sim/account.lua: expected ops, step, extrapolation or quick, got ' .. tostring(what), 0)

@@ -6,13 +6,19 @@
 -- (spec/dist/pp_*.lua workers), tiny float64 gpt2 and nanochat: GPipe, 1F1B
 -- and interleaved 1F1B, 5 AdamW steps equal to one process accumulating the
 -- same microbatches (loss, every gradient, every parameter), and a stage
--- that fails or dies ending every rank with the stage named.
+-- that fails or dies ending every rank with the stage named; the trainer
+-- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2 and pp 2 x dp 2
+-- (ddp) equal one process (losses, clipped norms, parameters), and a pp 2
+-- checkpoint resumes in one process and at pp 2 x dp 2.
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local mesh = require 'gptlua.dist.mesh'
 local S = require 'gptlua.dist.schedules'
 local PP = require 'gptlua.dist.pipeline'
 local H = require 'support.mpi'
+local train = require 'gptlua.train'
+local ckpt = require 'gptlua.checkpoint'
+local cjson = require 'cjson'
 
 describe('pipeline schedules as data', function()
   it('1F1B and GPipe have the bubble (p-1)/(m+p-1), interleaved divides it by v', function()
@@ -133,5 +139,77 @@ describe('pipeline parallelism on MPI ranks', function()
     o, rc = H.mpirun(2, 'spec/dist/pp_error.lua', 'die', 60)
     assert.not_equal(0, rc)
     assert.falsy(o:find('NOT REACHED', 1, true), o)
+  end)
+end)
+
+-- --------------------------------------------------------- the trainer --
+local function result(dir) return H.read_json(dir .. '/result.json') end
+local function grad_norms(dir)
+  local out = {}
+  for line in io.lines(dir .. '/p/metrics.jsonl') do
+    local m = cjson.decode(line)
+    if m.grad_norm then out[#out + 1] = m.grad_norm end
+  end
+  return out
+end
+local function assert_close(want, got, what)
+  assert.equal(#want, #got, what)
+  for i = 1, #want do
+    local rel = math.abs(want[i] - got[i]) / math.abs(want[i])
+    assert.is_true(rel < 1e-9, ('%s: step %d %.15g, expected %.15g'):format(what, i, got[i], want[i]))
+  end
+end
+
+describe('the trainer with --pp on MPI ranks', function()
+  if not H.MPIRUN then
+    pending('mpirun is not installed (make deps)')
+    return
+  end
+  local out = H.tmpdir()
+  teardown(function() os.execute('rm -rf ' .. out) end)
+  local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
+
+  it('pp 2 (gpt2, nanochat; 1F1B and GPipe) and pp 2 x dp 2 train as one process; checkpoints load into pp 1 and '
+    .. 'pp 2 x dp 2', function()
+    for _, model in ipairs({ 'gpt2', 'nanochat' }) do
+      local t = train.new(recipe(model, { out_dir = out .. '/ref_' .. model }), {})
+      local res = t:run()
+      local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
+      local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
+        { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' } } or { { 2, '--pp=2 --dist=ddp' } }
+      for _, case in ipairs(cases) do
+        local what = model .. ' ' .. case[2]
+        local dir = ('%s/%s_%d_%s'):format(out, model, case[1], case[2]:gsub('[^%w]', ''))
+        local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s %s 5 %s'):format(dir, model, case[2]))
+        H.assert_ranks_ok(o, rc, case[1])
+        local r = result(dir)
+        assert_close(ref.losses, r.losses, what .. ' loss')
+        assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm')
+        local e = H.rel_error(ref.params, ckpt.load_safetensors(r.checkpoint .. '/model.safetensors'))
+        assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+      end
+      if model == 'gpt2' then
+        -- pp 2 saves at step 3 (the whole model); one process, and pp 2 x dp 2, go on to 5
+        local o, rc = H.mpirun(2, 'spec/dist/tp_train.lua', out .. '/resume_a gpt2 3 --pp=2 --dist=ddp')
+        H.assert_ranks_ok(o, rc, 2)
+        local step3 = result(out .. '/resume_a').checkpoint
+        local t1 = train.new(recipe('gpt2', { out_dir = out .. '/resume_a1', max_iters = 5 }), { '--resume=' .. step3 })
+        local r1 = t1:run()
+        assert_close({ ref.losses[4], ref.losses[5] }, r1.losses, 'pp 2 -> 1 loss')
+        local e = H.rel_error(ref.params, H.params_of(t1.model))
+        assert.is_true(e < 1e-9, ('pp 2 -> 1: final parameters differ, relative error %.3g'):format(e))
+        o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/resume_b gpt2 5 --pp=2 --dp=2 --dist=ddp --resume=%s'):format(
+          out, step3))
+        H.assert_ranks_ok(o, rc, 4)
+        local rb = result(out .. '/resume_b')
+        assert_close({ ref.losses[4], ref.losses[5] }, rb.losses, 'pp 2 -> pp 2 x dp 2 loss')
+        e = H.rel_error(ref.params, ckpt.load_safetensors(rb.checkpoint .. '/model.safetensors'))
+        assert.is_true(e < 1e-9, ('pp 2 -> pp 2 x dp 2: final parameters differ, relative error %.3g'):format(e))
+      end
+    end
+    -- what is not composed yet is refused in one line
+    local o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=zero1')
+    assert.not_equal(0, rc)
+    assert.truthy(o:find("pipeline parallel: dist 'zero1' with pp > 1 is not composed yet", 1, true), o)
   end)
 end)

@@ -115,6 +115,18 @@ describe('the pp mesh dimension and stage partition in one process', function()
   end)
 end)
 
+describe('gptlua --plan with --pp', function()
+  it('runs the pipeline on the meta device and prints the schedule as a timeline with its bubble', function()
+    local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
+    local r = require('gptlua.plan').plan(recipe('gpt2', { max_iters = 1 }), { world = 2, rank = 1,
+      args = { '--pp=2', '--dist=ddp' } })
+    assert.truthy(r.text:find('Pipeline(1f1b, 2 stages over 2 ranks, 4 microbatches; rank 1: stage 2: blocks 2-2)', 1,
+      true), r.text)
+    assert.truthy(r.text:find('rank 1 |  |F1|B1|B1|F2|B2|B2|F3|B3|B3|F4|B4|B4|  |  |', 1, true), r.text)
+    assert.truthy(r.text:find('bubble 20.0% of', 1, true), r.text)
+  end)
+end)
+
 describe('pipeline parallelism on MPI ranks', function()
   if not H.MPIRUN then
     pending('mpirun is not installed (make deps)')

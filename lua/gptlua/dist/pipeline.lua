@@ -231,6 +231,24 @@ function M.new(model, comm, o)
   return self
 end
 
+-- the pp rank (0-based) training parameter `name` (the partition says; no
+-- communication): a block's stage's, the first stage's embeddings (gpt2's
+-- tied one included), the last stage's head; nil for none
+function Pipeline:owner_of(name)
+  local b = name:match('^transformer%.h%.(%d+)%.')
+  if b then
+    local st, last = 0, 0
+    for i, c in ipairs(self.counts) do
+      last = last + c
+      if tonumber(b) + 1 <= last then st = i; break end
+    end
+    return (st - 1) % self.p
+  end
+  for _, pre in ipairs(self.adapter.first) do if starts_with(name, pre) then return 0 end end
+  for _, pre in ipairs(self.adapter.last) do if starts_with(name, pre) then return (self.S - 1) % self.p end end
+  return nil
+end
+
 function Pipeline:__tostring()
   local mine = {}
   for st, info in pairs(self.stages) do
@@ -257,6 +275,7 @@ function Pipeline:forward(st, i, xs, ys)
     -- from the previous stage: chunk of the sender
     self.act[math.floor((st - 2) / self.p) + 1]:recv(buf, rank_of(self, st - 1))
     buf.requires_grad = true
+    if self.on_action then self.on_action('ready', self.action, self.action_n) end
     x = buf
   end
   local blocks = model.transformer.h
@@ -279,6 +298,7 @@ function Pipeline:backward(st, i)
   else
     local g = info.grads[slot]
     self.grad[info.chunk]:recv(g, rank_of(self, st + 1))
+    if self.on_action then self.on_action('ready', self.action, self.action_n) end
     gl.backward(out, g)
   end
   info.out[i] = nil
@@ -292,6 +312,9 @@ function Pipeline:backward(st, i)
   info.free[#info.free + 1] = slot
 end
 
+-- pipe.on_action(at, action, n), when set, is called at = 'start' and 'end'
+-- of each action, and 'ready' when its message arrived (the wait before it
+-- is the bubble: recipes/bench_pipeline.lua measures it so).
 -- step(xs, ys): one optimizer step's microbatches through the pipeline
 -- (xs read on the first stage, ys on the last; others may pass nil lists);
 -- returns the mean loss on every pp rank.  Errors end every rank, naming
@@ -302,6 +325,7 @@ function Pipeline:step(xs, ys)
   local list = self.schedule.ranks[self.comm.rank + 1]
   local on_action = self.on_action
   for n, a in ipairs(list) do
+    self.action, self.action_n = a, n
     local ok, err = pcall(function()
       if on_action then on_action('start', a, n) end
       if a[1] == 'F' then self:forward(a[3], a[2], xs or {}, ys or {}) else self:backward(a[3], a[2]) end

@@ -65,23 +65,10 @@ function P.new(inner, pipe, mesh, dist_name)
     params = pipe.params, collective_forward = true }, P)
   -- the whole model's parameters by name, and which pp rank trains each
   self.owner = {}
-  local mine = {}
-  for _, np in ipairs(pipe.named) do mine[np[1]] = true end
   for _, np in ipairs(pipe.model:named_parameters()) do
-    -- a name's owner: the lowest pp rank training it (all agree: one small all-reduce each at start)
-    self.owner[#self.owner + 1] = { np[1], np[2], mine[np[1]] or false }
-  end
-  local n = #self.owner
-  local flags = gl.zeros({ n }, { dtype = 'float64' })
-  local me = mesh.coord.pp
-  local t = flags:tolist()
-  for i, o in ipairs(self.owner) do t[i] = o[3] and (mesh.size.pp - me) or 0 end  -- max picks the lowest rank
-  flags = gl.tensor(t, { dtype = 'float64' })
-  mesh.pp:all_reduce(flags, 'max')
-  t = flags:tolist()
-  for i, o in ipairs(self.owner) do
-    if t[i] == 0 then fail(('parameter %s belongs to no stage'):format(o[1])) end
-    o[4] = mesh.size.pp - t[i]  -- the owning pp rank
+    local r = pipe:owner_of(np[1])
+    if not r then fail(('parameter %s belongs to no stage'):format(np[1])) end
+    self.owner[#self.owner + 1] = { np[1], np[2], r }
   end
   return self
 end
@@ -121,7 +108,7 @@ end
 -- every parameter from its owner to all pp ranks (collective over pp)
 function P:sync_model()
   gl.no_grad(function()
-    for _, o in ipairs(self.owner) do self.mesh.pp:broadcast(o[2], o[4]) end
+    for _, o in ipairs(self.owner) do self.mesh.pp:broadcast(o[2], o[3]) end
   end)
 end
 P.before_eval = P.sync_model
@@ -141,8 +128,8 @@ function P:save_checkpoint(trainer, model_sd, opt_sd, state)
       for _, k in ipairs(keys) do
         local key = prefix .. o[1] .. '.' .. k
         local t = opt_sd.tensors[key]
-        if self.mesh.coord.pp ~= o[4] then t = gl.zeros(o[2].shape, { dtype = dtype_of[k], device = o[2].device }) end
-        self.mesh.pp:broadcast(t, o[4])
+        if self.mesh.coord.pp ~= o[3] then t = gl.zeros(o[2].shape, { dtype = dtype_of[k], device = o[2].device }) end
+        self.mesh.pp:broadcast(t, o[3])
         full[key] = t
       end
     end

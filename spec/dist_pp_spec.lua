@@ -7,9 +7,10 @@
 -- and interleaved 1F1B, 5 AdamW steps equal to one process accumulating the
 -- same microbatches (loss, every gradient, every parameter), and a stage
 -- that fails or dies ending every rank with the stage named; the trainer
--- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2 and pp 2 x dp 2
--- (ddp) equal one process (losses, clipped norms, parameters), and a pp 2
--- checkpoint resumes in one process and at pp 2 x dp 2.
+-- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
+-- (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 (8 ranks) equal one
+-- process (losses, clipped norms, parameters), and a pp 2 x tp 2
+-- checkpoint resumes in one process and at pp 2 x dp 2 (zero1).
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local mesh = require 'gptlua.dist.mesh'
@@ -181,14 +182,16 @@ describe('the trainer with --pp on MPI ranks', function()
   teardown(function() os.execute('rm -rf ' .. out) end)
   local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 
-  it('pp 2 (gpt2, nanochat; 1F1B and GPipe) and pp 2 x dp 2 train as one process; checkpoints load into pp 1 and '
-    .. 'pp 2 x dp 2', function()
+  it('pp 2 (gpt2, nanochat; 1F1B and GPipe), pp 2 x dp 2 (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
+    .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1)', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
       local t = train.new(recipe(model, { out_dir = out .. '/ref_' .. model }), {})
       local res = t:run()
       local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
       local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
-        { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' } } or { { 2, '--pp=2 --dist=ddp' } }
+        { 4, '--pp=2 --dp=2 --dist=zero1' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
+        { 4, '--pp=2 --tp=2 --dist=ddp' } }
+        or { { 2, '--pp=2 --dist=ddp' }, { 8, '--pp=2 --dp=2 --tp=2 --dist=ddp' } }
       for _, case in ipairs(cases) do
         local what = model .. ' ' .. case[2]
         local dir = ('%s/%s_%d_%s'):format(out, model, case[1], case[2]:gsub('[^%w]', ''))
@@ -201,27 +204,27 @@ describe('the trainer with --pp on MPI ranks', function()
         assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(what, e))
       end
       if model == 'gpt2' then
-        -- pp 2 saves at step 3 (the whole model); one process, and pp 2 x dp 2, go on to 5
-        local o, rc = H.mpirun(2, 'spec/dist/tp_train.lua', out .. '/resume_a gpt2 3 --pp=2 --dist=ddp')
-        H.assert_ranks_ok(o, rc, 2)
+        -- pp 2 x tp 2 saves at step 3 (the whole model); one process, and pp 2 x dp 2, go on to 5
+        local o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/resume_a gpt2 3 --pp=2 --tp=2 --dist=ddp')
+        H.assert_ranks_ok(o, rc, 4)
         local step3 = result(out .. '/resume_a').checkpoint
         local t1 = train.new(recipe('gpt2', { out_dir = out .. '/resume_a1', max_iters = 5 }), { '--resume=' .. step3 })
         local r1 = t1:run()
-        assert_close({ ref.losses[4], ref.losses[5] }, r1.losses, 'pp 2 -> 1 loss')
+        assert_close({ ref.losses[4], ref.losses[5] }, r1.losses, 'pp 2 x tp 2 -> 1 loss')
         local e = H.rel_error(ref.params, H.params_of(t1.model))
-        assert.is_true(e < 1e-9, ('pp 2 -> 1: final parameters differ, relative error %.3g'):format(e))
-        o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/resume_b gpt2 5 --pp=2 --dp=2 --dist=ddp --resume=%s'):format(
+        assert.is_true(e < 1e-9, ('pp 2 x tp 2 -> 1: final parameters differ, relative error %.3g'):format(e))
+        o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/resume_b gpt2 5 --pp=2 --dp=2 --dist=zero1 --resume=%s'):format(
           out, step3))
         H.assert_ranks_ok(o, rc, 4)
         local rb = result(out .. '/resume_b')
-        assert_close({ ref.losses[4], ref.losses[5] }, rb.losses, 'pp 2 -> pp 2 x dp 2 loss')
+        assert_close({ ref.losses[4], ref.losses[5] }, rb.losses, 'pp 2 x tp 2 -> pp 2 x dp 2 zero1 loss')
         e = H.rel_error(ref.params, ckpt.load_safetensors(rb.checkpoint .. '/model.safetensors'))
-        assert.is_true(e < 1e-9, ('pp 2 -> pp 2 x dp 2: final parameters differ, relative error %.3g'):format(e))
+        assert.is_true(e < 1e-9, ('pp 2 x tp 2 -> pp 2 x dp 2 zero1: final parameters differ, relative error %.3g'):format(e))
       end
     end
     -- what is not composed yet is refused in one line
-    local o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=zero1')
+    local o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=zero2')
     assert.not_equal(0, rc)
-    assert.truthy(o:find("pipeline parallel: dist 'zero1' with pp > 1 is not composed yet", 1, true), o)
+    assert.truthy(o:find("pipeline parallel: dist 'zero2' with pp > 1 is not composed yet", 1, true), o)
   end)
 end)

@@ -3,6 +3,12 @@
 -- data-parallel policy that runs over the mesh's dp group, as the tp
 -- policy does.
 --
+-- Inner policies: ddp and zero1 (ZeRO-2 and FSDP reduce during backward,
+-- before the tied embedding's copies are summed: not composed yet), and
+-- the tp policy over ddp (pp x tp, pp x dp x tp: the stages of a model cut
+-- over tp; the norm weighs replicated gradients by 1/tp as tp's does,
+-- checkpoints go through tp's gathering once the stages are broadcast).
+--
 -- Layout: every rank builds the whole model (same seed: the same initial
 -- values everywhere) and trains the parameters of its stages only; its
 -- optimizer and the inner policy (ddp over the dp ranks of the same stage)
@@ -39,9 +45,9 @@ local function fail(msg) error('pipeline parallel: ' .. msg, 0) end
 -- the policies take (named_parameters, parameters, config).
 function P.stages(trainer, model)
   local cfg, mesh = trainer.cfg, trainer.mesh
-  if mesh.size.tp > 1 or mesh.size.cp > 1 then
-    fail(('pp %d with tp %d, cp %d: pipeline with tensor or context parallelism is not composed yet'):format(
-      mesh.size.pp, mesh.size.tp, mesh.size.cp))
+  if mesh.size.cp > 1 or cfg.sp then
+    fail(('pp %d with cp %d%s: pipeline with context or sequence parallelism is not composed yet'):format(
+      mesh.size.pp, mesh.size.cp, cfg.sp and ' and sp' or ''))
   end
   local pipeline = require 'gptlua.dist.pipeline'
   trainer.pipeline = pipeline.new(model, mesh.pp, { schedule = cfg.pp_schedule, virtual = cfg.pp_virtual,
@@ -57,9 +63,12 @@ end
 
 -- inner: the data-parallel policy over mesh.dp of this rank's stage params
 function P.new(inner, pipe, mesh, dist_name)
-  if dist_name ~= 'ddp' then
-    fail(("dist '%s' with pp > 1 is not composed yet (expected 'ddp' over the dp dimension)"):format(
+  if dist_name ~= 'ddp' and dist_name ~= 'zero1' then
+    fail(("dist '%s' with pp > 1 is not composed yet (expected 'ddp' or 'zero1' over the dp dimension)"):format(
       tostring(dist_name)))
+  end
+  if inner.layout and dist_name ~= 'ddp' then
+    fail(("dist '%s' with pp and tp > 1 is not composed yet (expected 'ddp')"):format(tostring(dist_name)))
   end
   local self = setmetatable({ inner = inner, pipe = pipe, mesh = mesh, optimizer = inner.optimizer,
     params = pipe.params, collective_forward = true }, P)
@@ -96,11 +105,19 @@ end
 -- the whole model's gradient norm (see the header)
 function P:grad_norm()
   local s = 0
-  if self.mesh.coord.dp == 0 then
-    local skip = self.pipe.tied_param and self.mesh.coord.pp ~= 0 and self.pipe.tied_param or nil
-    for _, p in ipairs(self.params) do
-      if p.grad and p ~= skip then s = s + B.sumsq(p.grad) end
+  local skip = self.pipe.tied_param and self.mesh.coord.pp ~= 0 and self.pipe.tied_param or nil
+  -- under tp (the inner tp policy's layout) a replicated gradient is on every tp rank: each adds 1/tp
+  local layout = self.inner.layout
+  local function add(p, g, counted)
+    if counted and g and p ~= skip then
+      s = s + B.sumsq(g) * ((layout and not layout.sharded[p]) and 1 / layout.size or 1)
     end
+  end
+  local each = self.inner.each_grad or self.inner._each_grad
+  if each then each(self.inner, add)  -- ZeRO: its pieces, replicated ones counted once
+  else
+    local counted = self.mesh.coord.dp == 0
+    for _, p in ipairs(self.params) do add(p, p.grad, counted) end
   end
   return math.sqrt(self.mesh.world:all_reduce_number(s, 'sum'))
 end
@@ -119,15 +136,17 @@ function P:save_checkpoint(trainer, model_sd, opt_sd, state)
   -- this rank's state of the same key; every parameter has the model's dtype)
   local optim = require 'gptlua.optim'
   local prefix = self.optimizer.prefix or 'adamw.'
+  -- this stage's whole state (ZeRO's pieces assembled over dp, as the tp policy does)
+  local mine = require('gptlua.dist.policies.tp')._local_optimizer_state(self, opt_sd)
   local full, dtype_of = {}, {}
-  for key, t in pairs(opt_sd.tensors) do dtype_of[key:match('%.([%w_]+)$')] = t.dtype end
-  if next(opt_sd.tensors) ~= nil then  -- (before the first step there is no state)
+  for key, t in pairs(mine) do dtype_of[key:match('%.([%w_]+)$')] = t.dtype end
+  if next(mine) ~= nil then  -- (before the first step there is no state)
     for _, o in ipairs(self.owner) do
       local keys = { unpack(self.optimizer.state_keys or { 'm', 'v' }) }
       if optim.needs_master(o[2]) then keys[#keys + 1] = 'master' end
       for _, k in ipairs(keys) do
         local key = prefix .. o[1] .. '.' .. k
-        local t = opt_sd.tensors[key]
+        local t = mine[key]
         if self.mesh.coord.pp ~= o[3] then t = gl.zeros(o[2].shape, { dtype = dtype_of[k], device = o[2].device }) end
         self.mesh.pp:broadcast(t, o[3])
         full[key] = t
@@ -135,16 +154,27 @@ function P:save_checkpoint(trainer, model_sd, opt_sd, state)
     end
   end
   state.mesh = { pp = self.mesh.size.pp, dp = self.mesh.size.dp }
+  local model_sd = self.pipe.model:state_dict()
+  if self.inner.layout then  -- tp: the shards gathered whole over tp, written by rank 0
+    return self.inner:save_checkpoint(trainer, model_sd, { tensors = full, step = opt_sd.step, steps = opt_sd.steps },
+      state)
+  end
   if trainer.rank ~= 0 then return nil end
-  local path = ckpt.save(trainer.ckpt_dir, trainer.step, { model = self.pipe.model:state_dict(), optim = full,
+  local path = ckpt.save(trainer.ckpt_dir, trainer.step, { model = model_sd, optim = full,
     state = state }, trainer.cfg.keep_last)
   trainer:print(('saved checkpoint %s'):format(path))
   return path
 end
 
--- the checkpoint's whole model goes in whole (every rank builds it); the
--- optimizer takes its parameters' state
+-- the checkpoint's whole model goes in whole (every rank builds it; tp cuts
+-- its part); the optimizer takes its parameters' state
+function P:load_model(sd)
+  if self.inner.load_model then return self.inner:load_model(sd) end
+  self.pipe.model:load_state_dict(sd)
+end
+
 function P:load_checkpoint(trainer, c, path)
+  if self.inner.load_checkpoint then return self.inner:load_checkpoint(trainer, c, path) end  -- ZeRO: its pieces
   local st = c.state
   local tensors = st.shards and require('gptlua.dist.policies.shards').full_tensors(path, c) or c.optim
   self.optimizer:load_state_dict({ step = st.opt_step, steps = st.opt_steps, tensors = tensors })  -- (it reads its parameters' keys)

@@ -10,7 +10,8 @@
 -- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
 -- (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 (8 ranks) equal one
 -- process (losses, clipped norms, parameters), and a pp 2 x tp 2
--- checkpoint resumes in one process and at pp 2 x dp 2 (zero1).
+-- checkpoint resumes in one process and at pp 2 x dp 2 (zero1); a NaN in
+-- one stage's gradients makes every rank skip the step.
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local mesh = require 'gptlua.dist.mesh'
@@ -183,7 +184,8 @@ describe('the trainer with --pp on MPI ranks', function()
   local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 
   it('pp 2 (gpt2, nanochat; 1F1B and GPipe), pp 2 x dp 2 (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
-    .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1)', function()
+    .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1); a NaN on one stage skips the step '
+    .. 'everywhere', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
       local t = train.new(recipe(model, { out_dir = out .. '/ref_' .. model }), {})
       local res = t:run()
@@ -222,8 +224,11 @@ describe('the trainer with --pp on MPI ranks', function()
         assert.is_true(e < 1e-9, ('pp 2 x tp 2 -> pp 2 x dp 2 zero1: final parameters differ, relative error %.3g'):format(e))
       end
     end
+    -- a NaN in one stage's gradients: every rank skips the step
+    local o, rc = H.mpirun(2, 'spec/dist/pp_nan.lua', out .. '/nan')
+    H.assert_ranks_ok(o, rc, 2, ': 2 steps taken')
     -- what is not composed yet is refused in one line
-    local o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=zero2')
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=zero2')
     assert.not_equal(0, rc)
     assert.truthy(o:find("pipeline parallel: dist 'zero2' with pp > 1 is not composed yet", 1, true), o)
   end)

@@ -108,9 +108,10 @@ function P:grad_norm()
   local skip = self.pipe.tied_param and self.mesh.coord.pp ~= 0 and self.pipe.tied_param or nil
   -- under tp (the inner tp policy's layout) a replicated gradient is on every tp rank: each adds 1/tp
   local layout = self.inner.layout
+  -- (the tied copy weighs 0: a non-finite value in it still makes the norm so, and every rank skip)
   local function add(p, g, counted)
-    if counted and g and p ~= skip then
-      s = s + B.sumsq(g) * ((layout and not layout.sharded[p]) and 1 / layout.size or 1)
+    if counted and g then
+      s = s + B.sumsq(g) * (p == skip and 0 or (layout and not layout.sharded[p]) and 1 / layout.size or 1)
     end
   end
   local each = self.inner.each_grad or self.inner._each_grad

@@ -144,6 +144,18 @@ describe('pipeline parallelism on MPI ranks', function()
     end
   end)
 
+  it('recipes/bench_pipeline.lua measures every schedule (shrunk)', function()
+    local o, rc = H.sh(('%s recipes/bench_pipeline.lua --ps=2 --ms=2 --steps=1 --n_layer=4 --n_embd=16 --block_size=8')
+      :format(H.EXE), 120)
+    assert.equal(0, rc, o)
+    for _, name in ipairs({ 'gpipe        2   2 |', '1f1b         2   2 |', 'interleaved v2 2   2 |' }) do
+      assert.truthy(o:find(name, 1, true), o)
+    end
+    o, rc = H.sh(H.EXE .. ' recipes/bench_pipeline.lua --ms=x', 30)
+    assert.not_equal(0, rc)
+    assert.truthy(o:find('bench_pipeline: --ms expected numbers, got x', 1, true), o)
+  end)
+
   it('a stage that raises or dies ends every rank, naming the stage', function()
     local o, rc = H.mpirun(2, 'spec/dist/pp_error.lua', 'error', 60)
     assert.not_equal(0, rc)

@@ -127,6 +127,22 @@ describe('gptlua --plan with --pp', function()
     assert.truthy(r.text:find('rank 1 |  |F1|B1|B1|F2|B2|B2|F3|B3|B3|F4|B4|B4|  |  |', 1, true), r.text)
     assert.truthy(r.text:find('bubble 20.0% of', 1, true), r.text)
   end)
+
+  it("takes a recipe's own schedule (the pp_schedule hook), checked before it runs", function()
+    local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
+    local rec = recipe('gpt2', { max_iters = 1 })
+    rec.pp_schedule = function(p, m, v)
+      local s = S.one_f_one_b(p, m)
+      s.name = 'edited'
+      return s
+    end
+    local r = require('gptlua.plan').plan(rec, { world = 2, rank = 0, args = { '--pp=2', '--dist=ddp' } })
+    assert.truthy(r.text:find('schedule edited: 2 ranks, 2 stages, 4 microbatches', 1, true), r.text)
+    rec.pp_schedule = function() return { ranks = {} } end
+    local ok, err = pcall(require('gptlua.plan').plan, rec, { world = 2, args = { '--pp=2', '--dist=ddp' } })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('pipeline schedule: ranks_n expected a positive integer, got nil', 1, true), err)
+  end)
 end)
 
 describe('pipeline parallelism on MPI ranks', function()

@@ -96,6 +96,8 @@ local HOOKS = {
   param_groups = { 'a table of parameter groups', function(v) return type(v) == 'table' end },
   fsdp_units = { 'a table of units', function(v) return type(v) == 'table' end },
   pp_partition = { 'a list of block counts, one per pipeline stage', function(v) return type(v) == 'table' end },
+  pp_schedule = { 'a pipeline schedule (gptlua.dist.schedules)',
+                  function(v) return type(v) == 'table' and type(v.ranks) == 'table' end },
   on_log = false, on_eval = false,
 }
 

@@ -50,7 +50,10 @@ function P.stages(trainer, model)
       mesh.size.pp, mesh.size.cp, cfg.sp and ' and sp' or ''))
   end
   local pipeline = require 'gptlua.dist.pipeline'
-  trainer.pipeline = pipeline.new(model, mesh.pp, { schedule = cfg.pp_schedule, virtual = cfg.pp_virtual,
+  -- a recipe's pp_schedule(p, m, v) hook returns a schedule of its own (an edited one, say)
+  local hook = trainer.hooks.pp_schedule
+  local schedule = hook and hook(mesh.size.pp, cfg.gradient_accumulation_steps, cfg.pp_virtual) or cfg.pp_schedule
+  trainer.pipeline = pipeline.new(model, mesh.pp, { schedule = schedule, virtual = cfg.pp_virtual,
     microbatches = cfg.gradient_accumulation_steps, batch = { cfg.batch_size, cfg.block_size },
     partition = trainer.hooks.pp_partition or cfg.pp_partition })
   local named = trainer.pipeline.named

@@ -101,6 +101,21 @@ describe('the pp mesh dimension and stage partition in one process', function()
       'pipeline: partition expected params, flops, a list of block counts or a function, got size')
   end)
 
+  it('refuses pipeline settings it cannot run, in one line', function()
+    local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
+    local function err(args)
+      local ok, e = pcall(train.new, recipe('gpt2', { max_iters = 1 }), args)
+      assert.is_false(ok)
+      return tostring(e)
+    end
+    assert.equal("config: pp 2 needs a distributed run (dist = 'ddp')", err({ '--pp=2' }))
+    assert.equal("config: unknown pp_schedule 'zb' (expected 'gpipe', '1f1b' or 'interleaved')",
+      err({ '--pp_schedule=zb' }))
+    assert.equal("config: unknown pp_partition 'size' (expected 'params' or 'flops'; a recipe's pp_partition hook cuts "
+      .. 'by hand)', err({ '--pp_partition=size' }))
+    assert.equal('config: pp must be an integer in [1, 2147483647], got 0', err({ '--pp=0' }))
+  end)
+
   it('a pipeline of one rank is the whole model', function()
     gl.manual_seed(1)
     local model = require('gptlua.models.gpt2').GPT({ vocab_size = 16, block_size = 8, n_layer = 2, n_head = 2,

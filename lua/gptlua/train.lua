@@ -72,6 +72,7 @@ function M.new(recipe, args)
   -- ranks of a group read the same batch)
   self.dp_rank, self.dp_size = self.rank, self.world
   if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 or cfg.pp > 1 then
+    if not self.comm and cfg.pp > 1 then fail(("pp %d needs a distributed run (dist = 'ddp')"):format(cfg.pp)) end
     if not self.comm then
       fail(("tp %d, cp %d and dp %d need a distributed run (dist = 'ddp')"):format(cfg.tp, cfg.cp, cfg.dp))
     end

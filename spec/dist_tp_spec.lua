@@ -22,9 +22,9 @@ local recipe = dofile(ROOT .. '/spec/dist/tp_recipe.lua')
 
 describe('gptlua.dist.mesh in one process', function()
   it('infers dp from the world and refuses meshes that do not fit it', function()
-    assert.same({ dp = 2, cp = 1, tp = 2 }, mesh.sizes({ tp = 2 }, 4))
-    assert.same({ dp = 4, cp = 1, tp = 1 }, mesh.sizes({}, 4))
-    assert.same({ dp = 1, cp = 1, tp = 4 }, mesh.sizes({ dp = 1, tp = 4 }, 4))
+    assert.same({ pp = 1, dp = 2, cp = 1, tp = 2 }, mesh.sizes({ tp = 2 }, 4))
+    assert.same({ pp = 1, dp = 4, cp = 1, tp = 1 }, mesh.sizes({}, 4))
+    assert.same({ pp = 1, dp = 1, cp = 1, tp = 4 }, mesh.sizes({ dp = 1, tp = 4 }, 4))
     assert.has_error(function() mesh.sizes({ tp = 3 }, 4) end,
       'dist.mesh: tp 3 x cp 1 = 3 does not divide the world of 4 ranks')
     assert.has_error(function() mesh.sizes({ dp = 2, tp = 4 }, 4) end,
@@ -32,8 +32,8 @@ describe('gptlua.dist.mesh in one process', function()
     assert.has_error(function() mesh.sizes({ tp = 0 }, 4) end, 'dist.mesh: tp expected a positive integer, got 0')
     assert.has_error(function() mesh.sizes({ dp = 1.5 }, 4) end,
       'dist.mesh: dp expected a positive integer (or 0: the rest of the world), got 1.5')
-    assert.has_error(function() mesh.sizes({ pp = 2 }, 4) end, 'dist.mesh: unknown dimension pp (expected dp, cp or tp)')
-    assert.same({ dp = 2, cp = 2, tp = 1 }, mesh.sizes({ cp = 2 }, 4))
+    assert.has_error(function() mesh.sizes({ ep = 2 }, 4) end, 'dist.mesh: unknown dimension ep (expected pp, dp, cp or tp)')
+    assert.same({ pp = 1, dp = 2, cp = 2, tp = 1 }, mesh.sizes({ cp = 2 }, 4))
     assert.has_error(function() mesh.sizes({ cp = 3, tp = 2 }, 4) end,
       'dist.mesh: tp 2 x cp 3 = 6 does not divide the world of 4 ranks')
     assert.has_error(function() dist.mesh({ dp = 2, tp = 2 }) end,

@@ -307,7 +307,8 @@ local function run_plan(recipe, rargs, o, stop_at)
     if not ok then error(err, 0) end
     return { peak = st.peak, peak_at = peak_at, traffic = fake.traffic(w), cfg = t.cfg,
              accum = t.cfg.gradient_accumulation_steps, num_params = t.model:num_params(),
-             tokens_per_step = t.tokens_per_step, model_config = t.model.config }
+             tokens_per_step = t.tokens_per_step, model_config = t.model.config,
+             pipeline = t.pipeline and { text = tostring(t.pipeline), schedule = t.pipeline.schedule } }
   end, { reads = 'zeros' })
   res.groups = snapshot
   return res

@@ -66,6 +66,10 @@ function M.render(r)
     w(("note: dist = 'none' trains each of the %d ranks alone; --dist=ddp|zero1|zero2|fsdp|hsdp shares the work")
       :format(r.world))
   end
+  if r.pipeline then  -- pipeline stages (--pp): the schedule as a timeline, its bubble in unit time
+    w(r.pipeline.text)
+    w((require('gptlua.dist.schedules').format(r.pipeline.schedule)))
+  end
   if r.note then w('note: ', r.note) end
   if r.device ~= 'cpu' then
     w(('note: planned for %s with the allocator\'s classes and caching (shared by CPU and CUDA); the dataset\'s host '

@@ -71,13 +71,14 @@ function M.new(recipe, args)
   -- a mesh (--dp, --tp): the data is split over its dp ranks only (the tp
   -- ranks of a group read the same batch)
   self.dp_rank, self.dp_size = self.rank, self.world
-  if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 then
+  if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 or cfg.pp > 1 then
+    if not self.comm and cfg.pp > 1 then fail(("pp %d needs a distributed run (dist = 'ddp')"):format(cfg.pp)) end
     if not self.comm then
       fail(("tp %d, cp %d and dp %d need a distributed run (dist = 'ddp')"):format(cfg.tp, cfg.cp, cfg.dp))
     end
     if cfg.tp > 1 and cfg.cp > 1 then fail(('tp %d with cp %d: tensor and context parallelism are not composed yet')
       :format(cfg.tp, cfg.cp)) end
-    self.mesh = self.dist.mesh({ dp = cfg.dp, tp = cfg.tp, cp = cfg.cp, world = self.comm })
+    self.mesh = self.dist.mesh({ dp = cfg.dp, tp = cfg.tp, cp = cfg.cp, pp = cfg.pp, world = self.comm })
     self.dp_rank, self.dp_size = self.mesh.coord.dp, self.mesh.size.dp
   end
   -- each rank of a distributed GPU run trains on the GPU it is bound to
@@ -112,11 +113,14 @@ function M.new(recipe, args)
     require('gptlua.dist.context_parallel').parallelize(model, self.mesh.cp)
   end
   self.model = model
-  local groups = hooks.param_groups and hooks.param_groups(cfg, model) or nil
-  self.optimizer = (hooks.build_optimizer or M.build_optimizer)(cfg, model, groups)
+  -- pipeline stages (--pp): this rank trains its stages' parameters (gptlua.dist.policies.pp)
+  local trained = self.mesh and self.mesh.size.pp > 1 and require('gptlua.dist.policies.pp').stages(self, model)
+    or model
+  local groups = hooks.param_groups and hooks.param_groups(cfg, trained) or nil
+  self.optimizer = (hooks.build_optimizer or M.build_optimizer)(cfg, trained, groups)
   self.schedule = (hooks.lr_schedule or M.lr_schedule)(cfg)
   self.momentum_schedule = hooks.momentum_schedule and hooks.momentum_schedule(cfg) or optim.schedules.muon_momentum()
-  self.params = model:parameters()
+  self.params = trained:parameters()
   local popts = { comm = self.comm, model = model, optimizer = self.optimizer, params = self.params,
                   bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size, cfg = cfg, units = hooks.fsdp_units }
   if self.mesh then popts.comm = self.mesh.dp_cp end  -- gradients average over dp (x cp)
@@ -124,6 +128,9 @@ function M.new(recipe, args)
   if self.mesh and self.mesh.size.cp > 1 then self.policy.collective_forward = true end
   if self.tp_layout then
     self.policy = require('gptlua.dist.policies.tp').new(self.policy, self.tp_layout, self.mesh, cfg.dist)
+  end
+  if self.pipeline then
+    self.policy = require('gptlua.dist.policies.pp').new(self.policy, self.pipeline, self.mesh, cfg.dist)
   end
   self.run_dir = cfg.out_dir .. '/' .. cfg.name
   self.ckpt_dir = self.run_dir .. '/checkpoints'
@@ -143,6 +150,7 @@ end
 function Trainer:evaluate()
   local cfg, model = self.cfg, self.model
   local out = {}
+  if self.policy.before_eval then self.policy:before_eval() end  -- pp: every stage's parameters to every rank
   model:eval()
   for _, split in ipairs({ 'train', 'val' }) do
     local loader = split == 'train' and (self.data.eval_train or self.data.train) or self.data.val
@@ -177,6 +185,7 @@ function Trainer:evaluate_full()
     sampling = 'sequential', seed = cfg.seed, device = cfg.device })
   local batches = math.floor(math.floor((tokens:numel() - 1) / cfg.block_size) / cfg.batch_size)
   local total = 0
+  if self.policy.before_eval then self.policy:before_eval() end
   self.model:eval()
   for _ = 1, batches do
     gl.scope(function()
@@ -193,6 +202,7 @@ end
 function Trainer:sample(n)
   local tok = self.data.tokenizer
   if not tok then return nil end
+  if self.policy.before_eval then self.policy:before_eval() end  -- pp: every stage's parameters to every rank
   local cfg = self.cfg
   local prompt = tok:encode(cfg.sample_prompt)
   if #prompt == 0 then prompt = { 0 } end
@@ -286,7 +296,8 @@ function Trainer:train_step()
   end
   policy:zero_grad()
   local loss_sum = 0
-  for micro = 1, accum do
+  if policy.micro_steps then loss_sum = policy:micro_steps(self, accum) end  -- a pipeline runs its schedule
+  for micro = 1, policy.micro_steps and 0 or accum do
     if self.graph then  -- replayed as one CUDA graph after its warm-up (gptlua.train_graph)
       loss_sum = loss_sum + self.graph:micro_step(micro, accum)
     else

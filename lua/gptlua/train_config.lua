@@ -56,6 +56,9 @@ M.defaults = {
   fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
   -- model = 'nanochat': 'v1' (first release) or 'v2' (nanochat 92d63d4) and each feature (gptlua.models.nanochat)
   nanochat = require('gptlua.models.nanochat').trainer_defaults(),
+  -- pipeline parallel (gptlua.dist.pipeline, policies/pp.lua): stages over pp ranks, the accumulation
+  -- steps are the microbatches; schedule 'gpipe', '1f1b' or 'interleaved' (pp_virtual stages per rank)
+  pp = 1, pp_schedule = '1f1b', pp_virtual = 1, pp_partition = 'params',
 }
 
 -- Integer keys: {min, max}.  Sizes reach the engine as int32; counts of
@@ -71,7 +74,7 @@ local INTEGER_KEYS = {
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
   shard_size = { 0, COUNT }, sync_every = { 1, COUNT }, diloco_fragments = { 1, INT32 }, powersgd_rank = { 0, INT32 },
   ps_servers = { 1, INT32 }, max_staleness = { 0, COUNT }, journal_hash_interval = { 0, COUNT }, replay_to = { 0, COUNT },
-  dp = { 0, INT32 }, tp = { 1, INT32 }, cp = { 1, INT32 },
+  dp = { 0, INT32 }, tp = { 1, INT32 }, cp = { 1, INT32 }, pp = { 1, INT32 }, pp_virtual = { 1, INT32 },
 }
 M.INTEGER_KEYS = INTEGER_KEYS
 
@@ -98,6 +101,9 @@ local HOOKS = {
   momentum_schedule = { 'a function of the step', callable },  -- Muon's momentum (default: optim.schedules.muon_momentum)
   param_groups = { 'a table of parameter groups', function(v) return type(v) == 'table' end },
   fsdp_units = { 'a table of units', function(v) return type(v) == 'table' end },
+  pp_partition = { 'a list of block counts, one per pipeline stage', function(v) return type(v) == 'table' end },
+  pp_schedule = { 'a pipeline schedule (gptlua.dist.schedules)',
+                  function(v) return type(v) == 'table' and type(v.ranks) == 'table' end },
   on_log = false, on_eval = false,
 }
 
@@ -186,6 +192,13 @@ function M.resolve_config(recipe, args)
   end
   if cfg.powersgd_rank > 0 and cfg.dist ~= 'ddp' then
     fail(("powersgd_rank is a communication hook of dist = 'ddp', got dist = '%s'"):format(check.printable(cfg.dist)))
+  end
+  if cfg.pp_schedule ~= 'gpipe' and cfg.pp_schedule ~= '1f1b' and cfg.pp_schedule ~= 'interleaved' then
+    fail(("unknown pp_schedule '%s' (expected 'gpipe', '1f1b' or 'interleaved')"):format(check.printable(cfg.pp_schedule)))
+  end
+  if cfg.pp_partition ~= 'params' and cfg.pp_partition ~= 'flops' then
+    fail(("unknown pp_partition '%s' (expected 'params' or 'flops'; a recipe's pp_partition hook cuts by hand)")
+      :format(check.printable(cfg.pp_partition)))
   end
   if cfg.eval_interval > 0 and cfg.eval_iters < 1 then
     fail(('eval_iters must be >= 1 when eval_interval is set (%d), got %d'):format(cfg.eval_interval, cfg.eval_iters))

@@ -1,0 +1,290 @@
+-- gptlua.dist.schedules — pipeline schedules as plain Lua data.
+--
+-- A schedule says, for every pipeline rank, the order in which it runs its
+-- actions on one optimizer step's microbatches:
+--
+--   s = schedules.one_f_one_b(4, 8)         -- 4 ranks, 8 microbatches
+--   s.ranks[1] = { {'F', 1, 1}, {'F', 2, 1}, {'F', 3, 1}, {'F', 4, 1}, {'B', 1, 1}, ... }
+--
+-- An action is {op, microbatch, stage}: op 'F' (forward), 'B' (backward;
+-- the whole backward of the stage: input and weight gradients), microbatch
+-- 1..m, stage 1..p*v the model's stage (its blocks).  Rank r (1-based here,
+-- pp coordinate r-1) holds stages r, r + p, r + 2p, ... (v > 1 only with
+-- virtual stages: interleaved 1F1B).  A user may print a schedule
+-- (schedules.format), edit its lists, and hand it to the pipeline:
+-- schedules.check verifies it runs (every action once, the dependencies of
+-- F and B met, no rank waiting forever) before any rank starts.
+--
+-- schedules.simulate runs a schedule in unit time (an F costs cost.F, a B
+-- cost.B; a message arrives at once) and gives each action's start and end:
+-- the timeline `gptlua --plan` prints and the theoretical bubble fraction
+-- (idle time over the ranks' total time) measured bubbles are compared with.
+local M = {}
+
+local function fail(msg) error('pipeline schedule: ' .. msg, 0) end
+
+local function posint(v, what)
+  if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
+    fail(('%s expected a positive integer, got %s'):format(what, tostring(v)))
+  end
+end
+
+local function new(name, p, m, v)
+  local s = { name = name, stages = p * v, ranks_n = p, microbatches = m, virtual = v, ranks = {} }
+  for r = 1, p do s.ranks[r] = {} end
+  return s
+end
+
+-- GPipe: every forward, then every backward (in the reverse order: the
+-- last microbatch's activations are the freshest).  All m microbatches are
+-- in flight at once.
+function M.gpipe(p, m)
+  posint(p, 'stages'); posint(m, 'microbatches')
+  local s = new('gpipe', p, m, 1)
+  for r = 1, p do
+    local l = s.ranks[r]
+    for i = 1, m do l[#l + 1] = { 'F', i, r } end
+    for i = m, 1, -1 do l[#l + 1] = { 'B', i, r } end
+  end
+  return s
+end
+
+-- 1F1B (PipeDream-flush, Megatron-LM's default): rank r runs p - r warm-up
+-- forwards, then alternates one forward and one backward, then drains the
+-- backwards.  At most p - r + 1 microbatches are in flight on rank r: the
+-- activation memory is bounded by the number of stages, not microbatches.
+function M.one_f_one_b(p, m)
+  posint(p, 'stages'); posint(m, 'microbatches')
+  local s = new('1f1b', p, m, 1)
+  for r = 1, p do
+    local l = s.ranks[r]
+    local warm = math.min(p - r, m)
+    local f, b = 0, 0
+    for _ = 1, warm do f = f + 1; l[#l + 1] = { 'F', f, r } end
+    while f < m do
+      f = f + 1; l[#l + 1] = { 'F', f, r }
+      b = b + 1; l[#l + 1] = { 'B', b, r }
+    end
+    while b < m do b = b + 1; l[#l + 1] = { 'B', b, r } end
+  end
+  return s
+end
+
+-- Interleaved 1F1B (Megatron-LM, Narayanan et al. 2021): each rank holds v
+-- model chunks (virtual stages r, r + p, ...); microbatches go through the
+-- chunks in groups of p, so the pipeline fills v times faster: the bubble
+-- shrinks by v at the cost of v times the point-to-point messages.  The
+-- k-th forward of every rank (0-based) is chunk (k // p) % v of microbatch
+-- (k // (p v)) p + k % p; backwards run the chunks in reverse.  m must be a
+-- multiple of p.
+function M.interleaved(p, m, v)
+  posint(p, 'stages'); posint(m, 'microbatches'); posint(v, 'virtual stages')
+  if m % p ~= 0 then
+    fail(('interleaved 1F1B needs microbatches a multiple of the %d pipeline ranks, got %d'):format(p, m))
+  end
+  local s = new('interleaved', p, m, v)
+  local total = m * v
+  local function fwd(k) return (math.floor(k / p) % v), math.floor(k / (p * v)) * p + k % p end
+  local function bwd(k) local c, i = fwd(k); return v - 1 - c, i end
+  for r = 1, p do
+    local l = s.ranks[r]
+    local warm = (v == 1) and math.min(p - r, m) or math.min((p - r) * 2 + (v - 1) * p, total)
+    local f, b = 0, 0
+    local function F() local c, i = fwd(f); f = f + 1; l[#l + 1] = { 'F', i + 1, c * p + r } end
+    local function B() local c, i = bwd(b); b = b + 1; l[#l + 1] = { 'B', i + 1, c * p + r } end
+    for _ = 1, warm do F() end
+    while f < total do F(); B() end
+    while b < total do B() end
+  end
+  return s
+end
+
+M.builders = { gpipe = M.gpipe, ['1f1b'] = M.one_f_one_b, interleaved = M.interleaved }
+M.NAMES = 'gpipe, 1f1b or interleaved'
+
+-- make(name, p, m, v): the named schedule
+function M.make(name, p, m, v)
+  local b = M.builders[name]
+  if not b then fail(('unknown schedule %s (expected %s)'):format(tostring(name), M.NAMES)) end
+  if name ~= 'interleaved' and (v or 1) ~= 1 then
+    fail(('virtual stages %d need the interleaved schedule, not %s'):format(v, name))
+  end
+  return b(p, m, v or 1)
+end
+
+-- the rank (1-based) holding stage st
+function M.rank_of(s, st) return (st - 1) % s.ranks_n + 1 end
+
+-- Runs the schedule in unit time: cost.F, cost.B (default 1 and 2: a
+-- backward is about twice a forward's FLOPs).  F(i, st) waits for F(i,
+-- st-1); B(i, st) for F(i, st) and B(i, st+1).  Each rank runs its list in
+-- order.  Returns {time = makespan, bubble = idle / (ranks x makespan),
+-- busy = {per rank}, at = {[rank] = {{start, finish}, ...}}} or fails naming
+-- the action no rank could run (a schedule that would hang).
+function M.simulate(s, cost)
+  cost = cost or {}
+  local cF, cB = cost.F or 1, cost.B or 2
+  local p, S, m = s.ranks_n, s.stages, s.microbatches
+  local done = {}  -- done['F' .. i .. ':' .. st] = finish time
+  local function key(op, i, st) return op .. i .. ':' .. st end
+  local pos, clock, busy, at = {}, {}, {}, {}
+  for r = 1, p do pos[r], clock[r], busy[r], at[r] = 1, 0, 0, {} end
+  local left = 0
+  for r = 1, p do left = left + #s.ranks[r] end
+  while left > 0 do
+    local progressed = false
+    for r = 1, p do
+      local a = s.ranks[r][pos[r]]
+      while a do
+        local op, i, st = a[1], a[2], a[3]
+        local deps
+        if op == 'F' then deps = { st > 1 and key('F', i, st - 1) or nil }
+        else deps = { key('F', i, st), st < S and key('B', i, st + 1) or nil } end
+        local ready = clock[r]
+        local ok = true
+        for _, d in pairs(deps) do
+          if done[d] == nil then ok = false; break end
+          ready = math.max(ready, done[d])
+        end
+        if not ok then break end
+        local c = op == 'F' and cF or cB
+        at[r][pos[r]] = { ready, ready + c }
+        clock[r] = ready + c
+        busy[r] = busy[r] + c
+        done[key(op, i, st)] = ready + c
+        pos[r], left, progressed = pos[r] + 1, left - 1, true
+        a = s.ranks[r][pos[r]]
+      end
+    end
+    if not progressed then
+      for r = 1, p do
+        local a = s.ranks[r][pos[r]]
+        if a then
+          fail(('rank %d waits forever at %s%d of stage %d (action %d of its list)'):format(r - 1, a[1], a[2], a[3],
+            pos[r]))
+        end
+      end
+    end
+  end
+  local span = 0
+  for r = 1, p do span = math.max(span, clock[r]) end
+  local idle = 0
+  for r = 1, p do idle = idle + (span - busy[r]) end
+  return { time = span, bubble = idle / (p * span), busy = busy, at = at, microbatches = m }
+end
+
+-- Checks a (possibly hand-edited) schedule: each rank runs only its own
+-- stages, every (F|B, microbatch, stage) appears once, and it runs to the
+-- end (simulate).  Also that the messages on each link arrive in the order
+-- they are received (activations and gradients each travel in order between
+-- two ranks).  Returns s.
+function M.check(s)
+  if type(s) ~= 'table' or type(s.ranks) ~= 'table' then fail('expected a schedule table with .ranks') end
+  posint(s.ranks_n, 'ranks_n'); posint(s.stages, 'stages'); posint(s.microbatches, 'microbatches')
+  if #s.ranks ~= s.ranks_n then fail(('has %d rank lists, expected %d'):format(#s.ranks, s.ranks_n)) end
+  if s.stages % s.ranks_n ~= 0 then
+    fail(('%d stages do not spread evenly over %d ranks'):format(s.stages, s.ranks_n))
+  end
+  local seen = {}
+  for r = 1, s.ranks_n do
+    for n, a in ipairs(s.ranks[r]) do
+      local op, i, st = a[1], a[2], a[3]
+      if (op ~= 'F' and op ~= 'B') or type(i) ~= 'number' or i < 1 or i > s.microbatches or i ~= math.floor(i)
+          or type(st) ~= 'number' or st < 1 or st > s.stages or st ~= math.floor(st) then
+        fail(('rank %d action %d: expected {F|B, microbatch 1..%d, stage 1..%d}, got {%s, %s, %s}'):format(r - 1, n,
+          s.microbatches, s.stages, tostring(op), tostring(i), tostring(st)))
+      end
+      if M.rank_of(s, st) ~= r then
+        fail(('rank %d action %d: stage %d lives on rank %d'):format(r - 1, n, st, M.rank_of(s, st) - 1))
+      end
+      local k = op .. i .. ':' .. st
+      if seen[k] then fail(('%s%d of stage %d appears twice'):format(op, i, st)) end
+      seen[k] = true
+    end
+  end
+  for st = 1, s.stages do
+    for i = 1, s.microbatches do
+      for _, op in ipairs({ 'F', 'B' }) do
+        if not seen[op .. i .. ':' .. st] then fail(('%s%d of stage %d is missing'):format(op, i, st)) end
+      end
+    end
+  end
+  -- in-order links: the order stage st sends its F outputs equals the
+  -- order stage st+1 runs its F (likewise gradients backwards)
+  local order = {}
+  for r = 1, s.ranks_n do
+    for _, a in ipairs(s.ranks[r]) do
+      local k = a[1] .. a[3]
+      order[k] = order[k] or {}
+      table.insert(order[k], a[2])
+    end
+  end
+  for st = 1, s.stages - 1 do
+    local sf, rf = order['F' .. st], order['F' .. (st + 1)]
+    local sb, rb = order['B' .. (st + 1)], order['B' .. st]
+    for i = 1, s.microbatches do
+      if sf[i] ~= rf[i] then
+        fail(('stage %d runs F%d as its %d-th forward but stage %d sent F%d then: messages arrive in order'):format(
+          st + 1, rf[i], i, st, sf[i]))
+      end
+      if sb[i] ~= rb[i] then
+        fail(('stage %d runs B%d as its %d-th backward but stage %d sent B%d then: messages arrive in order'):format(
+          st, rb[i], i, st + 1, sb[i]))
+      end
+    end
+  end
+  M.simulate(s)
+  return s
+end
+
+-- The most microbatches stage st holds activations for at once (F done, B
+-- not yet): the buffers the pipeline allocates and the activation memory.
+function M.in_flight(s, st)
+  local r = M.rank_of(s, st)
+  local n, most = 0, 0
+  for _, a in ipairs(s.ranks[r]) do
+    if a[3] == st then
+      n = n + (a[1] == 'F' and 1 or -1)
+      if n > most then most = n end
+    end
+  end
+  return most
+end
+
+-- 1F1B's bubble fraction in theory: (p - 1) / (m + p - 1); interleaved
+-- divides the p - 1 by v.
+function M.theory(p, m, v)
+  v = v or 1
+  return ((p - 1) / v) / (m + (p - 1) / v)
+end
+
+-- A timeline, one line per rank, one cell per unit of time (simulate's),
+-- e.g.  "rank 0 |F1|F2|  |B1 B1|..."  then the bubble fraction.
+function M.format(s, cost)
+  local sim = M.simulate(s, cost)
+  local lines = { ('schedule %s: %d ranks, %d stages, %d microbatches'):format(s.name or 'custom', s.ranks_n,
+    s.stages, s.microbatches) }
+  local width = #tostring(s.microbatches) + 1 + (s.virtual and s.virtual > 1 and 1 + #tostring(s.stages) or 0)
+  local function cell(a)
+    local c = a[1] .. a[2]
+    if s.virtual and s.virtual > 1 then c = c .. '.' .. a[3] end
+    return c .. (' '):rep(width - #c)
+  end
+  for r = 1, s.ranks_n do
+    local row, t = {}, 0
+    for n, a in ipairs(s.ranks[r]) do
+      local st, fin = sim.at[r][n][1], sim.at[r][n][2]
+      for _ = t + 1, st do row[#row + 1] = (' '):rep(width) end
+      for _ = st + 1, fin do row[#row + 1] = cell(a) end
+      t = fin
+    end
+    for _ = t + 1, sim.time do row[#row + 1] = (' '):rep(width) end
+    lines[#lines + 1] = ('rank %d |%s|'):format(r - 1, table.concat(row, '|'))
+  end
+  lines[#lines + 1] = ('bubble %.1f%% of %d rank-units (F = %d, B = %d units; theory (p-1)/(m+p-1), over v if interleaved: %.1f%%)')
+    :format(100 * sim.bubble, sim.time * s.ranks_n, (cost or {}).F or 1, (cost or {}).B or 2,
+      100 * M.theory(s.ranks_n, s.microbatches, s.virtual))
+  return table.concat(lines, '\n'), sim
+end
+
+return M

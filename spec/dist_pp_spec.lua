@@ -1,0 +1,278 @@
+-- Pipeline parallelism (gptlua.dist.schedules, gptlua.dist.pipeline, the
+-- mesh's pp dimension): schedules as data checked and simulated in this
+-- process (1F1B's bubble is (p-1)/(m+p-1), interleaving divides it by v,
+-- 1F1B keeps at most p microbatches in flight, hand-edited schedules that
+-- would hang or mis-order messages are refused); then on 2 and 4 MPI ranks
+-- (spec/dist/pp_*.lua workers), tiny float64 gpt2 and nanochat: GPipe, 1F1B
+-- and interleaved 1F1B, 5 AdamW steps equal to one process accumulating the
+-- same microbatches (loss, every gradient, every parameter), and a stage
+-- that fails or dies ending every rank with the stage named; the trainer
+-- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
+-- (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 (8 ranks) equal one
+-- process (losses, clipped norms, parameters), and a pp 2 x tp 2
+-- checkpoint resumes in one process and at pp 2 x dp 2 (zero1); a NaN in
+-- one stage's gradients makes every rank skip the step.
+local gl = require 'gptlua'
+local dist = require 'gptlua.dist'
+local mesh = require 'gptlua.dist.mesh'
+local S = require 'gptlua.dist.schedules'
+local PP = require 'gptlua.dist.pipeline'
+local H = require 'support.mpi'
+local train = require 'gptlua.train'
+local ckpt = require 'gptlua.checkpoint'
+local cjson = require 'cjson'
+
+describe('pipeline schedules as data', function()
+  it('1F1B and GPipe have the bubble (p-1)/(m+p-1), interleaved divides it by v', function()
+    for _, p in ipairs({ 2, 4 }) do
+      for _, m in ipairs({ 4, 8, 16 }) do
+        local want = (p - 1) / (m + p - 1)
+        assert.near(want, S.simulate(S.check(S.one_f_one_b(p, m))).bubble, 1e-12)
+        assert.near(want, S.simulate(S.check(S.gpipe(p, m))).bubble, 1e-12)
+        local il = S.simulate(S.check(S.interleaved(p, m, 2))).bubble
+        assert.near(S.theory(p, m, 2), il, 1e-12)
+        assert.is_true(il < want)
+      end
+    end
+  end)
+
+  it('1F1B holds at most p microbatches in flight per stage, GPipe all of them', function()
+    local one, all = S.one_f_one_b(4, 16), S.gpipe(4, 16)
+    for st = 1, 4 do
+      assert.equal(4 - st + 1, S.in_flight(one, st))
+      assert.equal(16, S.in_flight(all, st))
+    end
+  end)
+
+  it('prints a timeline per rank with its bubble', function()
+    local text = S.format(S.one_f_one_b(2, 2))
+    assert.equal(table.concat({
+      'schedule 1f1b: 2 ranks, 2 stages, 2 microbatches',
+      'rank 0 |F1|F2|  |  |B1|B1|  |B2|B2|',
+      'rank 1 |  |F1|B1|B1|F2|B2|B2|  |  |',
+      'bubble 33.3% of 18 rank-units (F = 1, B = 2 units; theory (p-1)/(m+p-1), over v if interleaved: 33.3%)' }, '\n'),
+      text)
+  end)
+
+  it('refuses edited schedules that would hang, repeat, miss or mis-order actions', function()
+    local s = S.one_f_one_b(2, 2)
+    s.ranks[2][1], s.ranks[2][2] = s.ranks[2][2], s.ranks[2][1]   -- B1 before F1 on rank 1
+    assert.has_error(function() S.check(s) end, 'pipeline schedule: rank 0 waits forever at B1 of stage 1 (action 3 of its list)')
+    s = S.one_f_one_b(2, 2); table.remove(s.ranks[1])
+    assert.has_error(function() S.check(s) end, 'pipeline schedule: B2 of stage 1 is missing')
+    s = S.one_f_one_b(2, 2); s.ranks[1][#s.ranks[1]] = { 'B', 1, 1 }
+    assert.has_error(function() S.check(s) end, 'pipeline schedule: B1 of stage 1 appears twice')
+    s = S.one_f_one_b(2, 2); s.ranks[1][1] = { 'F', 1, 2 }
+    assert.has_error(function() S.check(s) end, 'pipeline schedule: rank 0 action 1: stage 2 lives on rank 1')
+    s = S.gpipe(2, 2); s.ranks[2][1], s.ranks[2][2] = { 'F', 2, 2 }, { 'F', 1, 2 }
+    assert.has_error(function() S.check(s) end,
+      'pipeline schedule: stage 2 runs F2 as its 1-th forward but stage 1 sent F1 then: messages arrive in order')
+    assert.has_error(function() S.interleaved(4, 6, 2) end,
+      'pipeline schedule: interleaved 1F1B needs microbatches a multiple of the 4 pipeline ranks, got 6')
+    assert.has_error(function() S.make('zb', 2, 4) end, 'pipeline schedule: unknown schedule zb (expected gpipe, 1f1b or interleaved)')
+  end)
+end)
+
+describe('the pp mesh dimension and stage partition in one process', function()
+  it('puts pp outermost and checks it against the world', function()
+    assert.same({ pp = 2, dp = 2, cp = 1, tp = 2 }, mesh.sizes({ pp = 2, tp = 2 }, 8))
+    assert.same({ pp = 4, dp = 1, cp = 1, tp = 1 }, mesh.sizes({ pp = 4 }, 4))
+    assert.has_error(function() mesh.sizes({ pp = 3 }, 4) end,
+      'dist.mesh: pp 3 x cp 1 x tp 1 = 3 does not divide the world of 4 ranks')
+    assert.has_error(function() mesh.sizes({ pp = 2, dp = 4 }, 4) end,
+      'dist.mesh: pp 2 x dp 4 x cp 1 x tp 1 = 8 ranks, but the world has 4')
+    assert.same({ pp = 4, dp = 2, cp = 1, tp = 1 }, mesh.strides({ pp = 2, dp = 2, cp = 2, tp = 1 }))
+  end)
+
+  it('balances blocks by parameters or FLOPs, takes counts or a hook, refuses bad cuts', function()
+    gl.manual_seed(1)
+    local model = require('gptlua.models.gpt2').GPT({ vocab_size = 16, block_size = 8, n_layer = 5, n_head = 2,
+      n_embd = 8 })
+    assert.same({ 1, 2, 2 }, PP.partition(model, 3))
+    assert.same({ 1, 2, 2 }, PP.partition(model, 3, 'flops', 8))
+    assert.same({ 1, 1, 3 }, PP.partition(model, 3, { 1, 1, 3 }))
+    assert.same({ 4, 1 }, PP.partition(model, 2, function(costs, n) assert.equal(5, #costs); return { 4, 1 } end))
+    assert.has_error(function() PP.partition(model, 6) end, 'pipeline: 5 blocks cannot fill 6 stages (each needs one)')
+    assert.has_error(function() PP.partition(model, 2, { 5, 0 }) end,
+      'pipeline: partition: stage 2 expected a positive block count, got 0')
+    assert.has_error(function() PP.partition(model, 2, { 2, 2 }) end,
+      'pipeline: partition: 2 counts summing to 4, expected 2 stages summing to the 5 blocks')
+    assert.has_error(function() PP.partition(model, 2, 'size') end,
+      'pipeline: partition expected params, flops, a list of block counts or a function, got size')
+  end)
+
+  it('refuses pipeline settings it cannot run, in one line', function()
+    local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
+    local function err(args)
+      local ok, e = pcall(train.new, recipe('gpt2', { max_iters = 1 }), args)
+      assert.is_false(ok)
+      return tostring(e)
+    end
+    assert.equal("config: pp 2 needs a distributed run (dist = 'ddp')", err({ '--pp=2' }))
+    assert.equal("config: unknown pp_schedule 'zb' (expected 'gpipe', '1f1b' or 'interleaved')",
+      err({ '--pp_schedule=zb' }))
+    assert.equal("config: unknown pp_partition 'size' (expected 'params' or 'flops'; a recipe's pp_partition hook cuts "
+      .. 'by hand)', err({ '--pp_partition=size' }))
+    assert.equal('config: pp must be an integer in [1, 2147483647], got 0', err({ '--pp=0' }))
+  end)
+
+  it('a pipeline of one rank is the whole model', function()
+    gl.manual_seed(1)
+    local model = require('gptlua.models.gpt2').GPT({ vocab_size = 16, block_size = 8, n_layer = 2, n_head = 2,
+      n_embd = 8 }):to('float64')
+    local pipe = PP.new(model, dist.mesh({}).pp, { schedule = '1f1b', microbatches = 2, batch = { 1, 8 } })
+    assert.equal(#model:parameters(), #pipe.params)
+    assert.equal('Pipeline(1f1b, 1 stages over 1 ranks, 2 microbatches; rank 0: stage 1: blocks 1-2)', tostring(pipe))
+    local x = gl.tensor({ { 1, 2, 3, 4, 5, 6, 7, 8 } }, { dtype = 'int64' })
+    local y = gl.tensor({ { 2, 3, 4, 5, 6, 7, 8, 9 } }, { dtype = 'int64' })
+    local _, want = model:forward(x, y)
+    assert.near(want:item(), pipe:step({ x, x }, { y, y }), 1e-12)
+    assert.has_error(function() PP.new(model, dist.mesh({}).pp, { microbatches = 2 }) end,
+      'pipeline: batch expected {B, T}, the microbatch shape')
+  end)
+end)
+
+describe('gptlua --plan with --pp', function()
+  it('runs the pipeline on the meta device and prints the schedule as a timeline with its bubble', function()
+    local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
+    local r = require('gptlua.plan').plan(recipe('gpt2', { max_iters = 1 }), { world = 2, rank = 1,
+      args = { '--pp=2', '--dist=ddp' } })
+    assert.truthy(r.text:find('Pipeline(1f1b, 2 stages over 2 ranks, 4 microbatches; rank 1: stage 2: blocks 2-2)', 1,
+      true), r.text)
+    assert.truthy(r.text:find('rank 1 |  |F1|B1|B1|F2|B2|B2|F3|B3|B3|F4|B4|B4|  |  |', 1, true), r.text)
+    assert.truthy(r.text:find('bubble 20.0% of', 1, true), r.text)
+  end)
+
+  it("takes a recipe's own schedule (the pp_schedule hook), checked before it runs", function()
+    local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
+    local rec = recipe('gpt2', { max_iters = 1 })
+    rec.pp_schedule = function(p, m, v)
+      local s = S.one_f_one_b(p, m)
+      s.name = 'edited'
+      return s
+    end
+    local r = require('gptlua.plan').plan(rec, { world = 2, rank = 0, args = { '--pp=2', '--dist=ddp' } })
+    assert.truthy(r.text:find('schedule edited: 2 ranks, 2 stages, 4 microbatches', 1, true), r.text)
+    rec.pp_schedule = function() return { ranks = {} } end
+    local ok, err = pcall(require('gptlua.plan').plan, rec, { world = 2, args = { '--pp=2', '--dist=ddp' } })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('pipeline schedule: ranks_n expected a positive integer, got nil', 1, true), err)
+  end)
+end)
+
+describe('pipeline parallelism on MPI ranks', function()
+  if not H.MPIRUN then
+    pending('mpirun is not installed (make deps)')
+    return
+  end
+
+  it('GPipe, 1F1B and interleaved 1F1B on 2 and 4 stages: 5 steps equal one process accumulating the microbatches',
+    function()
+    for _, case in ipairs({ { 2, '1f1b 4 1' }, { 2, 'gpipe 4 1' }, { 2, 'interleaved 4 2' }, { 4, '1f1b 4 1' },
+                            { 4, 'gpipe 4 1' }, { 4, 'interleaved 8 2' } }) do
+      local o, rc = H.mpirun(case[1], 'spec/dist/pp_grads.lua', ('%d %s gpt2 nanochat'):format(case[1], case[2]))
+      H.assert_ranks_ok(o, rc, case[1])
+    end
+  end)
+
+  it('recipes/bench_pipeline.lua measures every schedule (shrunk)', function()
+    local o, rc = H.sh(('%s recipes/bench_pipeline.lua --ps=2 --ms=2 --steps=1 --n_layer=4 --n_embd=16 --block_size=8')
+      :format(H.EXE), 120)
+    assert.equal(0, rc, o)
+    for _, name in ipairs({ 'gpipe        2   2 |', '1f1b         2   2 |', 'interleaved v2 2   2 |' }) do
+      assert.truthy(o:find(name, 1, true), o)
+    end
+    o, rc = H.sh(H.EXE .. ' recipes/bench_pipeline.lua --ms=x', 30)
+    assert.not_equal(0, rc)
+    assert.truthy(o:find('bench_pipeline: --ms expected numbers, got x', 1, true), o)
+  end)
+
+  it('a stage that raises or dies ends every rank, naming the stage', function()
+    local o, rc = H.mpirun(2, 'spec/dist/pp_error.lua', 'error', 60)
+    assert.not_equal(0, rc)
+    assert.truthy(o:find('pipeline stage 2 (pp rank 1) failed at F2: ', 1, true), o)
+    assert.truthy(o:find('injected failure', 1, true), o)
+    assert.falsy(o:find('NOT REACHED', 1, true), o)
+    o, rc = H.mpirun(2, 'spec/dist/pp_error.lua', 'die', 60)
+    assert.not_equal(0, rc)
+    assert.falsy(o:find('NOT REACHED', 1, true), o)
+  end)
+end)
+
+-- --------------------------------------------------------- the trainer --
+local function result(dir) return H.read_json(dir .. '/result.json') end
+local function grad_norms(dir)
+  local out = {}
+  for line in io.lines(dir .. '/p/metrics.jsonl') do
+    local m = cjson.decode(line)
+    if m.grad_norm then out[#out + 1] = m.grad_norm end
+  end
+  return out
+end
+local function assert_close(want, got, what)
+  assert.equal(#want, #got, what)
+  for i = 1, #want do
+    local rel = math.abs(want[i] - got[i]) / math.abs(want[i])
+    assert.is_true(rel < 1e-9, ('%s: step %d %.15g, expected %.15g'):format(what, i, got[i], want[i]))
+  end
+end
+
+describe('the trainer with --pp on MPI ranks', function()
+  if not H.MPIRUN then
+    pending('mpirun is not installed (make deps)')
+    return
+  end
+  local out = H.tmpdir()
+  teardown(function() os.execute('rm -rf ' .. out) end)
+  local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
+
+  it('pp 2 (gpt2, nanochat; 1F1B and GPipe), pp 2 x dp 2 (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
+    .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1); a NaN on one stage skips the step '
+    .. 'everywhere', function()
+    for _, model in ipairs({ 'gpt2', 'nanochat' }) do
+      local t = train.new(recipe(model, { out_dir = out .. '/ref_' .. model }), {})
+      local res = t:run()
+      local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
+      local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
+        { 4, '--pp=2 --dp=2 --dist=zero1' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
+        { 4, '--pp=2 --tp=2 --dist=ddp' } }
+        or { { 2, '--pp=2 --dist=ddp' }, { 8, '--pp=2 --dp=2 --tp=2 --dist=ddp' } }
+      for _, case in ipairs(cases) do
+        local what = model .. ' ' .. case[2]
+        local dir = ('%s/%s_%d_%s'):format(out, model, case[1], case[2]:gsub('[^%w]', ''))
+        local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s %s 5 %s'):format(dir, model, case[2]))
+        H.assert_ranks_ok(o, rc, case[1])
+        local r = result(dir)
+        assert_close(ref.losses, r.losses, what .. ' loss')
+        assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm')
+        local e = H.rel_error(ref.params, ckpt.load_safetensors(r.checkpoint .. '/model.safetensors'))
+        assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+      end
+      if model == 'gpt2' then
+        -- pp 2 x tp 2 saves at step 3 (the whole model); one process, and pp 2 x dp 2, go on to 5
+        local o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/resume_a gpt2 3 --pp=2 --tp=2 --dist=ddp')
+        H.assert_ranks_ok(o, rc, 4)
+        local step3 = result(out .. '/resume_a').checkpoint
+        local t1 = train.new(recipe('gpt2', { out_dir = out .. '/resume_a1', max_iters = 5 }), { '--resume=' .. step3 })
+        local r1 = t1:run()
+        assert_close({ ref.losses[4], ref.losses[5] }, r1.losses, 'pp 2 x tp 2 -> 1 loss')
+        local e = H.rel_error(ref.params, H.params_of(t1.model))
+        assert.is_true(e < 1e-9, ('pp 2 x tp 2 -> 1: final parameters differ, relative error %.3g'):format(e))
+        o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/resume_b gpt2 5 --pp=2 --dp=2 --dist=zero1 --resume=%s'):format(
+          out, step3))
+        H.assert_ranks_ok(o, rc, 4)
+        local rb = result(out .. '/resume_b')
+        assert_close({ ref.losses[4], ref.losses[5] }, rb.losses, 'pp 2 x tp 2 -> pp 2 x dp 2 zero1 loss')
+        e = H.rel_error(ref.params, ckpt.load_safetensors(rb.checkpoint .. '/model.safetensors'))
+        assert.is_true(e < 1e-9, ('pp 2 x tp 2 -> pp 2 x dp 2 zero1: final parameters differ, relative error %.3g'):format(e))
+      end
+    end
+    -- a NaN in one stage's gradients: every rank skips the step
+    local o, rc = H.mpirun(2, 'spec/dist/pp_nan.lua', out .. '/nan')
+    H.assert_ranks_ok(o, rc, 2, ': 2 steps taken')
+    -- what is not composed yet is refused in one line
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=zero2')
+    assert.not_equal(0, rc)
+    assert.truthy(o:find("pipeline parallel: dist 'zero2' with pp > 1 is not composed yet", 1, true), o)
+  end)
+end)

@@ -123,7 +123,9 @@ function FSDP:_muon_update(x)
   for _, m in ipairs(mu.owned) do
     local grad = gl.empty(m.p.shape, { dtype = mu.dtype, device = mu.device })
     for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(grad, f.eoff, f.len).c, tmp_view(recv, f.pos, f.len).c)) end
-    local X = optim.Muon.update_direction(grad, grad, m.buf, m.w.group)
+    -- (tensor parallel's update_direction: the whole matrix's, over tp)
+    local dir = m.w.opt.update_direction
+    local X = dir and dir(m.p, grad, m.buf, m.w.group) or optim.Muon.update_direction(grad, grad, m.buf, m.w.group)
     if X.dtype ~= mu.update_dtype then X = X:to(mu.update_dtype) end
     for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(upd, f.pos, f.len).c, tmp_view(X, f.eoff, f.len).c)) end
     grad:free()
@@ -134,7 +136,8 @@ function FSDP:_muon_update(x)
   self.shard:all_to_all(back, upd, { send_counts = mu.recv_counts, recv_counts = mu.send_counts })
   upd:free()
   for _, e in ipairs(mu.send) do
-    local g, shape, u = e.m.w.group, e.m.p.shape, e.m.u
+    local g, u, o = e.m.w.group, e.m.u, e.m.w.opt
+    local shape = o.matrix_shape and o.matrix_shape(e.m.p) or e.m.p.shape
     local scale = math.sqrt(math.max(1, shape[1] / shape[2]))
     tmp_view(u.master or u.pshard, e.start, e.len):add_(tmp_view(back, e.pos, e.len), -g.lr * scale)
   end

@@ -327,9 +327,13 @@ function Zero:step()
           for _, e in ipairs(b.owned) do
             local g, p = e.w.group, e.p
             local target = e.master or p
-            local X = optim.Muon.update_direction(p, e.grad, e.buf, g)
+            -- (tensor parallel sets update_direction and matrix_shape on the
+            -- optimizer: the whole matrix's direction, cut to this shard)
+            local o = e.w.opt
+            local X = (o.update_direction or optim.Muon.update_direction)(p, e.grad, e.buf, g)
+            local shape = o.matrix_shape and o.matrix_shape(p) or p.shape
             local Xd = X:to(target.dtype)
-            target:add_(Xd, -g.lr * math.sqrt(math.max(1, p.shape[1] / p.shape[2])))
+            target:add_(Xd, -g.lr * math.sqrt(math.max(1, shape[1] / shape[2])))
             Tensor.release(X)   -- one matrix's temporaries at a time
             if Xd ~= X then Tensor.release(Xd) end
           end

@@ -1,6 +1,8 @@
 /* cpu_attention.c — causal scaled-dot-product attention on the CPU, forward
  * and backward, with grouped-query heads, a KV cache offset (T <= S, query t
- * at position S - T + t) and an optional sliding window.
+ * at position S - T + t) and an optional sliding window; window < 0 masks
+ * nothing (ring attention's blocks of earlier chunks): every query then
+ * sits at position S - 1 + t, past every key.
  *
  * Both directions work on tiles of up to TM queries, so that every product
  * is a small matrix product computed in register blocks (R(micro): MR rows
@@ -26,7 +28,9 @@
  * Backward, one task per (b, kv head), looping over the query heads of its
  * group so dK and dV accumulate in the task's own buffers without races:
  * per tile, Pt = exp(scale K Q^T - lse) recomputed, dPt = V dO^T,
- * D = sum(P * dP) per query, dSt = scale P (dP - D), then dQ = dS K,
+ * D = rowsum(dO * O) per query (as the GPU's: lse and O may be a larger
+ * attention's, merged over several key blocks, of which these keys are
+ * one), dSt = scale P (dP - D), then dQ = dS K,
  * dK += dS^T Q, dV += P^T dO.
  *
  * Causality and the window are handled per register block: a block of
@@ -95,10 +99,10 @@ static inline int64_t first_key(int64_t pos, int64_t window) {
    they see keys [klo, khi]. */
 typedef struct { int64_t t0, n, p0, klo, khi; } tile;
 
-static inline tile make_tile(int64_t T, int64_t S, int64_t window, int64_t t0, int64_t tm) {
-  tile c = {t0, min64(tm, T - t0), S - T + t0, 0, 0};
+static inline tile make_tile(int64_t T, int64_t S, int64_t off, int64_t window, int64_t t0, int64_t tm) {
+  tile c = {t0, min64(tm, T - t0), off + t0, 0, 0};
   c.klo = first_key(c.p0, window);
-  c.khi = c.p0 + c.n - 1;
+  c.khi = min64(c.p0 + c.n - 1, S - 1);
   return c;
 }
 
@@ -111,8 +115,11 @@ static inline void seeing(const tile *c, int64_t window, int64_t j0, int64_t j1,
 #define GL_TEMPLATE "cpu_attention.c"
 #include "cpu_template.h"
 
-/* a window of S keys or more hides none (and S bounds the arithmetic on it) */
-static inline int64_t effective_window(int64_t window, int64_t S) { return window > 0 && window < S ? window : 0; }
+/* a window of S keys or more hides none (and S bounds the arithmetic on it);
+   a negative one (no mask) is kept: R(geom_of) reads it */
+static inline int64_t effective_window(int64_t window, int64_t S) {
+  return window < 0 ? -1 : window > 0 && window < S ? window : 0;
+}
 
 int cpu_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
                           const gl_tensor *v, double scale, int64_t window) {
@@ -125,8 +132,8 @@ int cpu_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl
                            const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
                            const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window) {
   window = effective_window(window, k->shape[2]);
-  if (q->dtype == GL_F64) return attention_backward_f64(dq, dk, dv, dout, q, k, v, lse, scale, window);
-  return attention_backward_f32(dq, dk, dv, dout, q, k, v, lse, scale, window);
+  if (q->dtype == GL_F64) return attention_backward_f64(dq, dk, dv, dout, q, k, v, out, lse, scale, window);
+  return attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, scale, window);
 }
 
 #else /* ---- generic section: real is float or double, R(name) its suffix ---- */
@@ -153,9 +160,16 @@ static inline R(ivec) R(iota)(void) {
 /* Shapes of one call, shared by its tasks; ld is the row stride of the
    query-major tile buffers (TM or fewer queries, padded to whole vectors). */
 typedef struct {
-  int64_t T, S, D, Dp, ld, tm, window;
+  int64_t T, S, D, Dp, ld, tm, window, off; /* off: position of query 0 */
   real scale;
 } R(geom);
+
+/* window < 0 (no mask): every query past every key, no window */
+static R(geom) R(geom_of)(int64_t T, int64_t S, int64_t D, int64_t window, double scale) {
+  int64_t tm = min64(T, TM);
+  return (R(geom)){T, S, D, round_up(D, VL), round_up(tm, VL), tm, window < 0 ? 0 : window,
+                   window < 0 ? S - 1 : S - T, (real)scale};
+}
 
 /* D reals into row (b, h, i) of t: a plain copy when that is contiguous
    reals (R(cpu_span_store) converts element by element at any stride) */
@@ -318,7 +332,7 @@ static void R(key_rows)(const R(geom) *g, const tile *c, real *Ct, R(mat) M, con
 static void R(query_sums)(const R(geom) *g, const tile *c, real *Y, const real *Wt, R(mat) M) {
   for (int64_t r0 = 0; r0 < c->n; r0 += MR) {
     int mr = (int)min64(MR, c->n - r0);
-    int64_t lo = first_key(c->p0 + r0, g->window), hi = c->p0 + r0 + mr - 1;
+    int64_t lo = first_key(c->p0 + r0, g->window), hi = min64(c->p0 + r0 + mr - 1, g->S - 1);
     R(gemm_rows)(mr, g->Dp / VL, 0, Y + r0 * g->Dp, g->Dp, Wt + (lo - c->klo) * g->ld + r0, 1, g->ld,
                  M.p + lo * M.rs, M.rs, hi - lo + 1);
   }
@@ -371,13 +385,14 @@ static void R(tile_softmax)(const R(geom) *g, const tile *c, R(ivec) iota, real 
 
 /* The tile's probabilities and score gradients from its scores Pt and dSt
    holding dP = dO V^T: Pt = exp(scale Pt - lse) (0 where invisible),
-   D = sum over keys of P dP per query, dSt = scale P (dP - D).  dP is set
-   to 0 where invisible first: there it is unset memory, and 0 times that
-   need not be 0. */
-static void R(tile_dscores)(const R(geom) *g, const tile *c, R(ivec) iota, real *Pt, real *dSt, const real *lse) {
+   dSt = scale P (dP - D) with D = rowsum(dO * O) per query (di).  dP is
+   set to 0 where invisible first: there it is unset memory, and 0 times
+   that need not be 0. */
+static void R(tile_dscores)(const R(geom) *g, const tile *c, R(ivec) iota, real *Pt, real *dSt, const real *lse,
+                            const real *di) {
   int64_t ld = g->ld, nu = ld / VL, rows = c->khi - c->klo + 1;
   R(vec) L[TM / VL], Dt[TM / VL];
-  for (int64_t u = 0; u < nu; u++) L[u] = R(vload)(lse + u * VL), Dt[u] = (R(vec)){0};
+  for (int64_t u = 0; u < nu; u++) L[u] = R(vload)(lse + u * VL), Dt[u] = R(vload)(di + u * VL);
   for (int64_t j = 0; j < rows; j++)
     for (int64_t u = 0; u < nu; u++) {
       real *p = Pt + j * ld + u * VL, *dp = dSt + j * ld + u * VL;
@@ -386,8 +401,6 @@ static void R(tile_dscores)(const R(geom) *g, const tile *c, R(ivec) iota, real 
       R(vstore)(dp, R(vsel)(vis, R(vload)(dp), (R(vec)){0}));
     }
   R(cpu_vexp)(Pt, Pt, rows * ld);
-  for (int64_t j = 0; j < rows; j++)
-    for (int64_t u = 0; u < nu; u++) Dt[u] += R(vload)(Pt + j * ld + u * VL) * R(vload)(dSt + j * ld + u * VL);
   for (int64_t j = 0; j < rows; j++)
     for (int64_t u = 0; u < nu; u++) {
       real *dp = dSt + j * ld + u * VL;
@@ -408,7 +421,7 @@ static void R(forward_task)(const R(geom) *g, gl_tensor *out, gl_tensor *lse, co
   R(ivec) iota = R(iota)();
   R(mat) K = R(head_rows)(g, k, b, hk, 0, out, lse, NULL, Kb), V = R(head_rows)(g, v, b, hk, 1, out, lse, NULL, Vb);
   for (int64_t t0 = 0; t0 < g->T; t0 += g->tm) {
-    tile c = make_tile(g->T, S, g->window, t0, g->tm);
+    tile c = make_tile(g->T, S, g->off, g->window, t0, g->tm);
     real m[TM], l[TM];
     R(load_tile)(g, &c, q, b, h, Ob, Qt); /* Ob holds Q's rows until P V */
     R(key_rows)(g, &c, Pt, K, Qt);
@@ -426,8 +439,8 @@ static void R(forward_task)(const R(geom) *g, gl_tensor *out, gl_tensor *lse, co
 static int R(attention_forward)(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
                                 const gl_tensor *v, double scale, int64_t window) {
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3];
-  int64_t Hkv = k->shape[1], S = k->shape[2], G = H / Hkv, ntask = B * H, tm = min64(T, TM);
-  R(geom) g = {T, S, D, round_up(D, VL), round_up(tm, VL), tm, window, (real)scale};
+  int64_t Hkv = k->shape[1], S = k->shape[2], G = H / Hkv, ntask = B * H;
+  R(geom) g = R(geom_of)(T, S, D, window, scale);
   int64_t per = R(forward_scratch)(&g);
   int nt = gl_threads_for(ntask, T * S * D);
   real *ws = (real *)cpu_scratch(0, (size_t)(nt * per) * sizeof(real));
@@ -448,7 +461,7 @@ static int64_t R(backward_scratch)(const R(geom) *g) {
 
 static void R(backward_task)(const R(geom) *g, gl_tensor *dq, gl_tensor *dk, gl_tensor *dv,
                              const gl_tensor *dout, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
-                             const gl_tensor *lse, int64_t b, int64_t hk, int64_t G, real *ws) {
+                             const gl_tensor *out, const gl_tensor *lse, int64_t b, int64_t hk, int64_t G, real *ws) {
   int64_t S = g->S, D = g->D, Dp = g->Dp, ld = g->ld, tm = g->tm;
   real *Kb = ws, *Vb = Kb + S * Dp, *dK = Vb + S * Dp, *dV = dK + S * Dp;
   real *Qb = dV + S * Dp, *Gb = Qb + ld * Dp, *dQb = Gb + ld * Dp, *Qt = dQb + ld * Dp, *Gt = Qt + Dp * ld;
@@ -458,14 +471,17 @@ static void R(backward_task)(const R(geom) *g, gl_tensor *dq, gl_tensor *dk, gl_
   for (int64_t i = 0; i < 2 * S * Dp; i++) dK[i] = 0; /* dK and dV */
   for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
     for (int64_t t0 = 0; t0 < g->T; t0 += tm) {
-      tile c = make_tile(g->T, S, g->window, t0, tm);
-      real l[TM] = {0};
+      tile c = make_tile(g->T, S, g->off, g->window, t0, tm);
+      real l[TM] = {0}, di[TM] = {0};
       for (int64_t i = 0; i < c.n; i++) l[i] = ((const real *)lse->storage->data)[lse_offset(lse, b, h, t0 + i)];
       R(load_tile)(g, &c, q, b, h, Qb, Qt);
       R(load_tile)(g, &c, dout, b, h, Gb, Gt);
+      R(load_rows)(g, out, b, h, t0, c.n, dQb); /* O's rows (dQb is free until dQ) */
+      for (int64_t i = 0; i < c.n; i++)
+        for (int64_t d = 0; d < D; d++) di[i] += Gb[i * Dp + d] * dQb[i * Dp + d];
       R(key_rows)(g, &c, Pt, K, Qt);
       R(key_rows)(g, &c, dSt, V, Gt);
-      R(tile_dscores)(g, &c, iota, Pt, dSt, l);
+      R(tile_dscores)(g, &c, iota, Pt, dSt, l, di);
       R(query_sums)(g, &c, dQb, dSt, K);
       for (int64_t i = 0; i < c.n; i++) R(store_row)(dq, b, h, t0 + i, D, dQb + i * Dp);
       R(key_sums)(g, &c, dK, dSt, Qb);
@@ -480,17 +496,17 @@ static void R(backward_task)(const R(geom) *g, gl_tensor *dq, gl_tensor *dk, gl_
 
 static int R(attention_backward)(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
                                  const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
-                                 const gl_tensor *lse, double scale, int64_t window) {
+                                 const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window) {
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3];
-  int64_t Hkv = k->shape[1], S = k->shape[2], G = H / Hkv, ntask = B * Hkv, tm = min64(T, TM);
-  R(geom) g = {T, S, D, round_up(D, VL), round_up(tm, VL), tm, window, (real)scale};
+  int64_t Hkv = k->shape[1], S = k->shape[2], G = H / Hkv, ntask = B * Hkv;
+  R(geom) g = R(geom_of)(T, S, D, window, scale);
   int64_t per = R(backward_scratch)(&g);
   int nt = gl_threads_for(ntask, 2 * G * T * S * D);
   real *ws = (real *)cpu_scratch(0, (size_t)(nt * per) * sizeof(real));
   if (!ws) return gl_error("gl_attention_backward: out of memory for per-thread buffers (S=%lld, D=%lld)",
                            (long long)S, (long long)D);
   GL_PAR_FOR(nt, task, ntask,
-    R(backward_task)(&g, dq, dk, dv, dout, q, k, v, lse, task / Hkv, task % Hkv, G, ws + gl_thread_id() * per);
+    R(backward_task)(&g, dq, dk, dv, dout, q, k, v, out, lse, task / Hkv, task % Hkv, G, ws + gl_thread_id() * per);
   );
   return GL_OK;
 }

@@ -154,9 +154,14 @@ int gl_index_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor 
 
 /* Causal scaled-dot-product attention.  q (B, H, T, D), k/v (B, Hkv, S, D)
    with H % Hkv == 0 (grouped-query) and T <= S: query t sits at position
-   S - T + t (KV cache).  window > 0 keeps keys with pos > qpos - window.
-   out (B, H, T, D); lse (B, H, T) float32 (float64 for f64) log-sum-exp,
-   or NULL in the forward (not kept). */
+   S - T + t (KV cache).  window > 0 keeps keys with pos > qpos - window;
+   window < 0 masks nothing (every query sees every key, any T and S: ring
+   attention's blocks of earlier chunks).  out (B, H, T, D); lse (B, H, T)
+   float32 (float64 for f64) log-sum-exp, or NULL in the forward (not
+   kept).  The backward takes the forward's out and lse, which may be a
+   larger attention's (merged over several key blocks): it uses
+   Di = rowsum(dout * out) and P = exp(scores - lse), so the gradients are
+   that attention's restricted to these keys. */
 int gl_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q,
                          const gl_tensor *k, const gl_tensor *v, double scale, int64_t window);
 int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,

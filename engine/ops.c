@@ -361,7 +361,8 @@ int gl_index_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor 
 /* ---- attention ------------------------------------------------------------ */
 
 /* q (B,H,T,D), k and v (B,Hkv,S,D), H % Hkv == 0, T <= S; the lse shape */
-static int check_attention(const char *fn, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v) {
+static int check_attention(const char *fn, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
+                           int64_t window) {
   GL_TRY(check_ndim(q, fn, "q", 4, 4));
   GL_TRY(check_dtype(k, fn, "k", q->dtype, "the dtype of q"));
   GL_TRY(check_dtype(v, fn, "v", q->dtype, "the dtype of q"));
@@ -373,7 +374,7 @@ static int check_attention(const char *fn, const gl_tensor *q, const gl_tensor *
   if (Hkv == 0 || H % Hkv != 0)
     return gl_error("%s: q has %lld heads and k %lld, expected H to be a multiple of Hkv >= 1", fn,
                     (long long)H, (long long)Hkv);
-  if (T > S)
+  if (T > S && window >= 0) /* (window < 0: no causal mask, any T and S) */
     return gl_error("%s: q has T = %lld queries and k S = %lld keys, expected T <= S", fn, (long long)T, (long long)S);
   return GL_OK;
 }
@@ -383,7 +384,7 @@ int gl_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, con
   const char *fn = "gl_attention_forward";
   GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {lse, "lse", A_OUT | A_OPT | A_FLOAT},
                              {q, "q", A_FLOAT}, {k, "k", A_FLOAT}, {v, "v", A_FLOAT})));
-  GL_TRY(check_attention(fn, q, k, v));
+  GL_TRY(check_attention(fn, q, k, v, window));
   GL_TRY(check_dtype(out, fn, "out", q->dtype, "the dtype of q"));
   GL_TRY(gl_check_same_shape(q, out, fn, "q", "out"));
   GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(q->dtype), "float32, float64 for float64 q"));
@@ -399,7 +400,7 @@ int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_
   GL_TRY(check_args(fn, ARGS({dq, "dq", A_OUT | A_FLOAT}, {dk, "dk", A_OUT | A_FLOAT}, {dv, "dv", A_OUT | A_FLOAT},
                              {dout, "dout", A_FLOAT}, {q, "q", A_FLOAT}, {k, "k", A_FLOAT}, {v, "v", A_FLOAT},
                              {out, "out", A_FLOAT}, {lse, "lse", A_FLOAT})));
-  GL_TRY(check_attention(fn, q, k, v));
+  GL_TRY(check_attention(fn, q, k, v, window));
   const gl_tensor *like_q[] = {dq, dout, out}, *like_k[] = {dk, dv};
   const char *nq[] = {"dq", "dout", "out"}, *nk[] = {"dk", "dv"};
   for (int i = 0; i < 3; i++) {

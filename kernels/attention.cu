@@ -1,7 +1,8 @@
 /* attention.cu — causal scaled-dot-product attention on the GPU, forward and
  * backward: grouped-query heads (kv head h / (H / Hkv)), the KV-cache offset
- * (T <= S, query t at position S - T + t) and an optional sliding window,
- * with the semantics of its CPU twin engine/cpu_attention.c; specs in
+ * (T <= S, query t at position S - T + t) and an optional sliding window
+ * (window < 0: no mask, every query at S - 1 + t, past every key; ring
+ * attention's blocks), with the semantics of its CPU twin engine/cpu_attention.c; specs in
  * spec/cuda_attention_spec.lua.
  *
  * Flash path (bfloat16, head dim D = 64 or 128, unit stride along D,
@@ -81,7 +82,7 @@ struct FlashParams {
   const float *di;        /* (B, H, T) contiguous */
   float *dq_acc;          /* backward: (B, H, T, D) contiguous fp32, zeroed */
   int64_t qs[3], ks[3], vs[3], os[3], ls[3], dos[3], dqs[3], dks[3], dvs[3];  /* (b, h, t) strides */
-  int64_t H, Hkv, T, S, window;
+  int64_t H, Hkv, T, S, window, off;  /* off: position of query 0 */
   float scale;
 };
 
@@ -115,8 +116,8 @@ __device__ __forceinline__ void fa_load_tile(bf16 *dst, const bf16 *src, int64_t
 /* first key tile a query tile [qt0, qt0 + FA_BR) can see, and one past the
    last key it sees: causal block skipping, and the window's lower edge */
 __device__ __forceinline__ void fa_key_range(const FlashParams &p, int64_t qt0, int64_t *kv_begin, int64_t *kv_end) {
-  int64_t off = p.S - p.T, last_t = (qt0 + FA_BR < p.T ? qt0 + FA_BR : p.T) - 1;
-  *kv_end = off + last_t + 1;
+  int64_t off = p.off, last_t = (qt0 + FA_BR < p.T ? qt0 + FA_BR : p.T) - 1;
+  *kv_end = off + last_t + 1 < p.S ? off + last_t + 1 : p.S;
   int64_t lo = 0;
   if (p.window > 0) { lo = off + qt0 - p.window + 1; if (lo < 0) lo = 0; }
   *kv_begin = lo / FA_BC * FA_BC;
@@ -124,7 +125,7 @@ __device__ __forceinline__ void fa_key_range(const FlashParams &p, int64_t qt0, 
 
 /* every (query, key) of the tile pair exists and is visible: no masking */
 __device__ __forceinline__ bool fa_tile_full(const FlashParams &p, int64_t qt0, int64_t kv0) {
-  const int64_t q_lo = p.S - p.T + qt0, q_hi = q_lo + FA_BR - 1;
+  const int64_t q_lo = p.off + qt0, q_hi = q_lo + FA_BR - 1;
   return qt0 + FA_BR <= p.T && kv0 + FA_BC <= p.S && kv0 + FA_BC - 1 <= q_lo &&
          (p.window <= 0 || q_hi - p.window < kv0);
 }
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
   bf16 *Qs = (bf16 *)smem, *Ks = Qs + E, *Vs = Ks + 2 * E;  /* K, V: two stages each */
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int64_t qt0 = (int64_t)blockIdx.x * FA_BR, h = blockIdx.y, b = blockIdx.z, hk = h / (p.H / p.Hkv);
-  const int64_t off = p.S - p.T;
+  const int64_t off = p.off;
   const bf16 *q = p.q + b * p.qs[0] + h * p.qs[1];
   const bf16 *k = p.k + b * p.ks[0] + hk * p.ks[1];
   const bf16 *v = p.v + b * p.vs[0] + hk * p.vs[1];
@@ -287,7 +288,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
   float *lse_s = (float *)(dSs + FA_BR * FA_LDS), *di_s = lse_s + 2 * FA_BR;  /* two stages each */
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, kr = warp * 16;
   const int64_t kv0 = (int64_t)blockIdx.x * FA_BC, hk = blockIdx.y, b = blockIdx.z;
-  const int64_t group = p.H / p.Hkv, off = p.S - p.T;
+  const int64_t group = p.H / p.Hkv, off = p.off;
   /* the query tiles that see a key of [kv0, kv0 + FA_BC): qpos >= kv0 and,
      with a window, qpos < kv0 + FA_BC - 1 + window */
   int64_t t_lo = kv0 - off < 0 ? 0 : kv0 - off;
@@ -491,7 +492,7 @@ template <int D> static int fa_backward(cudaStream_t st, FlashParams &p, int64_t
 /* ================================ fallback ====================================== */
 enum { FB_THREADS = 128 };
 
-struct AttnDims { int64_t H, G, T, S, D, window; };
+struct AttnDims { int64_t H, G, T, S, D, window, off; };  /* off: position of query 0 */
 
 template <class P, class T>
 __device__ __forceinline__ T fb_dot(const T *a, P x, int64_t off, int64_t st, int64_t D) {
@@ -511,7 +512,7 @@ __global__ void attn_fwd_fallback_kernel(P q, Str4 qs, P k, Str4 ks, P v, Str4 v
   const int64_t kb = b * ks.s[0] + hk * ks.s[1], vb = b * vs.s[0] + hk * vs.s[1];
   for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) { qv[d] = q.template get<T>(qo + d * qs.s[3]); acc[d] = 0; }
   __syncthreads();
-  const int64_t pos = a.S - a.T + t, hi = pos + 1;
+  const int64_t pos = a.off + t, hi = pos + 1 < a.S ? pos + 1 : a.S;
   const int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
   T m = -cu_inf<T>(), l = 0;
   for (int64_t s = lo + threadIdx.x; s < hi; s += blockDim.x) {
@@ -557,7 +558,7 @@ __global__ void attn_dq_fallback_kernel(P dq, Str4 dqs, P dout, Str4 dos, P q, S
   }
   __syncthreads();
   const T l = lse.get<T>(b * lss.s[0] + h * lss.s[1] + t * lss.s[2]), Dt = di[(b * a.H + h) * a.T + t];
-  const int64_t pos = a.S - a.T + t, hi = pos + 1;
+  const int64_t pos = a.off + t, hi = pos + 1 < a.S ? pos + 1 : a.S;
   const int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
   for (int64_t base = lo; base < hi; base += blockDim.x) {
     const int64_t s = base + threadIdx.x;
@@ -599,7 +600,7 @@ __global__ void attn_dkdv_fallback_kernel(P dk, Str4 dks, P dv, Str4 dvs, P dout
     dva[d] = 0;
   }
   __syncthreads();
-  const int64_t off = a.S - a.T;
+  const int64_t off = a.off;
   /* queries seeing key s: qpos >= s, and qpos < s + window with a window */
   const int64_t t_lo = s - off > 0 ? s - off : 0;
   int64_t t_hi = a.T;
@@ -667,11 +668,12 @@ extern "C" int cuda_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_t
     p.q = (const bf16 *)cu_ptr(q); p.k = (const bf16 *)cu_ptr(k); p.v = (const bf16 *)cu_ptr(v);
     p.o = (bf16 *)cu_ptr(out); p.lse = (float *)cu_ptr(lse);
     fa_strides(p.qs, q); fa_strides(p.ks, k); fa_strides(p.vs, v); fa_strides(p.os, out); fa_strides(p.ls, lse);
-    p.H = H; p.Hkv = Hkv; p.T = T_; p.S = S; p.window = window; p.scale = (float)scale;
+    p.H = H; p.Hkv = Hkv; p.T = T_; p.S = S; p.scale = (float)scale;
+    p.window = window < 0 ? 0 : window; p.off = window < 0 ? S - 1 : S - T_;
     return D == 128 ? fa_forward<128>(st, p, B) : fa_forward<64>(st, p, B);
   }
   GL_TRY(grid_check("cuda_attention_forward", T_, H, B));
-  AttnDims a = {H, H / Hkv, T_, S, D, window};
+  AttnDims a = {H, H / Hkv, T_, S, D, window < 0 ? 0 : window, window < 0 ? S - 1 : S - T_};
   return cu_dispatch({out, q, k, v}, [&](auto pp, auto t) -> int {
     using P = decltype(pp);
     using T = decltype(t);
@@ -721,11 +723,12 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     p.lse_in = (const float *)cu_ptr(lse); p.di = di.ptr<float>();
     fa_strides(p.qs, q); fa_strides(p.ks, k); fa_strides(p.vs, v); fa_strides(p.ls, lse);
     fa_strides(p.dos, dout); fa_strides(p.dqs, dq); fa_strides(p.dks, dk); fa_strides(p.dvs, dv);
-    p.H = H; p.Hkv = Hkv; p.T = T_; p.S = S; p.window = window; p.scale = (float)scale;
+    p.H = H; p.Hkv = Hkv; p.T = T_; p.S = S; p.scale = (float)scale;
+    p.window = window < 0 ? 0 : window; p.off = window < 0 ? S - 1 : S - T_;
     return D == 128 ? fa_backward<128>(st, p, B, dev) : fa_backward<64>(st, p, B, dev);
   }
   GL_TRY(grid_check("cuda_attention_backward", T_ > S ? T_ : S, H, B));
-  AttnDims a = {H, H / Hkv, T_, S, D, window};
+  AttnDims a = {H, H / Hkv, T_, S, D, window < 0 ? 0 : window, window < 0 ? S - 1 : S - T_};
   return cu_dispatch({dq, dk, dv, dout, q, k, v}, [&](auto pp, auto t) -> int {
     using P = decltype(pp);
     using T = decltype(t);

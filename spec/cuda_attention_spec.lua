@@ -9,7 +9,8 @@
 --    sliding window, a single query, rows given as (B, T, H, D) views, and
 --    shapes with whole unmasked tile pairs and more work items than the two
 --    shared stages (their reuse);
---  - the fallback (float32 / float64, other head dims, bfloat16 with D 40).
+--  - the fallback (float32 / float64, other head dims, bfloat16 with D 40);
+--  - no mask (window < 0), T > S and T < S, on both paths.
 -- Under the simulator the kernels run with its bounds checks, and `make
 -- test-race` runs this file again in race mode (two random thread orders).
 -- Shapes stay small: the simulator runs every mma on the CPU.
@@ -66,5 +67,12 @@ describe('CUDA attention vs CPU #cuda', function()
     attention_case('float32', 1, 2, 1, 20, 45, 40, 7, 'bthd')
     attention_case('float64', 1, 2, 2, 19, 23, 24, 0)
     attention_case('bfloat16', 1, 2, 1, 33, 33, 40, 0)
+  end)
+
+  -- window < 0: no mask (ring attention's blocks of earlier chunks), T > S and T < S
+  gpu_it('no mask: flash path and fallback', function()
+    attention_case('bfloat16', 1, 2, 1, 70, 40, 64, -1)
+    attention_case('float64', 1, 4, 2, 20, 9, 24, -1)
+    attention_case('float32', 1, 2, 2, 9, 20, 40, -1, 'bthd')
   end)
 end)

@@ -911,7 +911,7 @@ local function ref_attention(q, k, v, scale, window)
     for h = 0, H - 1 do
       local hk = math.floor(h / (H / Hkv))
       for t = 0, T - 1 do
-        local pos = S - T + t
+        local pos = window < 0 and S - 1 or S - T + t  -- window < 0: no mask
         local lo = (window > 0) and math.max(0, pos - window + 1) or 0
         local qo = ((b * H + h) * T + t) * D
         local sc, m = {}, -math.huge
@@ -950,6 +950,8 @@ describe('attention kernels', function()
     { B = 1, H = 2, Hkv = 1, T = 20, S = 37, D = 17, window = 11 }, -- spans several blocks of keys and dims
     { B = 1, H = 2, Hkv = 1, T = 45, S = 50, D = 33, window = 0 },   -- several query tiles, a KV offset
     { B = 1, H = 2, Hkv = 2, T = 70, S = 70, D = 8, window = 19 },   -- window edges inside and across tiles
+    { B = 2, H = 4, Hkv = 2, T = 40, S = 9, D = 6, window = -1 },    -- no mask, T > S (ring attention's blocks)
+    { B = 1, H = 2, Hkv = 1, T = 5, S = 38, D = 4, window = -1 },    -- no mask, T < S
   }
   it('forward matches the reference (GQA, KV offset, window, strided heads)', function()
     for ci, c in ipairs(cases) do
@@ -982,6 +984,36 @@ describe('attention kernels', function()
       assert_close(dk:tolist(), numgrad(k, loss), FD_TOL, 'attention dk case ' .. ci)
       assert_close(dv:tolist(), numgrad(v, loss), FD_TOL, 'attention dv case ' .. ci)
     end
+  end)
+  -- ring attention's contract: the keys in two blocks (earlier ones
+  -- unmasked, the last causal), each block's forward merged through the
+  -- log-sum-exp, each block's backward given the merged out and lse: the
+  -- whole attention's out and gradients
+  it('blocks of keys merged through the log-sum-exp give the whole attention, forward and backward', function()
+    local B, H, Hkv, T, S1, D = 2, 4, 2, 37, 23, 5
+    local q, k, v = randn({ B, H, T, D }), randn({ B, Hkv, S1 + T, D }), randn({ B, Hkv, S1 + T, D })
+    local g = randn({ B, H, T, D })
+    local out, lse = empty(q.shape), empty({ B, H, T })
+    check(lib.gl_attention_forward(out.c, lse.c, q.c, k.c, v.c, 0.6, 0))
+    local dq, dk, dv = empty(q.shape), empty(k.shape), empty(k.shape)
+    check(lib.gl_attention_backward(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, out.c, lse.c, 0.6, 0))
+    local k1, v1, k2, v2 = k:narrow(3, 1, S1), v:narrow(3, 1, S1), k:narrow(3, S1 + 1, T), v:narrow(3, S1 + 1, T)
+    local o1, l1, o2, l2 = empty(q.shape), empty(lse.shape), empty(q.shape), empty(lse.shape)
+    check(lib.gl_attention_forward(o1.c, l1.c, q.c, k1.c, v1.c, 0.6, -1))
+    check(lib.gl_attention_forward(o2.c, l2.c, q.c, k2.c, v2.c, 0.6, 0))
+    local m = gl.maximum(l1, l2)
+    local w1, w2 = gl.exp(l1 - m), gl.exp(l2 - m)
+    local l = m + gl.log(w1 + w2)
+    local o = o1 * gl.exp(l1 - l):unsqueeze(4) + o2 * gl.exp(l2 - l):unsqueeze(4)
+    assert_close(o:tolist(), out:tolist(), 1e-13, 'merged out')
+    assert_close(l:tolist(), lse:tolist(), 1e-13, 'merged lse')
+    local dq1, dq2 = empty(q.shape), empty(q.shape)
+    local dk1, dv1, dk2, dv2 = empty(k1.shape), empty(k1.shape), empty(k2.shape), empty(k2.shape)
+    check(lib.gl_attention_backward(dq1.c, dk1.c, dv1.c, g.c, q.c, k1.c, v1.c, o.c, l.c, 0.6, -1))
+    check(lib.gl_attention_backward(dq2.c, dk2.c, dv2.c, g.c, q.c, k2.c, v2.c, o.c, l.c, 0.6, 0))
+    assert_close((dq1 + dq2):tolist(), dq:tolist(), 1e-12, 'dq summed over blocks')
+    assert_close(gl.cat({ dk1, dk2 }, 3):tolist(), dk:tolist(), 1e-12, 'dk of the blocks')
+    assert_close(gl.cat({ dv1, dv2 }, 3):tolist(), dv:tolist(), 1e-12, 'dv of the blocks')
   end)
 end)
 

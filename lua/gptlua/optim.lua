@@ -452,6 +452,18 @@ function optim.muon_apply(target, X, lr, g)
   if Xd ~= X then rel(Xd) end
 end
 
+-- A tensor-parallel run sets update_direction and matrix_shape on the Muon
+-- instance (gptlua.dist.policies.tp): the direction of the whole matrix, cut
+-- to the shard.  It runs the classic direction, so a variant's steps are
+-- refused.  Returns the override (nil without tensor parallelism).
+function Muon.tp_direction(o, g)
+  local f = rawget(o, 'update_direction')
+  if f and (g.ortho ~= 'newton_schulz' or g.row_equilibrate or g.renormalize or g.normuon_beta2 > 0) then
+    error(("Muon: tensor parallelism runs the classic variant's direction, got variant %s"):format(g.variant), 0)
+  end
+  return f
+end
+
 -- the shape-scaled rate of a matrix of `shape`: lr sqrt(max(1, rows/cols))
 function Muon.scaled_lr(g, shape) return g.lr * math.sqrt(math.max(1, shape[1] / shape[2])) end
 
@@ -463,14 +475,7 @@ function Muon:step()
         if p.grad then
           local st = self.state[p]
           if not st then st = new_state(p, self:param_state(p, g), self.state_dtype); self.state[p] = st end
-          -- (a tensor-parallel run sets update_direction and matrix_shape on
-          -- the instance: the direction of the whole matrix, cut to the shard;
-          -- it runs the classic direction, so the variant's steps are refused)
-          if rawget(self, 'update_direction') and (g.ortho ~= 'newton_schulz' or g.row_equilibrate or g.renormalize
-            or g.normuon_beta2 > 0) then
-            error(("Muon: tensor parallelism runs the classic variant's direction, got variant %s"):format(g.variant), 0)
-          end
-          local X = (self.update_direction or Muon.update_direction)(p, p.grad, st.momentum_buffer, g,
+          local X = (Muon.tp_direction(self, g) or Muon.update_direction)(p, p.grad, st.momentum_buffer, g,
             st.second_momentum_buffer)
           local shape = self.matrix_shape and self.matrix_shape(p) or p.shape
           optim.muon_apply(update_target(p, st), X, Muon.scaled_lr(g, shape), g)

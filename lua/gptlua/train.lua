@@ -71,13 +71,14 @@ function M.new(recipe, args)
   -- a mesh (--dp, --tp): the data is split over its dp ranks only (the tp
   -- ranks of a group read the same batch)
   self.dp_rank, self.dp_size = self.rank, self.world
+  if cfg.cp_mode ~= 'ulysses' and cfg.cp_mode ~= 'ring' then
+    fail(("cp_mode expected 'ulysses' or 'ring', got %s"):format(tostring(cfg.cp_mode)))
+  end
   if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 or cfg.pp > 1 then
     if not self.comm and cfg.pp > 1 then fail(("pp %d needs a distributed run (dist = 'ddp')"):format(cfg.pp)) end
     if not self.comm then
       fail(("tp %d, cp %d and dp %d need a distributed run (dist = 'ddp')"):format(cfg.tp, cfg.cp, cfg.dp))
     end
-    if cfg.tp > 1 and cfg.cp > 1 then fail(('tp %d with cp %d: tensor and context parallelism are not composed yet')
-      :format(cfg.tp, cfg.cp)) end
     self.mesh = self.dist.mesh({ dp = cfg.dp, tp = cfg.tp, cp = cfg.cp, pp = cfg.pp, world = self.comm })
     self.dp_rank, self.dp_size = self.mesh.coord.dp, self.mesh.size.dp
   end
@@ -109,8 +110,8 @@ function M.new(recipe, args)
   elseif cfg.sp then
     fail('sp (sequence parallel) needs tp > 1, got tp ' .. cfg.tp)
   end
-  if self.mesh and self.mesh.size.cp > 1 then  -- split the sequence over the cp group (Ulysses)
-    require('gptlua.dist.context_parallel').parallelize(model, self.mesh.cp)
+  if self.mesh and self.mesh.size.cp > 1 then  -- split the sequence over the cp group (after tp's cut)
+    require('gptlua.dist.context_parallel').parallelize(model, self.mesh.cp, { mode = cfg.cp_mode })
   end
   self.model = model
   -- pipeline stages (--pp): this rank trains its stages' parameters (gptlua.dist.policies.pp)

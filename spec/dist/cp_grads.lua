@@ -1,15 +1,16 @@
 -- Run on every rank by spec/dist_tp_spec.lua: one forward and backward of a
 -- tiny float64 model whose sequence is split over the mesh's cp group
--- (Ulysses; dp x cp ranks, each dp group its slice of the batch) against
--- the whole model on the whole batch in this process: the loss averaged
--- over the ranks and every gradient averaged over them must agree to
--- 1e-10.  Also sampling (rows gathered for the logits).
--- args: DP CP model[:n_kv_head] ...   Prints "OK rank R of N".
+-- (Ulysses or ring; dp x cp ranks, each dp group its slice of the batch)
+-- against the whole model on the whole batch in this process: the loss
+-- averaged over the ranks and every gradient averaged over them must agree
+-- to 1e-10.  Also sampling, and the logits of a forward that records
+-- gradients without targets (rows gathered back in sequence order).
+-- args: DP CP ulysses|ring model[:n_kv_head] ...   Prints "OK rank R of N".
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local CP = require 'gptlua.dist.context_parallel'
 
-local dp, cp = tonumber(arg[1]), tonumber(arg[2])
+local dp, cp, mode = tonumber(arg[1]), tonumber(arg[2]), arg[3]
 local world = dist.init { backend = 'mpi', timeout = 120 }
 local mesh = dist.mesh { dp = dp, cp = cp }
 
@@ -17,16 +18,16 @@ local function build(kind, kv)
   gl.manual_seed(7)
   local m
   if kind == 'gpt2' then
-    m = require('gptlua.models.gpt2').GPT({ vocab_size = 16, block_size = 8, n_layer = 2, n_head = 4, n_embd = 16,
+    m = require('gptlua.models.gpt2').GPT({ vocab_size = 16, block_size = 16, n_layer = 2, n_head = 4, n_embd = 16,
       dropout = 0 })
   else
-    m = require('gptlua.models.nanochat').GPT({ vocab_size = 16, block_size = 8, n_layer = 2, n_head = 4,
+    m = require('gptlua.models.nanochat').GPT({ vocab_size = 16, block_size = 16, n_layer = 2, n_head = 4,
       n_kv_head = kv or 4, n_embd = 32, head_dim = 8, depth = 2 })
   end
   return m:to('float64')
 end
 
-local B, T = 2 * dp, 8
+local B, T = 2 * dp, 16
 local xs, ys = {}, {}
 for b = 1, B do
   xs[b], ys[b] = {}, {}
@@ -34,14 +35,14 @@ for b = 1, B do
 end
 local X, Y = gl.tensor(xs, { dtype = 'int64' }), gl.tensor(ys, { dtype = 'int64' })
 
-for i = 3, #arg do
+for i = 4, #arg do
   local kind, kv = arg[i]:match('^(%w+):?(%d*)$')
   kv = tonumber(kv)
   local ref = build(kind, kv)
   local _, ref_loss = ref:forward(X, Y)
   ref_loss:backward()
   local model = build(kind, kv)
-  CP.parallelize(model, mesh.cp)
+  CP.parallelize(model, mesh.cp, { mode = mode })
   local per = B / dp
   local x = X:narrow(1, mesh.coord.dp * per + 1, per):contiguous()
   local y = Y:narrow(1, mesh.coord.dp * per + 1, per):contiguous()
@@ -60,6 +61,11 @@ for i = 3, #arg do
     local err = (g - r):abs():max():item() / math.max(r:abs():max():item(), 1e-30)
     assert(err < 1e-10, ('%s: %s gradient differs, relative error %.3g'):format(kind, name, err))
   end
+  -- logits without targets: the whole sequence's, in order
+  local want_logits = gl.no_grad(ref.forward, ref, X)
+  local got_logits = model:forward(X:narrow(1, 1, 1):contiguous())
+  local e = (got_logits - want_logits:narrow(1, 1, 1)):abs():max():item()
+  assert(e < 1e-10, ('%s: logits without targets differ by %.3g'):format(kind, e))
   -- sampling: prompts of 3 tokens (not divisible: whole sequence) and 4 (split)
   for _, n in ipairs({ 3, 4 }) do
     local prompt = X:narrow(1, 1, 1):narrow(2, 1, n):contiguous()

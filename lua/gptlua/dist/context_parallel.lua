@@ -1,8 +1,19 @@
 -- gptlua.dist.context_parallel — the sequence split over the mesh's cp
--- group, attention by Ulysses (DeepSpeed-Ulysses's all-to-all).
+-- group, attention by Ulysses (DeepSpeed-Ulysses's all-to-all) or by ring
+-- attention (gptlua.dist.ring_attention).
 --
 --   local CP = require 'gptlua.dist.context_parallel'
---   CP.parallelize(model, mesh.cp)       -- gpt2 or nanochat, in place
+--   CP.parallelize(model, mesh.cp, {mode = 'ulysses' | 'ring'})  -- gpt2 or nanochat, in place
+--
+-- Ring (mode 'ring'): each rank keeps the zig-zag chunks r and 2cp-1-r of
+-- the sequence (2cp chunks, so causal work balances; RA.rows), from the
+-- token ids on (so the embedding, gpt2's positions, nanochat's rotary
+-- rows and the targets are those positions'); attention passes K/V blocks
+-- around the cp ring (see ring_attention.lua), so heads need not divide
+-- by cp; the sequence must divide by 2 cp.  Composes with tensor
+-- parallelism (applied after TP.parallelize: the embedding, positions
+-- and head keep TP's forwards and get this rank's rows; attention's
+-- projections are TP's, its heads H/tp).
 --
 -- Layout (rank r of cp ranks): the model is whole on every rank; each
 -- rank of a cp group reads the same rows and keeps the sequence's T/cp
@@ -25,10 +36,9 @@
 -- block (nanochat with GQA: q + 2 KV heads' worth instead of 3C).
 -- Forwards without gradients (evaluation, sampling) run whole on every rank.
 --
--- Ring attention (K/V blocks passed around the ring, merged by log-sum-
--- exp) is not written yet: cp_mode = 'ulysses' is the only mode.
 local gl = require 'gptlua'
 local A = require 'gptlua.autograd'
+local RA = require 'gptlua.dist.ring_attention'
 
 local CP = {}
 
@@ -104,10 +114,26 @@ function CP.to_rows(y, parts, comm)
   return A.record(out, { y }, function(_, g) return to_heads(g, parts, comm) end, nil, 'cp_to_rows')
 end
 
--- this rank's T/cp positions of a (B, T, ...) tensor (or (T, ...) with dim 1)
+-- this rank's T/cp positions of a (B, T, ...) tensor (or (T, ...) with
+-- dim 1): consecutive (Ulysses) or the two zig-zag chunks (ring)
 local function my_rows(layout, t, dim)
+  if layout.mode == 'ring' then return RA.my_rows(t, dim, layout.rank, layout.size) end
   local per = t.shape[dim] / layout.size
   return t:narrow(dim, layout.rank * per + 1, per)
+end
+
+-- the whole sequence's rows from every rank's (B, Tl, ...) rows (collective)
+local function all_rows(layout, x)
+  local comm, list = layout.comm, {}
+  for r = 1, comm.size do list[r] = gl.empty(x.shape, { dtype = x.dtype, device = x.device }) end
+  comm:all_gather(list, x:contiguous())
+  if layout.mode ~= 'ring' then return gl.cat(list, 2) end
+  local n, c = comm.size, x.shape[2] / 2
+  local chunks = {}
+  for j = 0, 2 * n - 1 do  -- chunk j: rank j's first, or rank 2n-1-j's second
+    chunks[j + 1] = j < n and list[j + 1]:narrow(2, 1, c) or list[2 * n - j]:narrow(2, c + 1, c)
+  end
+  return gl.cat(chunks, 2)
 end
 
 -- whether this forward splits the sequence (decided at the embedding):
@@ -116,58 +142,105 @@ end
 -- on every rank, which computes the same
 local function seq_mode(layout, T)
   local on = gl.is_grad_enabled()
-  if on and T % layout.size ~= 0 then
-    fail(('a sequence of %d tokens is not divisible by cp %d'):format(T, layout.size))
+  local parts = layout.mode == 'ring' and 2 * layout.size or layout.size
+  if on and T % parts ~= 0 then
+    fail(('a sequence of %d tokens is not divisible by %s %d'):format(T,
+      layout.mode == 'ring' and '2 x cp' or 'cp', parts))
   end
   layout.seq_now = on
   return on
 end
 
-function CP.check(cfg, cp)
-  local function divides(what, n)
-    if n % cp ~= 0 then fail(('%s %d is not divisible by cp %d'):format(what, n, cp)) end
+-- mode 'ulysses' (default) or 'ring'; tp: the heads are cut over tp first
+function CP.check(cfg, cp, mode, tp)
+  mode, tp = mode or 'ulysses', tp or 1
+  if mode ~= 'ulysses' and mode ~= 'ring' then
+    fail(("cp_mode expected 'ulysses' or 'ring', got %s"):format(tostring(mode)))
   end
-  divides('n_head', cfg.n_head)
-  if cfg.n_kv_head and cfg.n_kv_head ~= false then divides('n_kv_head', cfg.n_kv_head) end
-  divides('block_size', cfg.block_size)
+  local function divides(what, n, by, by_what)
+    if n % by ~= 0 then fail(('%s %d is not divisible by %s %d'):format(what, n, by_what, by)) end
+  end
+  local heads = tp > 1 and 'n_head / tp' or 'n_head'
+  if mode == 'ulysses' then
+    divides(heads, cfg.n_head / tp, cp, 'cp')
+    if cfg.n_kv_head and cfg.n_kv_head ~= false then
+      divides(tp > 1 and 'n_kv_head / tp' or 'n_kv_head', cfg.n_kv_head / tp, cp, 'cp')
+    end
+    divides('block_size', cfg.block_size, cp, 'cp')
+  else
+    divides('block_size', cfg.block_size, 2 * cp, '2 x cp')
+  end
+  if (cfg.window or 0) > 0 or (cfg.sliding_window or 0) > 0 then
+    fail('a sliding window is not supported with context parallelism')
+  end
 end
 
--- Splits model's sequence over comm (the mesh's cp group); returns the layout.
-function CP.parallelize(model, comm)
+-- Splits model's sequence over comm (the mesh's cp group); opts.mode
+-- 'ulysses' (default) or 'ring'.  A model already cut by
+-- TP.parallelize keeps its tp forwards (embedding, positions, head, the
+-- attention's projections) inside these.  Returns the layout.
+function CP.parallelize(model, comm, opts)
   local cfg = model.config
   local name = getmetatable(model).__name
   if name ~= 'GPT2' and name ~= 'Nanochat' then
     fail(('parallelize knows the gpt2 and nanochat models, got %s'):format(tostring(name)))
   end
   if name == 'Nanochat' then require('gptlua.models.nanochat').check_layout(cfg, 'context parallelism') end
-  CP.check(cfg, comm.size)
-  local layout = { comm = comm, rank = comm.rank, size = comm.size, seq_now = false, model = model }
+  local mode = opts and opts.mode or 'ulysses'
+  local tp = model.tp_layout and model.tp_layout.size or 1
+  CP.check(cfg, comm.size, mode, tp)
+  local layout = { comm = comm, rank = comm.rank, size = comm.size, seq_now = false, model = model, mode = mode }
   local tr = model.transformer
+  -- (the forwards in place before: the module's own, or tensor parallel's)
+  local function forward_of(m) return rawget(m, 'forward') or getmetatable(m).forward end
+  local wte_forward = forward_of(tr.wte)
   tr.wte.forward = function(self, ids)
-    local e = gl.embedding(ids, self.weight)
-    if seq_mode(layout, ids.shape[#ids.shape]) then e = my_rows(layout, e, 2) end
-    return e
+    if seq_mode(layout, ids.shape[#ids.shape]) then ids = my_rows(layout, ids, 2):contiguous() end
+    return wte_forward(self, ids)
   end
   if name == 'GPT2' then
+    local wpe_forward = forward_of(tr.wpe)
     tr.wpe.forward = function(self, pos)
-      if layout.seq_now then pos = my_rows(layout, pos, 1) end
-      return gl.embedding(pos, self.weight)
+      if layout.seq_now then pos = my_rows(layout, pos, 1):contiguous() end
+      return wpe_forward(self, pos)
     end
   end
+  local ring = mode == 'ring'
   for i = 1, tr.h.n do
     local attn = tr.h[i].attn
     local whole = getmetatable(attn).forward
     if name == 'GPT2' then
       attn.forward = function(self, x, cache)
         if cache or not layout.seq_now then return whole(self, x, cache) end
-        local qkv = CP.to_heads(self.c_attn(x), 3, comm)          -- (B, T, 3C/cp)
-        local y = gl.attention_qkv(qkv, self.n_head / comm.size)  -- (B, T, C/cp)
-        return gl.dropout(self.c_proj(CP.to_rows(y, 1, comm)), self.dropout, self.training)
+        local y
+        if ring then
+          local qkv = self.c_attn(x)                               -- (B, Tl, 3C)
+          local B, T, C = qkv.shape[1], qkv.shape[2], qkv.shape[3] / 3
+          local H = self.n_head
+          local function heads(j) return qkv:narrow(3, (j - 1) * C + 1, C):reshape(B, T, H, C / H):transpose(2, 3) end
+          y = RA.attention(heads(1), heads(2), heads(3), comm):transpose(2, 3):reshape(B, T, C)
+        else
+          local qkv = CP.to_heads(self.c_attn(x), 3, comm)          -- (B, T, 3C/cp)
+          y = CP.to_rows(gl.attention_qkv(qkv, self.n_head / comm.size), 1, comm)  -- (B, T/cp, C)
+        end
+        return gl.dropout(self.c_proj(y), self.dropout, self.training)
       end
     else
       attn.forward = function(self, x, cos, sin, cache)
         if cache or not layout.seq_now then return whole(self, x, cos, sin, cache) end
-        local H, Hkv, D = self.H / comm.size, self.Hkv / comm.size, self.D
+        local D = self.D
+        if ring then
+          local H, Hkv = self.H, self.Hkv
+          local q = self.c_q(x)
+          local B, T = q.shape[1], q.shape[2]
+          q = q:view(B, T, H, D)
+          local k, v = self.c_k(x):view(B, T, Hkv, D), self.c_v(x):view(B, T, Hkv, D)
+          cos, sin = my_rows(layout, cos, 1):contiguous(), my_rows(layout, sin, 1):contiguous()
+          q, k = gl.rms_norm(gl.rope(q, cos, sin), nil, 1e-6), gl.rms_norm(gl.rope(k, cos, sin), nil, 1e-6)
+          local y = RA.attention(q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3), comm)
+          return self.c_proj(y:transpose(2, 3):reshape(B, T, H * D))
+        end
+        local H, Hkv = self.H / comm.size, self.Hkv / comm.size
         local q = CP.to_heads(self.c_q(x), 1, comm)
         local B, T = q.shape[1], q.shape[2]
         local k = CP.to_heads(self.c_k(x), 1, comm):view(B, T, Hkv, D)
@@ -180,20 +253,20 @@ function CP.parallelize(model, comm)
       end
     end
   end
-  -- the head: the loss over this rank's rows; sampling gathers the rows
+  -- the head: the loss over this rank's rows (tensor parallel's vocabulary-
+  -- parallel one when the model is cut); sampling gathers the rows
+  local tp_head = model.tp_head
   model.tp_head = function(x, targets, weight, softcap)
-    local logits = gl.linear(x, weight)
     if targets == nil then
-      if layout.seq_now then
-        local list = {}
-        for r = 1, comm.size do list[r] = gl.empty(logits.shape, { dtype = logits.dtype, device = logits.device }) end
-        comm:all_gather(list, logits:contiguous())
-        logits = gl.cat(list, 2)
-      end
+      local logits
+      if tp_head then logits = tp_head(x, nil, weight, nil) else logits = gl.linear(x, weight) end
+      if layout.seq_now then logits = all_rows(layout, logits) end
       if softcap and softcap > 0 then logits = gl.softcap(logits, softcap) end
       return logits, nil
     end
     if layout.seq_now then targets = my_rows(layout, targets, 2):contiguous() end
+    if tp_head then return tp_head(x, targets, weight, softcap) end
+    local logits = gl.linear(x, weight)
     return logits, gl.cross_entropy(logits, targets, { ignore_index = -1, softcap = softcap })
   end
   model.cp_layout = layout

@@ -126,7 +126,9 @@ function FSDP:_muon_update(x)
   for _, m in ipairs(mu.owned) do
     local grad = gl.empty(m.p.shape, { dtype = mu.dtype, device = mu.device })
     for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(grad, f.eoff, f.len).c, tmp_view(recv, f.pos, f.len).c)) end
-    local X = optim.Muon.update_direction(grad, grad, m.buf, m.w.group, m.vbuf)
+    -- (tensor parallel's update_direction: the whole matrix's, over tp)
+    local dir = optim.Muon.tp_direction(m.w.opt, m.w.group)
+    local X = dir and dir(m.p, grad, m.buf, m.w.group) or optim.Muon.update_direction(grad, grad, m.buf, m.w.group, m.vbuf)
     if X.dtype ~= mu.update_dtype then X = X:to(mu.update_dtype) end
     for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(upd, f.pos, f.len).c, tmp_view(X, f.eoff, f.len).c)) end
     grad:free()
@@ -138,9 +140,10 @@ function FSDP:_muon_update(x)
   upd:free()
   for _, e in ipairs(mu.send) do
     -- elementwise, so a piece takes its part (cautious weight decay included)
-    local g, u = e.m.w.group, e.m.u
+    local g, u, o = e.m.w.group, e.m.u, e.m.w.opt
+    local shape = o.matrix_shape and o.matrix_shape(e.m.p) or e.m.p.shape
     optim.muon_apply(tmp_view(u.master or u.pshard, e.start, e.len), tmp_view(back, e.pos, e.len),
-      optim.Muon.scaled_lr(g, e.m.p.shape), g)
+      optim.Muon.scaled_lr(g, shape), g)
   end
   back:free()
 end

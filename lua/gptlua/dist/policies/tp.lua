@@ -27,17 +27,21 @@
 -- world rank 0 writes them as an unsharded run would, so a checkpoint loads
 -- at any tp (or none); loading cuts the full tensors for this rank.
 --
--- Muon (optimizer 'nanochat', with ddp): Newton–Schulz needs whole
--- matrices.  The momentum stays cut (it is elementwise: each rank keeps
--- and updates its shard's buffer), then the step's momentum update of each
--- cut matrix is all-gathered over tp, every tp rank orthogonalises the
--- whole matrix and keeps its own rows or columns of the result: (tp-1)/tp
+-- Muon (optimizer 'nanochat'): Newton–Schulz needs whole matrices.  The
+-- momentum stays cut (it is elementwise: each rank keeps and updates its
+-- shard's buffer), then the step's momentum update of each cut matrix is
+-- all-gathered over tp, every tp rank orthogonalises the whole matrix and
+-- keeps its own rows or columns of the result; the scale uses the whole
+-- matrix's shape.  With ddp every rank does this for every matrix: (tp-1)/tp
 -- * M fp32 elements received per rank per step for M hidden-matrix
--- elements, and each tp rank repeats the whole model's Newton–Schulz
--- (not divided by tp; gathering for one owner per matrix would divide it
--- for a scatter of the same volume more).  The scale uses the whole
--- matrix's shape.  With ZeRO, whose Muon stacks own matrices per dp rank,
--- it is refused.
+-- elements, and each tp rank repeats the whole model's Newton–Schulz (not
+-- divided by tp; gathering for one owner per matrix would divide it for a
+-- scatter of the same volume more).  With zero1/zero2/fsdp, whose Muon
+-- owns each whole (tp-shard) matrix on one dp rank, the owners plan alike
+-- in every tp column (same shapes, same order), so a matrix's owners are
+-- one tp group: they gather over tp and each keeps its part, (tp-1)/tp of
+-- the matrix received per owner, (tp-1)/tp * M / dp per rank on average,
+-- and Newton–Schulz divided by dp, as without tp.
 local B = require 'gptlua.dist.policies.base'
 local TP = require 'gptlua.dist.tensor_parallel'
 local optim = require 'gptlua.optim'
@@ -82,12 +86,7 @@ function P.new(inner, layout, mesh, dist_name)
       .. 'dimension)'):format(tostring(dist_name)))
   end
   for _, o in ipairs(inner.optimizer.optimizers or { inner.optimizer }) do
-    if getmetatable(o) == optim.Muon then
-      if dist_name ~= 'ddp' then
-        fail(("optimizer 'nanochat' (Muon) with tp > 1 runs over dist = 'ddp' only, got '%s'"):format(dist_name))
-      end
-      P.whole_matrix_muon(o, layout)
-    end
+    if getmetatable(o) == optim.Muon then P.whole_matrix_muon(o, layout) end
   end
   local self = setmetatable({ inner = inner, layout = layout, mesh = mesh, optimizer = inner.optimizer,
     params = inner.params or B.trainable(layout.model:parameters()), collective_forward = true }, P)
@@ -100,7 +99,7 @@ function P:before_micro_step(micro, accum) return self.inner:before_micro_step(m
 -- holds (ZeRO: its slices; DDP: every gradient, counted on dp rank 0)
 function P:_each_grad(f)
   if self.inner.each_grad then return self.inner:each_grad(f) end
-  local counted = self.mesh.coord.dp == 0
+  local counted = self.mesh.coord.dp == 0 and self.mesh.coord.cp == 0  -- (cp ranks hold the same average)
   for _, p in ipairs(self.params) do if p.grad then f(p, p.grad, counted) end end
 end
 

@@ -331,8 +331,12 @@ function Zero:step()
         else
           for _, e in ipairs(b.owned) do
             local g, p = e.w.group, e.p
-            local X = optim.Muon.update_direction(p, e.grad, e.buf, g, e.vbuf)
-            optim.muon_apply(e.master or p, X, optim.Muon.scaled_lr(g, p.shape), g)
+            -- (tensor parallel sets update_direction and matrix_shape on the
+            -- optimizer: the whole matrix's direction, cut to this shard)
+            local o = e.w.opt
+            local X = (optim.Muon.tp_direction(o, g) or optim.Muon.update_direction)(p, e.grad, e.buf, g, e.vbuf)
+            local shape = o.matrix_shape and o.matrix_shape(p) or p.shape
+            optim.muon_apply(e.master or p, X, optim.Muon.scaled_lr(g, shape), g)
             Tensor.release(X)   -- one matrix's temporaries at a time
           end
         end

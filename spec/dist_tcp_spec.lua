@@ -102,9 +102,11 @@ describe('gptlua -n 2 --launcher=tcp recipe', function()
 end)
 
 describe('the TCP rendezvous', function()
-  local function rank(r, size, port)
-    return ('env RANK=%d WORLD_SIZE=%d MASTER_ADDR=127.0.0.1 MASTER_PORT=%d %s spec/dist/rendezvous.lua 1')
-      :format(r, size, port, EXE)
+  -- timeout: 1 s where the timeout is what is tested; else long enough for
+  -- a loaded machine to start the other rank
+  local function rank(r, size, port, timeout)
+    return ('env RANK=%d WORLD_SIZE=%d MASTER_ADDR=127.0.0.1 MASTER_PORT=%d %s spec/dist/rendezvous.lua %g')
+      :format(r, size, port, EXE, timeout or 1)
   end
 
   it('names the ranks that never joined when the timeout passes', function()
@@ -127,7 +129,7 @@ describe('the TCP rendezvous', function()
 
   it('refuses ranks started with different world sizes', function()
     local port = launch.free_port()
-    local out = H.sh(("sh -c '%s & %s; wait'"):format(rank(0, 2, port), rank(1, 3, port)), 20)
+    local out = H.sh(("sh -c '%s & %s; wait'"):format(rank(0, 2, port, 60), rank(1, 3, port, 60)), 90)
     has(out, 'rank 1 was started with WORLD_SIZE=3 but rank 0 with 2; start every rank with the same WORLD_SIZE')
     assert.falsy(out:find('joined', 1, true), out)
   end)

@@ -4,6 +4,7 @@
 -- records carry the time and the run's id, the progress numbers count
 -- training steps only, the MFU peak is fixed per device, and
 -- recipes/sample.lua takes a run directory.
+-- checkpoint.mkdir_p makes directories without a child process.
 local ffi = require 'ffi'
 local cjson = require 'cjson'
 local train = require 'gptlua.train'
@@ -224,6 +225,28 @@ describe('recipes/sample.lua --ckpt', function()
     assert.truthy(out:find(('sample: no checkpoint in %s/empty (expected a run directory, its checkpoints/ or a checkpoint)\n')
       :format(d), 1, true), out)
     assert.truthy(out:find('exit=1', 1, true), out)
+    os.execute('rm -rf ' .. d)
+  end)
+end)
+
+describe('checkpoint.mkdir_p', function()
+  -- it calls mkdir(2) itself: system('mkdir -p') ignored SIGINT while its
+  -- child ran, so a Ctrl-C landing in the first metrics write was lost (the
+  -- train_spec SIGINT case hung).  No PATH: no child process can be run.
+  it('makes the parents without running a process, and says why it cannot', function()
+    pcall(ffi.cdef, 'int setenv(const char *name, const char *value, int overwrite);')
+    local d, path = tmpdir(), os.getenv('PATH')
+    ffi.C.setenv('PATH', '/nonexistent', 1)
+    local ok, err = pcall(ckpt.mkdir_p, d .. '/a/b/c')
+    ffi.C.setenv('PATH', path, 1)
+    assert.is_true(ok, err)
+    assert.truthy(io.open(d .. '/a/b/c/.', 'rb'))
+    ckpt.mkdir_p(d .. '/a/b/c')  -- exists: nothing to do
+    io.open(d .. '/file', 'wb'):close()
+    ok, err = pcall(ckpt.mkdir_p, d .. '/file/x')
+    assert.equal(('cannot create directory %s/file/x: Not a directory'):format(d), err)
+    ok, err = pcall(ckpt.mkdir_p, d .. '/file')
+    assert.equal(('cannot create directory %s/file: Not a directory'):format(d), err)
     os.execute('rm -rf ' .. d)
   end)
 end)

@@ -59,7 +59,29 @@ end
 
 local function sh(cmd) return os.execute(cmd) end
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-function M.mkdir_p(dir) sh('mkdir -p ' .. quote(dir)) end
+-- mkdir_p(dir): makes dir and its missing parents (mode 0755) with mkdir(2)
+-- itself, not system('mkdir -p'): system() ignores SIGINT while its child
+-- runs, so a Ctrl-C landing then was lost and the run went on.  Raises
+-- "cannot create directory DIR: reason" when dir is not a directory after.
+pcall(ffi.cdef, 'int mkdir(const char *path, unsigned int mode);')
+pcall(ffi.cdef, 'int access(const char *path, int mode);')
+pcall(ffi.cdef, 'char *strerror(int errnum);')
+function M.mkdir_p(dir)
+  local sofar = dir:sub(1, 1) == '/' and '' or nil
+  local err
+  for part in dir:gmatch('[^/]+') do
+    sofar = sofar and sofar .. '/' .. part or part
+    if ffi.C.mkdir(sofar, tonumber('755', 8)) ~= 0 then
+      local e = ffi.errno()
+      if e ~= 17 then err = ffi.string(ffi.C.strerror(e)) end  -- 17: EEXIST
+    end
+  end
+  -- "dir/." exists only when dir is a directory (ENOTDIR for a file)
+  if ffi.C.access(dir .. '/.', 0) ~= 0 then
+    local e = ffi.errno()
+    error(('cannot create directory %s: %s'):format(dir, err or ffi.string(ffi.C.strerror(e))), 0)
+  end
+end
 local function exists(p) local f = io.open(p, 'rb'); if f then f:close(); return true end return false end
 M.exists = exists
 

@@ -165,15 +165,9 @@ local function int_opt(opts, k, default, min, max)
 end
 
 -- ------------------------------------------------------------ prepare
-pcall(ffi.cdef, 'int mkdir(const char *path, unsigned int mode);')
-
 local function mkdir_p(path)
-  local sofar = path:sub(1, 1) == '/' and '' or '.'
-  for part in path:gmatch('[^/]+') do
-    sofar = sofar .. '/' .. part
-    ffi.C.mkdir(sofar, tonumber('755', 8))
-  end
-  local f = io.open(path .. '/.gptlua_probe', 'wb')
+  local ok = pcall(require('gptlua.checkpoint').mkdir_p, path)
+  local f = ok and io.open(path .. '/.gptlua_probe', 'wb')
   if not f then error('data.prepare: cannot create directory ' .. path, 3) end
   f:close(); os.remove(path .. '/.gptlua_probe')
 end

@@ -332,7 +332,7 @@ function M.save_gpt2(model, dir)
     error('hf.save_gpt2: model expected a gpt2 model (models.gpt2)', 2)
   end
   if cfg.bias == false then error('hf.save_gpt2: a gpt2 model without biases has no Hugging Face GPT-2 form', 2) end
-  os.execute(("mkdir -p '%s'"):format(dir:gsub("'", "'\\''")))
+  require('gptlua.checkpoint').mkdir_p(dir)
   local tensors = {}
   for name, t in pairs(model:state_dict()) do
     local n = name:match('^transformer%.(.*)$')

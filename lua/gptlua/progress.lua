@@ -99,7 +99,7 @@ function M.cpu_peak(path)
   v = M.measure_cpu_flops()
   cache[key] = v
   local dir = path:match('^(.*)/[^/]*$')
-  if dir then os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
+  if dir then pcall(require('gptlua.checkpoint').mkdir_p, dir) end  -- a failure shows at the write below
   local tmp = ('%s.tmp.%d'):format(path, math.floor(now() * 1e6) % 1e9)
   local f = io.open(tmp, 'wb')
   if f and f:write(cjson.encode(cache)) and f:close() then

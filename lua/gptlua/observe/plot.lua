@@ -216,7 +216,7 @@ function M.plot(run_paths, opts)
   local w, h = opts.width or 1200, opts.height or 900
   local dir = os.tmpname()
   os.remove(dir)
-  os.execute('mkdir -p ' .. shell_quote(dir))
+  require('gptlua.checkpoint').mkdir_p(dir)
   local ok, res = pcall(function()
     for i, r in ipairs(runs) do
       write_table(('%s/run%d_train.dat'):format(dir, i), r.train, TRAIN_COLS)

@@ -1,5 +1,5 @@
 -- recipes/bench_parallel.lua — communication per step and rank of each mesh
--- layout (dp, tp, tp + sp, cp, ZeRO over dp), counted in the communicator and
+-- layout (dp, tp, tp + sp, cp Ulysses and ring, tp x cp, ZeRO over dp), counted in the communicator and
 -- compared with the model in ARCHITECTURE.md ("Tensor and sequence
 -- parallel"), and the step time on CPU ranks.
 --
@@ -12,11 +12,15 @@
 -- micro-steps).  Each collective a rank starts is counted with the bytes a
 -- ring algorithm makes it send: all-reduce 2(n-1)/n of the tensor,
 -- all-gather (n-1) x its input, reduce-scatter (n-1) x its output,
--- all-to-all (n-1)/n of its input; per step, by the mesh dimension of the
--- Comm (tp, cp, dp: the gradients' group, world).  The model's
--- column is what the layout should send (per optimizer step, per rank):
---   tp   A (4L + 2) 2(tp-1)/tp B T C + A 3 2(tp-1)/tp B T    (+ sp: 2(tp-1)/tp P_repl)
---   cp   A L 8 (cp-1)/cp B (T/cp) C
+-- all-to-all (n-1)/n of its input, send the tensor; per step, by the mesh
+-- dimension of the Comm (tp, cp, dp: the gradients' group, world).  The
+-- model's column is what the layout should send (per optimizer step, per
+-- rank; Tl = T/cp the rank's rows, Ck = C/tp the rank's K or V width):
+--   tp   A (4L + 2) 2(tp-1)/tp B Tl C + A 3 2(tp-1)/tp B Tl   (+ sp: 2(tp-1)/tp P_repl
+--        and the backward's gathers of the column-parallel inputs, A (2L + 1) (tp-1)/tp B Tl C)
+--   cp   Ulysses: A L 8 (cp-1)/cp B Tl C/tp
+--        ring:    A L (2(cp-1) + cp) 2 B Tl Ck  (K/V forward and backward, dK/dV
+--                 one more hop; ring_attention.lua)
 --   dp   2(n-1)/n P_rank (the rank's parameter elements; n = dp x cp)
 -- with A micro-steps, L blocks, e bytes per element.  Step times are the
 -- slowest rank's mean over --steps after one warm-up step; on a shared
@@ -60,6 +64,7 @@ local model = {
   all_gather = function(self, out, input) return (self.size - 1) * esize(input) end,
   reduce_scatter = function(self, out) return (self.size - 1) * esize(list_or_tensor(out, 1)) end,
   broadcast = function(self, t) return esize(t) end,
+  send = function(self, t) return esize(t) end,
   all_to_all = function(self, out, input)
     local b = 0
     if getmetatable(input) == gl.Tensor then b = esize(input)
@@ -88,6 +93,10 @@ local layouts = {
   { name = 'tp' .. N .. ' + sp', args = { '--tp=' .. N, '--sp' } },
   { name = 'ddp dp2 x cp2', args = { '--dp=2', '--cp=2' } },
   { name = 'cp' .. N, args = { '--cp=' .. N } },
+  { name = 'ring dp2 x cp2', args = { '--dp=2', '--cp=2', '--cp_mode=ring' } },
+  { name = 'ring cp' .. N, args = { '--cp=' .. N, '--cp_mode=ring' } },
+  { name = 'tp2 x cp2', args = { '--tp=2', '--cp=2' }, four = true },
+  { name = 'ring tp2 x cp2', args = { '--tp=2', '--cp=2', '--cp_mode=ring' }, four = true },
 }
 
 local function recipe()
@@ -105,7 +114,7 @@ if world.rank == 0 then
   print(('%-22s %18s %18s %18s %10s %12s'):format('layout', 'tp', 'cp', 'dp', 'world', 'ms/step'))
 end
 for _, lay in ipairs(layouts) do
-  if N % 4 == 0 or not lay.args[1] or not lay.args[1]:match('dp=2') then
+  if (N % 4 == 0 or not lay.args[1] or not lay.args[1]:match('dp=2')) and (not lay.four or N == 4) then
     local t = train.new(recipe(), lay.args)
     t:train_step()  -- warm-up (and the setup's broadcasts)
     counting = {}
@@ -131,11 +140,15 @@ for _, lay in ipairs(layouts) do
       P_rank = P_rank + p:numel()
       if not (t.tp_layout and t.tp_layout.sharded[p]) then P_repl = P_repl + p:numel() end
     end
-    local want_tp = tp > 1 and A * ((4 * L + 2) * 2 * (tp - 1) / tp * Bsz * T * C + 3 * 2 * (tp - 1) / tp * Bsz * T) * e
+    local Tl, Ck = T / cp, C / tp
+    local want_tp = tp > 1 and A * ((4 * L + 2) * 2 * (tp - 1) / tp * Bsz * Tl * C + 3 * 2 * (tp - 1) / tp * Bsz * Tl) * e
       or 0
-    if tp > 1 and t.cfg.sp then want_tp = want_tp + 2 * (tp - 1) / tp * P_repl * e end
+    if tp > 1 and t.cfg.sp then
+      want_tp = want_tp + 2 * (tp - 1) / tp * P_repl * e + A * (2 * L + 1) * (tp - 1) / tp * Bsz * Tl * C * e
+    end
     local want_dp = dp > 1 and 2 * (dp - 1) / dp * P_rank * e or 0
-    local want_cp = cp > 1 and A * L * 8 * (cp - 1) / cp * Bsz * (T / cp) * C * e or 0
+    local want_cp = cp > 1 and A * L * 8 * (cp - 1) / cp * Bsz * Tl * Ck * e or 0
+    if cp > 1 and t.cfg.cp_mode == 'ring' then want_cp = A * L * (2 * (cp - 1) + cp) * 2 * Bsz * Tl * Ck * e end
     -- the slowest rank's counts (ranks of one layout send alike)
     for _, k in ipairs({ 'tp', 'cp', 'dp', 'world' }) do by[k] = world:all_reduce_number(by[k], 'max') end
     if world.rank == 0 then

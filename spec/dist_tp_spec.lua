@@ -161,6 +161,12 @@ describe('tensor parallelism on MPI ranks', function()
     assert.truthy(o:find('tensor parallel: n_kv_head 2 is not divisible by tp 4', 1, true), o)
   end)
 
+  it('sequence parallel lowers the per-rank peak below plain tp by the column-parallel inputs it no longer keeps',
+    function()
+    local o, rc = H.mpirun(2, 'spec/dist/sp_memory.lua', '')
+    H.assert_ranks_ok(o, rc, 2)
+  end)
+
   it('context parallel (Ulysses and ring): one forward and backward at cp 2, cp 4 and dp 2 x cp 2 equals the whole '
     .. 'model', function()
     for _, case in ipairs({ { 1, 2, 'ulysses gpt2 nanochat:2' }, { 1, 4, 'ulysses gpt2 nanochat' },

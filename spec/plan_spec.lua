@@ -107,12 +107,14 @@ f:close()
         end
       end
       -- the device mesh's layouts, planned by the same real code
-      local mesh = n == 2 and { { tp = 2 }, { cp = 2 } } or n == 4 and { { tp = 2, sp = true, dist = 'zero1' } } or {}
+      local mesh = n == 2 and { { tp = 2 }, { cp = 2 }, { cp = 2, ring = true } }
+        or n == 4 and { { tp = 2, sp = true, dist = 'zero1' }, { tp = 2, cp = 2, ring = true } } or {}
       for _, m in ipairs(mesh) do
         local r = recipe('default', { m.dist or 'ddp' })
         r.tp, r.cp, r.sp, r.vocab_size = m.tp or 1, m.cp or 1, m.sp or false, 66
-        cases[#cases + 1] = { recipe = r, what = ('default %s tp %d%s cp %d on %d'):format(r.dist, r.tp,
-          r.sp and '+sp' or '', r.cp, n) }
+        r.cp_mode = m.ring and 'ring' or 'ulysses'
+        cases[#cases + 1] = { recipe = r, what = ('default %s tp %d%s cp %d %s on %d'):format(r.dist, r.tp,
+          r.sp and '+sp' or '', r.cp, r.cp_mode, n) }
       end
       local src = assert(io.open(worker)):read('*a'):gsub('"CASES"', function() return ('%q'):format(cjson.encode(cases)) end)
       local wf = assert(io.open(worker .. n, 'w')); wf:write(src); wf:close()
@@ -207,6 +209,17 @@ f:close()
     r.dist = 'ddp'
     p = plan.plan(r, { world = 4, device_memory = '1GiB' })
     about(p.traffic.world.by.all_reduce.bytes - 16, 2 * 3 / 4 * P * 4, 'ddp all-reduce')  -- (16: the loss)
+    -- ring attention (context parallel): per layer and micro-step K/V
+    -- blocks (2 B T/cp C elements) forward and backward cp-1 hops each, the
+    -- dK/dV accumulators cp hops (ring_attention.lua's header)
+    for _, cp in ipairs({ 2, 4 }) do
+      r.dist, r.cp, r.cp_mode, r.vocab_size = 'ddp', cp, 'ring', 66
+      p = plan.plan(r, { world = cp, device_memory = '1GiB' })
+      local sent = 0
+      for _, grp in pairs(p.traffic) do sent = sent + (grp.by.send and grp.by.send.bytes or 0) end
+      local Bsz, T, L, C = r.batch_size, r.block_size, 2, 64
+      about(sent, A * L * (2 * (cp - 1) + cp) * 2 * Bsz * (T / cp) * C * 4, 'ring cp ' .. cp .. ' K/V sends')
+    end
   end)
 
   it('says what is live at the peak, whether it fits, and plans its suggestions', function()

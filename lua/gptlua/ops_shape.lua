@@ -82,7 +82,9 @@ function O.cat(list, dim)
   A.no_grad(function()
     for i, t in ipairs(list) do
       starts[i] = pos
-      out:narrow(d, pos, t.shape[d]):copy_(t)
+      local slot = out:narrow(d, pos, t.shape[d])
+      slot:copy_(t)
+      O.drop_view(slot)  -- (a view left to the scope's end would keep out's storage after out is released)
       pos = pos + t.shape[d]
     end
   end)

@@ -33,9 +33,12 @@
 --
 -- Bytes per rank per layer and micro-step: forward (n-1) K/V blocks,
 -- backward (n-1) K/V blocks and n dK/dV blocks (float32 unless float64),
--- a block being 2 B Hkv 2c D elements: the planner's model (gptlua.plan).
+-- a block being 2 B Hkv 2c D elements (counted by recipes/bench_parallel.lua
+-- in the communicator and by the planner's fake world: spec/plan_spec.lua).
 -- A sliding window is refused (its visible pairs would need a per-block
--- offset the kernels do not take).
+-- offset the kernels do not take).  The merges and the accumulators'
+-- conversions allocate per block (small next to the kernels' work; a GPU
+-- step would want them fused into the attention kernel's epilogue).
 local gl = require 'gptlua'
 local A = require 'gptlua.autograd'
 local G = require 'gptlua.ffi'

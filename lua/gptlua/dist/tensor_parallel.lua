@@ -31,13 +31,18 @@
 -- Per block and micro-step: forward two all-reduces (attention, MLP) of
 -- B*T*C elements each, backward two more, so 4 * 2(tp-1)/tp * B*T*C
 -- elements sent per rank; embedding and head add one B*T*C all-reduce
--- forward and one backward, and the loss three of B*T numbers.
+-- forward and one backward, and the loss three of B*T numbers.  Sequence
+-- parallel turns each all-reduce into an all-gather + reduce-scatter pair
+-- (the same volume) and gathers each column-parallel input once more in
+-- backward (it keeps only the T/tp shard: gathered_linear), (2L + 1)
+-- (tp-1)/tp * B*T*C more elements.
 --
 -- The layout records, for every parameter cut, the dimension and the number
 -- of blocks it was cut in (gpt2's c_attn: 3, q|k|v), so checkpoints gather
 -- full tensors (TP.gather) and any tp size can cut them again (TP.slice).
 local gl = require 'gptlua'
 local A = require 'gptlua.autograd'
+local G = require 'gptlua.ffi'
 local Tensor = gl.Tensor
 
 local TP = {}
@@ -141,6 +146,61 @@ local function into_columns(layout, x)
   return TP.copy_to(x, layout.comm)
 end
 
+-- Sequence parallel's column-parallel product, as Megatron-LM's: y = (the
+-- T/tp shards of x gathered) W^T + b, keeping only the shard x for the
+-- backward, which gathers the whole input again for dW and reduce-scatters
+-- dx.  Gathered once and kept (as gather_seq then gl.linear would), the
+-- (B, T, C) input of every column-parallel matrix stays live from forward
+-- to backward: tp times the shard the norms and residuals hold.  The
+-- price: one more all-gather per column-parallel matrix in backward.
+local function gathered_linear(layout, x, W, bias)
+  local comm = layout.comm
+  local y = gl.no_grad(function()
+    -- (the product on views released here: gl.linear's would keep the
+    -- gathered input alive to the end of the step's scope)
+    local full = all_gather_seq(x, comm)
+    local n_in, n_out = W.shape[2], W.shape[1]
+    local lead = full:numel() / n_in
+    local shape = full:size()
+    shape[#shape] = n_out
+    local out = gl.empty(shape, { dtype = full.dtype, device = full.device })
+    local x2, out2, Wt = full:view(lead, n_in), out:view(lead, n_out), W:transpose(1, 2)
+    if bias then
+      G.check(G.lib.gl_matmul_bias(out2.c, x2.c, Wt.c, bias.c))
+    else
+      gl.matmul_raw(x2, Wt, out2, 0)
+    end
+    for _, t in ipairs({ x2, out2, Wt, full }) do Tensor.release(t) end
+    return out
+  end)
+  local inputs = bias and { x, W, bias } or { x, W }
+  return A.record(y, inputs, function(_, g)
+    return gl.no_grad(function()
+      local full = all_gather_seq(x, comm)
+      local n_in, n_out = W.shape[2], W.shape[1]
+      local lead = full:numel() / n_in
+      local g2 = g:contiguous():view(lead, n_out)
+      local x2 = full:view(lead, n_in)
+      local dfull = gl.empty(full.shape, { dtype = full.dtype, device = full.device })
+      local gW = gl.empty(W.shape, { dtype = W.dtype, device = W.device })
+      local gb = bias and gl.empty(bias.shape, { dtype = bias.dtype, device = bias.device }) or nil
+      local d2 = dfull:view(lead, n_in)
+      G.check(G.lib.gl_linear_backward(d2.c, gW.c, gb and gb.c or nil, nil, g2.c, x2.c, W.c, nil))
+      for _, t in ipairs({ d2, x2, g2, full }) do Tensor.release(t) end
+      local dx = reduce_scatter_seq(dfull, comm)
+      Tensor.release(dfull)
+      return dx, gW, gb
+    end)
+  end, { x, W }, 'sp_gathered_linear')
+end
+
+-- x W^T + b for a column-parallel matrix W (sequence parallel: the shard
+-- kept, gathered again in backward)
+local function column_linear(layout, x, W, bias)
+  if layout.seq_now and layout.size > 1 then return gathered_linear(layout, x, W, bias) end
+  return gl.linear(into_columns(layout, x), W, bias)
+end
+
 -- what leaves a row-parallel matrix: the partial sums added over tp (and
 -- cut to this rank's T/tp rows under sequence parallelism)
 local function out_of_rows(layout, y)
@@ -198,7 +258,7 @@ end
 local function column_parallel(layout, lin, prefix, blocks)
   cut(layout, lin, 'weight', prefix .. '.weight', { dim = 1, blocks = blocks })
   if lin.bias then cut(layout, lin, 'bias', prefix .. '.bias', { dim = 1, blocks = blocks }) end
-  lin.forward = function(self, x) return gl.linear(into_columns(layout, x), self.weight, self.bias) end
+  lin.forward = function(self, x) return column_linear(layout, x, self.weight, self.bias) end
 end
 
 local function row_parallel(layout, lin, prefix)
@@ -255,7 +315,7 @@ end
 local function head(layout)
   local comm = layout.comm
   return function(x, targets, weight, softcap)
-    local logits = gl.linear(into_columns(layout, x), weight)
+    local logits = column_linear(layout, x, weight)
     if targets == nil then  -- sampling: whole rows of logits
       local full = TP.gather(logits, { dim = #logits.shape }, comm)
       if softcap and softcap > 0 then full = gl.softcap(full, softcap) end

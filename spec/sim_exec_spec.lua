@@ -117,6 +117,8 @@ describe('cuda-sim execution: each checker fires on a planted bug #cuda #sim', f
   -- name, environment, expected code, text the report contains
   local cases = {
     { 'race', 'GL_SIM_RACECHECK=1', E.LaunchFailure, 'kernel p_race: race: device allocation' },
+    -- a block the in-order run leaves as it was (not copied again) and only the random order writes
+    { 'race_random_only', 'GL_SIM_RACECHECK=1', E.LaunchFailure, 'kernel p_race_random_only: race: device allocation' },
     { 'shuffle_mask', '', E.IllegalInstruction, 'bad shuffle mask: lanes disagree on the mask of __shfl_xor_sync' },
     { 'divergence', '', E.IllegalInstruction, 'barrier divergence' },
     { 'deadlock', '', E.LaunchTimeout,

@@ -238,7 +238,11 @@ static bool stream_access(Alloc *al, uintptr_t addr, bool write, char *msg, size
 static void open_page(Alloc *al, uintptr_t addr, bool write) {
   int prot = write ? PROT_READ | PROT_WRITE : PROT_READ;
   bool whole = !check_streams() || tls_untracked;
-  if (whole) prot = PROT_READ | PROT_WRITE;
+  /* without the stream check an item's first access opens the whole block
+     for good; an untracked scope (race mode's snapshots) opens it read-only
+     for reading, so the close after it skips the slack check of a block it
+     only read */
+  if (!check_streams()) prot = PROT_READ | PROT_WRITE;
   uintptr_t page = addr & ~(uintptr_t)(PAGE - 1);
   int rc = whole ? mprotect((void *)al->data_begin, al->data_end - al->data_begin, prot)
                  : mprotect((void *)page, PAGE, prot);
@@ -467,6 +471,12 @@ extern "C" cudaError_t cudaMalloc(void **dev_ptr, size_t size) {
   memset((void *)al->data_begin, 0xFF, data_len);
   mprotect(m, PAGE, PROT_NONE);
   mprotect((void *)al->data_end, PAGE, PROT_NONE);
+  /* guard pages flagged apart from the data pages never merge with them
+     into one kernel mapping: opening and closing the whole block (the
+     host checks do it at every work item, race mode several times per
+     launch) then changes protections without splitting and re-merging */
+  madvise(m, PAGE, MADV_DONTDUMP);
+  madvise((void *)al->data_end, PAGE, MADV_DONTDUMP);
   if (config.hostcheck) mprotect((void *)al->data_begin, data_len, PROT_NONE);
   {
     TableGuard g;

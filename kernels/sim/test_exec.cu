@@ -667,6 +667,12 @@ __global__ void p_race(float *out) { /* reads a neighbour's slot without a barri
   s[t] = (float)t;
   out[blockIdx.x * blockDim.x + t] = s[(t + 1) % blockDim.x];
 }
+__global__ void p_race_random_only(float *out) { /* writes only where a neighbour ran first: never in order */
+  GL_SHARED(float, s, [128]);
+  int t = threadIdx.x;
+  s[t] = (float)t;
+  if (t + 1 < (int)blockDim.x && s[t + 1] == s[t + 1]) out[blockIdx.x * blockDim.x + t] = 1.0f;
+}
 __global__ void p_shuffle_mask(int *out) { /* the halves disagree on the mask */
   int lane = threadIdx.x & 31;
   unsigned mask = lane < 16 ? 0xffffffffu : 0xffff0000u;
@@ -723,6 +729,7 @@ extern "C" int gl_simtest_exec_planted(const char *name) {
   ALLOC(out, float, 1024);
   std::string n = name;
   if (n == "race") GL_LAUNCH(2, 128, 0, 0, p_race)(out.p);
+  else if (n == "race_random_only") GL_LAUNCH(2, 128, 0, 0, p_race_random_only)(out.p);
   else if (n == "shuffle_mask") GL_LAUNCH(1, 32, 0, 0, p_shuffle_mask)((int *)out.p);
   else if (n == "divergence") GL_LAUNCH(1, 64, 0, 0, p_divergence)((int *)out.p);
   else if (n == "deadlock") GL_LAUNCH(1, 64, 0, 0, p_deadlock)((int *)out.p);

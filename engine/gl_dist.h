@@ -100,6 +100,10 @@ typedef struct gl_dist_backend {
   void (*serve)(const gl_work *waiting);
   void (*diagnose)(const gl_work *w, char *buf, int n);
   void (*abort)(int code);                  /* ends every rank, never returns */
+  /* optional (device backends): make the device's compute stream wait for
+     w on the device, without the host waiting; NULL: gl_work_wait_device
+     waits on the host */
+  int (*device_wait)(gl_work *w);
 } gl_dist_backend;
 
 struct gl_comm {
@@ -127,7 +131,7 @@ struct gl_work {
   int32_t state;               /* GL_WORK_* */
   int32_t wire_dtype;          /* dtype on the wire (float32 for staged bf16/f16 reductions) */
   int32_t detached;
-  int32_t pad_;
+  int32_t device_waited;       /* the compute stream waits for it (gl_work_wait_device) */
   double started_at;           /* seconds, gl_dist_now() */
   gl_tensor *send_view, *recv_view;   /* the caller's tensors (own views) */
   gl_tensor *send_stage, *recv_stage; /* contiguous wire buffers when staged, else NULL */
@@ -166,6 +170,21 @@ int gl_comm_set_timeout(gl_comm *c, double timeout_s);
 gl_work *gl_comm_start(gl_comm *c, const gl_coll_args *a);
 int gl_work_test(gl_work *w, int *done); /* never blocks */
 int gl_work_wait(gl_work *w);           /* blocks; on timeout aborts every rank */
+/* The consumer of w is device work: on a device backend (NCCL) the compute
+   stream waits for the collective's event and the host goes on at once;
+   the result is then ready for everything queued on the compute stream
+   after the call (a host read of it, a copy to the host, waits for that
+   stream and so for the collective).  The work's buffers are released at
+   once: later compute-stream work is ordered after the collective, so the
+   caching allocator may hand them out again.  The work stays watched: it is
+   polled (never waited for) by later calls into this library and, past the
+   communicator's timeout, reported and aborted like a blocking wait.  On
+   host-memory backends this is gl_work_wait. */
+int gl_work_wait_device(gl_work *w);
+/* Host waits for device collectives (gl_work_wait on a work of a device
+   backend that had not finished) since the library was loaded: a counter
+   for the benchmarks (recipes/tools/host_syncs.lua). */
+int64_t gl_dist_device_host_waits(void);
 void gl_work_free(gl_work *w);          /* detaches an unfinished work */
 int gl_comm_run(gl_comm *c, const gl_coll_args *a); /* start + wait + free */
 /* Advances every in-flight collective without blocking.  MPI moves data

@@ -256,8 +256,11 @@ extern "C" int cuda_free(int device, void *ptr) {
   return GL_OK;
 }
 
-/* Byte copy between any two of host / cuda:N.  Host involvement waits for
-   the copy (the caller may reuse or read host memory at once); device to
+/* Byte copy between any two of host / cuda:N.  A copy to the host waits for
+   it (the caller reads the memory at once), and so does one from pinned host
+   memory (the caller may overwrite it at once).  From pageable host memory
+   cudaMemcpyAsync stages the source before it returns, so the host does not
+   wait (no host sync for the small tensors a step uploads); device to
    device on one GPU stays queued on its compute stream. */
 extern "C" int cuda_memcpy(void *dst, int dst_device, const void *src, int src_device, int64_t nbytes) {
   if (nbytes <= 0) return GL_OK;
@@ -275,7 +278,13 @@ extern "C" int cuda_memcpy(void *dst, int dst_device, const void *src, int src_d
   cudaStream_t st = nullptr;
   GL_TRY(cu_begin(dev, &st));
   GL_CU_CHECK(cudaMemcpyAsync(dst, src, (size_t)nbytes, cudaMemcpyDefault, st));
-  if (dst_device < 0 || src_device < 0) GL_CU_CHECK(cudaStreamSynchronize(st));
+  bool host_waits = dst_device < 0;
+  if (src_device < 0) {
+    cudaPointerAttributes at;
+    GL_CU_CHECK(cudaPointerGetAttributes(&at, src));
+    host_waits = at.type != cudaMemoryTypeUnregistered;  /* pinned (or managed) source */
+  }
+  if (host_waits) GL_CU_CHECK(cudaStreamSynchronize(st));
   if (dst_device < 0) GL_TRY(cu_report_checks(src_device));  /* the host has waited: read the checks too */
   return GL_OK;
 }

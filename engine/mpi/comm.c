@@ -160,14 +160,20 @@ static int work_progress(gl_work *w, int *done) {
   return work_complete(w);
 }
 
-/* Detached works complete in the background: every entry point moves them on. */
+static void timed_out(const gl_work *w, double timeout);
+
+/* Detached works complete in the background: every entry point moves them
+   on.  One the compute stream waits for (gl_work_wait_device) has no host
+   waiter, so its timeout is watched here. */
 static void progress_detached(void) {
   for (gl_work **p = &detached; *p;) {
     gl_work *w = *p;
     int done;
     work_progress(w, &done);
-    if (done) { *p = w->next_detached; work_destroy(w); }
-    else p = &w->next_detached;
+    if (done) { *p = w->next_detached; work_destroy(w); continue; }
+    double timeout = w->comm->timeout_s;
+    if (w->device_waited && timeout > 0 && gl_dist_now() - w->started_at > timeout) timed_out(w, timeout);
+    p = &w->next_detached;
   }
 }
 
@@ -234,10 +240,14 @@ static void timed_out(const gl_work *w, double timeout) {
   gl_dist_abort(3, msg);
 }
 
+static int64_t device_host_waits;   /* gl_dist_device_host_waits */
+int64_t gl_dist_device_host_waits(void) { return device_host_waits; }
+
 int gl_work_wait(gl_work *w) {
   if (!w) return gl_error("gl_work_wait: work is NULL");
   const gl_dist_backend *b = w->comm->backend;
   double t0 = gl_dist_now(), timeout = w->comm->timeout_s;
+  if (!b->host_memory && w->state == GL_WORK_RUNNING) device_host_waits++;
   for (long iter = 0;; iter++) {
     int done;
     if (work_progress(w, &done) != GL_OK) return failed_error(w);
@@ -251,6 +261,32 @@ int gl_work_wait(gl_work *w) {
     if (waited > 2.0) sleep_us(50);
     else if (waited > 0.001) sched_yield();
   }
+}
+
+int gl_work_wait_device(gl_work *w) {
+  if (!w) return gl_error("gl_work_wait_device: work is NULL");
+  const gl_dist_backend *b = w->comm->backend;
+  if (w->state != GL_WORK_RUNNING || !b->device_wait) return gl_work_wait(w);
+  if (w->device_waited) return GL_OK;
+  progress_detached();
+  if (b->device_wait(w) != GL_OK) {
+    snprintf(w->error, sizeof w->error, "%s", gl_last_error());
+    w->state = GL_WORK_FAILED;
+    release_buffers(w);
+    return failed_error(w);
+  }
+  w->device_waited = 1;
+  /* staged results are copied out on the compute stream, behind its wait;
+     the buffers go back with every later use ordered after the collective */
+  if (receives(w) && w->recv_stage && gl_copy(w->recv_view, w->recv_stage) != GL_OK) {
+    snprintf(w->error, sizeof w->error, "%s: copying the result out of the staging buffer: %s", w->args.label,
+             gl_last_error());
+    w->state = GL_WORK_FAILED;
+    release_buffers(w);
+    return failed_error(w);
+  }
+  release_buffers(w);
+  return GL_OK;
 }
 
 void gl_work_free(gl_work *w) {

@@ -7,7 +7,10 @@
  * recorded on the compute stream when the collective starts (its inputs were
  * written there), and an event recorded after the collective is what the
  * work's test polls, so gl_work_wait returns once the result is in memory
- * and the timeout watchdog of comm.c covers NCCL as it covers MPI.  The
+ * and the timeout watchdog of comm.c covers NCCL as it covers MPI.
+ * gl_work_wait_device instead makes the compute stream wait for that event
+ * (the consumer is device work): no host wait, and the collective overlaps
+ * whatever compute was queued between its start and that wait.  The
  * control channel (who is missing after a timeout) is the world's.
  *
  * Mapping: all_reduce, reduce_scatter (even counts), all_gather (even),
@@ -339,6 +342,19 @@ static int nccl_test(gl_work *w, int *done) {
   return nccl_fail(async, n->comm, fn, "in flight");
 }
 
+/* The consumer is device work: the compute stream waits for the event after
+   the collective; the host does not.  nccl_test still polls the event (the
+   work stays watched for its timeout and recycles the event once it has
+   passed; a wait already queued keeps the record it saw). */
+static int nccl_device_wait(gl_work *w) {
+  nccl_comm *n = impl_of(w->comm);
+  nccl_work *nw = w->impl;
+  const char *fn = w->args.label;
+  CUDA_TRY(cudaSetDevice(n->device), fn);
+  CUDA_TRY(cudaStreamWaitEvent(n->compute, nw->done, 0), fn);
+  return GL_OK;
+}
+
 /* ---- communicators ------------------------------------------------------- */
 static void free_impl(nccl_comm *n) {
   if (!n) return;
@@ -427,6 +443,7 @@ static const gl_dist_backend nccl_backend = {
   .serve = nccl_serve,
   .diagnose = nccl_diagnose,
   .abort = nccl_abort,
+  .device_wait = nccl_device_wait,
 };
 
 /* What rank 0 broadcasts: whether it made an id, and the id. */

@@ -186,6 +186,11 @@ void submit_work(CUstream_st *s, const char *what, std::function<void()> work);
 /* the live event behind a handle, or NULL (R.mu held) */
 std::shared_ptr<CUevent_st> find_event(cudaEvent_t e);
 
+/* ---- the stream trace (trace.cpp): no-ops unless gl_sim_trace_start ran ------- */
+void trace_work(int device, uint32_t stream, uint64_t seq, const char *what, const Clock &clock);
+void trace_wait(int device, uint32_t stream, uint32_t waited, uint64_t seq);
+void trace_host(bool blocking, const char *what);  /* blocking: a host sync; else a query that found work done */
+
 /* ---- stream capture (runtime_graphs.cpp) --------------------------------------- */
 /* Every stream operation asks first (R.mu held): cudaSuccess, or the error
    the real runtime gives for it now — the stream's capture was invalidated;

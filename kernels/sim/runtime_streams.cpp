@@ -169,6 +169,7 @@ static uint64_t submit_on(CUstream_st *s, const char *what, std::function<void()
   it.what = what;
   it.seq = s->work_seq;
   it.clock = s->clock;
+  trace_work(s->device, s->id, it.seq, what, it.clock);
   if (clock_out) *clock_out = s->clock;
   uint64_t pos = ++s->submitted;
   if (config.threaded) {
@@ -192,7 +193,7 @@ static uint64_t submit_on(CUstream_st *s, const char *what, std::function<void()
    work item must not synchronise). */
 static void host_wait(const char *fn, CUstream_st *s, uint64_t count, const Clock &clock) {
   Runtime &R = *rt_state;
-  if (!tls_item) gl_sim_account_sync(fn);
+  if (!tls_item) { gl_sim_account_sync(fn); trace_host(true, fn); }
   std::unique_lock<std::mutex> lk(R.mu);
   if (!tls_item) R.cv.wait(lk, [&] { return s->completed >= count; });
   clock_merge(R.host_clock, clock);
@@ -202,7 +203,7 @@ namespace gl_sim_rt {
 /* every stream of device d (all devices when d < 0) */
 void host_wait_device(const char *fn, int d) {
   Runtime &R = *rt_state;
-  if (!tls_item) gl_sim_account_sync(fn);
+  if (!tls_item) { gl_sim_account_sync(fn); trace_host(true, fn); }
   std::unique_lock<std::mutex> lk(R.mu);
   std::vector<std::pair<CUstream_st *, uint64_t>> targets;
   for (CUstream_st *t : R.streams)
@@ -567,6 +568,7 @@ extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream) {
   std::lock_guard<std::mutex> g(R.mu);
   if ((e = capture_guard_locked(R, "cudaStreamQuery", s, true, false)) != cudaSuccess) return e;
   if (s->completed < s->submitted) return cudaErrorNotReady;  /* not an error: no last error */
+  if (!tls_item) trace_host(false, "cudaStreamQuery");
   clock_merge(R.host_clock, s->clock);  /* the host has seen it finish: later work is ordered after */
   return cudaSuccess;
 }
@@ -587,6 +589,10 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t even
   if (!ev->recorded) return cudaSuccess;  /* waiting for an event never recorded is a no-op */
   order_submission_locked(R, s);
   clock_merge(s->clock, ev->clock);
+  {
+    uint32_t w = ev->stream->id;
+    trace_wait(s->device, s->id, w, w < ev->clock.size() ? ev->clock[w] : 0);
+  }
   if (config.threaded && ev->stream->completed < ev->count) {
     push_wait_locked(s, ev->stream, ev->count);
     R.cv.notify_all();
@@ -666,6 +672,7 @@ extern "C" cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (ev->capture)
     return api_error(cudaErrorCapturedEvent, "cudaEventQuery: event %p was last recorded in a capturing stream", (void *)event);
   if (!event_done_locked(ev.get())) return cudaErrorNotReady;
+  if (ev->recorded && !tls_item) trace_host(false, "cudaEventQuery");
   if (ev->recorded) clock_merge(R.host_clock, ev->clock);  /* the host has seen it pass, as after a synchronize */
   return cudaSuccess;
 }
@@ -682,6 +689,7 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!ev->recorded) return cudaSuccess;
   if (!tls_item) {
     gl_sim_account_sync("cudaEventSynchronize");
+    trace_host(true, "cudaEventSynchronize");
     R.cv.wait(lk, [&] { return event_done_locked(ev.get()); });
   }
   clock_merge(R.host_clock, ev->clock);

@@ -9,6 +9,8 @@
  *   nccl_comm.cpp nccl_ops.cpp  NCCL over MPI
  *   cuda_bf16.h cuda_fp16.h mma.h       numeric types and WMMA
  *   account.cpp   the byte-and-FLOP account of each work item, host syncs
+ *   trace.cpp     the stream trace: work items with their vector clocks, cross-stream
+ *                 waits, host syncs and marks (recipes/tools/host_syncs.lua)
  *
  * Environment switches (read once, at first use):
  *   GL_SIM_RACECHECK=1    run every launch twice, in-order and in a seeded

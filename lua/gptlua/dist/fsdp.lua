@@ -709,9 +709,9 @@ function FSDP:average_number(x) return self.comm:all_reduce_number(x, 'avg') end
 -- group (every replica holds the same shards after the all-reduce)
 function FSDP:grad_norm()
   self:after_backward()
-  local s = 0
-  for _, u in ipairs(self.units) do s = s + B.sumsq(u.gshard) end
-  return math.sqrt(self.shard:all_reduce_number(s, 'sum'))
+  local shards = {}
+  for i, u in ipairs(self.units) do shards[i] = u.gshard end
+  return math.sqrt(self.shard:all_reduce_number(B.sumsq_list(shards), 'sum'))
 end
 
 -- Calls f(p, grad, counted) for every piece of the averaged gradient this

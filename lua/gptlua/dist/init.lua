@@ -66,15 +66,47 @@ local function finish(self)
   self.keep, self.after = nil, nil    -- the tensors may go now
 end
 
--- Blocks until the collective completed; returns its result (the output
--- tensor or list).  A collective that does not complete within the
+-- Returns the collective's result (the output tensor or list) once it can
+-- be used.  Over MPI (host memory) the host blocks until it completed.  Over
+-- NCCL (CUDA tensors) the device waits, not the host (the blocking form of
+-- a collective, without async, still waits on the host): the compute stream
+-- waits for the event the collective recorded on its own stream, so every
+-- kernel queued after this call sees the result and whatever compute was
+-- queued before it overlaps the collective; a host read of the result (a
+-- copy to the host) waits for the compute stream and so for the
+-- collective.  Either way a collective that does not complete within the
 -- communicator's timeout aborts every rank (see engine/gl_dist.h).
 function Work:wait()
   if not self.done then
-    if self.w ~= nil then G.check(mpi.gl_work_wait(self.w), 2) end
+    if self.w ~= nil and not self.device then
+      G.check(mpi.gl_work_wait(self.w), 2)
+    elseif self.w ~= nil then
+      if not dist.device_waits then  -- the host waits (as before; host_syncs.lua's 'host')
+        G.check(mpi.gl_work_wait(self.w), 2)
+      elseif dist._skip_device_waits > 0 then  -- test hook: a missing wait (the stream check finds it)
+        dist._skip_device_waits = dist._skip_device_waits - 1
+      else
+        G.check(mpi.gl_work_wait_device(self.w), 2)
+      end
+      mpi.gl_work_free(ffi.gc(self.w, nil))  -- watched by the library until its event passes
+      self.w = nil
+    end
     finish(self)
   end
   return self.result
+end
+
+-- false: Work:wait() of an NCCL collective blocks the host instead (to
+-- count what the device-side wait saves: recipes/tools/host_syncs.lua)
+dist.device_waits = true
+-- Test hook (spec/dist_overlap_spec.lua): the next n device-side waits are
+-- left out, as a missing cudaStreamWaitEvent would be.
+dist._skip_device_waits = 0
+
+-- host waits for NCCL collectives so far in this process (gl_work_wait on a
+-- work still running): 0 in a world without NCCL
+function dist.device_host_waits()
+  return mpi and tonumber(mpi.gl_dist_device_host_waits()) or 0
 end
 
 -- true once complete (then the result is in place); never blocks.
@@ -348,7 +380,9 @@ local function counts_cdata(counts)
   return c
 end
 
-local function run_remote(self, c, name, s)
+-- device: the CUDA device of an NCCL collective (its Work waits on the
+-- device), nil over MPI
+local function run_remote(self, c, name, s, device)
   if s.pack_in then s.pack_in() end
   local a = args_buf
   a.coll = COLL[name]
@@ -363,7 +397,7 @@ local function run_remote(self, c, name, s)
   a.send, a.recv, a.send_counts, a.recv_counts = nil, nil, nil, nil
   if w == nil then error(ffi.string(lib.gl_last_error()), 4) end
   return setmetatable({ w = ffi.gc(w, mpi.gl_work_free), result = s.result, after = s.unpack_out,
-    keep = { s.send, s.recv, s.keep } }, Work)
+    keep = { s.send, s.recv, s.keep }, device = device }, Work)
 end
 
 local function on_cuda(t) return t ~= nil and t.device ~= 'cpu' end
@@ -410,9 +444,13 @@ local function run(self, name, s, async)
   elseif r == 'fake' then work = self.fake.run(self, name, s)
   else
     self.sent_bytes = (self.sent_bytes or 0) + wire_bytes(self, name, s)
-    work = run_remote(self, r == 'nccl' and self:_nccl_comm(3) or self.c, name, s)
+    work = run_remote(self, r == 'nccl' and self:_nccl_comm(3) or self.c, name, s, r == 'nccl' and device_id or nil)
   end
   if async then return work end
+  -- the blocking form waits on the host, NCCL too: its caller may read the
+  -- result at once, and a peer that never comes is caught by the watchdog
+  -- right here (the async form's wait() is the device-side one)
+  if work.device and work.w ~= nil then G.check(mpi.gl_work_wait(work.w), 3) end
   return work:wait()
 end
 

@@ -60,9 +60,9 @@ end
 -- after the all-reduce every rank holds the averaged gradients: the local
 -- norm is the global one
 function DDP:grad_norm()
-  local s = 0
-  for _, b in ipairs(self.buckets) do s = s + B.sumsq(b.grad) end
-  return math.sqrt(s)
+  local grads = {}
+  for i, b in ipairs(self.buckets) do grads[i] = b.grad end
+  return math.sqrt(B.sumsq_list(grads))
 end
 
 function DDP:scale_grads(s)

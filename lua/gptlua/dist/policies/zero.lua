@@ -272,15 +272,15 @@ end
 -- L2 norm of the averaged gradient: the shards' squares summed over ranks
 -- (padding is zero), the replicated gradients counted once
 function Zero:grad_norm()
-  local s = 0
+  local pieces = {}
   for _, b in ipairs(self.buckets) do
     if b.kind == 'replicated' then
-      if self.r == 0 then s = s + B.sumsq(b.grad) end
+      if self.r == 0 then pieces[#pieces + 1] = b.grad end
     else
-      s = s + B.sumsq(b.gshard)
+      pieces[#pieces + 1] = b.gshard
     end
   end
-  return math.sqrt(self.comm:all_reduce_number(s, 'sum'))
+  return math.sqrt(self.comm:all_reduce_number(B.sumsq_list(pieces), 'sum'))
 end
 
 -- Calls f(p, grad, counted) for every piece of the step's averaged

@@ -215,13 +215,17 @@ function optim.newton_schulz(G, steps, dtype)
       local Xd = X:to(dtype)
       free(X); X = Xd
     end
+    -- the polynomial's scalar terms ride in the products' alpha and beta
+    -- (out = alpha a b + beta out, out starting as a copy of A or X): one
+    -- copy each instead of three and two element-wise passes (scale, the
+    -- scaled operand, the add), each product rounded once
     for _ = 1, steps do
       local Xt = X:t()
       local Am = gl.matmul_raw(X, Xt)
-      local Bm = gl.matmul_raw(Am, Am)
-      Bm:mul_(NS[3]):add_(Am, NS[2])
-      local Xn = gl.matmul_raw(Bm, X)
-      Xn:add_(X, NS[1])
+      local Bm = Am:clone()
+      gl.matmul_raw(Am, Am, Bm, NS[2], NS[3])  -- b A + c A^2
+      local Xn = X:clone()
+      gl.matmul_raw(Bm, X, Xn, NS[1], 1)       -- a X + B X
       free(Xt); free(Am); free(Bm); free(X)
       X = Xn
     end

@@ -5,8 +5,12 @@
  * formulas in the same compute type (float, or double when an operand is
  * float64 or a 32/64-bit integer), the same random stream layout.  Every
  * kernel is a grid-stride loop over the output's row-major elements with a
- * CuIdx map per operand (contiguous operands collapse to one multiply). */
+ * CuIdx map per operand (contiguous operands collapse to one multiply);
+ * unary, its backward and binary move 16-byte vectors when every operand is
+ * one contiguous aligned run of one float type (ew_vec_body).  Specs:
+ * spec/cuda_spec.lua ("unary ...", "binary ...", "16-byte vectors"). */
 #include "common.cuh"
+#include <type_traits>
 
 /* ---- op formulas (mirror the tables in engine/cpu_elementwise.c) -------- */
 #define GELU_K ((T)0.7978845608028654) /* sqrt(2/pi) */
@@ -129,6 +133,68 @@ __global__ void binary_kernel(int op, P out, P a, P b, CuIdx<3> ix, int64_t n) {
   }
 }
 
+/* The 16-byte path (cu_vec16: every operand one contiguous, 16-byte aligned
+   run of the same storage type S): out[e] = f(in[0][e], ...) with
+   CuVec16<S>::N elements per thread and step, then the tail past the last
+   whole vector element by element.  The same formulas as the kernels above,
+   so the results are bit for bit theirs. */
+template <class S, int NIN> struct EwIns { const S *p[NIN]; };
+template <class T> struct UnaryF {
+  int op;
+  T p0, p1;
+  __device__ __forceinline__ T operator()(const T *a) const { return unary_forward<T>(op, a[0], p0, p1); }
+};
+template <class T> struct UnaryBackwardF {  /* a: dy, x */
+  int op;
+  T p0, p1;
+  __device__ __forceinline__ T operator()(const T *a) const { return unary_backward<T>(op, a[0], a[1], p0, p1); }
+};
+template <class T> struct BinaryF {
+  int op;
+  __device__ __forceinline__ T operator()(const T *a) const { return binary_op<T>(op, a[0], a[1]); }
+};
+
+template <class S, class T, int NIN, class F>
+__device__ __forceinline__ void ew_vec_body(S *out, EwIns<S, NIN> in, int64_t n, F f) {
+  typedef CuVec16<S> V;
+  int64_t nv = n / V::N;
+  CU_GRID_LOOP(i, nv) {
+    V a[NIN], o;
+#pragma unroll
+    for (int k = 0; k < NIN; k++) a[k] = V::load(in.p[k] + i * V::N);
+#pragma unroll
+    for (int e = 0; e < V::N; e++) {
+      T x[NIN];
+#pragma unroll
+      for (int k = 0; k < NIN; k++) x[k] = a[k].template get<T>(e);
+      o.set(e, f(x));
+    }
+    o.store(out + i * V::N);
+  }
+  CU_GRID_LOOP(i, n - nv * V::N) {
+    int64_t e = nv * V::N + i;
+    T x[NIN];
+#pragma unroll
+    for (int k = 0; k < NIN; k++) x[k] = CuStore<S>::template load<T>(in.p[k][e]);
+    out[e] = CuStore<S>::template store<T>(f(x));
+  }
+}
+template <class S, class T> __global__ void unary_vec_kernel(S *out, EwIns<S, 1> in, int64_t n, UnaryF<T> f) {
+  ew_vec_body<S, T>(out, in, n, f);
+}
+template <class S, class T>
+__global__ void unary_backward_vec_kernel(S *dx, EwIns<S, 2> in, int64_t n, UnaryBackwardF<T> f) {
+  ew_vec_body<S, T>(dx, in, n, f);
+}
+template <class S, class T> __global__ void binary_vec_kernel(S *out, EwIns<S, 2> in, int64_t n, BinaryF<T> f) {
+  ew_vec_body<S, T>(out, in, n, f);
+}
+/* threads for the 16-byte path over n elements of S */
+template <class S> static unsigned ew_vec_blocks(int dev, int64_t n) {
+  int64_t nv = n / CuVec16<S>::N;
+  return cu_blocks(dev, nv > 0 ? nv : n, EW_THREADS);
+}
+
 template <class P, class T>
 __global__ void where_kernel(P out, P cond, P a, P b, CuIdx<4> ix, int64_t n) {
   CU_GRID_LOOP(i, n) {
@@ -188,9 +254,19 @@ extern "C" int cuda_unary(int op, gl_tensor *out, const gl_tensor *x, double p0,
   cudaStream_t st;
   GL_TRY(cu_begin(out->device, &st));
   CuIdx<2> ix = cu_idx_of<2>({out, x});
+  bool vec = cu_vec16(ix, {out, x});
   return cu_dispatch({out, x}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
+    if constexpr (!std::is_same<P, AnyPtr>::value) {
+      using S = typename P::storage;
+      if (vec) {
+        GL_LAUNCH(ew_vec_blocks<S>(out->device, n), EW_THREADS, 0, st, unary_vec_kernel<S, T>)(
+            (S *)cu_ptr(out), EwIns<S, 1>{{(const S *)cu_ptr(x)}}, n, UnaryF<T>{op, (T)p0, (T)p1});
+        GL_CU_LAUNCHED();
+        return GL_OK;
+      }
+    }
     GL_LAUNCH(cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st, unary_kernel<P, T>)(
         op, P::from(out), P::from(x), ix, n, (T)p0, (T)p1);
     GL_CU_LAUNCHED();
@@ -207,9 +283,20 @@ extern "C" int cuda_unary_backward(int op, gl_tensor *dx, const gl_tensor *dy, c
   cudaStream_t st;
   GL_TRY(cu_begin(dx->device, &st));
   CuIdx<3> ix = cu_idx_of<3>({dx, dy, x});
+  bool vec = cu_vec16(ix, {dx, dy, x});
   return cu_dispatch({dx, dy, x}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
+    if constexpr (!std::is_same<P, AnyPtr>::value) {
+      using S = typename P::storage;
+      if (vec) {
+        GL_LAUNCH(ew_vec_blocks<S>(dx->device, n), EW_THREADS, 0, st, unary_backward_vec_kernel<S, T>)(
+            (S *)cu_ptr(dx), EwIns<S, 2>{{(const S *)cu_ptr(dy), (const S *)cu_ptr(x)}}, n,
+            UnaryBackwardF<T>{op, (T)p0, (T)p1});
+        GL_CU_LAUNCHED();
+        return GL_OK;
+      }
+    }
     GL_LAUNCH(cu_blocks(dx->device, n, EW_THREADS), EW_THREADS, 0, st, unary_backward_kernel<P, T>)(
         op, P::from(dx), P::from(dy), P::from(x), ix, n, (T)p0, (T)p1);
     GL_CU_LAUNCHED();
@@ -224,9 +311,19 @@ extern "C" int cuda_binary(int op, gl_tensor *out, const gl_tensor *a, const gl_
   cudaStream_t st;
   GL_TRY(cu_begin(out->device, &st));
   CuIdx<3> ix = cu_idx_of<3>({out, a, b});
+  bool vec = cu_vec16(ix, {out, a, b});
   return cu_dispatch({out, a, b}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
+    if constexpr (!std::is_same<P, AnyPtr>::value) {
+      using S = typename P::storage;
+      if (vec) {
+        GL_LAUNCH(ew_vec_blocks<S>(out->device, n), EW_THREADS, 0, st, binary_vec_kernel<S, T>)(
+            (S *)cu_ptr(out), EwIns<S, 2>{{(const S *)cu_ptr(a), (const S *)cu_ptr(b)}}, n, BinaryF<T>{op});
+        GL_CU_LAUNCHED();
+        return GL_OK;
+      }
+    }
     GL_LAUNCH(cu_blocks(out->device, n, EW_THREADS), EW_THREADS, 0, st, binary_kernel<P, T>)(
         op, P::from(out), P::from(a), P::from(b), ix, n);
     GL_CU_LAUNCHED();

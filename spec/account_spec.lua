@@ -86,10 +86,15 @@ describe('account fit: out + L*layer over (B, T), out linear in the vocabulary',
     local gl = require 'gptlua'
     local acc = dofile(gl.root .. '/recipes/tools/account.lua')
     -- a kernel whose bytes are out = (5 + 3N + 0.5NT + 7T) + V (11 + 2N), layer = 13 + 17N + 0.25NT + 19T
+    -- and an embedding lookup whose reads fall with V (fewer repeated tokens
+    -- would mean more; made up here): data-dependent, so not fitted in V
+    local EMB = 'embedding_forward_kernel<U>'
     local function count(L, B, T, V)
       local N = B * T
       local v = (5 + 3 * N + 0.5 * N * T + 7 * T) + V * (11 + 2 * N) + L * (13 + 17 * N + 0.25 * N * T + 19 * T)
-      return { rows = { k = { launches = L + 1, flops = 0, read = v, written = 2 * v } }, order = { 'k' } }
+      local e = 64 * N + 1e6 / V
+      return { rows = { k = { launches = L + 1, flops = 0, read = v, written = 2 * v },
+                        [EMB] = { launches = 1, flops = 0, read = e, written = 0 } }, order = { 'k', EMB } }
     end
     local sizes = { { 1, 64 }, { 2, 64 }, { 1, 128 }, { 2, 128 } }
     local runs, vocab = { {}, {} }, { V1 = 1024, V2 = 2048, runs = {} }
@@ -102,6 +107,8 @@ describe('account fit: out + L*layer over (B, T), out linear in the vocabulary',
       assert.is_true(math.abs(got[f] - want[f]) <= 1e-9 * want[f], ('%s: %.17g vs %.17g'):format(f, got[f], want[f]))
     end
     assert.has_error(function() fit.predict(20, 32, 2048) end, 'account: the fit is linear in the vocabulary; predict needs V')
+    local emb = fit.predict(20, 32, 2048, nil, 65536)[EMB].read
+    assert.is_true(math.abs(emb - count(1, 32, 2048, 2048).rows[EMB].read) <= 1e-6 * emb, 'embedding: ' .. emb)
     -- without a vocabulary the fit is the eight-step one (V fixed at the counted 1024)
     local fixed = acc.fit(sizes, runs).predict(20, 32, 2048).k
     assert.is_true(math.abs(fixed.read - count(20, 32, 2048, 1024).rows.k.read) <= 1e-9 * fixed.read)

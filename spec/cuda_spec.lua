@@ -194,6 +194,42 @@ describe('CUDA elementwise kernels vs CPU #cuda', function()
     end
   end)
 
+  -- contiguous operands starting 16-byte aligned move as 16-byte vectors
+  -- (kernels/elementwise.cu, ew_vec_body), the tail element by element; the
+  -- same values one element off alignment take the element-wise kernels:
+  -- both agree with the CPU, and with each other bit for bit
+  gpu_it('16-byte vectors in unary, its backward and binary: odd sizes, the tail, misaligned, in place', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
+      for _, n in ipairs({ 1, 7, 8, 9, 17, 1029 }) do
+        local ins = { a = pair({ n }, { dtype = dt }), b = pair({ n }, { dtype = dt }) }
+        local function run(S, a, b)
+          local y = S.out({ n }, dt); K(lib.gl_unary(lib.GL_U_GELU_TANH, y.c, a.c, 0, 0))
+          local dx = S.out({ n }, dt); K(lib.gl_unary_backward(lib.GL_U_TANH, dx.c, b.c, a.c, 0, 0))
+          local z = S.out({ n }, dt); K(lib.gl_binary(lib.GL_B_MUL, z.c, a.c, b.c))
+          local w = b:clone(); K(lib.gl_binary(lib.GL_B_SUB, w.c, w.c, a.c))  -- in place
+          return y, dx, z, w
+        end
+        local vec
+        compare(ins, function(S)
+          local r = { run(S, S.a, S.b) }
+          if S.gpu then vec = r end
+          return unpack(r)
+        end, dt, ('16-byte vectors %s n=%d'):format(dt, n))
+        local function shifted(t)  -- the same values starting one element past a 16-byte boundary
+          local u = gl.empty({ n + 1 }, { dtype = dt, device = DEV }):narrow(1, 2, n)
+          u:copy_(t)
+          return u
+        end
+        local scalar = { run({ out = function(sh, d) return shifted(gl.zeros(sh, { dtype = d, device = DEV })) end },
+                             shifted(ins.a[2]), shifted(ins.b[2])) }
+        for i = 1, #vec do
+          assert.equal(0, vec[i]:to('cpu'):max_abs_diff(scalar[i]:to('cpu')),
+                       ('16-byte vectors %s n=%d output %d: differs from the element-wise kernel'):format(dt, n, i))
+        end
+      end
+    end
+  end)
+
   gpu_it('where with a uint8 condition', function()
     local shape = { 17, 23 }
     local c = id_pair(shape, 2, 'int64')
@@ -558,6 +594,39 @@ describe('CUDA embedding and index ops vs CPU #cuda', function()
       local d = S.out({ 40, 300 }); K(lib.gl_embedding_backward(d.c, S.g.c, S.ids.c))
       return d
     end, 'float32', 'embedding backward, many repeats')
+  end)
+
+  -- the backward sorts the ids once (a radix sort of 8 bits a pass over
+  -- tiles of 1024 positions, kernels/index.cu) and sums each row's positions
+  -- in order: float32 equals the CPU's position-order sums bit for bit
+  gpu_it('embedding backward over sort tiles and passes, repeated ids and the table edges', function()
+    local cases = {  -- V (1, 2 or 3 radix passes), n (tile edges), C (column blocks), ids drawn from [0, hot)
+      { 1, 5, 7, 1 }, { 37, 1023, 5, 37 }, { 256, 1024, 33, 3 }, { 257, 1025, 300, 257 }, { 1000, 2100, 70, 1000 },
+      { 70000, 1100, 3, 70000 },
+    }
+    for _, cs in ipairs(cases) do
+      local V, n, C, hot = cs[1], cs[2], cs[3], cs[4]
+      math.randomseed(twin.next_seed())
+      local vals = {}
+      for i = 1, n do vals[i] = math.random(0, hot - 1) end
+      for i = 1, n, 7 do vals[i] = V - 1 end  -- the last row, repeated
+      for i = 3, n, 11 do vals[i] = 0 end     -- the first row, repeated
+      for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+        local idt = dt == 'float32' and 'int64' or 'int32'
+        local t = gl.tensor(vals, { dtype = idt })
+        local ins = { ids = { t, t:to(DEV) }, g = pair({ n, C }, { dtype = dt, layout = C > 1 and 'transposed' or nil }) }
+        local what = ('embedding backward V=%d n=%d C=%d %s'):format(V, n, C, dt)
+        local ref
+        compare(ins, function(S)
+          local d = S.out({ V, C }, dt); K(lib.gl_embedding_backward(d.c, S.g.c, S.ids.c))
+          if dt == 'float32' then  -- the same sums in the same order
+            if S.gpu then assert.equal(0, d:to('cpu'):max_abs_diff(ref), what .. ': not bit for bit')
+            else ref = d end
+          end
+          return d
+        end, dt, what)
+      end
+    end
   end)
 
   -- id checks queue on the device (no host wait inside a step) and are read

@@ -96,6 +96,22 @@ describe('optimizers', function()
       assert.is_true(d > 0.4 and d < 1.6, 'diag ' .. d)
     end
   end)
+  it('Newton-Schulz is the quintic iteration a X + (b A + c A^2) X, A = X Xt (float64, both orientations)', function()
+    for _, shape in ipairs({ { 6, 9 }, { 9, 6 } }) do
+      local G = gl.randn(shape, { seed = 11, dtype = 'float64' })
+      local X = G:t():contiguous()
+      if shape[1] <= shape[2] then X = G:clone() end
+      X = X * (1 / (gl.global_norm({ X }) + 1e-7))
+      local a, b, c = 3.4445, -4.7750, 2.0315
+      for _ = 1, 5 do
+        local A = gl.matmul(X, X:t())
+        X = X * a + gl.matmul(A * b + gl.matmul(A, A) * c, X)
+      end
+      if shape[1] > shape[2] then X = X:t():contiguous() end
+      local d = optim.newton_schulz(G, 5):max_abs_diff(X)
+      assert.is_true(d < 1e-12, ('%dx%d: off by %g'):format(shape[1], shape[2], d))
+    end
+  end)
   it('Muon steps 2-D matrices with the shape-scaled lr and rejects other shapes', function()
     local W = gl.randn({ 8, 4 }, { seed = 4 }):requires_grad_()
     local w0 = W:clone()

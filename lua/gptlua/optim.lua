@@ -247,14 +247,18 @@ function optim.newton_schulz(G, steps, dtype, ortho)
       local Xd = X:to(dtype)
       free(X); X = Xd
     end
+    -- the polynomial's scalar terms ride in the products' alpha and beta
+    -- (out = alpha a b + beta out, out starting as a copy of A or X): one
+    -- copy each instead of three and two element-wise passes (scale, the
+    -- scaled operand, the add), each product rounded once
     for i = 1, steps do
       local c = ortho == 'polar_express' and POLAR_EXPRESS[i] or NS
       local Xt = X:t()
       local Am = gl.matmul_raw(X, Xt)
-      local Bm = gl.matmul_raw(Am, Am)
-      Bm:mul_(c[3]):add_(Am, c[2])
-      local Xn = gl.matmul_raw(Bm, X)
-      Xn:add_(X, c[1])
+      local Bm = Am:clone()
+      gl.matmul_raw(Am, Am, Bm, c[2], c[3])  -- b A + c A^2
+      local Xn = X:clone()
+      gl.matmul_raw(Bm, X, Xn, c[1], 1)      -- a X + B X
       free(Xt); free(Am); free(Bm); free(X)
       X = Xn
     end

@@ -32,7 +32,7 @@ local function run_case(case, dtype)
   local input = fixture.inputs[case.input]
   local shape = input.shape
   local W = gl.tensor(input.W0, { dtype = dtype }):view(shape[1], shape[2]):requires_grad_()
-  local opts = { lr = fixture.lr }
+  local opts = { lr = fixture.lr, state_dtype = dtype }
   for k, v in pairs(case.opts) do opts[k] = v end
   local opt = optim.Muon({ W }, opts)
   local diffs = {}
@@ -78,6 +78,11 @@ describe('Muon variants', function()
     assert.same({ 'classic', 'newton_schulz', false, false, 0, false, 0 },
       { g.variant, g.ortho, g.row_equilibrate, g.renormalize, g.normuon_beta2, g.cautious, g.weight_decay })
     assert.same({ { 'momentum_buffer', { 4, 3 } } }, o:param_state(W, g))
+    local P = gl.randn({ 4, 3 }, { seed = 2, dtype = 'float64' })   -- state is fp32 unless asked (state_dtype)
+    local o64 = optim.Muon({ P })
+    P.grad = gl.randn({ 4, 3 }, { seed = 3, dtype = 'float64' })
+    o64:step()
+    assert.equal('float32', o64.state[P].momentum_buffer.dtype)
   end)
 
   it('Polar Express on a diagonal matrix is the scalar polynomial on each diagonal entry', function()
@@ -114,7 +119,8 @@ describe('Muon variants', function()
     local g = { 0.5, 0.5, -1, -1 }
     local function step(cautious)
       local W = gl.tensor(W0, { dtype = 'float64' }):view(2, 2)
-      local o = optim.Muon({ W }, { lr = 0.1, ns_steps = 0, weight_decay = 0.5, cautious = cautious })
+      local o = optim.Muon({ W }, { lr = 0.1, ns_steps = 0, weight_decay = 0.5, cautious = cautious,
+        state_dtype = 'float64' })
       W.grad = gl.tensor(g, { dtype = 'float64' }):view(2, 2)
       o:step()
       return W:flatten():tolist()
@@ -135,7 +141,8 @@ describe('Muon variants', function()
     -- v starts at 0, so after one step v = (1 - beta2) mean(X^2) per row and
     -- X scaled by v^-1/2 has rows of one norm; the rescale restores |X|
     local W = gl.zeros({ 6, 3 }, { dtype = 'float64' })
-    local o = optim.Muon({ W }, { lr = 1, ns_steps = 0, momentum = 0, nesterov = false, normuon_beta2 = 0.9 })
+    local o = optim.Muon({ W }, { lr = 1, ns_steps = 0, momentum = 0, nesterov = false, normuon_beta2 = 0.9,
+      state_dtype = 'float64' })
     local G = gl.randn({ 6, 3 }, { seed = 2, dtype = 'float64' })
     for j = 1, 3 do G:set(G:get(2, j) * 10, 2, j) end   -- one loud row
     W.grad = G
@@ -162,6 +169,12 @@ describe('Muon variants', function()
       'Muon: weight_decay must be a number >= 0, got -1')
     assert.has_error(function() optim.Muon({ W }, { ortho = 'svd' }) end,
       "Muon: ortho must be one of newton_schulz, polar_express, got the string 'svd'")
+    -- tensor parallelism overrides the direction with the classic one: the
+    -- variant's steps would be skipped silently, so they are refused
+    local o = optim.Muon({ W }, { variant = 'current' })
+    o.update_direction = optim.Muon.update_direction
+    W.grad = gl.ones({ 2, 2 })
+    assert.has_error(function() o:step() end, "Muon: tensor parallelism runs the classic variant's direction, got variant current")
   end)
 
   it('state saves and restores exactly, and a variant mismatch is refused by name', function()
@@ -275,6 +288,18 @@ describe('muon_variant in the trainer', function()
       err({ optimizer = 'adamw' }))
     assert.equal("config: muon_variant 'current' with tp > 1 is not supported yet (tensor parallelism runs the "
       .. 'classic Muon)', err({ tp = 2 }))
+  end)
+
+  it("muon_weight_decay_schedule = 'cosine' takes Muon's weight decay to zero at max_iters, as nanochat", function()
+    local c = optim.schedules.cosine_to_zero(4)
+    assert.same({ 1, 0.5 + 0.5 * math.cos(math.pi / 4), 0.5, 0 }, { c(0), c(1), c(2), c(4) })
+    local seen = {}
+    local r = recipe({ name = 'wd', max_iters = 4, muon_weight_decay_schedule = 'cosine' })
+    r.on_log = function(t) seen[#seen + 1] = t.optimizer.optimizers[2].groups[1].weight_decay end
+    train.main(r, {})
+    for s = 1, 4 do assert.near(0.1 * c(s - 1), seen[s], 1e-15) end
+    local ok, e = pcall(train.resolve_config, recipe({ muon_weight_decay_schedule = 'linear' }), {})
+    assert.equal("config: unknown muon_weight_decay_schedule 'linear' (expected 'constant' or 'cosine')", e)
   end)
 
   it('resumes NorMuon state exactly and refuses to resume under another variant', function()

@@ -48,6 +48,7 @@ return {
   unembedding_lr = 'nanochat: AdamW learning rate of the output head',
   muon_variant = "nanochat's optimizer: 'classic' (first release) or 'current' (92d63d4: Polar Express, NorMuon, cautious decay, per-group AdamW)",
   muon_weight_decay = "nanochat: Muon's decoupled weight decay (cautious under muon_variant 'current')",
+  muon_weight_decay_schedule = "nanochat: 'constant' or 'cosine' (Muon's weight decay to zero at max_iters, as nanochat)",
   muon_beta2 = "nanochat, muon_variant 'current': NorMuon's second-moment beta2",
   scalar_lr = "nanochat: AdamW lr of the scalars (0: the variant's, classic 0.004 x width scale, current 0.5)",
   -- schedule

@@ -49,14 +49,12 @@ end
 -- master copy in its optimizer state; the update runs on the master and is
 -- rounded into the parameter afterwards.
 local function needs_master(p) return p.dtype ~= 'float32' and p.dtype ~= 'float64' end
--- Optimizer state is fp32, or float64 for a float64 parameter (a float64
--- run is a reference: its state keeps its precision).
-local function state_dtype(p) return p.dtype == 'float64' and 'float64' or 'float32' end
-optim.state_dtype = state_dtype
--- spec: the optimizer's param_state(p, g), a list of {key, shape}
-local function new_state(p, spec)
+-- spec: the optimizer's param_state(p, g), a list of {key, shape}; the
+-- state is fp32 whatever the parameter's dtype (the sharded policies' too),
+-- unless a float64 reference asks for float64 (Muon's state_dtype option)
+local function new_state(p, spec, dtype)
   local st = {}
-  for _, e in ipairs(spec) do st[e[1]] = gl.zeros(e[2], { dtype = state_dtype(p), device = p.device }):keep() end
+  for _, e in ipairs(spec) do st[e[1]] = gl.zeros(e[2], { dtype = dtype or 'float32', device = p.device }):keep() end
   if needs_master(p) then st.master = p:to('float32'):detach():keep() end
   return st
 end
@@ -105,7 +103,7 @@ local function load_state_dict(self, sd)
   for _, e in ipairs(pending) do
     local p, k, t = e[1], e[2], e[3]
     self.state[p] = self.state[p] or {}
-    local dst = self.state[p][k] or gl.zeros(t.shape, { dtype = k == 'master' and 'float32' or state_dtype(p),
+    local dst = self.state[p][k] or gl.zeros(t.shape, { dtype = k ~= 'master' and self.state_dtype or 'float32',
       device = p.device }):keep()
     dst:copy_(t)
     self.state[p][k] = dst
@@ -306,7 +304,10 @@ local Muon = {}
 Muon.__index = Muon
 optim.Muon = Muon
 -- Muon(params, {lr=0.02, momentum=0.95, nesterov=true, ns_steps=5,
--- variant='classic', weight_decay=0, and the variant's options above}); 2-D only
+-- variant='classic', weight_decay=0, and the variant's options above}); 2-D only.
+-- state_dtype = 'float64' keeps the state (and so the whole update) in
+-- float64: for float64 references (spec/muon_variants_spec.lua) in one
+-- process; training and the sharded policies keep fp32 state.
 setmetatable(Muon, { __call = function(_, params, opts)
   opts = opts or {}
   local variant = opts.variant or 'classic'
@@ -315,7 +316,9 @@ setmetatable(Muon, { __call = function(_, params, opts)
   local d = { lr = opts.lr or 0.02, momentum = opts.momentum or 0.95, nesterov = opts.nesterov ~= false,
               ns_steps = opts.ns_steps or 5, weight_decay = opts.weight_decay or 0, variant = variant }
   for k, v in pairs(preset) do if opts[k] == nil then d[k] = v else d[k] = opts[k] end end
-  local self = setmetatable({ groups = make_groups(params, d, 'Muon'), state = {}, t = 0, prefix = 'muon.' }, Muon)
+  local self = setmetatable({ groups = make_groups(params, d, 'Muon'), state = {}, t = 0, prefix = 'muon.',
+                              state_dtype = opts.state_dtype or 'float32' }, Muon)
+  check.one_of(self.state_dtype, { 'float32', 'float64' }, 'Muon', 'state_dtype', 3)
   for _, g in ipairs(self.groups) do
     check_num(g.momentum, 'Muon: momentum', 0)
     check.integer(g.ns_steps, 'Muon', 'ns_steps', 0, g.ortho == 'polar_express' and #POLAR_EXPRESS or nil, 3)
@@ -323,6 +326,7 @@ setmetatable(Muon, { __call = function(_, params, opts)
     check_num(g.weight_decay, 'Muon: weight_decay', 0)
     check_num(g.normuon_beta2, 'Muon: normuon_beta2', 0)
     if g.normuon_beta2 >= 1 then error('Muon: normuon_beta2 must be in [0, 1), got ' .. g.normuon_beta2, 2) end
+    g.initial_weight_decay = g.weight_decay   -- what set_muon_weight_decay_mult scales
     for _, k in ipairs({ 'row_equilibrate', 'renormalize', 'cautious' }) do check.type(g[k], 'boolean', 'Muon', k, 3) end
     for i, p in ipairs(g.params) do
       if #p.shape ~= 2 then
@@ -414,7 +418,7 @@ end
 -- orthogonalisation -> [Muon+] -> [NorMuon], in fp32 but for the
 -- iteration itself (optim.ns_dtype).  The result is in p's dtype or fp32.
 function Muon.update_direction(p, grad, buf, g, vbuf)
-  local upd = gl.empty(p.shape, { dtype = buf.dtype, device = p.device })
+  local upd = gl.empty(p.shape, { dtype = buf.dtype, device = p.device })   -- fp32 (state_dtype)
   K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0))
   if g.row_equilibrate then row_equilibrate(upd) end
   local X = optim.newton_schulz(upd, g.ns_steps, optim.ns_dtype(p), g.ortho)
@@ -458,9 +462,14 @@ function Muon:step()
       for _, p in ipairs(g.params) do
         if p.grad then
           local st = self.state[p]
-          if not st then st = new_state(p, self:param_state(p, g)); self.state[p] = st end
+          if not st then st = new_state(p, self:param_state(p, g), self.state_dtype); self.state[p] = st end
           -- (a tensor-parallel run sets update_direction and matrix_shape on
-          -- the instance: the direction of the whole matrix, cut to the shard)
+          -- the instance: the direction of the whole matrix, cut to the shard;
+          -- it runs the classic direction, so the variant's steps are refused)
+          if rawget(self, 'update_direction') and (g.ortho ~= 'newton_schulz' or g.row_equilibrate or g.renormalize
+            or g.normuon_beta2 > 0) then
+            error(("Muon: tensor parallelism runs the classic variant's direction, got variant %s"):format(g.variant), 0)
+          end
           local X = (self.update_direction or Muon.update_direction)(p, p.grad, st.momentum_buffer, g,
             st.second_momentum_buffer)
           local shape = self.matrix_shape and self.matrix_shape(p) or p.shape
@@ -499,6 +508,13 @@ end
 function Combined:set_momentum(mu)
   for _, o in ipairs(self.optimizers) do
     if getmetatable(o) == Muon then for _, g in ipairs(o.groups) do g.momentum = mu end end
+  end
+end
+-- Muon's weight decay times mult (a schedule's value: nanochat decays it
+-- to zero over the run, optim.schedules.cosine_to_zero)
+function Combined:set_muon_weight_decay_mult(mult)
+  for _, o in ipairs(self.optimizers) do
+    if getmetatable(o) == Muon then for _, g in ipairs(o.groups) do g.weight_decay = g.initial_weight_decay * mult end end
   end
 end
 
@@ -609,6 +625,8 @@ for _, cls in ipairs({ AdamW, Muon, Combined }) do
   cls.set_lr_mult = check.wrap('set_lr_mult', 'self:opts, mult:number', cls.set_lr_mult)
 end
 Combined.set_momentum = check.wrap('set_momentum', 'self:opts, momentum:number', Combined.set_momentum)
+Combined.set_muon_weight_decay_mult = check.wrap('set_muon_weight_decay_mult', 'self:opts, mult:number',
+  Combined.set_muon_weight_decay_mult)
 optim.newton_schulz = check.wrap('newton_schulz', 'G:tensor, steps:integer?, dtype:string?, ortho:string?',
   optim.newton_schulz)
 optim.nanochat = check.wrap('nanochat', 'model:module, opts:opts?', optim.nanochat)
@@ -648,11 +666,17 @@ function optim.schedules.muon_momentum(from, to, steps)
   return function(step) local f = math.min(step / steps, 1); return (1 - f) * from + f * to end
 end
 
+-- cosine from 1 at step 0 to 0 at `total` (nanochat's Muon weight decay)
+function optim.schedules.cosine_to_zero(total)
+  return function(step) return 0.5 * (1 + math.cos(math.pi * math.min(step, total) / total)) end
+end
+
 -- schedule constructors: numbers in, a function of the step out
 local SCHEDULES = {
   linear_warmup = 'warmup:number', cosine = 'warmup:number, total:number, min_ratio:number?',
   wsd = 'warmup:number, total:number, cooldown_frac:number?, final_ratio:number?',
   muon_momentum = 'from:number?, to:number?, steps:number?',
+  cosine_to_zero = 'total:count',
 }
 check.wrap_table(optim.schedules, SCHEDULES, 'schedules.')
 

@@ -280,6 +280,10 @@ function Trainer:train_step()
   local lr_mult = self.schedule(self.step)
   self.optimizer:set_lr_mult(lr_mult)
   if self.optimizer.set_momentum then self.optimizer:set_momentum(self.momentum_schedule(self.step)) end
+  if cfg.muon_weight_decay_schedule == 'cosine' and self.optimizer.set_muon_weight_decay_mult then  -- nanochat's
+    self.muon_wd_schedule = self.muon_wd_schedule or optim.schedules.cosine_to_zero(cfg.max_iters)
+    self.optimizer:set_muon_weight_decay_mult(self.muon_wd_schedule(self.step))
+  end
   policy:zero_grad()
   local loss_sum = 0
   for micro = 1, accum do

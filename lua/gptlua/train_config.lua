@@ -27,7 +27,8 @@ M.defaults = {
   optimizer = 'adamw', learning_rate = 1e-3, min_lr = 1e-4, beta1 = 0.9, beta2 = 0.99, eps = 1e-8,
   weight_decay = 0.1, grad_clip = 1.0, matrix_lr = 0.02, embedding_lr = 0.2, unembedding_lr = 0.004,
   -- nanochat's optimizer version (gptlua.optim.nanochat, optim.MUON_VARIANTS): 'classic' or 'current'
-  muon_variant = 'classic', muon_weight_decay = 0, muon_beta2 = 0.9, scalar_lr = 0,
+  muon_variant = 'classic', muon_weight_decay = 0, muon_weight_decay_schedule = 'constant', muon_beta2 = 0.9,
+  scalar_lr = 0,
   -- schedule: 'cosine' (warmup, decay to min_lr at lr_decay_iters), 'wsd', 'constant'
   schedule = 'cosine', decay_lr = true, warmup_iters = 100, lr_decay_iters = 2000, cooldown_frac = 0.2,
   -- loop
@@ -194,6 +195,10 @@ function M.resolve_config(recipe, args)
   end
   if not optim.MUON_VARIANTS[cfg.muon_variant] then
     fail(("unknown muon_variant '%s' (expected 'classic' or 'current')"):format(check.printable(cfg.muon_variant)))
+  end
+  if cfg.muon_weight_decay_schedule ~= 'constant' and cfg.muon_weight_decay_schedule ~= 'cosine' then
+    fail(("unknown muon_weight_decay_schedule '%s' (expected 'constant' or 'cosine')"):format(
+      check.printable(cfg.muon_weight_decay_schedule)))
   end
   if not (cfg.muon_beta2 >= 0 and cfg.muon_beta2 < 1) then fail(('muon_beta2 must be in [0, 1), got %s'):format(cfg.muon_beta2)) end
   if cfg.muon_variant ~= 'classic' and cfg.optimizer ~= 'nanochat' and not hooks.build_optimizer then

@@ -1,7 +1,8 @@
 -- What nanochat's version-2 features cost per training step on the default
 -- recipe's sizes (recipes/shakespeare.lua: 4 layers, width 128, context 64,
--- batch 12): v1, v2, and v2 with one feature off at a time, each timed in
--- every round, rounds interleaved so a loaded machine slows all alike.
+-- batch 12): v1, v2, v2 with one feature off at a time, and v2 with
+-- nanochat's optimizer (Muon classic / current) instead of AdamW, each timed
+-- in every round, rounds interleaved so a loaded machine slows all alike.
 -- Prints the median ms/step of each and its ratio to v1.
 --   gptlua recipes/tools/nanochat_step.lua [--iters=20] [--rounds=3]
 local gl = require 'gptlua'
@@ -22,6 +23,9 @@ local variants = {
   { 'v2 - smear', { '--nanochat.version=v2', '--nanochat.smear=off' } },
   { 'v2 - backout', { '--nanochat.version=v2', '--nanochat.backout=off' } },
   { 'v2 - padding', { '--nanochat.version=v2', '--nanochat.pad_vocab_to=1' } },
+  -- with nanochat's optimizer instead of the recipe's AdamW (Muon's Newton–Schulz is the extra cost)
+  { 'v2 + muon classic', { '--nanochat.version=v2', '--optimizer=nanochat' } },
+  { 'v2 + muon current', { '--nanochat.version=v2', '--optimizer=nanochat', '--muon_variant=current' } },
 }
 local dir = os.tmpname(); os.remove(dir)
 local trainers = {}

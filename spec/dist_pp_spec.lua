@@ -69,7 +69,28 @@ describe('pipeline schedules as data', function()
       'pipeline schedule: stage 2 runs F2 as its 1-th forward but stage 1 sent F1 then: messages arrive in order')
     assert.has_error(function() S.interleaved(4, 6, 2) end,
       'pipeline schedule: interleaved 1F1B needs microbatches a multiple of the 4 pipeline ranks, got 6')
-    assert.has_error(function() S.make('zb', 2, 4) end, 'pipeline schedule: unknown schedule zb (expected gpipe, 1f1b or interleaved)')
+    assert.has_error(function() S.make('zb', 2, 4) end, 'pipeline schedule: unknown schedule zb (expected gpipe, 1f1b, interleaved or zbh1)')
+  end)
+
+  it('ZB-H1 splits backward into B and W: bubble (p-1)/(3m+p-1), at most p in flight, W in the timeline', function()
+    for _, p in ipairs({ 2, 4 }) do
+      for _, m in ipairs({ 4, 8, 16 }) do
+        local s = S.check(S.zbh1(p, m))
+        assert.near((p - 1) / (3 * m + p - 1), S.simulate(s).bubble, 1e-12)
+        assert.near(S.theory(p, m, 1, true), S.simulate(s).bubble, 1e-12)
+        for st = 1, p do assert.equal(math.min(p, m), S.in_flight(s, st)) end
+      end
+    end
+    assert.equal(table.concat({
+      'schedule zbh1: 2 ranks, 2 stages, 3 microbatches',
+      'rank 0 |F1|F2|  |B1|W1|F3|B2|W2|B3|W3|',
+      'rank 1 |  |F1|B1|F2|B2|W1|F3|B3|W2|W3|',
+      'bubble 10.0% of 20 rank-units (F = 1, B = 1, W = 1 units; theory (p-1)/(3m+p-1): 10.0%)' }, '\n'),
+      (S.format(S.zbh1(2, 3))))
+    local s = S.zbh1(2, 2); table.remove(s.ranks[1])
+    assert.has_error(function() S.check(s) end, 'pipeline schedule: W2 of stage 1 is missing')
+    s = S.zbh1(2, 2); s.ranks[1][3], s.ranks[1][4] = s.ranks[1][4], s.ranks[1][3]  -- W1 before B1
+    assert.has_error(function() S.check(s) end, 'pipeline schedule: rank 0 waits forever at W1 of stage 1 (action 3 of its list)')
   end)
 end)
 
@@ -109,7 +130,7 @@ describe('the pp mesh dimension and stage partition in one process', function()
       return tostring(e)
     end
     assert.equal("config: pp 2 needs a distributed run (dist = 'ddp')", err({ '--pp=2' }))
-    assert.equal("config: unknown pp_schedule 'zb' (expected 'gpipe', '1f1b' or 'interleaved')",
+    assert.equal("config: unknown pp_schedule 'zb' (expected 'gpipe', '1f1b', 'interleaved' or 'zbh1')",
       err({ '--pp_schedule=zb' }))
     assert.equal("config: unknown pp_partition 'size' (expected 'params' or 'flops'; a recipe's pp_partition hook cuts "
       .. 'by hand)', err({ '--pp_partition=size' }))
@@ -166,10 +187,11 @@ describe('pipeline parallelism on MPI ranks', function()
     return
   end
 
-  it('GPipe, 1F1B and interleaved 1F1B on 2 and 4 stages: 5 steps equal one process accumulating the microbatches',
+  it('GPipe, 1F1B, interleaved 1F1B and ZB-H1 on 2 and 4 stages: 5 steps equal one process accumulating the microbatches',
     function()
     for _, case in ipairs({ { 2, '1f1b 4 1' }, { 2, 'gpipe 4 1' }, { 2, 'interleaved 4 2' }, { 4, '1f1b 4 1' },
-                            { 4, 'gpipe 4 1' }, { 4, 'interleaved 8 2' } }) do
+                            { 4, 'gpipe 4 1' }, { 4, 'interleaved 8 2' }, { 2, 'zbh1 4 1' },
+                            { 4, 'zbh1 4 1' } }) do
       local o, rc = H.mpirun(case[1], 'spec/dist/pp_grads.lua', ('%d %s gpt2 nanochat'):format(case[1], case[2]))
       H.assert_ranks_ok(o, rc, case[1])
     end

@@ -148,6 +148,15 @@ describe('the pp mesh dimension and stage partition in one process', function()
     local y = gl.tensor({ { 2, 3, 4, 5, 6, 7, 8, 9 } }, { dtype = 'int64' })
     local _, want = model:forward(x, y)
     assert.near(want:item(), pipe:step({ x, x }, { y, y }), 1e-12)
+    -- ZB-H1's B leaves the blocks' weight gradients queued (attention's 2 linears and the mlp a block, 2 blocks), W runs them
+    local zb = PP.new(model, dist.mesh({}).pp, { schedule = 'zbh1', microbatches = 2, batch = { 1, 8 } })
+    local queued = {}
+    zb.on_action = function(at, a)
+      if at == 'end' then queued[#queued + 1] = a[1] .. a[2] .. ':' .. #(zb.stages[1].deferred[a[2]] or {}) end
+    end
+    for _, prm in ipairs(model:parameters()) do prm.grad = nil end
+    assert.near(want:item(), zb:step({ x, x }, { y, y }), 1e-12)
+    assert.same({ 'F1:0', 'B1:6', 'W1:0', 'F2:0', 'B2:6', 'W2:0' }, queued)
     assert.has_error(function() PP.new(model, dist.mesh({}).pp, { microbatches = 2 }) end,
       'pipeline: batch expected {B, T}, the microbatch shape')
   end)
@@ -162,6 +171,10 @@ describe('gptlua --plan with --pp', function()
       true), r.text)
     assert.truthy(r.text:find('rank 1 |  |F1|B1|B1|F2|B2|B2|F3|B3|B3|F4|B4|B4|  |  |', 1, true), r.text)
     assert.truthy(r.text:find('bubble 20.0% of', 1, true), r.text)
+    r = require('gptlua.plan').plan(recipe('gpt2', { max_iters = 1 }), { world = 2, rank = 0,
+      args = { '--pp=2', '--dist=ddp', '--pp_schedule=zbh1' } })
+    assert.truthy(r.text:find('rank 0 |F1|F2|  |B1|W1|F3|B2|W2|F4|B3|W3|B4|W4|', 1, true), r.text)
+    assert.truthy(r.text:find('bubble 7.7% of 26 rank-units (F = 1, B = 1, W = 1 units', 1, true), r.text)
   end)
 
   it("takes a recipe's own schedule (the pp_schedule hook), checked before it runs", function()
@@ -201,7 +214,7 @@ describe('pipeline parallelism on MPI ranks', function()
     local o, rc = H.sh(('%s recipes/bench_pipeline.lua --ps=2 --ms=2 --steps=1 --n_layer=4 --n_embd=16 --block_size=8')
       :format(H.EXE), 120)
     assert.equal(0, rc, o)
-    for _, name in ipairs({ 'gpipe        2   2 |', '1f1b         2   2 |', 'interleaved v2 2   2 |' }) do
+    for _, name in ipairs({ 'gpipe        2   2 |', '1f1b         2   2 |', 'interleaved v2 2   2 |', 'zbh1         2   2 |' }) do
       assert.truthy(o:find(name, 1, true), o)
     end
     o, rc = H.sh(H.EXE .. ' recipes/bench_pipeline.lua --ms=x', 30)
@@ -248,7 +261,7 @@ describe('the trainer with --pp on MPI ranks', function()
   teardown(function() os.execute('rm -rf ' .. out) end)
   local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 
-  it('pp 2 (gpt2, nanochat; 1F1B and GPipe), pp 2 x dp 2 (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
+  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
     .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1); a NaN on one stage skips the step '
     .. 'everywhere', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
@@ -257,7 +270,8 @@ describe('the trainer with --pp on MPI ranks', function()
       local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
       local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
         { 4, '--pp=2 --dp=2 --dist=zero1' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
-        { 4, '--pp=2 --tp=2 --dist=ddp' } }
+        { 4, '--pp=2 --tp=2 --dist=ddp' },
+        { 2, '--pp=2 --dist=ddp --pp_schedule=zbh1' } }
         or { { 2, '--pp=2 --dist=ddp' }, { 8, '--pp=2 --dp=2 --tp=2 --dist=ddp' } }
       for _, case in ipairs(cases) do
         local what = model .. ' ' .. case[2]

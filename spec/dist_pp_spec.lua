@@ -1,10 +1,11 @@
 -- Pipeline parallelism (gptlua.dist.schedules, gptlua.dist.pipeline, the
 -- mesh's pp dimension): schedules as data checked and simulated in this
 -- process (1F1B's bubble is (p-1)/(m+p-1), interleaving divides it by v,
--- 1F1B keeps at most p microbatches in flight, hand-edited schedules that
--- would hang or mis-order messages are refused); then on 2 and 4 MPI ranks
--- (spec/dist/pp_*.lua workers), tiny float64 gpt2 and nanochat: GPipe, 1F1B
--- and interleaved 1F1B, 5 AdamW steps equal to one process accumulating the
+-- ZB-H1's is (p-1)/(3m+p-1), 1F1B and ZB-H1 keep at most p microbatches in
+-- flight, hand-edited schedules that would hang or mis-order messages are
+-- refused); then on 2 and 4 MPI ranks (spec/dist/pp_*.lua workers), tiny
+-- float64 gpt2 and nanochat: GPipe, 1F1B, interleaved 1F1B and ZB-H1 (its
+-- weight gradients deferred from B to W), 5 AdamW steps equal to one process accumulating the
 -- same microbatches (loss, every gradient, every parameter), and a stage
 -- that fails or dies ending every rank with the stage named; the trainer
 -- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2

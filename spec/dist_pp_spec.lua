@@ -9,7 +9,7 @@
 -- same microbatches (loss, every gradient, every parameter), and a stage
 -- that fails or dies ending every rank with the stage named; the trainer
 -- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
--- (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 (8 ranks) equal one
+-- (ddp, zero1, zero2), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 (8 ranks) equal one
 -- process (losses, clipped norms, parameters), and a pp 2 x tp 2
 -- checkpoint resumes in one process and at pp 2 x dp 2 (zero1); a NaN in
 -- one stage's gradients makes every rank skip the step.
@@ -262,7 +262,7 @@ describe('the trainer with --pp on MPI ranks', function()
   teardown(function() os.execute('rm -rf ' .. out) end)
   local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 
-  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
+  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1, zero2), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
     .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1); a NaN on one stage skips the step '
     .. 'everywhere', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
@@ -270,7 +270,7 @@ describe('the trainer with --pp on MPI ranks', function()
       local res = t:run()
       local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
       local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
-        { 4, '--pp=2 --dp=2 --dist=zero1' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
+        { 4, '--pp=2 --dp=2 --dist=zero1' }, { 4, '--pp=2 --dp=2 --dist=zero2' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
         { 4, '--pp=2 --tp=2 --dist=ddp' },
         { 2, '--pp=2 --dist=ddp --pp_schedule=zbh1' } }
         or { { 2, '--pp=2 --dist=ddp' }, { 8, '--pp=2 --dp=2 --tp=2 --dist=ddp' } }
@@ -308,8 +308,8 @@ describe('the trainer with --pp on MPI ranks', function()
     local o, rc = H.mpirun(2, 'spec/dist/pp_nan.lua', out .. '/nan')
     H.assert_ranks_ok(o, rc, 2, ': 2 steps taken')
     -- what is not composed yet is refused in one line
-    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=zero2')
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=fsdp')
     assert.not_equal(0, rc)
-    assert.truthy(o:find("pipeline parallel: dist 'zero2' with pp > 1 is not composed yet", 1, true), o)
+    assert.truthy(o:find("pipeline parallel: dist 'fsdp' with pp > 1 is not composed yet", 1, true), o)
   end)
 end)

@@ -1,6 +1,6 @@
 -- recipes/bench_pipeline.lua — pipeline schedules measured on CPU ranks:
 -- step time, bubble fraction and peak activation memory per stage, for
--- GPipe, 1F1B and interleaved 1F1B (2 virtual stages) at p = 2 and 4
+-- GPipe, 1F1B, interleaved 1F1B (2 virtual stages) and ZB-H1 at p = 2 and 4
 -- stages and m = 4, 8 and 16 microbatches, next to the schedule's theory.
 --
 --   gptlua recipes/bench_pipeline.lua [--steps=2] [--n_layer=8] [--n_embd=128] [--block_size=64]
@@ -15,7 +15,8 @@
 -- idle / (ranks x step time), the step time the slowest rank's, averaged
 -- over --steps after one warm-up step.  Theory: (p-1)/(m+p-1) for GPipe and
 -- 1F1B, over v for interleaved, as the schedule's unit-time simulation with
--- a backward twice a forward gives.  Peak activation memory: the CPU
+-- a backward twice a forward gives; ZB-H1's B and W one forward each:
+-- (p-1)/(3m+p-1).  Peak activation memory: the CPU
 -- allocator's peak during the step less what was allocated before it
 -- (parameters, the gradients the warm-up step made, receive buffers), per
 -- stage (rank: with v = 2 a rank holds two stages).  On a shared machine with more ranks
@@ -109,4 +110,5 @@ for _, m in ipairs(list(opts.ms)) do
   run('gpipe', m, 1)
   run('1f1b', m, 1)
   if m % p == 0 and tonumber(opts.n_layer) >= 2 * p then run('interleaved', m, 2) end
+  run('zbh1', m, 1)
 end

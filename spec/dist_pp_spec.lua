@@ -1,14 +1,15 @@
 -- Pipeline parallelism (gptlua.dist.schedules, gptlua.dist.pipeline, the
 -- mesh's pp dimension): schedules as data checked and simulated in this
 -- process (1F1B's bubble is (p-1)/(m+p-1), interleaving divides it by v,
--- 1F1B keeps at most p microbatches in flight, hand-edited schedules that
--- would hang or mis-order messages are refused); then on 2 and 4 MPI ranks
--- (spec/dist/pp_*.lua workers), tiny float64 gpt2 and nanochat: GPipe, 1F1B
--- and interleaved 1F1B, 5 AdamW steps equal to one process accumulating the
+-- ZB-H1's is (p-1)/(3m+p-1), 1F1B and ZB-H1 keep at most p microbatches in
+-- flight, hand-edited schedules that would hang or mis-order messages are
+-- refused); then on 2 and 4 MPI ranks (spec/dist/pp_*.lua workers), tiny
+-- float64 gpt2 and nanochat: GPipe, 1F1B, interleaved 1F1B and ZB-H1 (its
+-- weight gradients deferred from B to W), 5 AdamW steps equal to one process accumulating the
 -- same microbatches (loss, every gradient, every parameter), and a stage
 -- that fails or dies ending every rank with the stage named; the trainer
 -- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
--- (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 (8 ranks) equal one
+-- (ddp, zero1, zero2), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 (8 ranks) equal one
 -- process (losses, clipped norms, parameters), and a pp 2 x tp 2
 -- checkpoint resumes in one process and at pp 2 x dp 2 (zero1); a NaN in
 -- one stage's gradients makes every rank skip the step.
@@ -69,7 +70,28 @@ describe('pipeline schedules as data', function()
       'pipeline schedule: stage 2 runs F2 as its 1-th forward but stage 1 sent F1 then: messages arrive in order')
     assert.has_error(function() S.interleaved(4, 6, 2) end,
       'pipeline schedule: interleaved 1F1B needs microbatches a multiple of the 4 pipeline ranks, got 6')
-    assert.has_error(function() S.make('zb', 2, 4) end, 'pipeline schedule: unknown schedule zb (expected gpipe, 1f1b or interleaved)')
+    assert.has_error(function() S.make('zb', 2, 4) end, 'pipeline schedule: unknown schedule zb (expected gpipe, 1f1b, interleaved or zbh1)')
+  end)
+
+  it('ZB-H1 splits backward into B and W: bubble (p-1)/(3m+p-1), at most p in flight, W in the timeline', function()
+    for _, p in ipairs({ 2, 4 }) do
+      for _, m in ipairs({ 4, 8, 16 }) do
+        local s = S.check(S.zbh1(p, m))
+        assert.near((p - 1) / (3 * m + p - 1), S.simulate(s).bubble, 1e-12)
+        assert.near(S.theory(p, m, 1, true), S.simulate(s).bubble, 1e-12)
+        for st = 1, p do assert.equal(math.min(p, m), S.in_flight(s, st)) end
+      end
+    end
+    assert.equal(table.concat({
+      'schedule zbh1: 2 ranks, 2 stages, 3 microbatches',
+      'rank 0 |F1|F2|  |B1|W1|F3|B2|W2|B3|W3|',
+      'rank 1 |  |F1|B1|F2|B2|W1|F3|B3|W2|W3|',
+      'bubble 10.0% of 20 rank-units (F = 1, B = 1, W = 1 units; theory (p-1)/(3m+p-1): 10.0%)' }, '\n'),
+      (S.format(S.zbh1(2, 3))))
+    local s = S.zbh1(2, 2); table.remove(s.ranks[1])
+    assert.has_error(function() S.check(s) end, 'pipeline schedule: W2 of stage 1 is missing')
+    s = S.zbh1(2, 2); s.ranks[1][3], s.ranks[1][4] = s.ranks[1][4], s.ranks[1][3]  -- W1 before B1
+    assert.has_error(function() S.check(s) end, 'pipeline schedule: rank 0 waits forever at W1 of stage 1 (action 3 of its list)')
   end)
 end)
 
@@ -109,7 +131,7 @@ describe('the pp mesh dimension and stage partition in one process', function()
       return tostring(e)
     end
     assert.equal("config: pp 2 needs a distributed run (dist = 'ddp')", err({ '--pp=2' }))
-    assert.equal("config: unknown pp_schedule 'zb' (expected 'gpipe', '1f1b' or 'interleaved')",
+    assert.equal("config: unknown pp_schedule 'zb' (expected 'gpipe', '1f1b', 'interleaved' or 'zbh1')",
       err({ '--pp_schedule=zb' }))
     assert.equal("config: unknown pp_partition 'size' (expected 'params' or 'flops'; a recipe's pp_partition hook cuts "
       .. 'by hand)', err({ '--pp_partition=size' }))
@@ -127,6 +149,15 @@ describe('the pp mesh dimension and stage partition in one process', function()
     local y = gl.tensor({ { 2, 3, 4, 5, 6, 7, 8, 9 } }, { dtype = 'int64' })
     local _, want = model:forward(x, y)
     assert.near(want:item(), pipe:step({ x, x }, { y, y }), 1e-12)
+    -- ZB-H1's B leaves the blocks' weight gradients queued (attention's 2 linears and the mlp a block, 2 blocks), W runs them
+    local zb = PP.new(model, dist.mesh({}).pp, { schedule = 'zbh1', microbatches = 2, batch = { 1, 8 } })
+    local queued = {}
+    zb.on_action = function(at, a)
+      if at == 'end' then queued[#queued + 1] = a[1] .. a[2] .. ':' .. #(zb.stages[1].deferred[a[2]] or {}) end
+    end
+    for _, prm in ipairs(model:parameters()) do prm.grad = nil end
+    assert.near(want:item(), zb:step({ x, x }, { y, y }), 1e-12)
+    assert.same({ 'F1:0', 'B1:6', 'W1:0', 'F2:0', 'B2:6', 'W2:0' }, queued)
     assert.has_error(function() PP.new(model, dist.mesh({}).pp, { microbatches = 2 }) end,
       'pipeline: batch expected {B, T}, the microbatch shape')
   end)
@@ -141,6 +172,10 @@ describe('gptlua --plan with --pp', function()
       true), r.text)
     assert.truthy(r.text:find('rank 1 |  |F1|B1|B1|F2|B2|B2|F3|B3|B3|F4|B4|B4|  |  |', 1, true), r.text)
     assert.truthy(r.text:find('bubble 20.0% of', 1, true), r.text)
+    r = require('gptlua.plan').plan(recipe('gpt2', { max_iters = 1 }), { world = 2, rank = 0,
+      args = { '--pp=2', '--dist=ddp', '--pp_schedule=zbh1' } })
+    assert.truthy(r.text:find('rank 0 |F1|F2|  |B1|W1|F3|B2|W2|F4|B3|W3|B4|W4|', 1, true), r.text)
+    assert.truthy(r.text:find('bubble 7.7% of 26 rank-units (F = 1, B = 1, W = 1 units', 1, true), r.text)
   end)
 
   it("takes a recipe's own schedule (the pp_schedule hook), checked before it runs", function()
@@ -166,10 +201,11 @@ describe('pipeline parallelism on MPI ranks', function()
     return
   end
 
-  it('GPipe, 1F1B and interleaved 1F1B on 2 and 4 stages: 5 steps equal one process accumulating the microbatches',
+  it('GPipe, 1F1B, interleaved 1F1B and ZB-H1 on 2 and 4 stages: 5 steps equal one process accumulating the microbatches',
     function()
     for _, case in ipairs({ { 2, '1f1b 4 1' }, { 2, 'gpipe 4 1' }, { 2, 'interleaved 4 2' }, { 4, '1f1b 4 1' },
-                            { 4, 'gpipe 4 1' }, { 4, 'interleaved 8 2' } }) do
+                            { 4, 'gpipe 4 1' }, { 4, 'interleaved 8 2' }, { 2, 'zbh1 4 1' },
+                            { 4, 'zbh1 4 1' } }) do
       local o, rc = H.mpirun(case[1], 'spec/dist/pp_grads.lua', ('%d %s gpt2 nanochat'):format(case[1], case[2]))
       H.assert_ranks_ok(o, rc, case[1])
     end
@@ -179,7 +215,7 @@ describe('pipeline parallelism on MPI ranks', function()
     local o, rc = H.sh(('%s recipes/bench_pipeline.lua --ps=2 --ms=2 --steps=1 --n_layer=4 --n_embd=16 --block_size=8')
       :format(H.EXE), 120)
     assert.equal(0, rc, o)
-    for _, name in ipairs({ 'gpipe        2   2 |', '1f1b         2   2 |', 'interleaved v2 2   2 |' }) do
+    for _, name in ipairs({ 'gpipe        2   2 |', '1f1b         2   2 |', 'interleaved v2 2   2 |', 'zbh1         2   2 |' }) do
       assert.truthy(o:find(name, 1, true), o)
     end
     o, rc = H.sh(H.EXE .. ' recipes/bench_pipeline.lua --ms=x', 30)
@@ -226,7 +262,7 @@ describe('the trainer with --pp on MPI ranks', function()
   teardown(function() os.execute('rm -rf ' .. out) end)
   local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 
-  it('pp 2 (gpt2, nanochat; 1F1B and GPipe), pp 2 x dp 2 (ddp, zero1), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
+  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1, zero2), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
     .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1); a NaN on one stage skips the step '
     .. 'everywhere', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
@@ -234,8 +270,9 @@ describe('the trainer with --pp on MPI ranks', function()
       local res = t:run()
       local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
       local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
-        { 4, '--pp=2 --dp=2 --dist=zero1' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
-        { 4, '--pp=2 --tp=2 --dist=ddp' } }
+        { 4, '--pp=2 --dp=2 --dist=zero1' }, { 4, '--pp=2 --dp=2 --dist=zero2' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
+        { 4, '--pp=2 --tp=2 --dist=ddp' },
+        { 2, '--pp=2 --dist=ddp --pp_schedule=zbh1' } }
         or { { 2, '--pp=2 --dist=ddp' }, { 8, '--pp=2 --dp=2 --tp=2 --dist=ddp' } }
       for _, case in ipairs(cases) do
         local what = model .. ' ' .. case[2]
@@ -271,8 +308,8 @@ describe('the trainer with --pp on MPI ranks', function()
     local o, rc = H.mpirun(2, 'spec/dist/pp_nan.lua', out .. '/nan')
     H.assert_ranks_ok(o, rc, 2, ': 2 steps taken')
     -- what is not composed yet is refused in one line
-    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=zero2')
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=fsdp')
     assert.not_equal(0, rc)
-    assert.truthy(o:find("pipeline parallel: dist 'zero2' with pp > 1 is not composed yet", 1, true), o)
+    assert.truthy(o:find("pipeline parallel: dist 'fsdp' with pp > 1 is not composed yet", 1, true), o)
   end)
 end)

@@ -139,6 +139,19 @@ local function add_into(acc, g)
   return acc:add(g)
 end
 
+-- Deferred weight gradients (the zero-bubble pipeline's B/W split,
+-- dist/pipeline.lua): while a queue is set (A.defer_weight_grads), ops whose
+-- backward makes a weight's gradient with a product of its own (linear,
+-- mlp) compute the input gradient only and queue the rest with A.defer;
+-- A.run_deferred(queue) runs it later.  Their leaves' hooks (DDP's
+-- gradient-ready) wait until then: they fire once the gradient is whole.
+local deferring = nil
+
+local function fire_hooks(x)
+  local hooks = x._hooks
+  if hooks then for i = 1, #hooks do hooks[i](x) end end
+end
+
 local function finish_leaf(x, g)
   if g ~= nil then
     if x.grad == nil then
@@ -148,8 +161,56 @@ local function finish_leaf(x, g)
       x.grad:add_(g)
     end
   end
-  local hooks = x._hooks
-  if hooks then for i = 1, #hooks do hooks[i](x) end end
+  if deferring and deferring.pending[x] then deferring.owed[x] = true; return end  -- fired by run_deferred
+  fire_hooks(x)
+end
+
+-- new_deferred() -> an empty queue; defer_weight_grads(queue or nil) sets
+-- the queue backward's ops add to and returns the previous one
+function A.new_deferred() return { pending = {}, owed = {} } end
+function A.defer_weight_grads(queue)
+  local prev = deferring
+  deferring = queue
+  return prev
+end
+
+-- defer(leaves, fn) (inside a node's backward): with a queue set, queues fn,
+-- which returns one fresh gradient per tensor of leaves (parameters that
+-- require grad; it holds what it reads), and returns true; without one
+-- returns false and the op computes them now.
+function A.defer(leaves, fn)
+  local q = deferring
+  if not q then return false end
+  q[#q + 1] = { leaves = leaves, fn = fn }
+  for _, x in ipairs(leaves) do q.pending[x] = (q.pending[x] or 0) + 1 end
+  return true
+end
+
+-- deferrable(weights, node): may this node's backward defer these weights'
+-- gradients?  Only parameters (leaves: a computed weight's gradient flows
+-- on through the graph now) and not a graph kept for another backward.
+function A.deferrable(weights, node)
+  if deferring == nil or #weights == 0 or node.retaining then return false end
+  for _, w in ipairs(weights) do if w.grad_fn ~= nil then return false end end
+  return true
+end
+
+-- run_deferred(queue): the queued weight gradients, in order, added into
+-- their leaves' .grad; a leaf's hooks fire when its last one is in.
+function A.run_deferred(q)
+  for k = 1, #q do
+    local e = q[k]
+    q[k] = nil
+    local grads = { e.fn() }
+    for j, x in ipairs(e.leaves) do
+      local g = grads[j]
+      if x.grad == nil then x.grad = g:keep()
+      else x.grad:add_(g); release(g) end
+      local n = q.pending[x] - 1
+      q.pending[x] = n > 0 and n or nil
+      if n == 0 and q.owed[x] then q.owed[x] = nil; fire_hooks(x) end
+    end
+  end
 end
 
 -- backward(root [, grad]): root must be a scalar unless grad is given.
@@ -292,6 +353,8 @@ function A.checkpoint(fn, ...)
     local saved_rng = A.get_rng_state and A.get_rng_state()
     if rng_state then A.set_rng_state(rng_state) end
     local prev = A.set_grad_enabled(true)
+    -- the recomputation's tensors go with its scope: its weight gradients are not deferred
+    local queue = A.defer_weight_grads(nil)
     -- recompute and backpropagate inside a scope: only the input gradients
     -- survive it (parameters' .grad buffers are kept by finish_leaf)
     local res = { pcall(Tensor.scope, function()
@@ -302,6 +365,7 @@ function A.checkpoint(fn, ...)
       return unpack(grads, 1, #detached)
     end) }
     A.set_grad_enabled(prev)
+    A.defer_weight_grads(queue)
     if saved_rng then A.set_rng_state(saved_rng) end
     if not res[1] then error(res[2], 0) end
     return unpack(res, 2, #detached + 1)

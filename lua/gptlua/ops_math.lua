@@ -493,14 +493,29 @@ function O.linear(x, W, bias)
     local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
     -- dx and dW side by side on the CPU; on a GPU db rides in dW's epilogue
     local rawx = x.requires_grad and empty_like(x2, { lead, n_in }) or nil
-    local gW = W.requires_grad and empty_like(W) or nil
-    local gb = bias and bias.requires_grad and empty_like(bias) or nil
-    K(lib.gl_linear_backward(rawx and rawx.c, gW and gW.c, gb and gb.c, NULL, g2.c, x2.c, W.c, NULL))
+    local wants = {}
+    if W.requires_grad then wants[#wants + 1] = W end
+    if bias and bias.requires_grad then wants[#wants + 1] = bias end
+    -- deferred (a zero-bubble pipeline's W): dW and db later, from g2 and x2 (views: they hold the storage)
+    local later = A.deferrable(wants, node) and A.defer(wants, function()
+      local gW = W.requires_grad and empty_like(W) or nil
+      local gb = bias and bias.requires_grad and empty_like(bias) or nil
+      K(lib.gl_linear_backward(NULL, gW and gW.c, gb and gb.c, NULL, g2.c, x2.c, W.c, NULL))
+      drop(g2); drop(gc, g); drop(x2); drop(xc, x)
+      if gW then return gW, gb end
+      return gb
+    end)
+    local gW = not later and W.requires_grad and empty_like(W) or nil
+    local gb = not later and bias and bias.requires_grad and empty_like(bias) or nil
+    if rawx or gW or gb then
+      K(lib.gl_linear_backward(rawx and rawx.c, gW and gW.c, gb and gb.c, NULL, g2.c, x2.c, W.c, NULL))
+    end
     local gx
     if rawx then
       gx = rawx:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
       drop(rawx)
     end
+    if later then return gx end
     drop(g2); drop(gc, g)
     if not node.retaining then drop(x2); drop(xc, x) end
     return gx, gW, gb
@@ -563,10 +578,32 @@ function O.mlp(x, W1, b1, W2, b2, act)
     local gc = raw_contiguous(g)
     local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
     local function want(t) return t and t.requires_grad and empty_like(t) or nil end
-    local gW1, gb1, gW2, gb2 = want(W1), want(b1), want(W2), want(b2)
+    local gb1 = want(b1)
     local need_pre = x.requires_grad or W1.requires_grad or (b1 and b1.requires_grad)
     local dpre = need_pre and empty_like(pre) or nil
     local gelu = act == 'gelu'
+    -- deferred (a zero-bubble pipeline's W): dW2, db2 and dW1 later, from
+    -- g2, h, dpre and x2 (h and dpre through views: the node releases its
+    -- own); db1 stays here, in the epilogue or pass that makes dpre
+    local wants = {}
+    for _, t in ipairs({ W1, W2, b2 or false }) do if t and t.requires_grad then wants[#wants + 1] = t end end
+    local later = false
+    if A.deferrable(wants, node) then
+      local hv = h:_as_strided({ lead, H }, { H, 1 }, 0)
+      local dv = dpre and dpre:_as_strided({ lead, H }, { H, 1 }, 0)
+      later = A.defer(wants, function()
+        local gW1, gW2, gb2 = want(W1), want(W2), want(b2)
+        K(lib.gl_linear_backward(NULL, gW2 and gW2.c, gb2 and gb2.c, NULL, g2.c, hv.c, W2.c, NULL))
+        if gW1 then K(lib.gl_linear_backward(NULL, gW1.c, NULL, NULL, dv.c, x2.c, W1.c, NULL)) end
+        drop(hv); drop(dv); drop(g2); drop(gc, g); drop(x2); drop(xc, x)
+        local r = {}
+        for _, t in ipairs({ { W1, gW1 }, { W2, gW2 }, { b2, gb2 } }) do if t[2] then r[#r + 1] = t[2] end end
+        return unpack(r)
+      end)
+      if not later then drop(hv); drop(dv) end
+    end
+    local gW1 = not later and want(W1) or nil
+    local gW2, gb2 = not later and want(W2) or nil, not later and want(b2) or nil
     -- second layer: dW2, db2, and the gradient of the activation's input
     -- (GELU' and db1 in the product's epilogue)
     K(lib.gl_linear_backward(dpre and dpre.c, gW2 and gW2.c, gb2 and gb2.c, gelu and gb1 and gb1.c or NULL,
@@ -578,15 +615,19 @@ function O.mlp(x, W1, b1, W2, b2, act)
     local gx
     if dpre then  -- first layer: dx, dW1 (db1 is done)
       local rawx = x.requires_grad and empty_like(x2, { lead, C }) or nil
-      K(lib.gl_linear_backward(rawx and rawx.c, gW1 and gW1.c, NULL, NULL, dpre.c, x2.c, W1.c, NULL))
+      if rawx or gW1 then
+        K(lib.gl_linear_backward(rawx and rawx.c, gW1 and gW1.c, NULL, NULL, dpre.c, x2.c, W1.c, NULL))
+      end
       if rawx then
         gx = rawx:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
         drop(rawx)
       end
       drop(dpre)
     end
-    drop(g2); drop(gc, g)
-    if not node.retaining then drop(x2); drop(xc, x) end
+    if not later then
+      drop(g2); drop(gc, g)
+      if not node.retaining then drop(x2); drop(xc, x) end
+    end
     local grads = { gx, gW1, gb1, gW2, gb2 }
     local r = {}
     for i = 1, 5 do if slot[i] then r[slot[i]] = grads[i] end end

@@ -193,8 +193,8 @@ function M.resolve_config(recipe, args)
   if cfg.powersgd_rank > 0 and cfg.dist ~= 'ddp' then
     fail(("powersgd_rank is a communication hook of dist = 'ddp', got dist = '%s'"):format(check.printable(cfg.dist)))
   end
-  if cfg.pp_schedule ~= 'gpipe' and cfg.pp_schedule ~= '1f1b' and cfg.pp_schedule ~= 'interleaved' then
-    fail(("unknown pp_schedule '%s' (expected 'gpipe', '1f1b' or 'interleaved')"):format(check.printable(cfg.pp_schedule)))
+  if not require('gptlua.dist.schedules').builders[cfg.pp_schedule] then
+    fail(("unknown pp_schedule '%s' (expected 'gpipe', '1f1b', 'interleaved' or 'zbh1')"):format(check.printable(cfg.pp_schedule)))
   end
   if cfg.pp_partition ~= 'params' and cfg.pp_partition ~= 'flops' then
     fail(("unknown pp_partition '%s' (expected 'params' or 'flops'; a recipe's pp_partition hook cuts by hand)")

@@ -29,7 +29,15 @@
 -- memory is bounded by the stages, GPipe's grows with the microbatches.
 -- Sends are asynchronous; a receive waits.  All communication goes through
 -- Comm methods (the planner runs this over a fake world).
+--
+-- A split schedule (ZB-H1: W actions) runs B with the blocks' weight
+-- gradients deferred (autograd.defer_weight_grads: linear's and mlp's dW
+-- and their biases' sums; norms' and embeddings' weight gradients, cheap,
+-- stay in B) and W runs that microbatch's queue; its buffers are free only
+-- then.  The fused head (ops_head.lua) makes its dW in the forward: only
+-- its scaling by the upstream gradient is in B.
 local gl = require 'gptlua'
+local autograd = require 'gptlua.autograd'
 local common = require 'gptlua.models.common'
 local schedules = require 'gptlua.dist.schedules'
 
@@ -226,8 +234,9 @@ function M.new(model, comm, o)
       if st < S then info.grads[k] = gl.zeros({ B, T, C }, like):keep() end
       info.free[#info.free + 1] = k
     end
-    info.slot, info.out = {}, {}
+    info.slot, info.out, info.deferred = {}, {}, {}
   end
+  self.split = schedules.split(sched)
   return self
 end
 
@@ -292,15 +301,21 @@ end
 function Pipeline:backward(st, i)
   local info = self.stages[st]
   local slot, out = info.slot[i], info.out[i]
-  if st == self.S then
-    self.loss_sum = self.loss_sum == nil and out:detach() or self.loss_sum + out:detach()
-    gl.backward(out * (1 / self.m))
-  else
-    local g = info.grads[slot]
-    self.grad[info.chunk]:recv(g, rank_of(self, st + 1))
-    if self.on_action then self.on_action('ready', self.action, self.action_n) end
-    gl.backward(out, g)
-  end
+  local queue = self.split and autograd.new_deferred() or nil
+  local prev = autograd.defer_weight_grads(queue)
+  local ok, err = pcall(function()
+    if st == self.S then
+      self.loss_sum = self.loss_sum == nil and out:detach() or self.loss_sum + out:detach()
+      gl.backward(out * (1 / self.m))
+    else
+      local g = info.grads[slot]
+      self.grad[info.chunk]:recv(g, rank_of(self, st + 1))
+      if self.on_action then self.on_action('ready', self.action, self.action_n) end
+      gl.backward(out, g)
+    end
+  end)
+  autograd.defer_weight_grads(prev)
+  if not ok then error(err, 0) end
   info.out[i] = nil
   if st > 1 then
     local buf = info.inputs[slot]
@@ -308,8 +323,18 @@ function Pipeline:backward(st, i)
     buf.grad, buf.requires_grad = nil, false
     self.pending[#self.pending + 1] = self.grad[math.floor((st - 2) / self.p) + 1]:send_async(gin, rank_of(self, st - 1))
   end
+  if queue then info.deferred[i] = queue; return end  -- the slot's buffers are read until W
   info.slot[i] = nil
   info.free[#info.free + 1] = slot
+end
+
+-- W: microbatch i's weight gradients on stage st (a split schedule's)
+function Pipeline:weights(st, i)
+  local info = self.stages[st]
+  autograd.run_deferred(info.deferred[i])
+  info.deferred[i] = nil
+  info.free[#info.free + 1] = info.slot[i]
+  info.slot[i] = nil
 end
 
 -- pipe.on_action(at, action, n), when set, is called at = 'start' and 'end'
@@ -328,7 +353,9 @@ function Pipeline:step(xs, ys)
     self.action, self.action_n = a, n
     local ok, err = pcall(function()
       if on_action then on_action('start', a, n) end
-      if a[1] == 'F' then self:forward(a[3], a[2], xs or {}, ys or {}) else self:backward(a[3], a[2]) end
+      if a[1] == 'F' then self:forward(a[3], a[2], xs or {}, ys or {})
+      elseif a[1] == 'B' then self:backward(a[3], a[2])
+      else self:weights(a[3], a[2]) end
       if on_action then on_action('end', a, n) end
     end)
     if not ok then

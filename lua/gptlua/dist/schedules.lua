@@ -7,7 +7,9 @@
 --   s.ranks[1] = { {'F', 1, 1}, {'F', 2, 1}, {'F', 3, 1}, {'F', 4, 1}, {'B', 1, 1}, ... }
 --
 -- An action is {op, microbatch, stage}: op 'F' (forward), 'B' (backward;
--- the whole backward of the stage: input and weight gradients), microbatch
+-- the whole backward of the stage: input and weight gradients, unless the
+-- schedule also has 'W' actions: then B makes the input gradients only and
+-- W(i, st), after it on the same rank, the weight gradients), microbatch
 -- 1..m, stage 1..p*v the model's stage (its blocks).  Rank r (1-based here,
 -- pp coordinate r-1) holds stages r, r + p, r + 2p, ... (v > 1 only with
 -- virtual stages: interleaved 1F1B).  A user may print a schedule
@@ -99,8 +101,39 @@ function M.interleaved(p, m, v)
   return s
 end
 
-M.builders = { gpipe = M.gpipe, ['1f1b'] = M.one_f_one_b, interleaved = M.interleaved }
-M.NAMES = 'gpipe, 1f1b or interleaved'
+-- ZB-H1 (Qi et al. 2023, zero-bubble pipeline parallelism): backward split
+-- into B (input gradients, on the critical path between stages) and W
+-- (weight gradients, which nothing downstream waits for).  Rank i (0-based)
+-- runs p - i warm-up forwards, then for each microbatch k: B_k, W_{k-i}
+-- (its W's trail by i) and the next forward, then its last i W's.  With F =
+-- B = W in time every rank idles p - 1 units in all (a third of 1F1B's
+-- bubble, whose whole backward costs two), and holds at most p microbatches
+-- (F done, W not yet), 1F1B's peak on its first rank.
+function M.zbh1(p, m)
+  posint(p, 'stages'); posint(m, 'microbatches')
+  local s = new('zbh1', p, m, 1)
+  for r = 1, p do
+    local l, lag = s.ranks[r], r - 1
+    local f, w = 0, 0
+    for _ = 1, math.min(p - lag, m) do f = f + 1; l[#l + 1] = { 'F', f, r } end
+    for k = 1, m do
+      l[#l + 1] = { 'B', k, r }
+      if k - lag >= 1 then w = w + 1; l[#l + 1] = { 'W', w, r } end
+      if f < m then f = f + 1; l[#l + 1] = { 'F', f, r } end
+    end
+    while w < m do w = w + 1; l[#l + 1] = { 'W', w, r } end
+  end
+  return s
+end
+
+M.builders = { gpipe = M.gpipe, ['1f1b'] = M.one_f_one_b, interleaved = M.interleaved, zbh1 = M.zbh1 }
+M.NAMES = 'gpipe, 1f1b, interleaved or zbh1'
+
+-- does the schedule run weight gradients apart (W actions)?
+function M.split(s)
+  for _, l in ipairs(s.ranks) do for _, a in ipairs(l) do if a[1] == 'W' then return true end end end
+  return false
+end
 
 -- make(name, p, m, v): the named schedule
 function M.make(name, p, m, v)
@@ -116,14 +149,17 @@ end
 function M.rank_of(s, st) return (st - 1) % s.ranks_n + 1 end
 
 -- Runs the schedule in unit time: cost.F, cost.B (default 1 and 2: a
--- backward is about twice a forward's FLOPs).  F(i, st) waits for F(i,
--- st-1); B(i, st) for F(i, st) and B(i, st+1).  Each rank runs its list in
+-- backward is about twice a forward's FLOPs), cost.W (default 1: in a split
+-- schedule W costs cost.W and B the rest, cost.B - cost.W).  F(i, st) waits
+-- for F(i, st-1); B(i, st) for F(i, st) and B(i, st+1); W(i, st) for B(i,
+-- st).  Each rank runs its list in
 -- order.  Returns {time = makespan, bubble = idle / (ranks x makespan),
 -- busy = {per rank}, at = {[rank] = {{start, finish}, ...}}} or fails naming
 -- the action no rank could run (a schedule that would hang).
 function M.simulate(s, cost)
   cost = cost or {}
-  local cF, cB = cost.F or 1, cost.B or 2
+  local cF, cB, cW = cost.F or 1, cost.B or 2, cost.W or 1
+  if M.split(s) then cB = cB - cW end
   local p, S, m = s.ranks_n, s.stages, s.microbatches
   local done = {}  -- done['F' .. i .. ':' .. st] = finish time
   local function key(op, i, st) return op .. i .. ':' .. st end
@@ -139,6 +175,7 @@ function M.simulate(s, cost)
         local op, i, st = a[1], a[2], a[3]
         local deps
         if op == 'F' then deps = { st > 1 and key('F', i, st - 1) or nil }
+        elseif op == 'W' then deps = { key('B', i, st) }
         else deps = { key('F', i, st), st < S and key('B', i, st + 1) or nil } end
         local ready = clock[r]
         local ok = true
@@ -147,7 +184,7 @@ function M.simulate(s, cost)
           ready = math.max(ready, done[d])
         end
         if not ok then break end
-        local c = op == 'F' and cF or cB
+        local c = op == 'F' and cF or op == 'W' and cW or cB
         at[r][pos[r]] = { ready, ready + c }
         clock[r] = ready + c
         busy[r] = busy[r] + c
@@ -189,9 +226,9 @@ function M.check(s)
   for r = 1, s.ranks_n do
     for n, a in ipairs(s.ranks[r]) do
       local op, i, st = a[1], a[2], a[3]
-      if (op ~= 'F' and op ~= 'B') or type(i) ~= 'number' or i < 1 or i > s.microbatches or i ~= math.floor(i)
+      if (op ~= 'F' and op ~= 'B' and op ~= 'W') or type(i) ~= 'number' or i < 1 or i > s.microbatches or i ~= math.floor(i)
           or type(st) ~= 'number' or st < 1 or st > s.stages or st ~= math.floor(st) then
-        fail(('rank %d action %d: expected {F|B, microbatch 1..%d, stage 1..%d}, got {%s, %s, %s}'):format(r - 1, n,
+        fail(('rank %d action %d: expected {F|B|W, microbatch 1..%d, stage 1..%d}, got {%s, %s, %s}'):format(r - 1, n,
           s.microbatches, s.stages, tostring(op), tostring(i), tostring(st)))
       end
       if M.rank_of(s, st) ~= r then
@@ -202,9 +239,10 @@ function M.check(s)
       seen[k] = true
     end
   end
+  local ops = M.split(s) and { 'F', 'B', 'W' } or { 'F', 'B' }  -- W for all or none
   for st = 1, s.stages do
     for i = 1, s.microbatches do
-      for _, op in ipairs({ 'F', 'B' }) do
+      for _, op in ipairs(ops) do
         if not seen[op .. i .. ':' .. st] then fail(('%s%d of stage %d is missing'):format(op, i, st)) end
       end
     end
@@ -238,12 +276,14 @@ function M.check(s)
 end
 
 -- The most microbatches stage st holds activations for at once (F done, B
--- not yet): the buffers the pipeline allocates and the activation memory.
+-- not yet; W not yet in a split schedule: its weight gradients read them):
+-- the buffers the pipeline allocates and the activation memory.
 function M.in_flight(s, st)
   local r = M.rank_of(s, st)
   local n, most = 0, 0
+  local last = M.split(s) and 'W' or 'B'
   for _, a in ipairs(s.ranks[r]) do
-    if a[3] == st then
+    if a[3] == st and (a[1] == 'F' or a[1] == last) then
       n = n + (a[1] == 'F' and 1 or -1)
       if n > most then most = n end
     end
@@ -252,9 +292,11 @@ function M.in_flight(s, st)
 end
 
 -- 1F1B's bubble fraction in theory: (p - 1) / (m + p - 1); interleaved
--- divides the p - 1 by v.
-function M.theory(p, m, v)
+-- divides the p - 1 by v; ZB-H1 (split: F = B = W) idles p - 1 units of
+-- its 3m: (p - 1) / (3m + p - 1).
+function M.theory(p, m, v, split)
   v = v or 1
+  if split then return (p - 1) / (3 * m + p - 1) end
   return ((p - 1) / v) / (m + (p - 1) / v)
 end
 
@@ -281,9 +323,13 @@ function M.format(s, cost)
     for _ = t + 1, sim.time do row[#row + 1] = (' '):rep(width) end
     lines[#lines + 1] = ('rank %d |%s|'):format(r - 1, table.concat(row, '|'))
   end
-  lines[#lines + 1] = ('bubble %.1f%% of %d rank-units (F = %d, B = %d units; theory (p-1)/(m+p-1), over v if interleaved: %.1f%%)')
-    :format(100 * sim.bubble, sim.time * s.ranks_n, (cost or {}).F or 1, (cost or {}).B or 2,
-      100 * M.theory(s.ranks_n, s.microbatches, s.virtual))
+  local split = M.split(s)
+  local units = split and ('F = %d, B = %d, W = %d units; theory (p-1)/(3m+p-1)'):format((cost or {}).F or 1,
+    ((cost or {}).B or 2) - ((cost or {}).W or 1), (cost or {}).W or 1)
+    or ('F = %d, B = %d units; theory (p-1)/(m+p-1), over v if interleaved'):format((cost or {}).F or 1,
+      (cost or {}).B or 2)
+  lines[#lines + 1] = ('bubble %.1f%% of %d rank-units (%s: %.1f%%)')
+    :format(100 * sim.bubble, sim.time * s.ranks_n, units, 100 * M.theory(s.ranks_n, s.microbatches, s.virtual, split))
   return table.concat(lines, '\n'), sim
 end
 

@@ -3,8 +3,9 @@
 -- data-parallel policy that runs over the mesh's dp group, as the tp
 -- policy does.
 --
--- Inner policies: ddp and zero1 (ZeRO-2 and FSDP reduce during backward,
--- before the tied embedding's copies are summed: not composed yet), and
+-- Inner policies: ddp, zero1 and zero2 (FSDP gathers and reduces during
+-- backward, before the tied embedding's copies are summed: not composed
+-- yet), and
 -- the tp policy over ddp (pp x tp, pp x dp x tp: the stages of a model cut
 -- over tp; the norm weighs replicated gradients by 1/tp as tp's does,
 -- checkpoints go through tp's gathering once the stages are broadcast).
@@ -19,7 +20,10 @@
 --
 -- Step: the schedule runs forward and backward of all microbatches
 -- (micro_steps); the inner policy's reductions wait until the pipeline is
--- done (one all-reduce per step, as DDP's last micro-step);
+-- done (one all-reduce per step, as DDP's last micro-step; zero2's
+-- reduce-scatter too, after the tied copies are summed: during the
+-- schedule a stage holds its whole gradients, as zero1 does, and between
+-- steps its shard only);
 -- the gradient norm is the whole model's: each stage's sum of squares (the
 -- tied embedding counted once, on the first stage) summed over the world
 -- (counted on dp rank 0), so every rank clips by the same factor and agrees
@@ -66,8 +70,8 @@ end
 
 -- inner: the data-parallel policy over mesh.dp of this rank's stage params
 function P.new(inner, pipe, mesh, dist_name)
-  if dist_name ~= 'ddp' and dist_name ~= 'zero1' then
-    fail(("dist '%s' with pp > 1 is not composed yet (expected 'ddp' or 'zero1' over the dp dimension)"):format(
+  if dist_name ~= 'ddp' and dist_name ~= 'zero1' and dist_name ~= 'zero2' then
+    fail(("dist '%s' with pp > 1 is not composed yet (expected 'ddp', 'zero1' or 'zero2' over the dp dimension)"):format(
       tostring(dist_name)))
   end
   if inner.layout and dist_name ~= 'ddp' then
@@ -92,6 +96,7 @@ function P:micro_steps(trainer, accum)
   local xs, ys = {}, {}
   for i = 1, accum do xs[i], ys[i] = trainer.data.train:next_batch() end
   self.inner:before_micro_step(1, accum + 1)   -- no reduction during the schedule's backwards
+  self.inner.sync = false                      -- (not zero2's per micro-step either: see the header)
   local loss = self.pipe:step(xs, ys)
   return loss * accum
 end

@@ -5,6 +5,7 @@ local Tensor = require 'gptlua.tensor'
 local A = require 'gptlua.autograd'
 local O = require 'gptlua.ops'
 require 'gptlua.ops_math'
+require 'gptlua.ops_linear'
 require 'gptlua.ops_attention'
 require 'gptlua.ops_shape'
 require 'gptlua.ops_head'
@@ -40,7 +41,7 @@ local OPS = {
   -- reductions
   sum = 'x:tensor, dim:dims?, keepdim:boolean?', mean = 'x:tensor, dim:dims?, keepdim:boolean?',
   norm = 'x:tensor, dim:dims?, keepdim:boolean?', max = 'x:tensor, dim:integer?, keepdim:boolean?',
-  min = 'x:tensor, dim:integer?, keepdim:boolean?', argmax = 'x:tensor, dim:integer?', global_norm = 'tensors:tensors',
+  min = 'x:tensor, dim:integer?, keepdim:boolean?', argmax = 'x:tensor, dim:integer?', global_norm = 'tensors:tensors', sumsq_list = 'tensors:tensors',
   sum_to = 'g:tensor, shape:shape',
   -- products and network ops
   matmul = 'a:tensor, b:tensor', matmul_raw = 'a:tensor, b:tensor, out:tensor?, beta:number?, alpha:number?',
@@ -58,7 +59,7 @@ local OPS = {
   linear_cross_entropy = 'x:tensor, weight:tensor, targets:tensor, opts:opts?', dropout = 'x:tensor, p:number, training:boolean?',
   -- shapes
   cat = 'tensors:tensors, dim:integer?', stack = 'tensors:tensors, dim:integer?', split = 'x:tensor, size:count, dim:integer?',
-  chunk = 'x:tensor, n:count, dim:integer?', broadcast_shape = 'a:shape, b:shape, what:string?',
+  chunk = 'x:tensor, n:count, dim:integer?', broadcast_shape = 'a:shape, b:shape, what:string?', broadcast_view = 'x:tensor, shape:shape',
   expand_raw = 't:tensor, shape:shape, what:string?', same_shape = 'a:shape, b:shape',
   norm_dim = 't:tensor, dim:integer, what:string?', shape_of = 'what:string',
   -- raw helpers

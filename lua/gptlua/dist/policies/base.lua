@@ -77,23 +77,9 @@ function B.sumsq(t)
   return sumsq_buf[0]
 end
 
--- The float64 sum of squares of every tensor of list: one gl_sumsq_multi
--- per device, so on a GPU one launch and one host wait per step however
--- many buckets or units there are (gl.global_norm without the root).
-function B.sumsq_list(list)
-  local by_dev, order = {}, {}
-  for _, t in ipairs(list) do
-    local l = by_dev[t.device]
-    if not l then l = {}; by_dev[t.device] = l; order[#order + 1] = l end
-    l[#l + 1] = t.c
-  end
-  local s = 0
-  for _, l in ipairs(order) do
-    G.check(lib.gl_sumsq_multi(#l, ffi.new('const gl_tensor *[?]', #l, l), sumsq_buf), 2)
-    s = s + sumsq_buf[0]
-  end
-  return s
-end
+-- The float64 sum of squares of every tensor of list (gl.global_norm
+-- without the root): one gl_sumsq_multi per device.
+B.sumsq_list = require('gptlua.ops').sumsq_list
 
 -- Makes every rank's parameters equal rank 0's: one broadcast per dtype
 -- and device through a temporary flat buffer.

@@ -9,7 +9,7 @@
 -- same microbatches (loss, every gradient, every parameter), and a stage
 -- that fails or dies ending every rank with the stage named; the trainer
 -- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
--- (ddp, zero1, zero2), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 (8 ranks) equal one
+-- (ddp, zero1, zero2), pp 2 x tp 2 (ddp, zero1, zero2) and pp 2 x dp 2 x tp 2 (8 ranks) equal one
 -- process (losses, clipped norms, parameters), and a pp 2 x tp 2
 -- checkpoint (every stage writes its part) resumes in one process and at
 -- pp 2 x dp 2 (zero1); a NaN in one stage's gradients makes every rank
@@ -269,7 +269,8 @@ describe('the trainer with --pp on MPI ranks', function()
   teardown(function() os.execute('rm -rf ' .. out) end)
   local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 
-  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1, zero2), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
+  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1, zero2), pp 2 x tp 2 (ddp, zero1, zero2) and '
+    .. 'pp 2 x dp 2 x tp 2 train as '
     .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1); a NaN on one stage skips the step '
     .. 'everywhere', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
@@ -278,7 +279,7 @@ describe('the trainer with --pp on MPI ranks', function()
       local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
       local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
         { 4, '--pp=2 --dp=2 --dist=zero1' }, { 4, '--pp=2 --dp=2 --dist=zero2' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
-        { 4, '--pp=2 --tp=2 --dist=ddp' },
+        { 4, '--pp=2 --tp=2 --dist=ddp' }, { 4, '--pp=2 --tp=2 --dist=zero1' }, { 4, '--pp=2 --tp=2 --dist=zero2' },
         { 2, '--pp=2 --dist=ddp --pp_schedule=zbh1' } }
         or { { 2, '--pp=2 --dist=ddp' }, { 8, '--pp=2 --dp=2 --tp=2 --dist=ddp' } }
       for _, case in ipairs(cases) do

@@ -36,7 +36,7 @@ function M.save(policy, trainer, opt_sd, state)
   local world, me = mesh.world, mesh.coord.pp
   local tp = require 'gptlua.dist.policies.tp'
   -- this stage's whole optimizer state (ZeRO: assembled over dp; collective)
-  local opt = tp._local_optimizer_state(policy, opt_sd)
+  local opt = tp._local_optimizer_state(policy.inner.layout and policy.inner or policy, opt_sd)
   local tied = me ~= 0 and pipe.adapter.tied or nil  -- written by the first stage only
   local model_sd, opt_out = {}, {}
   for _, np in ipairs(pipe.named) do if np[1] ~= tied then model_sd[np[1]] = np[2] end end

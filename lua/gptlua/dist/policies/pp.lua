@@ -6,9 +6,9 @@
 -- Inner policies: ddp, zero1 and zero2 (FSDP gathers and reduces during
 -- backward, before the tied embedding's copies are summed: not composed
 -- yet), and
--- the tp policy over ddp (pp x tp, pp x dp x tp: the stages of a model cut
--- over tp; the norm weighs replicated gradients by 1/tp as tp's does,
--- checkpoints go through tp's gathering once the stages are broadcast).
+-- the tp policy over ddp, zero1 or zero2 (pp x tp, pp x dp x tp: the stages
+-- of a model cut over tp; the norm weighs replicated gradients by 1/tp as
+-- tp's does, checkpoints go through tp's gathering).
 --
 -- Layout: every rank holds the parameters of its stages only
 -- (gptlua.dist.pp_build: the others stay in the model without storage,
@@ -88,9 +88,6 @@ function P.new(inner, pipe, mesh, dist_name)
     fail(("dist '%s' with pp > 1 is not composed yet (expected 'ddp', 'zero1' or 'zero2' over the dp dimension)"):format(
       tostring(dist_name)))
   end
-  if inner.layout and dist_name ~= 'ddp' then
-    fail(("dist '%s' with pp and tp > 1 is not composed yet (expected 'ddp')"):format(tostring(dist_name)))
-  end
   local self = setmetatable({ inner = inner, pipe = pipe, mesh = mesh, optimizer = inner.optimizer,
     params = pipe.params, collective_forward = true }, P)
   -- the whole model's parameters by name, and which pp rank trains each
@@ -109,8 +106,9 @@ function P:zero_grad() return self.inner:zero_grad() end
 function P:micro_steps(trainer, accum)
   local xs, ys = {}, {}
   for i = 1, accum do xs[i], ys[i] = trainer.data.train:next_batch() end
-  self.inner:before_micro_step(1, accum + 1)   -- no reduction during the schedule's backwards
-  self.inner.sync = false                      -- (not zero2's per micro-step either: see the header)
+  local dp = self.inner.layout and self.inner.inner or self.inner  -- the data-parallel policy (under tp's)
+  dp:before_micro_step(1, accum + 1)   -- no reduction during the schedule's backwards
+  dp.sync = false                      -- (not zero2's per micro-step either: see the header)
   local loss = self.pipe:step(xs, ys)
   return loss * accum
 end

@@ -9,10 +9,13 @@
 -- same microbatches (loss, every gradient, every parameter), and a stage
 -- that fails or dies ending every rank with the stage named; the trainer
 -- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
--- (ddp, zero1, zero2), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 (8 ranks) equal one
+-- (ddp, zero1, zero2), pp 2 x tp 2 (ddp, zero1, zero2) and pp 2 x dp 2 x tp 2 (8 ranks) equal one
 -- process (losses, clipped norms, parameters), and a pp 2 x tp 2
--- checkpoint resumes in one process and at pp 2 x dp 2 (zero1); a NaN in
--- one stage's gradients makes every rank skip the step.
+-- checkpoint (every stage writes its part) resumes in one process and at
+-- pp 2 x dp 2 (zero1); a NaN in one stage's gradients makes every rank
+-- skip the step; each pp rank holds exactly its stages' parameters (the
+-- others are not allocated), and evaluates (through the stages) and
+-- samples as one process does.
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local mesh = require 'gptlua.dist.mesh'
@@ -164,7 +167,8 @@ describe('the pp mesh dimension and stage partition in one process', function()
 end)
 
 describe('gptlua --plan with --pp', function()
-  it('runs the pipeline on the meta device and prints the schedule as a timeline with its bubble', function()
+  it("runs the pipeline on the meta device, prints the schedule as a timeline with its bubble and the rank's own "
+    .. 'parameters', function()
     local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
     local r = require('gptlua.plan').plan(recipe('gpt2', { max_iters = 1 }), { world = 2, rank = 1,
       args = { '--pp=2', '--dist=ddp' } })
@@ -172,6 +176,9 @@ describe('gptlua --plan with --pp', function()
       true), r.text)
     assert.truthy(r.text:find('rank 1 |  |F1|B1|B1|F2|B2|B2|F3|B3|B3|F4|B4|B4|  |  |', 1, true), r.text)
     assert.truthy(r.text:find('bubble 20.0% of', 1, true), r.text)
+    -- rank 1 holds its stage's parameters only: block 1, ln_f and the tied wte, 14944 float64 elements (the
+    -- whole model's 28160), in the allocator's size classes
+    assert.is_true(r.bytes.parameters >= 14944 * 8 and r.bytes.parameters < 14944 * 8 * 1.05, r.text)
     r = require('gptlua.plan').plan(recipe('gpt2', { max_iters = 1 }), { world = 2, rank = 0,
       args = { '--pp=2', '--dist=ddp', '--pp_schedule=zbh1' } })
     assert.truthy(r.text:find('rank 0 |F1|F2|  |B1|W1|F3|B2|W2|F4|B3|W3|B4|W4|', 1, true), r.text)
@@ -262,7 +269,8 @@ describe('the trainer with --pp on MPI ranks', function()
   teardown(function() os.execute('rm -rf ' .. out) end)
   local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 
-  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1, zero2), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 train as '
+  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1, zero2), pp 2 x tp 2 (ddp, zero1, zero2) and '
+    .. 'pp 2 x dp 2 x tp 2 train as '
     .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1); a NaN on one stage skips the step '
     .. 'everywhere', function()
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
@@ -271,7 +279,7 @@ describe('the trainer with --pp on MPI ranks', function()
       local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
       local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
         { 4, '--pp=2 --dp=2 --dist=zero1' }, { 4, '--pp=2 --dp=2 --dist=zero2' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
-        { 4, '--pp=2 --tp=2 --dist=ddp' },
+        { 4, '--pp=2 --tp=2 --dist=ddp' }, { 4, '--pp=2 --tp=2 --dist=zero1' }, { 4, '--pp=2 --tp=2 --dist=zero2' },
         { 2, '--pp=2 --dist=ddp --pp_schedule=zbh1' } }
         or { { 2, '--pp=2 --dist=ddp' }, { 8, '--pp=2 --dp=2 --tp=2 --dist=ddp' } }
       for _, case in ipairs(cases) do
@@ -282,7 +290,7 @@ describe('the trainer with --pp on MPI ranks', function()
         local r = result(dir)
         assert_close(ref.losses, r.losses, what .. ' loss')
         assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm')
-        local e = H.rel_error(ref.params, ckpt.load_safetensors(r.checkpoint .. '/model.safetensors'))
+        local e = H.rel_error(ref.params, ckpt.load(r.checkpoint).model)
         assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(what, e))
       end
       if model == 'gpt2' then
@@ -300,13 +308,21 @@ describe('the trainer with --pp on MPI ranks', function()
         H.assert_ranks_ok(o, rc, 4)
         local rb = result(out .. '/resume_b')
         assert_close({ ref.losses[4], ref.losses[5] }, rb.losses, 'pp 2 x tp 2 -> pp 2 x dp 2 zero1 loss')
-        e = H.rel_error(ref.params, ckpt.load_safetensors(rb.checkpoint .. '/model.safetensors'))
+        e = H.rel_error(ref.params, ckpt.load(rb.checkpoint).model)
         assert.is_true(e < 1e-9, ('pp 2 x tp 2 -> pp 2 x dp 2 zero1: final parameters differ, relative error %.3g'):format(e))
       end
     end
     -- a NaN in one stage's gradients: every rank skips the step
     local o, rc = H.mpirun(2, 'spec/dist/pp_nan.lua', out .. '/nan')
     H.assert_ranks_ok(o, rc, 2, ': 2 steps taken')
+    -- (it also checked each rank's parameter bytes:) its evaluation through the stages and its sample equal one process's
+    local one = train.new(recipe('gpt2', { max_iters = 3, out_dir = out .. '/nan_one', eval_iters = 2 }), {})
+    local ev, got = one:evaluate(), H.read_json(out .. '/nan/eval.json')
+    assert.near(ev.train, got.train, 1e-12 * ev.train)
+    assert.near(ev.val, got.val, 1e-12 * ev.val)
+    local tok = one.data.tokenizer
+    one.data.tokenizer = setmetatable({ decode = function(_, ids) return table.concat(ids, ' ') end }, { __index = tok })
+    assert.equal(one:sample(12), got.sample)
     -- what is not composed yet is refused in one line
     o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=fsdp')
     assert.not_equal(0, rc)

@@ -232,6 +232,29 @@ function M.load(path)
   end
   local model = M.load_safetensors(path .. '/model.safetensors')
   local optim = M.load_safetensors(path .. '/optim.safetensors')
+  -- a pipeline-parallel run's stages write their own parts (gptlua.dist.pp_checkpoint): merged here
+  local parts = state.parts
+  if parts ~= nil and type(parts) ~= 'table' then
+    error(('checkpoint: %s/state.json field parts expected an object of file lists, got %s; not loaded'):format(path,
+      describe(parts)), 2)
+  end
+  for what, into in pairs({ model = model, optim = optim }) do
+    local list = parts and parts[what] or {}
+    if type(list) ~= 'table' then
+      error(('checkpoint: %s/state.json field parts.%s expected a list of files, got %s; not loaded'):format(path, what,
+        describe(list)), 2)
+    end
+    for _, name in ipairs(list) do
+      if type(name) ~= 'string' or state.files[name] == nil then
+        error(('checkpoint: %s/state.json field parts.%s expected files listed in files, got %s; not loaded'):format(path,
+          what, describe(name)), 2)
+      end
+      for k, t in pairs(M.load_safetensors(path .. '/' .. name)) do
+        if into[k] ~= nil then error(('checkpoint: %s: %s is in two of its files; not loaded'):format(path, k), 2) end
+        into[k] = t
+      end
+    end
+  end
   return { model = model, optim = optim, state = state }
 end
 

@@ -248,7 +248,9 @@ local function local_parameters(t)
     for i, u in ipairs(t.policy.units) do if u.pshard then named[('unit%04d.shard'):format(i)] = u.pshard end end
     return named
   end
-  for _, np in ipairs(t.model:named_parameters()) do named[np[1]] = np[2] end
+  for _, np in ipairs(t.model:named_parameters()) do
+    if not rawget(np[2], 'held_by') then named[np[1]] = np[2] end  -- (pp: another stage's)
+  end
   return named
 end
 

@@ -33,9 +33,12 @@ nn.Module = Module
 function Module:__init() end
 function Module:forward() error(getmetatable(self).__name .. ': forward is not defined', 2) end
 
--- registers a parameter (a floating tensor) under name; returns it
+-- registers a parameter (a floating tensor) under name; returns it.
+-- nn.on_param(t), when set, sees every parameter as it is registered (a
+-- pipeline rank builds only its stages: gptlua.dist.pp_build)
 function Module:param(name, t)
   t.requires_grad = true
+  if nn.on_param then nn.on_param(t) end
   self._params[#self._params + 1] = name
   self[name] = t
   return t
@@ -109,7 +112,8 @@ local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
 
 -- Copies every entry into the module's tensors.  strict (default) rejects
 -- missing and unexpected names; shapes must match.  Nothing is copied
--- unless everything checks out.
+-- unless everything checks out.  A parameter another pipeline rank holds
+-- (t.held_by, gptlua.dist.pp_build) is checked and not copied.
 function Module:load_state_dict(sd, opts)
   local strict = not (opts and opts.strict == false)
   local mine, order = self:state_dict()
@@ -135,14 +139,22 @@ function Module:load_state_dict(sd, opts)
     end
   end
   gl.no_grad(function()
-    for _, n in ipairs(order) do if sd[n] ~= nil then mine[n]:copy_(sd[n]) end end
+    for _, n in ipairs(order) do if sd[n] ~= nil and not rawget(mine[n], 'held_by') then mine[n]:copy_(sd[n]) end end
   end)
   return missing, extra
 end
 
--- moves/casts all parameters and buffers in place (keeps the same objects)
+-- moves/casts all parameters and buffers in place (keeps the same objects);
+-- a parameter another pipeline rank holds (t.held_by) has no storage here:
+-- only its dtype or device changes
 function Module:to(device_or_dtype)
   local function move(t)
+    if rawget(t, 'held_by') then
+      local d = device_or_dtype
+      if d == 'cpu' or d:match('^cuda') then t.device = select(2, gl.Tensor.device_id(d, 'to'))
+      else t.dtype = select(2, gl.Tensor.dtype_id(d, 'to')) end
+      return
+    end
     local n = t:to(device_or_dtype):detach()
     t.c, t.shape, t.dtype, t.device = n.c, n.shape, n.dtype, n.device
     if t.grad then t.grad = nil end

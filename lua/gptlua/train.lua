@@ -99,7 +99,9 @@ function M.new(recipe, args)
     cfg.gradient_accumulation_steps = cfg.total_batch_size / per
   end
   gl.manual_seed(cfg.seed)
-  local model = (hooks.build_model or M.build_model)(cfg)
+  local build = hooks.build_model or M.build_model
+  -- pipeline stages (--pp): only this rank's stages' parameters are materialised (gptlua.dist.pp_build)
+  local model = self.mesh and self.mesh.size.pp > 1 and require('gptlua.dist.pp_build').build(self, build) or build(cfg)
   if cfg.dtype ~= 'float32' then model:to(cfg.dtype) end
   if cfg.device ~= 'cpu' then model:to(cfg.device) end
   if self.mesh and self.mesh.size.tp > 1 then  -- cut the whole model over the tp group
@@ -151,7 +153,7 @@ end
 function Trainer:evaluate()
   local cfg, model = self.cfg, self.model
   local out = {}
-  if self.policy.before_eval then self.policy:before_eval() end  -- pp: every stage's parameters to every rank
+  if self.policy.before_eval then self.policy:before_eval() end
   model:eval()
   for _, split in ipairs({ 'train', 'val' }) do
     local loader = split == 'train' and (self.data.eval_train or self.data.train) or self.data.val
@@ -159,8 +161,7 @@ function Trainer:evaluate()
     for _ = 1, cfg.eval_iters do
       gl.scope(function()
         local x, y = loader:next_batch()
-        local _, loss = gl.no_grad(model.forward, model, x, y)
-        total = total + loss:item()
+        total = total + self:eval_loss(x, y)
       end)
     end
     local mean = total / cfg.eval_iters
@@ -169,6 +170,13 @@ function Trainer:evaluate()
   end
   model:train()
   return out
+end
+
+-- one batch's loss without recording (pp: forward through the stages)
+function Trainer:eval_loss(x, y)
+  if self.policy.eval_loss then return self.policy:eval_loss(x, y) end
+  local _, loss = gl.no_grad(self.model.forward, self.model, x, y)
+  return loss:item()
 end
 
 -- rank 0 samples; under a policy whose forward is collective (FSDP gathers
@@ -191,8 +199,7 @@ function Trainer:evaluate_full()
   for _ = 1, batches do
     gl.scope(function()
       local x, y = L:next_batch()
-      local _, loss = gl.no_grad(self.model.forward, self.model, x, y)
-      total = total + loss:item()
+      total = total + self:eval_loss(x, y)
     end)
   end
   self.model:train()
@@ -203,13 +210,16 @@ end
 function Trainer:sample(n)
   local tok = self.data.tokenizer
   if not tok then return nil end
-  if self.policy.before_eval then self.policy:before_eval() end  -- pp: every stage's parameters to every rank
+  local policy = self.policy
+  if policy.before_sample then policy:before_sample()  -- pp: every stage's parameters to every rank, for the sample
+  elseif policy.before_eval then policy:before_eval() end
   local cfg = self.cfg
   local prompt = tok:encode(cfg.sample_prompt)
   if #prompt == 0 then prompt = { 0 } end
   local idx = gl.tensor({ prompt }, { dtype = 'int64', device = cfg.device })
   local out = self.model:generate(idx, n or cfg.sample_length, { temperature = cfg.temperature,
     top_k = cfg.top_k > 0 and cfg.top_k or nil, seed = cfg.seed })
+  if policy.after_sample then policy:after_sample() end
   local ids = out:select(1, 1):tolist()
   return tok:decode(ids)
 end

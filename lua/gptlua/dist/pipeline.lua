@@ -209,7 +209,11 @@ function M.new(model, comm, o)
       if st == 1 then for _, pre in ipairs(ad.first) do if starts_with(name, pre) then keep = true end end end
       if st == S then for _, pre in ipairs(ad.last) do if starts_with(name, pre) then keep = true end end end
     end
-    if keep then own(name, np[2]) end
+    if keep then
+      -- (gptlua.dist.pp_build leaves other stages' parameters without storage; these must have it)
+      if rawget(np[2], 'held_by') then fail(('parameter %s of this rank\'s stages was not built here'):format(name)) end
+      own(name, np[2])
+    end
   end
   self.named, self.params = named, params
   -- communicators: per chunk, one for activations and one for gradients
@@ -335,6 +339,35 @@ function Pipeline:weights(st, i)
   info.deferred[i] = nil
   info.free[#info.free + 1] = info.slot[i]
   info.slot[i] = nil
+end
+
+-- eval_loss(x, y): one batch's loss through the stages, forward only and
+-- without recording (evaluation: every parameter stays on its stage); the
+-- same number on every pp rank.  Collective over the pp group, between
+-- steps (it reuses the first receive buffer of each stage); x (B, T) is read
+-- on the first stage, y on the last.
+function Pipeline:eval_loss(x, y)
+  local model, ad = self.model, self.adapter
+  if ad.prepare then ad.prepare(model, self.T) end
+  local loss, sends = 0, {}
+  gl.no_grad(function()
+    for st = 1, self.S do
+      local info = self.stages[st]
+      if info then
+        local h
+        if st == 1 then h = ad.embed(model, x)
+        else
+          h = info.inputs[1]
+          self.act[math.floor((st - 2) / self.p) + 1]:recv(h, rank_of(self, st - 1))
+        end
+        for b = info.from, info.to do h = common.run_block(model.transformer.h[b], h, nil, model.config) end
+        if st == self.S then loss = ad.finish(model, h, y):item()
+        else sends[#sends + 1] = self.act[info.chunk]:send_async(h, rank_of(self, st + 1)) end
+      end
+    end
+  end)
+  for _, r in ipairs(sends) do r:wait() end
+  return self.p > 1 and self.comm:all_reduce_number(loss, 'sum') or loss
 end
 
 -- pipe.on_action(at, action, n), when set, is called at = 'start' and 'end'

@@ -244,7 +244,14 @@ end
 -- replaces module[name] (a parameter) by rank r's part; returns the part
 local function cut(layout, module, name, full_name, spec)
   local full = module[name]
-  local part = TP.slice(full, spec, layout.rank, layout.size)
+  local part
+  if rawget(full, 'held_by') then  -- another pipeline rank's parameter (gptlua.dist.pp_build): its part's shape only
+    local shape = { unpack(full.shape) }
+    shape[spec.dim] = shape[spec.dim] / layout.size
+    part = require('gptlua.dist.pp_build').placeholder(shape, full)
+  else
+    part = TP.slice(full, spec, layout.rank, layout.size)
+  end
   part.requires_grad = true
   module[name] = part
   layout.specs[full_name] = spec

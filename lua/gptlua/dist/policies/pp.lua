@@ -6,14 +6,15 @@
 -- Inner policies: ddp, zero1 and zero2 (FSDP gathers and reduces during
 -- backward, before the tied embedding's copies are summed: not composed
 -- yet), and
--- the tp policy over ddp (pp x tp, pp x dp x tp: the stages of a model cut
--- over tp; the norm weighs replicated gradients by 1/tp as tp's does,
--- checkpoints go through tp's gathering once the stages are broadcast).
+-- the tp policy over ddp, zero1 or zero2 (pp x tp, pp x dp x tp: the stages
+-- of a model cut over tp; the norm weighs replicated gradients by 1/tp as
+-- tp's does, checkpoints go through tp's gathering).
 --
--- Layout: every rank builds the whole model (same seed: the same initial
--- values everywhere) and trains the parameters of its stages only; its
--- optimizer and the inner policy (ddp over the dp ranks of the same stage)
--- hold those alone.  The accumulation steps are the pipeline's
+-- Layout: every rank holds the parameters of its stages only
+-- (gptlua.dist.pp_build: the others stay in the model without storage,
+-- held_by their pp rank; the initial values are a one-rank build's), and
+-- so do its gradients, its optimizer and the inner policy (ddp over the dp
+-- ranks of the same stage).  The accumulation steps are the pipeline's
 -- microbatches: every rank of a pp group reads the same batches (the data
 -- is split over dp only), the first stage uses the inputs, the last the
 -- targets.
@@ -30,19 +31,35 @@
 -- on skipping a non-finite step (the loss, from the last stage, is the
 -- same on every pp rank too).
 --
--- Evaluation, sampling and checkpoints use the whole model: sync_model
--- broadcasts every parameter from the stage that trains it over pp (one
--- model's worth per evaluation: rare, not per step).  Checkpoints are then
--- an unsharded run's (the optimizer state gathered the same way), so they
--- load into any pp size, pp = 1 included; loading keeps this rank's part.
+-- Evaluation runs each batch forward through the stages (Pipeline:eval_loss:
+-- no parameter leaves its stage).  Sampling needs the whole model on every
+-- rank for its duration: before_sample gives the other stages' parameters
+-- storage and broadcasts them from their owners over pp, after_sample
+-- releases them (a sample's peak holds the whole model's parameters, not
+-- its gradients or optimizer state).  Checkpoints: every stage writes its
+-- own parameters and optimizer state (gptlua.dist.pp_checkpoint); they
+-- read as an unsharded run's, so they load into any pp size, pp = 1
+-- included; loading keeps this rank's part.
 local B = require 'gptlua.dist.policies.base'
-local ckpt = require 'gptlua.checkpoint'
 local gl = require 'gptlua'
 
 local P = {}
 P.__index = P
 
 local function fail(msg) error('pipeline parallel: ' .. msg, 0) end
+
+-- The trainer's schedule: a recipe's pp_schedule(p, m, v) hook returns one
+-- of its own (an edited one, say), else cfg.pp_schedule's; made once
+function P.schedule(trainer)
+  if trainer.pp_schedule then return trainer.pp_schedule end
+  local cfg, mesh = trainer.cfg, trainer.mesh
+  local hook = trainer.hooks.pp_schedule
+  local s = hook and hook(mesh.size.pp, cfg.gradient_accumulation_steps, cfg.pp_virtual) or cfg.pp_schedule
+  local schedules = require 'gptlua.dist.schedules'
+  if type(s) == 'string' then s = schedules.make(s, mesh.size.pp, cfg.gradient_accumulation_steps, cfg.pp_virtual or 1) end
+  trainer.pp_schedule = schedules.check(s)
+  return s
+end
 
 -- The trainer's model cut into its pipeline (trainer.pipeline); returns
 -- what this rank trains, a stand-in for the model that the optimizer and
@@ -54,10 +71,7 @@ function P.stages(trainer, model)
       mesh.size.pp, mesh.size.cp, cfg.sp and ' and sp' or ''))
   end
   local pipeline = require 'gptlua.dist.pipeline'
-  -- a recipe's pp_schedule(p, m, v) hook returns a schedule of its own (an edited one, say)
-  local hook = trainer.hooks.pp_schedule
-  local schedule = hook and hook(mesh.size.pp, cfg.gradient_accumulation_steps, cfg.pp_virtual) or cfg.pp_schedule
-  trainer.pipeline = pipeline.new(model, mesh.pp, { schedule = schedule, virtual = cfg.pp_virtual,
+  trainer.pipeline = pipeline.new(model, mesh.pp, { schedule = P.schedule(trainer), virtual = cfg.pp_virtual,
     microbatches = cfg.gradient_accumulation_steps, batch = { cfg.batch_size, cfg.block_size },
     partition = trainer.hooks.pp_partition or cfg.pp_partition })
   local named = trainer.pipeline.named
@@ -73,9 +87,6 @@ function P.new(inner, pipe, mesh, dist_name)
   if dist_name ~= 'ddp' and dist_name ~= 'zero1' and dist_name ~= 'zero2' then
     fail(("dist '%s' with pp > 1 is not composed yet (expected 'ddp', 'zero1' or 'zero2' over the dp dimension)"):format(
       tostring(dist_name)))
-  end
-  if inner.layout and dist_name ~= 'ddp' then
-    fail(("dist '%s' with pp and tp > 1 is not composed yet (expected 'ddp')"):format(tostring(dist_name)))
   end
   local self = setmetatable({ inner = inner, pipe = pipe, mesh = mesh, optimizer = inner.optimizer,
     params = pipe.params, collective_forward = true }, P)
@@ -95,8 +106,9 @@ function P:zero_grad() return self.inner:zero_grad() end
 function P:micro_steps(trainer, accum)
   local xs, ys = {}, {}
   for i = 1, accum do xs[i], ys[i] = trainer.data.train:next_batch() end
-  self.inner:before_micro_step(1, accum + 1)   -- no reduction during the schedule's backwards
-  self.inner.sync = false                      -- (not zero2's per micro-step either: see the header)
+  local dp = self.inner.layout and self.inner.inner or self.inner  -- the data-parallel policy (under tp's)
+  dp:before_micro_step(1, accum + 1)   -- no reduction during the schedule's backwards
+  dp.sync = false                      -- (not zero2's per micro-step either: see the header)
   local loss = self.pipe:step(xs, ys)
   return loss * accum
 end
@@ -131,48 +143,35 @@ function P:grad_norm()
   return math.sqrt(self.mesh.world:all_reduce_number(s, 'sum'))
 end
 
--- every parameter from its owner to all pp ranks (collective over pp)
-function P:sync_model()
+-- one evaluation batch's loss, forward through the stages (collective over pp)
+function P:eval_loss(x, y) return self.pipe:eval_loss(x, y) end
+
+-- Sampling: every parameter this rank does not hold gets storage and its
+-- owner's values (a broadcast over pp per parameter), until after_sample
+-- releases them again.
+function P:before_sample()
+  local Tensor = gl.Tensor
+  self.lent = {}
   gl.no_grad(function()
-    for _, o in ipairs(self.owner) do self.mesh.pp:broadcast(o[2], o[3]) end
+    for _, o in ipairs(self.owner) do
+      local p = o[2]
+      local by = rawget(p, 'held_by')
+      if by then
+        Tensor.rebind(p, gl.empty(p.shape, { dtype = p.dtype, device = p.device }):keep().c)
+        self.lent[#self.lent + 1] = p
+      end
+      self.mesh.pp:broadcast(p, o[3])
+    end
   end)
 end
-P.before_eval = P.sync_model
+function P:after_sample()
+  for _, p in ipairs(self.lent or {}) do gl.Tensor.release(p) end
+  self.lent = nil
+end
 
 function P:save_checkpoint(trainer, model_sd, opt_sd, state)
-  self:sync_model()
-  -- the optimizer's state of every parameter, from its owner (its dtype:
-  -- this rank's state of the same key; every parameter has the model's dtype)
-  local optim = require 'gptlua.optim'
-  local prefix = self.optimizer.prefix or 'adamw.'
-  -- this stage's whole state (ZeRO's pieces assembled over dp, as the tp policy does)
-  local mine = require('gptlua.dist.policies.tp')._local_optimizer_state(self, opt_sd)
-  local full, dtype_of = {}, {}
-  for key, t in pairs(mine) do dtype_of[key:match('%.([%w_]+)$')] = t.dtype end
-  if next(mine) ~= nil then  -- (before the first step there is no state)
-    for _, o in ipairs(self.owner) do
-      local keys = { unpack(self.optimizer.state_keys or { 'm', 'v' }) }
-      if optim.needs_master(o[2]) then keys[#keys + 1] = 'master' end
-      for _, k in ipairs(keys) do
-        local key = prefix .. o[1] .. '.' .. k
-        local t = mine[key]
-        if self.mesh.coord.pp ~= o[3] then t = gl.zeros(o[2].shape, { dtype = dtype_of[k], device = o[2].device }) end
-        self.mesh.pp:broadcast(t, o[3])
-        full[key] = t
-      end
-    end
-  end
-  state.mesh = { pp = self.mesh.size.pp, dp = self.mesh.size.dp }
-  local model_sd = self.pipe.model:state_dict()
-  if self.inner.layout then  -- tp: the shards gathered whole over tp, written by rank 0
-    return self.inner:save_checkpoint(trainer, model_sd, { tensors = full, step = opt_sd.step, steps = opt_sd.steps },
-      state)
-  end
-  if trainer.rank ~= 0 then return nil end
-  local path = ckpt.save(trainer.ckpt_dir, trainer.step, { model = model_sd, optim = full,
-    state = state }, trainer.cfg.keep_last)
-  trainer:print(('saved checkpoint %s'):format(path))
-  return path
+  state.mesh = { pp = self.mesh.size.pp, dp = self.mesh.size.dp, tp = self.mesh.size.tp }
+  return require('gptlua.dist.pp_checkpoint').save(self, trainer, opt_sd, state)
 end
 
 -- the checkpoint's whole model goes in whole (every rank builds it; tp cuts

@@ -10,7 +10,8 @@
 -- that fails or dies ending every rank with the stage named; the trainer
 -- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
 -- (ddp, zero1, zero2), pp 2 x tp 2 and pp 2 x dp 2 x tp 2 (8 ranks) equal one
--- process (losses, clipped norms, parameters), and a pp 2 x tp 2
+-- process (losses, clipped norms, parameters), as do pp 2 x cp 2 (Ulysses,
+-- ring) and pp 2 x tp 2 with sp (spec/dist/pp_seq_train.lua: one launch), and a pp 2 x tp 2
 -- checkpoint resumes in one process and at pp 2 x dp 2 (zero1); a NaN in
 -- one stage's gradients makes every rank skip the step.
 local gl = require 'gptlua'
@@ -349,5 +350,26 @@ describe('the trainer with --pp on MPI ranks', function()
     o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=fsdp')
     assert.not_equal(0, rc)
     assert.truthy(o:find("pipeline parallel: dist 'fsdp' with pp > 1 is not composed yet", 1, true), o)
+  end)
+
+  it('pp 2 x cp 2 (Ulysses: gpt2, ring: nanochat) and pp 2 x tp 2 with sp train as one process, in one launch', function()
+    local runs = { 'uly:gpt2:--pp=2,--cp=2,--dist=ddp', 'ring:nanochat:--pp=2,--cp=2,--cp_mode=ring,--dist=ddp',
+      'sp:gpt2:--pp=2,--tp=2,--sp,--dist=ddp', 'nsp:nanochat:--pp=2,--tp=2,--sp,--dist=ddp' }
+    local o, rc = H.mpirun(4, 'spec/dist/pp_seq_train.lua', ('%s/seq 3 %s'):format(out, table.concat(runs, ' ')))
+    H.assert_ranks_ok(o, rc, 4)
+    local ref = {}
+    for _, model in ipairs({ 'gpt2', 'nanochat' }) do
+      local t = train.new(recipe(model, { out_dir = out .. '/seq_ref_' .. model, max_iters = 3 }), {})
+      ref[model] = { losses = t:run().losses, norms = grad_norms(out .. '/seq_ref_' .. model), params = H.params_of(t.model) }
+    end
+    for _, run in ipairs(runs) do
+      local name, model = run:match('^([^:]+):([^:]+):')
+      local dir = out .. '/seq/' .. name
+      local r = result(dir)
+      assert_close(ref[model].losses, r.losses, run .. ' loss')
+      assert_close(ref[model].norms, grad_norms(dir), run .. ' gradient norm')
+      local e = H.rel_error(ref[model].params, ckpt.load_safetensors(r.checkpoint .. '/model.safetensors'))
+      assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(run, e))
+    end
   end)
 end)

@@ -254,8 +254,16 @@ describe('pipeline parallelism on MPI ranks', function()
     local o, rc = H.sh(('%s recipes/bench_pipeline.lua --ps=2 --ms=2 --steps=1 --n_layer=4 --n_embd=16 --block_size=8')
       :format(H.EXE), 120)
     assert.equal(0, rc, o)
-    for _, name in ipairs({ 'gpipe        2   2 |', '1f1b         2   2 |', 'interleaved v2 2   2 |', 'zbh1         2   2 |' }) do
-      assert.truthy(o:find(name, 1, true), o)
+    for _, name in ipairs({ 'gpipe          2   2 |', '1f1b           2   2 |', 'interleaved v2 2   2 |',
+                            'zbh1           2   2 |', 'zbh2           2   2 |' }) do
+      -- step ms | wall | replay | theory | overlap | peaks: the theory is the schedule's, the replay a bubble
+      local row = o:match(name:gsub('%p', '%%%0') .. '([^\n]*)')
+      assert.truthy(row, o)
+      local _, replay, theory = row:match('^%s*[%d.]+ |%s*%(?([%d.]+)%%%)? |%s*([%d.]+)%% |%s*([%d.]+)%% |')
+      assert.truthy(theory, row)
+      assert.near(100 * S.simulate(S.make(name:match('^(%S+)'), 2, 2, name:find('v2') and 2 or 1)).bubble,
+        tonumber(theory), 0.05)
+      assert.is_true(tonumber(replay) >= 0 and tonumber(replay) < 100, row)
     end
     o, rc = H.sh(H.EXE .. ' recipes/bench_pipeline.lua --ms=x', 30)
     assert.not_equal(0, rc)

@@ -52,7 +52,8 @@ describe('pipeline schedules as data', function()
       'schedule 1f1b: 2 ranks, 2 stages, 2 microbatches',
       'rank 0 |F1|F2|  |  |B1|B1|  |B2|B2|',
       'rank 1 |  |F1|B1|B1|F2|B2|B2|  |  |',
-      'bubble 33.3% of 18 rank-units (F = 1, B = 2 units; theory (p-1)/(m+p-1), over v if interleaved: 33.3%)' }, '\n'),
+      'bubble 33.3% of 18 rank-units (F = 1, B = 2 units; theory (p-1)/(m+p-1), over v if interleaved: 33.3%)',
+      'microbatches in flight per stage (activations held): 2 1' }, '\n'),
       text)
   end)
 
@@ -87,7 +88,8 @@ describe('pipeline schedules as data', function()
       'schedule zbh1: 2 ranks, 2 stages, 3 microbatches',
       'rank 0 |F1|F2|  |B1|W1|F3|B2|W2|B3|W3|',
       'rank 1 |  |F1|B1|F2|B2|W1|F3|B3|W2|W3|',
-      'bubble 10.0% of 20 rank-units (F = 1, B = 1, W = 1 units; theory (p-1)/(3m+p-1): 10.0%)' }, '\n'),
+      'bubble 10.0% of 20 rank-units (F = 1, B = 1, W = 1 units; theory (p-1)/(3m+p-1): 10.0%)',
+      'microbatches in flight per stage (activations held): 2 2' }, '\n'),
       (S.format(S.zbh1(2, 3))))
     local s = S.zbh1(2, 2); table.remove(s.ranks[1])
     assert.has_error(function() S.check(s) end, 'pipeline schedule: W2 of stage 1 is missing')
@@ -119,7 +121,8 @@ describe('pipeline schedules as data', function()
       'rank 0 |F1|F2|F3|B1|W1|B2|F4|B3|W2|W3|B4|W4|  |',
       'rank 1 |  |F1|B1|F2|B2|F3|B3|W1|F4|B4|W2|W3|W4|',
       'bubble 7.7% of 26 rank-units (F = 1, B = 1, W = 1 units; theory (p-1)/(3m+p-1): 7.7%)',
-      'bubble 0.0% when steps overlap (each rank goes on to the next step as its own part ends)' }, '\n'),
+      'bubble 0.0% when steps overlap (each rank goes on to the next step as its own part ends)',
+      'microbatches in flight per stage (activations held): 3 3' }, '\n'),
       (S.format(S.zbh2(2, 4))))
     -- measured action times replace the units (recipes/bench_pipeline.lua replays a step so)
     local one = S.one_f_one_b(2, 2)
@@ -215,6 +218,7 @@ describe('gptlua --plan with --pp', function()
     assert.truthy(r.text:find('Pipeline(zbh2, 4 stages over 4 ranks, 4 microbatches; rank 3: stage 4: blocks 4-4)', 1,
       true), r.text)
     assert.truthy(r.text:find('rank 3 |  |  |  |F1|B1|F2|B2|F3|B3|F4|B4|W1|W2|W3|W4|', 1, true), r.text)
+    assert.truthy(r.text:find('microbatches in flight per stage (activations held): 4 4 4 4', 1, true), r.text)
   end)
 
   it("takes a recipe's own schedule (the pp_schedule hook), checked before it runs", function()

@@ -348,7 +348,8 @@ function M.theory(p, m, v, split)
 end
 
 -- A timeline, one line per rank, one cell per unit of time (simulate's),
--- e.g.  "rank 0 |F1|F2|  |B1 B1|..."  then the bubble fraction.
+-- e.g.  "rank 0 |F1|F2|  |B1 B1|..."  then the bubble fraction and each
+-- stage's microbatches in flight (in_flight: its activation memory).
 function M.format(s, cost)
   local sim = M.simulate(s, cost)
   local lines = { ('schedule %s: %d ranks, %d stages, %d microbatches'):format(s.name or 'custom', s.ranks_n,
@@ -381,6 +382,9 @@ function M.format(s, cost)
     lines[#lines + 1] = ('bubble %.1f%% when steps overlap (each rank goes on to the next step as its own part ends)')
       :format(100 * sim.steady)
   end
+  local held = {}
+  for st = 1, s.stages do held[st] = M.in_flight(s, st) end
+  lines[#lines + 1] = ('microbatches in flight per stage (activations held): %s'):format(table.concat(held, ' '))
   return table.concat(lines, '\n'), sim
 end
 

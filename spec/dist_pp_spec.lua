@@ -364,9 +364,11 @@ describe('the trainer with --pp on MPI ranks', function()
     assert.truthy(o:find("pipeline parallel: dist 'fsdp' with pp > 1 is not composed yet", 1, true), o)
   end)
 
-  it('pp 2 x cp 2 (Ulysses: gpt2, ring: nanochat) and pp 2 x tp 2 with sp train as one process, in one launch', function()
-    local runs = { 'uly:gpt2:--pp=2,--cp=2,--dist=ddp', 'ring:nanochat:--pp=2,--cp=2,--cp_mode=ring,--dist=ddp',
-      'sp:gpt2:--pp=2,--tp=2,--sp,--dist=ddp', 'nsp:nanochat:--pp=2,--tp=2,--sp,--dist=ddp' }
+  it('pp 2 x cp 2 (Ulysses: gpt2, ring: nanochat with ZB-H2) and pp 2 x tp 2 with sp (ZB-H1: gpt2) train as one '
+    .. 'process, in one launch', function()
+    local runs = { 'uly:gpt2:--pp=2,--cp=2,--dist=ddp',
+      'ring:nanochat:--pp=2,--cp=2,--cp_mode=ring,--dist=ddp,--pp_schedule=zbh2',
+      'sp:gpt2:--pp=2,--tp=2,--sp,--dist=ddp,--pp_schedule=zbh1', 'nsp:nanochat:--pp=2,--tp=2,--sp,--dist=ddp' }
     local o, rc = H.mpirun(4, 'spec/dist/pp_seq_train.lua', ('%s/seq 3 %s'):format(out, table.concat(runs, ' ')))
     H.assert_ranks_ok(o, rc, 4)
     local ref = {}

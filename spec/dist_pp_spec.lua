@@ -2,15 +2,16 @@
 -- mesh's pp dimension): schedules as data checked and simulated in this
 -- process (1F1B's bubble is (p-1)/(m+p-1), interleaving divides it by v,
 -- ZB-H1's is (p-1)/(3m+p-1), 1F1B and ZB-H1 keep at most p microbatches in
--- flight, hand-edited schedules that would hang or mis-order messages are
+-- flight, ZB-H2 2p-1 and no gap inside a rank, hand-edited schedules that would hang or mis-order messages are
 -- refused); then on 2 and 4 MPI ranks (spec/dist/pp_*.lua workers), tiny
--- float64 gpt2 and nanochat: GPipe, 1F1B, interleaved 1F1B and ZB-H1 (its
--- weight gradients deferred from B to W), 5 AdamW steps equal to one process accumulating the
+-- float64 gpt2 and nanochat: GPipe, 1F1B, interleaved 1F1B, ZB-H1 and ZB-H2
+-- (their weight gradients deferred from B to W), 5 AdamW steps equal to one process accumulating the
 -- same microbatches (loss, every gradient, every parameter), and a stage
 -- that fails or dies ending every rank with the stage named; the trainer
 -- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
 -- (ddp, zero1, zero2), pp 2 x tp 2 (ddp, zero1, zero2) and pp 2 x dp 2 x tp 2 (8 ranks) equal one
--- process (losses, clipped norms, parameters), and a pp 2 x tp 2
+-- process (losses, clipped norms, parameters), as do pp 2 x cp 2 (Ulysses,
+-- ring) and pp 2 x tp 2 with sp (spec/dist/pp_seq_train.lua: one launch), and a pp 2 x tp 2
 -- checkpoint (every stage writes its part) resumes in one process and at
 -- pp 2 x dp 2 (zero1); a NaN in one stage's gradients makes every rank
 -- skip the step; each pp rank holds exactly its stages' parameters (the
@@ -54,7 +55,8 @@ describe('pipeline schedules as data', function()
       'schedule 1f1b: 2 ranks, 2 stages, 2 microbatches',
       'rank 0 |F1|F2|  |  |B1|B1|  |B2|B2|',
       'rank 1 |  |F1|B1|B1|F2|B2|B2|  |  |',
-      'bubble 33.3% of 18 rank-units (F = 1, B = 2 units; theory (p-1)/(m+p-1), over v if interleaved: 33.3%)' }, '\n'),
+      'bubble 33.3% of 18 rank-units (F = 1, B = 2 units; theory (p-1)/(m+p-1), over v if interleaved: 33.3%)',
+      'microbatches in flight per stage (activations held): 2 1' }, '\n'),
       text)
   end)
 
@@ -73,7 +75,7 @@ describe('pipeline schedules as data', function()
       'pipeline schedule: stage 2 runs F2 as its 1-th forward but stage 1 sent F1 then: messages arrive in order')
     assert.has_error(function() S.interleaved(4, 6, 2) end,
       'pipeline schedule: interleaved 1F1B needs microbatches a multiple of the 4 pipeline ranks, got 6')
-    assert.has_error(function() S.make('zb', 2, 4) end, 'pipeline schedule: unknown schedule zb (expected gpipe, 1f1b, interleaved or zbh1)')
+    assert.has_error(function() S.make('zb', 2, 4) end, 'pipeline schedule: unknown schedule zb (expected gpipe, 1f1b, interleaved, zbh1 or zbh2)')
   end)
 
   it('ZB-H1 splits backward into B and W: bubble (p-1)/(3m+p-1), at most p in flight, W in the timeline', function()
@@ -89,12 +91,47 @@ describe('pipeline schedules as data', function()
       'schedule zbh1: 2 ranks, 2 stages, 3 microbatches',
       'rank 0 |F1|F2|  |B1|W1|F3|B2|W2|B3|W3|',
       'rank 1 |  |F1|B1|F2|B2|W1|F3|B3|W2|W3|',
-      'bubble 10.0% of 20 rank-units (F = 1, B = 1, W = 1 units; theory (p-1)/(3m+p-1): 10.0%)' }, '\n'),
+      'bubble 10.0% of 20 rank-units (F = 1, B = 1, W = 1 units; theory (p-1)/(3m+p-1): 10.0%)',
+      'microbatches in flight per stage (activations held): 2 2' }, '\n'),
       (S.format(S.zbh1(2, 3))))
     local s = S.zbh1(2, 2); table.remove(s.ranks[1])
     assert.has_error(function() S.check(s) end, 'pipeline schedule: W2 of stage 1 is missing')
     s = S.zbh1(2, 2); s.ranks[1][3], s.ranks[1][4] = s.ranks[1][4], s.ranks[1][3]  -- W1 before B1
     assert.has_error(function() S.check(s) end, 'pipeline schedule: rank 0 waits forever at W1 of stage 1 (action 3 of its list)')
+  end)
+
+  it('ZB-H2 holds up to 2p-1 microbatches in flight: no gap inside any rank, the step bubble ZB-H1\'s', function()
+    for _, p in ipairs({ 2, 4 }) do
+      for _, m in ipairs({ 4, 8, 16 }) do
+        local s = S.check(S.zbh2(p, m))
+        local sim, h1 = S.simulate(s), S.simulate(S.zbh1(p, m))
+        -- a synchronised step: the last rank starts p-1 units late whatever the order, as in ZB-H1
+        assert.near((p - 1) / (3 * m + p - 1), sim.bubble, 1e-12)
+        assert.near(h1.bubble, sim.bubble, 1e-12)
+        -- steps overlapping: ZB-H1 keeps its bubble, ZB-H2 has none once m fills the 2p-1 warm-up
+        assert.near(h1.bubble, h1.steady, 1e-12)
+        if m >= 2 * p - 1 then assert.near(0, sim.steady, 1e-12) end
+        for st = 1, p do assert.equal(math.min(2 * p - 1, m), S.in_flight(s, st)) end
+      end
+    end
+    -- the paper's figure 3 (p = 4, m = 8): 7 warm-up forwards on the first rank, the last one's W's postponed
+    local s = S.zbh2(4, 8)
+    local function ops(l) local t = {} for _, a in ipairs(l) do t[#t + 1] = a[1] .. a[2] end return table.concat(t, ' ') end
+    assert.equal('F1 F2 F3 F4 F5 F6 F7 B1 W1 B2 F8 B3 W2 B4 W3 B5 W4 B6 W5 B7 W6 W7 B8 W8', ops(s.ranks[1]))
+    assert.equal('F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7 W1 F8 B8 W2 W3 W4 W5 W6 W7 W8', ops(s.ranks[4]))
+    assert.equal(table.concat({
+      'schedule zbh2: 2 ranks, 2 stages, 4 microbatches',
+      'rank 0 |F1|F2|F3|B1|W1|B2|F4|B3|W2|W3|B4|W4|  |',
+      'rank 1 |  |F1|B1|F2|B2|F3|B3|W1|F4|B4|W2|W3|W4|',
+      'bubble 7.7% of 26 rank-units (F = 1, B = 1, W = 1 units; theory (p-1)/(3m+p-1): 7.7%)',
+      'bubble 0.0% when steps overlap (each rank goes on to the next step as its own part ends)',
+      'microbatches in flight per stage (activations held): 3 3' }, '\n'),
+      (S.format(S.zbh2(2, 4))))
+    -- measured action times replace the units (recipes/bench_pipeline.lua replays a step so)
+    local one = S.one_f_one_b(2, 2)
+    local each = { { 1, 1, 5, 5 }, { 1, 5, 1, 5 } }  -- rank 0 runs F1 F2 B1 B2, rank 1 F1 B1 F2 B2; F 1, B 5
+    -- rank 1: F1 at 1-2, B1 2-7, F2 7-8, B2 8-13; rank 0's B2 13-18
+    assert.equal(18, S.simulate(one, { each = each }).time)
   end)
 end)
 
@@ -134,7 +171,7 @@ describe('the pp mesh dimension and stage partition in one process', function()
       return tostring(e)
     end
     assert.equal("config: pp 2 needs a distributed run (dist = 'ddp')", err({ '--pp=2' }))
-    assert.equal("config: unknown pp_schedule 'zb' (expected 'gpipe', '1f1b', 'interleaved' or 'zbh1')",
+    assert.equal("config: unknown pp_schedule 'zb' (expected 'gpipe', '1f1b', 'interleaved', 'zbh1' or 'zbh2')",
       err({ '--pp_schedule=zb' }))
     assert.equal("config: unknown pp_partition 'size' (expected 'params' or 'flops'; a recipe's pp_partition hook cuts "
       .. 'by hand)', err({ '--pp_partition=size' }))
@@ -183,6 +220,12 @@ describe('gptlua --plan with --pp', function()
       args = { '--pp=2', '--dist=ddp', '--pp_schedule=zbh1' } })
     assert.truthy(r.text:find('rank 0 |F1|F2|  |B1|W1|F3|B2|W2|F4|B3|W3|B4|W4|', 1, true), r.text)
     assert.truthy(r.text:find('bubble 7.7% of 26 rank-units (F = 1, B = 1, W = 1 units', 1, true), r.text)
+    r = require('gptlua.plan').plan(recipe('gpt2', { max_iters = 1, n_layer = 4 }), { world = 4, rank = 3,
+      args = { '--pp=4', '--dist=ddp', '--pp_schedule=zbh2' } })
+    assert.truthy(r.text:find('Pipeline(zbh2, 4 stages over 4 ranks, 4 microbatches; rank 3: stage 4: blocks 4-4)', 1,
+      true), r.text)
+    assert.truthy(r.text:find('rank 3 |  |  |  |F1|B1|F2|B2|F3|B3|F4|B4|W1|W2|W3|W4|', 1, true), r.text)
+    assert.truthy(r.text:find('microbatches in flight per stage (activations held): 4 4 4 4', 1, true), r.text)
   end)
 
   it("takes a recipe's own schedule (the pp_schedule hook), checked before it runs", function()
@@ -208,11 +251,11 @@ describe('pipeline parallelism on MPI ranks', function()
     return
   end
 
-  it('GPipe, 1F1B, interleaved 1F1B and ZB-H1 on 2 and 4 stages: 5 steps equal one process accumulating the microbatches',
+  it('GPipe, 1F1B, interleaved 1F1B, ZB-H1 and ZB-H2 on 2 and 4 stages: 5 steps equal one process accumulating the microbatches',
     function()
     for _, case in ipairs({ { 2, '1f1b 4 1' }, { 2, 'gpipe 4 1' }, { 2, 'interleaved 4 2' }, { 4, '1f1b 4 1' },
-                            { 4, 'gpipe 4 1' }, { 4, 'interleaved 8 2' }, { 2, 'zbh1 4 1' },
-                            { 4, 'zbh1 4 1' } }) do
+                            { 4, 'gpipe 4 1' }, { 4, 'interleaved 8 2' }, { 2, 'zbh1,zbh2 4 1' },
+                            { 4, 'zbh1,zbh2 8 1' } }) do
       local o, rc = H.mpirun(case[1], 'spec/dist/pp_grads.lua', ('%d %s gpt2 nanochat'):format(case[1], case[2]))
       H.assert_ranks_ok(o, rc, case[1])
     end
@@ -222,8 +265,16 @@ describe('pipeline parallelism on MPI ranks', function()
     local o, rc = H.sh(('%s recipes/bench_pipeline.lua --ps=2 --ms=2 --steps=1 --n_layer=4 --n_embd=16 --block_size=8')
       :format(H.EXE), 120)
     assert.equal(0, rc, o)
-    for _, name in ipairs({ 'gpipe        2   2 |', '1f1b         2   2 |', 'interleaved v2 2   2 |', 'zbh1         2   2 |' }) do
-      assert.truthy(o:find(name, 1, true), o)
+    for _, name in ipairs({ 'gpipe          2   2 |', '1f1b           2   2 |', 'interleaved v2 2   2 |',
+                            'zbh1           2   2 |', 'zbh2           2   2 |' }) do
+      -- step ms | wall | replay | theory | overlap | peaks: the theory is the schedule's, the replay a bubble
+      local row = o:match(name:gsub('%p', '%%%0') .. '([^\n]*)')
+      assert.truthy(row, o)
+      local _, replay, theory = row:match('^%s*[%d.]+ |%s*%(?([%d.]+)%%%)? |%s*([%d.]+)%% |%s*([%d.]+)%% |')
+      assert.truthy(theory, row)
+      assert.near(100 * S.simulate(S.make(name:match('^(%S+)'), 2, 2, name:find('v2') and 2 or 1)).bubble,
+        tonumber(theory), 0.05)
+      assert.is_true(tonumber(replay) >= 0 and tonumber(replay) < 100, row)
     end
     o, rc = H.sh(H.EXE .. ' recipes/bench_pipeline.lua --ms=x', 30)
     assert.not_equal(0, rc)
@@ -327,5 +378,28 @@ describe('the trainer with --pp on MPI ranks', function()
     o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=fsdp')
     assert.not_equal(0, rc)
     assert.truthy(o:find("pipeline parallel: dist 'fsdp' with pp > 1 is not composed yet", 1, true), o)
+  end)
+
+  it('pp 2 x cp 2 (Ulysses: gpt2, ring: nanochat with ZB-H2) and pp 2 x tp 2 with sp (ZB-H1: gpt2) train as one '
+    .. 'process, in one launch', function()
+    local runs = { 'uly:gpt2:--pp=2,--cp=2,--dist=ddp',
+      'ring:nanochat:--pp=2,--cp=2,--cp_mode=ring,--dist=ddp,--pp_schedule=zbh2',
+      'sp:gpt2:--pp=2,--tp=2,--sp,--dist=ddp,--pp_schedule=zbh1', 'nsp:nanochat:--pp=2,--tp=2,--sp,--dist=ddp' }
+    local o, rc = H.mpirun(4, 'spec/dist/pp_seq_train.lua', ('%s/seq 3 %s'):format(out, table.concat(runs, ' ')))
+    H.assert_ranks_ok(o, rc, 4)
+    local ref = {}
+    for _, model in ipairs({ 'gpt2', 'nanochat' }) do
+      local t = train.new(recipe(model, { out_dir = out .. '/seq_ref_' .. model, max_iters = 3 }), {})
+      ref[model] = { losses = t:run().losses, norms = grad_norms(out .. '/seq_ref_' .. model), params = H.params_of(t.model) }
+    end
+    for _, run in ipairs(runs) do
+      local name, model = run:match('^([^:]+):([^:]+):')
+      local dir = out .. '/seq/' .. name
+      local r = result(dir)
+      assert_close(ref[model].losses, r.losses, run .. ' loss')
+      assert_close(ref[model].norms, grad_norms(dir), run .. ' gradient norm')
+      local e = H.rel_error(ref[model].params, ckpt.load_safetensors(r.checkpoint .. '/model.safetensors'))
+      assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(run, e))
+    end
   end)
 end)

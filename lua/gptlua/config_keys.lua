@@ -91,7 +91,7 @@ return {
   cp_mode = "cp: 'ulysses' (all-to-all to head shards) or 'ring' (K/V blocks around the ring, zig-zag chunks)",
   sp = 'sequence parallel with tp: norms, dropout and residuals on T/tp rows (all-gather/reduce-scatter)',
   pp = 'mesh: pipeline-parallel stages (outermost; the accumulation steps are the microbatches; 1: off)',
-  pp_schedule = "pp: 'gpipe', '1f1b', 'interleaved' or 'zbh1' (gptlua.dist.schedules; a recipe hook pp_schedule(p, m, v) returns its own)",
+  pp_schedule = "pp: 'gpipe', '1f1b', 'interleaved', 'zbh1' or 'zbh2' (gptlua.dist.schedules; a recipe hook pp_schedule(p, m, v) returns its own)",
   pp_virtual = 'pp: stages per rank of the interleaved schedule (virtual stages)',
   pp_partition = "pp: blocks cut into stages balancing 'params' or 'flops' (a recipe hook pp_partition(costs, stages) cuts by hand)",
   dist_timeout = 'seconds a collective may wait before every rank is aborted',

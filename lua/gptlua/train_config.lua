@@ -194,7 +194,7 @@ function M.resolve_config(recipe, args)
     fail(("powersgd_rank is a communication hook of dist = 'ddp', got dist = '%s'"):format(check.printable(cfg.dist)))
   end
   if not require('gptlua.dist.schedules').builders[cfg.pp_schedule] then
-    fail(("unknown pp_schedule '%s' (expected 'gpipe', '1f1b', 'interleaved' or 'zbh1')"):format(check.printable(cfg.pp_schedule)))
+    fail(("unknown pp_schedule '%s' (expected 'gpipe', '1f1b', 'interleaved', 'zbh1' or 'zbh2')"):format(check.printable(cfg.pp_schedule)))
   end
   if cfg.pp_partition ~= 'params' and cfg.pp_partition ~= 'flops' then
     fail(("unknown pp_partition '%s' (expected 'params' or 'flops'; a recipe's pp_partition hook cuts by hand)")

@@ -4,13 +4,14 @@
 -- the same microbatches as accumulation steps: the loss of every step,
 -- every owned parameter's gradient after the first step and every owned
 -- parameter after the last must agree to 1e-10.
--- args: PP SCHEDULE M V model ...     Prints "OK rank R of N".
+-- args: PP SCHEDULES M V model ...     Prints "OK rank R of N".  SCHEDULES:
+-- one name or several with commas (zbh1,zbh2), each checked in this launch.
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local PP = require 'gptlua.dist.pipeline'
 local optim = require 'gptlua.optim'
 
-local pp, sched, m, v = tonumber(arg[1]), arg[2], tonumber(arg[3]), tonumber(arg[4])
+local pp, scheds, m, v = tonumber(arg[1]), arg[2], tonumber(arg[3]), tonumber(arg[4])
 local world = dist.init { backend = os.getenv('GPTLUA_SPEC_BACKEND') or 'mpi', timeout = 120 }
 local mesh = dist.mesh { pp = pp }
 
@@ -44,8 +45,10 @@ end
 local function adamw(params) return optim.AdamW(params, { lr = 1e-2, weight_decay = 0.1 }) end
 local function zero_grad(params) for _, p in ipairs(params) do p.grad = nil end end
 
-for i = 5, #arg do
-  local kind = arg[i]
+local runs = {}  -- every (schedule, model) pair
+for sched in scheds:gmatch('[^,]+') do for i = 5, #arg do runs[#runs + 1] = { sched, arg[i] } end end
+for _, run in ipairs(runs) do
+  local sched, kind = run[1], run[2]
   -- the reference: one process, m accumulation steps of loss / m
   local ref = build(kind)
   local ropt = adamw(ref:parameters())

@@ -150,6 +150,7 @@ local function seq_mode(layout, T)
   layout.seq_now = on
   return on
 end
+CP.seq_mode = seq_mode  -- (a pipeline stage without the embedding decides it so: policies/pp.lua)
 
 -- mode 'ulysses' (default) or 'ring'; tp: the heads are cut over tp first
 function CP.check(cfg, cp, mode, tp)

@@ -21,7 +21,11 @@
 -- after the step, so the same update keeps them equal.
 --
 -- Point to point: one activation (B, T, C) forward and one gradient back per
--- microbatch and stage boundary, on communicators of their own per model
+-- microbatch and stage boundary (o.rows rows instead of T: the T/cp shard
+-- under context parallelism, in the zig-zag order under ring, T/tp under
+-- sequence parallelism; o.seq_mode(T) then tells the model's layouts, on a
+-- stage that does not start at the embedding, what its embedding would
+-- have: that this forward runs split), on communicators of their own per model
 -- chunk and direction (so messages on a link can only arrive in the order
 -- the schedule sends them: schedules.check proves the per-stage order).
 -- Receive buffers are made once, as many per stage as the schedule keeps
@@ -169,7 +173,8 @@ local function starts_with(s, prefix) return s:sub(1, #prefix) == prefix end
 -- new(model, comm, o): comm the pp group (mesh.pp); o.schedule a name
 -- (schedules.builders) or a schedule table; o.microbatches m; o.virtual v;
 -- o.partition; o.batch = {B, T} the microbatch shape (receive buffers are
--- made for it).  Collective over comm (splits).
+-- made for it, with o.rows rows when the sequence is split); o.seq_mode.
+-- Collective over comm (splits).
 function M.new(model, comm, o)
   o = o or {}
   local p, me = comm.size, comm.rank
@@ -186,7 +191,7 @@ function M.new(model, comm, o)
   local ad = M.adapter(model)
   local counts = M.partition(model, S, o.partition, T)
   local self = setmetatable({ model = model, comm = comm, schedule = sched, adapter = ad, m = m, S = S, p = p,
-    counts = counts, stages = {}, B = B, T = T }, Pipeline)
+    counts = counts, stages = {}, B = B, T = T, seq_mode = o.seq_mode }, Pipeline)
   -- this rank's stages and their blocks
   local first_block = 1
   for st = 1, S do
@@ -229,13 +234,13 @@ function M.new(model, comm, o)
   -- receive buffers, as many per stage as microbatches in flight there
   local w = model.transformer.h[1]:parameters()[1]
   local like = { dtype = w.dtype, device = w.device }
-  local C = model.config.n_embd
+  local C, rows = model.config.n_embd, o.rows or T
   for st, info in pairs(self.stages) do
     local n = schedules.in_flight(sched, st)
     info.inputs, info.grads, info.free = {}, {}, {}
     for k = 1, n do
-      if st > 1 then info.inputs[k] = gl.zeros({ B, T, C }, like):keep() end
-      if st < S then info.grads[k] = gl.zeros({ B, T, C }, like):keep() end
+      if st > 1 then info.inputs[k] = gl.zeros({ B, rows, C }, like):keep() end
+      if st < S then info.grads[k] = gl.zeros({ B, rows, C }, like):keep() end
       info.free[#info.free + 1] = k
     end
     info.slot, info.out, info.deferred = {}, {}, {}
@@ -290,6 +295,7 @@ function Pipeline:forward(st, i, xs, ys)
     buf.requires_grad = true
     if self.on_action then self.on_action('ready', self.action, self.action_n) end
     x = buf
+    if self.seq_mode then self.seq_mode(self.T) end
   end
   local blocks = model.transformer.h
   for b = info.from, info.to do x = common.run_block(blocks[b], x, nil, model.config) end

@@ -126,8 +126,45 @@ function M.zbh1(p, m)
   return s
 end
 
-M.builders = { gpipe = M.gpipe, ['1f1b'] = M.one_f_one_b, interleaved = M.interleaved, zbh1 = M.zbh1 }
-M.NAMES = 'gpipe, 1f1b, interleaved or zbh1'
+-- ZB-H2 (Qi et al. 2023, section 3's second handcrafted schedule): ZB-H1's
+-- split backward with up to 2p - 1 microbatches in flight on every rank
+-- (F done, W not yet) instead of p, so rank i (0-based) runs 2(p - i) - 1
+-- warm-up forwards and the W's it postpones fill the tail: with F = B = W
+-- in time every rank works without a gap from its first action to its
+-- last (a parallelogram, not ZB-H1's trapezoid).  The lists come from the
+-- rule that draws the paper's figure, run in unit time: at each unit a rank
+-- runs the first it can of its next B (its gradient has arrived), its next
+-- F (its input has arrived and fewer than 2p - 1 are in flight) and its
+-- oldest W.  With the optimizer step synchronised (ours: the clipping norm
+-- and the NaN skip) the step still ends p - 1 units after the first rank's
+-- 3m, as ZB-H1's; the bubble is gone only where a rank may start the next
+-- step as soon as its own part of this one ends (simulate's .steady).
+function M.zbh2(p, m)
+  posint(p, 'stages'); posint(m, 'microbatches')
+  local s = new('zbh2', p, m, 1)
+  local cap = 2 * p - 1
+  local f, b, w, fin_f, fin_b = {}, {}, {}, {}, {}   -- counts done; finish times of F and B per rank
+  for r = 1, p do f[r], b[r], w[r], fin_f[r], fin_b[r] = 0, 0, 0, {}, {} end
+  local left, t = 3 * m * p, 0
+  while left > 0 do
+    for r = 1, p do
+      local l = s.ranks[r]
+      local nb, nf = b[r] + 1, f[r] + 1
+      if b[r] < f[r] and (r == p or (fin_b[r + 1][nb] or math.huge) <= t) then
+        b[r] = nb; fin_b[r][nb] = t + 1; l[#l + 1] = { 'B', nb, r }; left = left - 1
+      elseif f[r] < m and f[r] - w[r] < cap and (r == 1 or (fin_f[r - 1][nf] or math.huge) <= t) then
+        f[r] = nf; fin_f[r][nf] = t + 1; l[#l + 1] = { 'F', nf, r }; left = left - 1
+      elseif w[r] < b[r] then
+        w[r] = w[r] + 1; l[#l + 1] = { 'W', w[r], r }; left = left - 1
+      end
+    end
+    t = t + 1
+  end
+  return s
+end
+
+M.builders = { gpipe = M.gpipe, ['1f1b'] = M.one_f_one_b, interleaved = M.interleaved, zbh1 = M.zbh1, zbh2 = M.zbh2 }
+M.NAMES = 'gpipe, 1f1b, interleaved, zbh1 or zbh2'
 
 -- does the schedule run weight gradients apart (W actions)?
 function M.split(s)
@@ -153,9 +190,15 @@ function M.rank_of(s, st) return (st - 1) % s.ranks_n + 1 end
 -- schedule W costs cost.W and B the rest, cost.B - cost.W).  F(i, st) waits
 -- for F(i, st-1); B(i, st) for F(i, st) and B(i, st+1); W(i, st) for B(i,
 -- st).  Each rank runs its list in
--- order.  Returns {time = makespan, bubble = idle / (ranks x makespan),
+-- order.  cost.each[r][n], when given, is the time of rank r's n-th action
+-- (measured ones: recipes/bench_pipeline.lua replays a real step's).
+-- Returns {time = makespan, bubble = idle / (ranks x makespan), steady,
 -- busy = {per rank}, at = {[rank] = {{start, finish}, ...}}} or fails naming
--- the action no rank could run (a schedule that would hang).
+-- the action no rank could run (a schedule that would hang).  steady is the
+-- bubble when consecutive steps overlap, each rank starting the next step's
+-- work as soon as its own part of this one ends (no optimizer step
+-- synchronising the ranks between them): idle / (ranks x the longest
+-- rank's own span, first start to last finish).
 function M.simulate(s, cost)
   cost = cost or {}
   local cF, cB, cW = cost.F or 1, cost.B or 2, cost.W or 1
@@ -184,7 +227,7 @@ function M.simulate(s, cost)
           ready = math.max(ready, done[d])
         end
         if not ok then break end
-        local c = op == 'F' and cF or op == 'W' and cW or cB
+        local c = cost.each and cost.each[r][pos[r]] or op == 'F' and cF or op == 'W' and cW or cB
         at[r][pos[r]] = { ready, ready + c }
         clock[r] = ready + c
         busy[r] = busy[r] + c
@@ -205,9 +248,13 @@ function M.simulate(s, cost)
   end
   local span = 0
   for r = 1, p do span = math.max(span, clock[r]) end
-  local idle = 0
-  for r = 1, p do idle = idle + (span - busy[r]) end
-  return { time = span, bubble = idle / (p * span), busy = busy, at = at, microbatches = m }
+  local idle, own, work = 0, 0, 0
+  for r = 1, p do
+    idle, work = idle + (span - busy[r]), work + busy[r]
+    if #at[r] > 0 then own = math.max(own, at[r][#at[r]][2] - at[r][1][1]) end
+  end
+  return { time = span, bubble = idle / (p * span), steady = 1 - work / (p * own), busy = busy, at = at,
+    microbatches = m }
 end
 
 -- Checks a (possibly hand-edited) schedule: each rank runs only its own
@@ -301,7 +348,8 @@ function M.theory(p, m, v, split)
 end
 
 -- A timeline, one line per rank, one cell per unit of time (simulate's),
--- e.g.  "rank 0 |F1|F2|  |B1 B1|..."  then the bubble fraction.
+-- e.g.  "rank 0 |F1|F2|  |B1 B1|..."  then the bubble fraction and each
+-- stage's microbatches in flight (in_flight: its activation memory).
 function M.format(s, cost)
   local sim = M.simulate(s, cost)
   local lines = { ('schedule %s: %d ranks, %d stages, %d microbatches'):format(s.name or 'custom', s.ranks_n,
@@ -330,6 +378,13 @@ function M.format(s, cost)
       (cost or {}).B or 2)
   lines[#lines + 1] = ('bubble %.1f%% of %d rank-units (%s: %.1f%%)')
     :format(100 * sim.bubble, sim.time * s.ranks_n, units, 100 * M.theory(s.ranks_n, s.microbatches, s.virtual, split))
+  if sim.steady < sim.bubble - 1e-9 then  -- (ZB-H2: the idle units all at the step's ends)
+    lines[#lines + 1] = ('bubble %.1f%% when steps overlap (each rank goes on to the next step as its own part ends)')
+      :format(100 * sim.steady)
+  end
+  local held = {}
+  for st = 1, s.stages do held[st] = M.in_flight(s, st) end
+  lines[#lines + 1] = ('microbatches in flight per stage (activations held): %s'):format(table.concat(held, ' '))
   return table.concat(lines, '\n'), sim
 end
 

@@ -138,6 +138,7 @@ local function seq_mode(layout, T)
   layout.seq_now = on
   return on
 end
+TP.seq_mode = seq_mode  -- (a pipeline stage without the embedding decides it so: policies/pp.lua)
 
 -- what feeds a column-parallel matrix: the whole sequence (gathered under
 -- sequence parallelism), with the gradient summed over tp

@@ -9,6 +9,10 @@
 -- the tp policy over ddp, zero1 or zero2 (pp x tp, pp x dp x tp: the stages
 -- of a model cut over tp; the norm weighs replicated gradients by 1/tp as
 -- tp's does, checkpoints go through tp's gathering).
+-- Context parallelism (Ulysses or ring) and tp's sequence parallelism cut
+-- the stage messages too: each carries this rank's (B, T/cp, C) rows, in
+-- ring's zig-zag order, or (B, T/tp, C) under sp; the embedding keeps this
+-- rank's token rows and the head its targets, as without pp.
 --
 -- Layout: every rank holds the parameters of its stages only
 -- (gptlua.dist.pp_build: the others stay in the model without storage,
@@ -66,13 +70,17 @@ end
 -- the policies take (named_parameters, parameters, config).
 function P.stages(trainer, model)
   local cfg, mesh = trainer.cfg, trainer.mesh
-  if mesh.size.cp > 1 or cfg.sp then
-    fail(('pp %d with cp %d%s: pipeline with context or sequence parallelism is not composed yet'):format(
-      mesh.size.pp, mesh.size.cp, cfg.sp and ' and sp' or ''))
-  end
   local pipeline = require 'gptlua.dist.pipeline'
+  -- the stage messages carry this rank's rows: T/cp (cp's order), T/tp more under sp
+  local tp_layout, cp_layout = model.tp_layout, model.cp_layout
+  local sp = tp_layout and tp_layout.sequence_parallel and tp_layout.size or 1
+  local function seq_mode(T)  -- (as the embedding decides: cp's cut, then tp's of what is left)
+    if cp_layout then require('gptlua.dist.context_parallel').seq_mode(cp_layout, T); T = T / cp_layout.size end
+    if tp_layout then require('gptlua.dist.tensor_parallel').seq_mode(tp_layout, T) end
+  end
   trainer.pipeline = pipeline.new(model, mesh.pp, { schedule = P.schedule(trainer), virtual = cfg.pp_virtual,
     microbatches = cfg.gradient_accumulation_steps, batch = { cfg.batch_size, cfg.block_size },
+    rows = cfg.block_size / mesh.size.cp / sp, seq_mode = (cp_layout or sp > 1) and seq_mode or nil,
     partition = trainer.hooks.pp_partition or cfg.pp_partition })
   local named = trainer.pipeline.named
   return {
@@ -137,7 +145,7 @@ function P:grad_norm()
   local each = self.inner.each_grad or self.inner._each_grad
   if each then each(self.inner, add)  -- ZeRO: its pieces, replicated ones counted once
   else
-    local counted = self.mesh.coord.dp == 0
+    local counted = self.mesh.coord.dp == 0 and self.mesh.coord.cp == 0  -- (cp ranks hold the same average)
     for _, p in ipairs(self.params) do add(p, p.grad, counted) end
   end
   return math.sqrt(self.mesh.world:all_reduce_number(s, 'sum'))

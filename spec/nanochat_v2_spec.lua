@@ -268,17 +268,6 @@ describe('nanochat versions', function()
     assert.is_false(v2.smear); assert.equal(5000, v2.rope_base); assert.is_true(v2.backout)
   end)
 
-  it('tensor and context parallelism refuse the version-2 features in one line (they rewrite the attention)', function()
-    local m = nanochat.GPT({ version = 'v2', depth = 2, n_embd = 32, n_head = 2, vocab_size = 16, block_size = 8 })
-    for _, c in ipairs({ { 'gptlua.dist.tensor_parallel', 'tensor parallelism' },
-                         { 'gptlua.dist.context_parallel', 'context parallelism' } }) do
-      local ok, err = pcall(require(c[1]).parallelize, m, { size = 2, rank = 0 })
-      assert.is_false(ok)
-      assert.truthy(tostring(err):find(c[2] .. ": nanochat's version-2 features", 1, true), tostring(err))
-      assert.truthy(tostring(err):find("use nanochat.version = 'v1'", 1, true))
-    end
-  end)
-
   it('refuses bad feature values in one line naming the key', function()
     for _, case in ipairs({
       { { version = 'v3' }, "version must be 'v1' or 'v2', got 'v3'" },

@@ -39,6 +39,7 @@
 local gl = require 'gptlua'
 local A = require 'gptlua.autograd'
 local RA = require 'gptlua.dist.ring_attention'
+local TP = require 'gptlua.dist.tensor_parallel'
 
 local CP = {}
 
@@ -186,10 +187,21 @@ function CP.parallelize(model, comm, opts)
   if name ~= 'GPT2' and name ~= 'Nanochat' then
     fail(('parallelize knows the gpt2 and nanochat models, got %s'):format(tostring(name)))
   end
-  if name == 'Nanochat' then require('gptlua.models.nanochat').check_layout(cfg, 'context parallelism') end
   local mode = opts and opts.mode or 'ulysses'
   local tp = model.tp_layout and model.tp_layout.size or 1
   CP.check(cfg, comm.size, mode, tp)
+  if name == 'Nanochat' then  -- nanochat v2's features (see the nanochat part below)
+    for i = 1, model.transformer.h.n do
+      local w = model.transformer.h[i].attn.window
+      if mode == 'ring' and w > 0 then
+        fail(("ring attention does not take nanochat's sliding windows (layer %d sees %d keys); use cp_mode "
+          .. "'ulysses' or nanochat.window_pattern = 'L'"):format(i, w))
+      end
+    end
+    if cfg.smear and model.tp_layout and model.tp_layout.sequence_parallel then
+      fail("nanochat's smear with sequence parallelism (sp) is not composed yet")
+    end
+  end
   local layout = { comm = comm, rank = comm.rank, size = comm.size, seq_now = false, model = model, mode = mode }
   local tr = model.transformer
   -- (the forwards in place before: the module's own, or tensor parallel's)
@@ -207,6 +219,33 @@ function CP.parallelize(model, comm, opts)
     end
   end
   local ring = mode == 'ring'
+  -- nanochat v2: the value embeddings look up this rank's rows as the
+  -- token embedding does; the smear's first row of each of this rank's
+  -- segments reads the previous position from the rank that holds it
+  -- (TP.shifted: the segments' last rows all-gathered, B x 2 x C for ring,
+  -- B x C for Ulysses, per rank; backward reduce-scatters them)
+  if name == 'Nanochat' and model.value_embeds then
+    for _, np in ipairs(model.value_embeds:named_parameters()) do
+      local emb = model.value_embeds[np[1]:match('^(.*)%.weight$')]
+      local emb_forward = forward_of(emb)
+      emb.forward = function(self, ids)
+        if layout.seq_now then ids = my_rows(layout, ids, 2):contiguous() end
+        return emb_forward(self, ids)
+      end
+    end
+  end
+  if name == 'Nanochat' and cfg.smear then
+    local smear = rawget(model, 'smear') or getmetatable(model).smear
+    model.smear = function(self, x, caches)
+      if not layout.seq_now then return smear(self, x, caches) end
+      local n, Tl = comm.size, x.shape[2]
+      local function segments(r)
+        if ring then return RA.rows(n * Tl, r, n) end
+        return { { r * Tl, Tl } }
+      end
+      return self:smear_shifted(x, TP.shifted(x, comm, segments))
+    end
+  end
   for i = 1, tr.h.n do
     local attn = tr.h[i].attn
     local whole = getmetatable(attn).forward
@@ -227,28 +266,33 @@ function CP.parallelize(model, comm, opts)
         return gl.dropout(self.c_proj(y), self.dropout, self.training)
       end
     else
-      attn.forward = function(self, x, cos, sin, cache)
-        if cache or not layout.seq_now then return whole(self, x, cos, sin, cache) end
+      -- (ve: this layer's value embedding of this rank's rows, or nil; eps the QK-norm's)
+      attn.forward = function(self, x, cos, sin, cache, ve, eps)
+        if cache or not layout.seq_now then return whole(self, x, cos, sin, cache, ve, eps) end
         local D = self.D
+        eps = eps or 1e-6
+        local sdpa_opts = { scale = self.scale, window = self.window }
         if ring then
           local H, Hkv = self.H, self.Hkv
           local q = self.c_q(x)
           local B, T = q.shape[1], q.shape[2]
           q = q:view(B, T, H, D)
-          local k, v = self.c_k(x):view(B, T, Hkv, D), self.c_v(x):view(B, T, Hkv, D)
+          local k, v = self.c_k(x):view(B, T, Hkv, D), self:value(x, ve, B, T)
           cos, sin = my_rows(layout, cos, 1):contiguous(), my_rows(layout, sin, 1):contiguous()
-          q, k = gl.rms_norm(gl.rope(q, cos, sin), nil, 1e-6), gl.rms_norm(gl.rope(k, cos, sin), nil, 1e-6)
-          local y = RA.attention(q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3), comm)
+          q, k = gl.rms_norm(gl.rope(q, cos, sin), nil, eps), gl.rms_norm(gl.rope(k, cos, sin), nil, eps)
+          local y = RA.attention(q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3), comm, { scale = self.scale })
           return self.c_proj(y:transpose(2, 3):reshape(B, T, H * D))
         end
         local H, Hkv = self.H / comm.size, self.Hkv / comm.size
+        local Bl, Tl = x.shape[1], x.shape[2]
         local q = CP.to_heads(self.c_q(x), 1, comm)
         local B, T = q.shape[1], q.shape[2]
         local k = CP.to_heads(self.c_k(x), 1, comm):view(B, T, Hkv, D)
-        local v = CP.to_heads(self.c_v(x), 1, comm):view(B, T, Hkv, D)
+        -- the values with their value residual on this rank's rows, then to heads
+        local v = CP.to_heads(self:value(x, ve, Bl, Tl):view(Bl, Tl, self.Hkv * D), 1, comm):view(B, T, Hkv, D)
         q = q:view(B, T, H, D)
-        q, k = gl.rms_norm(gl.rope(q, cos, sin), nil, 1e-6), gl.rms_norm(gl.rope(k, cos, sin), nil, 1e-6)
-        local y = gl.scaled_dot_product_attention(q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3))
+        q, k = gl.rms_norm(gl.rope(q, cos, sin), nil, eps), gl.rms_norm(gl.rope(k, cos, sin), nil, eps)
+        local y = gl.scaled_dot_product_attention(q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3), sdpa_opts)
         y = y:transpose(2, 3):reshape(B, T, H * D)
         return self.c_proj(CP.to_rows(y, 1, comm))
       end

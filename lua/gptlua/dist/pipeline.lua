@@ -71,20 +71,68 @@ adapters.GPT2 = {
   end,
 }
 
-local function rms(x) return gl.rms_norm(x, nil, 1e-6) end
+-- nanochat runs its own forward's parts (GPT:prepare, embed, layer,
+-- finish).  Version 2's blocks read x0 (the embedding) and the last stage
+-- subtracts the backout block's output, so a stage's message is a stack
+-- (k, B, T, C) of x, x0 (with lambdas) and, once the backout block has run,
+-- its output: message_parts says which after a block.  Value embeddings
+-- live on the stage of their layer (looked up from the microbatch's ids,
+-- which every stage reads); the smear on the first stage, the backout
+-- lambda on the last; the per-layer lambdas (one vector) on every stage,
+-- each stage's gradient its layers' entries, summed over pp after the step.
+local nanochat_model = require 'gptlua.models.nanochat'
+local function message_parts(cfg, after)
+  local b = nanochat_model.backout_at(cfg)
+  return 1 + (cfg.lambdas and 1 or 0) + ((b and after >= b) and 1 or 0)
+end
+local function pack(list)
+  if #list == 1 then return list[1] end
+  local parts = {}
+  for j, t in ipairs(list) do parts[j] = t:unsqueeze(1) end
+  return gl.cat(parts, 1)
+end
+-- x, x0, x_backout (nil where the message has none) of a message after block `after`
+local function unpack_message(cfg, msg, after)
+  local k = message_parts(cfg, after)
+  if k == 1 then return msg, msg, nil end
+  local x, x0 = msg:select(1, 1), cfg.lambdas and msg:select(1, 2) or nil
+  local xb = k == (cfg.lambdas and 3 or 2) and msg:select(1, k) or nil
+  return x, x0 or x, xb
+end
 adapters.Nanochat = {
-  first = { 'transformer.wte.' },
-  last = { 'lm_head.' },
-  embed = function(model, idx) return rms(model.transformer.wte(idx)) end,
-  prepare = function(model, T)  -- the rotary tables every block reads (as GPT:forward)
-    local w = model.transformer.wte.weight
-    local to = { dtype = w.dtype, device = w.device }
-    local rot = { cos = model.rope_cos:narrow(1, 1, T):to(to):contiguous(),
-                  sin = model.rope_sin:narrow(1, 1, T):to(to):contiguous() }
-    for i = 1, model.transformer.h.n do model.transformer.h[i].rotary = rot end
+  first = { 'transformer.wte.', 'smear_gate.', 'smear_lambda' },
+  last = { 'lm_head.', 'backout_lambda' },
+  shared = { 'resid_lambdas', 'x0_lambdas' },
+  -- the 0-based block a parameter outside transformer.h belongs to
+  block_of = function(name) local b = name:match('^value_embeds%.(%d+)%.') return b and tonumber(b) end,
+  message_shape = function(model, B, T, after)
+    local k, C = message_parts(model.config, after), model.config.n_embd
+    return k == 1 and { B, T, C } or { k, B, T, C }
   end,
-  finish = function(model, x, y)
-    local _, loss = common.head(model, rms(x), y, gl.linear, model.lm_head.weight, model.config.softcap)
+  embed = function(model, idx)
+    local x = model:embed(idx)
+    return pack(model.config.lambdas and { x, x } or { x })
+  end,
+  prepare = function(model, T) model:prepare(0, T) end,  -- the rotary rows and eps every block reads
+  blocks = function(model, msg, from, to, idx)
+    local cfg = model.config
+    local x, x0, xb = unpack_message(cfg, msg, from - 1)
+    local backout_at = nanochat_model.backout_at(cfg)
+    for b = from, to do
+      if cfg.value_embeds and nanochat_model.has_ve(cfg, b) and not idx then
+        fail(("nanochat's value embedding of block %d needs the microbatch's ids on its stage"):format(b))
+      end
+      x = model:layer(b, x, x0, idx)
+      if b == backout_at then xb = x end
+    end
+    local list = { x }
+    if cfg.lambdas then list[#list + 1] = x0 end
+    if xb then list[#list + 1] = xb end
+    return pack(list)
+  end,
+  finish = function(model, msg, y)
+    local x, _, xb = unpack_message(model.config, msg, model.config.n_layer)
+    local _, loss = model:finish(x, xb, y)
     return loss
   end,
 }
@@ -212,8 +260,11 @@ function M.new(model, comm, o)
         if starts_with(name, ('transformer.h.%d.'):format(b - 1)) then keep = true end
       end
       if st == 1 then for _, pre in ipairs(ad.first) do if starts_with(name, pre) then keep = true end end end
+      local b = ad.block_of and ad.block_of(name)
+      if b and b + 1 >= info.from and b + 1 <= info.to then keep = true end
       if st == S then for _, pre in ipairs(ad.last) do if starts_with(name, pre) then keep = true end end end
     end
+    for _, s in ipairs(ad.shared or {}) do if name == s then keep = true end end
     if keep then
       -- (gptlua.dist.pp_build leaves other stages' parameters without storage; these must have it)
       if rawget(np[2], 'held_by') then fail(('parameter %s of this rank\'s stages was not built here'):format(name)) end
@@ -221,6 +272,13 @@ function M.new(model, comm, o)
     end
   end
   self.named, self.params = named, params
+  -- parameters every stage holds (their gradients summed over pp after the step)
+  self.shared, self.shared_set = {}, {}
+  for _, np in ipairs(named) do
+    for _, s in ipairs(ad.shared or {}) do
+      if np[1] == s then self.shared[#self.shared + 1] = np[2]; self.shared_set[np[2]] = true end
+    end
+  end
   -- communicators: per chunk, one for activations and one for gradients
   local function dup() return comm:split(0, me, { size = p, rank = me }) end
   self.act, self.grad = {}, {}
@@ -238,9 +296,10 @@ function M.new(model, comm, o)
   for st, info in pairs(self.stages) do
     local n = schedules.in_flight(sched, st)
     info.inputs, info.grads, info.free = {}, {}, {}
+    local function shape(after) return ad.message_shape and ad.message_shape(model, B, rows, after) or { B, rows, C } end
     for k = 1, n do
-      if st > 1 then info.inputs[k] = gl.zeros({ B, rows, C }, like):keep() end
-      if st < S then info.grads[k] = gl.zeros({ B, rows, C }, like):keep() end
+      if st > 1 then info.inputs[k] = gl.zeros(shape(info.from - 1), like):keep() end
+      if st < S then info.grads[k] = gl.zeros(shape(info.to), like):keep() end
       info.free[#info.free + 1] = k
     end
     info.slot, info.out, info.deferred = {}, {}, {}
@@ -253,7 +312,8 @@ end
 -- communication): a block's stage's, the first stage's embeddings (gpt2's
 -- tied one included), the last stage's head; nil for none
 function Pipeline:owner_of(name)
-  local b = name:match('^transformer%.h%.(%d+)%.')
+  local b = name:match('^transformer%.h%.(%d+)%.') or (self.adapter.block_of and self.adapter.block_of(name))
+  for _, s in ipairs(self.adapter.shared or {}) do if name == s then return 0 end end
   if b then
     local st, last = 0, 0
     for i, c in ipairs(self.counts) do
@@ -297,8 +357,11 @@ function Pipeline:forward(st, i, xs, ys)
     x = buf
     if self.seq_mode then self.seq_mode(self.T) end
   end
-  local blocks = model.transformer.h
-  for b = info.from, info.to do x = common.run_block(blocks[b], x, nil, model.config) end
+  if ad.blocks then x = ad.blocks(model, x, info.from, info.to, xs[i])
+  else
+    local blocks = model.transformer.h
+    for b = info.from, info.to do x = common.run_block(blocks[b], x, nil, model.config) end
+  end
   if st == self.S then
     info.out[i] = ad.finish(model, x, ys[i])
   else
@@ -407,6 +470,7 @@ function Pipeline:step(xs, ys)
   for k = 1, #self.pending do self.pending[k]:wait() end
   self.pending = {}
   if self.tied_comm and self.tied_param.grad then self.tied_comm:all_reduce(self.tied_param.grad, 'sum') end
+  if self.p > 1 then for _, p in ipairs(self.shared) do self.comm:all_reduce(p.grad, 'sum') end end
   local l = self.loss_sum and self.loss_sum:item() / self.m or 0
   self.loss_sum = nil
   return self.comm.size > 1 and self.comm:all_reduce_number(l, 'sum') or l

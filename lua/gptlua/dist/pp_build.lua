@@ -81,7 +81,8 @@ function M.placeholder(shape, of)
 end
 
 -- name -> the pp ranks (0-based) holding it: the stage's rank that trains
--- it, and for gpt2's tied embedding the last stage's rank too
+-- it, for gpt2's tied embedding the last stage's rank too, and every rank
+-- for the adapter's shared parameters
 function M.holders(model, p, S, counts)
   local pipeline = require 'gptlua.dist.pipeline'
   local ad = pipeline.adapter(model)
@@ -91,6 +92,9 @@ function M.holders(model, p, S, counts)
     if r == nil then fail(('parameter %s belongs to no stage'):format(name)) end
     local out = { [r] = true }
     if name == ad.tied then out[(S - 1) % p] = true end
+    for _, s in ipairs(ad.shared or {}) do   -- (nanochat v2's lambdas: every stage holds them)
+      if name == s then for q = 0, p - 1 do out[q] = true end end
+    end
     return out
   end
 end

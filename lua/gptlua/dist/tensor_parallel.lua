@@ -125,6 +125,36 @@ function TP.scatter_seq(x, comm)
   return A.record(out, { x }, function(_, g) return all_gather_seq(g, comm) end, nil, 'sp_scatter')
 end
 
+-- Each position's previous row when the sequence is cut over comm's ranks
+-- (nanochat's smear: x[t] reads x[t-1]): x (B, Tl, C) is this rank's rows,
+-- the segments {start, length} (0-based positions) segments_of(rank) gives,
+-- in order, every rank as many.  Returns (B, Tl, C): row t holds position
+-- t-1's row, zeros for position 0.  The last row of every segment is
+-- all-gathered (gather_seq: B x segments x C per rank; its backward
+-- reduce-scatters each row's gradient home); each rank builds the same
+-- graph (position 0's row is a gathered one times 0), so every rank's
+-- backward meets the collective.
+function TP.shifted(x, comm, segments_of)
+  local mine, k = segments_of(comm.rank), nil
+  k = #mine
+  local lasts, off = {}, 0
+  for j, s in ipairs(mine) do off = off + s[2]; lasts[j] = x:narrow(2, off, 1) end
+  local all = TP.gather_seq(k == 1 and lasts[1] or gl.cat(lasts, 2), comm)  -- (B, size * k, C)
+  local where = {}  -- position -> its row in all (segments ending there)
+  for q = 0, comm.size - 1 do
+    for j, s in ipairs(segments_of(q)) do where[s[1] + s[2] - 1] = q * k + j end
+  end
+  local parts = {}
+  off = 0
+  for _, s in ipairs(mine) do
+    local src = where[s[1] - 1]
+    parts[#parts + 1] = all:narrow(2, src or 1, 1) * (src and 1 or 0)
+    if s[2] > 1 then parts[#parts + 1] = x:narrow(2, off + 1, s[2] - 1) end
+    off = off + s[2]
+  end
+  return gl.cat(parts, 2)
+end
+
 -- Under sequence parallelism the layers between the matrices see T/tp
 -- rows; a forward decides once, at the embedding, whether it runs that way
 -- (layout.seq_now): training needs T divisible by tp, a forward without
@@ -301,10 +331,13 @@ end
 -- Mean cross-entropy of vocabulary-sharded logits (..., V/tp) against
 -- targets (...) in [0, V) (-1: ignored), softcap fused as gl.cross_entropy
 -- does: loss = log sum_v exp(z_v - m) - (z_t - m), with m the global max,
--- the sum and z_t assembled by all-reduces over comm.
-function TP.vocab_cross_entropy(logits, targets, comm, lo, softcap)
+-- the sum and z_t assembled by all-reduces over comm.  pad: a (V/tp)
+-- tensor added to z (nanochat's padded rows: -1e30 beyond the vocabulary,
+-- so they weigh exp(-1e30) = 0 and no product with 0 makes a NaN), or nil.
+function TP.vocab_cross_entropy(logits, targets, comm, lo, softcap, pad)
   local V = logits.shape[#logits.shape]
   local z = (softcap and softcap > 0) and gl.softcap(logits, softcap) or logits
+  if pad then z = z + pad end
   local last = #z.shape
   local m = gl.no_grad(function() return gl.max(z, last, true):contiguous():clone() end)
   comm:all_reduce(m, 'max')
@@ -319,17 +352,33 @@ function TP.vocab_cross_entropy(logits, targets, comm, lo, softcap)
   return gl.sum(per_token) * (1 / math.max(count, 1))
 end
 
--- the model's head under tp (models/common.lua calls model.tp_head)
-local function head(layout)
+-- the model's head under tp (models/common.lua calls model.tp_head);
+-- vocab: the real vocabulary when the weight's rows are padded beyond it
+-- (nanochat's pad_vocab_to), whose padded logits never count
+local function head(layout, vocab)
   local comm = layout.comm
+  local pads = {}  -- by dtype: made once
+  local function pad_of(weight)
+    local n, lo = weight.shape[1], layout.rank * weight.shape[1]
+    if not vocab or lo + n <= vocab then return nil end
+    local key = weight.dtype .. weight.device
+    if not pads[key] then
+      local v = {}
+      for i = 1, n do v[i] = lo + i <= vocab and 0 or -1e30 end
+      pads[key] = gl.tensor(v, { dtype = weight.dtype, device = weight.device }):keep()
+    end
+    return pads[key]
+  end
   return function(x, targets, weight, softcap)
     local logits = column_linear(layout, x, weight)
     if targets == nil then  -- sampling: whole rows of logits
       local full = TP.gather(logits, { dim = #logits.shape }, comm)
+      if vocab and full.shape[#full.shape] > vocab then full = full:narrow(#full.shape, 1, vocab) end
       if softcap and softcap > 0 then full = gl.softcap(full, softcap) end
       return full, nil
     end
-    return logits, TP.vocab_cross_entropy(logits, targets, comm, layout.rank * weight.shape[1], softcap)
+    return logits, TP.vocab_cross_entropy(logits, targets, comm, layout.rank * weight.shape[1], softcap,
+      pad_of(weight))
   end
 end
 
@@ -346,7 +395,12 @@ function TP.check(cfg, tp, sp)
   divides('n_head', cfg.n_head, tp)
   if cfg.n_kv_head and cfg.n_kv_head ~= false then divides('n_kv_head', cfg.n_kv_head, tp) end
   divides('n_embd', cfg.n_embd, tp)
-  if cfg.vocab_size % tp ~= 0 then
+  if cfg.padded_vocab_size and cfg.padded_vocab_size ~= cfg.vocab_size then  -- nanochat's padded rows are cut
+    if cfg.padded_vocab_size % tp ~= 0 then
+      fail(('vocab_size %d padded to %d is not divisible by tp %d (set nanochat.pad_vocab_to to a multiple of %d)')
+        :format(cfg.vocab_size, cfg.padded_vocab_size, tp, tp))
+    end
+  elseif cfg.vocab_size % tp ~= 0 then
     fail(('vocab_size %d is not divisible by tp %d (set --vocab_size to a multiple of %d, e.g. %d)'):format(
       cfg.vocab_size, tp, tp, math.ceil(cfg.vocab_size / tp) * tp))
   end
@@ -365,7 +419,6 @@ function TP.parallelize(model, comm, opts)
   local cfg = model.config
   local tp = comm.size
   local kind = kind_of(model)
-  if kind == 'nanochat' then require('gptlua.models.nanochat').check_layout(cfg, 'tensor parallelism') end
   local sp = opts and opts.sequence_parallel or false
   TP.check(cfg, tp, sp)
   local layout = { comm = comm, rank = comm.rank, size = tp, specs = {}, full_shape = {}, full_shape_of = {}, sharded = {}, model = model,
@@ -380,6 +433,8 @@ function TP.parallelize(model, comm, opts)
       column_parallel(layout, b.attn.c_q, p .. 'attn.c_q')
       column_parallel(layout, b.attn.c_k, p .. 'attn.c_k')
       column_parallel(layout, b.attn.c_v, p .. 'attn.c_v')
+      -- v2's value-embedding gates (one per KV head): cut with their heads
+      if b.attn.ve_gate then column_parallel(layout, b.attn.ve_gate, p .. 'attn.ve_gate') end
       b.attn.H, b.attn.Hkv = cfg.n_head / tp, cfg.n_kv_head / tp
     end
     row_parallel(layout, b.attn.c_proj, p .. 'attn.c_proj')
@@ -403,13 +458,31 @@ function TP.parallelize(model, comm, opts)
     end
   else
     cut(layout, model.lm_head, 'weight', 'lm_head.weight', { dim = 1 })
-    local Hkv = cfg.n_kv_head / tp
-    model.new_caches = function(self, B, S)
-      return require('gptlua.models.common').new_caches(cfg.n_layer, B, Hkv, S, cfg.n_embd / cfg.n_head,
-        self.lm_head.weight)
+    -- v2: each value embedding (V, Hkv D) by columns, the KV heads of this rank's c_v
+    -- (looked up from the whole sequence's ids: v has every position)
+    if model.value_embeds then
+      for _, np in ipairs(model.value_embeds:named_parameters()) do
+        local name = np[1]:match('^(.*)%.weight$')
+        cut(layout, model.value_embeds[name], 'weight', 'value_embeds.' .. np[1], { dim = 2 })
+      end
+    end
+    -- v2's smear under sequence parallelism: a shard's first row reads the
+    -- previous shard's last (TP.shifted); the KV caches' prefill gathers
+    -- the whole sequence (no gradients there)
+    if cfg.smear then
+      local smear = getmetatable(model).smear
+      model.smear = function(self, x, caches)
+        if not layout.seq_now then return smear(self, x, caches) end
+        local Tl = x.shape[2]
+        if caches then
+          local full = gl.no_grad(all_gather_seq, x, layout.comm)
+          return smear(self, full, caches):narrow(2, layout.rank * Tl + 1, Tl):contiguous()
+        end
+        return self:smear_shifted(x, TP.shifted(x, layout.comm, function(r) return { { r * Tl, Tl } } end))
+      end
     end
   end
-  model.tp_head = head(layout)
+  model.tp_head = head(layout, kind == 'nanochat' and cfg.vocab_size or nil)
   model.tp_layout = layout
   return layout
 end

@@ -167,18 +167,10 @@ function M.config_mismatch(theirs, ours)
   return nil
 end
 
--- true when cfg (resolved) is the first-release model in every feature:
--- what the parallel layouts that rewrite the attention know how to cut
+-- true when cfg (resolved) is the first-release model in every feature
 function M.first_release(cfg)
   for _, k in ipairs(M.FEATURES) do if cfg[k] ~= nil and cfg[k] ~= M.versions.v1[k] then return false end end
   return true
-end
--- refuses a model with any newer feature in a layout that cannot run it
-function M.check_layout(cfg, layout)
-  if not M.first_release(cfg) then
-    error(("%s: nanochat's version-2 features (value embeddings, smear, backout, lambdas, windows, qk_scale, "
-      .. "norm_eps) are not written for it yet; use nanochat.version = 'v1'"):format(layout), 0)
-  end
 end
 
 -- nanochat's window of layer i (1-based) as FA3's (left, 0): keys back from
@@ -232,11 +224,7 @@ function Attention:forward(x, cos, sin, cache, ve, eps)
   local B, T = q.shape[1], q.shape[2]  -- (under sequence parallelism x holds T/tp rows, q all T)
   q = q:view(B, T, H, D)
   local k = self.c_k(x):view(B, T, Hkv, D)
-  local v = self.c_v(x):view(B, T, Hkv, D)
-  if ve then  -- value residual: v + 3 sigmoid(gate) ve, one gate per KV head
-    local gate = gl.sigmoid(self.ve_gate(x:narrow(3, 1, VE_GATE_CHANNELS))) * 3
-    v = v + gate:unsqueeze(4) * ve:view(B, T, Hkv, D)
-  end
+  local v = self:value(x, ve, B, T)
   q, k = gl.rms_norm(gl.rope(q, cos, sin), nil, eps), gl.rms_norm(gl.rope(k, cos, sin), nil, eps)
   q, k, v = q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3)
   if cache then k, v = common.cache_append(cache, k, v) end
@@ -244,6 +232,20 @@ function Attention:forward(x, cos, sin, cache, ve, eps)
   if self.window == 0 and self.scale == 1 / math.sqrt(D) then y = gl.scaled_dot_product_attention(q, k, v)
   else y = gl.scaled_dot_product_attention(q, k, v, { scale = self.scale, window = self.window }) end
   return self.c_proj(y:transpose(2, 3):reshape(B, T, H * D))
+end
+
+-- the values (B, T, Hkv, D) of x (T rows of the sequence; under sequence
+-- parallelism a shard of them, and B, T those of the whole), with the
+-- value residual: v + 3 sigmoid(gate) ve, one gate per KV head (the
+-- parallel layouts call this with their own rows and heads)
+function Attention:value(x, ve, B, T)
+  local Hkv, D = self.Hkv, self.D
+  local v = self.c_v(x):view(B, T, Hkv, D)
+  if ve then
+    local gate = gl.sigmoid(self.ve_gate(x:narrow(3, 1, VE_GATE_CHANNELS))) * 3
+    v = v + gate:unsqueeze(4) * ve:view(B, T, Hkv, D)
+  end
+  return v
 end
 
 local MLP = nn.class('NanochatMLP', nn.Module)
@@ -369,9 +371,7 @@ function GPT:smear(x, caches)
   local lam = self.smear_lambda
   local out
   if prev then
-    local gate = gl.sigmoid(self.smear_gate(x:narrow(3, 1, SMEAR_CHANNELS))) * lam
-    local shifted = T > 1 and gl.cat({ prev, x:narrow(2, 1, T - 1) }, 2) or prev
-    out = x + gate * shifted
+    out = self:smear_shifted(x, T > 1 and gl.cat({ prev, x:narrow(2, 1, T - 1) }, 2) or prev)
   elseif T > 1 then
     local rest = x:narrow(2, 2, T - 1)
     local gate = gl.sigmoid(self.smear_gate(rest:narrow(3, 1, SMEAR_CHANNELS))) * lam
@@ -386,13 +386,27 @@ function GPT:smear(x, caches)
   return out
 end
 
-function GPT:forward(idx, targets, caches)
-  local T = idx.shape[2]
-  local cfg = self.config
-  local start = caches and caches[1].pos or 0
-  if start + T > cfg.block_size then
-    error(('nanochat: sequence of %d tokens exceeds block_size %d'):format(start + T, cfg.block_size), 2)
-  end
+-- the smear given each position's previous one: x + gate(x) shifted, with
+-- shifted (B, T, C) the normed embedding one position back (zeros where
+-- there is none); the parallel layouts, whose rows are parts of the
+-- sequence, bring the previous positions from the ranks that hold them
+function GPT:smear_shifted(x, shifted)
+  local gate = gl.sigmoid(self.smear_gate(x:narrow(3, 1, SMEAR_CHANNELS))) * self.smear_lambda
+  return x + gate * shifted
+end
+
+-- The forward in its parts, which pipeline stages run apart
+-- (gptlua.dist.pipeline's adapter):
+--   prepare(start, T)   every block's rotary rows and norm eps for positions
+--                       start .. start+T-1; returns the eps
+--   embed(idx, caches)  the normed (smeared) embedding: x, also x0
+--   layer(i, x, x0, idx, cache)  block i after its lambdas, with its value
+--                       embedding of idx
+--   finish(x, x_backout, targets)  the backout, final norm and head
+-- M.backout_at(cfg): the block whose output the backout subtracts.
+function M.backout_at(cfg) return cfg.backout and math.floor(cfg.n_layer / 2) + 1 or nil end
+
+function GPT:prepare(start, T)
   local tr = self.transformer
   local rot = { cos = self.rope_cos:narrow(1, start + 1, T), sin = self.rope_sin:narrow(1, start + 1, T) }
   if rot.cos.dtype ~= tr.wte.weight.dtype or rot.cos.device ~= tr.wte.weight.device then
@@ -400,26 +414,52 @@ function GPT:forward(idx, targets, caches)
     rot.cos, rot.sin = rot.cos:to(to), rot.sin:to(to)
   end
   rot.cos, rot.sin = rot.cos:contiguous(), rot.sin:contiguous()
-  local eps = eps_for(cfg, tr.wte.weight.dtype)
-  local x = gl.rms_norm(tr.wte(idx), nil, eps)
-  if cfg.smear then x = self:smear(x, caches) end
-  local x0 = x
-  local backout_at, x_backout = math.floor(cfg.n_layer / 2) + 1, nil
-  for i = 1, tr.h.n do
-    local block = tr.h[i]
-    block.rotary, block.eps = rot, eps
-    if cfg.lambdas then
-      x = self.resid_lambdas:narrow(1, i, 1) * x + self.x0_lambdas:narrow(1, i, 1) * x0
-    end
-    local ve = M.has_ve(cfg, i) and self.value_embeds[tostring(i - 1)](idx) or nil
-    x = common.run_block(block, x, caches and caches[i], cfg, ve)
-    if cfg.backout and i == backout_at then x_backout = x end
+  local eps = eps_for(self.config, tr.wte.weight.dtype)
+  for i = 1, tr.h.n do tr.h[i].rotary, tr.h[i].eps = rot, eps end
+  return eps
+end
+
+function GPT:embed(idx, caches)
+  local x = gl.rms_norm(self.transformer.wte(idx), nil, eps_for(self.config, self.transformer.wte.weight.dtype))
+  if self.config.smear then x = self:smear(x, caches) end
+  return x
+end
+
+function GPT:layer(i, x, x0, idx, cache)
+  local cfg = self.config
+  if cfg.lambdas then
+    x = self.resid_lambdas:narrow(1, i, 1) * x + self.x0_lambdas:narrow(1, i, 1) * x0
   end
+  local ve = M.has_ve(cfg, i) and self.value_embeds[tostring(i - 1)](idx) or nil
+  return common.run_block(self.transformer.h[i], x, cache, cfg, ve)
+end
+
+function GPT:finish(x, x_backout, targets)
+  local cfg = self.config
   if x_backout then x = x - self.backout_lambda * x_backout end
-  x = gl.rms_norm(x, nil, eps)
+  x = gl.rms_norm(x, nil, eps_for(cfg, self.transformer.wte.weight.dtype))
   local w = self.lm_head.weight
-  if cfg.padded_vocab_size ~= cfg.vocab_size then w = w:narrow(1, 1, cfg.vocab_size) end
+  -- (a vocabulary-parallel head holds a shard of the padded rows and masks the padding itself)
+  if cfg.padded_vocab_size ~= cfg.vocab_size and not self.tp_layout then w = w:narrow(1, 1, cfg.vocab_size) end
   return common.head(self, x, targets, gl.linear, w, cfg.softcap)
+end
+
+function GPT:forward(idx, targets, caches)
+  local T = idx.shape[2]
+  local cfg = self.config
+  local start = caches and caches[1].pos or 0
+  if start + T > cfg.block_size then
+    error(('nanochat: sequence of %d tokens exceeds block_size %d'):format(start + T, cfg.block_size), 2)
+  end
+  self:prepare(start, T)
+  local x = self:embed(idx, caches)
+  local x0 = x
+  local backout_at, x_backout = M.backout_at(cfg), nil
+  for i = 1, self.transformer.h.n do
+    x = self:layer(i, x, x0, idx, caches and caches[i])
+    if i == backout_at then x_backout = x end
+  end
+  return self:finish(x, x_backout, targets)
 end
 
 -- training FLOPs per token: 6 per weight of every product (the token and
@@ -443,7 +483,8 @@ end
 function GPT:new_caches(B, S)
   local cfg = self.config
   local w = self.lm_head.weight
-  local caches = common.new_caches(cfg.n_layer, B, cfg.n_kv_head, S, cfg.n_embd / cfg.n_head, w)
+  -- (KV heads of this rank: tensor parallelism cuts them)
+  local caches = common.new_caches(cfg.n_layer, B, self.transformer.h[1].attn.Hkv, S, cfg.n_embd / cfg.n_head, w)
   if cfg.smear then  -- the last position's normed embedding, for the next call's smear
     caches.smear = { x = gl.zeros({ B, 1, cfg.n_embd }, { dtype = w.dtype, device = w.device }), filled = false }
   end

@@ -139,7 +139,9 @@ function P:grad_norm()
   -- (the tied copy weighs 0: a non-finite value in it still makes the norm so, and every rank skip)
   local function add(p, g, counted)
     if counted and g then
-      s = s + B.sumsq(g) * (p == skip and 0 or (layout and not layout.sharded[p]) and 1 / layout.size or 1)
+      -- (parameters every stage holds, nanochat's lambdas, counted on the first stage only)
+      local elsewhere = p == skip or (self.mesh.coord.pp ~= 0 and self.pipe.shared_set and self.pipe.shared_set[p])
+      s = s + B.sumsq(g) * (elsewhere and 0 or (layout and not layout.sharded[p]) and 1 / layout.size or 1)
     end
   end
   local each = self.inner.each_grad or self.inner._each_grad

@@ -1,0 +1,110 @@
+-- nanochat v2 (value embeddings with gates, smear, backout, lambdas, sliding
+-- windows, QK scale, padded vocabulary) under tensor, context and pipeline
+-- parallelism, float64, each equal to one process.  One mpirun launch per
+-- world size runs every case of that size (spec/dist/nanochat_v2.lua): one
+-- forward and backward (loss, every gradient, sampling) of tp 2, tp 2 + sp,
+-- cp 2 (Ulysses, with windows; ring, whose kernels take no window, with
+-- window_pattern 'L'), pp 2 (1F1B; the backout block on either stage),
+-- dp 2 x tp 2 + sp and tp 2 x cp 2 in both modes; then 5 trainer steps
+-- (losses, clipped norms, final parameters) with Muon classic (tp, cp) and
+-- AdamW (pp).
+local gl = require 'gptlua'
+local train = require 'gptlua.train'
+local ckpt = require 'gptlua.checkpoint'
+local cjson = require 'cjson'
+local TP = require 'gptlua.dist.tensor_parallel'
+local CP = require 'gptlua.dist.context_parallel'
+local nanochat = require 'gptlua.models.nanochat'
+
+local H = require 'support.mpi'
+local MPIRUN = H.MPIRUN
+local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
+
+describe('nanochat v2 layouts in one process', function()
+  it('ring attention refuses sliding windows, tensor parallelism a padded vocabulary it does not divide, in one line',
+    function()
+    local m = nanochat.GPT({ version = 'v2', depth = 2, n_embd = 32, n_head = 4, vocab_size = 16, block_size = 8,
+      short_window = 3 })
+    local ok, err = pcall(CP.parallelize, m, { size = 2, rank = 0 }, { mode = 'ring' })
+    assert.is_false(ok)
+    assert.equal("context parallel: ring attention does not take nanochat's sliding windows (layer 1 sees 4 keys); "
+      .. "use cp_mode 'ulysses' or nanochat.window_pattern = 'L'", err)
+    assert.has_error(function() TP.check(nanochat.resolve({ version = 'v2', depth = 2, n_embd = 32, n_head = 4,
+      vocab_size = 16, pad_vocab_to = 6 }), 4) end,
+      'tensor parallel: vocab_size 16 padded to 18 is not divisible by tp 4 (set nanochat.pad_vocab_to to a multiple of 4)')
+  end)
+end)
+
+local function grad_norms(dir)
+  local out = {}
+  for line in io.lines(dir .. '/p/metrics.jsonl') do
+    local m = cjson.decode(line)
+    if m.grad_norm then out[#out + 1] = m.grad_norm end
+  end
+  return out
+end
+
+local function assert_close(want, got, what)
+  assert.equal(#want, #got, what)
+  for i = 1, #want do
+    local rel = math.abs(want[i] - got[i]) / math.abs(want[i])
+    assert.is_true(rel < 1e-9, ('%s: step %d %.15g, expected %.15g (relative error %.2g)'):format(what, i, got[i],
+      want[i], rel))
+  end
+end
+
+describe('nanochat v2 under tp, cp and pp on MPI ranks', function()
+  if not MPIRUN then
+    pending('mpirun is not installed (make deps)')
+    return
+  end
+  local out = H.tmpdir()
+  teardown(function() os.execute('rm -rf ' .. out) end)
+  local V2 = { version = 'v2', short_window = 3 }
+
+  -- one process, 5 steps: the recipe the worker trains, with these overrides
+  local refs = {}
+  local function reference(name, args)
+    if refs[name] then return refs[name] end
+    local dir = out .. '/ref_' .. name
+    local t = train.new(recipe('nanochat', { out_dir = dir, max_iters = 5, checkpoint_interval = 5, nanochat = V2 }),
+      args)
+    local res = t:run()
+    refs[name] = { losses = res.losses, norms = grad_norms(dir), params = H.params_of(t.model) }
+    return refs[name]
+  end
+
+  -- Muon keeps its momentum in float32: float64 gradients equal to 1e-15
+  -- round to float32 differently now and then, and Newton-Schulz spreads
+  -- that over the matrix (1e-8 of the parameters after 5 steps; AdamW: 1e-15)
+  local function check_run(ref, dir, what, tol)
+    local res = H.read_json(dir .. '/result.json')
+    assert_close(ref.losses, res.losses, what .. ' loss')
+    assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm')
+    local e = H.rel_error(ref.params, ckpt.load_safetensors(res.checkpoint .. '/model.safetensors'))
+    assert.is_true(e < (tol or 1e-7), ('%s: final parameters differ, relative error %.3g'):format(what, e))
+  end
+
+  it('2 ranks: tp 2, tp 2 + sp, cp 2 (Ulysses, ring) and pp 2 equal one process (one forward and backward; 5 steps: '
+    .. 'Muon at tp and cp, AdamW at pp)', function()
+    local d = out .. '/w2'
+    local muon, ring = '--optimizer=nanochat', '--cp=2,--cp_mode=ring,--nanochat.window_pattern=L,--optimizer=nanochat'
+    local o, rc = H.mpirun(2, 'spec/dist/nanochat_v2.lua', table.concat({ d, 'tp2', 'tp2sp', 'cp2', 'cp2ring', 'pp2',
+      'pp2late', 'tp2:--tp=2,' .. muon, 'tp2sp:--tp=2,--sp,' .. muon, 'cp2:--cp=2,' .. muon, 'cp2ring:' .. ring,
+      'pp2:--pp=2' }, ' '), 300)
+    H.assert_ranks_ok(o, rc, 2)
+    local ref = reference('muon', { muon })
+    for _, c in ipairs({ 'tp2', 'tp2sp', 'cp2' }) do check_run(ref, d .. '/' .. c, 'nanochat v2 ' .. c) end
+    check_run(reference('muon_L', { muon, '--nanochat.window_pattern=L' }), d .. '/cp2ring', 'nanochat v2 cp2 ring')
+    check_run(reference('adamw', {}), d .. '/pp2', 'nanochat v2 pp2', 1e-9)
+  end)
+
+  it('4 ranks: dp 2 x tp 2 + sp and tp 2 x cp 2 (Ulysses, ring) equal one process (one forward and backward; '
+    .. 'dp 2 x tp 2 + sp 5 Muon steps)', function()
+    local d = out .. '/w4'
+    local o, rc = H.mpirun(4, 'spec/dist/nanochat_v2.lua', table.concat({ d, 'dp2tp2sp', 'tp2cp2', 'tp2cp2ring',
+      'dp2tp2sp:--dp=2,--tp=2,--sp,--optimizer=nanochat' }, ' '), 300)
+    H.assert_ranks_ok(o, rc, 4)
+    check_run(reference('muon', { '--optimizer=nanochat' }), d .. '/dp2tp2sp', 'nanochat v2 dp2 x tp2 + sp')
+  end)
+end)

@@ -10,7 +10,7 @@
 --   state.json    + parts = {model = {files}, optim = {files}}
 -- checkpoint.load merges the parts, so the checkpoint reads as an unsharded
 -- run's: it loads into any pp size, pp = 1 included.  gpt2's tied embedding
--- is written once, by the first stage.  One rank per pp rank writes (dp 0,
+-- and nanochat v2's lambdas are written once, by the first stage.  One rank per pp rank writes (dp 0,
 -- tp 0): ZeRO's pieces of a stage's optimizer state are assembled over dp
 -- first, tensor parallelism's shards gathered over tp.  Collective over the
 -- world.
@@ -37,10 +37,16 @@ function M.save(policy, trainer, opt_sd, state)
   local tp = require 'gptlua.dist.policies.tp'
   -- this stage's whole optimizer state (ZeRO: assembled over dp; collective)
   local opt = tp._local_optimizer_state(policy.inner.layout and policy.inner or policy, opt_sd)
-  local tied = me ~= 0 and pipe.adapter.tied or nil  -- written by the first stage only
+  -- the parameters several stages hold (gpt2's tied embedding, nanochat v2's
+  -- lambdas, equal on every holder) are written by the first stage only
+  local others = {}
+  if me ~= 0 then
+    if pipe.adapter.tied then others[pipe.adapter.tied] = true end
+    for _, name in ipairs(pipe.adapter.shared or {}) do others[name] = true end
+  end
   local model_sd, opt_out = {}, {}
-  for _, np in ipairs(pipe.named) do if np[1] ~= tied then model_sd[np[1]] = np[2] end end
-  for k, t in pairs(opt) do if opt_param_name(k) ~= tied then opt_out[k] = t end end
+  for _, np in ipairs(pipe.named) do if not others[np[1]] then model_sd[np[1]] = np[2] end end
+  for k, t in pairs(opt) do if not others[opt_param_name(k)] then opt_out[k] = t end end
   if me == 0 then for _, nb in ipairs(pipe.model:named_buffers()) do model_sd[nb[1]] = nb[2] end end
   local layout = policy.inner.layout
   local writer = mesh.coord.dp == 0 and mesh.coord.cp == 0 and (not layout or layout.rank == 0)

@@ -21,7 +21,8 @@
 -- after the step, so the same update keeps them equal.
 --
 -- Point to point: one activation (B, T, C) forward and one gradient back per
--- microbatch and stage boundary, on communicators of their own per model
+-- microbatch and stage boundary (nanochat v2: a stack of x, x0 and, after
+-- the backout block, its output, (k, B, T, C): see the adapter), on communicators of their own per model
 -- chunk and direction (so messages on a link can only arrive in the order
 -- the schedule sends them: schedules.check proves the per-stage order).
 -- Receive buffers are made once, as many per stage as the schedule keeps

@@ -142,26 +142,47 @@ function P:sync_model()
 end
 P.before_eval = P.sync_model
 
+-- {key, shape, dtype} of each optimizer state tensor of every parameter by
+-- name, whichever rank trains it, as the trainer's optimizer names them (a
+-- Combined one's too: nanochat's AdamW + Muon): a twin optimizer over the
+-- whole model lists them (optimizers make their state lazily: the twin
+-- holds none)
+local function state_entries(self, trainer)
+  if self.entries then return self.entries end
+  local optim = require 'gptlua.optim'
+  local build = trainer.hooks.build_optimizer or require('gptlua.train_config').build_optimizer
+  local twin = build(trainer.cfg, self.pipe.model)
+  local out = {}
+  for _, o in ipairs(twin.optimizers or { twin }) do
+    for _, g in ipairs(o.groups) do
+      for i, p in ipairs(g.params) do
+        local list = {}
+        for _, e in ipairs(o:param_state(p, g)) do
+          list[#list + 1] = { o.prefix .. g.names[i] .. '.' .. e[1], e[2], o.state_dtype or 'float32' }
+        end
+        if optim.needs_master(p) then list[#list + 1] = { o.prefix .. g.names[i] .. '.master', p.shape, 'float32' } end
+        out[g.names[i]] = list
+      end
+    end
+  end
+  self.entries = out
+  return out
+end
+
 function P:save_checkpoint(trainer, model_sd, opt_sd, state)
   self:sync_model()
-  -- the optimizer's state of every parameter, from its owner (its dtype:
-  -- this rank's state of the same key; every parameter has the model's dtype)
-  local optim = require 'gptlua.optim'
-  local prefix = self.optimizer.prefix or 'adamw.'
+  -- the optimizer's state of every parameter, from its owner
   -- this stage's whole state (ZeRO's pieces assembled over dp, as the tp policy does)
   local mine = require('gptlua.dist.policies.tp')._local_optimizer_state(self, opt_sd)
-  local full, dtype_of = {}, {}
-  for key, t in pairs(mine) do dtype_of[key:match('%.([%w_]+)$')] = t.dtype end
+  local full = {}
   if next(mine) ~= nil then  -- (before the first step there is no state)
+    local entries = state_entries(self, trainer)
     for _, o in ipairs(self.owner) do
-      local keys = { unpack(self.optimizer.state_keys or { 'm', 'v' }) }
-      if optim.needs_master(o[2]) then keys[#keys + 1] = 'master' end
-      for _, k in ipairs(keys) do
-        local key = prefix .. o[1] .. '.' .. k
-        local t = mine[key]
-        if self.mesh.coord.pp ~= o[3] then t = gl.zeros(o[2].shape, { dtype = dtype_of[k], device = o[2].device }) end
+      for _, e in ipairs(entries[o[1]] or {}) do
+        local t = mine[e[1]]
+        if self.mesh.coord.pp ~= o[3] then t = gl.zeros(e[2], { dtype = e[3], device = o[2].device }) end
         self.mesh.pp:broadcast(t, o[3])
-        full[key] = t
+        full[e[1]] = t
       end
     end
   end

@@ -638,7 +638,7 @@ Combined.set_muon_weight_decay_mult = check.wrap('set_muon_weight_decay_mult', '
   Combined.set_muon_weight_decay_mult)
 optim.newton_schulz = check.wrap('newton_schulz', 'G:tensor, steps:integer?, dtype:string?, ortho:string?',
   optim.newton_schulz)
-optim.nanochat = check.wrap('nanochat', 'model:module, opts:opts?', optim.nanochat)
+optim.nanochat = check.wrap('nanochat', 'model:opts, opts:opts?', optim.nanochat)  -- (a module, or a pipeline's stand-in)
 
 -- --------------------------------------------------------------- schedules
 -- plain functions of the step (0-based) returning an lr multiplier

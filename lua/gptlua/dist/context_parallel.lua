@@ -36,6 +36,16 @@
 -- block (nanochat with GQA: q + 2 KV heads' worth instead of 3C).
 -- Forwards without gradients (evaluation, sampling) run whole on every rank.
 --
+-- nanochat v2: the value embeddings look up the rank's rows as the token
+-- embedding does and join v before the all-to-all (Ulysses) or the ring;
+-- Ulysses attends over the whole sequence, so sliding windows work as on
+-- one rank, while ring attention refuses them (its blocks would need a
+-- per-block window offset the kernels do not take: window_pattern 'L'
+-- runs); the smear's first row of each of the rank's segments (one for
+-- Ulysses, the two zig-zag chunks for ring) reads the position before it
+-- from the rank that holds it (TP.shifted); lambdas and backout are
+-- per-row.  Not composed with sequence parallelism (sp) yet.
+--
 local gl = require 'gptlua'
 local A = require 'gptlua.autograd'
 local RA = require 'gptlua.dist.ring_attention'

@@ -25,7 +25,9 @@
 -- under context parallelism, in the zig-zag order under ring, T/tp under
 -- sequence parallelism; o.seq_mode(T) then tells the model's layouts, on a
 -- stage that does not start at the embedding, what its embedding would
--- have: that this forward runs split), on communicators of their own per model
+-- have: that this forward runs split; nanochat v2: a stack of x, x0 and,
+-- after the backout block, its output, (k, B, rows, C): see the adapter),
+-- on communicators of their own per model
 -- chunk and direction (so messages on a link can only arrive in the order
 -- the schedule sends them: schedules.check proves the per-stage order).
 -- Receive buffers are made once, as many per stage as the schedule keeps

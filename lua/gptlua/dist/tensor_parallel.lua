@@ -22,6 +22,15 @@
 --   the rest    (norms, position embedding, row-parallel biases) replicated:
 --               their inputs and output gradients are the same on every tp
 --               rank, so their gradients are too and need no communication
+--   nanochat v2 value embeddings (V, Hkv D) cut by columns, the KV heads of
+--               the rank's c_v (looked up from every position's id: no
+--               communication); their gates (one per KV head, reading
+--               x[..., :12]) column-parallel; the vocabulary's padded rows
+--               cut with the head and masked out of the loss (-1e30 added to
+--               their logits); lambdas, smear and backout act on the
+--               replicated residual stream (under sp on the shard, their
+--               gradients summed as the norms' are; the smear's first row
+--               reads the previous shard's last: TP.shifted, B C per rank)
 --
 -- Two autograd functions carry the communication (Megatron's f and g):
 --   copy_to     identity forward; backward all-reduces the input gradient

@@ -30,7 +30,8 @@
 -- schedule a stage holds its whole gradients, as zero1 does, and between
 -- steps its shard only);
 -- the gradient norm is the whole model's: each stage's sum of squares (the
--- tied embedding counted once, on the first stage) summed over the world
+-- tied embedding and nanochat's per-layer lambdas, held by several stages,
+-- counted once, on the first stage) summed over the world
 -- (counted on dp rank 0), so every rank clips by the same factor and agrees
 -- on skipping a non-finite step (the loss, from the last stage, is the
 -- same on every pp rank too).

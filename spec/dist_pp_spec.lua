@@ -9,7 +9,7 @@
 -- same microbatches (loss, every gradient, every parameter), and a stage
 -- that fails or dies ending every rank with the stage named; the trainer
 -- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
--- (ddp, zero1, zero2), pp 2 x tp 2 (ddp, zero1, zero2) and pp 2 x dp 2 x tp 2 (8 ranks) equal one
+-- (ddp, zero1, zero2, fsdp), pp 2 x tp 2 (ddp, zero1, zero2) and pp 2 x dp 2 x tp 2 (8 ranks) equal one
 -- process (losses, clipped norms, parameters), and a pp 2 x tp 2
 -- checkpoint (every stage writes its part) resumes in one process and at
 -- pp 2 x dp 2 (zero1); a NaN in one stage's gradients makes every rank
@@ -252,11 +252,11 @@ local function grad_norms(dir)
   end
   return out
 end
-local function assert_close(want, got, what)
+local function assert_close(want, got, what, tol)
   assert.equal(#want, #got, what)
   for i = 1, #want do
     local rel = math.abs(want[i] - got[i]) / math.abs(want[i])
-    assert.is_true(rel < 1e-9, ('%s: step %d %.15g, expected %.15g'):format(what, i, got[i], want[i]))
+    assert.is_true(rel < (tol or 1e-9), ('%s: step %d %.15g, expected %.15g'):format(what, i, got[i], want[i]))
   end
 end
 
@@ -269,7 +269,7 @@ describe('the trainer with --pp on MPI ranks', function()
   teardown(function() os.execute('rm -rf ' .. out) end)
   local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 
-  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1, zero2), pp 2 x tp 2 (ddp, zero1, zero2) and '
+  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1, zero2, fsdp), pp 2 x tp 2 (ddp, zero1, zero2) and '
     .. 'pp 2 x dp 2 x tp 2 train as '
     .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1); a NaN on one stage skips the step '
     .. 'everywhere', function()
@@ -278,7 +278,8 @@ describe('the trainer with --pp on MPI ranks', function()
       local res = t:run()
       local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
       local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
-        { 4, '--pp=2 --dp=2 --dist=zero1' }, { 4, '--pp=2 --dp=2 --dist=zero2' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
+        { 4, '--pp=2 --dp=2 --dist=zero1' }, { 4, '--pp=2 --dp=2 --dist=zero2' }, { 4, '--pp=2 --dp=2 --dist=fsdp' },
+        { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
         { 4, '--pp=2 --tp=2 --dist=ddp' }, { 4, '--pp=2 --tp=2 --dist=zero1' }, { 4, '--pp=2 --tp=2 --dist=zero2' },
         { 2, '--pp=2 --dist=ddp --pp_schedule=zbh1' } }
         or { { 2, '--pp=2 --dist=ddp' }, { 8, '--pp=2 --dp=2 --tp=2 --dist=ddp' } }
@@ -288,10 +289,11 @@ describe('the trainer with --pp on MPI ranks', function()
         local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s %s 5 %s'):format(dir, model, case[2]))
         H.assert_ranks_ok(o, rc, case[1])
         local r = result(dir)
-        assert_close(ref.losses, r.losses, what .. ' loss')
-        assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm')
+        local tol = case[2]:match('fsdp') and 1e-6 or 1e-9  -- (FSDP reduces float64 gradients in float32)
+        assert_close(ref.losses, r.losses, what .. ' loss', tol)
+        assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm', tol)
         local e = H.rel_error(ref.params, ckpt.load(r.checkpoint).model)
-        assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+        assert.is_true(e < tol, ('%s: final parameters differ, relative error %.3g'):format(what, e))
       end
       if model == 'gpt2' then
         -- pp 2 x tp 2 saves at step 3 (the whole model); one process, and pp 2 x dp 2, go on to 5
@@ -324,8 +326,8 @@ describe('the trainer with --pp on MPI ranks', function()
     one.data.tokenizer = setmetatable({ decode = function(_, ids) return table.concat(ids, ' ') end }, { __index = tok })
     assert.equal(one:sample(12), got.sample)
     -- what is not composed yet is refused in one line
-    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=fsdp')
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --tp=2 --dist=fsdp')
     assert.not_equal(0, rc)
-    assert.truthy(o:find("pipeline parallel: dist 'fsdp' with pp > 1 is not composed yet", 1, true), o)
+    assert.truthy(o:find("pipeline parallel: dist 'fsdp' with pp and tp > 1 is not composed yet", 1, true), o)
   end)
 end)

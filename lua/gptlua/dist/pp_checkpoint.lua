@@ -39,7 +39,8 @@ function M.save(policy, trainer, opt_sd, state)
   local opt = tp._local_optimizer_state(policy.inner.layout and policy.inner or policy, opt_sd)
   local tied = me ~= 0 and pipe.adapter.tied or nil  -- written by the first stage only
   local model_sd, opt_out = {}, {}
-  for _, np in ipairs(pipe.named) do if np[1] ~= tied then model_sd[np[1]] = np[2] end end
+  local whole = policy.inner.full_state_dict and policy.inner:full_state_dict()  -- FSDP: gathered over dp
+  for _, np in ipairs(pipe.named) do if np[1] ~= tied then model_sd[np[1]] = whole and whole[np[1]] or np[2] end end
   for k, t in pairs(opt) do if opt_param_name(k) ~= tied then opt_out[k] = t end end
   if me == 0 then for _, nb in ipairs(pipe.model:named_buffers()) do model_sd[nb[1]] = nb[2] end end
   local layout = policy.inner.layout

@@ -9,7 +9,7 @@
 -- same microbatches (loss, every gradient, every parameter), and a stage
 -- that fails or dies ending every rank with the stage named; the trainer
 -- (--pp, spec/dist/tp_train.lua's small float64 run): pp 2, pp 2 x dp 2
--- (ddp, zero1, zero2), pp 2 x tp 2 (ddp, zero1, zero2) and pp 2 x dp 2 x tp 2 (8 ranks) equal one
+-- (ddp, zero1, zero2, fsdp), pp 2 x tp 2 (ddp, zero1, zero2) and pp 2 x dp 2 x tp 2 (8 ranks) equal one
 -- process (losses, clipped norms, parameters), as do pp 2 x cp 2 (Ulysses,
 -- ring) and pp 2 x tp 2 with sp (spec/dist/pp_seq_train.lua: one launch), and a pp 2 x tp 2
 -- checkpoint (every stage writes its part) resumes in one process and at
@@ -189,6 +189,14 @@ describe('the pp mesh dimension and stage partition in one process', function()
     local y = gl.tensor({ { 2, 3, 4, 5, 6, 7, 8, 9 } }, { dtype = 'int64' })
     local _, want = model:forward(x, y)
     assert.near(want:item(), pipe:step({ x, x }, { y, y }), 1e-12)
+    -- B frees each op's output as it goes (free_activations): without the GC, little of a step stays
+    -- allocated (4.5 KiB: loss scalars; 28.5 KiB when the activations waited for the GC)
+    collectgarbage('collect'); collectgarbage('stop')
+    local before = gl.memory_stats().allocated
+    pipe:step({ x, x }, { y, y })
+    local left = gl.memory_stats().allocated - before
+    collectgarbage('restart')
+    assert.is_true(left < 8192, ('%d bytes of the step are still allocated'):format(left))
     -- ZB-H1's B leaves the blocks' weight gradients queued (attention's 2 linears and the mlp a block, 2 blocks), W runs them
     local zb = PP.new(model, dist.mesh({}).pp, { schedule = 'zbh1', microbatches = 2, batch = { 1, 8 } })
     local queued = {}
@@ -303,11 +311,11 @@ local function grad_norms(dir)
   end
   return out
 end
-local function assert_close(want, got, what)
+local function assert_close(want, got, what, tol)
   assert.equal(#want, #got, what)
   for i = 1, #want do
     local rel = math.abs(want[i] - got[i]) / math.abs(want[i])
-    assert.is_true(rel < 1e-9, ('%s: step %d %.15g, expected %.15g'):format(what, i, got[i], want[i]))
+    assert.is_true(rel < (tol or 1e-9), ('%s: step %d %.15g, expected %.15g'):format(what, i, got[i], want[i]))
   end
 end
 
@@ -320,7 +328,7 @@ describe('the trainer with --pp on MPI ranks', function()
   teardown(function() os.execute('rm -rf ' .. out) end)
   local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 
-  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1, zero2), pp 2 x tp 2 (ddp, zero1, zero2) and '
+  it('pp 2 (gpt2, nanochat; 1F1B, GPipe and ZB-H1), pp 2 x dp 2 (ddp, zero1, zero2, fsdp), pp 2 x tp 2 (ddp, zero1, zero2) and '
     .. 'pp 2 x dp 2 x tp 2 train as '
     .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1); a NaN on one stage skips the step '
     .. 'everywhere', function()
@@ -329,7 +337,8 @@ describe('the trainer with --pp on MPI ranks', function()
       local res = t:run()
       local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
       local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
-        { 4, '--pp=2 --dp=2 --dist=zero1' }, { 4, '--pp=2 --dp=2 --dist=zero2' }, { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
+        { 4, '--pp=2 --dp=2 --dist=zero1' }, { 4, '--pp=2 --dp=2 --dist=zero2' }, { 4, '--pp=2 --dp=2 --dist=fsdp' },
+        { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
         { 4, '--pp=2 --tp=2 --dist=ddp' }, { 4, '--pp=2 --tp=2 --dist=zero1' }, { 4, '--pp=2 --tp=2 --dist=zero2' },
         { 2, '--pp=2 --dist=ddp --pp_schedule=zbh1' } }
         or { { 2, '--pp=2 --dist=ddp' }, { 8, '--pp=2 --dp=2 --tp=2 --dist=ddp' } }
@@ -339,10 +348,11 @@ describe('the trainer with --pp on MPI ranks', function()
         local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s %s 5 %s'):format(dir, model, case[2]))
         H.assert_ranks_ok(o, rc, case[1])
         local r = result(dir)
-        assert_close(ref.losses, r.losses, what .. ' loss')
-        assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm')
+        local tol = case[2]:match('fsdp') and 1e-6 or 1e-9  -- (FSDP reduces float64 gradients in float32)
+        assert_close(ref.losses, r.losses, what .. ' loss', tol)
+        assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm', tol)
         local e = H.rel_error(ref.params, ckpt.load(r.checkpoint).model)
-        assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+        assert.is_true(e < tol, ('%s: final parameters differ, relative error %.3g'):format(what, e))
       end
       if model == 'gpt2' then
         -- pp 2 x tp 2 saves at step 3 (the whole model); one process, and pp 2 x dp 2, go on to 5
@@ -375,9 +385,9 @@ describe('the trainer with --pp on MPI ranks', function()
     one.data.tokenizer = setmetatable({ decode = function(_, ids) return table.concat(ids, ' ') end }, { __index = tok })
     assert.equal(one:sample(12), got.sample)
     -- what is not composed yet is refused in one line
-    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --dp=2 --dist=fsdp')
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --tp=2 --dist=fsdp')
     assert.not_equal(0, rc)
-    assert.truthy(o:find("pipeline parallel: dist 'fsdp' with pp > 1 is not composed yet", 1, true), o)
+    assert.truthy(o:find("pipeline parallel: dist 'fsdp' with pp and tp > 1 is not composed yet", 1, true), o)
   end)
 
   it('pp 2 x cp 2 (Ulysses: gpt2, ring: nanochat with ZB-H2) and pp 2 x tp 2 with sp (ZB-H1: gpt2) train as one '

@@ -372,6 +372,11 @@ function Pipeline:forward(st, i, xs, ys)
   end
 end
 
+-- (B releases each op's output once its node has run, as the trainer's
+-- backward does: nothing outside the graph reads them, and the pipeline's
+-- steps run outside a tensor scope, so they would otherwise wait for the GC)
+local FREE = { free_activations = true }
+
 -- B: microbatch i back through stage st
 function Pipeline:backward(st, i)
   local info = self.stages[st]
@@ -381,12 +386,12 @@ function Pipeline:backward(st, i)
   local ok, err = pcall(function()
     if st == self.S then
       self.loss_sum = self.loss_sum == nil and out:detach() or self.loss_sum + out:detach()
-      gl.backward(out * (1 / self.m))
+      gl.backward(out * (1 / self.m), nil, FREE)
     else
       local g = info.grads[slot]
       self.grad[info.chunk]:recv(g, rank_of(self, st + 1))
       if self.on_action then self.on_action('ready', self.action, self.action_n) end
-      gl.backward(out, g)
+      gl.backward(out, g, FREE)
     end
   end)
   autograd.defer_weight_grads(prev)

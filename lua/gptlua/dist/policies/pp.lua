@@ -3,16 +3,25 @@
 -- data-parallel policy that runs over the mesh's dp group, as the tp
 -- policy does.
 --
--- Inner policies: ddp, zero1 and zero2 (FSDP gathers and reduces during
--- backward, before the tied embedding's copies are summed: not composed
--- yet), and
--- the tp policy over ddp, zero1 or zero2 (pp x tp, pp x dp x tp: the stages
--- of a model cut over tp; the norm weighs replicated gradients by 1/tp as
--- tp's does, checkpoints go through tp's gathering).
+-- Inner policies: ddp, zero1, zero2, fsdp and hsdp, and the tp policy over
+-- ddp, zero1 or zero2 (pp x tp, pp x dp x tp: the stages of a model cut
+-- over tp; the norm weighs replicated gradients by 1/tp as tp's does,
+-- checkpoints go through tp's gathering; pp x tp x fsdp is refused).
 -- Context parallelism (Ulysses or ring) and tp's sequence parallelism cut
 -- the stage messages too: each carries this rank's (B, T/cp, C) rows, in
 -- ring's zig-zag order, or (B, T/tp, C) under sp; the embedding keeps this
 -- rank's token rows and the head its targets, as without pp.
+-- FSDP: the simplest correct composition.  1F1B interleaves forwards and
+-- backwards of different microbatches, and FSDP's own per-call gather,
+-- reshard and recompute follow the model's forward (which the pipeline does
+-- not call: it runs the stages' pieces), so a stage's units are gathered
+-- once before the schedule and kept, their gradients accumulating in whole
+-- buffers (FSDP's accumulate = 'unsharded'), until after_backward
+-- reduce-scatters them (after the tied embedding's copies were summed)
+-- and reshards: during the step a stage holds its whole parameters and
+-- gradients, as under DDP; between steps only its shards and their
+-- optimizer state.  Evaluation and sampling gather the units for their
+-- duration.
 --
 -- Layout: every rank holds the parameters of its stages only
 -- (gptlua.dist.pp_build: the others stay in the model without storage,
@@ -93,10 +102,16 @@ end
 
 -- inner: the data-parallel policy over mesh.dp of this rank's stage params
 function P.new(inner, pipe, mesh, dist_name)
-  if dist_name ~= 'ddp' and dist_name ~= 'zero1' and dist_name ~= 'zero2' then
-    fail(("dist '%s' with pp > 1 is not composed yet (expected 'ddp', 'zero1' or 'zero2' over the dp dimension)"):format(
-      tostring(dist_name)))
+  local ok = { ddp = true, zero1 = true, zero2 = true, fsdp = true, hsdp = true }
+  if not ok[dist_name] then
+    fail(("dist '%s' with pp > 1 is not composed yet (expected 'ddp', 'zero1', 'zero2', 'fsdp' or 'hsdp' over the dp "
+      .. 'dimension)'):format(tostring(dist_name)))
   end
+  if inner.layout and inner.inner.units then
+    fail(("dist '%s' with pp and tp > 1 is not composed yet (expected 'ddp', 'zero1' or 'zero2')"):format(dist_name))
+  end
+  -- FSDP: a stage's units stay gathered, with their whole gradients, through the pipeline step (see the header)
+  if inner.units then inner.accumulate = 'unsharded' end
   local self = setmetatable({ inner = inner, pipe = pipe, mesh = mesh, optimizer = inner.optimizer,
     params = pipe.params, collective_forward = true }, P)
   -- the whole model's parameters by name, and which pp rank trains each
@@ -118,6 +133,10 @@ function P:micro_steps(trainer, accum)
   local dp = self.inner.layout and self.inner.inner or self.inner  -- the data-parallel policy (under tp's)
   dp:before_micro_step(1, accum + 1)   -- no reduction during the schedule's backwards
   dp.sync = false                      -- (not zero2's per micro-step either: see the header)
+  if dp.units then  -- FSDP: gathered for the step, gradients in whole buffers; after_backward reduces and reshards
+    for _, u in ipairs(dp.units) do dp:_acquire(u); dp:_expect_hooks(u) end
+    dp.phase = 'pipeline'  -- (not 'forward': a block neither recomputes nor reshards)
+  end
   local loss = self.pipe:step(xs, ys)
   return loss * accum
 end
@@ -154,8 +173,19 @@ function P:grad_norm()
   return math.sqrt(self.mesh.world:all_reduce_number(s, 'sum'))
 end
 
+-- FSDP: every unit of this stage gathered (fn's blocks release theirs
+-- after use), the rest released after fn
+function P:_gathered(fn, ...)
+  local fsdp = self.inner.units and self.inner
+  if fsdp then for _, u in ipairs(fsdp.units) do fsdp:_acquire(u) end end
+  local r = { pcall(fn, ...) }
+  if fsdp then for _, u in ipairs(fsdp.units) do fsdp:_release(u) end end
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, table.maxn(r))
+end
+
 -- one evaluation batch's loss, forward through the stages (collective over pp)
-function P:eval_loss(x, y) return self.pipe:eval_loss(x, y) end
+function P:eval_loss(x, y) return self:_gathered(self.pipe.eval_loss, self.pipe, x, y) end
 
 -- Sampling: every parameter this rank does not hold gets storage and its
 -- owner's values (a broadcast over pp per parameter), until after_sample
@@ -163,7 +193,7 @@ function P:eval_loss(x, y) return self.pipe:eval_loss(x, y) end
 function P:before_sample()
   local Tensor = gl.Tensor
   self.lent = {}
-  gl.no_grad(function()
+  self:_gathered(gl.no_grad, function()
     for _, o in ipairs(self.owner) do
       local p = o[2]
       local by = rawget(p, 'held_by')
@@ -178,6 +208,7 @@ end
 function P:after_sample()
   for _, p in ipairs(self.lent or {}) do gl.Tensor.release(p) end
   self.lent = nil
+  if self.inner.units then for _, u in ipairs(self.inner.units) do self.inner:_release(u) end end
 end
 
 function P:save_checkpoint(trainer, model_sd, opt_sd, state)

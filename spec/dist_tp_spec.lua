@@ -15,11 +15,11 @@ local TP = require 'gptlua.dist.tensor_parallel'
 local CP = require 'gptlua.dist.context_parallel'
 local train = require 'gptlua.train'
 local ckpt = require 'gptlua.checkpoint'
-local cjson = require 'cjson'
 
 local H = require 'support.mpi'
-local ROOT, MPIRUN = H.ROOT, H.MPIRUN
-local recipe = dofile(ROOT .. '/spec/dist/tp_recipe.lua')
+local DT = require 'support.dist_train'
+local MPIRUN = H.MPIRUN
+local recipe = DT.recipe
 
 describe('gptlua.dist.mesh in one process', function()
   it('infers dp from the world and refuses meshes that do not fit it', function()
@@ -113,32 +113,9 @@ describe('gptlua.dist.mesh in one process', function()
 end)
 
 -- ------------------------------------------------------------ MPI ranks --
-local function result(dir)
-  return H.read_json(dir .. '/result.json')
-end
-
-local function grad_norms(dir)
-  local out = {}
-  for line in io.lines(dir .. '/p/metrics.jsonl') do
-    local m = cjson.decode(line)
-    if m.grad_norm then out[#out + 1] = m.grad_norm end
-  end
-  return out
-end
-
-local function assert_close(want, got, what, tol)
-  assert.equal(#want, #got, what)
-  for i = 1, #want do
-    local rel = math.abs(want[i] - got[i]) / math.abs(want[i])
-    assert.is_true(rel < (tol or 1e-9), ('%s: step %d %.15g, expected %.15g (relative error %.2g)'):format(
-      what, i, got[i], want[i], rel))
-  end
-end
-
-local function final_params(res)
-  return ckpt.load_safetensors(res.checkpoint .. '/model.safetensors')
-end
-
+-- Cases of one world size share a launch (spec/support/dist_train.lua;
+-- tp_grads.lua and cp_grads.lua take several meshes separated by ','): a
+-- launch's start-up costs more than one of these tiny runs.
 describe('tensor parallelism on MPI ranks', function()
   if not MPIRUN then
     pending('mpirun is not installed (make deps)')
@@ -146,15 +123,27 @@ describe('tensor parallelism on MPI ranks', function()
   end
   local out = H.tmpdir()
   teardown(function() os.execute('rm -rf ' .. out) end)
+  local runs = DT.new(out)
+
+  -- each of cases' meshes {dp, size, rest} in one launch per world size
+  local function grads(script, cases)
+    local sizes, by_size = {}, {}
+    for _, c in ipairs(cases) do
+      local n = c[1] * c[2]
+      if not by_size[n] then by_size[n] = {}; sizes[#sizes + 1] = n end
+      table.insert(by_size[n], ('%d %d %s'):format(c[1], c[2], c[3]))
+    end
+    for _, n in ipairs(sizes) do
+      local o, rc = H.mpirun(n, script, table.concat(by_size[n], ' , '), 60 + 60 * #by_size[n])
+      H.assert_ranks_ok(o, rc, n)
+    end
+  end
 
   it('one forward and backward at tp 2, tp 4 and dp 2 x tp 2, with and without sequence parallelism, equals the '
     .. 'whole model (loss, every gradient)', function()
-    for _, case in ipairs({ { 1, 2, 'gpt2 nanochat nanochat:2' }, { 1, 4, 'gpt2 nanochat' },
-                            { 2, 2, 'gpt2 nanochat:2' }, { 1, 2, 'sp gpt2 nanochat:2' }, { 1, 4, 'sp gpt2 nanochat' },
-                            { 2, 2, 'sp gpt2 nanochat:2' } }) do
-      local o, rc = H.mpirun(case[1] * case[2], 'spec/dist/tp_grads.lua', ('%d %d %s'):format(case[1], case[2], case[3]))
-      H.assert_ranks_ok(o, rc, case[1] * case[2])
-    end
+    grads('spec/dist/tp_grads.lua', { { 1, 2, 'gpt2 nanochat nanochat:2' }, { 1, 4, 'gpt2 nanochat' },
+                                      { 2, 2, 'gpt2 nanochat:2' }, { 1, 2, 'sp gpt2 nanochat:2' },
+                                      { 1, 4, 'sp gpt2 nanochat' }, { 2, 2, 'sp gpt2 nanochat:2' } })
     -- a mesh the model's KV heads do not fit is refused on every rank, in one line
     local o, rc = H.mpirun(4, 'spec/dist/tp_grads.lua', '1 4 nanochat:2')
     assert.not_equal(0, rc)
@@ -169,31 +158,16 @@ describe('tensor parallelism on MPI ranks', function()
 
   it('context parallel (Ulysses and ring): one forward and backward at cp 2, cp 4 and dp 2 x cp 2 equals the whole '
     .. 'model', function()
-    for _, case in ipairs({ { 1, 2, 'ulysses gpt2 nanochat:2' }, { 1, 4, 'ulysses gpt2 nanochat' },
-                            { 2, 2, 'ulysses gpt2 nanochat:2' }, { 1, 2, 'ring gpt2 nanochat:2' },
-                            { 1, 4, 'ring gpt2 nanochat:2 nanochat:1' }, { 2, 2, 'ring gpt2 nanochat:2' } }) do
-      local o, rc = H.mpirun(case[1] * case[2], 'spec/dist/cp_grads.lua', ('%d %d %s'):format(case[1], case[2], case[3]))
-      H.assert_ranks_ok(o, rc, case[1] * case[2])
-    end
+    grads('spec/dist/cp_grads.lua', { { 1, 2, 'ulysses gpt2 nanochat:2' }, { 1, 4, 'ulysses gpt2 nanochat' },
+                                      { 2, 2, 'ulysses gpt2 nanochat:2' }, { 1, 2, 'ring gpt2 nanochat:2' },
+                                      { 1, 4, 'ring gpt2 nanochat:2 nanochat:1' }, { 2, 2, 'ring gpt2 nanochat:2' } })
   end)
-
-  local refs = {}
-  local function reference(model, optimizer)
-    optimizer = optimizer or 'adamw'
-    local k = model .. '_' .. optimizer
-    if not refs[k] then
-      local t = train.new(recipe(model, { out_dir = out .. '/ref_' .. k, optimizer = optimizer }), {})
-      local res = t:run()
-      refs[k] = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. k), params = H.params_of(t.model) }
-    end
-    return refs[k]
-  end
 
   it('5 trainer steps of cp 2 and cp 4 ring, cp 2, dp 2 x cp 2 (zero1; ring: ddp), tp 2 x cp 2 (both modes), tp 2, '
     .. 'tp 4, dp 2 x tp 2 (ddp, zero1, fsdp), tp 2 + sp and dp 2 x tp 2 + sp (ddp, zero2, fsdp) equal one process '
     .. '(losses, clipped norms, parameters)', function()
+    local cases = {}
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
-      local ref = reference(model)
       -- (nanochat, whose layers are cut the same way, runs a quicker subset;
       -- its 2 KV heads do not divide by tp 4)
       for _, case in ipairs({ { 2, '--cp=2 --cp_mode=ring', true }, { 4, '--cp=4 --cp_mode=ring', true },
@@ -205,21 +179,15 @@ describe('tensor parallelism on MPI ranks', function()
                               { 4, '--dp=2 --tp=2 --sp --dist=zero2', true }, { 4, '--dp=2 --tp=2 --dist=fsdp' },
                               { 4, '--dp=2 --tp=2 --sp --dist=fsdp', true } }) do
         if model == 'gpt2' or case[3] then
-          local what = ('%s %s'):format(model, case[2])
           -- FSDP reduce-scatters gradients in float32 (its reduce_dtype), so
           -- its float64 runs agree to float32's rounding only
-          local tol = case[2]:match('fsdp') and 1e-6 or 1e-9
-          local dir = ('%s/%s_%d_%s'):format(out, model, case[1], case[2]:gsub('[^%w]', ''))
-          local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s %s 5 %s'):format(dir, model, case[2]))
-          H.assert_ranks_ok(o, rc, case[1])
-          local res = result(dir)
-          assert_close(ref.losses, res.losses, what .. ' loss', tol)
-          assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm', tol)
-          local e = H.rel_error(ref.params, final_params(res))
-          assert.is_true(e < tol, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+          cases[#cases + 1] = { ranks = case[1], model = model, args = case[2],
+                                tol = case[2]:match('fsdp') and 1e-6 or 1e-9 }
         end
       end
     end
+    local got = runs:launch(cases)
+    for i, c in ipairs(cases) do DT.assert_matches(runs:reference(c.model), got[i]) end
   end)
 
   -- Newton–Schulz runs in float32 on the whole matrix gathered from the
@@ -228,58 +196,46 @@ describe('tensor parallelism on MPI ranks', function()
   -- (FSDP: float32 gradient reduction, so 1e-6 as above)
   it('5 trainer steps of nanochat with Muon at tp 2, dp 2 x tp 2 + sp, zero2 and fsdp dp 2 x tp 2 equal one process',
     function()
-    local ref = reference('nanochat', 'nanochat')
+    local ref = runs:reference('nanochat', { optimizer = 'nanochat' })
+    local cases = {}
     for _, case in ipairs({ { 2, '--tp=2' }, { 4, '--dp=2 --tp=2 --sp' }, { 4, '--dp=2 --tp=2 --dist=zero2' },
                             { 4, '--dp=2 --tp=2 --dist=fsdp' } }) do
-      local what = 'nanochat muon ' .. case[2]
-      local tol = case[2]:match('fsdp') and 1e-6 or 1e-9
-      local dir = ('%s/muon_%d_%s'):format(out, case[1], case[2]:gsub('[^%w]', ''))
-      local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s nanochat 5 --optimizer=nanochat %s'):format(dir,
-        case[2]))
-      H.assert_ranks_ok(o, rc, case[1])
-      local res = result(dir)
-      assert_close(ref.losses, res.losses, what .. ' loss', tol)
-      assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm', tol)
-      local e = H.rel_error(ref.params, final_params(res))
-      assert.is_true(e < tol, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+      cases[#cases + 1] = { ranks = case[1], model = 'nanochat', args = '--optimizer=nanochat ' .. case[2],
+                            what = 'nanochat muon ' .. case[2], tol = case[2]:match('fsdp') and 1e-6 or 1e-9 }
     end
+    for _, res in ipairs(runs:launch(cases)) do DT.assert_matches(ref, res) end
   end)
 
   it('checkpoints load under another mesh: tp 2 -> one process -> dp 2 x tp 2, and ZeRO-2 -> FSDP under tp 2', function()
-    local ref = reference('gpt2')
-    -- tp 2 saves at step 3 (full tensors); one process goes on to 5
-    local a = out .. '/resume_a'
-    local o, rc = H.mpirun(2, 'spec/dist/tp_train.lua', a .. ' gpt2 3 --tp=2')
-    H.assert_ranks_ok(o, rc, 2)
-    local step3 = result(a).checkpoint
+    local ref = runs:reference('gpt2')
+    -- tp 2 saves at step 3 (full tensors); one process goes on to 5.  One
+    -- process saves at step 3 too, and dp 2 x tp 2 zero2 (its optimizer
+    -- pieces assembled whole): all three launched before any resumes.
+    local b = out .. '/resume_b'
+    local one = train.new(recipe('gpt2', { out_dir = b, max_iters = 3 }), {}):run().checkpoint
+    local saved = runs:launch({ { ranks = 2, model = 'gpt2', iters = 3, args = '--tp=2', name = 'resume_a' },
+                                { ranks = 4, model = 'gpt2', iters = 3, args = '--dp=2 --tp=2 --dist=zero2',
+                                  name = 'resume_c' } })
+    local step3 = saved[1].checkpoint
     local sd = ckpt.load_safetensors(step3 .. '/model.safetensors')
     assert.same({ 96, 32 }, sd['transformer.h.0.attn.c_attn.weight'].shape)
     assert.same({ 68, 32 }, sd['transformer.wte.weight'].shape)
     local t = train.new(recipe('gpt2', { out_dir = out .. '/resume_a1', max_iters = 5 }), { '--resume=' .. step3 })
     local res = t:run()
-    assert_close({ ref.losses[4], ref.losses[5] }, res.losses, 'tp 2 -> 1 loss')
+    DT.assert_close({ ref.losses[4], ref.losses[5] }, res.losses, 'tp 2 -> 1 loss')
     local e = H.rel_error(ref.params, H.params_of(t.model))
     assert.is_true(e < 1e-9, ('tp 2 -> 1: final parameters differ, relative error %.3g'):format(e))
-    -- one process saves at step 3; dp 2 x tp 2 goes on to 5
-    local b = out .. '/resume_b'
-    local t3 = train.new(recipe('gpt2', { out_dir = b, max_iters = 3 }), {})
-    local one = t3:run().checkpoint
-    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/b4 gpt2 5 --dp=2 --tp=2 --resume=%s'):format(out, one))
-    H.assert_ranks_ok(o, rc, 4)
-    local r4 = result(out .. '/b4')
-    assert_close({ ref.losses[4], ref.losses[5] }, r4.losses, 'tp 1 -> dp 2 x tp 2 loss')
-    e = H.rel_error(ref.params, final_params(r4))
+    -- dp 2 x tp 2 goes on to 5 from the one process's step 3; dp 2 x tp 2
+    -- fsdp from zero2's (one launch)
+    local resumed = runs:launch({
+      { ranks = 4, model = 'gpt2', args = '--dp=2 --tp=2 --resume=' .. one, name = 'b4' },
+      { ranks = 4, model = 'gpt2', args = '--dp=2 --tp=2 --dist=fsdp --resume=' .. saved[2].checkpoint, name = 'c4' } })
+    local r4, c4 = resumed[1], resumed[2]
+    DT.assert_close({ ref.losses[4], ref.losses[5] }, r4.losses, 'tp 1 -> dp 2 x tp 2 loss')
+    e = H.rel_error(ref.params, DT.final_params(r4))
     assert.is_true(e < 1e-9, ('tp 1 -> dp 2 x tp 2: final parameters differ, relative error %.3g'):format(e))
-    -- ZeRO's optimizer pieces: dp 2 x tp 2 zero2 saves at 3 (assembled whole), dp 2 x tp 2 fsdp goes on
-    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/resume_c gpt2 3 --dp=2 --tp=2 --dist=zero2')
-    H.assert_ranks_ok(o, rc, 4)
-    local zstep3 = result(out .. '/resume_c').checkpoint
-    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/c4 gpt2 5 --dp=2 --tp=2 --dist=fsdp --resume=%s'):format(out,
-      zstep3))
-    H.assert_ranks_ok(o, rc, 4)
-    local c4 = result(out .. '/c4')
-    assert_close({ ref.losses[4], ref.losses[5] }, c4.losses, 'zero2 dp 2 x tp 2 -> fsdp dp 2 x tp 2 loss', 1e-6)
-    e = H.rel_error(ref.params, final_params(c4))
+    DT.assert_close({ ref.losses[4], ref.losses[5] }, c4.losses, 'zero2 dp 2 x tp 2 -> fsdp dp 2 x tp 2 loss', 1e-6)
+    e = H.rel_error(ref.params, DT.final_params(c4))
     assert.is_true(e < 1e-6, ('zero2 -> fsdp under tp 2: final parameters differ, relative error %.3g'):format(e))
   end)
 end)

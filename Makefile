@@ -315,8 +315,8 @@ test:
 # orders: each grid runs in order and in the seeded random order, and the two
 # must leave identical memory (NOTES-cuda.md)
 test-race: sim
-	GL_SIM_RACECHECK=1 GL_SIM_SEED=1 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_spec.lua
-	GL_SIM_RACECHECK=1 GL_SIM_SEED=2 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_spec.lua
+	GL_SIM_RACECHECK=1 GL_SIM_SEED=1 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_spec.lua spec/cuda_rows_spec.lua spec/cuda_nn_spec.lua
+	GL_SIM_RACECHECK=1 GL_SIM_SEED=2 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_spec.lua spec/cuda_rows_spec.lua spec/cuda_nn_spec.lua
 	GL_SIM_RACECHECK=1 GL_SIM_SEED=1 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_attention_spec.lua
 	GL_SIM_RACECHECK=1 GL_SIM_SEED=2 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_attention_spec.lua
 

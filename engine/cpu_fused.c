@@ -6,7 +6,8 @@
  * move) and the cost is theirs, never more.  The GPU also runs these where
  * cuBLASLt cannot take a layout (kernels/matmul.cu) or a row does not fit
  * its fused kernel (kernels/rows.cu): every step dispatches by device.
- * Specs: spec/fused_spec.lua; the GPU twins in spec/cuda_spec.lua. */
+ * Specs: spec/fused_spec.lua; the GPU twins in spec/cuda_spec.lua (epilogues,
+ * MLP) and spec/cuda_rows_spec.lua (add + norm). */
 #include "backend.h"
 
 /* ---- a product's epilogue: the product, then the unfused ops' kernels ---- */

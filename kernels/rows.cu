@@ -18,7 +18,7 @@
  * s in shared memory, so x and r are read once and s and y written once;
  * bfloat16 rows move in 16-byte vectors), and the norm's backward adds the
  * residual gradient dres into dx in its own pass (gl_norm_backward_add).
- * Twin: engine/cpu_fused.c; spec/cuda_spec.lua ("residual add + norm"). */
+ * Twin: engine/cpu_fused.c; spec/cuda_rows_spec.lua ("residual add + norm"). */
 #include "common.cuh"
 #include <type_traits>
 

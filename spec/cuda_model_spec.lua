@@ -18,7 +18,7 @@
 --            nanochat's parameters 8e-2: on the GPU Muon's Newton-Schulz runs
 --            in bf16 for bf16 parameters, on the CPU in fp32, and the bf16
 --            iteration alone differs by 4-6% of its largest entry, see
---            spec/cuda_spec.lua; measured 5.1e-2 on c_proj).
+--            spec/cuda_nn_spec.lua; measured 5.1e-2 on c_proj).
 -- One slice is left out of the parameter comparison: GPT-2's key bias
 -- (c_attn.bias, second third).  Its gradient is exactly zero in exact
 -- arithmetic (q . (k + b) shifts every score of a row by the same q . b,

@@ -8,7 +8,8 @@
 -- that exited or do not exist, unwritten shared memory (poison), static and
 -- dynamic shared memory out of bounds, static + dynamic over the limit.
 --
--- The kernels live in kernels/sim/test_exec.cu (build/sim/
+-- The kernels live in kernels/sim/test_exec.cu and, for the launch
+-- configurations and planted bugs, test_exec_faults.cu (build/sim/
 -- libgptlua_simtest.so).  Planted bugs leave a sticky error, so they run
 -- in a subprocess (spec/sim/run.lua exec) and the spec reads its output.
 -- Tagged #cuda #sim: only under the simulator (make test-sim).
@@ -16,6 +17,7 @@ local ffi = require 'ffi'
 local S = require 'support.sim'
 local simtest, E = S.lib, S.E
 local message, passes = S.checks('exec')
+local fault_message = S.checks('fault')
 
 describe('cuda-sim execution: correct kernels against host loops #cuda #sim', function()
   it('block reductions (GL_SHARED, barriers, xor shuffles) with 32 to 1024 threads, float and double', function()
@@ -64,7 +66,7 @@ describe('cuda-sim execution: correct kernels against host loops #cuda #sim', fu
 
   it('a missing barrier: in natural order the reads of unwritten slots get poison (NaN)', function()
     -- 2 blocks of 128 threads, thread t reads slot t+1: all but the last of each block
-    assert.are.equal(254, simtest().gl_simtest_exec_race_natural())
+    assert.are.equal(254, simtest().gl_simtest_fault_race_natural())
   end)
 
   it('runs a 4224 x 256 grid-stride launch well under 100 ms of CPU time (timings printed)', function()
@@ -98,18 +100,18 @@ describe('cuda-sim execution: launch configurations over the limits #cuda #sim',
   for _, c in ipairs(cases) do
     it(c[1] .. (c[3] == 0 and ' runs' or ' is refused'), function()
       local a = c[2]
-      local r = simtest().gl_simtest_exec_launch_config(a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8])
-      assert.are.equal(c[3], r, message())
+      local r = simtest().gl_simtest_fault_launch_config(a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8])
+      assert.are.equal(c[3], r, fault_message())
     end)
   end
 
   it('the error names the kernel and the limit', function()
-    assert.are.equal(E.InvalidConfiguration, simtest().gl_simtest_exec_launch_config(1, 1, 1, 1025, 1, 1, 0, 0))
-    local m = message()
+    assert.are.equal(E.InvalidConfiguration, simtest().gl_simtest_fault_launch_config(1, 1, 1, 1025, 1, 1, 0, 0))
+    local m = fault_message()
     assert.matches('k_noop', m, 1, true)
     assert.matches('block (1025,1,1): block dimensions are at most (1024,1024,64)', m, 1, true)
-    assert.are.equal(E.InvalidConfiguration, simtest().gl_simtest_exec_launch_config(1, 1, 1, 32, 32, 2, 0, 0))
-    assert.matches('block (32,32,2) has 2048 threads, at most 1024', message(), 1, true)
+    assert.are.equal(E.InvalidConfiguration, simtest().gl_simtest_fault_launch_config(1, 1, 1, 32, 32, 2, 0, 0))
+    assert.matches('block (32,32,2) has 2048 threads, at most 1024', fault_message(), 1, true)
   end)
 end)
 

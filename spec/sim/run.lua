@@ -4,7 +4,7 @@
 -- the GL_SIM_* settings (race mode, stream threads, devices, memory, no
 -- cuBLASLt algorithm) are read when the process starts.
 -- Prints "result <code> <message>" and exits 0.
---   run.lua exec planted NAME   a buggy kernel of test_exec.cu: the error the next synchronize reports
+--   run.lua exec planted NAME   a buggy kernel of test_exec_faults.cu: the error the next synchronize reports
 --   run.lua exec correct        every correct test_exec.cu case (0 when all pass)
 --   run.lua rt planted NAME     a planted bug of test_runtime.cu (or its fixed twin)
 --   run.lua rt scenario NAME    gl_simtest_rt_NAME()
@@ -24,7 +24,7 @@ local ROOT = GPTLUA.root
 
 local CASES = {
   exec = {
-    planted = function(name) return T.gl_simtest_exec_planted(name), S.message('exec') end,
+    planted = function(name) return T.gl_simtest_fault_planted(name), S.message('fault') end,
     correct = function()
       -- atomicExch hands out values in thread order, which the race mode
       -- rightly reports as order-dependent: left out here

@@ -1,5 +1,5 @@
--- The harness the CUDA kernel-twin specs share (spec/cuda_spec.lua,
--- spec/cuda_attention_spec.lua): the same body runs on the CPU and on the
+-- The harness the CUDA kernel-twin specs share (spec/cuda_spec.lua, cuda_rows_spec.lua,
+-- cuda_nn_spec.lua, cuda_attention_spec.lua): the same body runs on the CPU and on the
 -- GPU (or the CUDA simulator) on identical random inputs, and every output
 -- is compared within the dtype's tolerance of the result's scale (the
 -- tolerances and the poisoning are described at the top of cuda_spec.lua).

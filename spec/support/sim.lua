@@ -38,11 +38,14 @@ local function declare()
     int gl_simtest_exec_dynamic_smem(int bytes, int optin);
     int gl_simtest_exec_poison(void);
     int gl_simtest_exec_collective(void);
-    int gl_simtest_exec_race_natural(void);
-    int gl_simtest_exec_launch_config(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                      unsigned bz, long smem, int optin);
-    int gl_simtest_exec_planted(const char *name);
     int gl_simtest_exec_bench(double res[4]);
+
+    /* test_exec_faults.cu */
+    const char *gl_simtest_fault_message(void);
+    int gl_simtest_fault_race_natural(void);
+    int gl_simtest_fault_launch_config(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                       unsigned bz, long smem, int optin);
+    int gl_simtest_fault_planted(const char *name);
 
     /* test_runtime.cu */
     const char *gl_simtest_rt_message(void);

@@ -64,7 +64,24 @@ describe('trainer: cuda_graph #cuda', function()
     ok, err = pcall(trainer, { cuda_graph = 'sometimes' })
     assert.is_false(ok)
     assert.matches("cuda_graph must be 'off' (false), 'auto' or true, got sometimes", err, 1, true)
-    assert.is_nil(trainer({}).graph)  -- off by default
+    local auto = trainer({}).graph  -- 'auto' by default on a CUDA device
+    assert.is_truthy(auto)
+    assert.are.equal('auto', auto.mode)
+    assert.is_nil(trainer({ cuda_graph = 'off' }).graph)
+  end)
+
+  gpu_it("is on by default ('auto'), and the warm-up's cached blocks make way for the graph's pool", function()
+    local cuda = require 'gptlua.cuda'
+    local t = trainer({})
+    t:train_step()  -- the warm-up step, op by op: the allocator caches its temporaries
+    local before = cuda.memory_stats('cuda:0').reserved
+    t:train_step()  -- captures, then replays
+    assert.is_truthy(t.graph.g, 'captured under the default')
+    local after = cuda.memory_stats('cuda:0').reserved
+    -- without handing the cache back, reserved = before + the pool
+    assert.is_true(after < before + t.graph.g.pool_bytes,
+      ('reserved %d after the capture, %d before, pool %d'):format(after, before, t.graph.g.pool_bytes))
+    t.graph:free()
   end)
 end)
 
@@ -74,7 +91,7 @@ describe('trainer: cuda_graph on the CPU', function()
     r.n_layer, r.n_head, r.n_embd, r.block_size, r.batch_size = 1, 2, 32, 16, 4
     r.quiet, r.device, r.eval_interval, r.sample_length, r.tensorboard = true, 'cpu', 0, 0, false
     r.out_dir = os.tmpname()
-    assert.is_nil(train.new(r, {}).graph)
+    assert.is_nil(train.new(r, {}).graph)  -- the default, 'auto', does not apply on the CPU
     r.cuda_graph = true
     local ok, err = pcall(train.new, r, {})
     assert.is_false(ok)

@@ -39,8 +39,9 @@ M.defaults = {
   peak_flops = 0, quiet = false,
   -- seeing a run (gptlua.observe): TensorBoard events next to metrics.jsonl; profile = 'N' or 'A:B' steps
   tensorboard = true, profile = '',
-  -- CUDA graphs (gptlua.train_graph): 'off' (false), 'auto' or true; optimizer steps run op by op first
-  cuda_graph = 'off', cuda_graph_warmup = 1,
+  -- CUDA graphs (gptlua.train_graph): 'auto' (where one applies), 'off' (false) or true; optimizer
+  -- steps run op by op first
+  cuda_graph = 'auto', cuda_graph_warmup = 1,
   -- distributed policy (gptlua.dist): 'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp'; unset on
   -- several ranks it is ddp ('none' trains each rank alone and is refused by run there);
   -- dist_timeout: seconds a collective may take before every rank is aborted

@@ -9,7 +9,10 @@
 --     tensors, made during the warm-up and zeroed in place each step, so the
 --     replayed backward accumulates into them as the op-by-op one does.
 --   - Memory: what the capture allocates comes from the graph's pool
---     (kernels/runtime.cu, engine/alloc.c) and stays the graph's.
+--     (kernels/runtime.cu, engine/alloc.c) and stays the graph's; the
+--     caching allocator's free blocks are handed back before the capture,
+--     so the pool does not sit beside the warm-up's cached copy of the same
+--     temporaries (twice the activations).
 --   - Losses: gl.cross_entropy and the fused head read nothing on the host
 --     (the count of targets and the upstream gradient stay on the device),
 --     so a run is the same computation whether a step is replayed or
@@ -18,11 +21,11 @@
 --     micro-step), the gradient norm and clipping, the optimizer step.  They
 --     read host numbers (the scheduled learning rate, the clip decision)
 --     that a captured launch would freeze.
--- cuda_graph = 'auto' uses a graph where one applies (a CUDA device, one
--- process, no dropout, no profiler) and says once why a capture failed,
--- then runs op by op; true makes either an error; 'off' or false (the
--- default until the cross-entropy's scale is read on the device:
--- NOTES-cuda.md) never captures.
+-- cuda_graph = 'auto' (the default) uses a graph where one applies (a CUDA
+-- device, one process, no dropout, no profiler; the trainer's batch shapes
+-- are fixed) and says once why a capture failed, then runs op by op; true
+-- makes either an error; 'off' or false never captures.  CPU runs are
+-- unaffected.
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
 
@@ -114,6 +117,7 @@ function Graph:micro_step_body(micro, accum)
   end
   if self.failed or self.steps < self.warmup then return eager(t.model, x, y, accum) end
   self.x, self.y = x:clone():keep(), y:clone():keep()
+  cuda.empty_cache(t.cfg.device)  -- the warm-up's cached blocks: the pool replaces them
   local ok, why = self:capture(t.model, accum)
   if not ok then  -- nothing captured ran: this micro-step runs op by op
     self.failed, self.x, self.y = true, nil, nil

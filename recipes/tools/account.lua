@@ -147,7 +147,10 @@ local function trainer(model, L, B, T, extra)
   -- includes the scaling pass (the larger account of the two paths)
   local args = { '--data=random', '--device=cuda', '--dtype=bfloat16', '--total_batch_size=0', '--quiet=true',
                  '--eval_interval=0', '--sample_length=0', '--max_iters=10', '--batch_size=' .. B,
-                 '--block_size=' .. T, '--grad_clip=1e-6' }
+                 '--block_size=' .. T, '--grad_clip=1e-6',
+                 -- op by op: the counted step is the launches themselves (a graph
+                 -- replays the same kernels; its capture step would count once)
+                 '--cuda_graph=off' }
   for _, a in ipairs(model.args(L)) do args[#args + 1] = a end
   for _, a in ipairs(extra or {}) do args[#args + 1] = a end
   local recipe = dofile(gl.root .. '/recipes/' .. model.recipe .. '.lua')

@@ -7,10 +7,14 @@
 -- until the host is free again (the launch calls return before the GPU is
 -- done), with the device time from events beside it.
 --   build/sim/gptlua recipes/tools/graph_overhead.lua [--steps=10] [--model=nanochat|gpt2]
--- The step is the trainer's micro-step in its cuda_graph mode
--- (gptlua.train_graph): the model's loss (cross-entropy in its host-free
--- form) and the backward into the parameters' gradients; the optimizer is
--- not part of it.
+-- First the micro-step in the trainer's cuda_graph mode
+-- (gptlua.train_graph): the model's loss and the backward into the
+-- parameters' gradients, op by op against one graph launch.  Then the whole
+-- step, the trainer's own train_step (forward, backward, gradient norm and
+-- clipping, optimizer) with cuda_graph = 'off' against 'auto' (the micro-step
+-- replayed, the rest op by op), on the same fixed batch: host time per step
+-- and, under the simulator, the host syncs of one step by API (its trace,
+-- recipes/tools/sim_trace.lua).
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
 local ffi = require 'ffi'
@@ -33,16 +37,17 @@ r.model = opts.model
 local train = require 'gptlua.train'
 r.quiet, r.device, r.eval_interval, r.sample_length, r.out_dir = true, 'cuda:0', 0, 0, os.tmpname()
 os.remove(r.out_dir)
-r.build_data = function()
-  local L = { next_batch = function() end, state = function() return {} end, set_state = function() end }
-  return { train = L, val = L, vocab_size = 65 }
-end
-local t = train.new(r, {})
-local model = t.model
 local xy = gl.uniform({ r.batch_size, r.block_size + 1 }, 0, 65, { seed = 5, dtype = 'float64' }):clamp_(0, 64)
   :to('int64'):to('cuda:0')
 local x = xy:narrow(2, 1, r.block_size):contiguous():keep()
 local y = xy:narrow(2, 2, r.block_size):contiguous():keep()
+r.build_data = function()  -- one fixed batch
+  local L = { next_batch = function() return x, y end, state = function() return {} end, set_state = function() end }
+  return { train = L, val = L, vocab_size = 65 }
+end
+r.cuda_graph = 'off'
+local t = train.new(r, {})
+local model = t.model
 
 -- forward and backward into the parameters' (kept) gradients
 local function step()
@@ -89,3 +94,36 @@ row('one graph launch', graph_host, graph_dev, graph_wall, graph_ev)
 print(('host time per step: %.2f ms op by op, %.3f ms with the graph (%.0fx less)')
   :format(eager_host * 1e3, graph_host * 1e3, eager_host / math.max(graph_host, 1e-9)))
 g:free()
+
+-- the whole step: train_step of a trainer with cuda_graph 'off' and one with
+-- 'auto' (its warm-up step and the capture run before the measurement)
+local trace = dofile(gl.root .. '/recipes/tools/sim_trace.lua')
+local function syncs_of(fn)  -- host syncs of one call of fn by API, or nil on a GPU
+  if not trace.library() then fn(); return nil end
+  trace.start(); fn(); trace.stop()
+  local kinds, n = {}, 0
+  for api, k in pairs(trace.summary(trace.records(), -1).sync_kinds) do kinds[#kinds + 1] = api .. ' ' .. k; n = n + k end
+  table.sort(kinds)
+  return n, table.concat(kinds, ', ')
+end
+local whole = {}
+for _, mode in ipairs({ 'off', 'auto' }) do
+  r.cuda_graph = mode
+  local tr = train.new(r, {})
+  for _ = 1, 2 do tr:train_step() end
+  if mode == 'auto' then assert(tr.graph and tr.graph.g, 'graph_overhead: the trainer did not capture') end
+  local n, kinds = syncs_of(function() tr:train_step() end)
+  local h, d, w, ev = measure(function() tr:train_step() end, opts.steps)
+  whole[mode] = { h = h, d = d, w = w, ev = ev, syncs = n, kinds = kinds }
+  if tr.graph then tr.graph:free() end
+end
+print(('whole step (train_step: forward, backward, norm, clip, optimizer), accum %d:'):format(
+  t.cfg.gradient_accumulation_steps))
+row("cuda_graph 'off'", whole.off.h, whole.off.d, whole.off.w, whole.off.ev)
+row("cuda_graph 'auto'", whole.auto.h, whole.auto.d, whole.auto.w, whole.auto.ev)
+if whole.off.syncs then
+  print(("host syncs per whole step: 'off' %d (%s), 'auto' %d (%s)"):format(whole.off.syncs, whole.off.kinds,
+    whole.auto.syncs, whole.auto.kinds))
+end
+print(('host time per whole step: %.2f ms op by op, %.2f ms with the graph (%.1fx less)')
+  :format(whole.off.h * 1e3, whole.auto.h * 1e3, whole.off.h / math.max(whole.auto.h, 1e-9)))

@@ -7,6 +7,8 @@
 --     [--policies=ddp,fsdp] [--steps=2] [--waits=host,device] [--out=DIR] [--skip_waits=N]
 --     [--bucket_mb=0.02] [--dump=1]
 --
+-- Policies: those of gptlua.dist, and 'tp' (tensor parallelism over every
+-- rank, DDP under it: its forward and backward collectives).
 -- For each policy and each way collectives are waited for ('host': the
 -- host blocks until the NCCL event passed, as Work:wait did before; 'device':
 -- the compute stream waits for it, gptlua.dist's Work:wait now), it trains a
@@ -117,11 +119,15 @@ end
 
 local function run(policy, waits)
   dist.device_waits = waits == 'device'
-  local accum = multi and 1 or 2  -- one rank runs both ranks' batches
+  -- 'tp': tensor parallelism over every rank (dp 1: the ranks read the same
+  -- batch), DDP under it; one rank is the whole model
+  local tp = policy == 'tp'
+  local accum = (multi or tp) and 1 or 2  -- one rank runs both ranks' batches
   local tmp = os.tmpname()  -- the trainer's run directory, removed at the end
   os.remove(tmp)
-  local t = train.new(recipe({ optimizer = 'adamw', dist = policy, device = 'cuda', gradient_accumulation_steps = accum,
-    max_iters = STEPS, out_dir = tmp, quiet = true, bucket_mb = BUCKET_MB }), {})
+  local t = train.new(recipe({ optimizer = 'adamw', dist = tp and 'ddp' or policy, device = 'cuda',
+    gradient_accumulation_steps = accum, max_iters = STEPS, out_dir = tmp, quiet = true, bucket_mb = BUCKET_MB,
+    tp = tp and world.size or nil, vocab_size = tp and 66 or nil }), {})  -- (65 characters, padded for tp 2)
   local dev = tonumber(dist.device():match('^cuda:(%d+)$'))
   local compute = lib.gl_sim_trace_stream_id(gl.lib.gl_cuda_stream(dev, 0))
   local rows, losses = {}, {}
@@ -142,6 +148,7 @@ local function run(policy, waits)
     rows[s], losses[s] = c, loss
   end
   local sd = t.policy.full_state_dict and t.policy:full_state_dict() or t.model:state_dict()
+  if t.tp_layout then sd = require('gptlua.dist.tensor_parallel').full_state(t.tp_layout, sd) end  -- collective
   t.policy:detach()
   os.execute("rm -rf '" .. tmp .. "'")
   return rows, losses, sd

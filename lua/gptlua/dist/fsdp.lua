@@ -697,7 +697,7 @@ function FSDP:after_backward()
     for _, u in ipairs(self.units) do
       if u.received and not u.synced then
         u.synced = true
-        self.replica:all_reduce(u.gshard, 'avg')
+        self.replica:all_reduce_async(u.gshard, 'avg'):wait()  -- over NCCL the device waits, not the host
       end
     end
   end

@@ -56,6 +56,14 @@ local Tensor = gl.Tensor
 
 local TP = {}
 
+-- The step's collectives are issued in their async form and waited for by
+-- Work:wait(): over NCCL the compute stream waits for the collective's
+-- event on the device and the host goes on queueing the step (issue 13;
+-- dist.device_waits = false makes that wait the host's, to count what it
+-- saves: recipes/tools/host_syncs.lua --policies=tp); over MPI (CPU
+-- tensors) the host blocks, as the blocking form does.
+local function waited(comm, name, ...) return comm[name .. '_async'](comm, ...):wait() end
+
 local function fail(msg) error('tensor parallel: ' .. msg, 0) end
 
 -- ------------------------------------------------------- f and g --
@@ -65,7 +73,7 @@ function TP.copy_to(x, comm)
   local out = x:detach()
   return A.record(out, { x }, function(_, g)
     local r = g:contiguous():clone()
-    comm:all_reduce(r, 'sum')
+    waited(comm, 'all_reduce', r, 'sum')
     return r
   end, nil, 'tp_copy_to')
 end
@@ -74,7 +82,7 @@ end
 function TP.reduce_from(x, comm)
   if comm.size == 1 then return x end
   local out = gl.no_grad(function() return x:contiguous():clone() end)
-  comm:all_reduce(out, 'sum')
+  waited(comm, 'all_reduce', out, 'sum')
   return A.record(out, { x }, function(_, g) return g end, nil, 'tp_reduce_from')
 end
 
@@ -96,7 +104,7 @@ end
 local function all_gather_seq(x, comm)
   local n = comm.size
   local buf = gl.empty({ n, unpack(x.shape) }, { dtype = x.dtype, device = x.device })
-  comm:all_gather(buf, x:contiguous())
+  waited(comm, 'all_gather', buf, x:contiguous())
   local parts = {}
   for r = 1, n do parts[r] = buf:select(1, r) end
   local out = gl.cat(parts, 2)
@@ -117,7 +125,7 @@ local function reduce_scatter_seq(x, comm)
   end
   table.remove(shape, 1)
   local out = gl.empty(shape, { dtype = x.dtype, device = x.device })
-  comm:reduce_scatter(out, buf, 'sum')
+  waited(comm, 'reduce_scatter', out, buf, 'sum')
   Tensor.release(buf)
   return out
 end
@@ -349,16 +357,17 @@ function TP.vocab_cross_entropy(logits, targets, comm, lo, softcap, pad)
   if pad then z = z + pad end
   local last = #z.shape
   local m = gl.no_grad(function() return gl.max(z, last, true):contiguous():clone() end)
-  comm:all_reduce(m, 'max')
+  waited(comm, 'all_reduce', m, 'max')
   local shifted = z - m
   local sum_exp = TP.reduce_from(gl.sum(gl.exp(shifted), last), comm)
   local row, inside = local_ids(targets, lo, V)
   local picked = gl.gather(shifted, last, row:unsqueeze(last)):squeeze(last)
   local target_logit = TP.reduce_from(picked * inside:to(picked.dtype), comm)
   local valid = gl.ne(targets, -1):to(logits.dtype)
-  local count = gl.sum(valid):item()
+  -- 1 / max(count, 1) stays on the device (as gl.cross_entropy's): no host read
+  local inv = gl.no_grad(function() return 1 / gl.sum(valid):clamp(1, math.huge) end)
   local per_token = (gl.log(sum_exp) - target_logit) * valid
-  return gl.sum(per_token) * (1 / math.max(count, 1))
+  return gl.sum(per_token) * inv
 end
 
 -- the model's head under tp (models/common.lua calls model.tp_head);
@@ -503,7 +512,7 @@ end
 function TP.sum_replicated_grads(layout, params)
   if not layout.sequence_parallel or layout.size == 1 then return end
   for _, p in ipairs(params) do
-    if p.grad and not layout.sharded[p] then layout.comm:all_reduce(p.grad, 'sum') end
+    if p.grad and not layout.sharded[p] then waited(layout.comm, 'all_reduce', p.grad, 'sum') end
   end
 end
 

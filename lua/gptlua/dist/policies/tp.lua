@@ -108,7 +108,7 @@ function P:after_backward()
   -- sequence parallel: the replicated parameters' gradients summed over tp
   if self.layout.sequence_parallel then
     local sharded, tp = self.layout.sharded, self.layout.comm
-    self:_each_grad(function(p, g) if not sharded[p] then tp:all_reduce(g, 'sum') end end)
+    self:_each_grad(function(p, g) if not sharded[p] then tp:all_reduce_async(g, 'sum'):wait() end end)  -- a device wait over NCCL
   end
 end
 function P:average_number(x) return self.inner:average_number(x) end

@@ -1,5 +1,5 @@
 -- Acceptance check of the default recipe (not part of CI, ~5 minutes on 2
--- cores): trains recipes/shakespeare.lua for its full 2000 iterations and
+-- cores): trains recipes/shakespeare.lua for its full run (1175 iterations) and
 -- checks nanoGPT's figure for that configuration, val loss <= 1.88.
 --   gptlua recipes/acceptance.lua [--key=value overrides]
 local train = require 'gptlua.train'

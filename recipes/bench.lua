@@ -164,6 +164,7 @@ local function our_step(model)
   if not tr then
     local r = dofile(gl.root .. '/recipes/shakespeare.lua')
     r.quiet, r.device, r.model = true, 'cpu', model
+    r.optimizer, r.nanochat = 'adamw', { version = 'v1' }  -- the previous default's block and optimizer, as measured
     local x, y = fixed_batch(r.batch_size, r.block_size, 65)
     r.build_data = function()
       local L = { next_batch = function() return x, y end, state = function() return {} end, set_state = function() end }

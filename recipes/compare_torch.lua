@@ -17,6 +17,7 @@ end
 local dir = os.tmpname(); os.remove(dir); os.execute('mkdir -p ' .. dir)
 local r = dofile(gl.root .. '/recipes/shakespeare.lua')
 r.quiet, r.device, r.model = true, 'cpu', 'gpt2'
+r.optimizer = 'adamw'  -- PyTorch's side runs AdamW
 local t = train.new(r, {})
 local function write(path, tensor, ctype)
   local c = tensor:contiguous()

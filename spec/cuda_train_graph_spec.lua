@@ -21,6 +21,7 @@ local function trainer(over)
   r.out_dir = os.tmpname()
   os.remove(r.out_dir)
   r.warmup_iters = 1
+  r.optimizer, r.nanochat = 'adamw', { version = 'v1' }  -- (the default's block and optimizer when this was written)
   for k, v in pairs(over or {}) do r[k] = v end
   return train.new(r, {})
 end

@@ -30,6 +30,7 @@ local function setup(variant)
   local r = {}
   for k, v in pairs(recipe) do r[k] = v end
   r.optimizer, r.muon_variant, r.muon_weight_decay, r.device = 'nanochat', variant, 0.1, 'cpu'
+  r.nanochat = { version = 'v1' }  -- the block its numbers were measured with
   r.n_embd, r.n_layer, r.n_head = opts.n_embd, opts.n_layer, math.max(1, math.floor(opts.n_embd / 32))
   local cfg = train.resolve_config(r, {})
   cfg.vocab_size = 65

@@ -34,6 +34,7 @@ local function device_seconds() return sim and gl.lib.gl_sim_work_seconds() or 0
 
 local r = dofile(gl.root .. '/recipes/shakespeare.lua')
 r.model = opts.model
+r.optimizer, r.nanochat = 'adamw', { version = 'v1' }  -- the previous default's block and optimizer, as measured
 local train = require 'gptlua.train'
 r.quiet, r.device, r.eval_interval, r.sample_length, r.out_dir = true, 'cuda:0', 0, 0, os.tmpname()
 os.remove(r.out_dir)

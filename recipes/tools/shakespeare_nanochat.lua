@@ -9,6 +9,7 @@ local speedrun = dofile(root .. '/recipes/speedrun.lua')
 local r = dofile(root .. '/recipes/shakespeare.lua')
 r.name = 'shakespeare_nanochat'
 r.nanochat = { version = 'v2' }
+r.max_iters, r.lr_decay_iters = 2000, 2000  -- the comparison's length (the default now runs 1175)
 for _, k in ipairs({ 'optimizer', 'muon_variant', 'matrix_lr', 'embedding_lr', 'unembedding_lr', 'muon_weight_decay',
                     'grad_clip', 'lr_schedule', 'momentum_schedule' }) do
   r[k] = speedrun[k]

@@ -42,6 +42,9 @@
 --   model's dtype (nanochat computes them in float32); the last chunk of a
 --   prefill with a KV cache smears its first token with the cached previous
 --   one (nanochat only prefills from position 0, where the two agree).
+-- Both versions run under every parallel layout (tensor and sequence,
+-- context, pipeline: gptlua.dist's headers say how each cuts v2's features;
+-- ring attention alone refuses the sliding windows).
 -- The parameter names are nanochat's (resid_lambdas, x0_lambdas, smear_gate,
 -- smear_lambda, backout_lambda, value_embeds.<layer, 0-based>, ve_gate).
 local gl = require 'gptlua'

@@ -178,6 +178,35 @@ describe('the pp mesh dimension and stage partition in one process', function()
     assert.equal('config: pp must be an integer in [1, 2147483647], got 0', err({ '--pp=0' }))
   end)
 
+  it("checkpoint.load merges a pipeline checkpoint's stage parts and refuses bad part lists in one line", function()
+    local dir = H.tmpdir()
+    local path = ckpt.save(dir, 1, { model = { a = gl.ones({ 2 }) }, optim = { ['adamw.a.m'] = gl.zeros({ 2 }) },
+      state = { config = {} } })
+    ckpt.save_safetensors(path .. '/model.pp00001.safetensors', { b = gl.full({ 3 }, 2) })
+    ckpt.save_safetensors(path .. '/optim.pp00001.safetensors', { ['adamw.b.m'] = gl.zeros({ 3 }) })
+    local f = assert(io.open(path .. '/state.json')); local st = cjson.decode(f:read('*a')); f:close()
+    local function with(parts)
+      st.parts = parts
+      f = assert(io.open(path .. '/state.json', 'wb')); f:write(cjson.encode(st)); f:close()
+      local ok, c = pcall(ckpt.load, path)
+      return ok and c or tostring(c)
+    end
+    for _, n in ipairs({ 'model.pp00001.safetensors', 'optim.pp00001.safetensors' }) do
+      st.files[n] = ckpt.checksum(path .. '/' .. n)
+    end
+    local c = with({ model = { 'model.pp00001.safetensors' }, optim = { 'optim.pp00001.safetensors' } })
+    assert.same({ 1, 1 }, c.model.a:tolist())
+    assert.same({ 2, 2, 2 }, c.model.b:tolist())
+    assert.same({ 0, 0, 0 }, c.optim['adamw.b.m']:tolist())
+    assert.equal(('checkpoint: %s/state.json field parts.model expected files listed in files, got the string '
+      .. "'x.safetensors'; not loaded"):format(path), with({ model = { 'x.safetensors' } }))
+    assert.equal(('checkpoint: %s/state.json field parts expected an object of file lists, got 3; not loaded')
+      :format(path), with(3))
+    assert.equal(('checkpoint: %s: a is in two of its files; not loaded'):format(path),
+      with({ model = { 'model.pp00001.safetensors', 'model.safetensors' } }))
+    os.execute('rm -rf ' .. dir)
+  end)
+
   it('a pipeline of one rank is the whole model', function()
     gl.manual_seed(1)
     local model = require('gptlua.models.gpt2').GPT({ vocab_size = 16, block_size = 8, n_layer = 2, n_head = 2,

@@ -292,7 +292,7 @@ describe('pipeline parallelism on MPI ranks', function()
     function()
     for _, case in ipairs({ { 2, '1f1b 4 1' }, { 2, 'gpipe 4 1' }, { 2, 'interleaved 4 2' }, { 4, '1f1b 4 1' },
                             { 4, 'gpipe 4 1' }, { 4, 'interleaved 8 2' }, { 2, 'zbh1,zbh2 4 1' },
-                            { 4, 'zbh1,zbh2 8 1' } }) do
+                            { 4, 'zbh1,zbh2:8 4 1' } }) do
       local o, rc = H.mpirun(case[1], 'spec/dist/pp_grads.lua', ('%d %s gpt2 nanochat'):format(case[1], case[2]))
       H.assert_ranks_ok(o, rc, case[1])
     end

@@ -5,7 +5,8 @@
 -- every owned parameter's gradient after the first step and every owned
 -- parameter after the last must agree to 1e-10.
 -- args: PP SCHEDULES M V model ...     Prints "OK rank R of N".  SCHEDULES:
--- one name or several with commas (zbh1,zbh2), each checked in this launch.
+-- one name or several with commas, each checked in this launch, each with
+-- M microbatches or its own after a colon (zbh1,zbh2:8).
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local PP = require 'gptlua.dist.pipeline'
@@ -45,10 +46,13 @@ end
 local function adamw(params) return optim.AdamW(params, { lr = 1e-2, weight_decay = 0.1 }) end
 local function zero_grad(params) for _, p in ipairs(params) do p.grad = nil end end
 
-local runs = {}  -- every (schedule, model) pair
-for sched in scheds:gmatch('[^,]+') do for i = 5, #arg do runs[#runs + 1] = { sched, arg[i] } end end
+local runs = {}  -- every (schedule, microbatches, model)
+for s in scheds:gmatch('[^,]+') do
+  local name, own = s:match('^([^:]+):?(%d*)$')
+  for i = 5, #arg do runs[#runs + 1] = { name, tonumber(own) or m, arg[i] } end
+end
 for _, run in ipairs(runs) do
-  local sched, kind = run[1], run[2]
+  local sched, m, kind = run[1], run[2], run[3]
   -- the reference: one process, m accumulation steps of loss / m
   local ref = build(kind)
   local ropt = adamw(ref:parameters())

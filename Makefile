@@ -121,18 +121,19 @@ $(FUZZ_LUA:%=$(FUZZ)/fuzz_%): $(FUZZ)/fuzz_%: engine/fuzz/fuzz_lua.c | $(FUZZ)/o
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -I/usr/include/luajit-2.1 -DFUZZ_TARGET='"$*"' \
 	  -DFUZZ_ROOT='"$(CURDIR)"' -o $@ $< -lluajit-5.1 -lm -ldl
 
-# runs every target for $(1) seconds; stops at the first finding (its input is
+# one target for FUZZ_RUN_SECONDS; stops at its first finding (the input is
 # left as build/fuzz/crash-TARGET-*: add it to engine/fuzz/corpus/TARGET with the fix)
-define fuzz_run
-	@for t in $(FUZZ_TARGETS); do \
-	  mkdir -p $(FUZZ)/corpus/$$t; \
-	  echo "fuzz: $$t for $(1) s"; \
-	  $(FUZZ)/fuzz_$$t -max_total_time=$(1) -timeout=10 -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \
-	    -artifact_prefix=$(FUZZ)/crash-$$t- $(FUZZ)/corpus/$$t engine/fuzz/corpus/$$t 2> $(FUZZ)/$$t.log \
-	    || { tail -n 60 $(FUZZ)/$$t.log; echo "fuzz: $$t found a failure (log: $(FUZZ)/$$t.log)"; exit 1; }; \
-	  grep -ah 'stat::number_of_executed_units\|stat::average_exec_per_sec\|stat::peak_rss_mb' $(FUZZ)/$$t.log | sed 's/^/  /'; \
-	done
-endef
+fuzz-run-%:
+	@mkdir -p $(FUZZ)/corpus/$*
+	@echo "fuzz: $* for $(FUZZ_RUN_SECONDS) s"
+	@$(FUZZ)/fuzz_$* -max_total_time=$(FUZZ_RUN_SECONDS) -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
+	  -print_final_stats=1 -artifact_prefix=$(FUZZ)/crash-$*- $(FUZZ)/corpus/$* engine/fuzz/corpus/$* 2> $(FUZZ)/$*.log \
+	  || { tail -n 60 $(FUZZ)/$*.log; echo "fuzz: $* found a failure (log: $(FUZZ)/$*.log)"; exit 1; }
+	@grep -ah 'stat::number_of_executed_units\|stat::average_exec_per_sec\|stat::peak_rss_mb' $(FUZZ)/$*.log | sed 's/^/  /'
+
+# every target, as many at a time as there are cores (a fuzzer is one
+# thread), each for the same seconds; each one's lines printed when it ends
+fuzz_run = @$(MAKE) --no-print-directory -j$(NPROC) -O $(FUZZ_TARGETS:%=fuzz-run-%) FUZZ_RUN_SECONDS=$(1)
 
 fuzz-build: all $(FUZZ_BINS)
 fuzz: fuzz-build
@@ -233,7 +234,7 @@ $(SIM_ACC)/gptlua: engine/main.c $(HEADERS) | $(SIM_ACC)/obj
 sim-account: $(SIM_ACC)/gptlua $(SIM_ACC)/libgptlua.so
 
 
-.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
+.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB)
 
 $(BUILD)/obj:
@@ -302,14 +303,23 @@ run:
 	$(prepare)
 	$(BUILD)/gptlua recipes/shakespeare.lua $(ARGS)
 
-# every spec: the CPU ones with build/gptlua, then the #cuda ones (and the
-# simulator's own, #sim) with every kernel running in the CUDA simulator
+# every spec: the CPU ones with build/gptlua, and the #cuda ones (and the
+# simulator's own, #sim) with every kernel running in the CUDA simulator, and
+# race mode: two at a time, the longest first, since the simulator runs one
+# thread at a time and alone leaves a core of a 2-core machine idle.  Each
+# prints its output whole when it ends (make -O); the two suites take the TCP
+# rendezvous ports of their specs from ranges of their own (GPTLUA_PORTS, below
+# Linux's ephemeral ports, 32768-60999, which no connect() can take), so they
+# never race for one.
+# (the three builds in one make, so that neither core waits on another's last link)
 test:
-	$(prepare)
-	@$(MAKE) --no-print-directory -j$(NPROC) sim sim-account
-	$(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
-	$(SIM)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
-	@$(MAKE) --no-print-directory test-race
+	@$(MAKE) --no-print-directory deps-if-missing
+	@$(MAKE) --no-print-directory -j$(NPROC) all sim sim-account
+	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs test-race
+test-cpu-specs:
+	GPTLUA_PORTS=24000-24999 $(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
+test-sim-specs:
+	GPTLUA_PORTS=25000-25999 $(SIM)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
 
 # the kernel twins again in the simulator's race mode, under two random thread
 # orders: each grid runs in order and in the seeded random order, and the two

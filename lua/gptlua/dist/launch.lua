@@ -165,19 +165,40 @@ function M.wait(pids)
 end
 
 -- A TCP port free on this host now (the kernel picks it; rank 0 binds it
--- again a moment later, SO_REUSEADDR), or nil.
-function M.free_port()
+-- again a moment later, SO_REUSEADDR), or nil.  GPTLUA_PORTS=LO-HI takes the
+-- first free one in that range instead, from a start that varies by process
+-- (`make test` gives the CPU and simulator suites, which run side by side,
+-- ranges of their own, so their rendezvous never race for one port).
+local function bind_port(port)
   local fd = ffi.C.socket(2, 1, 0)   -- AF_INET, SOCK_STREAM
   if fd < 0 then return nil end
   local addr = ffi.new('uint8_t[16]')
-  addr[0] = 2                        -- sin_family AF_INET (little-endian), port 0, INADDR_ANY
+  addr[0] = 2                        -- sin_family AF_INET (little-endian), INADDR_ANY
+  addr[2], addr[3] = math.floor(port / 256), port % 256   -- sin_port, network order (0: the kernel picks)
   local len = ffi.new('unsigned int[1]', 16)
-  local port
+  local got
   if ffi.C.bind(fd, addr, 16) == 0 and ffi.C.getsockname(fd, addr, len) == 0 then
-    port = addr[2] * 256 + addr[3]   -- sin_port, network order
+    got = addr[2] * 256 + addr[3]
   end
   ffi.C.close(fd)
-  return port
+  return got
+end
+
+function M.free_port()
+  local range = os.getenv('GPTLUA_PORTS')
+  if not range or range == '' then return bind_port(0) end
+  local lo, hi = range:match('^(%d+)%-(%d+)$')
+  lo, hi = tonumber(lo), tonumber(hi)
+  if not lo or lo < 1 or hi > 65535 or lo > hi then
+    error(('GPTLUA_PORTS expected a port range LO-HI within 1-65535, got %s'):format(range), 0)
+  end
+  local n = hi - lo + 1
+  local start = M.getpid() % n
+  for i = 0, n - 1 do
+    local port = bind_port(lo + (start + i) % n)
+    if port then return port end
+  end
+  return nil
 end
 
 -- The environment of rank r of n under the TCP launcher.

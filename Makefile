@@ -315,7 +315,7 @@ run:
 test:
 	@$(MAKE) --no-print-directory deps-if-missing
 	@$(MAKE) --no-print-directory -j$(NPROC) all sim sim-account
-	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs test-race
+	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs $(RACE_RUNS)
 test-cpu-specs:
 	GPTLUA_PORTS=24000-24999 $(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
 test-sim-specs:
@@ -324,11 +324,14 @@ test-sim-specs:
 # the kernel twins again in the simulator's race mode, under two random thread
 # orders: each grid runs in order and in the seeded random order, and the two
 # must leave identical memory (NOTES-cuda.md)
-test-race: sim
-	GL_SIM_RACECHECK=1 GL_SIM_SEED=1 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_spec.lua spec/cuda_rows_spec.lua spec/cuda_nn_spec.lua
-	GL_SIM_RACECHECK=1 GL_SIM_SEED=2 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_spec.lua spec/cuda_rows_spec.lua spec/cuda_nn_spec.lua
-	GL_SIM_RACECHECK=1 GL_SIM_SEED=1 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_attention_spec.lua
-	GL_SIM_RACECHECK=1 GL_SIM_SEED=2 $(SIM)/gptlua spec/run.lua --tags=cuda spec/cuda_attention_spec.lua
+# (one target per seed and spec file, race-SEED-FILE, so that make test can
+# run them beside the other suites, two at a time)
+RACE_SPECS = cuda_spec cuda_rows_spec cuda_nn_spec cuda_attention_spec
+RACE_RUNS  = $(foreach s,$(RACE_SPECS),race-1-$(s) race-2-$(s))
+test-race: $(RACE_RUNS)
+race-%: sim
+	GL_SIM_RACECHECK=1 GL_SIM_SEED=$(word 1,$(subst -, ,$*)) $(SIM)/gptlua spec/run.lua --tags=cuda \
+	  spec/$(word 2,$(subst -, ,$*)).lua
 
 test-sim:
 	$(prepare)

@@ -5,7 +5,8 @@
  * Twin of engine/cpu_nn.c.  Ids are checked on the device with nothing
  * waiting (cu_check_ids: the CPU's message, reported at the next host wait);
  * a bad id is skipped or gives NaN, never an access out of bounds.  Gathers are
- * byte copies, one thread per output element.  The accumulating ops are
+ * byte copies, one thread per output element (the embedding forward's
+ * aligned rows: one per 16-byte vector).  The accumulating ops are
  * deterministic, with no float atomics:
  *  - scatter_add / index_add: one thread per output line (a position over
  *    the dims other than `dim`), walking the line's sources in order, as
@@ -15,6 +16,7 @@
  *    order; every table row is written exactly once (below). */
 #include "common.cuh"
 #include <limits.h>
+#include <string.h>
 
 /* ---- id range check --------------------------------------------------------- */
 /* One block: the first bad position is a block minimum (no atomics, so the
@@ -80,6 +82,34 @@ __global__ void embedding_forward_kernel(U *out, const U *table, IdxPtr ids, CuI
   }
 }
 
+/* The 16-byte copy (issue 13): each row of C elements moves as nv 16-byte
+   vectors when the table's and out's rows are contiguous, start 16-byte
+   aligned and fill whole vectors (embedding_rows_vec16); other layouts take
+   the element kernel above.  ix's out offsets are in elements of esize
+   bytes; a bad id's row gets bad (the NaN bits) in every lane. */
+__global__ void embedding_forward_vec16_kernel(char *out, const char *table, IdxPtr ids, CuIdx<2> ix, int64_t n,
+                                               int64_t V, int64_t nv, int64_t ts0, int esize, uint4 bad) {
+  CU_GRID_LOOP(i, n * nv) {
+    int64_t r = i / nv, v = i - r * nv, off[2];
+    ix.offsets(r, off);
+    int64_t id = ids.get(off[0]);
+    uint4 *o = (uint4 *)(out + off[1] * esize) + v;
+    *o = id >= 0 && id < V ? ((const uint4 *)(table + id * ts0 * esize))[v] : bad;
+  }
+}
+
+/* whether every row of table (V, C) and out (ids' shape, C) is a contiguous,
+   16-byte aligned run of whole vectors */
+static bool embedding_rows_vec16(const gl_tensor *out, const gl_tensor *table, const gl_tensor *ids) {
+  int64_t es = gl_dtype_size(table->dtype), C = table->shape[1];
+  if ((C * es) % 16 || table->stride[1] != 1 || out->stride[ids->ndim] != 1) return false;
+  if (((uintptr_t)cu_ptr(table) & 15) || ((uintptr_t)cu_ptr(out) & 15)) return false;
+  if (table->shape[0] > 1 && (table->stride[0] * es) % 16) return false;
+  for (int d = 0; d < ids->ndim; d++)
+    if (out->shape[d] > 1 && (out->stride[d] * es) % 16) return false;
+  return true;
+}
+
 extern "C" int cuda_embedding_forward(gl_tensor *out, const gl_tensor *table, const gl_tensor *ids) {
   int64_t n = ids->numel, C = table->shape[1];
   if (n == 0 || C == 0) return GL_OK;
@@ -89,6 +119,17 @@ extern "C" int cuda_embedding_forward(gl_tensor *out, const gl_tensor *table, co
   const int64_t *strides[2] = {ids->stride, out->stride};
   CuIdx<2> ix = cu_idx<2>(ids->ndim, ids->shape, strides);
   int64_t ocs = out->stride[ids->ndim];
+  if (embedding_rows_vec16(out, table, ids)) {
+    int esize = gl_dtype_size(table->dtype);
+    int64_t nv = C * esize / 16;
+    uint64_t nan = nan_bits(table->dtype);
+    uint4 bad;
+    for (int k = 0; k < 16; k += esize) memcpy((char *)&bad + k, &nan, (size_t)esize);  /* little-endian */
+    GL_LAUNCH(cu_blocks(out->device, n * nv, 256), 256, 0, st, embedding_forward_vec16_kernel)(
+        cu_ptr(out), cu_ptr(table), IdxPtr::from(ids), ix, n, table->shape[0], nv, table->stride[0], esize, bad);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  }
   return cu_with_bits(table->dtype, [&](auto u) -> int {
     using U = decltype(u);
     GL_LAUNCH(cu_blocks(out->device, n * C, 256), 256, 0, st, embedding_forward_kernel<U>)(

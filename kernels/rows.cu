@@ -18,7 +18,18 @@
  * s in shared memory, so x and r are read once and s and y written once;
  * bfloat16 rows move in 16-byte vectors), and the norm's backward adds the
  * residual gradient dres into dx in its own pass (gl_norm_backward_add).
- * Twin: engine/cpu_fused.c; spec/cuda_rows_spec.lua ("residual add + norm"). */
+ * Twin: engine/cpu_fused.c; spec/cuda_rows_spec.lua ("residual add + norm").
+ *
+ * 16-byte rows (issue 13): softmax, the norms forward and backward move
+ * CuVec16<S>::N elements (8 bfloat16, 4 float, 2 double) per load and store
+ * when the launch is typed and every operand's elements are contiguous
+ * (VEC, checked on the host) and the row's operands all start 16-byte
+ * aligned (checked per row on the device: with C % N != 0 the rows of one
+ * tensor alternate between aligned and not); the last C % N elements, the
+ * misaligned rows and mixed-dtype launches go element by element (row_walk).
+ * Same formulas either way, so the two paths differ only in the order of
+ * the per-thread partial sums.  Spec: spec/cuda_rows_spec.lua ("16-byte
+ * rows"). */
 #include "common.cuh"
 #include <type_traits>
 
@@ -38,51 +49,110 @@ static inline int64_t last_stride(const gl_tensor *t) { return t ? t->stride[t->
    be wide.) */
 static inline int row_threads_sized(int64_t C) { return cu_row_threads((C + 7) / 8 * 2); }
 
+
+/* ---- 16-byte row walks ------------------------------------------------------ */
+/* The storage type a row kernel's vector path loads: TPtr<S>'s S.  AnyPtr
+   launches never take the vector path (VEC is false for them); float only
+   lets their (dead) vector code compile. */
+template <class P> struct RowStore { typedef float S; };
+template <class S_> struct RowStore<TPtr<S_>> { typedef S_ S; };
+/* element i of p's row as the vector path addresses it */
+template <class P> __device__ __forceinline__ typename RowStore<P>::S *row_at(P p, int64_t i) {
+  return (typename RowStore<P>::S *)p.p + i;
+}
+template <class P> __device__ __forceinline__ bool row_aligned(P p, int64_t i) {
+  return ((uintptr_t)row_at(p, i) & 15) == 0;
+}
+
+/* One pass of the block over a row of C elements: with vec, fv(c) for each
+   whole 16-byte vector (elements c .. c + N - 1, thread t taking vectors t,
+   t + blockDim.x, ...), then fs(c) for the C % N elements after the last;
+   without, fs(c) for every element. */
+template <int N, class FV, class FS>
+__device__ __forceinline__ void row_walk(int64_t C, bool vec, FV &&fv, FS &&fs) {
+  int64_t c0 = 0;
+  if (vec) {
+    int64_t nv = C / N;
+    for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) fv(v * N);
+    c0 = nv * N;
+  }
+  for (int64_t c = c0 + threadIdx.x; c < C; c += blockDim.x) fs(c);
+}
+
+/* whether every (non-null) tensor has contiguous elements in its last dim */
+static bool rows_contiguous(std::initializer_list<const gl_tensor *> ts) {
+  for (const gl_tensor *t : ts)
+    if (t && t->shape[t->ndim - 1] > 1 && t->stride[t->ndim - 1] != 1) return false;
+  return true;
+}
+/* the typed accessor types (one storage type for every operand) */
+template <class P> constexpr bool row_typed() { return !std::is_same<P, AnyPtr>::value; }
+
 /* ---- softmax ---------------------------------------------------------------- */
-template <class P, class T>
+template <class P, class T, bool VEC>
 __global__ void softmax_kernel(P out, P x, CuIdx<2> ix, int64_t rows, int64_t C, int64_t os, int64_t xs,
                                int is_log) {
+  typedef CuVec16<typename RowStore<P>::S> V;
   CU_ROW_LOOP(r, rows) {
     int64_t off[2];
     ix.offsets(r, off);
+    bool vec = VEC && row_aligned(out, off[0]) && row_aligned(x, off[1]);
     T m = -cu_inf<T>();
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    row_walk<V::N>(C, vec, [&](int64_t c) {
+      V xv = V::load(row_at(x, off[1] + c));
+#pragma unroll
+      for (int k = 0; k < V::N; k++) m = xv.template get<T>(k) > m ? xv.template get<T>(k) : m;
+    }, [&](int64_t c) {
       T v = x.template get<T>(off[1] + c * xs);
       m = v > m ? v : m;
-    }
+    });
     m = cu_block_reduce(m, CuMax(), -cu_inf<T>());
     T s = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += cu_exp(x.template get<T>(off[1] + c * xs) - m);
+    row_walk<V::N>(C, vec, [&](int64_t c) {
+      V xv = V::load(row_at(x, off[1] + c));
+#pragma unroll
+      for (int k = 0; k < V::N; k++) s += cu_exp(xv.template get<T>(k) - m);
+    }, [&](int64_t c) { s += cu_exp(x.template get<T>(off[1] + c * xs) - m); });
     s = cu_block_reduce(s, CuSum(), (T)0);
-    if (is_log) {
-      T lse = m + cu_log(s);
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        out.set(off[0] + c * os, x.template get<T>(off[1] + c * xs) - lse);
-    } else {
-      T inv = (T)1 / s;
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-        out.set(off[0] + c * os, cu_exp(x.template get<T>(off[1] + c * xs) - m) * inv);
-    }
+    T lse = m + cu_log(s), inv = (T)1 / s;
+    auto value = [&](T v) -> T { return is_log ? v - lse : cu_exp(v - m) * inv; };
+    row_walk<V::N>(C, vec, [&](int64_t c) {
+      V xv = V::load(row_at(x, off[1] + c)), ov;
+#pragma unroll
+      for (int k = 0; k < V::N; k++) ov.set(k, value(xv.template get<T>(k)));
+      ov.store(row_at(out, off[0] + c));
+    }, [&](int64_t c) { out.set(off[0] + c * os, value(x.template get<T>(off[1] + c * xs))); });
   }
 }
 
 /* softmax: dx = y (dy - sum(dy y));  log_softmax: dx = dy - exp(y) sum(dy) */
-template <class P, class T>
+template <class P, class T, bool VEC>
 __global__ void softmax_backward_kernel(P dx, P y, P dy, CuIdx<3> ix, int64_t rows, int64_t C, int64_t dxs,
                                         int64_t ys, int64_t dys, int is_log) {
+  typedef CuVec16<typename RowStore<P>::S> V;
   CU_ROW_LOOP(r, rows) {
     int64_t off[3];
     ix.offsets(r, off);
+    bool vec = VEC && row_aligned(dx, off[0]) && row_aligned(y, off[1]) && row_aligned(dy, off[2]);
     T s = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    row_walk<V::N>(C, vec, [&](int64_t c) {
+      V gv = V::load(row_at(dy, off[2] + c)), yv = V::load(row_at(y, off[1] + c));
+#pragma unroll
+      for (int k = 0; k < V::N; k++) s += is_log ? gv.template get<T>(k) : gv.template get<T>(k) * yv.template get<T>(k);
+    }, [&](int64_t c) {
       T g = dy.template get<T>(off[2] + c * dys);
       s += is_log ? g : g * y.template get<T>(off[1] + c * ys);
-    }
+    });
     s = cu_block_reduce(s, CuSum(), (T)0);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      T g = dy.template get<T>(off[2] + c * dys), yv = y.template get<T>(off[1] + c * ys);
-      dx.set(off[0] + c * dxs, is_log ? g - cu_exp(yv) * s : yv * (g - s));
-    }
+    auto grad = [&](T g, T yv) -> T { return is_log ? g - cu_exp(yv) * s : yv * (g - s); };
+    row_walk<V::N>(C, vec, [&](int64_t c) {
+      V gv = V::load(row_at(dy, off[2] + c)), yv = V::load(row_at(y, off[1] + c)), dv;
+#pragma unroll
+      for (int k = 0; k < V::N; k++) dv.set(k, grad(gv.template get<T>(k), yv.template get<T>(k)));
+      dv.store(row_at(dx, off[0] + c));
+    }, [&](int64_t c) {
+      dx.set(off[0] + c * dxs, grad(dy.template get<T>(off[2] + c * dys), y.template get<T>(off[1] + c * ys)));
+    });
   }
 }
 
@@ -98,11 +168,16 @@ extern "C" int cuda_softmax(gl_tensor *out, const gl_tensor *x, int log) {
   GL_TRY(cu_begin(out->device, &st));
   CuIdx<2> ix = row_idx<2>(x, {out, x});
   int threads = row_threads_sized(C);
+  bool contiguous = rows_contiguous({out, x});
   return cu_dispatch({out, x}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    GL_LAUNCH(cu_row_grid(rows), threads, 0, st, softmax_kernel<P, T>)(P::from(out), P::from(x), ix, rows, C,
-                                                             last_stride(out), last_stride(x), log);
+    if (row_typed<P>() && contiguous)
+      GL_LAUNCH(cu_row_grid(rows), threads, 0, st, softmax_kernel<P, T, row_typed<P>()>)(
+          P::from(out), P::from(x), ix, rows, C, last_stride(out), last_stride(x), log);
+    else
+      GL_LAUNCH(cu_row_grid(rows), threads, 0, st, softmax_kernel<P, T, false>)(
+          P::from(out), P::from(x), ix, rows, C, last_stride(out), last_stride(x), log);
     GL_CU_LAUNCHED();
     return GL_OK;
   });
@@ -115,11 +190,16 @@ extern "C" int cuda_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl
   GL_TRY(cu_begin(dx->device, &st));
   CuIdx<3> ix = row_idx<3>(y, {dx, y, dy});
   int threads = row_threads_sized(C);
+  bool contiguous = rows_contiguous({dx, y, dy});
   return cu_dispatch({dx, y, dy}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    GL_LAUNCH(cu_row_grid(rows), threads, 0, st, softmax_backward_kernel<P, T>)(
-        P::from(dx), P::from(y), P::from(dy), ix, rows, C, last_stride(dx), last_stride(y), last_stride(dy), log);
+    if (row_typed<P>() && contiguous)
+      GL_LAUNCH(cu_row_grid(rows), threads, 0, st, softmax_backward_kernel<P, T, row_typed<P>()>)(
+          P::from(dx), P::from(y), P::from(dy), ix, rows, C, last_stride(dx), last_stride(y), last_stride(dy), log);
+    else
+      GL_LAUNCH(cu_row_grid(rows), threads, 0, st, softmax_backward_kernel<P, T, false>)(
+          P::from(dx), P::from(y), P::from(dy), ix, rows, C, last_stride(dx), last_stride(y), last_stride(dy), log);
     GL_CU_LAUNCHED();
     return GL_OK;
   });
@@ -130,29 +210,48 @@ extern "C" int cuda_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl
    CENTER = false is rmsnorm (mean 0, no bias).  ix: y, x, mean, rstd.  The
    statistics are read and written through AnyPtr (float32 / float64 arrays,
    one element per row). */
-template <class P, class T, bool CENTER>
+template <class P, class T, bool CENTER, bool VEC>
 __global__ void norm_forward_kernel(P y, P x, P w, P b, AnyPtr mean, AnyPtr rstd, CuIdx<4> ix, int64_t rows,
                                     int64_t C, int64_t ys, int64_t xs, int64_t ws, int64_t bs, T eps) {
+  typedef CuVec16<typename RowStore<P>::S> V;
   CU_ROW_LOOP(r, rows) {
     int64_t off[4];
     ix.offsets(r, off);
+    bool vec = VEC && row_aligned(y, off[0]) && row_aligned(x, off[1]);
     T m = 0;
     if (CENTER) {
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m += x.template get<T>(off[1] + c * xs);
+      row_walk<V::N>(C, vec, [&](int64_t c) {
+        V xv = V::load(row_at(x, off[1] + c));
+#pragma unroll
+        for (int k = 0; k < V::N; k++) m += xv.template get<T>(k);
+      }, [&](int64_t c) { m += x.template get<T>(off[1] + c * xs); });
       m = cu_block_reduce(m, CuSum(), (T)0) / (T)C;
     }
     T v = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    row_walk<V::N>(C, vec, [&](int64_t c) {
+      V xv = V::load(row_at(x, off[1] + c));
+#pragma unroll
+      for (int k = 0; k < V::N; k++) {
+        T d = xv.template get<T>(k) - m;
+        v += d * d;
+      }
+    }, [&](int64_t c) {
       T d = x.template get<T>(off[1] + c * xs) - m;
       v += d * d;
-    }
+    });
     v = cu_block_reduce(v, CuSum(), (T)0);
     T rs = (T)1 / cu_sqrt(v / (T)C + eps);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    auto value = [&](int64_t c, T xv) -> T {
       T wv = w.null() ? (T)1 : w.template get<T>(c * ws);
       T bv = (!CENTER || b.null()) ? (T)0 : b.template get<T>(c * bs);
-      y.set(off[0] + c * ys, (x.template get<T>(off[1] + c * xs) - m) * rs * wv + bv);
-    }
+      return (xv - m) * rs * wv + bv;
+    };
+    row_walk<V::N>(C, vec, [&](int64_t c) {
+      V xv = V::load(row_at(x, off[1] + c)), yv;
+#pragma unroll
+      for (int k = 0; k < V::N; k++) yv.set(k, value(c + k, xv.template get<T>(k)));
+      yv.store(row_at(y, off[0] + c));
+    }, [&](int64_t c) { y.set(off[0] + c * ys, value(c, x.template get<T>(off[1] + c * xs))); });
     if (threadIdx.x == 0) {
       if (CENTER && !mean.null()) mean.set(off[2], m);
       if (!rstd.null()) rstd.set(off[3], rs);
@@ -166,35 +265,53 @@ __global__ void norm_forward_kernel(P y, P x, P w, P b, AnyPtr mean, AnyPtr rstd
    (each column owned by one thread, so no races).  dres (or null): the
    gradient reaching x by the residual stream, added to dx.  ix: dx, dy, x,
    mean, rstd, dres. */
-template <class P, class T, bool CENTER>
+template <class P, class T, bool CENTER, bool VEC>
 __global__ void norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr rstd, T *part, P dres, CuIdx<6> ix,
                                      int64_t rows, int64_t C, int64_t dxs, int64_t dys, int64_t xs, int64_t ws,
                                      int64_t drs) {
+  typedef CuVec16<typename RowStore<P>::S> V;
   T *pw = part ? part + (int64_t)blockIdx.x * 2 * C : nullptr;
-  if (pw)  /* zeroed by the thread that owns the column */
+  if (pw) {
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) { pw[c] = 0; pw[C + c] = 0; }
+    __syncthreads();  /* a vector row gives the columns to other threads than the zeroing */
+  }
   CU_ROW_LOOP(r, rows) {
     int64_t off[6];
     ix.offsets(r, off);
+    bool vec = VEC && row_aligned(dx, off[0]) && row_aligned(dy, off[1]) && row_aligned(x, off[2]) &&
+               row_aligned(dres, off[5]);
     T m = CENTER ? mean.get<T>(off[3]) : (T)0;
     T rs = rstd.get<T>(off[4]);
     T sg = 0, sgx = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      T g = dy.template get<T>(off[1] + c * dys), xh = (x.template get<T>(off[2] + c * xs) - m) * rs;
-      T gw = g * (w.null() ? (T)1 : w.template get<T>(c * ws));
+    auto wat = [&](int64_t c) -> T { return w.null() ? (T)1 : w.template get<T>(c * ws); };
+    auto sums = [&](int64_t c, T g, T xv) {
+      T xh = (xv - m) * rs, gw = g * wat(c);
       sg += gw;
       sgx += gw * xh;
       if (pw) { pw[c] += g * xh; pw[C + c] += g; }
-    }
+    };
+    row_walk<V::N>(C, vec, [&](int64_t c) {
+      V gv = V::load(row_at(dy, off[1] + c)), xv = V::load(row_at(x, off[2] + c));
+#pragma unroll
+      for (int k = 0; k < V::N; k++) sums(c + k, gv.template get<T>(k), xv.template get<T>(k));
+    }, [&](int64_t c) { sums(c, dy.template get<T>(off[1] + c * dys), x.template get<T>(off[2] + c * xs)); });
     sg = CENTER ? cu_block_reduce(sg, CuSum(), (T)0) / (T)C : (T)0;
     sgx = cu_block_reduce(sgx, CuSum(), (T)0) / (T)C;
+    auto grad = [&](int64_t c, T g, T xv) -> T { return rs * (g * wat(c) - sg - (xv - m) * rs * sgx); };
     if (!dx.null())
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        T g = dy.template get<T>(off[1] + c * dys), xh = (x.template get<T>(off[2] + c * xs) - m) * rs;
-        T gw = g * (w.null() ? (T)1 : w.template get<T>(c * ws));
-        T d = rs * (gw - sg - xh * sgx);
+      row_walk<V::N>(C, vec, [&](int64_t c) {
+        V gv = V::load(row_at(dy, off[1] + c)), xv = V::load(row_at(x, off[2] + c)), dv, rv;
+        if (!dres.null()) rv = V::load(row_at(dres, off[5] + c));
+#pragma unroll
+        for (int k = 0; k < V::N; k++) {
+          T d = grad(c + k, gv.template get<T>(k), xv.template get<T>(k));
+          dv.set(k, dres.null() ? d : d + rv.template get<T>(k));
+        }
+        dv.store(row_at(dx, off[0] + c));
+      }, [&](int64_t c) {
+        T d = grad(c, dy.template get<T>(off[1] + c * dys), x.template get<T>(off[2] + c * xs));
         dx.set(off[0] + c * dxs, dres.null() ? d : d + dres.template get<T>(off[5] + c * drs));
-      }
+      });
   }
 }
 
@@ -213,12 +330,12 @@ __global__ void norm_param_grad_kernel(AnyPtr dw, int64_t dws, AnyPtr db, int64_
   }
 }
 
-template <class P, class T, bool CENTER>
+template <class P, class T, bool CENTER, bool VEC>
 static void launch_norm_forward(cudaStream_t st, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd,
                                 const gl_tensor *x, const gl_tensor *w, const gl_tensor *b, double eps) {
   int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
   CuIdx<4> ix = row_idx<4>(x, {y, x, mean, rstd});
-  GL_LAUNCH(cu_row_grid(rows), row_threads_sized(C), 0, st, norm_forward_kernel<P, T, CENTER>)(
+  GL_LAUNCH(cu_row_grid(rows), row_threads_sized(C), 0, st, norm_forward_kernel<P, T, CENTER, VEC>)(
       P::from(y), P::from(x), P::from(w), P::from(b), AnyPtr::from(mean), AnyPtr::from(rstd), ix, rows, C,
       last_stride(y), last_stride(x), last_stride(w), last_stride(b), (T)eps);
 }
@@ -228,23 +345,30 @@ static int norm_forward(gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl
   if (row_count(x) == 0) return GL_OK;
   cudaStream_t st;
   GL_TRY(cu_begin(y->device, &st));
+  bool contiguous = rows_contiguous({y, x});
   return cu_dispatch({y, x, w, b}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    if (center) launch_norm_forward<P, T, true>(st, y, mean, rstd, x, w, b, eps);
-    else launch_norm_forward<P, T, false>(st, y, mean, rstd, x, w, b, eps);
+    constexpr bool typed = row_typed<P>();
+    if (typed && contiguous) {
+      if (center) launch_norm_forward<P, T, true, typed>(st, y, mean, rstd, x, w, b, eps);
+      else launch_norm_forward<P, T, false, typed>(st, y, mean, rstd, x, w, b, eps);
+    } else {
+      if (center) launch_norm_forward<P, T, true, false>(st, y, mean, rstd, x, w, b, eps);
+      else launch_norm_forward<P, T, false, false>(st, y, mean, rstd, x, w, b, eps);
+    }
     GL_CU_LAUNCHED();
     return GL_OK;
   });
 }
 
-template <class P, class T, bool CENTER>
+template <class P, class T, bool CENTER, bool VEC>
 static void launch_norm_backward(cudaStream_t st, unsigned blocks, T *part, gl_tensor *dx, const gl_tensor *dy,
                                  const gl_tensor *x, const gl_tensor *w, const gl_tensor *mean,
                                  const gl_tensor *rstd, const gl_tensor *dres) {
   int64_t C = x->shape[x->ndim - 1], rows = row_count(x);
   CuIdx<6> ix = row_idx<6>(x, {dx, dy, x, mean, rstd, dres});
-  GL_LAUNCH(blocks, cu_row_threads(C), 0, st, norm_backward_kernel<P, T, CENTER>)(
+  GL_LAUNCH(blocks, cu_row_threads(C), 0, st, norm_backward_kernel<P, T, CENTER, VEC>)(
       P::from(dx), P::from(dy), P::from(x), P::from(w), AnyPtr::from(mean), AnyPtr::from(rstd), part,
       P::from(dres), ix, rows, C, last_stride(dx), last_stride(dy), last_stride(x), last_stride(w), last_stride(dres));
 }
@@ -262,14 +386,21 @@ static int norm_backward(gl_tensor *dx, gl_tensor *dw, gl_tensor *db, const gl_t
   int64_t nb = std::min<int64_t>(rows, 2 * (int64_t)sm);
   unsigned blocks = (unsigned)(nb < 1 ? 1 : nb);
   bool need_params = dw || db;
+  bool contiguous = rows_contiguous({dx, dy, x, dres});
   return cu_dispatch({dx, dy, x, w, dres}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
     CuTemp part;
     if (need_params) GL_TRY(part.make(sizeof(T) == 8 ? GL_F64 : GL_F32, dev, (int64_t)blocks * 2 * C));
     T *pp = part.ptr<T>();
-    if (center) launch_norm_backward<P, T, true>(st, blocks, pp, dx, dy, x, w, mean, rstd, dres);
-    else launch_norm_backward<P, T, false>(st, blocks, pp, dx, dy, x, w, mean, rstd, dres);
+    constexpr bool typed = row_typed<P>();
+    if (typed && contiguous) {
+      if (center) launch_norm_backward<P, T, true, typed>(st, blocks, pp, dx, dy, x, w, mean, rstd, dres);
+      else launch_norm_backward<P, T, false, typed>(st, blocks, pp, dx, dy, x, w, mean, rstd, dres);
+    } else {
+      if (center) launch_norm_backward<P, T, true, false>(st, blocks, pp, dx, dy, x, w, mean, rstd, dres);
+      else launch_norm_backward<P, T, false, false>(st, blocks, pp, dx, dy, x, w, mean, rstd, dres);
+    }
     GL_CU_LAUNCHED();
     if (need_params) {
       GL_LAUNCH(cu_blocks(dev, C, 256), 256, 0, st, norm_param_grad_kernel<T>)(

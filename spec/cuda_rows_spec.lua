@@ -1,5 +1,6 @@
 -- The CUDA row kernels (kernels/rows.cu: softmax, layernorm, rmsnorm, the
--- fused residual add + norm) against their CPU twins (engine/cpu_nn.c,
+-- fused residual add + norm; the embedding forward's 16-byte rows in
+-- kernels/index.cu) against their CPU twins (engine/cpu_nn.c,
 -- engine/cpu_fused.c), through spec/support/cuda_twin.lua's harness
 -- (tolerances and poisoning: the top of spec/cuda_spec.lua).  `make
 -- test-race` runs this file again in the simulator's race mode.
@@ -9,7 +10,7 @@ local lib = gl.lib
 -- the harness (pair, compare, ...) lives in spec/support/cuda_twin.lua
 local twin = require 'support.cuda_twin'
 local HAVE_GPU, NO_GPU = twin.HAVE_GPU, twin.NO_GPU
-local copy_shape, pair, compare, K = twin.copy_shape, twin.pair, twin.compare, twin.K
+local copy_shape, pair, id_pair, compare, K = twin.copy_shape, twin.pair, twin.id_pair, twin.compare, twin.K
 
 local function gpu_it(name, fn)  -- it() and pending() are busted's, in this file's environment
   if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
@@ -87,6 +88,65 @@ describe('CUDA softmax and norms vs CPU #cuda', function()
           K(lib.gl_norm_backward_add(rdx.c, nil, nil, S.g.c, rs.c, nil, nil, rr.c, nil, 0))
           return s, y, mean, rstd, dx, dw, db, rs, ry, rr, rdx
         end, dt, ('add_norm %s {%s} %s'):format(dt, table.concat(shape, ','), case[2]))
+      end
+    end
+  end)
+end)
+
+-- The 16-byte path of softmax and the norms (kernels/rows.cu, row_walk):
+-- rows over the vector width's edges (C = 1, 7, 8, 9, 63, 64, 65, 768,
+-- 1029: no whole vector, a tail, exact vectors), in float32 (4 a vector)
+-- and bfloat16 (8); contiguous rows (aligned when C fills whole vectors,
+-- alternating otherwise) and narrowed rows that start one element past
+-- their allocation's alignment (the element-wise fallback), against the CPU
+-- twin.  make test-race runs them in race mode with bounds checks.
+describe('CUDA 16-byte rows vs CPU #cuda', function()
+  gpu_it('16-byte rows: softmax and the norms, forward and backward, over vector edges, aligned and not', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+      for _, C in ipairs({ 1, 7, 8, 9, 63, 64, 65, 768, 1029 }) do
+        for _, layout in ipairs({ 'contiguous', 'narrow' }) do
+          local shape = { 3, C }
+          local ins = { x = pair(shape, { dtype = dt, layout = layout }), g = pair(shape, { dtype = dt, layout = layout }),
+                        dres = pair(shape, { dtype = dt }), w = pair({ C }, { dtype = dt }), b = pair({ C }, { dtype = dt }) }
+          compare(ins, function(S)
+            local out = {}
+            for log = 0, 1 do
+              local y = S.out(shape, dt); K(lib.gl_softmax(y.c, S.x.c, log))
+              local dx = S.out(shape, dt); K(lib.gl_softmax_backward(dx.c, y.c, S.g.c, log))
+              out[#out + 1], out[#out + 2] = y, dx
+            end
+            local y, mean, rstd = S.out(shape, dt), S.out({ 3 }), S.out({ 3 })
+            K(lib.gl_layernorm_forward(y.c, mean.c, rstd.c, S.x.c, S.w.c, S.b.c, 1e-5))
+            local dx, dw, db = S.out(shape, dt), S.out({ C }, dt), S.out({ C }, dt)
+            K(lib.gl_layernorm_backward(dx.c, dw.c, db.c, S.g.c, S.x.c, S.w.c, mean.c, rstd.c))
+            local ry, rr = S.out(shape, dt), S.out({ 3 })
+            K(lib.gl_rmsnorm_forward(ry.c, rr.c, S.x.c, S.w.c, 1e-6))
+            local rdx = S.out(shape, dt)  -- with the residual gradient, no weight
+            K(lib.gl_norm_backward_add(rdx.c, nil, nil, S.g.c, S.x.c, nil, nil, rr.c, S.dres.c, 0))
+            -- (at C = 1 layernorm's dx is 0 up to rounding, which the two twins round differently)
+            for _, t in ipairs({ y, mean, rstd, dw, db, ry, rr, rdx }) do out[#out + 1] = t end
+            if C > 1 then out[#out + 1] = dx end
+            return unpack(out)
+          end, dt, ('16-byte rows %s C=%d %s'):format(dt, C, layout))
+        end
+      end
+    end
+  end)
+
+  -- kernels/index.cu: rows of whole 16-byte vectors copy as vectors
+  -- (C * size % 16 == 0, aligned rows); narrowed tables and other widths,
+  -- and a bad id's NaN row, take the element kernel or the vector's lanes
+  gpu_it('16-byte rows: the embedding forward over vector edges, aligned and not', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+      for _, C in ipairs({ 1, 7, 8, 9, 63, 64, 65, 768, 1029 }) do
+        for _, layout in ipairs({ 'contiguous', 'narrow' }) do
+          local ins = { tab = pair({ 11, C }, { dtype = dt, layout = layout }), ids = id_pair({ 2, 5 }, 11, 'int64') }
+          compare(ins, function(S)
+            local e = S.out({ 2, 5, C }, dt); K(lib.gl_embedding_forward(e.c, S.tab.c, S.ids.c))
+            local e2 = S.out({ 5, 2, C }, dt); K(lib.gl_embedding_forward(e2.c, S.tab.c, S.ids:t().c))
+            return e, e2
+          end, dt, ('16-byte embedding %s C=%d %s'):format(dt, C, layout))
+        end
       end
     end
   end)

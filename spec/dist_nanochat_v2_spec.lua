@@ -16,6 +16,7 @@ local CP = require 'gptlua.dist.context_parallel'
 local nanochat = require 'gptlua.models.nanochat'
 
 local H = require 'support.mpi'
+local DT = require 'support.dist_train'
 local MPIRUN = H.MPIRUN
 local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 
@@ -34,23 +35,8 @@ describe('nanochat v2 layouts in one process', function()
   end)
 end)
 
-local function grad_norms(dir)
-  local out = {}
-  for line in io.lines(dir .. '/p/metrics.jsonl') do
-    local m = cjson.decode(line)
-    if m.grad_norm then out[#out + 1] = m.grad_norm end
-  end
-  return out
-end
+local grad_norms, assert_close = DT.grad_norms, DT.assert_close  -- (spec/support/dist_train.lua)
 
-local function assert_close(want, got, what)
-  assert.equal(#want, #got, what)
-  for i = 1, #want do
-    local rel = math.abs(want[i] - got[i]) / math.abs(want[i])
-    assert.is_true(rel < 1e-9, ('%s: step %d %.15g, expected %.15g (relative error %.2g)'):format(what, i, got[i],
-      want[i], rel))
-  end
-end
 
 describe('nanochat v2 under tp, cp and pp on MPI ranks', function()
   if not MPIRUN then

@@ -23,6 +23,7 @@ local mesh = require 'gptlua.dist.mesh'
 local S = require 'gptlua.dist.schedules'
 local PP = require 'gptlua.dist.pipeline'
 local H = require 'support.mpi'
+local DT = require 'support.dist_train'
 local train = require 'gptlua.train'
 local ckpt = require 'gptlua.checkpoint'
 local cjson = require 'cjson'
@@ -332,21 +333,7 @@ end)
 
 -- --------------------------------------------------------- the trainer --
 local function result(dir) return H.read_json(dir .. '/result.json') end
-local function grad_norms(dir)
-  local out = {}
-  for line in io.lines(dir .. '/p/metrics.jsonl') do
-    local m = cjson.decode(line)
-    if m.grad_norm then out[#out + 1] = m.grad_norm end
-  end
-  return out
-end
-local function assert_close(want, got, what, tol)
-  assert.equal(#want, #got, what)
-  for i = 1, #want do
-    local rel = math.abs(want[i] - got[i]) / math.abs(want[i])
-    assert.is_true(rel < (tol or 1e-9), ('%s: step %d %.15g, expected %.15g'):format(what, i, got[i], want[i]))
-  end
-end
+local grad_norms, assert_close = DT.grad_norms, DT.assert_close  -- (spec/support/dist_train.lua)
 
 describe('the trainer with --pp on MPI ranks', function()
   if not H.MPIRUN then

@@ -1,7 +1,7 @@
 -- Run the trainer on N ranks with several cases and compare each with one
 -- process: the helper the multi-rank trainer specs share (spec/dist_tp_spec.lua;
--- spec/dist_pp_spec.lua keeps its own copy of the same steps for now and can
--- switch to this one).  The model is the small float64 GPT of
+-- spec/dist_pp_spec.lua and spec/dist_nanochat_v2_spec.lua use its
+-- grad_norms and assert_close).  The model is the small float64 GPT of
 -- spec/dist/tp_recipe.lua; the ranks run spec/dist/tp_train.lua.
 --
 --   local DT = require 'support.dist_train'
@@ -91,8 +91,8 @@ function M:launch(cases)
   return got
 end
 
--- the final parameters a run saved (its last checkpoint)
-function M.final_params(res) return ckpt.load_safetensors(res.checkpoint .. '/model.safetensors') end
+-- the final parameters a run saved (its last checkpoint; a pipeline's stage parts merged)
+function M.final_params(res) return ckpt.load(res.checkpoint).model end
 
 -- want[i] and got[i] agree to a relative tol, step by step
 function M.assert_close(want, got, what, tol)

@@ -155,6 +155,41 @@ function M.save(dir, step, parts, keep_last)
   return final
 end
 
+-- save_collective(comm, dir, step, o): a checkpoint several ranks write
+-- parts of (sharded optimizer state, pipeline stages); collective over comm.
+-- Rank 0 makes dir/step_N.tmp-<o.tag>; every rank's o.write(tmp) writes its
+-- files there; then rank 0 checksums o.files (every file's name), writes
+-- state.json (o.state with files, step and format) and renames the
+-- directory to step_N, so a reader sees all of it or none; then prunes to
+-- o.keep_last.  Returns the final path on every rank.
+function M.save_collective(comm, dir, step, o)
+  local final = ('%s/step_%07d'):format(dir, step)
+  local tmp = final .. '.tmp-' .. o.tag
+  if comm.rank == 0 then
+    M.mkdir_p(dir)
+    sh('rm -rf ' .. quote(tmp))
+    M.mkdir_p(tmp)
+  end
+  comm:barrier()
+  o.write(tmp)
+  comm:barrier()
+  if comm.rank == 0 then
+    local ok, err = pcall(function()
+      local state, files = o.state, {}
+      for _, n in ipairs(o.files) do files[n] = M.checksum(tmp .. '/' .. n) end
+      state.files, state.step, state.format = files, step, 'gptlua-checkpoint-1'
+      write_file(tmp .. '/state.json', cjson.encode(state))
+      if exists(final) then sh('rm -rf ' .. quote(final)) end
+      local rok, rerr = os.rename(tmp, final)
+      if not rok then error('checkpoint: rename to ' .. final .. ' failed: ' .. tostring(rerr)) end
+    end)
+    if not ok then sh('rm -rf ' .. quote(tmp)); error(err, 0) end
+    M.prune(dir, o.keep_last, final)
+  end
+  comm:barrier()  -- nobody reads or prunes before the rename
+  return final
+end
+
 -- keep_last: leaves the newest keep_last checkpoints under dir, the one just
 -- written (path `just_saved`) always among them, whatever the step numbers
 -- of the others (a run resumed from an earlier step must not lose the

@@ -15,11 +15,9 @@
 -- first, tensor parallelism's shards gathered over tp.  Collective over the
 -- world.
 local ckpt = require 'gptlua.checkpoint'
-local cjson = require 'cjson'
 
 local M = {}
 
-local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 function M.files(r)
   if r == 0 then return 'model.safetensors', 'optim.safetensors' end
@@ -55,40 +53,21 @@ function M.save(policy, trainer, opt_sd, state)
     local TP = require 'gptlua.dist.tensor_parallel'
     model_sd, opt_out = TP.full_state(layout, model_sd), TP.full_state(layout, opt_out, opt_param_name)
   end
-  local final = ('%s/step_%07d'):format(trainer.ckpt_dir, trainer.step)
-  local tmp = final .. '.tmp-stages'
-  if world.rank == 0 then
-    ckpt.mkdir_p(trainer.ckpt_dir)
-    os.execute('rm -rf ' .. quote(tmp))
-    ckpt.mkdir_p(tmp)
+  local files, parts = {}, { model = {}, optim = {} }
+  for r = 0, mesh.size.pp - 1 do
+    local mf, of = M.files(r)
+    files[#files + 1], files[#files + 2] = mf, of
+    if r > 0 then parts.model[#parts.model + 1], parts.optim[#parts.optim + 1] = mf, of end
   end
-  world:barrier()
-  if writer then
-    local mf, of = M.files(me)
-    ckpt.save_safetensors(tmp .. '/' .. mf, model_sd)
-    ckpt.save_safetensors(tmp .. '/' .. of, opt_out)
-  end
-  world:barrier()
-  if world.rank == 0 then
-    local ok, err = pcall(function()
-      local files, parts = {}, { model = {}, optim = {} }
-      for r = 0, mesh.size.pp - 1 do
-        local mf, of = M.files(r)
-        files[mf], files[of] = ckpt.checksum(tmp .. '/' .. mf), ckpt.checksum(tmp .. '/' .. of)
-        if r > 0 then parts.model[#parts.model + 1], parts.optim[#parts.optim + 1] = mf, of end
-      end
-      state.files, state.step, state.format, state.parts = files, trainer.step, 'gptlua-checkpoint-1', parts
-      local f = assert(io.open(tmp .. '/state.json', 'wb'))
-      f:write(cjson.encode(state))
-      f:close()
-      if ckpt.exists(final) then os.execute('rm -rf ' .. quote(final)) end
-      local rok, rerr = os.rename(tmp, final)
-      if not rok then error('checkpoint: rename to ' .. final .. ' failed: ' .. tostring(rerr)) end
-    end)
-    if not ok then os.execute('rm -rf ' .. quote(tmp)); error(err, 0) end
-    ckpt.prune(trainer.ckpt_dir, trainer.cfg.keep_last, final)
-  end
-  world:barrier()  -- nobody reads or prunes before the rename
+  state.parts = parts
+  local final = ckpt.save_collective(world, trainer.ckpt_dir, trainer.step, { tag = 'stages', state = state,
+    files = files, keep_last = trainer.cfg.keep_last,
+    write = function(tmp)
+      if not writer then return end
+      local mf, of = M.files(me)
+      ckpt.save_safetensors(tmp .. '/' .. mf, model_sd)
+      ckpt.save_safetensors(tmp .. '/' .. of, opt_out)
+    end })
   trainer:print(('saved checkpoint %s'):format(final))
   return final
 end

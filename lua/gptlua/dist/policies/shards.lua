@@ -16,14 +16,12 @@
 -- re-cut for any number of ranks (each rank copies the overlap of what it
 -- owns now with every piece) or assembled whole for an unsharded run.
 local gl = require 'gptlua'
-local cjson = require 'cjson'
 local ckpt = require 'gptlua.checkpoint'
 local B = require 'gptlua.dist.policies.base'
 local G = require 'gptlua.ffi'
 
 local S = {}
 
-local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 function S.rank_file(r) return ('optim.rank%05d.safetensors'):format(r) end
 
@@ -31,43 +29,24 @@ function S.rank_file(r) return ('optim.rank%05d.safetensors'):format(r) end
 -- policy.comm.  policy provides each_state(f) and state_layout().
 function S.save(trainer, policy, model_sd, state)
   local comm, N = policy.comm, policy.comm.size
-  local final = ('%s/step_%07d'):format(trainer.ckpt_dir, trainer.step)
-  local tmp = final .. '.tmp-shards'
-  if comm.rank == 0 then
-    ckpt.mkdir_p(trainer.ckpt_dir)
-    os.execute('rm -rf ' .. quote(tmp))
-    ckpt.mkdir_p(tmp)
-  end
-  comm:barrier()
-  local mine, common = {}, {}
-  policy:each_state(function(key, t, off, replicated)
-    if replicated then common[key] = t
-    else mine[('%s@%d'):format(key, off)] = t:clone() end
-  end)
-  ckpt.save_safetensors(tmp .. '/' .. S.rank_file(comm.rank), mine)
-  comm:barrier()
-  if comm.rank == 0 then
-    local ok, err = pcall(function()
-      ckpt.save_safetensors(tmp .. '/model.safetensors', model_sd)
-      ckpt.save_safetensors(tmp .. '/optim.safetensors', common)
-      local files, list = {}, {}
-      for r = 0, N - 1 do list[#list + 1] = S.rank_file(r) end
-      for _, n in ipairs({ 'model.safetensors', 'optim.safetensors', unpack(list) }) do
-        files[n] = ckpt.checksum(tmp .. '/' .. n)
+  local list = {}
+  for r = 0, N - 1 do list[#list + 1] = S.rank_file(r) end
+  state.shards = { policy = policy.name, world = N, files = list, layout = policy:state_layout() }
+  local final = ckpt.save_collective(comm, trainer.ckpt_dir, trainer.step, { tag = 'shards', state = state,
+    files = { 'model.safetensors', 'optim.safetensors', unpack(list) },
+    keep_last = trainer.cfg and trainer.cfg.keep_last or 0,
+    write = function(tmp)
+      local mine, common = {}, {}
+      policy:each_state(function(key, t, off, replicated)
+        if replicated then common[key] = t
+        else mine[('%s@%d'):format(key, off)] = t:clone() end
+      end)
+      ckpt.save_safetensors(tmp .. '/' .. S.rank_file(comm.rank), mine)
+      if comm.rank == 0 then
+        ckpt.save_safetensors(tmp .. '/model.safetensors', model_sd)
+        ckpt.save_safetensors(tmp .. '/optim.safetensors', common)
       end
-      state.files, state.step, state.format = files, trainer.step, 'gptlua-checkpoint-1'
-      state.shards = { policy = policy.name, world = N, files = list, layout = policy:state_layout() }
-      local f = assert(io.open(tmp .. '/state.json', 'wb'))
-      f:write(cjson.encode(state))
-      f:close()
-      if ckpt.exists(final .. '/state.json') or ckpt.exists(final) then os.execute('rm -rf ' .. quote(final)) end
-      local rok, rerr = os.rename(tmp, final)
-      if not rok then error('checkpoint: rename to ' .. final .. ' failed: ' .. tostring(rerr)) end
-    end)
-    if not ok then os.execute('rm -rf ' .. quote(tmp)); error(err, 0) end
-    ckpt.prune(trainer.ckpt_dir, trainer.cfg and trainer.cfg.keep_last or 0, final)
-  end
-  comm:barrier()   -- nobody reads or prunes before the rename
+    end })
   if trainer.print then trainer:print(('saved checkpoint %s'):format(final)) end
   return final
 end

@@ -126,6 +126,17 @@ function M.list(dir)
   return out
 end
 
+-- the last part of every save: state.json (with the files' checksums) into
+-- the complete temporary directory, which is then renamed to final, so a
+-- reader sees the whole checkpoint or none
+local function publish(tmp, final, state, files, step)
+  state.files, state.step, state.format = files, step, 'gptlua-checkpoint-1'
+  write_file(tmp .. '/state.json', cjson.encode(state))
+  if exists(final) then sh('rm -rf ' .. quote(final)) end
+  local rok, rerr = os.rename(tmp, final)
+  if not rok then error('checkpoint: rename to ' .. final .. ' failed: ' .. tostring(rerr)) end
+end
+
 -- save(dir, step, {model = {name=tensor}, optim = {name=tensor}, state = table}, keep_last)
 function M.save(dir, step, parts, keep_last)
   M.check_dir(dir, 'checkpoint')
@@ -144,11 +155,7 @@ function M.save(dir, step, parts, keep_last)
     if type(state.config) ~= 'table' then  -- load refuses a checkpoint without it
       error(('checkpoint.save: state.config expected a table (the run\'s config), got %s'):format(type(state.config)), 0)
     end
-    state.files, state.step, state.format = files, step, 'gptlua-checkpoint-1'
-    write_file(tmp .. '/state.json', cjson.encode(state))
-    if exists(final) then sh('rm -rf ' .. quote(final)) end
-    local rok, rerr = os.rename(tmp, final)
-    if not rok then error('checkpoint: rename to ' .. final .. ' failed: ' .. tostring(rerr)) end
+    publish(tmp, final, state, files, step)
   end)
   if not ok then sh('rm -rf ' .. quote(tmp)); error(err, 2) end
   M.prune(dir, keep_last, final)
@@ -177,11 +184,7 @@ function M.save_collective(comm, dir, step, o)
     local ok, err = pcall(function()
       local state, files = o.state, {}
       for _, n in ipairs(o.files) do files[n] = M.checksum(tmp .. '/' .. n) end
-      state.files, state.step, state.format = files, step, 'gptlua-checkpoint-1'
-      write_file(tmp .. '/state.json', cjson.encode(state))
-      if exists(final) then sh('rm -rf ' .. quote(final)) end
-      local rok, rerr = os.rename(tmp, final)
-      if not rok then error('checkpoint: rename to ' .. final .. ' failed: ' .. tostring(rerr)) end
+      publish(tmp, final, state, files, step)
     end)
     if not ok then sh('rm -rf ' .. quote(tmp)); error(err, 0) end
     M.prune(dir, o.keep_last, final)

@@ -58,6 +58,18 @@ function B.owners(optimizer, name)
   return own
 end
 
+-- A wrapping policy (tp's, pp's) passes these calls to the policy it wraps
+-- (self.inner) unchanged: one definition for both.
+function B.delegate_to_inner(P)
+  function P:average_number(x) return self.inner:average_number(x) end
+  function P:scale_grads(s) return self.inner:scale_grads(s) end
+  function P:step() return self.inner:step() end
+  function P:detach() if self.inner.detach then self.inner:detach() end end
+  function P:optimizer_state_bytes()
+    return self.inner.optimizer_state_bytes and self.inner:optimizer_state_bytes() or 0
+  end
+end
+
 function B.bytes(t) return t:numel() * lib.gl_dtype_size(t.c.dtype) end
 
 -- bytes of an optimizer's state held on this rank (every tensor of every

@@ -142,13 +142,7 @@ function P:micro_steps(trainer, accum)
 end
 
 function P:after_backward() return self.inner:after_backward() end
-function P:average_number(x) return self.inner:average_number(x) end
-function P:scale_grads(s) return self.inner:scale_grads(s) end
-function P:step() return self.inner:step() end
-function P:detach() if self.inner.detach then self.inner:detach() end end
-function P:optimizer_state_bytes()
-  return self.inner.optimizer_state_bytes and self.inner:optimizer_state_bytes() or 0
-end
+B.delegate_to_inner(P)
 
 -- the whole model's gradient norm (see the header)
 function P:grad_norm()

@@ -111,13 +111,7 @@ function P:after_backward()
     self:_each_grad(function(p, g) if not sharded[p] then tp:all_reduce_async(g, 'sum'):wait() end end)  -- a device wait over NCCL
   end
 end
-function P:average_number(x) return self.inner:average_number(x) end
-function P:scale_grads(s) return self.inner:scale_grads(s) end
-function P:step() return self.inner:step() end
-function P:detach() if self.inner.detach then self.inner:detach() end end
-function P:optimizer_state_bytes()
-  return self.inner.optimizer_state_bytes and self.inner:optimizer_state_bytes() or 0
-end
+B.delegate_to_inner(P)
 
 -- the whole model's gradient norm (see the header)
 function P:grad_norm()

@@ -39,6 +39,10 @@ int gl_add_norm_unfused(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *
 int gl_norm_backward_add_unfused(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy,
                                  const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean,
                                  const gl_tensor *rstd, const gl_tensor *dres, int center);
+/* gl_matmul_add as a copy of c into out and a product accumulated onto it
+   (engine/cpu_matmul.c): the CPU's, and the GPU's where cuBLASLt cannot
+   take c as its C */
+int gl_matmul_add_unfused(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *c);
 /* Whether t's dims [0, nd-1) step through rows with a single stride (*sr):
    then a batch of products with a shared right operand folds into one. */
 static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
@@ -64,6 +68,7 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(sumsq_multi, (int n, const gl_tensor **xs, double *out)) \
   X(matmul_bias, (gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias)) \
   X(matmul, (gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta)) \
+  X(matmul_add, (gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *c)) \
   X(matmul_epilogue, (int epilogue, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias, gl_tensor *aux)) \
   X(softmax, (gl_tensor *out, const gl_tensor *x, int log)) \
   X(softmax_backward, (gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, int log)) \
@@ -82,6 +87,8 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(attention_forward, (gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, double scale, int64_t window)) \
   X(attention_backward, (gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window)) \
   X(rope, (gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse)) \
+  X(rope_rmsnorm_forward, (gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, double eps)) \
+  X(rope_rmsnorm_backward, (gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, const gl_tensor *rstd)) \
   X(cross_entropy_forward, (gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits, const gl_tensor *targets, int64_t ignore_index, double softcap)) \
   X(cross_entropy_backward, (gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets, const gl_tensor *lse, int64_t ignore_index, double softcap, double scale, const gl_tensor *scale_by)) \
   X(dropout, (gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uint64_t offset)) \

@@ -143,6 +143,15 @@ int cpu_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, cons
   return cpu_matmul(out, a, b, 1, 1);
 }
 
+int gl_matmul_add_unfused(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *c) {
+  GL_TRY(gl_copy(out, c));
+  return GL_DISPATCH(out->device, matmul, out, a, b, 1, 1);
+}
+
+int cpu_matmul_add(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *c) {
+  return gl_matmul_add_unfused(out, a, b, c);
+}
+
 int cpu_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta) {
   int nd = out->ndim;
   int64_t M = out->shape[nd - 2], N = out->shape[nd - 1], K = a->shape[nd - 1], nbatch = 1;

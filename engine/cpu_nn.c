@@ -180,6 +180,14 @@ int cpu_index_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor
 int cpu_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse) {
   return CALL(wide(x), rope, out, x, cos, sin, inverse);
 }
+int cpu_rope_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *cos,
+                             const gl_tensor *sin, double eps) {
+  return CALL(wide(x), rope_rmsnorm, y, rstd, NULL, x, cos, sin, eps);
+}
+int cpu_rope_rmsnorm_backward(gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *cos,
+                              const gl_tensor *sin, const gl_tensor *rstd) {
+  return CALL(wide(x), rope_rmsnorm, dx, (gl_tensor *)rstd, dy, x, cos, sin, 0);
+}
 
 int cpu_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits,
                               const gl_tensor *targets, int64_t ignore_index, double softcap) {
@@ -510,6 +518,58 @@ static int R(rope)(gl_tensor *out, const gl_tensor *x, const gl_tensor *cs, cons
   );
   return GL_OK;
 }
+
+/* ---- rotary embedding + RMSNorm over the head dim (nanochat's q and k) -----
+   Forward (dy NULL): rs = 1 / sqrt(mean(x^2) + eps), y = rope(x) rs, rs kept
+   in st (or not: NULL).  Backward (dy given, st holds rs): g = rope^T(dy),
+   dx = rs (g - x rs mean(g x rs)).  The rotation keeps the row's sum of
+   squares, so the statistics are x's in both directions.  out is y or dx.
+   Rows (b, t, h) address each tensor through its own strides.  dx must not
+   alias x (the row of g is written over dx before x is read again). */
+#define ROW_OFF(u) ((u)->offset + b * (u)->stride[0] + t * (u)->stride[1] + h * (u)->stride[2])
+static int R(rope_rmsnorm)(gl_tensor *out, gl_tensor *st, const gl_tensor *dy, const gl_tensor *x,
+                           const gl_tensor *cs, const gl_tensor *sn, double eps) {
+  const char *fn = dy ? "gl_rope_rmsnorm_backward" : "gl_rope_rmsnorm_forward";
+  int64_t T = x->shape[1], H = x->shape[2], D = x->shape[3], half = D / 2, rows = x->numel / D, bs;
+  int nt = gl_threads_for(rows, 4 * D);
+  real *ws = R(thread_blocks)(nt, 4 * D, &bs);
+  if (!ws) return OOM(fn, "row buffers");
+  GL_PAR_FOR(nt, r, rows, 
+    real *xb = ws + gl_thread_id() * bs, *gb = xb + D, *ob = gb + D, *cb = ob + D, *sb = cb + half;
+    int64_t h = r % H, t = (r / H) % T, b = r / H / T;
+    int64_t oo = ROW_OFF(out);
+    const real *xr = R(cpu_span_load)(x, ROW_OFF(x), x->stride[3], D, xb);
+    const real *c = R(cpu_span_load)(cs, cs->offset + t * cs->stride[0], cs->stride[1], half, cb);
+    const real *s = R(cpu_span_load)(sn, sn->offset + t * sn->stride[0], sn->stride[1], half, sb);
+    int64_t so = st ? ROW_OFF(st) : 0;
+    real *o = R(row_out)(out, oo, out->stride[3], ob);
+    if (!dy) {
+      real v = 0;
+      _Pragma("omp simd reduction(+:v)")
+      for (int64_t i = 0; i < D; i++) v += xr[i] * xr[i];
+      real rs = 1 / sqrt(v / (real)D + (real)eps);
+      for (int64_t i = 0; i < half; i++) {
+        real x1 = xr[i], x2 = xr[i + half];
+        o[i] = (x1 * c[i] + x2 * s[i]) * rs;
+        o[i + half] = (x2 * c[i] - x1 * s[i]) * rs;
+      }
+      if (st) ((real *)st->storage->data)[so] = rs;
+    } else {
+      const real *d = R(cpu_span_load)(dy, ROW_OFF(dy), dy->stride[3], D, gb);
+      real rs = ((const real *)st->storage->data)[so], sgx = 0;
+      for (int64_t i = 0; i < half; i++) {  /* g = rope^T(dy) into o, then its product with x */
+        real g1 = d[i] * c[i] - d[i + half] * s[i], g2 = d[i + half] * c[i] + d[i] * s[i];
+        o[i] = g1; o[i + half] = g2;
+        sgx += g1 * xr[i] + g2 * xr[i + half];
+      }
+      sgx = sgx * rs / (real)D;
+      for (int64_t i = 0; i < D; i++) o[i] = rs * (o[i] - xr[i] * rs * sgx);
+    }
+    R(cpu_span_store)(out, oo, out->stride[3], D, o);
+  );
+  return GL_OK;
+}
+#undef ROW_OFF
 
 /* ---- cross-entropy --------------------------------------------------------
    z = softcap > 0 ? softcap * tanh(logits / softcap) : logits

@@ -77,6 +77,12 @@ int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alp
    (CUBLASLT_EPILOGUE_BIAS) where the layout allows; otherwise, and on the
    CPU, bias is copied into out and the product accumulates onto it. */
 int gl_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias);
+/* out = a @ b + c with c of out's shape (a residual added in the product:
+   nanochat's x + mlp(x)).  On a GPU c is cuBLASLt's C and out its D (C != D),
+   so the add has no pass of its own where c has out's dtype and strides;
+   otherwise, and on the CPU, c is copied into out and the product
+   accumulates onto it.  c must not overlap out. */
+int gl_matmul_add(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *c);
 /* out1 = alpha a1 @ b1 + beta out1 and out2 = alpha a2 @ b2 + beta out2, the
    two products run side by side on the CPU (one thread each) */
 int gl_matmul_pair(gl_tensor *out1, const gl_tensor *a1, const gl_tensor *b1, gl_tensor *out2,
@@ -172,6 +178,19 @@ int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_
    y1 = x1*cos + x2*sin, y2 = -x1*sin + x2*cos with cos/sin (T, D/2).
    inverse = 1 applies the transposed rotation (the backward). */
 int gl_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse);
+
+/* Rotary embedding fused with a parameter-free RMSNorm over the head dim
+   (nanochat's q and k): y = rope(x) * rstd, rstd = 1 / sqrt(mean(x^2) + eps)
+   over D.  The rotation keeps every row's sum of squares, so the statistics
+   are x's own and the result is rms_norm(rope(x)), rounded once.  x, y
+   (B, T, H, D) with D even, cos/sin (T, D/2) as gl_rope; rstd (B, T, H)
+   float32 (float64 for float64 x), NULL in the forward when not kept.
+   Backward: g = rope^T(dy), xhat = x rstd, dx = rstd (g - xhat mean(g xhat)):
+   dy and x read once, dx written once.  On a GPU one pass each way. */
+int gl_rope_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *cos,
+                            const gl_tensor *sin, double eps);
+int gl_rope_rmsnorm_backward(gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *cos,
+                             const gl_tensor *sin, const gl_tensor *rstd);
 
 /* Cross-entropy per row: logits (N, V), targets (N) int32/int64.  With
    softcap > 0 logits are first capped: z = softcap * tanh(logits / softcap).

@@ -435,6 +435,44 @@ int gl_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_t
   return GL_DISPATCH(out->device, rope, out, x, cos, sin, inverse != 0);
 }
 
+/* x (B, T, H, D) with D even and the tables (T, D/2), as gl_rope; rstd the
+   per-row statistic (B, T, H) as the norms' */
+static int check_rope_rows(const char *fn, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin,
+                           const gl_tensor *rstd) {
+  GL_TRY(check_ndim(x, fn, "x", 4, 4));
+  int64_t T = x->shape[1], D = x->shape[3];
+  if (D % 2) return gl_error("%s: x has head dim D = %lld, expected an even D", fn, (long long)D);
+  GL_TRY(check_shape(cos, fn, "cos", 2, (int64_t[]){T, D / 2}, "(T, D/2) for x (B, T, H, D) = %lld, %lld",
+                     (long long)T, (long long)D));
+  GL_TRY(check_shape(sin, fn, "sin", 2, (int64_t[]){T, D / 2}, "(T, D/2) for x (B, T, H, D) = %lld, %lld",
+                     (long long)T, (long long)D));
+  return check_norm(fn, x, (const gl_tensor *[]){rstd}, (const char *[]){"rstd"}, 1, NULL, NULL, 0);
+}
+
+int gl_rope_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *cos,
+                            const gl_tensor *sin, double eps) {
+  const char *fn = "gl_rope_rmsnorm_forward";
+  GL_TRY(check_args(fn, ARGS({y, "y", A_OUT | A_FLOAT}, {rstd, "rstd", A_OUT | A_OPT | A_FLOAT}, {x, "x", A_FLOAT},
+                             {cos, "cos", A_FLOAT}, {sin, "sin", A_FLOAT})));
+  GL_TRY(check_rope_rows(fn, x, cos, sin, rstd));
+  GL_TRY(gl_check_same_shape(x, y, fn, "x", "y"));
+  if (!(eps >= 0)) return gl_error("%s: eps is %g, expected >= 0", fn, eps);
+  if (y->numel == 0) return GL_OK;
+  return GL_DISPATCH(y->device, rope_rmsnorm_forward, y, rstd, x, cos, sin, eps);
+}
+
+int gl_rope_rmsnorm_backward(gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *cos,
+                             const gl_tensor *sin, const gl_tensor *rstd) {
+  const char *fn = "gl_rope_rmsnorm_backward";
+  GL_TRY(check_args(fn, ARGS({dx, "dx", A_OUT | A_FLOAT}, {dy, "dy", A_FLOAT}, {x, "x", A_FLOAT},
+                             {cos, "cos", A_FLOAT}, {sin, "sin", A_FLOAT}, {rstd, "rstd", A_FLOAT})));
+  GL_TRY(check_rope_rows(fn, x, cos, sin, rstd));
+  GL_TRY(gl_check_same_shape(x, dy, fn, "x", "dy"));
+  GL_TRY(gl_check_same_shape(x, dx, fn, "x", "dx"));
+  if (x->numel == 0) return GL_OK;
+  return GL_DISPATCH(dx->device, rope_rmsnorm_backward, dx, dy, x, cos, sin, rstd);
+}
+
 /* ---- cross-entropy ---------------------------------------------------------- */
 
 static int check_ce(const char *fn, const gl_tensor *logits, const gl_tensor *targets, double softcap) {

@@ -45,6 +45,17 @@ int gl_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const
   return GL_DISPATCH(out->device, matmul_bias, out, a, b, bias);
 }
 
+int gl_matmul_add(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *c) {
+  const char *fn = "gl_matmul_add";
+  GL_NONNULL(fn, out, a, b, c);
+  GL_TRY(check_matmul(fn, out, a, b));
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {c, "c", A_FLOAT})));
+  GL_TRY(gl_check_same_shape(out, c, fn, "out", "c"));
+  GL_TRY(check_no_overlap(fn, out, "out", c, "c"));
+  if (out->numel == 0) return GL_OK;
+  return GL_DISPATCH(out->device, matmul_add, out, a, b, c);
+}
+
 /* ---- products with epilogues, and pairs of products ------------------- */
 
 /* one product of a pair: out = alpha a @ b + beta out (epi 0), or a

@@ -30,8 +30,12 @@
  * out for GELU, an aux ld not a multiple of 8), a refusal and the fallback
  * GEMM run the product and then the unfused ops (gl_epilogue_product /
  * gl_epilogue_finish, engine/cpu_fused.c), as the CPU does.
+ * gl_matmul_add (out = a @ b + c) gives cuBLASLt c as its C and out as its
+ * D (C != D, beta 1): a residual added in the product with no pass of its
+ * own, where c has out's dtype and strides and out needs no temporary;
+ * otherwise c is copied into out and the product accumulates onto it.
  * Specs: spec/cuda_spec.lua ("matmul with a bias", "matmul epilogues"),
- * spec/sim_cublaslt_spec.lua. */
+ * spec/sim_cublaslt_spec.lua, spec/layer_fusion_spec.lua (gl_matmul_add). */
 #include "common.cuh"
 #include <mutex>
 #include <map>
@@ -180,9 +184,10 @@ static void lt_report_refusal(int dev, const LtProblem &q) {
           q.epilogue ? "the epilogue runs as separate passes instead" : "this shape runs on the slow fallback GEMM");
 }
 
-/* Runs one (strided-batched) GEMM: D = alpha op(A) op(B) + beta C, C == D. */
+/* Runs one (strided-batched) GEMM: D = alpha op(A) op(B) + beta Cin, Cin == D
+   unless a residual is read from elsewhere (gl_matmul_add: Cin of D's layout). */
 static int lt_run(int dev, cudaStream_t st, const LtProblem &q, const void *A, const void *B, void *C,
-                  double alpha, double beta, const void *bias, const void *aux) {
+                  double alpha, double beta, const void *bias, const void *aux, const void *Cin = nullptr) {
   LtDevice *d = nullptr;
   GL_TRY(lt_device(dev, &d));
   LtKey key = {q.dtype, q.opa, q.opb, q.m, q.n, q.k, q.a_rows, q.lda, q.b_rows, q.ldb, q.ldc, q.batch, q.sa, q.sb,
@@ -211,7 +216,7 @@ static int lt_run(int dev, cudaStream_t st, const LtProblem &q, const void *A, c
   float af = (float)alpha, bf = (float)beta;
   const void *pa = q.dtype == GL_F64 ? (const void *)&alpha : (const void *)&af;
   const void *pb = q.dtype == GL_F64 ? (const void *)&beta : (const void *)&bf;
-  GL_CU_CHECK(cublasLtMatmul(d->handle, plan.desc, pa, A, plan.la, B, plan.lb, pb, C, plan.lc, C, plan.lc,
+  GL_CU_CHECK(cublasLtMatmul(d->handle, plan.desc, pa, A, plan.la, B, plan.lb, pb, Cin ? Cin : C, plan.lc, C, plan.lc,
                              &plan.algo, d->workspace, LT_WORKSPACE, st));
   return GL_OK;
 }
@@ -289,7 +294,15 @@ struct MatEpi {
   int kind = EPI_NONE;
   const gl_tensor *bias = nullptr;
   gl_tensor *aux = nullptr;
+  const gl_tensor *resid = nullptr;  /* gl_matmul_add's c (kind EPI_NONE, beta 1) */
 };
+/* whether c can be cuBLASLt's C for D = out: out's dtype and strides */
+static bool resid_fits(const gl_tensor *c, const gl_tensor *out, int wd) {
+  if (c->dtype != wd) return false;
+  for (int d = 0; d < out->ndim; d++)
+    if (out->shape[d] > 1 && c->stride[d] != out->stride[d]) return false;
+  return true;
+}
 
 static int matmul_impl(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta,
                        const MatEpi &e);
@@ -326,6 +339,7 @@ static int matmul_impl(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, d
   if (M == 0 || N == 0 || nbatch == 0) return GL_OK;
   if (e.kind != EPI_NONE && (K == 0 || force_fallback() || (e.kind > 0 && out->dtype == GL_F64)))
     return epilogue_unfused(out, a, b, e);  /* (cuBLASLt has the GELU and gradient epilogues for 16/32-bit only) */
+  if (e.resid && (K == 0 || force_fallback())) return gl_matmul_add_unfused(out, a, b, e.resid);
   if (K == 0) return beta == 0 ? cuda_fill(out, 0) : cuda_unary(GL_U_MUL_SCALAR, out, out, beta, 0);
   if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
     return gl_error("cuda_matmul: matrix sizes M=%lld N=%lld K=%lld exceed the int range",
@@ -362,6 +376,7 @@ static int matmul_impl(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, d
 
   if (e.kind != EPI_NONE && (o != out || (e.bias && (e.bias->dtype != wd || e.bias->stride[0] != 1))))
     return epilogue_unfused(out, a0, b0, e);
+  if (e.resid && (o != out || !resid_fits(e.resid, out, wd))) return gl_matmul_add_unfused(out, a0, b0, e.resid);
 
   /* fold the batch into M when b is shared by every batch */
   int64_t rows = M, sra = a->stride[nd - 2], sro = o->stride[nd - 2];
@@ -403,10 +418,11 @@ static int matmul_impl(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, d
   int esz = gl_dtype_size(wd);
   const char *A0 = cu_ptr(a), *B0 = cu_ptr(b);
   char *C0 = cu_ptr(o);
+  const char *R0 = e.resid ? cu_ptr(e.resid) : nullptr;  /* (strides of o: resid_fits) */
   /* the batch loop's pointers share the alignment of base and strides */
   uint64_t amask = (uint64_t)(uintptr_t)A0 | (uint64_t)(sa * esz) | (uint64_t)(lda * esz);
   uint64_t bmask = (uint64_t)(uintptr_t)B0 | (uint64_t)(sb * esz) | (uint64_t)(ldb * esz);
-  uint64_t cmask = (uint64_t)(uintptr_t)C0 | (uint64_t)(sc * esz) | (uint64_t)(ldc * esz);
+  uint64_t cmask = (uint64_t)(uintptr_t)C0 | (uint64_t)(uintptr_t)R0 | (uint64_t)(sc * esz) | (uint64_t)(ldc * esz);
   if (!folded && nd > 2)
     for (int d = 0; d < bix.ndim; d++) {
       amask |= (uint64_t)(bix.stride[0][d] * esz);
@@ -467,9 +483,10 @@ static int matmul_impl(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, d
     const char *pa = A0 + off[0] * esz, *pb = B0 + off[1] * esz;
     const char *p1 = trc == 0 ? pb : pa, *p2 = trc == 0 ? pa : pb;  /* cuBLASLt's A, B */
     int rc = lt_run(dev, st, q, p1, p2, C0 + off[2] * esz, alpha, beta, e.bias ? cu_ptr(e.bias) : nullptr,
-                    e.aux ? cu_ptr(e.aux) : nullptr);
+                    e.aux ? cu_ptr(e.aux) : nullptr, R0 ? R0 + off[2] * esz : nullptr);
     if (rc == LT_NO_ALGO) {  /* bi == 0: nothing written */
       if (e.kind != EPI_NONE) return epilogue_unfused(out, a0, b0, e);
+      if (e.resid) return gl_matmul_add_unfused(out, a0, b0, e.resid);
       return gemm_fallback(st, out, a0, b0, alpha, beta);
     }
     GL_TRY(rc);
@@ -480,6 +497,12 @@ static int matmul_impl(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, d
 
 extern "C" int cuda_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta) {
   return matmul_impl(out, a, b, alpha, beta, MatEpi());
+}
+
+extern "C" int cuda_matmul_add(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *c) {
+  MatEpi e;
+  e.resid = c;
+  return matmul_impl(out, a, b, 1, 1, e);
 }
 
 extern "C" int cuda_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias) {

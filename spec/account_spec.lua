@@ -40,7 +40,10 @@ describe('cuda-sim account: bytes, FLOPs, syncs of each launch #cuda #sim', func
                            'item.syncs_at_least', 'epilogue_gelu.gemm_launches', 'epilogue_gelu.other_launches',
                            'epilogue_dgelu.gemm_launches', 'epilogue_dgelu.other_launches',
                            'epilogue_bgrad.gemm_launches', 'epilogue_bgrad.other_launches', 'add_norm.launches',
-                           'add_norm.all_launches', 'add_norm.read', 'add_norm.written' })
+                           'add_norm.all_launches', 'add_norm.read', 'add_norm.written',
+                           'matmul_add.gemm_launches', 'matmul_add.all_launches', 'matmul_add.read',
+                           'rope_norm.all_launches', 'rope_norm.read', 'rope_norm.written',
+                           'rope_norm_backward.read', 'rope_norm_backward.written' })
   end)
 
   it('counts a training step\'s GEMM FLOPs as the model\'s shapes give them', function()

@@ -40,6 +40,7 @@ local NULL_OK = {
   gl_layernorm_forward = { weight = 'optional: no affine scale', bias = 'optional: no bias',
     mean = 'optional output: statistics not kept', rstd = 'optional output: statistics not kept' },
   gl_rmsnorm_forward = { weight = 'optional: no affine scale', rstd = 'optional output: statistics not kept' },
+  gl_rope_rmsnorm_forward = { rstd = 'optional output: statistics not kept' },
   gl_attention_forward = { lse = 'optional output: log-sum-exp not kept (inference)' },
   gl_adamw_update_multi = { outs = 'optional: no low-precision copies of the parameters to write' },
   gl_cross_entropy_forward = { lse = 'optional output: log-sum-exp not kept' },

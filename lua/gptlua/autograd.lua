@@ -279,19 +279,20 @@ function A.backward(root, grad, opts)
         -- a node with adds_into = j adds the gradient its input j has so far
         -- into its own result, in its kernel's pass (gl.add_layer_norm's norm:
         -- the residual stream's gradient); it finds it in fn.taken_grad
+        -- (fn.taken_alone: no other gradient is that tensor, so the node
+        -- may add into it in place, as gl.linear's dx product does)
         local taken
         if fn.adds_into and g ~= nil then
           local xj = fn.inputs[fn.adds_into]
           taken = grads[xj]
           grads[xj] = nil
         end
-        fn.taken_grad = taken
+        fn.taken_grad, fn.taken_alone = taken, taken ~= nil and held[taken] == 1
         local in_grads
         if g == nil then in_grads = {}
         elseif A.profile_node then in_grads = { A.profile_node(fn, g) }  -- a profile runs (gptlua.observe.profiler)
         else in_grads = { fn.backward(fn.saved, g, fn) } end
-        fn.taken_grad = nil
-        if taken ~= nil then drop(taken) end
+        fn.taken_grad, fn.taken_alone = nil, nil
         for j, x in ipairs(fn.inputs) do
           if x.requires_grad then
             local gx = in_grads[j]
@@ -315,6 +316,8 @@ function A.backward(root, grad, opts)
           end
         end
         if g ~= nil then drop(g) end
+        -- (after its inputs' gradients are held: the node may return it as one)
+        if taken ~= nil then drop(taken) end
         if not retain then
           if fn.owned then for _, o in ipairs(fn.owned) do release(o) end end
           fn.saved, fn.inputs, fn.owned, fn.versions = nil, nil, nil, nil

@@ -1,6 +1,7 @@
 -- gptlua.ops_attention — differentiable attention and rotary embeddings:
 -- scaled_dot_product_attention (causal, optional sliding window, GQA),
--- attention straight from a fused qkv projection, and rope.  Each is the
+-- attention straight from a fused qkv projection, rope, and rope fused with
+-- the QK RMSNorm after it.  Each is the
 -- engine's attention kernel forward (keeping the log-sum-exp) plus its
 -- backward kernel; functions land in gptlua.ops (gl.*).
 
@@ -107,6 +108,24 @@ function O.rope(x, cos, sin)
     K(lib.gl_rope(dx.c, gc.c, cos.c, sin.c, 1))
     return dx
   end, { cos, sin }, 'rope')
+end
+
+-- rope_rms_norm(x, cos, sin, eps): rms_norm(rope(x, cos, sin), nil, eps)
+-- as one op (nanochat's QK-norm after the rotary embedding): one pass each
+-- way on a GPU instead of two (gl_rope_rmsnorm_forward / _backward; the
+-- rotation keeps each row's sum of squares, so the statistics are x's own).
+-- x (B, T, H, D) in any layout; the backward keeps x and the per-row rstd.
+function O.rope_rms_norm(x, cos, sin, eps)
+  eps = eps or 1e-6
+  local y = empty_like(x)
+  local s = x.shape
+  local rstd = Tensor.empty({ s[1], s[2], s[3] }, { dtype = stat_dtype(x), device = x.device })
+  K(lib.gl_rope_rmsnorm_forward(y.c, rstd.c, x.c, cos.c, sin.c, eps))
+  return record(y, { x }, function(_, g)
+    local dx = empty_like(x)
+    K(lib.gl_rope_rmsnorm_backward(dx.c, g.c, x.c, cos.c, sin.c, rstd.c))
+    return dx
+  end, { x, cos, sin }, 'rope_rms_norm', { rstd })
 end
 
 

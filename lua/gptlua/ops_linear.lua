@@ -97,6 +97,19 @@ local function raw_t(m)
   return m:_as_strided({ m.shape[2], m.shape[1] }, { m:stride(2), m:stride(1) }, m:storage_offset())
 end
 
+-- The gradient of x that a node took over (autograd's adds_into), if the
+-- node may add into it in place: no other gradient is that tensor
+-- (taken_alone), no other tensor views its storage, and it is one dense
+-- run of x's shape and dtype; else nil (the node adds it as autograd would).
+local function accumulable(node, x)
+  local t = node.taken_grad
+  if t == nil or not node.taken_alone or t.dtype ~= x.dtype or not t:is_contiguous() then return nil end
+  if #t.shape ~= #x.shape then return nil end
+  for i = 1, #x.shape do if t.shape[i] ~= x.shape[i] then return nil end end
+  if t.c.storage.refcount ~= 1 or t.device ~= x.device then return nil end
+  return t
+end
+
 -- linear(x, weight, bias): x @ weight^T + bias, weight (out, in) as nn.Linear's
 function O.linear(x, W, bias)
   local nx = #x.shape
@@ -123,11 +136,14 @@ function O.linear(x, W, bias)
   end
   drop(Wt); drop(out2)
   local inputs = bias and { x, W, bias } or { x, W }
-  return record(out, inputs, function(_, g, node)
+  local y = record(out, inputs, function(_, g, node)
     local gc = raw_contiguous(g)
     local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
+    -- the gradient x already has (taken over: adds_into), when the dx
+    -- product can add into it in place (beta 1)
+    local acc = x.requires_grad and accumulable(node, x) or nil
     -- dx and dW side by side on the CPU; on a GPU db rides in dW's epilogue
-    local rawx = x.requires_grad and empty_like(x2, { lead, n_in }) or nil
+    local rawx = x.requires_grad and not acc and empty_like(x2, { lead, n_in }) or nil
     local wants = {}
     if W.requires_grad then wants[#wants + 1] = W end
     if bias and bias.requires_grad then wants[#wants + 1] = bias end
@@ -149,12 +165,23 @@ function O.linear(x, W, bias)
     if rawx then
       gx = rawx:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
       drop(rawx)
+      if node.taken_grad then gx = node.taken_grad:add(gx) end  -- taken but not addable in place: as autograd adds
+    elseif acc then
+      local a2 = acc:_as_strided({ lead, n_in }, { n_in, 1 }, acc:storage_offset())
+      K(lib.gl_matmul(a2.c, g2.c, W.c, 1, 1))
+      drop(a2)
+      gx = acc
     end
     if later then return gx end
     drop(g2); drop(gc, g)
     if not node.retaining then drop(x2); drop(xc, x) end
     return gx, gW, gb
   end, { W.requires_grad and x2 or nil, x.requires_grad and W or nil }, 'linear')
+  -- x's gradient so far (another consumer's: nanochat's c_q, c_k and c_v
+  -- read one x) is taken over, so that dx = dy W adds into it in the
+  -- product (beta 1) instead of autograd adding the two in a pass of its own
+  if y.grad_fn then y.grad_fn.adds_into = 1 end
+  return y
 end
 
 local MLP_ACTS = { gelu = true, relu2 = true }
@@ -167,8 +194,12 @@ local MLP_ACTS = { gelu = true, relu2 = true }
 -- layer (gl_matmul_epilogue, gl_linear_backward; cuBLASLt's GELU_AUX_BIAS
 -- and DGELU_BGRAD on a GPU).  'relu2' (nanochat's relu(x)^2) has no
 -- cuBLASLt epilogue: it is one pass each way (gl_unary, gl_unary_backward,
--- the latter in place over the gradient).  Biases may be nil.
-function O.mlp(x, W1, b1, W2, b2, act)
+-- the latter in place over the gradient).  Biases may be nil.  residual
+-- (optional, of the output's shape): returns residual + mlp(x), the block's
+-- closing add in the second product (gl_matmul_add: cuBLASLt's C, no pass
+-- of its own; with a proj_bias the add is a pass after the product); its
+-- gradient is the output's, passed through.
+function O.mlp(x, W1, b1, W2, b2, act, residual)
   if not MLP_ACTS[act] then
     error(('mlp: activation is %s, expected \'gelu\' or \'relu2\''):format(tostring(act)), 2)
   end
@@ -189,6 +220,10 @@ function O.mlp(x, W1, b1, W2, b2, act)
   end
   local lead = 1
   for i = 1, nx - 1 do lead = lead * x.shape[i] end
+  local oshape = x:size(); oshape[nx] = n_out
+  if residual and (#residual.shape ~= nx or not O.same_shape(residual.shape, oshape)) then
+    error(('mlp: residual has shape %s, expected %s'):format(shape_str(residual.shape), shape_str(oshape)), 2)
+  end
   local xc = raw_contiguous(x)
   local x2 = xc:_as_strided({ lead, C }, { C, 1 }, xc:storage_offset())
   local opts = { dtype = x.dtype, device = x.device }
@@ -201,12 +236,19 @@ function O.mlp(x, W1, b1, W2, b2, act)
     if b1 then K(lib.gl_matmul_bias(pre.c, x2.c, W1t.c, b1.c)) else O.matmul_raw(x2, W1t, pre, 0) end
     K(lib.gl_unary(U.relu2, h.c, pre.c, 0, 0))
   end
-  local oshape = x:size(); oshape[nx] = n_out
   local out = Tensor.empty(oshape, opts)
   local out2 = out:_as_strided({ lead, n_out }, { n_out, 1 }, 0)
-  if b2 then K(lib.gl_matmul_bias(out2.c, h.c, W2t.c, b2.c)) else O.matmul_raw(h, W2t, out2, 0) end
+  if residual and not b2 then
+    local rc = raw_contiguous(residual)
+    local r2 = rc:_as_strided({ lead, n_out }, { n_out, 1 }, rc:storage_offset())
+    K(lib.gl_matmul_add(out2.c, h.c, W2t.c, r2.c))
+    drop(r2); drop(rc, residual)
+  else
+    if b2 then K(lib.gl_matmul_bias(out2.c, h.c, W2t.c, b2.c)) else O.matmul_raw(h, W2t, out2, 0) end
+    if residual then K(lib.gl_binary(lib.GL_B_ADD, out.c, out.c, residual.c)) end
+  end
   drop(W1t); drop(W2t); drop(out2)
-  local inputs = { x, W1, b1 or false, W2, b2 or false }
+  local inputs = { x, W1, b1 or false, W2, b2 or false, residual or false }
   local rec_inputs, slot = {}, {}
   for i, t in ipairs(inputs) do if t then rec_inputs[#rec_inputs + 1] = t; slot[i] = #rec_inputs end end
   out = record(out, rec_inputs, function(_, g, node)
@@ -263,9 +305,9 @@ function O.mlp(x, W1, b1, W2, b2, act)
       drop(g2); drop(gc, g)
       if not node.retaining then drop(x2); drop(xc, x) end
     end
-    local grads = { gx, gW1, gb1, gW2, gb2 }
+    local grads = { gx, gW1, gb1, gW2, gb2, residual and residual.requires_grad and g or nil }
     local r = {}
-    for i = 1, 5 do if slot[i] then r[slot[i]] = grads[i] end end
+    for i = 1, 6 do if slot[i] then r[slot[i]] = grads[i] end end
     return unpack(r, 1, #rec_inputs)
   end, { x2, W1, W2, pre, h }, 'mlp', { pre, h })
   if not out.grad_fn then Tensor.release(pre); Tensor.release(h); drop(x2); drop(xc, x) end  -- nothing will read them

@@ -411,6 +411,30 @@ Tensor.softmax, Tensor.log_softmax = O.softmax, O.log_softmax
 local function stat_dtype(x) return x.dtype == 'float64' and 'float64' or 'float32' end
 local function lead_shape(x) local s = x:size(); s[#s] = nil; return s end
 
+-- A norm's backward adds the gradient its input already has (the residual
+-- stream's, when the norm reads a block's input: nanochat's and GPT-2's
+-- first norm of a block, the final norm) into dx in its own pass
+-- (gl_norm_backward_add), instead of autograd adding the two afterwards (a
+-- binary pass: read 2, write 1).  The node takes that gradient over
+-- (autograd's adds_into); if it is not there yet, nothing is taken and
+-- autograd adds what comes later as usual.
+local function takes_residual(y)
+  if y.grad_fn then y.grad_fn.adds_into = 1 end
+  return y
+end
+-- the taken gradient if the kernel can add it (dx's shape and dtype), else nil
+local function residual_grad(node, dx)
+  local t = node.taken_grad
+  if t and t.dtype == dx.dtype and same_shape(t.shape, dx.shape) then return t end
+  return nil
+end
+-- dx plus a taken gradient the kernel could not add
+local function add_rest(node, dx, dres)
+  local t = node.taken_grad
+  if t == nil or dres ~= nil then return dx end
+  return dx:add(t)
+end
+
 -- layer_norm(x, weight, bias, eps): (x - mean) / sqrt(var + eps) over the
 -- last dim, then * weight + bias (both optional; eps 1e-5)
 function O.layer_norm(x, weight, bias, eps)
@@ -423,16 +447,18 @@ function O.layer_norm(x, weight, bias, eps)
   local inputs = { xc }
   if weight then inputs[#inputs + 1] = weight end
   if bias then inputs[#inputs + 1] = bias end
-  return record(y, inputs, function(_, g)
+  return takes_residual(record(y, inputs, function(_, g, node)
     local gc = g:is_contiguous() and g or g:contiguous()
     local dx = empty_like(xc)
     local dw = weight and empty_like(weight) or nil
     local db = bias and empty_like(bias) or nil
-    K(lib.gl_layernorm_backward(dx.c, dw and dw.c or NULL, db and db.c or NULL, gc.c, xc.c,
-      weight and weight.c or NULL, mean.c, rstd.c))
+    local dres = residual_grad(node, dx)
+    K(lib.gl_norm_backward_add(dx.c, dw and dw.c, db and db.c, gc.c, xc.c, weight and weight.c, mean.c, rstd.c,
+      dres and dres.c, 1))
+    dx = add_rest(node, dx, dres)
     if weight and bias then return dx, dw, db elseif weight then return dx, dw elseif bias then return dx, db end
     return dx
-  end, { xc, weight }, 'layer_norm', { mean, rstd })
+  end, { xc, weight }, 'layer_norm', { mean, rstd }))
 end
 
 -- rms_norm(x, weight, eps): x / sqrt(mean(x^2) + eps) over the last dim,
@@ -444,13 +470,15 @@ function O.rms_norm(x, weight, eps)
   local rstd = Tensor.empty(lead_shape(x), { dtype = stat_dtype(x), device = x.device })
   K(lib.gl_rmsnorm_forward(y.c, rstd.c, xc.c, weight and weight.c or NULL, eps))
   local inputs = weight and { xc, weight } or { xc }
-  return record(y, inputs, function(_, g)
+  return takes_residual(record(y, inputs, function(_, g, node)
     local gc = g:is_contiguous() and g or g:contiguous()
     local dx = empty_like(xc)
     local dw = weight and empty_like(weight) or nil
-    K(lib.gl_rmsnorm_backward(dx.c, dw and dw.c or NULL, gc.c, xc.c, weight and weight.c or NULL, rstd.c))
-    return dx, dw
-  end, { xc, weight }, 'rms_norm', { rstd })
+    local dres = residual_grad(node, dx)
+    K(lib.gl_norm_backward_add(dx.c, dw and dw.c, NULL, gc.c, xc.c, weight and weight.c, NULL, rstd.c,
+      dres and dres.c, 0))
+    return add_rest(node, dx, dres), dw
+  end, { xc, weight }, 'rms_norm', { rstd }))
 end
 
 -- A residual add and the norm after it, fused (a block's x = x + f(x);

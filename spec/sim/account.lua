@@ -76,6 +76,26 @@ if what == 'ops' then
     say('epilogue_' .. e[1] .. '.gemm_launches', row(res, '^cublasLt').launches, 1)
     say('epilogue_' .. e[1] .. '.other_launches', other, 0)
   end
+  -- a residual added in the product (gl_matmul_add: cuBLASLt's C != D): one
+  -- launch reading a, b and c once, no kernel of its own
+  local c = gl.randn({ N, M2 }, DEV)
+  res = acc.count(function() gl.check(lib.gl_matmul_add(d.c, a.c, bm.c, c.c)) end)
+  say('matmul_add.gemm_launches', row(res, '^cublasLt').launches, 1)
+  say('matmul_add.all_launches', row(res, '.').launches, 1)
+  say('matmul_add.read', row(res, '^cublasLt').read, (N * K + K * M2 + N * M2) * 2)
+  -- rotary + QK-norm (gl_rope_rmsnorm_forward): x and the tables read once, y
+  -- and the per-row rstd written once, one launch; its backward reads dy and x
+  local H, D = 2, 128
+  local q, qy = gl.randn({ 1, N, H, D }, DEV), gl.empty({ 1, N, H, D }, DEV)
+  local cs, sn = gl.randn({ N, D / 2 }, DEV), gl.randn({ N, D / 2 }, DEV)
+  local qr = gl.empty({ 1, N, H }, { device = 'cuda', dtype = 'float32' })
+  res = acc.count(function() gl.check(lib.gl_rope_rmsnorm_forward(qy.c, qr.c, q.c, cs.c, sn.c, 1e-6)) end)
+  say('rope_norm.all_launches', row(res, '.').launches, 1)
+  say('rope_norm.read', row(res, '.').read, N * H * D * 2 + 2 * N * D / 2 * 2)
+  say('rope_norm.written', row(res, '.').written, N * H * D * 2 + N * H * 4)
+  res = acc.count(function() gl.check(lib.gl_rope_rmsnorm_backward(qy.c, q.c, x:view(1, N, H, D).c, cs.c, sn.c, qr.c)) end)
+  say('rope_norm_backward.read', row(res, '.').read, 2 * N * H * D * 2 + 2 * N * D / 2 * 2 + N * H * 4)
+  say('rope_norm_backward.written', row(res, '.').written, N * H * D * 2)
   -- a value read back: one copy to the host and the host's waits
   res = acc.count(function() return d:sum():item() end)
   r = row(res, '^' .. acc.SYNC)

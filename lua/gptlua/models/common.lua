@@ -210,11 +210,15 @@ function M.add_norm(x, r, norm)
   return s, norm(s)
 end
 
-function M.mlp(m, x, act)
+-- residual (optional): residual + mlp(x), the add in the second product
+-- when the MLP is fused (gl.mlp's residual)
+function M.mlp(m, x, act, residual)
   local fc, proj = m.c_fc, m.c_proj
   if plain_linear(fc) and plain_linear(proj) then
-    return gl.mlp(x, fc.weight, fc.bias, proj.weight, proj.bias, act)
+    return gl.mlp(x, fc.weight, fc.bias, proj.weight, proj.bias, act, residual)
   end
-  return proj(gl[act](fc(x)))
+  local y = proj(gl[act](fc(x)))
+  if residual then return residual + y end
+  return y
 end
 return M

@@ -228,7 +228,7 @@ function Attention:forward(x, cos, sin, cache, ve, eps)
   q = q:view(B, T, H, D)
   local k = self.c_k(x):view(B, T, Hkv, D)
   local v = self:value(x, ve, B, T)
-  q, k = gl.rms_norm(gl.rope(q, cos, sin), nil, eps), gl.rms_norm(gl.rope(k, cos, sin), nil, eps)
+  q, k = gl.rope_rms_norm(q, cos, sin, eps), gl.rope_rms_norm(k, cos, sin, eps)  -- rotary, then the QK-norm: one op
   q, k, v = q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3)
   if cache then k, v = common.cache_append(cache, k, v) end
   local y
@@ -256,7 +256,8 @@ function MLP:__init(cfg)
   self:add('c_fc', linear(cfg.n_embd, 4 * cfg.n_embd))
   self:add('c_proj', linear(4 * cfg.n_embd, cfg.n_embd, true))
 end
-function MLP:forward(x) return common.mlp(self, x, 'relu2') end
+-- residual (optional): residual + mlp(x), added in the second product
+function MLP:forward(x, residual) return common.mlp(self, x, 'relu2', residual) end
 
 local Block = nn.class('NanochatBlock', nn.Module)
 function Block:__init(cfg, i)
@@ -268,7 +269,7 @@ function Block:forward(x, cache, ve)
   local rot, eps = self.rotary, self.eps or 1e-6
   local h0 = gl.rms_norm(x, nil, eps)
   local s, h = gl.add_rms_norm(x, self.attn(h0, rot.cos, rot.sin, cache, ve, eps), nil, eps)  -- x + attn, norm: one pass
-  return s + self.mlp(h)
+  return self.mlp(h, s)  -- s + mlp(h), the add in the MLP's second product
 end
 
 local Transformer = nn.class('NanochatTransformer', nn.Module)

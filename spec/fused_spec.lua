@@ -1,4 +1,4 @@
--- The fused ops of issue 13 on the CPU: gl.mlp and gl.add_layer_norm /
+-- The fused ops of issue 13 on the CPU (nanochat's own: spec/layer_fusion_spec.lua): gl.mlp and gl.add_layer_norm /
 -- gl.add_rms_norm against the unfused ops they replace (the same kernels run on the CPU, so the results are identical,
 -- which keeps `make run`'s losses where they were), gl_matmul_epilogue and
 -- gl_linear_backward against their definitions, and their argument checks.
@@ -64,10 +64,16 @@ describe('fused ops on the CPU', function()
     assert.are.equal(0, y2:max_abs_diff(gl.linear(gl.relu2(gl.linear(x:detach(), W1, b1:detach())), W2)))
   end)
 
-  it('the models run their MLPs through gl.mlp and their second norm fused with the residual add', function()
+  it('the models run their MLPs through gl.mlp and their residual adds fused (nanochat: in the products)', function()
     local seen = {}
-    local mlp, aln, arn = gl.mlp, gl.add_layer_norm, gl.add_rms_norm
-    gl.mlp = function(...) seen[select(6, ...)] = true; return mlp(...) end
+    local mlp, aln, arn, lin, rrn = gl.mlp, gl.add_layer_norm, gl.add_rms_norm, gl.linear, gl.rope_rms_norm
+    gl.mlp = function(...)
+      seen[select(6, ...)] = true
+      if select(7, ...) then seen.mlp_residual = true end
+      return mlp(...)
+    end
+    gl.linear = function(...) if select(4, ...) then seen.linear_residual = true end; return lin(...) end
+    gl.rope_rms_norm = function(...) seen.rope_rms_norm = true; return rrn(...) end
     gl.add_layer_norm = function(...) seen.add_layer_norm = true; return aln(...) end
     gl.add_rms_norm = function(...) seen.add_rms_norm = true; return arn(...) end
     local ok, err = pcall(function()
@@ -77,10 +83,12 @@ describe('fused ops on the CPU', function()
         m:forward(gl.tensor({ { 1, 2, 3 } }, { dtype = 'int64' }))
       end
     end)
-    gl.mlp, gl.add_layer_norm, gl.add_rms_norm = mlp, aln, arn
+    gl.mlp, gl.add_layer_norm, gl.add_rms_norm, gl.linear, gl.rope_rms_norm = mlp, aln, arn, lin, rrn
     assert(ok, err)
     assert(seen.add_layer_norm, 'gpt2 did not call gl.add_layer_norm')
-    assert(seen.add_rms_norm, 'nanochat did not call gl.add_rms_norm')
+    assert(seen.linear_residual, 'nanochat did not add x + attn in c_proj\'s product (gl.linear\'s residual)')
+    assert(seen.mlp_residual, 'nanochat did not add s + mlp in the MLP\'s product (gl.mlp\'s residual)')
+    assert(seen.rope_rms_norm, 'nanochat did not call gl.rope_rms_norm')
     assert(seen.gelu, 'gpt2 did not call gl.mlp')
     assert(seen.relu2, 'nanochat did not call gl.mlp')
   end)

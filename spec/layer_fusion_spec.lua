@@ -127,7 +127,7 @@ describe('norms and linear layers that add their input\'s other gradient where t
   end)
 end)
 
-describe('the residual add in the MLP\'s second product (gl.mlp residual, gl_matmul_add) on the CPU', function()
+describe('residual adds in the products (gl.mlp\'s and gl.linear\'s residual, gl_matmul_add) on the CPU', function()
   it('equals residual + mlp(x), forward and every gradient (float32 bit for bit, bfloat16), with and without biases', function()
     for _, dt in ipairs({ 'float32', 'bfloat16' }) do
       for _, bias in ipairs({ false, true }) do
@@ -155,6 +155,28 @@ describe('the residual add in the MLP\'s second product (gl.mlp residual, gl_mat
         end
       end
     end
+  end)
+
+  it('gl.linear with a residual equals residual + linear(x), forward and gradients (float32 bit for bit)', function()
+    for _, bias in ipairs({ false, true }) do
+      local function P(sh, seed) return gl.randn(sh, { seed = seed }):requires_grad_() end
+      local x, r, W, b = P({ 2, 5, 16 }, 91), P({ 2, 5, 12 }, 92), P({ 12, 16 }, 93), bias and P({ 12 }, 94) or nil
+      local g = gl.randn({ 2, 5, 12 }, { seed = 95 })
+      local function grads(f)
+        for _, t in ipairs({ x, r, W, b }) do t.grad = nil end
+        local y = f()
+        y:backward(g)
+        return { y, x.grad, r.grad, W.grad, b and b.grad }
+      end
+      local fused = grads(function() return gl.linear(x, W, b, r) end)
+      local plain = grads(function() return r + gl.linear(x, W, b) end)
+      for i = 1, #fused do assert.are.equal(0, fused[i]:max_abs_diff(plain[i]), ('bias=%s %d'):format(tostring(bias), i)) end
+    end
+    local R = function(sh, seed) return gl.randn(sh, { dtype = 'float64', seed = seed }):requires_grad_() end
+    gc.check(function(x, w, r) return gl.linear(x, w, nil, r) end, { R({ 2, 3, 4 }, 96), R({ 5, 4 }, 97), R({ 2, 3, 5 }, 98) })
+    local ok, e = pcall(gl.linear, R({ 2, 3, 4 }, 96), R({ 5, 4 }, 97), nil, R({ 2, 3, 4 }, 99))
+    assert.is_false(ok)
+    assert.matches('linear: residual has shape {2,3,4}, expected {2,3,5}', tostring(e), 1, true)
   end)
 
   it('has the gradient of its float64 central differences, and refuses a residual of another shape', function()

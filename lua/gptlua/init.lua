@@ -45,7 +45,7 @@ local OPS = {
   sum_to = 'g:tensor, shape:shape',
   -- products and network ops
   matmul = 'a:tensor, b:tensor', matmul_raw = 'a:tensor, b:tensor, out:tensor?, beta:number?, alpha:number?',
-  matmul_pair_raw = 'a1:tensor, b1:tensor, a2:tensor, b2:tensor', linear = 'x:tensor, weight:tensor, bias:tensor?',
+  matmul_pair_raw = 'a1:tensor, b1:tensor, a2:tensor, b2:tensor', linear = 'x:tensor, weight:tensor, bias:tensor?, residual:tensor?',
   mlp = 'x:tensor, fc_weight:tensor, fc_bias:tensor?, proj_weight:tensor, proj_bias:tensor?, activation:string, residual:tensor?',
   softmax = 'x:tensor, dim:integer?', log_softmax = 'x:tensor, dim:integer?',
   layer_norm = 'x:tensor, weight:tensor?, bias:tensor?, eps:number?', rms_norm = 'x:tensor, weight:tensor?, eps:number?',

@@ -110,8 +110,11 @@ local function accumulable(node, x)
   return t
 end
 
--- linear(x, weight, bias): x @ weight^T + bias, weight (out, in) as nn.Linear's
-function O.linear(x, W, bias)
+-- linear(x, weight, bias, residual): x @ weight^T + bias, weight (out, in)
+-- as nn.Linear's; residual (optional, of the output's shape) is added in the
+-- product (gl_matmul_add: cuBLASLt's C, no pass of its own; with a bias the
+-- add is a pass after it) and gets the output's gradient, passed through
+function O.linear(x, W, bias, residual)
   local nx = #x.shape
   if #W.shape ~= 2 or W.shape[2] ~= x.shape[nx] then
     error(('linear: weight has shape %s, expected {*,%d} (in_features of x %s)'):format(shape_str(W.shape),
@@ -123,6 +126,9 @@ function O.linear(x, W, bias)
   local xc = raw_contiguous(x)
   local x2 = xc:_as_strided({ lead, n_in }, { n_in, 1 }, xc:storage_offset())
   local oshape = x:size(); oshape[nx] = n_out
+  if residual and not O.same_shape(residual.shape, oshape) then
+    error(('linear: residual has shape %s, expected %s'):format(shape_str(residual.shape), shape_str(oshape)), 2)
+  end
   local out = Tensor.empty(oshape, { dtype = x.dtype, device = x.device })
   local out2 = out:_as_strided({ lead, n_out }, { n_out, 1 }, 0)
   local Wt = raw_t(W)
@@ -131,11 +137,18 @@ function O.linear(x, W, bias)
       error(('linear: bias has shape %s, expected {%d}'):format(shape_str(bias.shape), n_out), 2)
     end
     K(lib.gl_matmul_bias(out2.c, x2.c, Wt.c, bias.c))
+    if residual then K(lib.gl_binary(lib.GL_B_ADD, out.c, out.c, residual.c)) end
+  elseif residual then
+    local rc = raw_contiguous(residual)
+    local r2 = rc:_as_strided({ lead, n_out }, { n_out, 1 }, rc:storage_offset())
+    K(lib.gl_matmul_add(out2.c, x2.c, Wt.c, r2.c))
+    drop(r2); drop(rc, residual)
   else
     O.matmul_raw(x2, Wt, out2, 0)
   end
   drop(Wt); drop(out2)
   local inputs = bias and { x, W, bias } or { x, W }
+  if residual then inputs[#inputs + 1] = residual end
   local y = record(out, inputs, function(_, g, node)
     local gc = raw_contiguous(g)
     local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
@@ -162,6 +175,7 @@ function O.linear(x, W, bias)
       K(lib.gl_linear_backward(rawx and rawx.c, gW and gW.c, gb and gb.c, NULL, g2.c, x2.c, W.c, NULL))
     end
     local gx
+    local gr = residual and residual.requires_grad and g or nil  -- (returned after the others)
     if rawx then
       gx = rawx:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
       drop(rawx)
@@ -172,10 +186,13 @@ function O.linear(x, W, bias)
       drop(a2)
       gx = acc
     end
-    if later then return gx end
-    drop(g2); drop(gc, g)
-    if not node.retaining then drop(x2); drop(xc, x) end
-    return gx, gW, gb
+    if later then gW, gb = nil, nil
+    else
+      drop(g2); drop(gc, g)
+      if not node.retaining then drop(x2); drop(xc, x) end
+    end
+    if bias then return gx, gW, gb, gr end
+    return gx, gW, gr
   end, { W.requires_grad and x2 or nil, x.requires_grad and W or nil }, 'linear')
   -- x's gradient so far (another consumer's: nanochat's c_q, c_k and c_v
   -- read one x) is taken over, so that dx = dy W adds into it in the

@@ -50,6 +50,7 @@ local gl = require 'gptlua'
 local A = require 'gptlua.autograd'
 local RA = require 'gptlua.dist.ring_attention'
 local TP = require 'gptlua.dist.tensor_parallel'
+local common = require 'gptlua.models.common'
 
 local CP = {}
 
@@ -277,8 +278,8 @@ function CP.parallelize(model, comm, opts)
       end
     else
       -- (ve: this layer's value embedding of this rank's rows, or nil; eps the QK-norm's)
-      attn.forward = function(self, x, cos, sin, cache, ve, eps)
-        if cache or not layout.seq_now then return whole(self, x, cos, sin, cache, ve, eps) end
+      attn.forward = function(self, x, cos, sin, cache, ve, eps, residual)
+        if cache or not layout.seq_now then return whole(self, x, cos, sin, cache, ve, eps, residual) end
         local D = self.D
         eps = eps or 1e-6
         local sdpa_opts = { scale = self.scale, window = self.window }
@@ -291,7 +292,7 @@ function CP.parallelize(model, comm, opts)
           cos, sin = my_rows(layout, cos, 1):contiguous(), my_rows(layout, sin, 1):contiguous()
           q, k = gl.rope_rms_norm(q, cos, sin, eps), gl.rope_rms_norm(k, cos, sin, eps)
           local y = RA.attention(q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3), comm, { scale = self.scale })
-          return self.c_proj(y:transpose(2, 3):reshape(B, T, H * D))
+          return common.linear(self.c_proj, y:transpose(2, 3):reshape(B, T, H * D), residual)
         end
         local H, Hkv = self.H / comm.size, self.Hkv / comm.size
         local Bl, Tl = x.shape[1], x.shape[2]
@@ -304,7 +305,7 @@ function CP.parallelize(model, comm, opts)
         q, k = gl.rope_rms_norm(q, cos, sin, eps), gl.rope_rms_norm(k, cos, sin, eps)
         local y = gl.scaled_dot_product_attention(q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3), sdpa_opts)
         y = y:transpose(2, 3):reshape(B, T, H * D)
-        return self.c_proj(CP.to_rows(y, 1, comm))
+        return common.linear(self.c_proj, CP.to_rows(y, 1, comm), residual)
       end
     end
   end

@@ -210,6 +210,15 @@ function M.add_norm(x, r, norm)
   return s, norm(s)
 end
 
+-- linear(l, x, residual): residual + l(x), the add in the product
+-- (gl.linear's residual) when l is a plain nn.Linear; a layout's replaced
+-- or wrapped linear adds it after
+function M.linear(l, x, residual)
+  if residual == nil then return l(x) end
+  if plain_linear(l) then return gl.linear(x, l.weight, l.bias, residual) end
+  return residual + l(x)
+end
+
 -- residual (optional): residual + mlp(x), the add in the second product
 -- when the MLP is fused (gl.mlp's residual)
 function M.mlp(m, x, act, residual)

@@ -219,8 +219,9 @@ function Attention:__init(cfg, i)
   self.scale = cfg.qk_scale ^ 2 / math.sqrt(D)
 end
 -- x (B,T,C) normed; ve (B,T,Hkv*D) this layer's value embedding or nil;
--- eps the QK-norm's
-function Attention:forward(x, cos, sin, cache, ve, eps)
+-- eps the QK-norm's; residual (optional): returns residual + attn(x), the
+-- add in c_proj's product
+function Attention:forward(x, cos, sin, cache, ve, eps, residual)
   local H, Hkv, D = self.H, self.Hkv, self.D
   eps = eps or 1e-6
   local q = self.c_q(x)
@@ -234,7 +235,7 @@ function Attention:forward(x, cos, sin, cache, ve, eps)
   local y
   if self.window == 0 and self.scale == 1 / math.sqrt(D) then y = gl.scaled_dot_product_attention(q, k, v)
   else y = gl.scaled_dot_product_attention(q, k, v, { scale = self.scale, window = self.window }) end
-  return self.c_proj(y:transpose(2, 3):reshape(B, T, H * D))
+  return common.linear(self.c_proj, y:transpose(2, 3):reshape(B, T, H * D), residual)
 end
 
 -- the values (B, T, Hkv, D) of x (T rows of the sequence; under sequence
@@ -268,8 +269,11 @@ end
 function Block:forward(x, cache, ve)
   local rot, eps = self.rotary, self.eps or 1e-6
   local h0 = gl.rms_norm(x, nil, eps)
-  local s, h = gl.add_rms_norm(x, self.attn(h0, rot.cos, rot.sin, cache, ve, eps), nil, eps)  -- x + attn, norm: one pass
-  return self.mlp(h, s)  -- s + mlp(h), the add in the MLP's second product
+  -- both residual adds ride in the products that make the branches: x + attn
+  -- in c_proj's, s + mlp in the MLP's second (gl_matmul_add); each norm's
+  -- backward adds the residual stream's gradient in its own pass
+  local s = self.attn(h0, rot.cos, rot.sin, cache, ve, eps, x)
+  return self.mlp(gl.rms_norm(s, nil, eps), s)
 end
 
 local Transformer = nn.class('NanochatTransformer', nn.Module)

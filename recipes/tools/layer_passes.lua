@@ -15,8 +15,9 @@
 -- GEMMs' bytes, not activation passes).  The GEMMs are counted, not run
 -- (the account's quick mode).  --before=1 counts the layer as it was before
 -- the fusions of NOTES-cuda.md's "one layer's passes" section: rotary and the
--- QK-norm as two ops each way, and no norm or linear layer taking over its
--- input's other gradient (autograd adds the two in a pass of its own).
+-- QK-norm as two ops each way, no norm or linear layer taking over its
+-- input's other gradient (autograd adds the two in a pass of its own), and
+-- nanochat's block with its residual adds outside the products.
 local gl = require 'gptlua'
 local acc = dofile(gl.root .. '/recipes/tools/account.lua')
 local models = { nanochat = require 'gptlua.models.nanochat', gpt2 = require 'gptlua.models.gpt2' }
@@ -63,6 +64,15 @@ local function count(L, B)
   local cfg = { n_layer = L, n_embd = opts.C, n_head = opts.H, vocab_size = opts.V, block_size = opts.T }
   if not gpt2 then cfg.depth = L end
   local m = models[opts.model].GPT(cfg)
+  if opts.before == 1 and not gpt2 then
+    -- nanochat's block as it was: x + attn fused with the second norm, s + mlp a pass of its own
+    getmetatable(m.transformer.h[1]).forward = function(self, x, cache, ve)
+      local rot, eps = self.rotary, self.eps or 1e-6
+      local h0 = gl.rms_norm(x, nil, eps)
+      local s, h = gl.add_rms_norm(x, self.attn(h0, rot.cos, rot.sin, cache, ve, eps), nil, eps)
+      return s + self.mlp(h)
+    end
+  end
   m:to('cuda:0'); m:to('bfloat16')
   math.randomseed(2)
   local ids = {}

@@ -224,6 +224,26 @@ __global__ void norm_forward_kernel(P y, P x, P w, P b, AnyPtr mean, AnyPtr rstd
   }
 }
 
+/* p[0 .. n) += v[0 .. n) (a vector row's columns of a norm backward's
+   partial sums, owned by one thread): CuVec16<T> loads and stores when p is
+   16-byte aligned, else element by element */
+template <int n, class T> __device__ __forceinline__ void part_add(T *p, const T *v, bool vec) {
+  typedef CuVec16<T> PV;
+  static_assert(n % PV::N == 0, "a row vector holds whole partial-sum vectors");
+  if (vec) {
+#pragma unroll
+    for (int j = 0; j < n; j += PV::N) {
+      PV a = PV::load(p + j);
+#pragma unroll
+      for (int k = 0; k < PV::N; k++) a.set(k, a.template get<T>(k) + v[j + k]);
+      a.store(p + j);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < n; k++) p[k] += v[k];
+  }
+}
+
 /* xhat = (x - mean) rstd, g = dy w:
    dx = rstd (g - mean(g) - xhat mean(g xhat))   (mean(g) only when centering);
    block k adds dy xhat and dy of its rows into part[k][c] and part[k][C + c]
@@ -237,6 +257,8 @@ __global__ void norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr r
   typedef CuVec16<typename RowStore<P>::S> V;
   T *pw = part ? part + (int64_t)blockIdx.x * 2 * C : nullptr;
   bool wwhole = row_vec_whole(w, ws);
+  /* the partials as 16-byte vectors too: both halves of pw aligned */
+  bool pvec = pw && ((uintptr_t)pw & 15) == 0 && (C * (int64_t)sizeof(T)) % 16 == 0;
   if (pw) {
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) { pw[c] = 0; pw[C + c] = 0; }
     __syncthreads();  /* a vector row gives the columns to other threads than the zeroing */
@@ -252,18 +274,25 @@ __global__ void norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr r
     auto wat = [&](int64_t c) -> T { return w.null() ? (T)1 : w.template get<T>(c * ws); };
     auto wvec = [&](int64_t c) -> V { V wv; if (!w.null()) wv = row_vec(w, c, ws, wwhole); return wv; };
     auto wk = [&](const V &wv, int k) -> T { return w.null() ? (T)1 : wv.template get<T>(k); };
-    auto sums = [&](int64_t c, T g, T xv, T wv) {
+    auto sums = [&](T g, T xv, T wv) -> T {  /* returns xhat */
       T xh = (xv - m) * rs, gw = g * wv;
       sg += gw;
       sgx += gw * xh;
-      if (pw) { pw[c] += g * xh; pw[C + c] += g; }
+      return xh;
     };
     row_walk<V::N>(C, vec, [&](int64_t c) {
       V gv = V::load(row_at(dy, off[1] + c)), xv = V::load(row_at(x, off[2] + c)), wv = wvec(c);
+      T gx[V::N], gs[V::N];
 #pragma unroll
-      for (int k = 0; k < V::N; k++) sums(c + k, gv.template get<T>(k), xv.template get<T>(k), wk(wv, k));
+      for (int k = 0; k < V::N; k++) {
+        gs[k] = gv.template get<T>(k);
+        gx[k] = gs[k] * sums(gs[k], xv.template get<T>(k), wk(wv, k));
+      }
+      if (pw) { part_add<V::N>(pw + c, gx, pvec); part_add<V::N>(pw + C + c, gs, pvec); }
     }, [&](int64_t c) {
-      sums(c, dy.template get<T>(off[1] + c * dys), x.template get<T>(off[2] + c * xs), wat(c));
+      T g = dy.template get<T>(off[1] + c * dys);
+      T xh = sums(g, x.template get<T>(off[2] + c * xs), wat(c));
+      if (pw) { pw[c] += g * xh; pw[C + c] += g; }
     });
     sg = CENTER ? cu_block_reduce(sg, CuSum(), (T)0) / (T)C : (T)0;
     sgx = cu_block_reduce(sgx, CuSum(), (T)0) / (T)C;

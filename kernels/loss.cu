@@ -12,16 +12,27 @@
  * materialised; the backward recomputes the probabilities from lse and may
  * overwrite the logits in place.  Targets are range-checked on the device
  * (cu_check_ids, reported at the next host wait); a bad target's row gets a
- * NaN loss and no one-hot term, never a read out of bounds. */
-#include "common.cuh"
+ * NaN loss and no one-hot term, never a read out of bounds.
+ *
+ * 16-byte rows (issue 13): a typed launch whose rows are contiguous reads
+ * (and the backward writes) CuVec16<S>::N logits per access (8 bfloat16, 4
+ * float) in every row that starts 16-byte aligned, element by element in the
+ * others and past the last whole vector (kernels/row_walk.cuh; V = 50304 or
+ * 65536 in bfloat16 is aligned in every row, V = 1001 in every other at
+ * best).  Spec: spec/cuda_rows_spec.lua ("16-byte rows: cross-entropy"). */
+#include "row_walk.cuh"
 
 
 template <class T> __device__ __forceinline__ T capped(T z, T cap) { return cap > (T)0 ? cap * cu_tanh(z / cap) : z; }
 
-template <class P, class T>
+/* VEC (a typed launch, the logits' rows contiguous): rows that start 16-byte
+   aligned read their logits CuVec16<S>::N at a time (row_walk, kernels/row_walk.cuh);
+   the others, and the tail past the last whole vector, element by element. */
+template <class P, class T, bool VEC>
 __global__ void ce_forward_kernel(AnyPtr losses, int64_t lss, AnyPtr lse, int64_t ess, P logits, int64_t s0,
                                   int64_t s1, IdxPtr targets, int64_t ts, int64_t N, int64_t V, int64_t ignore,
                                   T cap) {
+  typedef CuVec16<typename RowStore<P>::S> Vec;
   CU_ROW_LOOP(r, N) {
     int64_t tg = targets.get(r * ts);
     if (tg == ignore || tg < 0 || tg >= V) {  /* uniform over the block */
@@ -34,11 +45,16 @@ __global__ void ce_forward_kernel(AnyPtr losses, int64_t lss, AnyPtr lse, int64_
     }
     int64_t base = r * s0;
     T m = -cu_inf<T>(), s = 0;
-    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
-      T z = capped(logits.template get<T>(base + c * s1), cap);
+    auto add = [&](T x) {  /* the thread's online max and sum of exp */
+      T z = capped(x, cap);
       if (z > m) { s = s * cu_exp(m - z) + (T)1; m = z; }
       else if (m != -cu_inf<T>()) s += cu_exp(z - m);
-    }
+    };
+    row_walk<Vec::N>(V, VEC && row_aligned(logits, base), [&](int64_t c) {
+      Vec xv = Vec::load(row_at(logits, base + c));
+#pragma unroll
+      for (int k = 0; k < Vec::N; k++) add(xv.template get<T>(k));
+    }, [&](int64_t c) { add(logits.template get<T>(base + c * s1)); });
     T M = cu_block_reduce(m, CuMax(), -cu_inf<T>());
     s = m == -cu_inf<T>() ? (T)0 : s * cu_exp(m - M);
     T S = cu_block_reduce(s, CuSum(), (T)0);
@@ -50,29 +66,66 @@ __global__ void ce_forward_kernel(AnyPtr losses, int64_t lss, AnyPtr lse, int64_
   }
 }
 
-template <class P, class T>
+/* VEC as in the forward: a row whose logits and dlogits both start 16-byte
+   aligned moves CuVec16<S>::N elements per load and store (dlogits may be
+   the logits: each vector is read before it is written, by one thread). */
+template <class P, class T, bool VEC>
 __global__ void ce_backward_kernel(P dlogits, int64_t d0, int64_t d1, P logits, int64_t s0, int64_t s1,
                                    IdxPtr targets, int64_t ts, AnyPtr lse, int64_t ess, int64_t N, int64_t V,
                                    int64_t ignore, T cap, T scale, AnyPtr scale_by) {
+  typedef CuVec16<typename RowStore<P>::S> Vec;
   if (!scale_by.null()) scale *= scale_by.get<T>(0);
   CU_ROW_LOOP(r, N) {
     int64_t tg = targets.get(r * ts);
+    bool vec = VEC && row_aligned(dlogits, r * d0) && row_aligned(logits, r * s0);
     if (tg == ignore) {
-      for (int64_t c = threadIdx.x; c < V; c += blockDim.x) dlogits.set(r * d0 + c * d1, (T)0);
+      row_walk<Vec::N>(V, vec, [&](int64_t c) {
+        Vec z;
+#pragma unroll
+        for (int k = 0; k < Vec::N; k++) z.set(k, (T)0);
+        z.store(row_at(dlogits, r * d0 + c));
+      }, [&](int64_t c) { dlogits.set(r * d0 + c * d1, (T)0); });
       continue;
     }
     T l = lse.get<T>(r * ess);
-    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
-      T x = logits.template get<T>(r * s0 + c * s1), hot = c == tg ? (T)1 : (T)0, d;
+    auto grad = [&](int64_t c, T x) -> T {
+      T hot = c == tg ? (T)1 : (T)0;
       if (cap > (T)0) {
         T th = cu_tanh(x / cap);
-        d = scale * (cu_exp(cap * th - l) - hot) * ((T)1 - th * th);
-      } else {
-        d = scale * (cu_exp(x - l) - hot);
+        return scale * (cu_exp(cap * th - l) - hot) * ((T)1 - th * th);
       }
-      dlogits.set(r * d0 + c * d1, d);
-    }
+      return scale * (cu_exp(x - l) - hot);
+    };
+    row_walk<Vec::N>(V, vec, [&](int64_t c) {
+      Vec xv = Vec::load(row_at(logits, r * s0 + c)), dv;
+#pragma unroll
+      for (int k = 0; k < Vec::N; k++) dv.set(k, grad(c + k, xv.template get<T>(k)));
+      dv.store(row_at(dlogits, r * d0 + c));
+    }, [&](int64_t c) { dlogits.set(r * d0 + c * d1, grad(c, logits.template get<T>(r * s0 + c * s1))); });
   }
+}
+
+/* (one launch expression per kernel, so the account's row is named
+   ce_*_kernel<P,T,VEC> whichever path the launch takes) */
+template <class P, class T, bool VEC>
+static void launch_ce_forward(cudaStream_t st, int threads, gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits,
+                              const gl_tensor *targets, int64_t ignore_index, double softcap) {
+  int64_t N = logits->shape[0], V = logits->shape[1];
+  GL_LAUNCH(cu_row_grid(N), threads, 0, st, ce_forward_kernel<P, T, VEC>)(
+      AnyPtr::from(losses), losses->stride[0], AnyPtr::from(lse), lse ? lse->stride[0] : 0, P::from(logits),
+      logits->stride[0], logits->stride[1], IdxPtr::from(targets), targets->stride[0], N, V, ignore_index,
+      (T)softcap);
+}
+
+template <class P, class T, bool VEC>
+static void launch_ce_backward(cudaStream_t st, int threads, gl_tensor *dlogits, const gl_tensor *logits,
+                               const gl_tensor *targets, const gl_tensor *lse, int64_t ignore_index, double softcap,
+                               double scale, const gl_tensor *scale_by) {
+  int64_t N = logits->shape[0], V = logits->shape[1];
+  GL_LAUNCH(cu_row_grid(N), threads, 0, st, ce_backward_kernel<P, T, VEC>)(
+      P::from(dlogits), dlogits->stride[0], dlogits->stride[1], P::from(logits), logits->stride[0],
+      logits->stride[1], IdxPtr::from(targets), targets->stride[0], AnyPtr::from(lse), lse->stride[0], N, V,
+      ignore_index, (T)softcap, (T)scale, AnyPtr::from(scale_by));
 }
 
 extern "C" int cuda_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, const gl_tensor *logits,
@@ -84,13 +137,14 @@ extern "C" int cuda_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, con
   GL_TRY(cu_check_ids("gl_cross_entropy_forward", "targets", targets, V, "vocab size of logits", 1, ignore_index, st,
                       NULL));
   int threads = cu_row_threads(V);
+  bool contiguous = rows_contiguous({logits});
   return cu_dispatch({logits}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    GL_LAUNCH(cu_row_grid(N), threads, 0, st, ce_forward_kernel<P, T>)(
-        AnyPtr::from(losses), losses->stride[0], AnyPtr::from(lse), lse ? lse->stride[0] : 0, P::from(logits),
-        logits->stride[0], logits->stride[1], IdxPtr::from(targets), targets->stride[0], N, V, ignore_index,
-        (T)softcap);
+    if (row_typed<P>() && contiguous)
+      launch_ce_forward<P, T, row_typed<P>()>(st, threads, losses, lse, logits, targets, ignore_index, softcap);
+    else
+      launch_ce_forward<P, T, false>(st, threads, losses, lse, logits, targets, ignore_index, softcap);
     GL_CU_LAUNCHED();
     return GL_OK;
   });
@@ -106,13 +160,16 @@ extern "C" int cuda_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *
   GL_TRY(cu_check_ids("gl_cross_entropy_backward", "targets", targets, V, "vocab size of logits", 1, ignore_index,
                       st, NULL));
   int threads = cu_row_threads(V);
+  bool contiguous = rows_contiguous({dlogits, logits});
   return cu_dispatch({dlogits, logits}, [&](auto p, auto t) -> int {
     using P = decltype(p);
     using T = decltype(t);
-    GL_LAUNCH(cu_row_grid(N), threads, 0, st, ce_backward_kernel<P, T>)(
-        P::from(dlogits), dlogits->stride[0], dlogits->stride[1], P::from(logits), logits->stride[0],
-        logits->stride[1], IdxPtr::from(targets), targets->stride[0], AnyPtr::from(lse), lse->stride[0], N, V,
-        ignore_index, (T)softcap, (T)scale, AnyPtr::from(scale_by));
+    if (row_typed<P>() && contiguous)
+      launch_ce_backward<P, T, row_typed<P>()>(st, threads, dlogits, logits, targets, lse, ignore_index, softcap,
+                                               scale, scale_by);
+    else
+      launch_ce_backward<P, T, false>(st, threads, dlogits, logits, targets, lse, ignore_index, softcap, scale,
+                                      scale_by);
     GL_CU_LAUNCHED();
     return GL_OK;
   });

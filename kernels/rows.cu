@@ -30,8 +30,7 @@
  * Same formulas either way, so the two paths differ only in the order of
  * the per-thread partial sums.  Spec: spec/cuda_rows_spec.lua ("16-byte
  * rows"). */
-#include "common.cuh"
-#include <type_traits>
+#include "row_walk.cuh"
 
 /* outer dims of a (rows, C) view: x.shape[:-1] with each tensor's strides
    (per-row statistics have exactly those dims, so their strides fit too) */
@@ -49,44 +48,6 @@ static inline int64_t last_stride(const gl_tensor *t) { return t ? t->stride[t->
    be wide.) */
 static inline int row_threads_sized(int64_t C) { return cu_row_threads((C + 7) / 8 * 2); }
 
-
-/* ---- 16-byte row walks ------------------------------------------------------ */
-/* The storage type a row kernel's vector path loads: TPtr<S>'s S.  AnyPtr
-   launches never take the vector path (VEC is false for them); float only
-   lets their (dead) vector code compile. */
-template <class P> struct RowStore { typedef float S; };
-template <class S_> struct RowStore<TPtr<S_>> { typedef S_ S; };
-/* element i of p's row as the vector path addresses it */
-template <class P> __device__ __forceinline__ typename RowStore<P>::S *row_at(P p, int64_t i) {
-  return (typename RowStore<P>::S *)p.p + i;
-}
-template <class P> __device__ __forceinline__ bool row_aligned(P p, int64_t i) {
-  return ((uintptr_t)row_at(p, i) & 15) == 0;
-}
-
-/* One pass of the block over a row of C elements: with vec, fv(c) for each
-   whole 16-byte vector (elements c .. c + N - 1, thread t taking vectors t,
-   t + blockDim.x, ...), then fs(c) for the C % N elements after the last;
-   without, fs(c) for every element. */
-template <int N, class FV, class FS>
-__device__ __forceinline__ void row_walk(int64_t C, bool vec, FV &&fv, FS &&fs) {
-  int64_t c0 = 0;
-  if (vec) {
-    int64_t nv = C / N;
-    for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) fv(v * N);
-    c0 = nv * N;
-  }
-  for (int64_t c = c0 + threadIdx.x; c < C; c += blockDim.x) fs(c);
-}
-
-/* whether every (non-null) tensor has contiguous elements in its last dim */
-static bool rows_contiguous(std::initializer_list<const gl_tensor *> ts) {
-  for (const gl_tensor *t : ts)
-    if (t && t->shape[t->ndim - 1] > 1 && t->stride[t->ndim - 1] != 1) return false;
-  return true;
-}
-/* the typed accessor types (one storage type for every operand) */
-template <class P> constexpr bool row_typed() { return !std::is_same<P, AnyPtr>::value; }
 
 /* ---- softmax ---------------------------------------------------------------- */
 template <class P, class T, bool VEC>
@@ -214,6 +175,7 @@ template <class P, class T, bool CENTER, bool VEC>
 __global__ void norm_forward_kernel(P y, P x, P w, P b, AnyPtr mean, AnyPtr rstd, CuIdx<4> ix, int64_t rows,
                                     int64_t C, int64_t ys, int64_t xs, int64_t ws, int64_t bs, T eps) {
   typedef CuVec16<typename RowStore<P>::S> V;
+  bool wwhole = row_vec_whole(w, ws), bwhole = row_vec_whole(b, bs);
   CU_ROW_LOOP(r, rows) {
     int64_t off[4];
     ix.offsets(r, off);
@@ -241,21 +203,44 @@ __global__ void norm_forward_kernel(P y, P x, P w, P b, AnyPtr mean, AnyPtr rstd
     });
     v = cu_block_reduce(v, CuSum(), (T)0);
     T rs = (T)1 / cu_sqrt(v / (T)C + eps);
-    auto value = [&](int64_t c, T xv) -> T {
-      T wv = w.null() ? (T)1 : w.template get<T>(c * ws);
-      T bv = (!CENTER || b.null()) ? (T)0 : b.template get<T>(c * bs);
-      return (xv - m) * rs * wv + bv;
-    };
+    auto value = [&](T xv, T wv, T bv) -> T { return (xv - m) * rs * wv + bv; };
     row_walk<V::N>(C, vec, [&](int64_t c) {
-      V xv = V::load(row_at(x, off[1] + c)), yv;
+      V xv = V::load(row_at(x, off[1] + c)), yv, wv, bv;  /* the weight and bias as vectors too */
+      if (!w.null()) wv = row_vec(w, c, ws, wwhole);
+      if (CENTER && !b.null()) bv = row_vec(b, c, bs, bwhole);
 #pragma unroll
-      for (int k = 0; k < V::N; k++) yv.set(k, value(c + k, xv.template get<T>(k)));
+      for (int k = 0; k < V::N; k++)
+        yv.set(k, value(xv.template get<T>(k), w.null() ? (T)1 : wv.template get<T>(k),
+                        (!CENTER || b.null()) ? (T)0 : bv.template get<T>(k)));
       yv.store(row_at(y, off[0] + c));
-    }, [&](int64_t c) { y.set(off[0] + c * ys, value(c, x.template get<T>(off[1] + c * xs))); });
+    }, [&](int64_t c) {
+      y.set(off[0] + c * ys, value(x.template get<T>(off[1] + c * xs), w.null() ? (T)1 : w.template get<T>(c * ws),
+                                   (!CENTER || b.null()) ? (T)0 : b.template get<T>(c * bs)));
+    });
     if (threadIdx.x == 0) {
       if (CENTER && !mean.null()) mean.set(off[2], m);
       if (!rstd.null()) rstd.set(off[3], rs);
     }
+  }
+}
+
+/* p[0 .. n) += v[0 .. n) (a vector row's columns of a norm backward's
+   partial sums, owned by one thread): CuVec16<T> loads and stores when p is
+   16-byte aligned, else element by element */
+template <int n, class T> __device__ __forceinline__ void part_add(T *p, const T *v, bool vec) {
+  typedef CuVec16<T> PV;
+  static_assert(n % PV::N == 0, "a row vector holds whole partial-sum vectors");
+  if (vec) {
+#pragma unroll
+    for (int j = 0; j < n; j += PV::N) {
+      PV a = PV::load(p + j);
+#pragma unroll
+      for (int k = 0; k < PV::N; k++) a.set(k, a.template get<T>(k) + v[j + k]);
+      a.store(p + j);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < n; k++) p[k] += v[k];
   }
 }
 
@@ -271,6 +256,9 @@ __global__ void norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr r
                                      int64_t drs) {
   typedef CuVec16<typename RowStore<P>::S> V;
   T *pw = part ? part + (int64_t)blockIdx.x * 2 * C : nullptr;
+  bool wwhole = row_vec_whole(w, ws);
+  /* the partials as 16-byte vectors too: both halves of pw aligned */
+  bool pvec = pw && ((uintptr_t)pw & 15) == 0 && (C * (int64_t)sizeof(T)) % 16 == 0;
   if (pw) {
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) { pw[c] = 0; pw[C + c] = 0; }
     __syncthreads();  /* a vector row gives the columns to other threads than the zeroing */
@@ -284,32 +272,43 @@ __global__ void norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr r
     T rs = rstd.get<T>(off[4]);
     T sg = 0, sgx = 0;
     auto wat = [&](int64_t c) -> T { return w.null() ? (T)1 : w.template get<T>(c * ws); };
-    auto sums = [&](int64_t c, T g, T xv) {
-      T xh = (xv - m) * rs, gw = g * wat(c);
+    auto wvec = [&](int64_t c) -> V { V wv; if (!w.null()) wv = row_vec(w, c, ws, wwhole); return wv; };
+    auto wk = [&](const V &wv, int k) -> T { return w.null() ? (T)1 : wv.template get<T>(k); };
+    auto sums = [&](T g, T xv, T wv) -> T {  /* returns xhat */
+      T xh = (xv - m) * rs, gw = g * wv;
       sg += gw;
       sgx += gw * xh;
-      if (pw) { pw[c] += g * xh; pw[C + c] += g; }
+      return xh;
     };
     row_walk<V::N>(C, vec, [&](int64_t c) {
-      V gv = V::load(row_at(dy, off[1] + c)), xv = V::load(row_at(x, off[2] + c));
+      V gv = V::load(row_at(dy, off[1] + c)), xv = V::load(row_at(x, off[2] + c)), wv = wvec(c);
+      T gx[V::N], gs[V::N];
 #pragma unroll
-      for (int k = 0; k < V::N; k++) sums(c + k, gv.template get<T>(k), xv.template get<T>(k));
-    }, [&](int64_t c) { sums(c, dy.template get<T>(off[1] + c * dys), x.template get<T>(off[2] + c * xs)); });
+      for (int k = 0; k < V::N; k++) {
+        gs[k] = gv.template get<T>(k);
+        gx[k] = gs[k] * sums(gs[k], xv.template get<T>(k), wk(wv, k));
+      }
+      if (pw) { part_add<V::N>(pw + c, gx, pvec); part_add<V::N>(pw + C + c, gs, pvec); }
+    }, [&](int64_t c) {
+      T g = dy.template get<T>(off[1] + c * dys);
+      T xh = sums(g, x.template get<T>(off[2] + c * xs), wat(c));
+      if (pw) { pw[c] += g * xh; pw[C + c] += g; }
+    });
     sg = CENTER ? cu_block_reduce(sg, CuSum(), (T)0) / (T)C : (T)0;
     sgx = cu_block_reduce(sgx, CuSum(), (T)0) / (T)C;
-    auto grad = [&](int64_t c, T g, T xv) -> T { return rs * (g * wat(c) - sg - (xv - m) * rs * sgx); };
+    auto grad = [&](T g, T xv, T wv) -> T { return rs * (g * wv - sg - (xv - m) * rs * sgx); };
     if (!dx.null())
       row_walk<V::N>(C, vec, [&](int64_t c) {
-        V gv = V::load(row_at(dy, off[1] + c)), xv = V::load(row_at(x, off[2] + c)), dv, rv;
+        V gv = V::load(row_at(dy, off[1] + c)), xv = V::load(row_at(x, off[2] + c)), wv = wvec(c), dv, rv;
         if (!dres.null()) rv = V::load(row_at(dres, off[5] + c));
 #pragma unroll
         for (int k = 0; k < V::N; k++) {
-          T d = grad(c + k, gv.template get<T>(k), xv.template get<T>(k));
+          T d = grad(gv.template get<T>(k), xv.template get<T>(k), wk(wv, k));
           dv.set(k, dres.null() ? d : d + rv.template get<T>(k));
         }
         dv.store(row_at(dx, off[0] + c));
       }, [&](int64_t c) {
-        T d = grad(c, dy.template get<T>(off[1] + c * dys), x.template get<T>(off[2] + c * xs));
+        T d = grad(dy.template get<T>(off[1] + c * dys), x.template get<T>(off[2] + c * xs), wat(c));
         dx.set(off[0] + c * dxs, dres.null() ? d : d + dres.template get<T>(off[5] + c * drs));
       });
   }
@@ -455,6 +454,7 @@ __global__ void add_norm_forward_kernel(P s, P y, P x, P r, P w, P b, AnyPtr mea
                                         int64_t ws, int64_t bs, T eps) {
   GL_DYNAMIC_SHARED(unsigned char, add_norm_smem, 16);  /* one type for every instantiation (nvcc) */
   T *row = (T *)add_norm_smem;  /* (C) */
+  bool wwhole = row_vec_whole(w, ws), bwhole = row_vec_whole(b, bs);
   CU_ROW_LOOP(rr, rows) {
     int64_t off[6];
     ix.offsets(rr, off);
@@ -494,11 +494,14 @@ __global__ void add_norm_forward_kernel(P s, P y, P x, P r, P w, P b, AnyPtr mea
       for (int64_t c = (int64_t)threadIdx.x * 8; c < C; c += (int64_t)blockDim.x * 8) {
         uint4 yv;
         bf16 *ye = (bf16 *)&yv;
+        CuVec16<bf16> wv, bv;  /* the weight and bias as vectors too */
+        if (!w.null()) wv = row_vec(w, c, ws, wwhole);
+        if (CENTER && !b.null()) bv = row_vec(b, c, bs, bwhole);
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-          T wv = w.null() ? (T)1 : w.template get<T>((c + k) * ws);
-          T bv = (!CENTER || b.null()) ? (T)0 : b.template get<T>((c + k) * bs);
-          ye[k] = __float2bfloat16((float)((row[c + k] - m) * rs * wv + bv));
+          T wk = w.null() ? (T)1 : wv.template get<T>(k);
+          T bk = (!CENTER || b.null()) ? (T)0 : bv.template get<T>(k);
+          ye[k] = __float2bfloat16((float)((row[c + k] - m) * rs * wk + bk));
         }
         *(uint4 *)(y.p + off[1] + c) = yv;
       }

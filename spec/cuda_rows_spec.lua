@@ -104,13 +104,20 @@ end)
 -- their allocation's alignment (the element-wise fallback), against the CPU
 -- twin.  make test-race runs them in race mode with bounds checks.
 describe('CUDA 16-byte rows vs CPU #cuda', function()
+  -- (the weight and bias: contiguous and aligned, loaded as vectors with the
+  -- rows, or narrowed one element past alignment, gathered into the vectors:
+  -- at C = 8, 65 and 768, whole vectors with and without a tail)
+  local WEIGHT_NARROW = { [8] = true, [65] = true, [768] = true }
   gpu_it('16-byte rows: softmax and the norms, forward and backward, over vector edges, aligned and not', function()
     for _, dt in ipairs({ 'float32', 'bfloat16' }) do
       for _, C in ipairs({ 1, 7, 8, 9, 63, 64, 65, 768, 1029 }) do
-        for _, layout in ipairs({ 'contiguous', 'narrow' }) do
+        for _, case in ipairs({ { 'contiguous', 'contiguous' }, { 'contiguous', 'narrow' }, { 'narrow', 'contiguous' } }) do
+          local layout, wlayout = case[1], case[2]
+          if wlayout == 'narrow' and not WEIGHT_NARROW[C] then goto next_case end
           local shape = { 3, C }
           local ins = { x = pair(shape, { dtype = dt, layout = layout }), g = pair(shape, { dtype = dt, layout = layout }),
-                        dres = pair(shape, { dtype = dt }), w = pair({ C }, { dtype = dt }), b = pair({ C }, { dtype = dt }) }
+                        dres = pair(shape, { dtype = dt }), w = pair({ C }, { dtype = dt, layout = wlayout }),
+                        b = pair({ C }, { dtype = dt, layout = wlayout }) }
           compare(ins, function(S)
             local out = {}
             for log = 0, 1 do
@@ -126,11 +133,18 @@ describe('CUDA 16-byte rows vs CPU #cuda', function()
             K(lib.gl_rmsnorm_forward(ry.c, rr.c, S.x.c, S.w.c, 1e-6))
             local rdx = S.out(shape, dt)  -- with the residual gradient, no weight
             K(lib.gl_norm_backward_add(rdx.c, nil, nil, S.g.c, S.x.c, nil, nil, rr.c, S.dres.c, 0))
+            -- the fused add + norm (its bfloat16 vector path: C % 8 == 0, aligned rows), with the
+            -- weight and bias; the float32 reference takes s as bfloat16 stores it (see above)
+            local ax, ar = S.x, S.dres
+            if not S.gpu and dt == 'bfloat16' then ax, ar = (S.x + S.dres):to('bfloat16'):to('float32'), gl.zeros(shape) end
+            local as, ay = S.out(shape, dt), S.out(shape, dt)
+            K(lib.gl_add_norm_forward(as.c, ay.c, nil, nil, ax.c, ar.c, S.w.c, S.b.c, 1e-5, 1))
             -- (at C = 1 layernorm's dx is 0 up to rounding, which the two twins round differently)
-            for _, t in ipairs({ y, mean, rstd, dw, db, ry, rr, rdx }) do out[#out + 1] = t end
+            for _, t in ipairs({ y, mean, rstd, dw, db, ry, rr, rdx, as, ay }) do out[#out + 1] = t end
             if C > 1 then out[#out + 1] = dx end
             return unpack(out)
-          end, dt, ('16-byte rows %s C=%d %s'):format(dt, C, layout))
+          end, dt, ('16-byte rows %s C=%d %s, weight %s'):format(dt, C, layout, wlayout))
+          ::next_case::
         end
       end
     end
@@ -149,6 +163,46 @@ describe('CUDA 16-byte rows vs CPU #cuda', function()
             local e2 = S.out({ 5, 2, C }, dt); K(lib.gl_embedding_forward(e2.c, S.tab.c, S.ids:t().c))
             return e, e2
           end, dt, ('16-byte embedding %s C=%d %s'):format(dt, C, layout))
+        end
+      end
+    end
+  end)
+
+  -- kernels/loss.cu: the cross-entropy rows, forward and backward (into a
+  -- new tensor, in place, with the device factor scale_by), with and
+  -- without softcap (narrowed rows: with), over vector edges and GPT-2's
+  -- padded vocabulary (50304: whole vectors).  Contiguous rows start aligned where V * size is a
+  -- multiple of 16 (every row), else in every 16 / gcd(V * size, 16)-th row
+  -- (row 0 and 8 of bfloat16 at odd V: a vector walk with a tail); narrowed
+  -- rows are one element past.  Targets: ignored rows (1: unaligned, 8:
+  -- aligned at odd V), the last element (row 0 and 2: in the tail at odd V),
+  -- the first (row 3), the rest random.
+  gpu_it('16-byte rows: cross-entropy forward and backward, softcap, ignore_index, scale_by, aligned and not', function()
+    for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+      for _, V in ipairs({ 1, 8, 9, 65, 1001, 50304 }) do
+        local N = V > 2000 and 3 or 10
+        math.randomseed(V)
+        local tv = {}
+        for r = 0, N - 1 do tv[r + 1] = math.random(0, V - 1) end
+        tv[1], tv[2], tv[3] = V - 1, -100, V - 1
+        if N > 3 then tv[4], tv[9] = 0, -100 end
+        local tg = gl.tensor(tv, { dtype = 'int64' })
+        for _, layout in ipairs({ 'contiguous', 'narrow' }) do
+          local ins = { x = pair({ N, V }, { dtype = dt, layout = layout }), t = { tg, tg:to(twin.DEV) },
+                        s = pair({ 1 }) }
+          for _, cap in ipairs(layout == 'narrow' and { 15 } or { 0, 15 }) do
+            compare(ins, function(S)
+              local loss, lse = S.out({ N }, 'float32'), S.out({ N }, 'float32')
+              K(lib.gl_cross_entropy_forward(loss.c, lse.c, S.x.c, S.t.c, -100, cap))
+              local d = S.out({ N, V }, dt)
+              K(lib.gl_cross_entropy_backward(d.c, S.x.c, S.t.c, lse.c, -100, cap, 1 / N, nil))
+              local inplace = S.x:clone()  -- contiguous: aligned where x's rows would be
+              K(lib.gl_cross_entropy_backward(inplace.c, inplace.c, S.t.c, lse.c, -100, cap, 1 / N, S.s.c))
+              -- (at V = 1 the gradient is 0 up to rounding, which the two twins round differently)
+              if V == 1 then return loss, lse end
+              return loss, lse, d, inplace
+            end, dt, ('16-byte cross-entropy %s V=%d %s softcap %g'):format(dt, V, layout, cap))
+          end
         end
       end
     end

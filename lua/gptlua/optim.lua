@@ -182,6 +182,62 @@ function AdamW:step()
   end
 end
 
+-- The step block (gptlua.step_block, gl_ops.h): the same update with its
+-- rates read from device memory, so a captured step (gptlua.train_graph)
+-- replays this step's rates.  reserve_block gives each group its
+-- GL_STEP_ADAMW_SLOTS slots; write_block writes them for step t + 1 into
+-- the host block (double *b) in double, as the op-by-op call computes them
+-- (pow from libm, not LuaJIT's ^, which differs in the last bit); the
+-- kernel round them once; step_taken advances t after the host has read
+-- that the step was not skipped.
+pcall(ffi.cdef, 'double pow(double x, double y);')
+function AdamW:reserve_block(block)
+  for _, g in ipairs(self.groups) do g.block_slot = block:reserve(lib.GL_STEP_ADAMW_SLOTS) end
+end
+function AdamW:write_block(b)
+  local t = self.t + 1
+  for _, g in ipairs(self.groups) do
+    local s, b1, b2 = g.block_slot, g.betas[1], g.betas[2]
+    local bc1, bc2 = 1 - ffi.C.pow(b1, t), 1 - ffi.C.pow(b2, t)
+    b[s], b[s + 1], b[s + 2], b[s + 3] = g.lr * g.weight_decay, g.lr / bc1, b1, b2
+    b[s + 4], b[s + 5], b[s + 6], b[s + 7] = 1 - b1, 1 - b2, g.eps, 1 / bc2
+  end
+end
+-- every parameter with a gradient in one gl_adamw_update_block call (its
+-- state made on the first); block: the device tensor of the step block
+function AdamW:step_block(block)
+  local list = self._block_list or {}
+  self._block_list = list
+  local n = 0
+  for _, g in ipairs(self.groups) do
+    for _, p in ipairs(g.params) do
+      if p.grad then
+        if not self.state[p] then self.state[p] = new_state(p, self:param_state(p, g)) end
+        n = n + 1
+        list[n] = p
+        list[-n] = g
+      end
+    end
+  end
+  for i = n + 1, #list do list[i], list[-i] = nil, nil end
+  if n == 0 then return end
+  local a = multi_arrays(self, n)
+  if not a.slots then a.slots = ffi.new('int64_t[?]', a.cap) end
+  for i = 1, n do
+    local p, st = list[i], self.state[list[i]]
+    a.params[i - 1], a.grads[i - 1], a.ms[i - 1], a.vs[i - 1] = update_target(p, st).c, p.grad.c, st.m.c, st.v.c
+    a.outs[i - 1] = st.master and p.c or nil
+    a.slots[i - 1] = list[-i].block_slot
+  end
+  K(lib.gl_adamw_update_block(n, a.params, a.grads, a.ms, a.vs, a.outs, block.c, a.slots))
+end
+function AdamW:step_taken()
+  self.t = self.t + 1
+  for _, p in ipairs(self._block_list or {}) do  -- the rounded weights were written in place
+    if self.state[p].master then local v = versions.counter(p); v[1] = v[1] + 1 end
+  end
+end
+
 -- ---------------------------------------------------------------- Muon
 -- Orthogonalisation of an update G: X <- a X + (b A + c A^2) X with
 -- A = X X^T, on the wide orientation (a tall G is transposed in and out).
@@ -502,6 +558,15 @@ setmetatable(Combined, { __call = function(_, list)
 end })
 function Combined:step() for _, o in ipairs(self.optimizers) do o:step() end end
 function Combined:set_lr_mult(m) for _, o in ipairs(self.optimizers) do o:set_lr_mult(m) end end
+-- the step block (AdamW:reserve_block ...): every member must take it
+function Combined:takes_block()
+  for _, o in ipairs(self.optimizers) do if not optim.takes_block(o) then return false end end
+  return true
+end
+function Combined:reserve_block(block) for _, o in ipairs(self.optimizers) do o:reserve_block(block) end end
+function Combined:write_block(b) for _, o in ipairs(self.optimizers) do o:write_block(b) end end
+function Combined:step_block(block) for _, o in ipairs(self.optimizers) do o:step_block(block) end end
+function Combined:step_taken() for _, o in ipairs(self.optimizers) do o:step_taken() end end
 function Combined:state_dict()
   local out = { steps = {}, tensors = {} }
   for i, o in ipairs(self.optimizers) do
@@ -603,6 +668,12 @@ function optim.nanochat(model, opts)
       weight_decay = opts.muon_weight_decay })
   end
   return Combined(list)
+end
+
+-- whether optimizer o runs its step from a step block (gptlua.step_block)
+function optim.takes_block(o)
+  if o.takes_block then return o:takes_block() end
+  return o.step_block ~= nil
 end
 
 -- --------------------------------------------------------- gradient clipping

@@ -92,6 +92,8 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(step_sumsq, (gl_tensor *block, int n, const gl_tensor **xs)) \
   X(step_finalize, (gl_tensor *block, int64_t loss_at, int nloss)) \
   X(adamw_update_block, (int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms, gl_tensor **vs, gl_tensor **outs, const gl_tensor *block, const int64_t *slots)) \
+  X(momentum_update_block, (gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block, int64_t slot, int nesterov)) \
+  X(axpy_block, (gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot)) \
   X(copy, (gl_tensor *dst, const gl_tensor *src)) \
   X(fill, (gl_tensor *t, double value)) \
   X(rand_uniform, (gl_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi)) \

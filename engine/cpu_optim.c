@@ -6,7 +6,9 @@
  * for AdamW, the momentum buffer's for momentum): a tensor of that dtype is
  * updated in place, any other float dtype (a bfloat16 grad, say) goes
  * through a stack buffer.  Compiled as a template over real = float / double
- * (generic section below). */
+ * (generic section below).  The step block's twins (engine/ops_step.c:
+ * AdamW, momentum and axpy with their factors, clip scale and skip flag read
+ * from a float64 block) are float32 only, as on the GPU. */
 #ifndef real
 #include "cpu_kernels.h"
 #include <tgmath.h>
@@ -107,6 +109,46 @@ int cpu_adamw_update_block(int n, gl_tensor **params, const gl_tensor **grads, g
     for (int k = 0; k < GL_STEP_ADAMW_SLOTS; k++) r[k] = (float)b[slots[i] + k];
     adamw_block_one(params[i], grads[i], ms[i], vs[i], outs ? outs[i] : NULL, r, scale);
   }
+  return GL_OK;
+}
+
+int cpu_momentum_update_block(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block,
+                              int64_t slot, int nesterov) {
+  const double *b = block_values(block);
+  if (b[GL_STEP_SKIP] != 0) return GL_OK;
+  float mu = (float)b[slot], cmu = (float)b[slot + 1], scale = (float)b[GL_STEP_CLIP_SCALE];
+  float *O = (float *)out->storage->data + out->offset, *B = (float *)buf->storage->data + buf->offset;
+  const float *gf = grad->dtype == GL_F32 ? (const float *)grad->storage->data + grad->offset : NULL;
+  const uint16_t *gh = grad->dtype == GL_BF16 ? (const uint16_t *)grad->storage->data + grad->offset : NULL;
+  int64_t len = buf->numel, ntask = (len + CHUNK - 1) / CHUNK;
+  int nt = gl_threads_for(ntask, 4 * CHUNK);
+  GL_PAR_FOR(nt, task, ntask,
+    int64_t i0 = task * CHUNK, i1 = len - i0 < CHUNK ? len : i0 + CHUNK;
+    for (int64_t i = i0; i < i1; i++) {
+      float g = gf ? gf[i] * scale : gl_bf16_to_f32(gl_f32_to_bf16(gl_bf16_to_f32(gh[i]) * scale));
+      float bv = B[i], nb = bv + cmu * (g - bv);
+      B[i] = nb;
+      O[i] = nesterov ? g + mu * (nb - g) : nb;
+    }
+  );
+  return GL_OK;
+}
+
+int cpu_axpy_block(gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot) {
+  const double *b = block_values(block);
+  if (b[GL_STEP_SKIP] != 0) return GL_OK;
+  float a = (float)b[slot];
+  float *Y = (float *)y->storage->data + y->offset;
+  const float *X = (const float *)x->storage->data + x->offset;
+  int64_t len = y->numel, ntask = (len + CHUNK - 1) / CHUNK;
+  int nt = gl_threads_for(ntask, 2 * CHUNK);
+  GL_PAR_FOR(nt, task, ntask,
+    int64_t i0 = task * CHUNK, i1 = len - i0 < CHUNK ? len : i0 + CHUNK;
+    for (int64_t i = i0; i < i1; i++) {
+      float ax = a * X[i];  /* rounded first, as add_(x, a) scales x in its own pass */
+      Y[i] = Y[i] + ax;
+    }
+  );
   return GL_OK;
 }
 

@@ -252,5 +252,16 @@ int gl_step_finalize(gl_tensor *block, int64_t loss_at, int nloss);
    mul_ does) and nothing is written when block[SKIP] is not 0. */
 int gl_adamw_update_block(int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms, gl_tensor **vs,
                           gl_tensor **outs, const gl_tensor *block, const int64_t *slots);
+/* Muon's momentum (gl_momentum_update) with its factors read from the step
+   block: mu = block[slot], 1 - mu = block[slot + 1]; the gradient times
+   block[CLIP_SCALE], rounded to its dtype; buf and out are not written when
+   block[SKIP] is set.  out and buf float32, grad float32 or bfloat16, all
+   contiguous with one numel. */
+int gl_momentum_update_block(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block,
+                             int64_t slot, int nesterov);
+/* y += a x with a = block[slot] (as y:add_(x, a): a x rounded to float,
+   then the sum), nothing written when block[SKIP] is set; y and x float32,
+   contiguous, one numel (Muon's update and decay, NorMuon's second moment) */
+int gl_axpy_block(gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot);
 
 #endif

@@ -110,3 +110,39 @@ int gl_adamw_update_block(int n, gl_tensor **params, const gl_tensor **grads, gl
   }
   return GL_DISPATCH(block->device, adamw_update_block, n, params, grads, ms, vs, outs, block, slots);
 }
+
+/* t: a contiguous tensor of dtype (or float32 / bfloat16 when dtype < 0) and numel n */
+static int check_flat(const char *fn, const char *name, const gl_tensor *t, int dtype, int64_t n, const char *of) {
+  if (dtype >= 0) GL_TRY(check_dtype(t, fn, name, dtype, NULL));
+  else if (t->dtype != GL_F32 && t->dtype != GL_BF16)
+    return gl_error("%s: %s has dtype %s, expected float32 or bfloat16", fn, name, gl_dtype_name(t->dtype));
+  if (!gl_is_contiguous(t)) return gl_error("%s: %s is not contiguous, expected a contiguous tensor", fn, name);
+  if (t->numel != n)
+    return gl_error("%s: %s has %lld elements, expected %lld (the numel of %s)", fn, name, (long long)t->numel,
+                    (long long)n, of);
+  return GL_OK;
+}
+
+int gl_momentum_update_block(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block,
+                             int64_t slot, int nesterov) {
+  const char *fn = "gl_momentum_update_block";
+  GL_TRY(check_args(fn, ARGS({block, "block", A_IN}, {out, "out", A_OUT}, {buf, "buf", A_OUT}, {grad, "grad", A_FLOAT})));
+  GL_TRY(check_block(fn, block, 0));
+  GL_TRY(check_flat(fn, "buf", buf, GL_F32, buf->numel, "buf"));
+  GL_TRY(check_flat(fn, "out", out, GL_F32, buf->numel, "buf"));
+  GL_TRY(check_flat(fn, "grad", grad, -1, buf->numel, "buf"));
+  GL_TRY(check_slots(fn, "slot", block, slot, 2));
+  if (buf->numel == 0) return GL_OK;
+  return GL_DISPATCH(block->device, momentum_update_block, out, buf, grad, block, slot, nesterov != 0);
+}
+
+int gl_axpy_block(gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot) {
+  const char *fn = "gl_axpy_block";
+  GL_TRY(check_args(fn, ARGS({block, "block", A_IN}, {y, "y", A_OUT}, {x, "x", A_IN})));
+  GL_TRY(check_block(fn, block, 0));
+  GL_TRY(check_flat(fn, "y", y, GL_F32, y->numel, "y"));
+  GL_TRY(check_flat(fn, "x", x, GL_F32, y->numel, "y"));
+  GL_TRY(check_slots(fn, "slot", block, slot, 1));
+  if (y->numel == 0) return GL_OK;
+  return GL_DISPATCH(block->device, axpy_block, y, x, block, slot);
+}

@@ -13,7 +13,13 @@
  * cu_table) and, as kernel arguments, the few distinct (lr*wd, lr/bc1) pairs
  * of the parameter groups.  It also writes the rounded bfloat16 weights of
  * an fp32 master copy, which was a copy launch per parameter.  Specs:
- * spec/cuda_multi_spec.lua. */
+ * spec/cuda_multi_spec.lua.
+ *
+ * The step block's kernels (engine/ops_step.c, gl_ops.h "The step block")
+ * read their rates, the clip scale and the skip flag from device memory, so
+ * a CUDA graph replays each step's values: AdamW over the segment table,
+ * Muon's momentum, an axpy for Muon's update and NorMuon's moment, and the
+ * step's finalize and block copies.  Specs: spec/cuda_train_graph_optim_spec.lua. */
 #include "common.cuh"
 #include <vector>
 
@@ -255,5 +261,59 @@ extern "C" int cuda_step_block_copy(gl_tensor *dst, const gl_tensor *src) {
   cudaStream_t st;
   GL_TRY(cu_begin(dst->device >= 0 ? dst->device : src->device, &st));
   GL_CU_CHECK(cudaMemcpyAsync(cu_ptr(dst), cu_ptr(src), (size_t)dst->numel * sizeof(double), cudaMemcpyDefault, st));
+  return GL_OK;
+}
+
+#ifdef GL_SIM
+#define cu_mul_rn(a, b) ((a) * (b)) /* the simulator's C++ does not contract */
+#else
+#define cu_mul_rn(a, b) __fmul_rn(a, b)
+#endif
+
+/* Muon's momentum with mu and 1 - mu from the block, the gradient times the
+   clip scale (rounded to its dtype), nothing written under the skip flag */
+__global__ void momentum_block_kernel(float *out, float *buf, const void *grad, int g_bf16, int64_t len,
+                                      const double *blk, int64_t slot, int nesterov) {
+  if (blk[GL_STEP_SKIP] != 0) return;
+  float mu = (float)blk[slot], cmu = (float)blk[slot + 1], scale = (float)blk[GL_STEP_CLIP_SCALE];
+  CU_GRID_LOOP(i, len) {
+    float g = g_bf16 ? __bfloat162float(__float2bfloat16(__bfloat162float(((const bf16 *)grad)[i]) * scale))
+                     : ((const float *)grad)[i] * scale;
+    float bv = buf[i], b = bv + cmu * (g - bv);
+    buf[i] = b;
+    out[i] = nesterov ? g + mu * (b - g) : b;
+  }
+}
+
+extern "C" int cuda_momentum_update_block(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad,
+                                          const gl_tensor *block, int64_t slot, int nesterov) {
+  cudaStream_t st;
+  GL_TRY(cu_begin(block->device, &st));
+  int64_t len = buf->numel;
+  GL_LAUNCH(cu_blocks(block->device, len, 256), 256, 0, st, momentum_block_kernel)(
+      (float *)cu_ptr(out), (float *)cu_ptr(buf), cu_ptr(grad), grad->dtype == GL_BF16, len,
+      (const double *)cu_ptr(block), slot, nesterov);
+  GL_CU_LAUNCHED();
+  return GL_OK;
+}
+
+/* y += a x, a from the block (a x rounded first, as add_(x, a)); nothing
+   written under the skip flag */
+__global__ void axpy_block_kernel(float *y, const float *x, int64_t len, const double *blk, int64_t slot) {
+  if (blk[GL_STEP_SKIP] != 0) return;
+  float a = (float)blk[slot];
+  CU_GRID_LOOP(i, len) {
+    float ax = cu_mul_rn(a, x[i]);  /* not contracted into an fma: add_ rounds the product */
+    y[i] = y[i] + ax;
+  }
+}
+
+extern "C" int cuda_axpy_block(gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot) {
+  cudaStream_t st;
+  GL_TRY(cu_begin(block->device, &st));
+  int64_t len = y->numel;
+  GL_LAUNCH(cu_blocks(block->device, len, 256), 256, 0, st, axpy_block_kernel)(
+      (float *)cu_ptr(y), (const float *)cu_ptr(x), len, (const double *)cu_ptr(block), slot);
+  GL_CU_LAUNCHED();
   return GL_OK;
 }

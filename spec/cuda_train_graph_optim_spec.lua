@@ -50,8 +50,11 @@ local function bits(t)
   end
   for _, p in ipairs(t.params) do
     add(p)
-    local st = t.optimizer.state[p]
-    for _, k in ipairs({ 'm', 'v', 'master' }) do if st and st[k] then add(st[k]) end end
+    local st
+    for _, o in ipairs(t.optimizer.optimizers or { t.optimizer }) do st = st or o.state[p] end
+    for _, k in ipairs({ 'm', 'v', 'master', 'momentum_buffer', 'second_momentum_buffer' }) do
+      if st and st[k] then add(st[k]) end
+    end
   end
   return out
 end
@@ -93,6 +96,56 @@ describe('trainer: the optimizer in the CUDA graph #cuda', function()
     assert.are.same(bits(eager), b)
     assert.are.same(bits(classic), b)
     graphed.graph:free()
+  end)
+
+  gpu_it("with Muon and AdamW (nanochat's optimizer, its scheduled momentum): graphed == op by op", function()
+    local over = { optimizer = 'nanochat', muon_variant = 'current', muon_weight_decay = 0.1,
+      muon_weight_decay_schedule = 'cosine' }  -- NorMuon, cautious decay on a schedule
+    over.cuda_graph, over.cuda_graph_warmup = true, 1
+    local graphed = trainer(over)
+    over.cuda_graph_warmup = 100
+    local eager = trainer(over)
+    over.cuda_graph = 'off'
+    local classic = trainer(over)
+    assert.is_true(graphed.graph.whole)
+    assert.are.equal(0.9, graphed.optimizer.optimizers[2].groups[1].normuon_beta2)
+    local poisoned = 3
+    for s = 1, 4 do
+      local got = {}
+      for i, t in ipairs({ graphed, eager, classic }) do
+        local p, saved = t.params[1], nil
+        if s == poisoned then
+          saved = p:clone()
+          gl.no_grad(function() p:fill_(0 / 0) end)
+        end
+        got[i] = { t:train_step() }
+        if saved then gl.no_grad(function() p:copy_(saved) end) end
+        t.step = t.step + 1
+        for j = 1, 2 do got[i][j] = tostring(got[i][j]) end
+      end
+      assert.are.same(got[1], got[2], 'step ' .. s .. ': graphed against op by op')
+      assert.are.same(got[1], got[3], 'step ' .. s .. ": graphed against cuda_graph 'off'")
+      assert.are.equal(s ~= poisoned, got[1][4], 'step ' .. s .. ' taken')
+    end
+    assert.is_truthy(graphed.graph.g, 'the whole step was captured')
+    for i, o in ipairs(graphed.optimizer.optimizers) do
+      assert.are.equal(3, o.t, 'optimizer ' .. i .. ': 4 steps, one skipped')
+      assert.are.equal(3, eager.optimizer.optimizers[i].t)
+    end
+    local b = bits(graphed)
+    assert.are.same(bits(eager), b)
+    assert.are.same(bits(classic), b)
+    graphed.graph:free()
+  end)
+
+  gpu_it('collects no garbage while capturing (a dropped pinned block, freed there, would end the capture)', function()
+    local cuda = require 'gptlua.cuda'
+    local x = gl.zeros({ 4 }, { device = 'cuda:0' })
+    local running
+    local g = cuda.graph(function() running = collectgarbage('isrunning'); x:add_(1) end, 'cuda:0')
+    assert.is_false(running)
+    assert.is_true(collectgarbage('isrunning'))
+    g:free()
   end)
 
   gpu_it('the step block on the CPU and the GPU: sum of squares, norm, clip, skip, AdamW', function()
@@ -161,6 +214,31 @@ describe('trainer: the optimizer in the CUDA graph #cuda', function()
   end)
 end)
 
+describe("the step block's Muon kernels #cuda", function()
+  gpu_it('momentum and axpy from the block on the CPU and the GPU, clipped and skipped', function()
+    for _, gdt in ipairs({ 'float32', 'bfloat16' }) do
+      for _, skip in ipairs({ 0, 1 }) do
+        local ins = { buf = pair({ 4097 }), g = pair({ 4097 }, { dtype = gdt }), y = pair({ 4097 }), x = pair({ 4097 }) }
+        compare(ins, function(S)
+          local blk = gl.zeros({ 16 }, { dtype = 'float64' })
+          local h = ffi.cast('double *', blk:data_ptr())
+          h[lib.GL_STEP_SKIP], h[lib.GL_STEP_CLIP_SCALE], h[8], h[9], h[10] = skip, 0.37, 0.9, 1 - 0.9, -0.02
+          blk = blk:to(S.device)
+          local buf, y, out = S.buf:clone(), S.y:clone(), S.out({ 4097 })
+          for nesterov = 0, 1 do K(lib.gl_momentum_update_block(out.c, buf.c, S.g.c, blk.c, 8, nesterov)) end
+          K(lib.gl_axpy_block(y.c, S.x.c, blk.c, 10))
+          if skip == 1 then  -- nothing written (out keeps the GPU's poison: not compared)
+            assert.are.equal(0, buf:max_abs_diff(S.buf))
+            assert.are.equal(0, y:max_abs_diff(S.y))
+            return buf, y
+          end
+          return buf, y, out
+        end, 'float32', ('Muon block kernels, %s grads, skip %d'):format(gdt, skip))
+      end
+    end
+  end)
+end)
+
 describe('the step block: argument checks', function()
   local function block(n, dtype) return gl.zeros({ n }, { dtype = dtype or 'float64' }) end
   local function adamw_args(b, slot, pdt)
@@ -210,6 +288,21 @@ describe('the step block: argument checks', function()
         err(function() K(lib.gl_adamw_update_block(1, P2, G2, M2, V2, nil, d.c, S2)) end))
       assert.is_truthy(keep2)
     end
+  end)
+
+  it("refuses Muon's block kernels' bad arguments", function()
+    local b, y, x = block(16), gl.zeros({ 5 }), gl.zeros({ 6 })
+    assert.matches('gl_axpy_block: x has 6 elements, expected 5 %(the numel of y%)',
+      err(function() K(lib.gl_axpy_block(y.c, x.c, b.c, 8)) end))
+    assert.matches('gl_axpy_block: slot is 16, expected 8 <= slot <= 15',
+      err(function() K(lib.gl_axpy_block(y.c, y.c, b.c, 16)) end))
+    local buf, g64 = gl.zeros({ 5 }), gl.zeros({ 5 }, { dtype = 'float64' })
+    assert.matches('gl_momentum_update_block: grad has dtype float64, expected float32 or bfloat16',
+      err(function() K(lib.gl_momentum_update_block(buf.c, buf.c, g64.c, b.c, 8, 1)) end))
+    assert.matches('gl_momentum_update_block: slot is 15, expected 8 <= slot <= 14',
+      err(function() K(lib.gl_momentum_update_block(buf.c, buf.c, buf.c, b.c, 15, 1)) end))
+    assert.matches('gl_momentum_update_block: block has dtype float32, expected float64',
+      err(function() K(lib.gl_momentum_update_block(buf.c, buf.c, buf.c, block(16, 'float32').c, 8, 1)) end))
   end)
 
   it('updates like gl_adamw_update_multi on the CPU when the rates agree', function()

@@ -450,7 +450,7 @@ end
 
 -- NorMuon: per-neuron second moment v (updated in place) and X scaled by
 -- it, then back to its Frobenius norm, in place
-local function normuon(X, v, beta2)
+local function normuon(X, v, beta2, blk)
   local rows, cols = X.shape[1], X.shape[2]
   local dim = rows >= cols and 2 or 1            -- the shorter side is averaged
   local n_red = X.shape[dim]
@@ -459,7 +459,8 @@ local function normuon(X, v, beta2)
   rel(sq)
   local before = fro(X)                          -- = sqrt(sum(vmean) * n_red)
   local d = binary(BIN.sub, vmean, v, 'Muon')
-  v:add_(d, 1 - beta2)
+  if blk then K(lib.gl_axpy_block(v.c, d.c, blk.block.c, blk.slot + 4))  -- 1 - beta2; untouched when skipped
+  else v:add_(d, 1 - beta2) end
   rel(d)
   local floored = unary(U.clamp, v, 1e-10, math.huge)
   local step = unary(U.rsqrt, floored)           -- per neuron
@@ -477,14 +478,18 @@ end
 -- NorMuon's second moment to vbuf in place): momentum -> [MuonEq] ->
 -- orthogonalisation -> [Muon+] -> [NorMuon], in fp32 but for the
 -- iteration itself (optim.ns_dtype).  The result is in p's dtype or fp32.
-function Muon.update_direction(p, grad, buf, g, vbuf)
+-- blk (Muon:step_block): {block = the step block's device tensor, slot =
+-- the matrix's first slot}: the factors come from the block, the gradient
+-- is clipped there, and nothing is written on a skipped step.
+function Muon.update_direction(p, grad, buf, g, vbuf, blk)
   local upd = gl.empty(p.shape, { dtype = buf.dtype, device = p.device })   -- fp32 (state_dtype)
-  K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0))
+  if blk then K(lib.gl_momentum_update_block(upd.c, buf.c, grad.c, blk.block.c, blk.slot, g.nesterov and 1 or 0))
+  else K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0)) end
   if g.row_equilibrate then row_equilibrate(upd) end
   local X = optim.newton_schulz(upd, g.ns_steps, optim.ns_dtype(p), g.ortho)
   Tensor.release(upd)
   if g.renormalize then renormalize(X) end
-  if g.normuon_beta2 > 0 then normuon(X, vbuf, g.normuon_beta2) end
+  if g.normuon_beta2 > 0 then normuon(X, vbuf, g.normuon_beta2, blk) end
   return X
 end
 
@@ -493,10 +498,13 @@ end
 -- either) at the shape-scaled rate lr: target -= lr X, and with weight
 -- decay target -= lr wd target (cautious: only where X target >= 0), the
 -- decay computed from target before the update as nanochat does.
-function optim.muon_apply(target, X, lr, g)
+-- blk (Muon:step_block): -lr and -lr wd from the block's slots, nothing
+-- written on a skipped step; the decay is computed whenever the group has
+-- one at all (a captured step keeps its branches while the schedule moves).
+function optim.muon_apply(target, X, lr, g, blk)
   local Xd = X:to(target.dtype)
   local decay
-  if g.weight_decay > 0 then
+  if g.weight_decay > 0 or (blk and (g.initial_weight_decay or 0) > 0) then
     if g.cautious then
       local prod = binary(BIN.mul, Xd, target, 'Muon')
       local zero = gl.zeros({}, { dtype = prod.dtype, device = prod.device })
@@ -507,8 +515,13 @@ function optim.muon_apply(target, X, lr, g)
       decay = target:clone()
     end
   end
-  target:add_(Xd, -lr)
-  if decay then target:add_(decay, -lr * g.weight_decay); rel(decay) end
+  if blk then
+    K(lib.gl_axpy_block(target.c, Xd.c, blk.block.c, blk.slot + 2))
+    if decay then K(lib.gl_axpy_block(target.c, decay.c, blk.block.c, blk.slot + 3)); rel(decay) end
+  else
+    target:add_(Xd, -lr)
+    if decay then target:add_(decay, -lr * g.weight_decay); rel(decay) end
+  end
   if Xd ~= X then rel(Xd) end
 end
 
@@ -546,6 +559,47 @@ function Muon:step()
     end
   end)
 end
+
+-- The step block (gptlua.step_block; AdamW's above): each matrix's 5 slots
+-- hold its momentum, 1 - momentum, the shape-scaled -lr and -lr wd, and
+-- NorMuon's 1 - beta2, written by the host each step in double (the
+-- scheduled momentum and weight decay included); step_block runs step()'s
+-- work with them (no host number in any launch, nothing written on a
+-- skipped step); step_taken counts the step.
+function Muon:reserve_block(block)
+  for _, g in ipairs(self.groups) do
+    g.block_slots = {}
+    for i = 1, #g.params do g.block_slots[i] = block:reserve(5) end
+  end
+end
+function Muon:write_block(b)
+  for _, g in ipairs(self.groups) do
+    for i, p in ipairs(g.params) do
+      local s = g.block_slots[i]
+      local lr = Muon.scaled_lr(g, self.matrix_shape and self.matrix_shape(p) or p.shape)
+      b[s], b[s + 1], b[s + 2], b[s + 3], b[s + 4] = g.momentum, 1 - g.momentum, -lr, -lr * g.weight_decay,
+        1 - g.normuon_beta2
+    end
+  end
+end
+function Muon:step_block(block)
+  gl.no_grad(function()
+    for _, g in ipairs(self.groups) do
+      for i, p in ipairs(g.params) do
+        if p.grad then
+          local st = self.state[p]
+          if not st then st = new_state(p, self:param_state(p, g), self.state_dtype); self.state[p] = st end
+          local blk = { block = block, slot = g.block_slots[i] }
+          local X = Muon.update_direction(p, p.grad, st.momentum_buffer, g, st.second_momentum_buffer, blk)
+          optim.muon_apply(update_target(p, st), X, nil, g, blk)
+          write_back(p, st)
+          Tensor.release(X)
+        end
+      end
+    end
+  end)
+end
+function Muon:step_taken() self.t = self.t + 1 end
 
 -- ------------------------------------------------------- combined optimizer
 local Combined = {}

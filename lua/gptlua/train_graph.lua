@@ -2,19 +2,20 @@
 --
 -- The whole step (cuda_graph_warmup optimizer steps run op by op first, at
 -- least one) is captured once and replayed from then on, when the
--- optimizer takes the step block (gptlua.step_block; AdamW): the block's
--- copy to the device, zero_grad, every micro-step's forward and backward
--- (each loss copied into the block), the gradient's sum of squares, the
--- norm, clip scale and skip flag (gl_step_finalize), the AdamW update (rates
--- and clip scale read from the block, nothing written when the flag is
--- set) and the block's copy back.  Lua dispatches nothing per op; the host
+-- optimizer takes the step block (gptlua.step_block; AdamW, Muon and
+-- nanochat's pair of them): the block's copy to the device, zero_grad,
+-- every micro-step's forward and backward (each loss copied into the
+-- block), the gradient's sum of squares, the norm, clip scale and skip flag
+-- (gl_step_finalize), the optimizer's update (rates, momentum and clip
+-- scale read from the block, nothing written when the flag is set) and the
+-- block's copy back.  Lua dispatches nothing per op; the host
 -- writes this step's rates into the pinned block, launches once, and waits
 -- once, after the step, to read the losses, the norm and the flag (the
 -- trainer's history and bad-step count need them).  The steps before the
 -- capture, and a run whose capture failed, run the same function op by op,
 -- so graphed and op-by-op steps are the same computation.
--- With another optimizer (Muon: its steps take host numbers per matrix)
--- one micro-step's forward and backward is captured and replayed per
+-- With an optimizer that does not take the block (a recipe's own) one
+-- micro-step's forward and backward is captured and replayed per
 -- micro-step, and the norm, clip and optimizer run op by op after it.
 --   - Inputs: the batches are copied into fixed device tensors before each
 --     replay (the graph reads them); gradients are the parameters' own .grad

@@ -7,6 +7,7 @@
 -- until the host is free again (the launch calls return before the GPU is
 -- done), with the device time from events beside it.
 --   build/sim/gptlua recipes/tools/graph_overhead.lua [--steps=10] [--model=nanochat|gpt2]
+--     [--optimizer=adamw|nanochat]  (default adamw; nanochat: Muon + AdamW, the default recipe's)
 -- First the micro-step in the trainer's cuda_graph mode
 -- (gptlua.train_graph): the model's loss and the backward into the
 -- parameters' gradients, op by op against one graph launch.  Then the whole
@@ -22,11 +23,14 @@ local cuda = require 'gptlua.cuda'
 local ffi = require 'ffi'
 local now = require('gptlua.cli').now
 
-local opts = { steps = 10, model = 'nanochat' }
+local opts = { steps = 10, model = 'nanochat', optimizer = 'adamw' }
 for _, a in ipairs(arg) do
   local k, v = a:match('^%-%-([%w_]+)=(.*)$')
-  if not k or opts[k] == nil then error('graph_overhead: unknown argument ' .. a .. ' (--steps, --model)', 0) end
-  opts[k] = k == 'model' and v or (tonumber(v) or error('graph_overhead: --' .. k .. ' expects a number', 0))
+  if not k or opts[k] == nil then error('graph_overhead: unknown argument ' .. a .. ' (--steps, --model, --optimizer)', 0) end
+  if k == 'optimizer' and v ~= 'adamw' and v ~= 'nanochat' then
+    error("graph_overhead: --optimizer expects 'adamw' or 'nanochat', got " .. v, 0)
+  end
+  opts[k] = type(opts[k]) == 'string' and v or (tonumber(v) or error('graph_overhead: --' .. k .. ' expects a number', 0))
 end
 if not cuda.is_available() then error('graph_overhead: needs a CUDA device (or build/sim/gptlua)', 0) end
 
@@ -36,7 +40,7 @@ local function device_seconds() return sim and gl.lib.gl_sim_work_seconds() or 0
 
 local r = dofile(gl.root .. '/recipes/shakespeare.lua')
 r.model = opts.model
-r.optimizer, r.nanochat = 'adamw', { version = 'v1' }  -- the previous default's block and optimizer, as measured
+r.optimizer, r.nanochat = opts.optimizer, { version = 'v1' }  -- adamw: the previous default's, as measured
 local train = require 'gptlua.train'
 r.quiet, r.device, r.eval_interval, r.sample_length, r.out_dir = true, 'cuda:0', 0, 0, os.tmpname()
 os.remove(r.out_dir)
@@ -121,8 +125,8 @@ for _, mode in ipairs({ 'off', 'micro', 'auto' }) do
   whole[mode] = { h = h, d = d, w = w, ev = ev, syncs = n, kinds = kinds }
   if tr.graph then tr.graph:free() end
 end
-print(('whole step (train_step: forward, backward, norm, clip, optimizer), accum %d:'):format(
-  t.cfg.gradient_accumulation_steps))
+print(('whole step (train_step: forward, backward, norm, clip, optimizer %s), accum %d:'):format(
+  opts.optimizer, t.cfg.gradient_accumulation_steps))
 row("cuda_graph 'off'", whole.off.h, whole.off.d, whole.off.w, whole.off.ev)
 row("'auto', micro-step graph", whole.micro.h, whole.micro.d, whole.micro.w, whole.micro.ev)
 row("'auto', whole-step graph", whole.auto.h, whole.auto.d, whole.auto.w, whole.auto.ev)

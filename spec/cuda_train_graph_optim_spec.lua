@@ -138,6 +138,33 @@ describe('trainer: the optimizer in the CUDA graph #cuda', function()
     graphed.graph:free()
   end)
 
+  gpu_it('a bad target in a replayed step is named with its op after the step; nothing is updated', function()
+    local t = trainer({ cuda_graph = true, cuda_graph_warmup = 1, gradient_accumulation_steps = 1 })
+    local loader, V = t.data.train, t.cfg.vocab_size
+    local next_batch, poison = loader.next_batch, false
+    loader.next_batch = function(self)
+      local x, y = next_batch(self)
+      if not poison then return x, y end
+      local yc = y:to('cpu'):contiguous()
+      ffi.cast('int64_t *', yc:data_ptr())[5] = V
+      return x, yc:to(y.device)
+    end
+    for _ = 1, 2 do t:train_step() end
+    assert.is_truthy(t.graph.g, 'captured')
+    local before = bits(t)
+    poison = true
+    local ok, e = pcall(t.train_step, t)
+    assert.is_false(ok)
+    assert.matches('targets%[5%] is ' .. V .. ', expected 0 <= targets < ' .. V, tostring(e))
+    assert.are.same(before, bits(t), 'the bad step updated nothing')
+    assert.are.equal(2, t.optimizer.t)
+    poison = false
+    local _, _, _, taken = t:train_step()
+    assert.is_true(taken, 'the next step runs clean')
+    assert.are.equal(3, t.optimizer.t)
+    t.graph:free()
+  end)
+
   gpu_it('collects no garbage while capturing (a dropped pinned block, freed there, would end the capture)', function()
     local cuda = require 'gptlua.cuda'
     local x = gl.zeros({ 4 }, { device = 'cuda:0' })

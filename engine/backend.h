@@ -95,6 +95,12 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(adamw_update, (gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v, int64_t start, int64_t len, double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step)) \
   X(momentum_update, (gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, int64_t start, int64_t len, double mu, int nesterov)) \
   X(adamw_update_multi, (int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms, gl_tensor **vs, gl_tensor **outs, const double *lrs, const double *wds, double beta1, double beta2, double eps, int64_t step)) \
+  X(step_block_copy, (gl_tensor *dst, const gl_tensor *src)) \
+  X(step_sumsq, (gl_tensor *block, int n, const gl_tensor **xs)) \
+  X(step_finalize, (gl_tensor *block, int64_t loss_at, int nloss)) \
+  X(adamw_update_block, (int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms, gl_tensor **vs, gl_tensor **outs, const gl_tensor *block, const int64_t *slots)) \
+  X(momentum_update_block, (gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block, int64_t slot, int nesterov)) \
+  X(axpy_block, (gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot)) \
   X(copy, (gl_tensor *dst, const gl_tensor *src)) \
   X(fill, (gl_tensor *t, double value)) \
   X(rand_uniform, (gl_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi)) \
@@ -110,6 +116,20 @@ GL_BACKEND_OPS(GL_DECLARE_BACKEND)
 #else
 #define GL_HD
 #endif
+/* gl_step_finalize on the block's values b (engine/cpu_optim.c, and one
+   thread of kernels/optim.cu): the same double arithmetic as the trainer's
+   host code had (gptlua.train), so the flag and the clip agree with it. */
+static inline GL_HD void gl_step_finalize_values(double *b, int64_t loss_at, int nloss) {
+  double sum = 0;
+  for (int i = 0; i < nloss; i++) sum += b[loss_at + i];
+  double loss = sum / nloss, norm = sqrt(b[GL_STEP_SUMSQ]), max_norm = b[GL_STEP_MAX_NORM];
+  int bad = loss != loss || loss > 1.7976931348623157e308 || norm != norm || norm > 1.7976931348623157e308;
+  b[GL_STEP_LOSS] = loss;
+  b[GL_STEP_NORM] = norm;
+  b[GL_STEP_CLIP_SCALE] = max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+  b[GL_STEP_SKIP] = bad ? 1.0 : 0.0;
+}
+
 static inline GL_HD void gl_philox4x32(uint32_t key0, uint32_t key1, uint32_t c0, uint32_t c1,
                                        uint32_t c2, uint32_t c3, uint32_t out[4]) {
   for (int r = 0; r < 10; r++) {

@@ -6,7 +6,9 @@
  * for AdamW, the momentum buffer's for momentum): a tensor of that dtype is
  * updated in place, any other float dtype (a bfloat16 grad, say) goes
  * through a stack buffer.  Compiled as a template over real = float / double
- * (generic section below). */
+ * (generic section below).  The step block's twins (engine/ops_step.c:
+ * AdamW, momentum and axpy with their factors, clip scale and skip flag read
+ * from a float64 block) are float32 only, as on the GPU. */
 #ifndef real
 #include "cpu_kernels.h"
 #include <tgmath.h>
@@ -43,6 +45,110 @@ int cpu_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, i
                         double mu, int nesterov) {
   if (buf->dtype == GL_F64) momentum_f64(out, buf, grad, start, len, mu, nesterov);
   else momentum_f32(out, buf, grad, start, len, mu, nesterov);
+  return GL_OK;
+}
+
+/* ---- the step block (engine/ops_step.c): the CPU twins of kernels/optim.cu's */
+static double *block_values(const gl_tensor *b) { return (double *)b->storage->data + b->offset; }
+
+int cpu_step_block_copy(gl_tensor *dst, const gl_tensor *src) {
+  memmove(block_values(dst), block_values(src), (size_t)dst->numel * sizeof(double));
+  return GL_OK;
+}
+
+int cpu_step_sumsq(gl_tensor *block, int n, const gl_tensor **xs) {
+  double s = 0;
+  GL_TRY(cpu_sumsq_multi(n, xs, &s));
+  block_values(block)[GL_STEP_SUMSQ] = s;
+  return GL_OK;
+}
+
+int cpu_step_finalize(gl_tensor *block, int64_t loss_at, int nloss) {
+  gl_step_finalize_values(block_values(block), loss_at, nloss);
+  return GL_OK;
+}
+
+/* AdamW of one float32 parameter with float rates r (lr*wd, lr/bc1, b1,
+   b2, 1-b1, 1-b2, eps, 1/bc2), its gradient times the clip scale rounded to
+   the gradient's dtype (as mul_ leaves it), in the order of adamw_kernel */
+static void adamw_block_one(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_tensor *v, gl_tensor *out,
+                            const float r[8], float scale) {
+  float *P = (float *)param->storage->data + param->offset, *M = (float *)m->storage->data + m->offset;
+  float *V = (float *)v->storage->data + v->offset;
+  const float *gf = grad->dtype == GL_F32 ? (const float *)grad->storage->data + grad->offset : NULL;
+  const uint16_t *gh = grad->dtype == GL_BF16 ? (const uint16_t *)grad->storage->data + grad->offset : NULL;
+  float *of = out && out->dtype == GL_F32 ? (float *)out->storage->data + out->offset : NULL;
+  uint16_t *oh = out && out->dtype == GL_BF16 ? (uint16_t *)out->storage->data + out->offset : NULL;
+  int64_t len = param->numel, ntask = (len + CHUNK - 1) / CHUNK;
+  int nt = gl_threads_for(ntask, 8 * CHUNK);
+  GL_PAR_FOR(nt, task, ntask,
+    int64_t i0 = task * CHUNK, i1 = len - i0 < CHUNK ? len : i0 + CHUNK;
+    for (int64_t i = i0; i < i1; i++) {
+      float g = gf ? gf[i] * scale : gl_bf16_to_f32(gl_f32_to_bf16(gl_bf16_to_f32(gh[i]) * scale));
+      float p = P[i];
+      float mm = r[2] * M[i] + r[4] * g;
+      float vv = r[3] * V[i] + r[5] * g * g;
+      p -= r[0] * p;
+      p -= r[1] * mm / (sqrtf(vv * r[7]) + r[6]);
+      P[i] = p;
+      M[i] = mm;
+      V[i] = vv;
+      if (of) of[i] = p;
+      else if (oh) oh[i] = gl_f32_to_bf16(p);
+    }
+  );
+}
+
+int cpu_adamw_update_block(int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms, gl_tensor **vs,
+                           gl_tensor **outs, const gl_tensor *block, const int64_t *slots) {
+  const double *b = block_values(block);
+  if (b[GL_STEP_SKIP] != 0) return GL_OK;  /* a non-finite loss or norm: the step is skipped */
+  float scale = (float)b[GL_STEP_CLIP_SCALE];
+  for (int i = 0; i < n; i++) {
+    float r[GL_STEP_ADAMW_SLOTS];
+    for (int k = 0; k < GL_STEP_ADAMW_SLOTS; k++) r[k] = (float)b[slots[i] + k];
+    adamw_block_one(params[i], grads[i], ms[i], vs[i], outs ? outs[i] : NULL, r, scale);
+  }
+  return GL_OK;
+}
+
+int cpu_momentum_update_block(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block,
+                              int64_t slot, int nesterov) {
+  const double *b = block_values(block);
+  if (b[GL_STEP_SKIP] != 0) return GL_OK;
+  float mu = (float)b[slot], cmu = (float)b[slot + 1], scale = (float)b[GL_STEP_CLIP_SCALE];
+  float *O = (float *)out->storage->data + out->offset, *B = (float *)buf->storage->data + buf->offset;
+  const float *gf = grad->dtype == GL_F32 ? (const float *)grad->storage->data + grad->offset : NULL;
+  const uint16_t *gh = grad->dtype == GL_BF16 ? (const uint16_t *)grad->storage->data + grad->offset : NULL;
+  int64_t len = buf->numel, ntask = (len + CHUNK - 1) / CHUNK;
+  int nt = gl_threads_for(ntask, 4 * CHUNK);
+  GL_PAR_FOR(nt, task, ntask,
+    int64_t i0 = task * CHUNK, i1 = len - i0 < CHUNK ? len : i0 + CHUNK;
+    for (int64_t i = i0; i < i1; i++) {
+      float g = gf ? gf[i] * scale : gl_bf16_to_f32(gl_f32_to_bf16(gl_bf16_to_f32(gh[i]) * scale));
+      float bv = B[i], nb = bv + cmu * (g - bv);
+      B[i] = nb;
+      O[i] = nesterov ? g + mu * (nb - g) : nb;
+    }
+  );
+  return GL_OK;
+}
+
+int cpu_axpy_block(gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot) {
+  const double *b = block_values(block);
+  if (b[GL_STEP_SKIP] != 0) return GL_OK;
+  float a = (float)b[slot];
+  float *Y = (float *)y->storage->data + y->offset;
+  const float *X = (const float *)x->storage->data + x->offset;
+  int64_t len = y->numel, ntask = (len + CHUNK - 1) / CHUNK;
+  int nt = gl_threads_for(ntask, 2 * CHUNK);
+  GL_PAR_FOR(nt, task, ntask,
+    int64_t i0 = task * CHUNK, i1 = len - i0 < CHUNK ? len : i0 + CHUNK;
+    for (int64_t i = i0; i < i1; i++) {
+      float ax = a * X[i];  /* rounded first, as add_(x, a) scales x in its own pass */
+      Y[i] = Y[i] + ax;
+    }
+  );
   return GL_OK;
 }
 

@@ -230,4 +230,57 @@ int gl_adamw_update_multi(int n, gl_tensor **params, const gl_tensor **grads, gl
                           gl_tensor **vs, gl_tensor **outs, const double *lrs, const double *wds,
                           double beta1, double beta2, double eps, int64_t step);
 
+/* The step block: a trainer's step scalars in one contiguous float64 tensor
+   on the step's device, so a captured step (a CUDA graph) reads this step's
+   values, not the ones of its capture.  The host writes the rates (each
+   AdamW group's lr*wd and lr/bc1, each call's betas, eps and 1/bc2, the clip
+   threshold) into a pinned copy and sends it with gl_step_block_copy; the
+   device writes the rest (the gradient's sum of squares and norm, the clip
+   scale, the losses, the skip flag), which the host reads once, after the
+   step.  Slots below GL_STEP_HEADER: */
+enum {
+  GL_STEP_SKIP = 0,       /* device: 1 when the loss or the norm is not finite (nothing is updated) */
+  GL_STEP_SUMSQ = 1,      /* device: float64 sum of squares of the gradients */
+  GL_STEP_NORM = 2,       /* device: sqrt(SUMSQ) */
+  GL_STEP_CLIP_SCALE = 3, /* device: MAX_NORM / (NORM + 1e-6) when MAX_NORM > 0 and NORM > MAX_NORM, else 1 */
+  GL_STEP_LOSS = 4,       /* device: the mean of the step's micro-step losses */
+  GL_STEP_MAX_NORM = 5,   /* host: the clip threshold (0: no clipping) */
+  GL_STEP_HEADER = 8
+};
+/* An AdamW group's slots (gl_adamw_update_block): lr*wd, lr/bc1, beta1,
+   beta2, 1 - beta1, 1 - beta2, eps, 1/bc2 */
+enum { GL_STEP_ADAMW_SLOTS = 8 };
+/* dst = src, one of them a pinned host tensor and the other on a CUDA
+   device (or both on the CPU), float64, contiguous, same numel; queued on
+   the device's compute stream and the host does not wait (so a CUDA graph
+   can hold it): synchronise before reading a host dst or rewriting a host
+   src. */
+int gl_step_block_copy(gl_tensor *dst, const gl_tensor *src);
+/* block[GL_STEP_SUMSQ] = the float64 sum of squares of every element of
+   xs[0..n) (gl_sumsq_multi's sum, left on the device: no host wait) */
+int gl_step_sumsq(gl_tensor *block, int n, const gl_tensor **xs);
+/* From block[SUMSQ], block[MAX_NORM] and the nloss losses at
+   block[loss_at..]: LOSS (their sum over nloss, in float64, in order), NORM,
+   CLIP_SCALE and SKIP, as the trainer computed them on the host. */
+int gl_step_finalize(gl_tensor *block, int64_t loss_at, int nloss);
+/* gl_adamw_update_multi with its rates read from the step block: params,
+   ms, vs float32, grads float32 or bfloat16, outs (optional) float32 or
+   bfloat16; parameter i uses its group's GL_STEP_ADAMW_SLOTS values at
+   block[slots[i]] (each rounded to float, as the kernels take them); each
+   gradient is multiplied by block[CLIP_SCALE] (rounded to the gradient's dtype, as
+   mul_ does) and nothing is written when block[SKIP] is not 0. */
+int gl_adamw_update_block(int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms, gl_tensor **vs,
+                          gl_tensor **outs, const gl_tensor *block, const int64_t *slots);
+/* Muon's momentum (gl_momentum_update) with its factors read from the step
+   block: mu = block[slot], 1 - mu = block[slot + 1]; the gradient times
+   block[CLIP_SCALE], rounded to its dtype; buf and out are not written when
+   block[SKIP] is set.  out and buf float32, grad float32 or bfloat16, all
+   contiguous with one numel. */
+int gl_momentum_update_block(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block,
+                             int64_t slot, int nesterov);
+/* y += a x with a = block[slot] (as y:add_(x, a): a x rounded to float,
+   then the sum), nothing written when block[SKIP] is set; y and x float32,
+   contiguous, one numel (Muon's update and decay, NorMuon's second moment) */
+int gl_axpy_block(gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot);
+
 #endif

@@ -310,41 +310,75 @@ sumsq_multi_kernel(double *partial, const SumsqSeg *segs, int nseg) {
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-extern "C" int cuda_sumsq_multi(int n, const gl_tensor **xs, double *out) {
-  *out = 0;
+/* Queues the sum of squares of xs into partial[0] (table-able tensors) and
+   adds the others' into *rest with cuda_sumsq, which waits; rest NULL
+   refuses them instead (the step block's sum must not wait).  *queued: 0
+   when no tensor went into partial. */
+static int sumsq_multi_queue(const char *fn, int n, const gl_tensor **xs, CuTemp &partial, double *rest,
+                             cudaStream_t *st, int *queued) {
+  *queued = 0;
   int dev = xs[0]->device;
-  cudaStream_t st;
-  GL_TRY(cu_begin(dev, &st));
+  GL_TRY(cu_begin(dev, st));
   std::vector<SumsqSeg> segs;
-  double rest = 0;  /* tensors the table cannot take */
   int64_t blocks = 0;
   for (int i = 0; i < n; i++) {
     const gl_tensor *x = xs[i];
     if (x->numel == 0) continue;
     if (!gl_is_contiguous(x) || (x->dtype != GL_F32 && x->dtype != GL_BF16 && x->dtype != GL_F64)) {
+      if (!rest)
+        return gl_error("%s: xs[%d] is a %s %s tensor, expected a contiguous float32, bfloat16 or float64 one", fn,
+                        i, gl_is_contiguous(x) ? "contiguous" : "strided", gl_dtype_name(x->dtype));
       double one = 0;
       GL_TRY(cuda_sumsq(x, &one));
-      rest += one;
+      *rest += one;
       continue;
     }
     SumsqSeg sg = {cu_ptr(x), x->numel, blocks, x->dtype, 0};
     blocks += (x->numel + CU_MT_CHUNK - 1) / CU_MT_CHUNK;
     segs.push_back(sg);
   }
-  if (segs.empty()) { *out = rest; return GL_OK; }
-  if (blocks > 0x7fffffffLL) return gl_error("cuda_sumsq_multi: %lld blocks exceed the grid limit", (long long)blocks);
+  if (segs.empty()) return GL_OK;
+  if (blocks > 0x7fffffffLL) return gl_error("%s: %lld blocks exceed the grid limit", fn, (long long)blocks);
   const void *table = nullptr;
-  GL_TRY(cu_table(dev, st, segs.data(), segs.size() * sizeof(SumsqSeg), &table));
-  CuTemp partial;
+  GL_TRY(cu_table(dev, *st, segs.data(), segs.size() * sizeof(SumsqSeg), &table));
   GL_TRY(partial.make(GL_F64, dev, blocks));
   double *pp = partial.ptr<double>();
-  GL_LAUNCH((unsigned)blocks, CU_MT_THREADS, 0, st, sumsq_multi_kernel)(pp, (const SumsqSeg *)table, (int)segs.size());
+  GL_LAUNCH((unsigned)blocks, CU_MT_THREADS, 0, *st, sumsq_multi_kernel)(pp, (const SumsqSeg *)table, (int)segs.size());
   GL_CU_LAUNCHED();
-  GL_LAUNCH(1, 1024, 0, st, sumsq_final_kernel)(pp, (int)blocks);
+  GL_LAUNCH(1, 1024, 0, *st, sumsq_final_kernel)(pp, (int)blocks);
   GL_CU_LAUNCHED();
+  *queued = 1;
+  return GL_OK;
+}
+
+extern "C" int cuda_sumsq_multi(int n, const gl_tensor **xs, double *out) {
+  *out = 0;
+  CuTemp partial;
+  cudaStream_t st;
+  double rest = 0;  /* tensors the table cannot take */
+  int queued = 0;
+  GL_TRY(sumsq_multi_queue("cuda_sumsq_multi", n, xs, partial, &rest, &st, &queued));
+  if (!queued) { *out = rest; return GL_OK; }
   double h = 0;
-  GL_CU_CHECK(cudaMemcpyAsync(&h, pp, sizeof(double), cudaMemcpyDeviceToHost, st));
+  GL_CU_CHECK(cudaMemcpyAsync(&h, partial.ptr<double>(), sizeof(double), cudaMemcpyDeviceToHost, st));
   GL_CU_CHECK(cudaStreamSynchronize(st));
   *out = h + rest;
+  return GL_OK;
+}
+
+/* the step block's GL_STEP_SUMSQ, left on the device (no host wait) */
+extern "C" int cuda_step_sumsq(gl_tensor *block, int n, const gl_tensor **xs) {
+  double *dst = (double *)cu_ptr(block) + GL_STEP_SUMSQ;
+  cudaStream_t st;
+  if (n == 0) {
+    GL_TRY(cu_begin(block->device, &st));
+    GL_CU_CHECK(cudaMemsetAsync(dst, 0, sizeof(double), st));
+    return GL_OK;
+  }
+  CuTemp partial;
+  int queued = 0;
+  GL_TRY(sumsq_multi_queue("gl_step_sumsq", n, xs, partial, nullptr, &st, &queued));
+  if (queued) GL_CU_CHECK(cudaMemcpyAsync(dst, partial.ptr<double>(), sizeof(double), cudaMemcpyDeviceToDevice, st));
+  else GL_CU_CHECK(cudaMemsetAsync(dst, 0, sizeof(double), st));
   return GL_OK;
 }

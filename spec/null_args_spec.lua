@@ -43,6 +43,7 @@ local NULL_OK = {
   gl_rope_rmsnorm_forward = { rstd = 'optional output: statistics not kept' },
   gl_attention_forward = { lse = 'optional output: log-sum-exp not kept (inference)' },
   gl_adamw_update_multi = { outs = 'optional: no low-precision copies of the parameters to write' },
+  gl_adamw_update_block = { outs = 'optional: no low-precision copies of the parameters to write' },
   gl_cross_entropy_forward = { lse = 'optional output: log-sum-exp not kept' },
   gl_cross_entropy_backward = { scale_by = 'optional: no factor on the device (1)' },
   gl_list_files = { prefix = 'optional: NULL matches every name', suffix = 'optional: NULL matches every name' },

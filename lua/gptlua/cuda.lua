@@ -195,8 +195,13 @@ function cuda.graph(fn, dev)
   if type(fn) ~= 'function' then error('cuda.graph: fn expected a function, got ' .. type(fn), 2) end
   local id = ordinal(dev, 'cuda.graph')
   check(lib.gl_cuda_graph_begin(id), 2)
+  -- no garbage collection while capturing: a finalizer that frees pinned
+  -- host memory (a dropped tensor's cudaFreeHost) would end the capture
+  local collecting = collectgarbage('isrunning')
+  collectgarbage('stop')
   local ok, err = xpcall(fn, function(e) return e end)
   local g = lib.gl_cuda_graph_end(id)  -- always: the stream leaves capture mode
+  if collecting then collectgarbage('restart') end
   if not ok then
     if g ~= nil then lib.gl_cuda_graph_destroy(g) end
     error(('cuda.graph: the work on cuda:%d could not be captured: %s'):format(id, tostring(err)), 2)

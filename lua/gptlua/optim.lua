@@ -182,6 +182,62 @@ function AdamW:step()
   end
 end
 
+-- The step block (gptlua.step_block, gl_ops.h): the same update with its
+-- rates read from device memory, so a captured step (gptlua.train_graph)
+-- replays this step's rates.  reserve_block gives each group its
+-- GL_STEP_ADAMW_SLOTS slots; write_block writes them for step t + 1 into
+-- the host block (double *b) in double, as the op-by-op call computes them
+-- (pow from libm, not LuaJIT's ^, which differs in the last bit); the
+-- kernel round them once; step_taken advances t after the host has read
+-- that the step was not skipped.
+pcall(ffi.cdef, 'double pow(double x, double y);')
+function AdamW:reserve_block(block)
+  for _, g in ipairs(self.groups) do g.block_slot = block:reserve(lib.GL_STEP_ADAMW_SLOTS) end
+end
+function AdamW:write_block(b)
+  local t = self.t + 1
+  for _, g in ipairs(self.groups) do
+    local s, b1, b2 = g.block_slot, g.betas[1], g.betas[2]
+    local bc1, bc2 = 1 - ffi.C.pow(b1, t), 1 - ffi.C.pow(b2, t)
+    b[s], b[s + 1], b[s + 2], b[s + 3] = g.lr * g.weight_decay, g.lr / bc1, b1, b2
+    b[s + 4], b[s + 5], b[s + 6], b[s + 7] = 1 - b1, 1 - b2, g.eps, 1 / bc2
+  end
+end
+-- every parameter with a gradient in one gl_adamw_update_block call (its
+-- state made on the first); block: the device tensor of the step block
+function AdamW:step_block(block)
+  local list = self._block_list or {}
+  self._block_list = list
+  local n = 0
+  for _, g in ipairs(self.groups) do
+    for _, p in ipairs(g.params) do
+      if p.grad then
+        if not self.state[p] then self.state[p] = new_state(p, self:param_state(p, g)) end
+        n = n + 1
+        list[n] = p
+        list[-n] = g
+      end
+    end
+  end
+  for i = n + 1, #list do list[i], list[-i] = nil, nil end
+  if n == 0 then return end
+  local a = multi_arrays(self, n)
+  if not a.slots then a.slots = ffi.new('int64_t[?]', a.cap) end
+  for i = 1, n do
+    local p, st = list[i], self.state[list[i]]
+    a.params[i - 1], a.grads[i - 1], a.ms[i - 1], a.vs[i - 1] = update_target(p, st).c, p.grad.c, st.m.c, st.v.c
+    a.outs[i - 1] = st.master and p.c or nil
+    a.slots[i - 1] = list[-i].block_slot
+  end
+  K(lib.gl_adamw_update_block(n, a.params, a.grads, a.ms, a.vs, a.outs, block.c, a.slots))
+end
+function AdamW:step_taken()
+  self.t = self.t + 1
+  for _, p in ipairs(self._block_list or {}) do  -- the rounded weights were written in place
+    if self.state[p].master then local v = versions.counter(p); v[1] = v[1] + 1 end
+  end
+end
+
 -- ---------------------------------------------------------------- Muon
 -- Orthogonalisation of an update G: X <- a X + (b A + c A^2) X with
 -- A = X X^T, on the wide orientation (a tall G is transposed in and out).
@@ -394,7 +450,7 @@ end
 
 -- NorMuon: per-neuron second moment v (updated in place) and X scaled by
 -- it, then back to its Frobenius norm, in place
-local function normuon(X, v, beta2)
+local function normuon(X, v, beta2, blk)
   local rows, cols = X.shape[1], X.shape[2]
   local dim = rows >= cols and 2 or 1            -- the shorter side is averaged
   local n_red = X.shape[dim]
@@ -403,7 +459,8 @@ local function normuon(X, v, beta2)
   rel(sq)
   local before = fro(X)                          -- = sqrt(sum(vmean) * n_red)
   local d = binary(BIN.sub, vmean, v, 'Muon')
-  v:add_(d, 1 - beta2)
+  if blk then K(lib.gl_axpy_block(v.c, d.c, blk.block.c, blk.slot + 4))  -- 1 - beta2; untouched when skipped
+  else v:add_(d, 1 - beta2) end
   rel(d)
   local floored = unary(U.clamp, v, 1e-10, math.huge)
   local step = unary(U.rsqrt, floored)           -- per neuron
@@ -421,14 +478,18 @@ end
 -- NorMuon's second moment to vbuf in place): momentum -> [MuonEq] ->
 -- orthogonalisation -> [Muon+] -> [NorMuon], in fp32 but for the
 -- iteration itself (optim.ns_dtype).  The result is in p's dtype or fp32.
-function Muon.update_direction(p, grad, buf, g, vbuf)
+-- blk (Muon:step_block): {block = the step block's device tensor, slot =
+-- the matrix's first slot}: the factors come from the block, the gradient
+-- is clipped there, and nothing is written on a skipped step.
+function Muon.update_direction(p, grad, buf, g, vbuf, blk)
   local upd = gl.empty(p.shape, { dtype = buf.dtype, device = p.device })   -- fp32 (state_dtype)
-  K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0))
+  if blk then K(lib.gl_momentum_update_block(upd.c, buf.c, grad.c, blk.block.c, blk.slot, g.nesterov and 1 or 0))
+  else K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0)) end
   if g.row_equilibrate then row_equilibrate(upd) end
   local X = optim.newton_schulz(upd, g.ns_steps, optim.ns_dtype(p), g.ortho)
   Tensor.release(upd)
   if g.renormalize then renormalize(X) end
-  if g.normuon_beta2 > 0 then normuon(X, vbuf, g.normuon_beta2) end
+  if g.normuon_beta2 > 0 then normuon(X, vbuf, g.normuon_beta2, blk) end
   return X
 end
 
@@ -437,10 +498,13 @@ end
 -- either) at the shape-scaled rate lr: target -= lr X, and with weight
 -- decay target -= lr wd target (cautious: only where X target >= 0), the
 -- decay computed from target before the update as nanochat does.
-function optim.muon_apply(target, X, lr, g)
+-- blk (Muon:step_block): -lr and -lr wd from the block's slots, nothing
+-- written on a skipped step; the decay is computed whenever the group has
+-- one at all (a captured step keeps its branches while the schedule moves).
+function optim.muon_apply(target, X, lr, g, blk)
   local Xd = X:to(target.dtype)
   local decay
-  if g.weight_decay > 0 then
+  if g.weight_decay > 0 or (blk and (g.initial_weight_decay or 0) > 0) then
     if g.cautious then
       local prod = binary(BIN.mul, Xd, target, 'Muon')
       local zero = gl.zeros({}, { dtype = prod.dtype, device = prod.device })
@@ -451,8 +515,13 @@ function optim.muon_apply(target, X, lr, g)
       decay = target:clone()
     end
   end
-  target:add_(Xd, -lr)
-  if decay then target:add_(decay, -lr * g.weight_decay); rel(decay) end
+  if blk then
+    K(lib.gl_axpy_block(target.c, Xd.c, blk.block.c, blk.slot + 2))
+    if decay then K(lib.gl_axpy_block(target.c, decay.c, blk.block.c, blk.slot + 3)); rel(decay) end
+  else
+    target:add_(Xd, -lr)
+    if decay then target:add_(decay, -lr * g.weight_decay); rel(decay) end
+  end
   if Xd ~= X then rel(Xd) end
 end
 
@@ -491,6 +560,47 @@ function Muon:step()
   end)
 end
 
+-- The step block (gptlua.step_block; AdamW's above): each matrix's 5 slots
+-- hold its momentum, 1 - momentum, the shape-scaled -lr and -lr wd, and
+-- NorMuon's 1 - beta2, written by the host each step in double (the
+-- scheduled momentum and weight decay included); step_block runs step()'s
+-- work with them (no host number in any launch, nothing written on a
+-- skipped step); step_taken counts the step.
+function Muon:reserve_block(block)
+  for _, g in ipairs(self.groups) do
+    g.block_slots = {}
+    for i = 1, #g.params do g.block_slots[i] = block:reserve(5) end
+  end
+end
+function Muon:write_block(b)
+  for _, g in ipairs(self.groups) do
+    for i, p in ipairs(g.params) do
+      local s = g.block_slots[i]
+      local lr = Muon.scaled_lr(g, self.matrix_shape and self.matrix_shape(p) or p.shape)
+      b[s], b[s + 1], b[s + 2], b[s + 3], b[s + 4] = g.momentum, 1 - g.momentum, -lr, -lr * g.weight_decay,
+        1 - g.normuon_beta2
+    end
+  end
+end
+function Muon:step_block(block)
+  gl.no_grad(function()
+    for _, g in ipairs(self.groups) do
+      for i, p in ipairs(g.params) do
+        if p.grad then
+          local st = self.state[p]
+          if not st then st = new_state(p, self:param_state(p, g), self.state_dtype); self.state[p] = st end
+          local blk = { block = block, slot = g.block_slots[i] }
+          local X = Muon.update_direction(p, p.grad, st.momentum_buffer, g, st.second_momentum_buffer, blk)
+          optim.muon_apply(update_target(p, st), X, nil, g, blk)
+          write_back(p, st)
+          Tensor.release(X)
+        end
+      end
+    end
+  end)
+end
+function Muon:step_taken() self.t = self.t + 1 end
+
 -- ------------------------------------------------------- combined optimizer
 local Combined = {}
 Combined.__index = Combined
@@ -502,6 +612,15 @@ setmetatable(Combined, { __call = function(_, list)
 end })
 function Combined:step() for _, o in ipairs(self.optimizers) do o:step() end end
 function Combined:set_lr_mult(m) for _, o in ipairs(self.optimizers) do o:set_lr_mult(m) end end
+-- the step block (AdamW:reserve_block ...): every member must take it
+function Combined:takes_block()
+  for _, o in ipairs(self.optimizers) do if not optim.takes_block(o) then return false end end
+  return true
+end
+function Combined:reserve_block(block) for _, o in ipairs(self.optimizers) do o:reserve_block(block) end end
+function Combined:write_block(b) for _, o in ipairs(self.optimizers) do o:write_block(b) end end
+function Combined:step_block(block) for _, o in ipairs(self.optimizers) do o:step_block(block) end end
+function Combined:step_taken() for _, o in ipairs(self.optimizers) do o:step_taken() end end
 function Combined:state_dict()
   local out = { steps = {}, tensors = {} }
   for i, o in ipairs(self.optimizers) do
@@ -603,6 +722,12 @@ function optim.nanochat(model, opts)
       weight_decay = opts.muon_weight_decay })
   end
   return Combined(list)
+end
+
+-- whether optimizer o runs its step from a step block (gptlua.step_block)
+function optim.takes_block(o)
+  if o.takes_block then return o:takes_block() end
+  return o.step_block ~= nil
 end
 
 -- --------------------------------------------------------- gradient clipping

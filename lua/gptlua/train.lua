@@ -305,6 +305,10 @@ function Trainer:train_step()
     self.muon_wd_schedule = self.muon_wd_schedule or optim.schedules.cosine_to_zero(cfg.max_iters)
     self.optimizer:set_muon_weight_decay_mult(self.muon_wd_schedule(self.step))
   end
+  if self.graph and self.graph.whole then  -- the whole step as one CUDA graph (gptlua.train_graph)
+    local loss, norm, taken = self.graph:train_step(accum)
+    return loss, norm, lr_mult, taken
+  end
   policy:zero_grad()
   local loss_sum = 0
   if policy.micro_steps then loss_sum = policy:micro_steps(self, accum) end  -- a pipeline runs its schedule

@@ -1,10 +1,23 @@
 -- gptlua.train_graph — the trainer's CUDA graph mode (config key cuda_graph).
 --
--- A micro-step's forward and backward (every kernel from the embedding to
--- the last weight gradient, a few hundred launches) is captured once, after
--- cuda_graph_warmup optimizer steps run op by op, and replayed from then on:
--- Lua dispatches nothing per op, the host spends one launch per micro-step.
---   - Inputs: the batch is copied into two fixed device tensors before each
+-- The whole step (cuda_graph_warmup optimizer steps run op by op first, at
+-- least one) is captured once and replayed from then on, when the
+-- optimizer takes the step block (gptlua.step_block; AdamW, Muon and
+-- nanochat's pair of them): the block's copy to the device, zero_grad,
+-- every micro-step's forward and backward (each loss copied into the
+-- block), the gradient's sum of squares, the norm, clip scale and skip flag
+-- (gl_step_finalize), the optimizer's update (rates, momentum and clip
+-- scale read from the block, nothing written when the flag is set) and the
+-- block's copy back.  Lua dispatches nothing per op; the host
+-- writes this step's rates into the pinned block, launches once, and waits
+-- once, after the step, to read the losses, the norm and the flag (the
+-- trainer's history and bad-step count need them).  The steps before the
+-- capture, and a run whose capture failed, run the same function op by op,
+-- so graphed and op-by-op steps are the same computation.
+-- With an optimizer that does not take the block (a recipe's own) one
+-- micro-step's forward and backward is captured and replayed per
+-- micro-step, and the norm, clip and optimizer run op by op after it.
+--   - Inputs: the batches are copied into fixed device tensors before each
 --     replay (the graph reads them); gradients are the parameters' own .grad
 --     tensors, made during the warm-up and zeroed in place each step, so the
 --     replayed backward accumulates into them as the op-by-op one does.
@@ -17,17 +30,16 @@
 --     (the count of targets and the upstream gradient stay on the device),
 --     so a run is the same computation whether a step is replayed or
 --     launched op by op.
---   - Outside the graph, as before: the loss read (one host wait per
---     micro-step), the gradient norm and clipping, the optimizer step.  They
---     read host numbers (the scheduled learning rate, the clip decision)
---     that a captured launch would freeze.
 -- cuda_graph = 'auto' (the default) uses a graph where one applies (a CUDA
 -- device, one process, no dropout, no profiler; the trainer's batch shapes
 -- are fixed) and says once why a capture failed, then runs op by op; true
--- makes either an error; 'off' or false never captures.  CPU runs are
--- unaffected.
+-- makes either an error; 'off' or false never captures (and the trainer
+-- steps as on the CPU: host norm, mul_ clip, host-rate optimizer).  CPU
+-- runs are unaffected.
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
+local optim = require 'gptlua.optim'
+local step_block = require 'gptlua.step_block'
 
 local M = {}
 
@@ -68,7 +80,8 @@ function M.for_trainer(t)
     if mode == true then error('cuda_graph = true: ' .. why, 0) end
     return nil
   end
-  return setmetatable({ t = t, mode = mode, steps = 0, warmup = t.cfg.cuda_graph_warmup }, Graph)
+  return setmetatable({ t = t, mode = mode, steps = 0, warmup = t.cfg.cuda_graph_warmup,
+    whole = optim.takes_block(t.optimizer) }, Graph)
 end
 
 -- forward and backward of one micro-step on (x, y); on_loss(loss) sees the
@@ -129,6 +142,94 @@ function Graph:micro_step_body(micro, accum)
     :format(self.g.nodes, require('gptlua.progress').fmt_bytes(self.g.pool_bytes)))
   self.g:replay()
   return self.loss:item()
+end
+
+-- ------------------------------------------------------------ the whole step
+-- the block: the header, the micro-step losses, the optimizer's slots
+function Graph:make_block(accum)
+  local b = step_block.new(self.t.cfg.device)
+  self.loss_at, self.accum = b:reserve(accum), accum
+  self.t.optimizer:reserve_block(b)
+  self.block = b:realize()
+  return self.block
+end
+
+-- the step's device work on batches xs, ys (queued, op by op or captured):
+-- nothing here reads the device
+local function device_step(self, xs, ys)
+  local t, b, accum = self.t, self.block, self.accum
+  b:send()
+  t.policy:zero_grad()
+  for i = 1, accum do
+    gl.scope(function()
+      forward_backward(t.model, xs[i], ys[i], accum, function(l) b:slot(self.loss_at + i - 1):copy_(l:reshape({ 1 })) end)
+    end)
+  end
+  gl.scope(function()
+    local grads = {}
+    for _, p in ipairs(t.params) do if p.grad then grads[#grads + 1] = p.grad end end
+    b:sumsq(grads)
+    b:finalize(self.loss_at, accum)
+    t.optimizer:step_block(b.dev)
+  end)
+  b:fetch()
+end
+
+-- captures device_step on fixed batch tensors; true, or false and why
+function Graph:capture_step(xs, ys)
+  self.xs, self.ys = {}, {}
+  for i = 1, #xs do self.xs[i], self.ys[i] = xs[i]:clone():keep(), ys[i]:clone():keep() end
+  cuda.empty_cache(self.t.cfg.device)  -- the warm-up's cached blocks: the pool replaces them
+  local ok, g = pcall(cuda.graph, function() device_step(self, self.xs, self.ys) end, self.t.cfg.device)
+  if not ok then self.xs, self.ys = nil, nil; return false, tostring(g) end
+  self.g = g
+  return true
+end
+
+-- One optimizer step of accum micro-steps (the trainer's train_step when
+-- self.whole): the block's rates written, the step replayed (or run op by
+-- op), one host wait; returns the mean loss, the norm, and whether the
+-- step was taken (false: the loss or the norm was not finite)
+function Graph:train_step(accum)
+  local t = self.t
+  local b = self.block or self:make_block(accum)
+  if accum ~= self.accum then error(('cuda_graph: the step block holds %d micro-step losses, got %d'):format(
+    self.accum, accum), 0) end
+  b.h[gl.lib.GL_STEP_MAX_NORM] = t.cfg.grad_clip
+  t.optimizer:write_block(b.h)
+  gl.scope(function()
+    local xs, ys = {}, {}
+    for i = 1, accum do xs[i], ys[i] = t.data.train:next_batch() end
+    if self.g then
+      for i = 1, accum do self.xs[i]:copy_(xs[i]); self.ys[i]:copy_(ys[i]) end
+      self.g:replay()
+    elseif self.failed or self.steps < math.max(self.warmup, 1) then  -- the optimizer's state is made op by op
+      device_step(self, xs, ys)
+    else
+      local ok, why = self:capture_step(xs, ys)
+      if ok then
+        t:print(('cuda_graph: captured the whole step (%d nodes, %s of graph memory)')
+          :format(self.g.nodes, require('gptlua.progress').fmt_bytes(self.g.pool_bytes)))
+        for i = 1, accum do self.xs[i]:copy_(xs[i]); self.ys[i]:copy_(ys[i]) end
+        self.g:replay()
+      else  -- nothing captured ran: this step runs op by op
+        self.failed = true
+        if self.mode == true then error(why, 0) end
+        t:print(why .. '; running op by op (cuda_graph = false silences this)')
+        device_step(self, xs, ys)
+      end
+    end
+  end)
+  cuda.synchronize(t.cfg.device)  -- the step's one host wait: the block is back
+  cuda.check_flags(t.cfg.device)  -- the step's id checks, named by their op
+  local h = b.h
+  local L = gl.lib
+  local loss, norm, taken = h[L.GL_STEP_LOSS], h[L.GL_STEP_NORM], h[L.GL_STEP_SKIP] == 0
+  if taken then
+    t.optimizer:step_taken()
+    self:step_done()
+  end
+  return loss, norm, taken
 end
 
 -- an optimizer step ended (the warm-up counts them)

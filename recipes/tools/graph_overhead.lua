@@ -7,24 +7,30 @@
 -- until the host is free again (the launch calls return before the GPU is
 -- done), with the device time from events beside it.
 --   build/sim/gptlua recipes/tools/graph_overhead.lua [--steps=10] [--model=nanochat|gpt2]
+--     [--optimizer=adamw|nanochat]  (default adamw; nanochat: Muon + AdamW, the default recipe's)
 -- First the micro-step in the trainer's cuda_graph mode
 -- (gptlua.train_graph): the model's loss and the backward into the
 -- parameters' gradients, op by op against one graph launch.  Then the whole
 -- step, the trainer's own train_step (forward, backward, gradient norm and
--- clipping, optimizer) with cuda_graph = 'off' against 'auto' (the micro-step
--- replayed, the rest op by op), on the same fixed batch: host time per step
--- and, under the simulator, the host syncs of one step by API (its trace,
--- recipes/tools/sim_trace.lua).
+-- clipping, optimizer) with cuda_graph = 'off', 'auto' as it was before the
+-- optimizer joined the graph (the micro-step replayed, the norm, clip and
+-- AdamW op by op: the trainer's path for an optimizer without the step
+-- block) and 'auto' (the whole step replayed, gptlua.step_block), on the
+-- same fixed batch: host time per step and, under the simulator, the host
+-- syncs of one step by API (its trace, recipes/tools/sim_trace.lua).
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
 local ffi = require 'ffi'
 local now = require('gptlua.cli').now
 
-local opts = { steps = 10, model = 'nanochat' }
+local opts = { steps = 10, model = 'nanochat', optimizer = 'adamw' }
 for _, a in ipairs(arg) do
   local k, v = a:match('^%-%-([%w_]+)=(.*)$')
-  if not k or opts[k] == nil then error('graph_overhead: unknown argument ' .. a .. ' (--steps, --model)', 0) end
-  opts[k] = k == 'model' and v or (tonumber(v) or error('graph_overhead: --' .. k .. ' expects a number', 0))
+  if not k or opts[k] == nil then error('graph_overhead: unknown argument ' .. a .. ' (--steps, --model, --optimizer)', 0) end
+  if k == 'optimizer' and v ~= 'adamw' and v ~= 'nanochat' then
+    error("graph_overhead: --optimizer expects 'adamw' or 'nanochat', got " .. v, 0)
+  end
+  opts[k] = type(opts[k]) == 'string' and v or (tonumber(v) or error('graph_overhead: --' .. k .. ' expects a number', 0))
 end
 if not cuda.is_available() then error('graph_overhead: needs a CUDA device (or build/sim/gptlua)', 0) end
 
@@ -34,7 +40,7 @@ local function device_seconds() return sim and gl.lib.gl_sim_work_seconds() or 0
 
 local r = dofile(gl.root .. '/recipes/shakespeare.lua')
 r.model = opts.model
-r.optimizer, r.nanochat = 'adamw', { version = 'v1' }  -- the previous default's block and optimizer, as measured
+r.optimizer, r.nanochat = opts.optimizer, { version = 'v1' }  -- adamw: the previous default's, as measured
 local train = require 'gptlua.train'
 r.quiet, r.device, r.eval_interval, r.sample_length, r.out_dir = true, 'cuda:0', 0, 0, os.tmpname()
 os.remove(r.out_dir)
@@ -108,23 +114,26 @@ local function syncs_of(fn)  -- host syncs of one call of fn by API, or nil on a
   return n, table.concat(kinds, ', ')
 end
 local whole = {}
-for _, mode in ipairs({ 'off', 'auto' }) do
-  r.cuda_graph = mode
+for _, mode in ipairs({ 'off', 'micro', 'auto' }) do
+  r.cuda_graph = mode == 'micro' and 'auto' or mode
   local tr = train.new(r, {})
+  if mode == 'micro' then tr.graph.whole = false end  -- the micro-step graph, the optimizer op by op
   for _ = 1, 2 do tr:train_step() end
-  if mode == 'auto' then assert(tr.graph and tr.graph.g, 'graph_overhead: the trainer did not capture') end
+  if mode ~= 'off' then assert(tr.graph and tr.graph.g, 'graph_overhead: the trainer did not capture') end
   local n, kinds = syncs_of(function() tr:train_step() end)
   local h, d, w, ev = measure(function() tr:train_step() end, opts.steps)
   whole[mode] = { h = h, d = d, w = w, ev = ev, syncs = n, kinds = kinds }
   if tr.graph then tr.graph:free() end
 end
-print(('whole step (train_step: forward, backward, norm, clip, optimizer), accum %d:'):format(
-  t.cfg.gradient_accumulation_steps))
+print(('whole step (train_step: forward, backward, norm, clip, optimizer %s), accum %d:'):format(
+  opts.optimizer, t.cfg.gradient_accumulation_steps))
 row("cuda_graph 'off'", whole.off.h, whole.off.d, whole.off.w, whole.off.ev)
-row("cuda_graph 'auto'", whole.auto.h, whole.auto.d, whole.auto.w, whole.auto.ev)
+row("'auto', micro-step graph", whole.micro.h, whole.micro.d, whole.micro.w, whole.micro.ev)
+row("'auto', whole-step graph", whole.auto.h, whole.auto.d, whole.auto.w, whole.auto.ev)
 if whole.off.syncs then
-  print(("host syncs per whole step: 'off' %d (%s), 'auto' %d (%s)"):format(whole.off.syncs, whole.off.kinds,
-    whole.auto.syncs, whole.auto.kinds))
+  print(("host syncs per whole step: 'off' %d (%s), micro-step graph %d (%s), whole-step graph %d (%s)"):format(
+    whole.off.syncs, whole.off.kinds, whole.micro.syncs, whole.micro.kinds, whole.auto.syncs, whole.auto.kinds))
 end
-print(('host time per whole step: %.2f ms op by op, %.2f ms with the graph (%.1fx less)')
-  :format(whole.off.h * 1e3, whole.auto.h * 1e3, whole.off.h / math.max(whole.auto.h, 1e-9)))
+print(('host time per whole step: %.2f ms op by op, %.2f ms with the micro-step graph, %.2f ms with the whole '
+  .. 'step in the graph (%.1fx less than op by op)'):format(whole.off.h * 1e3, whole.micro.h * 1e3,
+  whole.auto.h * 1e3, whole.off.h / math.max(whole.auto.h, 1e-9)))

@@ -419,33 +419,31 @@ int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_
 
 /* ---- rope ------------------------------------------------------------------- */
 
-int gl_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse) {
-  const char *fn = "gl_rope";
-  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {x, "x", A_FLOAT}, {cos, "cos", A_FLOAT},
-                             {sin, "sin", A_FLOAT})));
+/* x (B, T, H, D) with D even and the rotary tables cos, sin (T, D/2) */
+static int check_rope_tables(const char *fn, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin) {
   GL_TRY(check_ndim(x, fn, "x", 4, 4));
   int64_t T = x->shape[1], D = x->shape[3];
   if (D % 2) return gl_error("%s: x has head dim D = %lld, expected an even D", fn, (long long)D);
   GL_TRY(check_shape(cos, fn, "cos", 2, (int64_t[]){T, D / 2}, "(T, D/2) for x (B, T, H, D) = %lld, %lld",
                      (long long)T, (long long)D));
-  GL_TRY(check_shape(sin, fn, "sin", 2, (int64_t[]){T, D / 2}, "(T, D/2) for x (B, T, H, D) = %lld, %lld",
-                     (long long)T, (long long)D));
+  return check_shape(sin, fn, "sin", 2, (int64_t[]){T, D / 2}, "(T, D/2) for x (B, T, H, D) = %lld, %lld",
+                     (long long)T, (long long)D);
+}
+
+int gl_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse) {
+  const char *fn = "gl_rope";
+  GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {x, "x", A_FLOAT}, {cos, "cos", A_FLOAT},
+                             {sin, "sin", A_FLOAT})));
+  GL_TRY(check_rope_tables(fn, x, cos, sin));
   GL_TRY(gl_check_same_shape(x, out, fn, "x", "out"));
   if (out->numel == 0) return GL_OK;
   return GL_DISPATCH(out->device, rope, out, x, cos, sin, inverse != 0);
 }
 
-/* x (B, T, H, D) with D even and the tables (T, D/2), as gl_rope; rstd the
-   per-row statistic (B, T, H) as the norms' */
+/* as gl_rope's arguments, and rstd the per-row statistic (B, T, H) as the norms' */
 static int check_rope_rows(const char *fn, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin,
                            const gl_tensor *rstd) {
-  GL_TRY(check_ndim(x, fn, "x", 4, 4));
-  int64_t T = x->shape[1], D = x->shape[3];
-  if (D % 2) return gl_error("%s: x has head dim D = %lld, expected an even D", fn, (long long)D);
-  GL_TRY(check_shape(cos, fn, "cos", 2, (int64_t[]){T, D / 2}, "(T, D/2) for x (B, T, H, D) = %lld, %lld",
-                     (long long)T, (long long)D));
-  GL_TRY(check_shape(sin, fn, "sin", 2, (int64_t[]){T, D / 2}, "(T, D/2) for x (B, T, H, D) = %lld, %lld",
-                     (long long)T, (long long)D));
+  GL_TRY(check_rope_tables(fn, x, cos, sin));
   return check_norm(fn, x, (const gl_tensor *[]){rstd}, (const char *[]){"rstd"}, 1, NULL, NULL, 0);
 }
 

@@ -115,9 +115,12 @@ int cpu_adamw_update_block(int n, gl_tensor **params, const gl_tensor **grads, g
 int cpu_momentum_update_block(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block,
                               int64_t slot, int nesterov) {
   const double *b = block_values(block);
-  if (b[GL_STEP_SKIP] != 0) return GL_OK;
-  float mu = (float)b[slot], cmu = (float)b[slot + 1], scale = (float)b[GL_STEP_CLIP_SCALE];
   float *O = (float *)out->storage->data + out->offset, *B = (float *)buf->storage->data + buf->offset;
+  if (b[GL_STEP_SKIP] != 0) {  /* buf kept; out zeroed: the Newton-Schulz after it reads it */
+    memset(O, 0, (size_t)buf->numel * sizeof(float));
+    return GL_OK;
+  }
+  float mu = (float)b[slot], cmu = (float)b[slot + 1], scale = (float)b[GL_STEP_CLIP_SCALE];
   const float *gf = grad->dtype == GL_F32 ? (const float *)grad->storage->data + grad->offset : NULL;
   const uint16_t *gh = grad->dtype == GL_BF16 ? (const uint16_t *)grad->storage->data + grad->offset : NULL;
   int64_t len = buf->numel, ntask = (len + CHUNK - 1) / CHUNK;

@@ -273,8 +273,10 @@ int gl_adamw_update_block(int n, gl_tensor **params, const gl_tensor **grads, gl
                           gl_tensor **outs, const gl_tensor *block, const int64_t *slots);
 /* Muon's momentum (gl_momentum_update) with its factors read from the step
    block: mu = block[slot], 1 - mu = block[slot + 1]; the gradient times
-   block[CLIP_SCALE], rounded to its dtype; buf and out are not written when
-   block[SKIP] is set.  out and buf float32, grad float32 or bfloat16, all
+   block[CLIP_SCALE], rounded to its dtype.  When block[SKIP] is set buf is
+   not written and out (the step's temporary update) is zeroed, so that the
+   Newton-Schulz products after it, which run in a graph whatever the flag,
+   read defined memory.  out and buf float32, grad float32 or bfloat16, all
    contiguous with one numel. */
 int gl_momentum_update_block(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block,
                              int64_t slot, int nesterov);

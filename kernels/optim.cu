@@ -271,10 +271,14 @@ extern "C" int cuda_step_block_copy(gl_tensor *dst, const gl_tensor *src) {
 #endif
 
 /* Muon's momentum with mu and 1 - mu from the block, the gradient times the
-   clip scale (rounded to its dtype), nothing written under the skip flag */
+   clip scale (rounded to its dtype); under the skip flag buf is kept and
+   out zeroed (the graph's Newton-Schulz still reads it) */
 __global__ void momentum_block_kernel(float *out, float *buf, const void *grad, int g_bf16, int64_t len,
                                       const double *blk, int64_t slot, int nesterov) {
-  if (blk[GL_STEP_SKIP] != 0) return;
+  if (blk[GL_STEP_SKIP] != 0) {
+    CU_GRID_LOOP(i, len) out[i] = 0.0f;
+    return;
+  }
   float mu = (float)blk[slot], cmu = (float)blk[slot + 1], scale = (float)blk[GL_STEP_CLIP_SCALE];
   CU_GRID_LOOP(i, len) {
     float g = g_bf16 ? __bfloat162float(__float2bfloat16(__bfloat162float(((const bf16 *)grad)[i]) * scale))

@@ -21,6 +21,7 @@ struct CuDevice {
   /* deferred id checks (cu_check_slot): device words, 2 per slot, and what
      each slot checked; guarded by checks_mu (the loader thread copies too) */
   long long *checks = nullptr;
+  long long *checks_host = nullptr;  /* pinned: the slots are read by a copy queued before the host's wait */
   CuIdCheck check_meta[CU_CHECK_SLOTS];
   int checks_used = 0;
   std::mutex checks_mu;
@@ -65,6 +66,7 @@ static int init_device(int dev, CuDevice *d) {
   GL_CU_CHECK(cudaStreamCreateWithFlags(&d->stream[2], cudaStreamDefault));
   GL_CU_CHECK(cudaMalloc((void **)&d->checks, 2 * CU_CHECK_SLOTS * sizeof(long long)));
   GL_CU_CHECK(cudaMemset(d->checks, 0xff, 2 * CU_CHECK_SLOTS * sizeof(long long)));
+  GL_CU_CHECK(cudaHostAlloc((void **)&d->checks_host, 2 * CU_CHECK_SLOTS * sizeof(long long), cudaHostAllocPortable));
   return GL_OK;
 }
 
@@ -97,18 +99,25 @@ int cu_smem_optin(int dev) { return (dev >= 0 && dev < CU_MAX_DEVICES) ? devices
    An op that takes ids queues a check kernel that writes its slot (first bad
    position or -1, and the id there); nothing waits for it.  The slots are read
    where the host waits for the device anyway (a copy to the host, a
-   synchronize, gl_cuda_check_flags after the trainer's loss read), and the
-   first bad slot in queue order becomes the op's own error message.  A full
-   table is read at once (a host wait, only after CU_CHECK_SLOTS checks
-   without one). */
-static int report_checks_locked(int dev, CuDevice *d) {
-  int used = d->checks_used;
-  if (used == 0) return GL_OK;
-  long long h[2 * CU_CHECK_SLOTS];
-  cudaStream_t st = d->stream[0];
+   synchronize): the wait's caller queues a copy of the used slots into a
+   pinned mirror first (queue_checks_read_locked), so the one wait it makes
+   brings them back too, and read_checks_locked turns the first bad slot in
+   queue order into the op's own error message.  A graphed training step
+   thus costs one host wait, not three.  A full table is read at once (a
+   host wait, only after CU_CHECK_SLOTS checks without one). */
+static int queue_checks_read_locked(int dev, CuDevice *d, cudaStream_t st, int *used) {
+  *used = d->checks_used;
+  if (*used == 0) return GL_OK;
   GL_CU_CHECK(cudaSetDevice(dev));
-  GL_CU_CHECK(cudaMemcpyAsync(h, d->checks, 2 * (size_t)used * sizeof(long long), cudaMemcpyDeviceToHost, st));
-  GL_CU_CHECK(cudaStreamSynchronize(st));
+  GL_CU_CHECK(cudaMemcpyAsync(d->checks_host, d->checks, 2 * (size_t)*used * sizeof(long long),
+                              cudaMemcpyDeviceToHost, st));
+  return GL_OK;
+}
+
+/* after the host's wait for the copy queue_checks_read_locked queued (the
+   caller holds checks_mu throughout, so no slot was added meanwhile) */
+static int read_checks_locked(CuDevice *d, int used) {
+  const long long *h = d->checks_host;
   d->checks_used = 0;
   for (int k = 0; k < used; k++) {
     if (h[2 * k] < 0) continue;
@@ -121,6 +130,16 @@ static int report_checks_locked(int dev, CuDevice *d) {
                     (long long)m->limit, m->what);
   }
   return GL_OK;
+}
+
+/* the slots now, with a wait of their own */
+static int report_checks_locked(int dev, CuDevice *d) {
+  int used = 0;
+  cudaStream_t st = d->stream[0];
+  GL_TRY(queue_checks_read_locked(dev, d, st, &used));
+  if (used == 0) return GL_OK;
+  GL_CU_CHECK(cudaStreamSynchronize(st));
+  return read_checks_locked(d, used);
 }
 
 int cu_check_slot(int dev, const CuIdCheck *meta, long long **slot) {
@@ -257,7 +276,8 @@ extern "C" int cuda_free(int device, void *ptr) {
 }
 
 /* Byte copy between any two of host / cuda:N.  A copy to the host waits for
-   it (the caller reads the memory at once), and so does one from pinned host
+   it (the caller reads the memory at once; one wait, which also brings the
+   id checks back), and so does one from pinned host
    memory (the caller may overwrite it at once).  From pageable host memory
    cudaMemcpyAsync stages the source before it returns, so the host does not
    wait (no host sync for the small tensors a step uploads); device to
@@ -277,15 +297,25 @@ extern "C" int cuda_memcpy(void *dst, int dst_device, const void *src, int src_d
   int dev = dst_device >= 0 ? dst_device : src_device;
   cudaStream_t st = nullptr;
   GL_TRY(cu_begin(dev, &st));
+  if (dst_device < 0) {  /* to the host: the id checks come back on the same wait */
+    CuDevice *d = &devices[dev];
+    std::lock_guard<std::mutex> g(d->checks_mu);
+    int used = 0;
+    GL_TRY(queue_checks_read_locked(dev, d, st, &used));
+    GL_CU_CHECK(cudaMemcpyAsync(dst, src, (size_t)nbytes, cudaMemcpyDefault, st));
+    /* to pageable memory the copy returns once it (and the stream's work
+       before it) is done: that is the wait; to pinned memory wait for it */
+    cudaPointerAttributes at;
+    GL_CU_CHECK(cudaPointerGetAttributes(&at, dst));
+    if (at.type != cudaMemoryTypeUnregistered) GL_CU_CHECK(cudaStreamSynchronize(st));
+    return read_checks_locked(d, used);
+  }
   GL_CU_CHECK(cudaMemcpyAsync(dst, src, (size_t)nbytes, cudaMemcpyDefault, st));
-  bool host_waits = dst_device < 0;
   if (src_device < 0) {
     cudaPointerAttributes at;
     GL_CU_CHECK(cudaPointerGetAttributes(&at, src));
-    host_waits = at.type != cudaMemoryTypeUnregistered;  /* pinned (or managed) source */
+    if (at.type != cudaMemoryTypeUnregistered) GL_CU_CHECK(cudaStreamSynchronize(st));  /* pinned (or managed) source */
   }
-  if (host_waits) GL_CU_CHECK(cudaStreamSynchronize(st));
-  if (dst_device < 0) GL_TRY(cu_report_checks(src_device));  /* the host has waited: read the checks too */
   return GL_OK;
 }
 
@@ -337,9 +367,17 @@ extern "C" int gl_cuda_synchronize(int device) {
   }
   cudaStream_t st = nullptr;
   GL_TRY(begin_named(device, "gl_cuda_synchronize", &st));
-  GL_CU_CHECK(cudaDeviceSynchronize());
+  CuDevice *d = &devices[device];
+  int rc = GL_OK;
+  {  /* the id checks come back on this one wait */
+    std::lock_guard<std::mutex> g(d->checks_mu);
+    int used = 0;
+    GL_TRY(queue_checks_read_locked(device, d, st, &used));
+    GL_CU_CHECK(cudaDeviceSynchronize());
+    rc = read_checks_locked(d, used);
+  }
   reap_copies();  /* every copy of the device has run: let its tensors go */
-  return cu_report_checks(device);
+  return rc;
 }
 
 static int stream_of(int device, int kind, const char *fn, cudaStream_t *out) {

@@ -220,8 +220,9 @@ function Graph:train_step(accum)
       end
     end
   end)
-  cuda.synchronize(t.cfg.device)  -- the step's one host wait: the block is back
-  cuda.check_flags(t.cfg.device)  -- the step's id checks, named by their op
+  -- the step's one host wait: the block is back, and so are the step's id
+  -- checks (a bad one raises here, named by its op, before anything is read)
+  cuda.synchronize(t.cfg.device)
   local h = b.h
   local L = gl.lib
   local loss, norm, taken = h[L.GL_STEP_LOSS], h[L.GL_STEP_NORM], h[L.GL_STEP_SKIP] == 0

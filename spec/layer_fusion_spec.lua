@@ -197,20 +197,26 @@ end)
 
 describe('CUDA rope + QK RMSNorm vs CPU #cuda', function()
   gpu_it('forward and backward over warp and row edges, strided q, float32 / bfloat16 / float64', function()
-    -- D/2 = 1, 31, 32, 33, 64 pairs (a warp's lanes take pairs j, j + 32, ...); rows
-    -- B*T*H not a multiple of the 4 warps per block
+    -- D/2 = 1, 31, 32, 33, 64 pairs (a warp's lanes take pairs j, j + 32, ...; 16-byte
+    -- vectors of pairs when D/2 is a multiple of a vector's elements); rows B*T*H not a
+    -- multiple of the 4 warps per block; x and dy dense, strided (q's (B, H, T, D)
+    -- transposed) and one element off 16-byte alignment (the vector launch's
+    -- element-by-element rows)
     for _, dt in ipairs({ 'float32', 'bfloat16', 'float64' }) do
       local sdt = dt == 'float64' and 'float64' or 'float32'
       for _, s in ipairs({ { 1, 3, 1, 2 }, { 2, 5, 3, 62 }, { 1, 3, 2, 64 }, { 1, 2, 3, 66 }, { 2, 9, 2, 128 } }) do
         local B, T, H, D = s[1], s[2], s[3], s[4]
         local cos, sin = tables(T, D, dt)
+        local n = B * T * H * D
         local ins = { x = pair(s, { dtype = dt }), xh = pair({ B, H, T, D }, { dtype = dt }),
                       g = pair(s, { dtype = dt }), gh = pair({ B, H, T, D }, { dtype = dt }),
+                      xo = pair({ n + 1 }, { dtype = dt }), go = pair({ n + 1 }, { dtype = dt }),
                       cos = { cos, cos:to(twin.DEV) }, sin = { sin, sin:to(twin.DEV) } }
-        for _, strided in ipairs({ false, true }) do
+        for _, strided in ipairs({ false, true, 'offset' }) do
           compare(ins, function(S)
             local x = strided and S.xh:transpose(2, 3) or S.x
             local g = strided and S.gh:transpose(2, 3) or S.g
+            if strided == 'offset' then x, g = S.xo:narrow(1, 2, n):view(s), S.go:narrow(1, 2, n):view(s) end
             local y, rstd = S.out(s, dt), S.out({ B, T, H }, sdt)
             K(lib.gl_rope_rmsnorm_forward(y.c, rstd.c, x.c, S.cos.c, S.sin.c, 1e-6))
             local dx = S.out(s, dt)

@@ -37,6 +37,7 @@
  * memory, occupancy and the FLOPs / bytes per call: NOTES-cuda.md. */
 #include "common.cuh"
 #include "mma_sync.cuh"
+#include "row_walk.cuh"
 
 /* which keys a query sees: key position s is visible from query position
    qpos when s <= qpos and (window <= 0 or s > qpos - window) */
@@ -52,7 +53,10 @@ static Str4 str4(const gl_tensor *t) {
   return r;
 }
 
-template <class P, class T>
+/* VEC: the fast path's rows (bfloat16, unit stride, every row 16-byte
+   aligned, D a multiple of 8: fa_tensor_ok), read as 16-byte vectors, lane l
+   taking elements 8l .. 8l + 7 */
+template <class P, class T, bool VEC>
 __global__ void attn_di_kernel(T *di, P dout, Str4 ds, P out, Str4 os, int64_t H, int64_t T_, int64_t D,
                                int64_t rows) {
   int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -61,8 +65,17 @@ __global__ void attn_di_kernel(T *di, P dout, Str4 ds, P out, Str4 os, int64_t H
   int64_t t = r % T_, h = (r / T_) % H, b = r / (T_ * H);
   int64_t go = b * ds.s[0] + h * ds.s[1] + t * ds.s[2], oo = b * os.s[0] + h * os.s[1] + t * os.s[2];
   T acc = 0;
-  for (int64_t d = lane; d < D; d += 32)
-    acc += dout.template get<T>(go + d * ds.s[3]) * out.template get<T>(oo + d * os.s[3]);
+  if constexpr (VEC) {
+    typedef CuVec16<typename RowStore<P>::S> V;
+    for (int64_t d = (int64_t)lane * V::N; d < D; d += 32 * V::N) {
+      V g = V::load(row_at(dout, go + d)), o = V::load(row_at(out, oo + d));
+#pragma unroll
+      for (int k = 0; k < V::N; k++) acc += g.template get<T>(k) * o.template get<T>(k);
+    }
+  } else {
+    for (int64_t d = lane; d < D; d += 32)
+      acc += dout.template get<T>(go + d * ds.s[3]) * out.template get<T>(oo + d * os.s[3]);
+  }
   acc = cu_warp_reduce(acc, CuSum());
   if (lane == 0) di[r] = acc;
 }
@@ -435,11 +448,22 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
   }
 }
 
-/* dq = scale * dq_acc in bf16, (B, H, T, D) in dq's strides */
+/* dq = scale * dq_acc in bf16, (B, H, T, D) in dq's strides, 8 elements per
+   thread: two 16-byte loads of the dense float accumulator, one 16-byte
+   store into dq's row (the fast path's dq rows are 16-byte aligned, D a
+   multiple of 8: fa_tensor_ok), n a multiple of 8 */
 template <int D> __global__ void flash_dq_convert_kernel(FlashParams p, int64_t n) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+  static_assert(D % 8 == 0, "8 elements of one row per thread");
+  for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += (int64_t)gridDim.x * blockDim.x * 8) {
     const int64_t d = i % D, t = i / D % p.T, h = i / (D * p.T) % p.H, b = i / (D * p.T * p.H);
-    p.dq[b * p.dqs[0] + h * p.dqs[1] + t * p.dqs[2] + d] = __float2bfloat16(p.dq_acc[i] * p.scale);
+    CuVec16<float> a = CuVec16<float>::load(p.dq_acc + i), c = CuVec16<float>::load(p.dq_acc + i + 4);
+    CuVec16<bf16> o;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      o.set(k, a.get<float>(k) * p.scale);
+      o.set(k + 4, c.get<float>(k) * p.scale);
+    }
+    o.store(p.dq + b * p.dqs[0] + h * p.dqs[1] + t * p.dqs[2] + d);
   }
 }
 
@@ -483,7 +507,7 @@ template <int D> static int fa_backward(cudaStream_t st, FlashParams &p, int64_t
   dim3 grid((unsigned)((p.S + FA_BC - 1) / FA_BC), (unsigned)p.Hkv, (unsigned)B);
   GL_LAUNCH(grid, FA_THREADS, smem, st, flash_bwd_kernel<D>)(p);
   GL_CU_LAUNCHED();
-  const unsigned blocks = (unsigned)std::min<int64_t>((n + 255) / 256, 1 << 20);
+  const unsigned blocks = (unsigned)std::min<int64_t>((n / 8 + 255) / 256, 1 << 20);
   GL_LAUNCH(blocks, 256, 0, st, flash_dq_convert_kernel<D>)(p, n);
   GL_CU_LAUNCHED();
   return GL_OK;
@@ -709,8 +733,16 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     using T = decltype(t);
     if (sizeof(T) != (wide ? 8u : 4u)) return gl_error("cuda_attention_backward: dout / out dtype mismatch");
     unsigned blocks = (unsigned)((rows * 32 + 255) / 256);
-    GL_LAUNCH(blocks, 256, 0, st, attn_di_kernel<P, T>)(di.ptr<T>(), P::from(dout), str4(dout), P::from(out), str4(out), H,
-                                                T_, D, rows);
+    if constexpr (std::is_same<P, TPtr<bf16>>::value) {
+      if (fast) {  /* fa_tensor_ok rows: 16-byte vectors */
+        GL_LAUNCH(blocks, 256, 0, st, attn_di_kernel<P, T, true>)(di.ptr<T>(), P::from(dout), str4(dout),
+                                                                   P::from(out), str4(out), H, T_, D, rows);
+        GL_CU_LAUNCHED();
+        return GL_OK;
+      }
+    }
+    GL_LAUNCH(blocks, 256, 0, st, attn_di_kernel<P, T, false>)(di.ptr<T>(), P::from(dout), str4(dout), P::from(out),
+                                                                str4(out), H, T_, D, rows);
     GL_CU_LAUNCHED();
     return GL_OK;
   }));

@@ -14,19 +14,41 @@
 int gl_epilogue_product(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
                         gl_tensor *aux) {
   gl_tensor *dst = epi == GL_EPI_GELU && aux ? aux : out;
-  if (epi == GL_EPI_GELU && bias) return GL_DISPATCH(out->device, matmul_bias, dst, a, b, bias);
+  if ((epi == GL_EPI_GELU || epi == GL_EPI_RELU2) && bias) return GL_DISPATCH(out->device, matmul_bias, dst, a, b, bias);
   return GL_DISPATCH(out->device, matmul, dst, a, b, 1, 0);
+}
+
+/* ReLU²'s gradient from its output h (the input is not kept): dpre = dy *
+   2 relu(pre) with relu(pre) = sqrt(h), as relu2's own backward run on
+   s = sqrt(h): s > 0 ? 2 s dy : 0.  Two passes and a temporary of h's
+   shape (the GPU's fused kernel is one: kernels/gemm_mma.cu); in bf16 s is
+   rounded once before the product, so the GPU's fp32 epilogue can differ
+   from this by a bf16 ulp. */
+static int drelu2_finish(gl_tensor *out, const gl_tensor *h) {
+  gl_tensor *s = gl_empty(h->dtype, h->device, h->ndim, h->shape);
+  if (!s) return GL_ERR;
+  int rc = GL_DISPATCH(h->device, unary, GL_U_SQRT, s, h, 0, 0);
+  if (rc == GL_OK) rc = GL_DISPATCH(out->device, unary_backward, GL_U_RELU2, out, out, s, 0, 0);
+  gl_tensor_free(s);
+  return rc;
 }
 
 int gl_epilogue_finish(int epi, gl_tensor *out, const gl_tensor *a, gl_tensor *bias, gl_tensor *aux) {
   int dev = out->device;
   if (epi == GL_EPI_GELU) return GL_DISPATCH(dev, unary, GL_U_GELU_TANH, out, aux ? aux : out, 0, 0);
   if (epi == GL_EPI_DGELU) GL_TRY(GL_DISPATCH(dev, unary_backward, GL_U_GELU_TANH, out, out, aux, 0, 0));
+  if (epi == GL_EPI_RELU2) return GL_DISPATCH(dev, unary, GL_U_RELU2, out, out, 0, 0);
+  if (epi == GL_EPI_DRELU2) GL_TRY(drelu2_finish(out, aux));
+  return gl_epilogue_bgrad(epi, out, a, bias);
+}
+
+int gl_epilogue_bgrad(int epi, gl_tensor *out, const gl_tensor *a, gl_tensor *bias) {
+  int dev = out->device;
   if (!bias || bias->numel == 0) return GL_OK;
   /* the bias gradient: (1, N) sums over out's rows, or (M, 1) sums of a over K */
   gl_tensor v = *bias;
   v.ndim = 2;
-  if (epi == GL_EPI_DGELU) {
+  if (epi == GL_EPI_DGELU || epi == GL_EPI_DRELU2) {
     v.shape[0] = 1; v.shape[1] = bias->shape[0]; v.stride[0] = bias->shape[0]; v.stride[1] = bias->stride[0];
     return GL_DISPATCH(dev, reduce, GL_R_SUM, &v, out, 1u);
   }

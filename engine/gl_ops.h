@@ -98,6 +98,10 @@ typedef enum gl_epilogue {
   GL_EPI_DGELU,    /* out = (a @ b) * gelu_tanh'(aux); bias (N) or NULL = sum of out over its rows
                       (CUBLASLT_EPILOGUE_DGELU_BGRAD) */
   GL_EPI_BGRAD,    /* out = a @ b; bias (M) or NULL = sum of a over K (CUBLASLT_EPILOGUE_BGRADA/B) */
+  GL_EPI_RELU2,    /* out = relu(a @ b + bias)^2 (bias (N) or NULL); aux must be NULL: the input is not
+                      kept (kernels/gemm_mma.cu on a GPU: cuBLASLt has no ReLU² epilogue) */
+  GL_EPI_DRELU2,   /* out = (a @ b) * 2 sqrt(aux), aux = the GL_EPI_RELU2 output h (relu(pre) = sqrt(h));
+                      bias (N) or NULL = sum of out over its rows (kernels/gemm_mma.cu, then a sum) */
   GL_EPI_COUNT
 } gl_epilogue;
 /* One 2-D product out (M, N) = a (M, K) @ b (K, N) with an epilogue; bias

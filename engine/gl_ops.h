@@ -89,8 +89,8 @@ int gl_matmul_pair(gl_tensor *out1, const gl_tensor *a1, const gl_tensor *b1, gl
                    const gl_tensor *a2, const gl_tensor *b2, double alpha, double beta);
 
 /* What happens to a product on its way out (gl_matmul_epilogue).  On a GPU
-   each is a cuBLASLt epilogue, so the activation or the bias gradient costs
-   no pass over memory of its own; on the CPU, and where cuBLASLt cannot take
+   each is a cuBLASLt epilogue (ReLU²'s: our own GEMM, kernels/gemm_mma.cu),
+   so the activation or the bias gradient costs no pass over memory of its own; on the CPU, and where cuBLASLt cannot take
    the layout, the same kernels as the unfused ops run after the product. */
 typedef enum gl_epilogue {
   GL_EPI_GELU = 1, /* aux = a @ b + bias (bias (N) or NULL); out = gelu_tanh(aux); aux NULL: not kept

@@ -30,6 +30,10 @@
  * out for GELU, an aux ld not a multiple of 8), a refusal and the fallback
  * GEMM run the product and then the unfused ops (gl_epilogue_product /
  * gl_epilogue_finish, engine/cpu_fused.c), as the CPU does.
+ * GL_EPI_RELU2 / GL_EPI_DRELU2 (nanochat's ReLU² MLP) have no cuBLASLt
+ * epilogue: they run kernels/gemm_mma.cu, our own bf16 GEMM with the
+ * activation in its epilogue, where it takes the operands, and otherwise
+ * the same unfused path (cuBLASLt's product, then the passes).
  * gl_matmul_add (out = a @ b + c) gives cuBLASLt c as its C and out as its
  * D (C != D, beta 1): a residual added in the product with no pass of its
  * own, where c has out's dtype and strides and out needs no temporary;

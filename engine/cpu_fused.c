@@ -9,6 +9,7 @@
  * Specs: spec/fused_spec.lua; the GPU twins in spec/cuda_spec.lua (epilogues,
  * MLP) and spec/cuda_rows_spec.lua (add + norm). */
 #include "backend.h"
+#include <math.h>
 
 /* ---- a product's epilogue: the product, then the unfused ops' kernels ---- */
 int gl_epilogue_product(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
@@ -19,12 +20,36 @@ int gl_epilogue_product(int epi, gl_tensor *out, const gl_tensor *a, const gl_te
 }
 
 /* ReLU²'s gradient from its output h (the input is not kept): dpre = dy *
-   2 relu(pre) with relu(pre) = sqrt(h), as relu2's own backward run on
-   s = sqrt(h): s > 0 ? 2 s dy : 0.  Two passes and a temporary of h's
-   shape (the GPU's fused kernel is one: kernels/gemm_mma.cu); in bf16 s is
-   rounded once before the product, so the GPU's fp32 epilogue can differ
-   from this by a bf16 ulp. */
+   2 relu(pre) with relu(pre) = s = sqrt(h), computed as relu2's own
+   backward on s (s > 0 ? 2 s dy : 0), s rounded to out's dtype first:
+   since sqrt(fl(p^2)) = |p| in binary floating point rounded to nearest,
+   this is bit for bit relu2's backward from pre.  On the CPU (f32, f64,
+   bf16, contiguous out) one pass with no temporary, so that a plan (which
+   runs no kernel, engine/alloc.c's meta twin) sees every allocation; other
+   cases, and the GPU's fallback (kernels/matmul.cu), sqrt into a temporary
+   of h's shape and the elementwise backward: two passes. */
 static int drelu2_finish(gl_tensor *out, const gl_tensor *h) {
+  if (out->device < 0 && gl_is_contiguous(out) && gl_is_contiguous(h) && out->dtype == h->dtype &&
+      (out->dtype == GL_F32 || out->dtype == GL_F64 || out->dtype == GL_BF16)) {
+    const int64_t n = out->numel;
+    void *po = gl_data_ptr(out);
+    const void *ph = gl_data_ptr(h);
+    const int nt = gl_threads_for(n, 4);
+    if (out->dtype == GL_F64) {
+      double *o = po; const double *x = ph;
+      GL_PAR_FOR(nt, i, n, { double r = sqrt(x[i]); o[i] = r > 0 ? 2 * r * o[i] : 0; });
+    } else if (out->dtype == GL_F32) {
+      float *o = po; const float *x = ph;
+      GL_PAR_FOR(nt, i, n, { float r = sqrtf(x[i]); o[i] = r > 0 ? 2 * r * o[i] : 0; });
+    } else {
+      uint16_t *o = po; const uint16_t *x = ph;
+      GL_PAR_FOR(nt, i, n, {
+        float r = gl_bf16_to_f32(gl_f32_to_bf16(sqrtf(gl_bf16_to_f32(x[i]))));
+        o[i] = gl_f32_to_bf16(r > 0 ? 2 * r * gl_bf16_to_f32(o[i]) : 0);
+      });
+    }
+    return GL_OK;
+  }
   gl_tensor *s = gl_empty(h->dtype, h->device, h->ndim, h->shape);
   if (!s) return GL_ERR;
   int rc = GL_DISPATCH(h->device, unary, GL_U_SQRT, s, h, 0, 0);

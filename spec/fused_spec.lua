@@ -185,6 +185,10 @@ describe('fused ops on the CPU', function()
       assert(db:allclose(want:sum(1), tol, tol), dt)
       K(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dpre.c, g.c, w.c, nil, h.c))
       assert(dpre:allclose(want, tol, tol), dt)
+      -- a transposed out: the two-pass path (sqrt into a temporary)
+      local dpre_t = gl.empty({ 7, 6 }, o):t()
+      K(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dpre_t.c, g.c, w.c, nil, h.c))
+      assert.are.equal(0, dpre_t:max_abs_diff(dpre), dt)
     end
   end)
 

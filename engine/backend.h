@@ -27,10 +27,15 @@ gl_tensor gl_bias_rows(const gl_tensor *bias, const gl_tensor *out);
    dispatched by device: the CPU's implementation, and the GPU's for what
    cuBLASLt cannot fuse.  gl_epilogue_product runs the product (GELU: into
    aux, or out when aux is NULL, with the bias), gl_epilogue_finish the
-   passes after it (GELU, GELU', the bias gradient's sum). */
+   passes after it (GELU, GELU', ReLU², ReLU²' from its output, the bias
+   gradient's sum). */
 int gl_epilogue_product(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
                         gl_tensor *aux);
 int gl_epilogue_finish(int epi, gl_tensor *out, const gl_tensor *a, gl_tensor *bias, gl_tensor *aux);
+/* the bias gradient part of gl_epilogue_finish alone (GL_EPI_DGELU and
+   GL_EPI_DRELU2: out's sums over its rows; GL_EPI_BGRAD: a's over K), for a
+   kernel that fused the rest (kernels/gemm_mma.cu); bias NULL: nothing */
+int gl_epilogue_bgrad(int epi, gl_tensor *out, const gl_tensor *a, gl_tensor *bias);
 /* gl_add_norm_forward and gl_norm_backward_add as the unfused ops
    (engine/cpu_fused.c): the CPU's, and the GPU's for rows its fused kernels
    do not take */

@@ -89,8 +89,8 @@ int gl_matmul_pair(gl_tensor *out1, const gl_tensor *a1, const gl_tensor *b1, gl
                    const gl_tensor *a2, const gl_tensor *b2, double alpha, double beta);
 
 /* What happens to a product on its way out (gl_matmul_epilogue).  On a GPU
-   each is a cuBLASLt epilogue, so the activation or the bias gradient costs
-   no pass over memory of its own; on the CPU, and where cuBLASLt cannot take
+   each is a cuBLASLt epilogue (ReLU²'s: our own GEMM, kernels/gemm_mma.cu),
+   so the activation or the bias gradient costs no pass over memory of its own; on the CPU, and where cuBLASLt cannot take
    the layout, the same kernels as the unfused ops run after the product. */
 typedef enum gl_epilogue {
   GL_EPI_GELU = 1, /* aux = a @ b + bias (bias (N) or NULL); out = gelu_tanh(aux); aux NULL: not kept
@@ -98,6 +98,10 @@ typedef enum gl_epilogue {
   GL_EPI_DGELU,    /* out = (a @ b) * gelu_tanh'(aux); bias (N) or NULL = sum of out over its rows
                       (CUBLASLT_EPILOGUE_DGELU_BGRAD) */
   GL_EPI_BGRAD,    /* out = a @ b; bias (M) or NULL = sum of a over K (CUBLASLT_EPILOGUE_BGRADA/B) */
+  GL_EPI_RELU2,    /* out = relu(a @ b + bias)^2 (bias (N) or NULL); aux must be NULL: the input is not
+                      kept (kernels/gemm_mma.cu on a GPU: cuBLASLt has no ReLU² epilogue) */
+  GL_EPI_DRELU2,   /* out = (a @ b) * 2 sqrt(aux), aux = the GL_EPI_RELU2 output h (relu(pre) = sqrt(h));
+                      bias (N) or NULL = sum of out over its rows (kernels/gemm_mma.cu, then a sum) */
   GL_EPI_COUNT
 } gl_epilogue;
 /* One 2-D product out (M, N) = a (M, K) @ b (K, N) with an epilogue; bias

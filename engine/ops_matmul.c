@@ -149,12 +149,16 @@ int gl_matmul_epilogue(int epilogue, gl_tensor *out, const gl_tensor *a, const g
   const char *fn = "gl_matmul_epilogue";
   GL_NONNULL(fn, out, a, b);
   if (epilogue < 1 || epilogue >= GL_EPI_COUNT)
-    return gl_error("%s: epilogue is %d, expected GL_EPI_GELU, GL_EPI_DGELU or GL_EPI_BGRAD (1..%d)", fn, epilogue,
-                    GL_EPI_COUNT - 1);
+    return gl_error("%s: epilogue is %d, expected GL_EPI_GELU, GL_EPI_DGELU, GL_EPI_BGRAD, GL_EPI_RELU2 or "
+                    "GL_EPI_DRELU2 (1..%d)", fn, epilogue, GL_EPI_COUNT - 1);
   GL_TRY(check_matmul(fn, out, a, b));
   GL_TRY(check_ndim(out, fn, "out", 2, 2));
   if (epilogue == GL_EPI_DGELU && !aux) return gl_error("%s: aux is NULL, expected the GELU input (GL_EPI_DGELU)", fn);
   if (epilogue == GL_EPI_BGRAD && aux) return gl_error("%s: aux is given, expected NULL with GL_EPI_BGRAD", fn);
+  if (epilogue == GL_EPI_RELU2 && aux)
+    return gl_error("%s: aux is given, expected NULL with GL_EPI_RELU2 (the product is not kept)", fn);
+  if (epilogue == GL_EPI_DRELU2 && !aux)
+    return gl_error("%s: aux is NULL, expected the ReLU² output h (GL_EPI_DRELU2)", fn);
   int64_t M = out->shape[0], N = out->shape[1];
   if (bias && bias->ndim != 1) return gl_error("%s: bias has %d dims, expected 1", fn, bias->ndim);
   if (aux && aux->ndim != 2) return gl_error("%s: aux has %d dims, expected 2 (the shape of out)", fn, aux->ndim);

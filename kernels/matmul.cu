@@ -30,6 +30,10 @@
  * out for GELU, an aux ld not a multiple of 8), a refusal and the fallback
  * GEMM run the product and then the unfused ops (gl_epilogue_product /
  * gl_epilogue_finish, engine/cpu_fused.c), as the CPU does.
+ * GL_EPI_RELU2 / GL_EPI_DRELU2 (nanochat's ReLU² MLP) have no cuBLASLt
+ * epilogue: they run kernels/gemm_mma.cu, our own bf16 GEMM with the
+ * activation in its epilogue, where it takes the operands, and otherwise
+ * the same unfused path (cuBLASLt's product, then the passes).
  * gl_matmul_add (out = a @ b + c) gives cuBLASLt c as its C and out as its
  * D (C != D, beta 1): a residual added in the product with no pass of its
  * own, where c has out's dtype and strides and out needs no temporary;
@@ -287,6 +291,11 @@ static int gemm_fallback(cudaStream_t st, gl_tensor *out, const gl_tensor *a, co
   });
 }
 
+/* kernels/gemm_mma.cu: out = a @ b with GL_EPI_RELU2 / GL_EPI_DRELU2 fused;
+   returns 1, launching nothing, when it cannot take the operands */
+extern "C" int cuda_gemm_mma_epilogue(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b,
+                                      const gl_tensor *bias, const gl_tensor *aux);
+
 /* What a product's epilogue is: none, gl_matmul_bias's bias, or a
    gl_matmul_epilogue (GL_EPI_*) with its bias and aux (either may be NULL). */
 enum { EPI_NONE = 0, EPI_BIAS = -1 };
@@ -513,6 +522,14 @@ extern "C" int cuda_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_ten
 
 extern "C" int cuda_matmul_epilogue(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
                                     gl_tensor *aux) {
+  if (epi == GL_EPI_RELU2 || epi == GL_EPI_DRELU2) {
+    /* cuBLASLt has no ReLU² epilogue: our own GEMM (kernels/gemm_mma.cu) where
+       it takes the operands, else cuBLASLt's product and the passes after it */
+    int rc = force_fallback() ? 1 : cuda_gemm_mma_epilogue(epi, out, a, b, epi == GL_EPI_RELU2 ? bias : nullptr, aux);
+    if (rc == 1) return epilogue_unfused(out, a, b, MatEpi{epi, bias, aux, nullptr});
+    GL_TRY(rc);
+    return epi == GL_EPI_DRELU2 ? gl_epilogue_bgrad(epi, out, a, bias) : GL_OK;
+  }
   MatEpi e;
   e.kind = epi; e.bias = bias; e.aux = aux;
   return matmul_impl(out, a, b, 1, 0, e);

@@ -99,6 +99,24 @@ do
   bench_mm(('lm_head bf16 %dx%dx%d'):format(N, C, V), N, C, V, 'bfloat16', true)
 end
 
+-- nanochat's ReLU² MLP products (kernels/gemm_mma.cu, our mma.sync GEMM with
+-- the epilogue) against what they replace: cuBLASLt's product and the
+-- elementwise pass (GL_CUDA_MATMUL_FALLBACK is not needed: the plain product
+-- and gl_unary / the relu2 backward are timed directly)
+do
+  local x, W1, g, W2 = randn({ N, C }), randn({ 4 * C, C }), randn({ N, C }), randn({ C, 4 * C })
+  local h, pre, dpre = empty({ N, 4 * C }), empty({ N, 4 * C }), empty({ N, 4 * C })
+  local f = 2 * N * C * 4 * C
+  report(('relu2 fwd fused %dx%dx%d'):format(N, C, 4 * C),
+         ms(function() K(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, h.c, x.c, W1:t().c, nil, nil)) end), f)
+  report('relu2 fwd cuBLASLt + pass', ms(function()
+    K(lib.gl_matmul(pre.c, x.c, W1:t().c, 1, 0)); K(lib.gl_unary(lib.GL_U_RELU2, h.c, pre.c, 0, 0)) end), f)
+  report(('relu2 bwd dx fused %dx%dx%d'):format(N, C, 4 * C),
+         ms(function() K(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dpre.c, g.c, W2.c, nil, h.c)) end), f)
+  report('relu2 bwd dx cuBLASLt + pass', ms(function()
+    K(lib.gl_matmul(dpre.c, g.c, W2.c, 1, 0)); K(lib.gl_unary_backward(lib.GL_U_RELU2, dpre.c, dpre.c, pre.c, 0, 0)) end), f)
+end
+
 -- causal attention, (B, T, H, D) activations viewed as (B, H, T, D)
 do
   local function view(t) return t:view(B, T, H, D):transpose(2, 3) end
@@ -140,7 +158,7 @@ do
   report('cross-entropy fwd bf16', ms(function()
     K(lib.gl_cross_entropy_forward(losses.c, lse.c, logits.c, targets.c, -1, 0)) end), nil, N * V * 2)
   report('cross-entropy bwd bf16 (in place)', ms(function()
-    K(lib.gl_cross_entropy_backward(logits.c, logits.c, targets.c, lse.c, -1, 0, 1 / N)) end), nil, 2 * N * V * 2)
+    K(lib.gl_cross_entropy_backward(logits.c, logits.c, targets.c, lse.c, -1, 0, 1 / N, nil)) end), nil, 2 * N * V * 2)
   local wte, emb, demb = randn({ V, C }), empty({ B, T, C }), randn({ B, T, C })
   local dwte = empty({ V, C })
   local tok = targets:view(B, T)

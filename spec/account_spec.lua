@@ -43,7 +43,10 @@ describe('cuda-sim account: bytes, FLOPs, syncs of each launch #cuda #sim', func
                            'add_norm.all_launches', 'add_norm.read', 'add_norm.written',
                            'matmul_add.gemm_launches', 'matmul_add.all_launches', 'matmul_add.read',
                            'rope_norm.all_launches', 'rope_norm.read', 'rope_norm.written',
-                           'rope_norm_backward.read', 'rope_norm_backward.written' })
+                           'rope_norm_backward.read', 'rope_norm_backward.written',
+                           'relu2.all_launches', 'relu2.launches', 'relu2.flops', 'relu2.read', 'relu2.written',
+                           'drelu2.all_launches', 'drelu2.launches', 'drelu2.flops', 'drelu2.read', 'drelu2.written',
+                           'drelu2_quick.flops', 'drelu2_quick.read', 'drelu2_quick.written' })
   end)
 
   it('counts a training step\'s GEMM FLOPs as the model\'s shapes give them', function()

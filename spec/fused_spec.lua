@@ -43,6 +43,8 @@ describe('fused ops on the CPU', function()
           end, ins, g)
           local what = ('%s %s bias=%s'):format(act, dt, tostring(bias))
           assert.are.equal(0, y:max_abs_diff(r), what .. ' forward')
+          -- (relu2's backward reads h, not pre: dpre = 2 sqrt(h) (g W2); still bit
+          -- for bit, as sqrt(fl(p^2)) = |p| in binary floating point rounded to nearest)
           for i = 1, #ins do assert.are.equal(0, gf[i]:max_abs_diff(gr[i]), what .. ' grad ' .. i) end
         end
       end
@@ -161,6 +163,47 @@ describe('fused ops on the CPU', function()
     assert(dbias:allclose(g:sum(1), 1e-5, 1e-5))
   end)
 
+  it('gl_matmul_epilogue: ReLU² (the product not kept) and its gradient from the output, with the bias gradient', function()
+    for _, dt in ipairs({ 'float64', 'float32' }) do
+      local o = { dtype = dt }
+      local a, b = gl.randn({ 6, 5 }, { dtype = dt, seed = 21 }), gl.randn({ 5, 7 }, { dtype = dt, seed = 22 })
+      local bias, out = gl.randn({ 7 }, { dtype = dt, seed = 23 }), gl.empty({ 6, 7 }, o)
+      local pre = gl.matmul(a, b) + bias
+      K(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, out.c, a.c, b.c, bias.c, nil))
+      assert.are.equal(0, out:max_abs_diff(gl.relu2(pre)))
+      assert(pre:min():item() < 0 and pre:max():item() > 0, 'both signs of the pre-activation')
+      local h = gl.empty({ 6, 7 }, o)
+      K(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, h.c, a.c, b.c, nil, nil))
+      assert.are.equal(0, h:max_abs_diff(gl.relu2(gl.matmul(a, b))))
+      -- dpre = (g b2) * 2 relu(pre), relu(pre) = sqrt(h); db = its sums over rows
+      local g, w = gl.randn({ 6, 4 }, { dtype = dt, seed = 24 }), gl.randn({ 4, 7 }, { dtype = dt, seed = 25 })
+      local dpre, db = gl.empty({ 6, 7 }, o), gl.empty({ 7 }, o)
+      K(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dpre.c, g.c, w.c, db.c, h.c))
+      local want = gl.matmul(g, w) * gl.relu(gl.matmul(a, b)) * 2
+      local tol = dt == 'float64' and 1e-12 or 1e-5
+      assert(dpre:allclose(want, tol, tol), dt)
+      assert(db:allclose(want:sum(1), tol, tol), dt)
+      K(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dpre.c, g.c, w.c, nil, h.c))
+      assert(dpre:allclose(want, tol, tol), dt)
+      -- a transposed out: the two-pass path (sqrt into a temporary)
+      local dpre_t = gl.empty({ 7, 6 }, o):t()
+      K(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dpre_t.c, g.c, w.c, nil, h.c))
+      assert.are.equal(0, dpre_t:max_abs_diff(dpre), dt)
+    end
+  end)
+
+  it('gl.mlp relu2 keeps only h for its backward, not the product', function()
+    local x = gl.randn({ 4, 8 }, { seed = 1 }):requires_grad_()
+    local W1, W2 = gl.randn({ 24, 8 }, { seed = 2 }), gl.randn({ 8, 24 }, { seed = 3 })
+    local y = gl.mlp(x, W1, nil, W2, nil, 'relu2')
+    local fn = y.grad_fn
+    assert.are.equal(1, #fn.owned)
+    assert.are.same({ 4, 24 }, fn.owned[1].shape)
+    assert.is_nil(fn.saved[4])
+    local yg = gl.mlp(x, W1, nil, W2, nil, 'gelu')
+    assert.are.equal(2, #yg.grad_fn.owned)
+  end)
+
   it('refuses bad epilogue and linear-backward arguments by name', function()
     local a, b, out = gl.randn({ 4, 3 }), gl.randn({ 3, 8 }), gl.empty({ 4, 8 })
     local function err(f) local ok, e = pcall(f); assert.is_false(ok); return e end
@@ -168,6 +211,10 @@ describe('fused ops on the CPU', function()
       err(function() K(lib.gl_matmul_epilogue(9, out.c, a.c, b.c, nil, nil)) end))
     assert.matches('gl_matmul_epilogue: aux is NULL, expected the GELU input',
       err(function() K(lib.gl_matmul_epilogue(lib.GL_EPI_DGELU, out.c, a.c, b.c, nil, nil)) end))
+    assert.matches('gl_matmul_epilogue: aux is NULL, expected the ReLU² output h %(GL_EPI_DRELU2%)',
+      err(function() K(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, out.c, a.c, b.c, nil, nil)) end))
+    assert.matches('gl_matmul_epilogue: aux is given, expected NULL with GL_EPI_RELU2',
+      err(function() K(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, out.c, a.c, b.c, nil, gl.empty({ 4, 8 }).c)) end))
     assert.matches('gl_matmul_epilogue: bias has shape {4}, expected {8} %(N, the columns of out%)',
       err(function() K(lib.gl_matmul_epilogue(lib.GL_EPI_GELU, out.c, a.c, b.c, gl.empty({ 4 }).c, nil)) end))
     assert.matches('gl_matmul_epilogue: aux has dtype float64, expected float32',

@@ -183,6 +183,12 @@ describe('residual adds in the products (gl.mlp\'s and gl.linear\'s residual, gl
     local R = function(s, seed) return gl.randn(s, { dtype = 'float64', seed = seed }):requires_grad_() end
     gc.check(function(x, w1, w2, r) return gl.mlp(x, w1, nil, w2, nil, 'relu2', r) end,
       { R({ 2, 3, 4 }, 71), R({ 6, 4 }, 72), R({ 5, 6 }, 73), R({ 2, 3, 5 }, 74) })
+    -- relu2's backward from h alone (dpre = 2 sqrt(h) (g W2), db1 its sums):
+    -- with both biases, with and without the residual
+    gc.check(function(x, w1, b1, w2, b2, r) return gl.mlp(x, w1, b1, w2, b2, 'relu2', r) end,
+      { R({ 2, 3, 4 }, 81), R({ 6, 4 }, 82), R({ 6 }, 83), R({ 5, 6 }, 84), R({ 5 }, 85), R({ 2, 3, 5 }, 86) })
+    gc.check(function(x, w1, b1, w2, b2) return gl.mlp(x, w1, b1, w2, b2, 'relu2') end,
+      { R({ 3, 4 }, 91), R({ 7, 4 }, 92), R({ 7 }, 93), R({ 5, 7 }, 94), R({ 5 }, 95) })
     local x, w1, w2 = R({ 2, 3, 4 }, 71), R({ 6, 4 }, 72), R({ 5, 6 }, 73)
     local ok, e = pcall(gl.mlp, x, w1, nil, w2, nil, 'relu2', R({ 2, 3, 4 }, 75))
     assert.is_false(ok)

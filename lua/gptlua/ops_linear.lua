@@ -11,7 +11,7 @@ local ffi, lib = G.ffi, G.lib
 local record = A.record
 local empty_like = O.empty_like
 local broadcast_shape, bview, drop, sum_to = O.broadcast_shape, O.broadcast_view, O.drop_view, O.sum_to
-local raw_contiguous, U = O.raw_contiguous, O.unary_ops
+local raw_contiguous = O.raw_contiguous
 local NULL = nil
 
 local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
@@ -209,9 +209,13 @@ local MLP_ACTS = { gelu = true, relu2 = true }
 -- input kept for the backward) and, backward, GELU' and the first bias's
 -- gradient in the epilogue of the product that makes dx of the second
 -- layer (gl_matmul_epilogue, gl_linear_backward; cuBLASLt's GELU_AUX_BIAS
--- and DGELU_BGRAD on a GPU).  'relu2' (nanochat's relu(x)^2) has no
--- cuBLASLt epilogue: it is one pass each way (gl_unary, gl_unary_backward,
--- the latter in place over the gradient).  Biases may be nil.  residual
+-- and DGELU_BGRAD on a GPU).  'relu2' (nanochat's relu(x)^2) keeps only
+-- its output h, never the product: h = relu(x W1^T + b1)^2 in the first
+-- product's epilogue (GL_EPI_RELU2) and, backward, dpre = (g W2) * 2 sqrt(h)
+-- in the epilogue of the dx product of the second layer (GL_EPI_DRELU2;
+-- relu(pre) = sqrt(h)); on a GPU both are kernels/gemm_mma.cu, a bf16 GEMM
+-- of our own (cuBLASLt has no ReLU² epilogue), on the CPU and for operands
+-- that kernel cannot take the product and then the passes.  Biases may be nil.  residual
 -- (optional, of the output's shape): returns residual + mlp(x), the block's
 -- closing add in the second product (gl_matmul_add: cuBLASLt's C, no pass
 -- of its own; with a proj_bias the add is a pass after the product); its
@@ -244,14 +248,14 @@ function O.mlp(x, W1, b1, W2, b2, act, residual)
   local xc = raw_contiguous(x)
   local x2 = xc:_as_strided({ lead, C }, { C, 1 }, xc:storage_offset())
   local opts = { dtype = x.dtype, device = x.device }
-  local pre = Tensor.empty({ lead, H }, opts)  -- the activation's input, kept for the backward
+  -- the activation's input, kept for GELU's backward (ReLU²'s reads h)
+  local pre = act == 'gelu' and Tensor.empty({ lead, H }, opts) or nil
   local h = Tensor.empty({ lead, H }, opts)    -- its output, the second product's input
   local W1t, W2t = raw_t(W1), raw_t(W2)
   if act == 'gelu' then
     K(lib.gl_matmul_epilogue(lib.GL_EPI_GELU, h.c, x2.c, W1t.c, b1 and b1.c, pre.c))
   else
-    if b1 then K(lib.gl_matmul_bias(pre.c, x2.c, W1t.c, b1.c)) else O.matmul_raw(x2, W1t, pre, 0) end
-    K(lib.gl_unary(U.relu2, h.c, pre.c, 0, 0))
+    K(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, h.c, x2.c, W1t.c, b1 and b1.c, NULL))
   end
   local out = Tensor.empty(oshape, opts)
   local out2 = out:_as_strided({ lead, n_out }, { n_out, 1 }, 0)
@@ -274,7 +278,7 @@ function O.mlp(x, W1, b1, W2, b2, act, residual)
     local function want(t) return t and t.requires_grad and empty_like(t) or nil end
     local gb1 = want(b1)
     local need_pre = x.requires_grad or W1.requires_grad or (b1 and b1.requires_grad)
-    local dpre = need_pre and empty_like(pre) or nil
+    local dpre = need_pre and empty_like(h) or nil
     local gelu = act == 'gelu'
     -- deferred (a zero-bubble pipeline's W): dW2, db2 and dW1 later, from
     -- g2, h, dpre and x2 (h and dpre through views: the node releases its
@@ -299,12 +303,13 @@ function O.mlp(x, W1, b1, W2, b2, act, residual)
     local gW1 = not later and want(W1) or nil
     local gW2, gb2 = not later and want(W2) or nil, not later and want(b2) or nil
     -- second layer: dW2, db2, and the gradient of the activation's input
-    -- (GELU' and db1 in the product's epilogue)
-    K(lib.gl_linear_backward(dpre and dpre.c, gW2 and gW2.c, gb2 and gb2.c, gelu and gb1 and gb1.c or NULL,
-      g2.c, h.c, W2.c, gelu and pre.c or NULL))
-    if dpre and not gelu then  -- relu2': in place over the gradient, then db1
-      K(lib.gl_unary_backward(U.relu2, dpre.c, dpre.c, pre.c, 0, 0))
-      if gb1 then K(lib.gl_linear_backward(NULL, NULL, gb1.c, NULL, dpre.c, x2.c, W1.c, NULL)) end
+    -- (GELU' or ReLU²' from h, and db1, in the product's epilogue)
+    if gelu then
+      K(lib.gl_linear_backward(dpre and dpre.c, gW2 and gW2.c, gb2 and gb2.c, gb1 and gb1.c or NULL,
+        g2.c, h.c, W2.c, pre.c))
+    else
+      if gW2 or gb2 then K(lib.gl_linear_backward(NULL, gW2 and gW2.c, gb2 and gb2.c, NULL, g2.c, h.c, W2.c, NULL)) end
+      if dpre then K(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dpre.c, g2.c, W2.c, gb1 and gb1.c, h.c)) end
     end
     local gx
     if dpre then  -- first layer: dx, dW1 (db1 is done)
@@ -326,8 +331,11 @@ function O.mlp(x, W1, b1, W2, b2, act, residual)
     local r = {}
     for i = 1, 6 do if slot[i] then r[slot[i]] = grads[i] end end
     return unpack(r, 1, #rec_inputs)
-  end, { x2, W1, W2, pre, h }, 'mlp', { pre, h })
-  if not out.grad_fn then Tensor.release(pre); Tensor.release(h); drop(x2); drop(xc, x) end  -- nothing will read them
+  end, { x2, W1, W2, pre, h }, 'mlp', pre and { pre, h } or { h })
+  if not out.grad_fn then  -- nothing will read them
+    if pre then Tensor.release(pre) end
+    Tensor.release(h); drop(x2); drop(xc, x)
+  end
   return out
 end
 

@@ -174,7 +174,12 @@ local function layer_names(model)
       local p = path == '' and n or (path .. '.' .. n)
       local l = label or ((in_list or path == '' or #(c._modules or {}) == 0) and p) or nil
       if in_list then l = p end
-      if l then out[c] = label or l end
+      -- only the module that starts a label is wrapped: what runs inside it
+      -- is tagged through its wrapper's label, and a wrapped nn.Linear or
+      -- norm inside a block would no longer be the plain module that the
+      -- fused ops (models/common.lua: gl.mlp, gl.linear's residual, add +
+      -- norm) require, so the plan would run the unfused ops instead
+      if l and not label then out[c] = l end
       walk(c, p, label or (in_list and p) or nil, getmetatable(c) and getmetatable(c).__name == 'ModuleList')
     end
   end

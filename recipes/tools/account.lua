@@ -58,6 +58,10 @@ M.H100 = { name = 'H100 SXM', flops = 989e12, bw = 3.35e12 }
 -- 0.1% of a full-size step's bytes: 132 SMs' worth is a few MB per layer).
 M.SMS = 2
 M.EFF = { gemm = 0.70, mem = 0.80, gap_us = 1.0 }
+-- a launch whose bytes are a GEMM's operands, not activation passes:
+-- cuBLASLt's, and our own bf16 GEMM with the ReLU² epilogues
+-- (kernels/gemm_mma.cu; its reads of h in the backward are its epilogue's)
+function M.is_gemm(name) return name:match('^cublasLt') ~= nil or name:match('^gemm_mma') ~= nil end
 
 if not pcall(ffi.typeof, 'gl_sim_account_row') then ffi.cdef [[
 typedef struct { const char *name; double launches, flops, bytes_read, bytes_written; } gl_sim_account_row;
@@ -483,7 +487,7 @@ function M.report(rows, order, info, out)
     info.flops_per_token, tot.flops / info.tokens))
   if info.layer_rows then
     local lb = 0
-    for n, r in pairs(info.layer_rows) do if not n:match('^cublasLt') then lb = lb + r.read + r.written end end
+    for n, r in pairs(info.layer_rows) do if not M.is_gemm(n) then lb = lb + r.read + r.written end end
     s.passes = lb / info.act_bytes
     out(('activation passes per layer: %.1f (one layer\'s bytes in kernels other than cuBLASLt that grow with the '
          .. 'tokens, forward and backward, / one (B,T,C) bf16 activation of %.1f MB)'):format(s.passes,

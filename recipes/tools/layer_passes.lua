@@ -112,7 +112,7 @@ for _, part in ipairs({ 'fwd', 'bwd' }) do
   local sum = 0
   print(('%-8s %-46s %9s %8s %8s %8s'):format(part, 'kernel', 'launches', 'read', 'written', 'passes'))
   for _, n in ipairs(names) do
-    if not n:match('^cublasLt') and n:sub(1, #acc.SYNC) ~= acc.SYNC then
+    if not acc.is_gemm(n) and n:sub(1, #acc.SYNC) ~= acc.SYNC then
       local r, w = layer(part, n, 'read') / act, layer(part, n, 'written') / act
       local launches = c[2][2][part][n] and c[2][2][part][n].launches - (c[2][1][part][n] or { launches = 0 }).launches or 0
       if math.abs(r + w) > 0.005 then

@@ -76,6 +76,37 @@ if what == 'ops' then
     say('epilogue_' .. e[1] .. '.gemm_launches', row(res, '^cublasLt').launches, 1)
     say('epilogue_' .. e[1] .. '.other_launches', other, 0)
   end
+  -- nanochat's ReLU² MLP in our own GEMM (kernels/gemm_mma.cu): h =
+  -- relu(x W1^T)^2 one launch reading x and W1 once and writing h once (pre
+  -- never stored); dpre = (g W2) 2 sqrt(h) one launch reading g, W2 and h
+  -- once and writing dpre once; 2mnk tensor-core FLOPs each (tile multiples:
+  -- no padded work)
+  local Mr, Cr, Hr = 128, 64, 256
+  local xr, w1r = gl.randn({ Mr, Cr }, DEV), gl.randn({ Hr, Cr }, DEV)
+  local hr, gr, w2r, dr = gl.empty({ Mr, Hr }, DEV), gl.randn({ Mr, Cr }, DEV), gl.randn({ Cr, Hr }, DEV),
+    gl.empty({ Mr, Hr }, DEV)
+  res = acc.count(function() gl.check(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, hr.c, xr.c, w1r:t().c, nil, nil)) end)
+  r = row(res, '^gemm_mma')
+  say('relu2.all_launches', row(res, '.').launches, 1)
+  say('relu2.launches', r.launches, 1)
+  say('relu2.flops', r.flops, 2 * Mr * Hr * Cr)
+  say('relu2.read', r.read, (Mr * Cr + Hr * Cr) * 2)
+  say('relu2.written', r.written, Mr * Hr * 2)
+  res = acc.count(function() gl.check(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dr.c, gr.c, w2r.c, nil, hr.c)) end)
+  r = row(res, '^gemm_mma')
+  say('drelu2.all_launches', row(res, '.').launches, 1)
+  say('drelu2.launches', r.launches, 1)
+  say('drelu2.flops', r.flops, 2 * Mr * Hr * Cr)
+  say('drelu2.read', r.read, (Mr * Cr + Cr * Hr + Mr * Hr) * 2)
+  say('drelu2.written', r.written, Mr * Hr * 2)
+  -- the account's quick mode (products not computed) counts the same
+  local was = lib.gl_sim_account_skip_products(1)
+  res = acc.count(function() gl.check(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dr.c, gr.c, w2r.c, nil, hr.c)) end)
+  lib.gl_sim_account_skip_products(was)
+  local q = row(res, '^gemm_mma')
+  say('drelu2_quick.flops', q.flops, r.flops)
+  say('drelu2_quick.read', q.read, r.read)
+  say('drelu2_quick.written', q.written, r.written)
   -- a residual added in the product (gl_matmul_add: cuBLASLt's C != D): one
   -- launch reading a, b and c once, no kernel of its own
   local c = gl.randn({ N, M2 }, DEV)

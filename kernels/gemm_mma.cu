@@ -172,6 +172,16 @@ __global__ void __launch_bounds__(GM_THREADS) gemm_mma_kernel(GemmMmaParams p) {
     }
   }
   cp_async_wait<0>();  /* (only empty groups are left) */
+#ifdef GL_SIM
+  /* the account's FLOPs are the product's 2 M N K, as cuBLASLt's rows count
+     them: the mma emulation (or the quick mode above) counted this block's
+     whole padded tiles, so take back what lies past the matrix (a step
+     function of M, N and K that the account's fit in B·T cannot follow) */
+  if (threadIdx.x == 0) {
+    const double vm = (double)(p.M - m0 < GM_BM ? p.M - m0 : GM_BM), vn = (double)(p.N - n0 < GM_BN ? p.N - n0 : GM_BN);
+    gl_sim_account_add(nullptr, 2.0 * vm * vn * (double)p.K - 2.0 * GM_BM * GM_BN * (double)(nk * GM_BK), 0, 0);
+  }
+#endif
 
   /* epilogue: lane (g, t) holds rows g and g + 8, columns 2t, 2t + 1 of each
      16 x 8 tile; N is even, so a column pair is wholly in or out */

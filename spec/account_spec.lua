@@ -46,7 +46,8 @@ describe('cuda-sim account: bytes, FLOPs, syncs of each launch #cuda #sim', func
                            'rope_norm_backward.read', 'rope_norm_backward.written',
                            'relu2.all_launches', 'relu2.launches', 'relu2.flops', 'relu2.read', 'relu2.written',
                            'drelu2.all_launches', 'drelu2.launches', 'drelu2.flops', 'drelu2.read', 'drelu2.written',
-                           'drelu2_quick.flops', 'drelu2_quick.read', 'drelu2_quick.written' })
+                           'drelu2_quick.flops', 'drelu2_quick.read', 'drelu2_quick.written',
+                           'relu2_edges.launches', 'relu2_edges.flops', 'relu2_edges_quick.flops' })
   end)
 
   it('counts a training step\'s GEMM FLOPs as the model\'s shapes give them', function()

@@ -107,6 +107,17 @@ if what == 'ops' then
   say('drelu2_quick.flops', q.flops, r.flops)
   say('drelu2_quick.read', q.read, r.read)
   say('drelu2_quick.written', q.written, r.written)
+  -- tile edges (M, N, K not multiples of 128, 128, 32): still 2mnk, not
+  -- the padded tiles' work, so the account's fit in B·T stays exact
+  local Me, Ce, He = 72, 40, 136
+  local xe, w1e, he = gl.randn({ Me, Ce }, DEV), gl.randn({ He, Ce }, DEV), gl.empty({ Me, He }, DEV)
+  res = acc.count(function() gl.check(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, he.c, xe.c, w1e:t().c, nil, nil)) end)
+  say('relu2_edges.launches', row(res, '^gemm_mma').launches, 1)
+  say('relu2_edges.flops', row(res, '^gemm_mma').flops, 2 * Me * He * Ce)
+  was = lib.gl_sim_account_skip_products(1)
+  res = acc.count(function() gl.check(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, he.c, xe.c, w1e:t().c, nil, nil)) end)
+  lib.gl_sim_account_skip_products(was)
+  say('relu2_edges_quick.flops', row(res, '^gemm_mma').flops, 2 * Me * He * Ce)
   -- a residual added in the product (gl_matmul_add: cuBLASLt's C != D): one
   -- launch reading a, b and c once, no kernel of its own
   local c = gl.randn({ N, M2 }, DEV)

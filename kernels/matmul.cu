@@ -520,12 +520,23 @@ extern "C" int cuda_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_ten
   return matmul_impl(out, a, b, 1, 0, e);
 }
 
+/* GL_CUDA_RELU2_GEMM=0: the ReLU² products on cuBLASLt and the passes,
+   not kernels/gemm_mma.cu, for a GPU where our mma.sync GEMM turns out
+   slower than cuBLASLt plus the passes (NOTES-cuda.md: it must reach about
+   46% of the dense peak to win).  Read at each call (a getenv is nothing
+   beside a launch), so a process may switch. */
+static bool relu2_gemm_on() {
+  const char *e = getenv("GL_CUDA_RELU2_GEMM");
+  return !(e && strcmp(e, "0") == 0);
+}
+
 extern "C" int cuda_matmul_epilogue(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
                                     gl_tensor *aux) {
   if (epi == GL_EPI_RELU2 || epi == GL_EPI_DRELU2) {
     /* cuBLASLt has no ReLU² epilogue: our own GEMM (kernels/gemm_mma.cu) where
        it takes the operands, else cuBLASLt's product and the passes after it */
-    int rc = force_fallback() ? 1 : cuda_gemm_mma_epilogue(epi, out, a, b, epi == GL_EPI_RELU2 ? bias : nullptr, aux);
+    int rc = force_fallback() || !relu2_gemm_on() ? 1
+           : cuda_gemm_mma_epilogue(epi, out, a, b, epi == GL_EPI_RELU2 ? bias : nullptr, aux);
     if (rc == 1) return epilogue_unfused(out, a, b, MatEpi{epi, bias, aux, nullptr});
     GL_TRY(rc);
     return epi == GL_EPI_DRELU2 ? gl_epilogue_bgrad(epi, out, a, bias) : GL_OK;

@@ -7,7 +7,8 @@
 -- than the 3-stage ring, pre-activations of both signs and exact zeros.
 -- The simulator's trace shows which kernel ran: the fused one (one launch)
 -- for what it takes, cuBLASLt and the passes for what it does not (float32,
--- a misaligned or narrowed operand, K or N not a multiple of 8).
+-- a misaligned or narrowed operand, K or N not a multiple of 8) and under
+-- GL_CUDA_RELU2_GEMM=0.
 -- Also in race mode (Makefile RACE_SPECS).
 local gl = require 'gptlua'
 local lib = gl.lib
@@ -91,13 +92,16 @@ describe('CUDA ReLU² GEMM (kernels/gemm_mma.cu) vs CPU #cuda', function()
     end, 'bfloat16', 'drelu2 with db')
   end)
 
-  gpu_it('falls back to cuBLASLt and the passes: float32, misaligned or narrowed rows, K or N not a multiple of 8', function()
+  gpu_it('falls back to cuBLASLt and the passes: float32, misaligned or narrowed rows, K or N not a multiple of 8, GL_CUDA_RELU2_GEMM=0', function()
     local cases = {
       { 'float32', { 20, 16, 24 } },
       { 'bfloat16', { 20, 16, 12 }, 'K % 8' },
       { 'bfloat16', { 20, 12, 16 }, 'N % 8' },
       { 'bfloat16', { 20, 16, 24 }, 'narrow' },  -- rows of K + 3, one element in: not 16-byte aligned
+      { 'bfloat16', { 20, 16, 24 }, 'GL_CUDA_RELU2_GEMM=0' },  -- the switch: operands the kernel takes
     }
+    local ffi = require 'ffi'
+    pcall(ffi.cdef, 'int setenv(const char *name, const char *value, int overwrite); int unsetenv(const char *name);')
     for _, c in ipairs(cases) do
       local dt, M, N, Kd, why = c[1], c[2][1], c[2][2], c[2][3], c[3] or c[1]
       local layout = why == 'narrow' and 'narrow' or nil
@@ -106,10 +110,14 @@ describe('CUDA ReLU² GEMM (kernels/gemm_mma.cu) vs CPU #cuda', function()
                     w2 = pair({ Kd, N }, { dtype = dt }), h = h_pair(M, N, dt) }
       compare(ins, function(S)
         local h, dpre, db = S.out({ M, N }, dt), S.out({ M, N }, dt), S.out({ N }, dt)
-        local names = launched(function()
+        local switch = why:match('^GL_CUDA_RELU2_GEMM')
+        if switch then ffi.C.setenv('GL_CUDA_RELU2_GEMM', '0', 1) end
+        local ok, names = pcall(launched, function()
           K(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, h.c, S.x.c, S.w1:t().c, S.b1.c, nil))
           K(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dpre.c, S.g.c, S.w2.c, db.c, S.h.c))
         end)
+        if switch then ffi.C.unsetenv('GL_CUDA_RELU2_GEMM') end
+        assert(ok, names)
         if S.gpu and names then
           assert.are.equal(0, count(names, '^gemm_mma_kernel'), why .. ': ' .. table.concat(names, ' '))
           assert(count(names, '^cublasLt') + count(names, '^gemm_fallback') >= 2, why .. ': ' .. table.concat(names, ' '))

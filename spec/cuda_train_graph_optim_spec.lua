@@ -167,13 +167,7 @@ describe('trainer: the optimizer in the CUDA graph #cuda', function()
   -- the host waits once per replayed step: the id checks' slots come back
   -- on that wait (a copy queued before it), not on a copy and wait of their own
   local trace = dofile(gl.root .. '/recipes/tools/sim_trace.lua')
-  local function syncs_of(fn)
-    trace.start(); fn(); trace.stop()
-    local kinds, n = {}, 0
-    for api, k in pairs(trace.summary(trace.records(), -1).sync_kinds) do kinds[#kinds + 1] = api .. ' ' .. k; n = n + k end
-    table.sort(kinds)
-    return n, table.concat(kinds, ', ')
-  end
+  local syncs_of = trace.syncs_of
   local sim_it = trace.library() and gpu_it or pending
 
   sim_it('a replayed step makes one host wait, its id checks read on it', function()

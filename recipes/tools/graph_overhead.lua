@@ -105,14 +105,7 @@ g:free()
 -- the whole step: train_step of a trainer with cuda_graph 'off' and one with
 -- 'auto' (its warm-up step and the capture run before the measurement)
 local trace = dofile(gl.root .. '/recipes/tools/sim_trace.lua')
-local function syncs_of(fn)  -- host syncs of one call of fn by API, or nil on a GPU
-  if not trace.library() then fn(); return nil end
-  trace.start(); fn(); trace.stop()
-  local kinds, n = {}, 0
-  for api, k in pairs(trace.summary(trace.records(), -1).sync_kinds) do kinds[#kinds + 1] = api .. ' ' .. k; n = n + k end
-  table.sort(kinds)
-  return n, table.concat(kinds, ', ')
-end
+local syncs_of = trace.syncs_of  -- host syncs of one call of fn by API, or nil on a GPU
 local whole = {}
 for _, mode in ipairs({ 'off', 'micro', 'auto' }) do
   r.cuda_graph = mode == 'micro' and 'auto' or mode

@@ -2,8 +2,9 @@
 -- (kernels/sim/trace.cpp) from Lua: start / stop / mark, the records, and a
 -- summary of what a training step did with its streams (host syncs between
 -- marks, where the NCCL calls ran, whether later compute was ordered after
--- them, the compute stream's waits on other streams).  Loaded with dofile
--- by recipes/tools/host_syncs.lua and spec/dist_overlap_spec.lua.
+-- them, the compute stream's waits on other streams; host syncs of one
+-- call, syncs_of).  Loaded with dofile by recipes/tools/host_syncs.lua,
+-- recipes/tools/graph_overhead.lua and the specs that count waits.
 local gl = require 'gptlua'
 local ffi = gl.ffi
 
@@ -94,6 +95,17 @@ function M.summary(recs, compute)
     end
   end
   return s
+end
+
+-- host syncs of one call of fn: their number and "API n, ..." by API, or
+-- nil when this engine is not the simulator (fn still runs)
+function M.syncs_of(fn)
+  if not M.library() then fn(); return nil end
+  M.start(); fn(); M.stop()
+  local kinds, n = {}, 0
+  for api, k in pairs(M.summary(M.records(), -1).sync_kinds) do kinds[#kinds + 1] = api .. ' ' .. k; n = n + k end
+  table.sort(kinds)
+  return n, table.concat(kinds, ', ')
 end
 
 return M

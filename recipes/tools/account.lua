@@ -489,7 +489,7 @@ function M.report(rows, order, info, out)
     local lb = 0
     for n, r in pairs(info.layer_rows) do if not M.is_gemm(n) then lb = lb + r.read + r.written end end
     s.passes = lb / info.act_bytes
-    out(('activation passes per layer: %.1f (one layer\'s bytes in kernels other than cuBLASLt that grow with the '
+    out(('activation passes per layer: %.1f (one layer\'s bytes in kernels other than the GEMMs (cuBLASLt, gemm_mma) that grow with the '
          .. 'tokens, forward and backward, / one (B,T,C) bf16 activation of %.1f MB)'):format(s.passes,
          info.act_bytes / 1e6))
   end

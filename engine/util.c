@@ -12,7 +12,14 @@
 
 static __thread char err_buf[1024];
 
-static void set_error_v(const char *fmt, va_list ap) { vsnprintf(err_buf, sizeof err_buf, fmt, ap); }
+/* formats into a scratch buffer first: callers pass gl_last_error() as an
+   argument to add context ("split: %s"), and vsnprintf into its own source
+   is undefined (it garbled messages) */
+static void set_error_v(const char *fmt, va_list ap) {
+  char msg[sizeof err_buf];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  memcpy(err_buf, msg, sizeof msg);
+}
 
 int gl_error(const char *fmt, ...) {
   va_list ap; va_start(ap, fmt); set_error_v(fmt, ap); va_end(ap);

@@ -268,3 +268,19 @@ describe('messages: coverage', function()
     assert.are.equal(1, gl.checkpoint(setmetatable({}, { __call = function(_, a) return a end }), x22()):dim() - 1)
   end)
 end)
+
+describe('messages: the engine adds context to an error without garbling it', function()
+  -- engine code wraps a failure as gl_error("split: %s", gl_last_error());
+  -- formatting into the buffer it reads from once printed "split: split:
+  -- onnecting group ..." for "split: gloo: connecting group ..."
+  it('a message formatted from the last error keeps the whole of it', function()
+    local ffi = require 'ffi'
+    pcall(ffi.cdef, 'int gl_error(const char *fmt, ...);')
+    local lib = gl.lib
+    lib.gl_error('gloo: connecting group %s', 'world.1[0]')
+    lib.gl_error('split: %s', lib.gl_last_error())
+    assert.equal('split: gloo: connecting group world.1[0]', ffi.string(lib.gl_last_error()))
+    lib.gl_error('%s: staging buffer: %s', 'all_reduce', lib.gl_last_error())
+    assert.equal('all_reduce: staging buffer: split: gloo: connecting group world.1[0]', ffi.string(lib.gl_last_error()))
+  end)
+end)

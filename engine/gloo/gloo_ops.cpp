@@ -122,6 +122,10 @@ template <typename F> void by_dtype(int dtype, F f) {
 /* slot prefixes of our own unbound-buffer messages (Gloo's algorithms use
    small ones); the tag or the per-peer count fills the low bits */
 constexpr uint8_t kPairwiseSlot = 0xe1, kP2PHeaderSlot = 0xe2, kP2PSlot = 0xe3;
+/* the tag of the barrier that ends a connect: collectives are tagged with
+   their sequence number (mod 2^32), which starts at 0, so none of the first
+   4 billion can have its messages taken for the barrier's */
+constexpr uint32_t kConnectedTag = 0xffffffffu;
 
 }  // namespace
 
@@ -153,6 +157,15 @@ extern "C" gl_gloo *gl_gloo_connect(gl_tcp_store *store, const char *prefix, con
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(millis(timeout_s));
     ctx->connectFullMesh(ps, dev);
+    /* connectFullMesh returns on a rank once its own side of every pair is
+       up, which can be before the peer has read the handshake; a rank that
+       then freed the group (or exited) closed the socket under the peer,
+       whose connect failed with "Connection closed by peer".  No rank leaves
+       until every rank is connected. */
+    gloo::BarrierOptions connected(ctx);
+    connected.setTag(kConnectedTag);
+    connected.setTimeout(millis(timeout_s));
+    gloo::barrier(connected);
     gl_gloo *g = new gl_gloo;
     g->ctx = ctx;
     return g;

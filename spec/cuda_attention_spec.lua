@@ -19,9 +19,7 @@ local lib = gl.lib
 local twin = require 'support.cuda_twin'
 local pair, compare, K = twin.pair, twin.compare, twin.K
 
-local function gpu_it(name, fn)  -- it() and pending() are busted's, in this file's environment
-  if twin.HAVE_GPU then it(name, fn) else pending(name .. ' (' .. twin.NO_GPU .. ')') end
-end
+local gpu_it = twin.gpu_it(it, pending)
 
 -- q (B, H, T, D), k / v (B, Hkv, S, D); layout 'bthd' makes q, k, v, dout
 -- transposed views of (B, T, H, D) tensors, as a model produces them

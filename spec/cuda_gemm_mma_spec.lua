@@ -13,12 +13,9 @@
 local gl = require 'gptlua'
 local lib = gl.lib
 local twin = require 'support.cuda_twin'
-local HAVE_GPU, NO_GPU = twin.HAVE_GPU, twin.NO_GPU
 local pair, compare, K = twin.pair, twin.compare, twin.K
 
-local function gpu_it(name, fn)  -- it() and pending() are busted's, in this file's environment
-  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
-end
+local gpu_it = twin.gpu_it(it, pending)
 
 -- the kernels one call launched, by name, when the engine is the simulator
 -- (nil on a GPU: no trace there)

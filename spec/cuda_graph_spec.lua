@@ -8,11 +8,9 @@
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
 local twin = require 'support.cuda_twin'
-local HAVE_GPU, DEV, NO_GPU = twin.HAVE_GPU, twin.DEV, twin.NO_GPU
+local DEV = twin.DEV
 
-local function gpu_it(name, fn)
-  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
-end
+local gpu_it = twin.gpu_it(it, pending)
 
 local function same_bits(a, b, what)
   local x, y = a:to('cpu'):float():contiguous(), b:to('cpu'):float():contiguous()

@@ -27,10 +27,7 @@
 -- still compared (noise-sized on both sides).
 local gl = require 'gptlua'
 local optim = require 'gptlua.optim'
-local HAVE_GPU = gl.cuda_available()
-local function gpu_it(name, fn)
-  if HAVE_GPU then it(name, fn) else pending(name .. ' (no CUDA device on this machine)') end
-end
+local gpu_it = require('support.cuda_twin').gpu_it(it, pending)
 
 local function build(kind, seed)
   gl.manual_seed(seed)

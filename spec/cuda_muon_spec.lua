@@ -7,11 +7,9 @@ local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
 local optim = require 'gptlua.optim'
 local twin = require 'support.cuda_twin'
-local HAVE_GPU, DEV, NO_GPU = twin.HAVE_GPU, twin.DEV, twin.NO_GPU
+local DEV = twin.DEV
 
-local function gpu_it(name, fn)
-  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
-end
+local gpu_it = twin.gpu_it(it, pending)
 
 local OPTS = { lr = 0.02, variant = 'current', weight_decay = 0.2 }
 

@@ -9,13 +9,11 @@ local ffi, lib = gl.ffi, gl.lib
 
 -- the harness (pair, compare, ...) lives in spec/support/cuda_twin.lua
 local twin = require 'support.cuda_twin'
-local HAVE_GPU, DEV, NO_GPU = twin.HAVE_GPU, twin.DEV, twin.NO_GPU
+local DEV = twin.DEV
 local copy_shape, pair, id_pair, output = twin.copy_shape, twin.pair, twin.id_pair, twin.output
 local compare, K = twin.compare, twin.K
 
-local function gpu_it(name, fn)  -- it() and pending() are busted's, in this file's environment
-  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
-end
+local gpu_it = twin.gpu_it(it, pending)
 
 -- ------------------------------------------------------------ index ops
 describe('CUDA embedding and index ops vs CPU #cuda', function()

@@ -9,12 +9,9 @@ local lib = gl.lib
 
 -- the harness (pair, compare, ...) lives in spec/support/cuda_twin.lua
 local twin = require 'support.cuda_twin'
-local HAVE_GPU, NO_GPU = twin.HAVE_GPU, twin.NO_GPU
 local copy_shape, pair, id_pair, compare, K = twin.copy_shape, twin.pair, twin.id_pair, twin.compare, twin.K
 
-local function gpu_it(name, fn)  -- it() and pending() are busted's, in this file's environment
-  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
-end
+local gpu_it = twin.gpu_it(it, pending)
 
 -- ------------------------------------------------------------ rows
 describe('CUDA softmax and norms vs CPU #cuda', function()

@@ -15,13 +15,11 @@ local ffi, lib = gl.ffi, gl.lib
 
 -- the harness (pair, compare, ...) lives in spec/support/cuda_twin.lua
 local twin = require 'support.cuda_twin'
-local HAVE_GPU, DEV, NO_GPU = twin.HAVE_GPU, twin.DEV, twin.NO_GPU
+local HAVE_GPU, DEV = twin.HAVE_GPU, twin.DEV
 local next_seed, pair, id_pair, output = twin.next_seed, twin.pair, twin.id_pair, twin.output
 local check_close, compare, K = twin.check_close, twin.compare, twin.K
 
-local function gpu_it(name, fn)  -- it() and pending() are busted's, in this file's environment
-  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
-end
+local gpu_it = twin.gpu_it(it, pending)
 
 -- ------------------------------------------------------------ runtime
 describe('gptlua.cuda runtime #cuda', function()

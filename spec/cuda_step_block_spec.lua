@@ -7,12 +7,10 @@
 local gl = require 'gptlua'
 local ffi = require 'ffi'
 local twin = require 'support.cuda_twin'
-local HAVE_GPU, NO_GPU, pair, compare = twin.HAVE_GPU, twin.NO_GPU, twin.pair, twin.compare
+local HAVE_GPU, pair, compare = twin.HAVE_GPU, twin.pair, twin.compare
 local lib = gl.lib
 
-local function gpu_it(name, fn)
-  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
-end
+local gpu_it = twin.gpu_it(it, pending)
 local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 2) end end
 local function err(f)
   local ok, e = pcall(f)

@@ -10,11 +10,8 @@ local gl = require 'gptlua'
 local ffi = require 'ffi'
 local train = require 'gptlua.train'
 local twin = require 'support.cuda_twin'
-local HAVE_GPU, NO_GPU = twin.HAVE_GPU, twin.NO_GPU
 
-local function gpu_it(name, fn)
-  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
-end
+local gpu_it = twin.gpu_it(it, pending)
 
 local function err(f)
   local ok, e = pcall(f)

@@ -15,12 +15,9 @@ local gl = require 'gptlua'
 local lib = gl.lib
 local gc = require 'support.gradcheck'
 local twin = require 'support.cuda_twin'
-local HAVE_GPU, NO_GPU = twin.HAVE_GPU, twin.NO_GPU
 local pair, compare, K = twin.pair, twin.compare, twin.K
 
-local function gpu_it(name, fn)  -- it() and pending() are busted's, in this file's environment
-  if HAVE_GPU then it(name, fn) else pending(name .. ' (' .. NO_GPU .. ')') end
-end
+local gpu_it = twin.gpu_it(it, pending)
 
 -- rotary tables (T, D/2) as nanochat builds them
 local function tables(T, D, dtype)

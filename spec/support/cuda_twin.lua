@@ -154,6 +154,16 @@ end
 
 local function K(rc) gl.check(rc, 2) end
 
+-- a spec file's `it` for tests that need a device: where there is none they
+-- are reported pending with the reason.  busted's it() and pending() live in
+-- each spec file's own environment, so the file passes them in.
+-- With a device it is `it` itself, so busted files each test under the spec
+-- that calls it.
+function M.gpu_it(it, pending)
+  if HAVE_GPU then return it end
+  return function(name) pending(name .. ' (' .. NO_GPU .. ')') end
+end
+
 M.HAVE_GPU, M.DEV, M.NO_GPU, M.TOL, M.RUN_SEED = HAVE_GPU, DEV, NO_GPU, TOL, RUN_SEED
 M.max_abs, M.next_seed, M.copy_shape, M.pair, M.id_pair, M.output = max_abs, next_seed, copy_shape, pair, id_pair, output
 M.check_close, M.compare, M.K = check_close, compare, K

@@ -4,9 +4,9 @@
 #   make test       deps if missing, build, run every spec
 #   make test-cuda  the CUDA-vs-CPU twin specs on a real GPU
 #   make sim        build/sim/: the same engine with every CUDA kernel, cuBLASLt and
-#                   NCCL call running on the CPU in the CUDA simulator (kernels/sim/)
+#                   NCCL call running on the CPU in the CUDA simulator (spec/cudasim/)
 #   make sim-account build/sim-account/: the simulator counting each launch's bytes
-#                   (recipes/bench_cuda.lua --account)
+#                   (recipes/tools/bench_cuda.lua --account)
 #   make test-sim   the #cuda specs (and the simulator's own) under the simulator
 #   make test-race  the kernel twin specs in the simulator's race mode (two seeds)
 #   make bench      CPU benchmarks;  make bench-cuda  GPU benchmarks
@@ -49,9 +49,11 @@ BLAS_DIR = /usr/lib/x86_64-linux-gnu/openblas-openmp
 LIBS    = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lpthread -lm -fopenmp
 BASE_LIBS := $(LIBS)
 
-ENGINE_SRC = $(filter-out engine/main.c,$(wildcard engine/*.c))
-ENGINE_OBJ = $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(ENGINE_SRC)) $(BUILD)/obj/gl_cdef.o $(BUILD)/obj/gl_abi.o
-HEADERS    = $(wildcard engine/*.h)
+# engine/cpu/NAME.c (the CPU twin of kernels/NAME.cu) builds obj/cpu_NAME.o
+ENGINE_SRC = $(filter-out engine/main.c,$(wildcard engine/*.c)) $(wildcard engine/cpu/*.c)
+engine_obj = $(patsubst engine/%.c,$(1)/%.o,$(subst engine/cpu/,engine/cpu_,$(2)))
+ENGINE_OBJ = $(call engine_obj,$(BUILD)/obj,$(ENGINE_SRC)) $(BUILD)/obj/gl_cdef.o $(BUILD)/obj/gl_abi.o
+HEADERS    = $(wildcard engine/*.h) $(wildcard engine/cpu/*.h)
 CU_SRC     = $(wildcard kernels/*.cu)
 CU_HDR     = $(wildcard kernels/*.cuh)
 
@@ -101,7 +103,7 @@ FUZZ_CI_SECONDS ?= 25
 FUZZ_SAN      = -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS   = -std=gnu11 -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -Wall -Wno-unknown-pragmas \
                 -Iengine -I$(BLAS_DIR:/usr/lib/%=/usr/include/%)
-FUZZ_ENGINE   = util tensor alloc cpu_tensor safetensors shards tokenizer tokenizer_train tokenizer_io loader
+FUZZ_ENGINE   = util tensor alloc cpu_elementwise safetensors shards tokenizer tokenizer_train tokenizer_io loader
 FUZZ_OBJ      = $(FUZZ_ENGINE:%=$(FUZZ)/obj/%.o)
 FUZZ_C        = safetensors shards tokenizer
 FUZZ_LUA      = checkpoint_state config
@@ -112,6 +114,8 @@ FUZZ_OMP_DIR  = $(abspath $(shell $(FUZZ_CC) -print-resource-dir 2>/dev/null)/..
 $(FUZZ)/obj:
 	@mkdir -p $@
 $(FUZZ)/obj/%.o: engine/%.c $(HEADERS) | $(FUZZ)/obj
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(FUZZ)/obj/cpu_%.o: engine/cpu/%.c $(HEADERS) | $(FUZZ)/obj
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 $(FUZZ_C:%=$(FUZZ)/fuzz_%): $(FUZZ)/fuzz_%: engine/fuzz/fuzz_%.c engine/fuzz/fuzz_common.h $(FUZZ_OBJ)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) \
@@ -154,13 +158,13 @@ GLOO_DEPS   = $(GLOO_SRC) $(GLOO_CXX) $(wildcard engine/gloo/*.h) $(GLOO_SHARED)
 GLOO_LIB    = $(if $(wildcard /usr/include/gloo/rendezvous/context.h),$(BUILD)/libgptlua_gloo.so)
 GLOO_CXXFLAGS = -O2 -std=c++17 -fPIC $(WARN) -Iengine -I$(BUILD)
 
-# ---- the CUDA simulator build (kernels/sim/, NOTES-cuda.md) ------------------
+# ---- the CUDA simulator build (spec/cudasim/, NOTES-cuda.md) ------------------
 # The engine and kernels/*.cu compiled by the host compilers against the
-# simulator's headers (kernels/sim/ stands in for the toolkit's): no nvcc, no
+# simulator's headers (spec/cudasim/ stands in for the toolkit's): no nvcc, no
 # GPU, no CUDA libraries.  build/sim/gptlua finds build/sim/libgptlua.so.
 SIM        = $(BUILD)/sim
 CXX       ?= g++
-SIM_DEFS   = -DGL_WITH_CUDA -DGL_SIM -Ikernels/sim
+SIM_DEFS   = -DGL_WITH_CUDA -DGL_SIM -Ispec/cudasim
 SIM_CFLAGS = $(BASE_CFLAGS) -std=gnu11 -fPIC -fopenmp -fno-math-errno $(WARN) -Iengine -I$(BUILD) \
              -I/usr/include/luajit-2.1 -I$(BLAS_DIR:/usr/lib/%=/usr/include/%) $(SIM_DEFS)
 # -fsanitize=bounds: an index past a static shared (or any fixed-size) array
@@ -168,40 +172,42 @@ SIM_CFLAGS = $(BASE_CFLAGS) -std=gnu11 -fPIC -fopenmp -fno-math-errno $(WARN) -I
 SIM_CXXFLAGS = -O2 -g -std=c++17 -fPIC -fno-math-errno -fno-strict-aliasing $(WARN) -Wno-unused-function -Wno-unknown-pragmas \
              -fsanitize=bounds -fno-sanitize-recover=bounds -Iengine -I$(BUILD) -Ikernels \
              -I$(BLAS_DIR:/usr/lib/%=/usr/include/%) $(SIM_DEFS)
-SIM_HDR    = $(wildcard kernels/sim/*.h) $(CU_HDR) $(HEADERS)
-SIM_NCCL   = $(wildcard kernels/sim/nccl*.cpp)
-SIM_CORE   = $(filter-out $(SIM_NCCL),$(wildcard kernels/sim/*.cpp))
-SIM_OBJ    = $(patsubst engine/%.c,$(SIM)/obj/%.o,$(ENGINE_SRC)) $(SIM)/obj/gl_cdef.o $(SIM)/obj/gl_abi.o \
+SIM_HDR    = $(wildcard spec/cudasim/*.h) $(CU_HDR) $(HEADERS)
+SIM_NCCL   = $(wildcard spec/cudasim/nccl*.cpp)
+SIM_CORE   = $(filter-out $(SIM_NCCL),$(wildcard spec/cudasim/*.cpp))
+SIM_OBJ    = $(call engine_obj,$(SIM)/obj,$(ENGINE_SRC)) $(SIM)/obj/gl_cdef.o $(SIM)/obj/gl_abi.o \
              $(patsubst kernels/%.cu,$(SIM)/obj/cu_%.o,$(CU_SRC)) \
-             $(patsubst kernels/sim/%.cpp,$(SIM)/obj/sim_%.o,$(SIM_CORE))
-SIM_TEST_SRC = $(wildcard kernels/sim/test_*.cu)
+             $(patsubst spec/cudasim/%.cpp,$(SIM)/obj/sim_%.o,$(SIM_CORE))
+SIM_TEST_SRC = $(wildcard spec/cudasim/cases/*.cu)
 SIM_MPI_FLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null) -DOMPI_SKIP_MPICXX=1
 
 $(SIM)/obj:
 	@mkdir -p $@
 $(SIM)/obj/%.o: engine/%.c $(HEADERS) | $(SIM)/obj
 	$(CC) $(SIM_CFLAGS) -c $< -o $@
+$(SIM)/obj/cpu_%.o: engine/cpu/%.c $(HEADERS) | $(SIM)/obj
+	$(CC) $(SIM_CFLAGS) -c $< -o $@
 $(SIM)/obj/gl_%.o: $(BUILD)/gl_%.c | $(SIM)/obj
 	$(CC) $(SIM_CFLAGS) -c $< -o $@
 $(SIM)/obj/cu_%.o: kernels/%.cu $(SIM_HDR) | $(SIM)/obj
 	$(CXX) $(SIM_CXXFLAGS) -x c++ -c $< -o $@
-$(SIM)/obj/sim_%.o: kernels/sim/%.cpp $(SIM_HDR) | $(SIM)/obj
+$(SIM)/obj/sim_%.o: spec/cudasim/%.cpp $(SIM_HDR) | $(SIM)/obj
 	$(CXX) $(SIM_CXXFLAGS) -c $< -o $@
 $(SIM)/libgptlua.so: $(SIM_OBJ)
 	$(CXX) -shared -Wl,-z,nodelete -fsanitize=bounds -o $@ $^ $(BASE_LIBS) -lstdc++
-# the simulated NCCL (kernels/sim/nccl*.cpp) sits with the MPI backend it runs on
-$(SIM)/obj/mpi_%.o: kernels/sim/%.cpp $(SIM_HDR) | $(SIM)/obj
+# the simulated NCCL (spec/cudasim/nccl*.cpp) sits with the MPI backend it runs on
+$(SIM)/obj/mpi_%.o: spec/cudasim/%.cpp $(SIM_HDR) | $(SIM)/obj
 	$(CXX) $(SIM_CXXFLAGS) $(SIM_MPI_FLAGS) -c $< -o $@
-$(SIM)/libgptlua_mpi.so: $(MPI_SRC) $(HEADERS) $(patsubst kernels/sim/%.cpp,$(SIM)/obj/mpi_%.o,$(SIM_NCCL)) $(SIM)/libgptlua.so
+$(SIM)/libgptlua_mpi.so: $(MPI_SRC) $(HEADERS) $(patsubst spec/cudasim/%.cpp,$(SIM)/obj/mpi_%.o,$(SIM_NCCL)) $(SIM)/libgptlua.so
 	$(CC) $(SIM_CFLAGS) $(SIM_MPI_FLAGS) -DGL_WITH_NCCL -shared -o $@ $(MPI_SRC) \
-	  $(patsubst kernels/sim/%.cpp,$(SIM)/obj/mpi_%.o,$(SIM_NCCL)) \
+	  $(patsubst spec/cudasim/%.cpp,$(SIM)/obj/mpi_%.o,$(SIM_NCCL)) \
 	  -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua $(shell pkg-config --libs ompi-c 2>/dev/null) -lstdc++ -fsanitize=bounds
 # the simulated NCCL runs over MPI: this library has none and says so
 $(SIM)/libgptlua_gloo.so: $(GLOO_DEPS) $(SIM)/libgptlua.so
 	$(CXX) $(GLOO_CXXFLAGS) -c $(GLOO_CXX) -o $(SIM)/obj/gloo_ops.o
-	$(CC) $(SIM_CFLAGS) -DGL_NCCL_MISSING='"the NCCL of the CUDA simulator (kernels/sim/nccl*.cpp) runs over MPI; start the ranks with mpirun (gptlua -n N --launcher=mpi) to use it"' \
+	$(CC) $(SIM_CFLAGS) -DGL_NCCL_MISSING='"the NCCL of the CUDA simulator (spec/cudasim/nccl*.cpp) runs over MPI; start the ranks with mpirun (gptlua -n N --launcher=mpi) to use it"' \
 	  -shared -o $@ $(GLOO_SRC) $(GLOO_SHARED) $(SIM)/obj/gloo_ops.o -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua -lgloo -lstdc++ -lpthread
-$(SIM)/libgptlua_simtest.so: $(SIM_TEST_SRC) $(SIM_HDR) $(SIM)/libgptlua.so
+$(SIM)/libgptlua_simtest.so: $(SIM_TEST_SRC) $(wildcard spec/cudasim/cases/*.h) $(SIM_HDR) $(SIM)/libgptlua.so
 	$(CXX) $(SIM_CXXFLAGS) -x c++ -shared -o $@ $(SIM_TEST_SRC) -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua
 $(SIM)/gptlua: engine/main.c $(HEADERS) | $(SIM)/obj
 	$(CC) $(SIM_CFLAGS) -DGL_VERSION_STR='"$(shell cat VERSION)"' -o $@ engine/main.c -lluajit-5.1 -lreadline -ldl -lm
@@ -209,9 +215,9 @@ $(SIM)/gptlua: engine/main.c $(HEADERS) | $(SIM)/obj
 sim: $(SIM)/gptlua $(SIM)/libgptlua.so $(if $(MPI_SRC),$(SIM)/libgptlua_mpi.so) $(if $(GLOO_LIB),$(SIM)/libgptlua_gloo.so) \
   $(SIM)/libgptlua_simtest.so
 
-# The account flavour (build/sim-account/, `recipes/bench_cuda.lua --account`):
+# The account flavour (build/sim-account/, `recipes/tools/bench_cuda.lua --account`):
 # build/sim/'s objects with kernels/*.cu compiled again so that every load and
-# store a kernel makes calls kernels/sim/account.cpp, which counts the bytes
+# store a kernel makes calls spec/cudasim/account.cpp, which counts the bytes
 # each launch moves.  GCC's kernel-address sanitizer in outline mode is only
 # the instrumentation here: no shadow memory, stack or globals checks.
 # -g0: no debug info for a build that only counts (a quarter of its compile time).
@@ -225,7 +231,7 @@ $(SIM_ACC)/obj:
 	@mkdir -p $@
 $(SIM_ACC)/obj/cu_%.o: kernels/%.cu $(SIM_HDR) | $(SIM_ACC)/obj
 	$(CXX) $(SIM_CXXFLAGS) $(SIM_ACC_FLAGS) -x c++ -c $< -o $@
-$(SIM_ACC)/obj/sim_account.o: kernels/sim/account.cpp $(SIM_HDR) | $(SIM_ACC)/obj
+$(SIM_ACC)/obj/sim_account.o: spec/cudasim/account.cpp $(SIM_HDR) | $(SIM_ACC)/obj
 	$(CXX) $(SIM_CXXFLAGS) -DGL_SIM_ACCOUNT_FLAVOUR -c $< -o $@
 $(SIM_ACC)/libgptlua.so: $(SIM_ACC_OBJ)
 	$(CXX) -shared -Wl,-z,nodelete -Wl,-z,defs -fsanitize=bounds -o $@ $^ $(BASE_LIBS) -lstdc++
@@ -258,6 +264,8 @@ $(BUILD)/obj/gl_abi.o: $(BUILD)/gl_abi.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.o: engine/%.c $(HEADERS) | $(BUILD)/obj
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/cpu_%.o: engine/cpu/%.c $(HEADERS) | $(BUILD)/obj
 	$(CC) $(CFLAGS) -c $< -o $@
 $(BUILD)/obj/cu_%.o: kernels/%.cu $(HEADERS) $(CU_HDR) | $(BUILD)/obj
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
@@ -345,14 +353,14 @@ test-cuda:
 	$(BUILD)/gptlua spec/run.lua --tags=cuda --exclude-tags=sim $(SPEC_ARGS)
 
 bench: all
-	$(BUILD)/gptlua recipes/bench.lua $(ARGS)
+	$(BUILD)/gptlua recipes/tools/bench.lua $(ARGS)
 
 # the default recipe's full run against nanoGPT's val-loss figure (minutes, not in CI)
 acceptance: all
-	$(BUILD)/gptlua recipes/acceptance.lua $(ARGS)
+	$(BUILD)/gptlua recipes/tools/acceptance.lua $(ARGS)
 
 bench-cuda: all
-	$(BUILD)/gptlua recipes/bench.lua --device=cuda $(ARGS)
+	$(BUILD)/gptlua recipes/tools/bench.lua --device=cuda $(ARGS)
 
 # the README's set-up installs for one user, no root: make install PREFIX=$HOME/.local
 install: all

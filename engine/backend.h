@@ -1,7 +1,7 @@
 /* backend.h — the per-device implementations behind every gl_ops.h entry.
  *
  * engine/ops.c validates arguments once and dispatches with GL_DISPATCH to
- * cpu_NAME (engine/cpu_ files) or cuda_NAME (kernels/).  Both backends have
+ * cpu_NAME (engine/cpu/NAME.c, the twin of kernels/NAME.cu) or cuda_NAME (kernels/).  Both backends have
  * exactly the public signature, listed once here (X-macro) so the two can
  * never drift apart. */
 #ifndef GL_BACKEND_H
@@ -21,9 +21,9 @@ static inline int gl_blas_layout(int64_t rows, int64_t cols, int64_t sr, int64_t
   return -1;
 }
 /* bias (N) as a view broadcast over out's rows (..., M, N), by value: the
-   CPU twin of a bias epilogue copies it into out (engine/cpu_matmul.c) */
+   CPU twin of a bias epilogue copies it into out (engine/cpu/matmul.c) */
 gl_tensor gl_bias_rows(const gl_tensor *bias, const gl_tensor *out);
-/* The epilogues of gl_matmul_epilogue as separate passes (engine/cpu_fused.c),
+/* The epilogues of gl_matmul_epilogue as separate passes (engine/unfused.c),
    dispatched by device: the CPU's implementation, and the GPU's for what
    cuBLASLt cannot fuse.  gl_epilogue_product runs the product (GELU: into
    aux, or out when aux is NULL, with the bias), gl_epilogue_finish the
@@ -37,7 +37,7 @@ int gl_epilogue_finish(int epi, gl_tensor *out, const gl_tensor *a, gl_tensor *b
    kernel that fused the rest (kernels/gemm_mma.cu); bias NULL: nothing */
 int gl_epilogue_bgrad(int epi, gl_tensor *out, const gl_tensor *a, gl_tensor *bias);
 /* gl_add_norm_forward and gl_norm_backward_add as the unfused ops
-   (engine/cpu_fused.c): the CPU's, and the GPU's for rows its fused kernels
+   (engine/unfused.c): the CPU's, and the GPU's for rows its fused kernels
    do not take */
 int gl_add_norm_unfused(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
                         const gl_tensor *r, const gl_tensor *weight, const gl_tensor *bias, double eps, int center);
@@ -45,7 +45,7 @@ int gl_norm_backward_add_unfused(gl_tensor *dx, gl_tensor *dweight, gl_tensor *d
                                  const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean,
                                  const gl_tensor *rstd, const gl_tensor *dres, int center);
 /* gl_matmul_add as a copy of c into out and a product accumulated onto it
-   (engine/cpu_matmul.c): the CPU's, and the GPU's where cuBLASLt cannot
+   (engine/cpu/matmul.c): the CPU's, and the GPU's where cuBLASLt cannot
    take c as its C */
 int gl_matmul_add_unfused(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *c);
 /* Whether t's dims [0, nd-1) step through rows with a single stride (*sr):
@@ -121,7 +121,7 @@ GL_BACKEND_OPS(GL_DECLARE_BACKEND)
 #else
 #define GL_HD
 #endif
-/* gl_step_finalize on the block's values b (engine/cpu_optim.c, and one
+/* gl_step_finalize on the block's values b (engine/cpu/optim.c, and one
    thread of kernels/optim.cu): the same double arithmetic as the trainer's
    host code had (gptlua.train), so the flag and the clip agree with it. */
 static inline GL_HD void gl_step_finalize_values(double *b, int64_t loss_at, int nloss) {

@@ -3,7 +3,7 @@
  * Contract shared by all ops (see gl_core.h for the general conventions):
  *  - The caller (Lua) allocates every output with its final shape and dtype;
  *    the op validates shapes, dtypes and devices, then dispatches to the CPU
- *    kernel (engine/cpu_NAME.c files) or the CUDA kernel (kernels/) by device.
+ *    kernel (engine/cpu/NAME.c, the twin of kernels/NAME.cu) or the CUDA kernel (kernels/) by device.
  *  - Outputs are overwritten, never accumulated, unless the name says
  *    otherwise (beta in gl_matmul, gl_index_add).
  *  - Inputs may be arbitrary strided views, including 0-stride (broadcast)

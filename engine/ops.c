@@ -1,5 +1,5 @@
 /* ops.c — the public gl_* ops of gl_ops.h: validate every argument once,
- * then dispatch to the CPU (engine/cpu_*.c) or CUDA kernel (kernels/, .cu files).
+ * then dispatch to the CPU (engine/cpu/NAME.c) or CUDA kernel (kernels/, .cu files).
  *
  * Validation order for each op: tensor handles (live struct and storage),
  * outputs without 0 strides, one device for all tensors, dtypes, shapes,

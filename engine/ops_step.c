@@ -2,7 +2,7 @@
  * its copy between pinned host memory and the device, the gradient's sum of
  * squares into it, the step's norm / clip / skip from it, and AdamW with
  * its rates read from it.  Validation here (as ops.c), then dispatch to
- * engine/cpu_optim.c or kernels/optim.cu, kernels/reduce.cu.  What a
+ * engine/cpu/optim.c or kernels/optim.cu, kernels/reduce.cu.  What a
  * captured step reads from the block is what the host wrote before this
  * step's replay, which is how the optimizer can live inside a CUDA graph
  * (lua/gptlua/train_graph.lua). */

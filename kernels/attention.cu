@@ -2,7 +2,7 @@
  * backward: grouped-query heads (kv head h / (H / Hkv)), the KV-cache offset
  * (T <= S, query t at position S - T + t) and an optional sliding window
  * (window < 0: no mask, every query at S - 1 + t, past every key; ring
- * attention's blocks), with the semantics of its CPU twin engine/cpu_attention.c; specs in
+ * attention's blocks), with the semantics of its CPU twin engine/cpu/attention.c; specs in
  * spec/cuda_attention_spec.lua.
  *
  * Flash path (bfloat16, head dim D = 64 or 128, unit stride along D,

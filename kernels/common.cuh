@@ -4,7 +4,7 @@
  *
  * Conventions for the .cu files in kernels/
  *  - Every cuda_X entry point is extern "C", has exactly the signature listed
- *    in engine/backend.h and the semantics of its CPU twin (engine/cpu_*.c).
+ *    in engine/backend.h and the semantics of its CPU twin (engine/cpu/NAME.c).
  *    Arguments were validated by engine/ops.c (shapes, dtypes, devices).
  *  - All work goes to the device's compute stream (cu_begin).  Temporaries
  *    come from the caching allocator (CuTemp) and are released right after
@@ -38,7 +38,7 @@ extern "C" {
 
 /* ---- the forms both compilers accept ------------------------------------- */
 /* kernels/NAME.cu build unchanged with nvcc for a GPU and with the host C++
-   compiler for the CUDA simulator (kernels/sim/, `make sim`), whose headers
+   compiler for the CUDA simulator (spec/cudasim/, `make sim`), whose headers
    stand in for the toolkit's and define GL_SIM.  Three constructs differ
    between the two, so kernels write them only through these macros:
      GL_LAUNCH(grid, block, smem, stream, kernel<T>)(args...);   a launch

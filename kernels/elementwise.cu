@@ -1,7 +1,7 @@
 /* elementwise.cu — CUDA kernels for unary (forward and backward), binary,
  * where, copy, fill, the Philox random fills and dropout.
  *
- * Twins of engine/cpu_elementwise.c and engine/cpu_tensor.c: the same op
+ * Twin of engine/cpu/elementwise.c: the same op
  * formulas in the same compute type (float, or double when an operand is
  * float64 or a 32/64-bit integer), the same random stream layout.  Every
  * kernel is a grid-stride loop over the output's row-major elements with a
@@ -12,7 +12,7 @@
 #include "common.cuh"
 #include <type_traits>
 
-/* ---- op formulas (mirror the tables in engine/cpu_elementwise.c) -------- */
+/* ---- op formulas (mirror the tables in engine/cpu/elementwise.c) -------- */
 #define GELU_K ((T)0.7978845608028654) /* sqrt(2/pi) */
 #define GELU_C ((T)0.044715)
 
@@ -227,7 +227,7 @@ __global__ void copy_convert_kernel(AnyPtr dst, AnyPtr src, CuIdx<2> ix, int64_t
 }
 
 /* element k (row-major) takes stream element offset + k; normals use
-   Box-Muller on the words 2c and 2c + 1 (engine/cpu_tensor.c) */
+   Box-Muller on the words 2c and 2c + 1 (engine/cpu/elementwise.c) */
 __global__ void rand_kernel(AnyPtr t, CuIdx<1> ix, int64_t n, uint64_t seed, uint64_t offset,
                             double a, double b, int normal) {
   CU_GRID_LOOP(k, n) {
@@ -424,7 +424,7 @@ extern "C" int cuda_rand_normal(gl_tensor *t, uint64_t seed, uint64_t offset, do
 /* ---- dropout ----------------------------------------------------------------- */
 /* element e (row-major) is kept when the unit value of Philox word
    (offset + e) is < 1 - p, and then scaled by 1 / (1 - p); p = 0 keeps
-   everything (a unit value can be exactly 1) — as engine/cpu_nn.c */
+   everything (a unit value can be exactly 1) — as engine/cpu/elementwise.c */
 template <class P, class T>
 __global__ void dropout_kernel(P out, P x, CuIdx<2> ix, int64_t n, uint64_t seed, uint64_t offset, double p,
                                T scale) {

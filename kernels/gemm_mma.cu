@@ -34,7 +34,7 @@
  * The epilogue rounds once to bf16: the fp32 accumulator (+ bias), relu and
  * square, or times 2 sqrt(h) with h read from the bf16 tile it multiplies.
  *
- * CPU twin: gl_epilogue_product / gl_epilogue_finish (engine/cpu_fused.c),
+ * CPU twin: gl_epilogue_product / gl_epilogue_finish (engine/unfused.c),
  * the product and then the elementwise passes, which the GPU also runs when
  * this kernel cannot take the operands (kernels/matmul.cu).  Specs:
  * spec/cuda_gemm_mma_spec.lua (against the twin over tile edges, race mode
@@ -87,7 +87,7 @@ __device__ __forceinline__ void gm_load(bf16 *As, bf16 *Bs, const GemmMmaParams 
   }
 }
 
-/* The simulator's account in its quick mode (kernels/sim/account.cpp,
+/* The simulator's account in its quick mode (spec/cudasim/account.cpp,
    gl_sim_account_skip_products): as cuBLASLt's products there, the operands
    are loaded and the epilogue reads and writes as always (the bytes are
    counted), but the products are not computed (their emulation is nearly

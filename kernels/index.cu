@@ -2,7 +2,7 @@
  * backward), index_select, gather, scatter_add, index_add, and the id range
  * check they (and cross-entropy) run first.
  *
- * Twin of engine/cpu_nn.c.  Ids are checked on the device with nothing
+ * Twin of engine/cpu/index.c.  Ids are checked on the device with nothing
  * waiting (cu_check_ids: the CPU's message, reported at the next host wait);
  * a bad id is skipped or gives NaN, never an access out of bounds.  Gathers are
  * byte copies, one thread per output element (the embedding forward's
@@ -142,7 +142,7 @@ extern "C" int cuda_embedding_forward(gl_tensor *out, const gl_tensor *table, co
 
 /* ---- embedding backward: the ids sorted once, then one pass per row -------------
    dtable[v] = the sum of dout's rows at the positions i with ids[i] == v, in
-   position order (the CPU twin's order: engine/cpu_nn.c counting-sorts too).
+   position order (the CPU twin's order: engine/cpu/index.c counting-sorts too).
    1. The ids (packed int32 by the check, a bad id -1) are sorted with their
       positions by a stable LSD radix sort, 8 bits a pass (two passes for
       V <= 65536, one for V <= 256).  A pass: each block counts the digits of

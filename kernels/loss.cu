@@ -1,6 +1,6 @@
 /* loss.cu — fused cross-entropy on the GPU, forward and backward.
  *
- * Twin of the cross-entropy in engine/cpu_nn.c:
+ * Twin of engine/cpu/loss.c:
  *   z = softcap > 0 ? softcap * tanh(logits / softcap) : logits,
  *   lse = log sum exp z, loss = lse - z[target]; ignored rows: loss = lse = 0;
  *   dlogits = scale * (exp(z - lse) - onehot) * (1 - (z / softcap)^2),

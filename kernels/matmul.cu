@@ -1,6 +1,6 @@
 /* matmul.cu — batched out = alpha * a @ b + beta * out through cuBLASLt.
  *
- * Twin of engine/cpu_matmul.c, with the same operand model: each matrix is
+ * Twin of engine/cpu/matmul.c, with the same operand model: each matrix is
  * used in place when it is row-major (stride[-1] == 1) or a transposed view
  * (stride[-2] == 1), with its leading dimension; other layouts go through
  * contiguous copies.  bfloat16 / float16 run natively on the tensor cores
@@ -29,7 +29,7 @@
  * transposed-view out.  Layouts an epilogue cannot take (fp64, a transposed
  * out for GELU, an aux ld not a multiple of 8), a refusal and the fallback
  * GEMM run the product and then the unfused ops (gl_epilogue_product /
- * gl_epilogue_finish, engine/cpu_fused.c), as the CPU does.
+ * gl_epilogue_finish, engine/unfused.c), as the CPU does.
  * GL_EPI_RELU2 / GL_EPI_DRELU2 (nanochat's ReLU² MLP) have no cuBLASLt
  * epilogue: they run kernels/gemm_mma.cu, our own bf16 GEMM with the
  * activation in its epilogue, where it takes the operands, and otherwise
@@ -317,7 +317,7 @@ static int matmul_impl(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, d
                        const MatEpi &e);
 /* the epilogue without cuBLASLt's help: the bias copied into out's rows and
    the product added; GL_EPI_* as the CPU runs them, the product and then
-   the unfused ops' kernels (engine/cpu_fused.c) */
+   the unfused ops' kernels (engine/unfused.c) */
 static int epilogue_unfused(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const MatEpi &e) {
   if (e.kind == EPI_BIAS) {
     gl_tensor rows = gl_bias_rows(e.bias, out);

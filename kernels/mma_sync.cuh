@@ -3,7 +3,7 @@
  * and .trans) and 16-byte cp.async with commit / wait groups (sm_80+).
  *
  * Under nvcc each is one inline PTX instruction; under the CUDA simulator
- * (GL_SIM) each is kernels/sim/warp_mma.h's emulation, which honours every
+ * (GL_SIM) each is spec/cudasim/warp_mma.h's emulation, which honours every
  * lane's fragment layout as the PTX ISA documents it, so a wrong lane
  * mapping in a kernel gives wrong numbers in the simulator's specs too.
  *

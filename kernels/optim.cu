@@ -2,7 +2,7 @@
  * each one pass over a slice [start, start + len) of flat contiguous
  * tensors, one thread per element.
  *
- * Twin of engine/cpu_optim.c: AdamW computes in the parameter's precision
+ * Twin of engine/cpu/optim.c: AdamW computes in the parameter's precision
  * (float, double for float64) with the bias corrections taken in double on
  * the host; momentum in the buffer's.  Grads (and buffers) of another float
  * dtype, e.g. bfloat16 grads of fp32 master weights, are read through the

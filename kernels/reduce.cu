@@ -1,7 +1,7 @@
 /* reduce.cu — CUDA reductions: gl_reduce over a set of dims, max with
  * argmax over one dim, and the float64 sum of squares (grad norms).
  *
- * Twin of engine/cpu_reduce.c: accumulation in double when x or out is
+ * Twin of engine/cpu/reduce.c: accumulation in double when x or out is
  * float64 / a wide integer, float otherwise; NaN wins in max / min; argmax
  * returns the first maximal (or first NaN) position.
  *

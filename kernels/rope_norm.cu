@@ -20,7 +20,7 @@
  * each sector once, as DRAM would move it).  Rows address every tensor
  * through its own strides (B, T, H, D), the tables through theirs (T, D/2).
  *
- * Twin: engine/cpu_nn.c (R(rope_rmsnorm)).  Spec: spec/layer_fusion_spec.lua
+ * Twin: engine/cpu/rope_norm.c (R(rope_rmsnorm)).  Spec: spec/layer_fusion_spec.lua
  * (the CPU op against the unfused ops and float64 differences; the GPU
  * against the CPU in float32 and bfloat16, also in race mode). */
 #include "row_walk.cuh"

@@ -2,7 +2,7 @@
  * softmax / log_softmax (forward and backward), layernorm and rmsnorm
  * (forward and backward).
  *
- * Twin of the row ops in engine/cpu_nn.c: compute in float (double for
+ * Twin of engine/cpu/rows.c: compute in float (double for
  * float64 data); mean / rstd are float32 (float64) arrays.  One block per
  * row, the row walked by the block's threads, statistics through block
  * reductions.  Layernorm and rmsnorm share one kernel per direction
@@ -18,7 +18,7 @@
  * s in shared memory, so x and r are read once and s and y written once;
  * bfloat16 rows move in 16-byte vectors), and the norm's backward adds the
  * residual gradient dres into dx in its own pass (gl_norm_backward_add).
- * Twin: engine/cpu_fused.c; spec/cuda_rows_spec.lua ("residual add + norm").
+ * Twin: engine/unfused.c; spec/cuda_rows_spec.lua ("residual add + norm").
  *
  * 16-byte rows (issue 13): softmax, the norms forward and backward move
  * CuVec16<S>::N elements (8 bfloat16, 4 float, 2 double) per load and store

@@ -32,7 +32,7 @@
 -- --eval_interval=250`; v2:
 -- `--nanochat.version=v2 --max_iters=1000 --lr_decay_iters=1000
 -- --warmup_iters=50`; nanoGPT's GPT-2 block: `--model=gpt2` with the
--- previous default's flags (1.90-1.91, as PyTorch: recipes/compare_torch.lua).
+-- previous default's flags (1.90-1.91, as PyTorch: recipes/tools/compare_torch.lua).
 -- All end well below nanoGPT's 1.88 for this configuration but the GPT-2 block.
 local optim = require 'gptlua.optim'
 return {

@@ -1,5 +1,5 @@
--- The byte-and-FLOP account (kernels/sim/account.cpp, recipes/tools/account.lua,
--- `recipes/bench_cuda.lua --account`): what the simulator counts equals an
+-- The byte-and-FLOP account (spec/cudasim/account.cpp, recipes/tools/account.lua,
+-- `recipes/tools/bench_cuda.lua --account`): what the simulator counts equals an
 -- independent count (kernels' bytes = the sizes of the tensors they read and
 -- write; the GEMMs' FLOPs = 2mnk from the model's shapes), and the
 -- extrapolation from small counted steps equals a direct count at another
@@ -70,7 +70,7 @@ describe('cuda-sim account: bytes, FLOPs, syncs of each launch #cuda #sim', func
   end)
 
   it('is one command from any engine, which hands it to the account flavour', function()
-    local out, rc = S.sh(S.EXE .. ' recipes/bench_cuda.lua --account --model=gpt3', 120)
+    local out, rc = S.sh(S.EXE .. ' recipes/tools/bench_cuda.lua --account --model=gpt3', 120)
     assert.are_not.equal(0, rc)
     assert.matches('account: %-%-model expected one of gpt2_124m, nanochat_d20, got gpt3', out)
   end)

@@ -1,5 +1,5 @@
 -- Attention on the GPU (kernels/attention.cu) against its CPU twin
--- (engine/cpu_attention.c), forward (out, lse) and backward (dq, dk, dv),
+-- (engine/cpu/attention.c), forward (out, lse) and backward (dq, dk, dv),
 -- through spec/support/cuda_twin.lua's harness (tolerances at the top of
 -- spec/cuda_spec.lua).
 --

@@ -1,4 +1,4 @@
--- kernels/gemm_mma.cu against its CPU twin (engine/cpu_fused.c: the product,
+-- kernels/gemm_mma.cu against its CPU twin (engine/unfused.c: the product,
 -- then the passes): nanochat's ReLU² MLP products, GL_EPI_RELU2 (h =
 -- relu(a b + bias)^2, b a weight's transposed view: the TN layout) and
 -- GL_EPI_DRELU2 (dpre = (a b) * 2 sqrt(h), b a row-major weight: NN, read

@@ -1,7 +1,7 @@
 -- The CUDA row kernels (kernels/rows.cu: softmax, layernorm, rmsnorm, the
 -- fused residual add + norm; the embedding forward's 16-byte rows in
--- kernels/index.cu) against their CPU twins (engine/cpu_nn.c,
--- engine/cpu_fused.c), through spec/support/cuda_twin.lua's harness
+-- kernels/index.cu) against their CPU twins (engine/cpu/rows.c, engine/cpu/index.c,
+-- engine/unfused.c), through spec/support/cuda_twin.lua's harness
 -- (tolerances and poisoning: the top of spec/cuda_spec.lua).  `make
 -- test-race` runs this file again in the simulator's race mode.
 local gl = require 'gptlua'

@@ -1,5 +1,5 @@
 -- The step block's entry points (gptlua.step_block, engine/ops_step.c,
--- engine/cpu_optim.c, kernels/optim.cu, kernels/reduce.cu) on the CPU and
+-- engine/cpu/optim.c, kernels/optim.cu, kernels/reduce.cu) on the CPU and
 -- the GPU (or the simulator, also in its race mode: make test's RACE_SPECS):
 -- the sum of squares, norm, clip and skip, AdamW and Muon's momentum and
 -- axpy from the block, and their argument checks.  The trainer's use of

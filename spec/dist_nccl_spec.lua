@@ -8,7 +8,7 @@
 -- GPUs) and under `make test-sim` in the CUDA simulator, where every
 -- process simulates GL_SIM_DEVICES GPUs (default 1): runs of N ranks get
 -- GL_SIM_DEVICES=N, so rank r binds to cuda:r as on a node with a GPU per
--- rank and NCCL (kernels/sim/nccl_comm.cpp, nccl_ops.cpp, over MPI) carries their CUDA
+-- rank and NCCL (spec/cudasim/nccl_comm.cpp, nccl_ops.cpp, over MPI) carries their CUDA
 -- tensors.  With the default of one, ranks share cuda:0 and the simulated
 -- NCCL refuses them as the real one does.
 local gl = require 'gptlua'
@@ -329,7 +329,7 @@ describe('gptlua.dist with CUDA tensors #cuda', function()
   end)
 end)
 
--- The simulated NCCL itself (kernels/sim/nccl_comm.cpp, nccl_ops.cpp): its C API below
+-- The simulated NCCL itself (spec/cudasim/nccl_comm.cpp, nccl_ops.cpp): its C API below
 -- engine/mpi/nccl.c, the checks a GPU cannot make, and its two stream modes.
 describe('the simulated NCCL #cuda #sim', function()
   if not (SIM and MPIRUN) then

@@ -3,7 +3,7 @@
 -- FSDP and tensor parallelism (tp 2: its all-reduces in forward and
 -- backward, which are not overlapped) on 2 ranks of the CUDA simulator (NCCL over MPI, GL_SIM_DEVICES=2),
 -- by recipes/tools/host_syncs.lua, which reads the simulator's stream trace
--- (kernels/sim/trace.cpp).  Checked: the results equal a one-rank run of
+-- (spec/cudasim/trace.cpp).  Checked: the results equal a one-rank run of
 -- the same global batches; inside the step the host never waits for the
 -- device (the gradient norm's read, which clipping needs, apart), every
 -- NCCL call runs on the communicator's stream after the compute that made

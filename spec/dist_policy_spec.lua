@@ -483,13 +483,13 @@ describe('gptlua.dist policies over MPI ranks', function()
     assert_params(want, state_of(t.model), 'one process')
   end)
 
-  it('benchmarks DDP overlap and 1 -> 2 rank scaling (recipes/bench_ddp_overlap.lua, a tiny recipe)', function()
+  it('benchmarks DDP overlap and 1 -> 2 rank scaling (recipes/tools/bench_ddp_overlap.lua, a tiny recipe)', function()
     local path = out .. '/tiny_recipe.lua'
     local f = assert(io.open(path, 'wb'))
     f:write("return { model = 'gpt2', data = 'char', n_layer = 1, n_head = 2, n_embd = 32, block_size = 16, "
       .. "batch_size = 2, device = 'cpu', bias = false }")
     f:close()
-    local o, rc = sh(EXE .. ' recipes/bench_ddp_overlap.lua --steps=1 --rounds=1 --bucket_mb=0.01 --recipe=' .. path)
+    local o, rc = sh(EXE .. ' recipes/tools/bench_ddp_overlap.lua --steps=1 --rounds=1 --bucket_mb=0.01 --recipe=' .. path)
     assert.equal(0, rc, o)
     assert.truthy(o:match('1 rank  %(%d+ threads%): [%d.]+ ms/step, %d+ tokens/s'), o)
     assert.truthy(o:match('2 ranks %(%d+ threads each%), %d+ buckets of <= 0.01 MB'), o)

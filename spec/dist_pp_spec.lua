@@ -128,7 +128,7 @@ describe('pipeline schedules as data', function()
       'bubble 0.0% when steps overlap (each rank goes on to the next step as its own part ends)',
       'microbatches in flight per stage (activations held): 3 3' }, '\n'),
       (S.format(S.zbh2(2, 4))))
-    -- measured action times replace the units (recipes/bench_pipeline.lua replays a step so)
+    -- measured action times replace the units (recipes/tools/bench_pipeline.lua replays a step so)
     local one = S.one_f_one_b(2, 2)
     local each = { { 1, 1, 5, 5 }, { 1, 5, 1, 5 } }  -- rank 0 runs F1 F2 B1 B2, rank 1 F1 B1 F2 B2; F 1, B 5
     -- rank 1: F1 at 1-2, B1 2-7, F2 7-8, B2 8-13; rank 0's B2 13-18
@@ -299,8 +299,8 @@ describe('pipeline parallelism on MPI ranks', function()
     end
   end)
 
-  it('recipes/bench_pipeline.lua measures every schedule (shrunk)', function()
-    local o, rc = H.sh(('%s recipes/bench_pipeline.lua --ps=2 --ms=2 --steps=1 --n_layer=4 --n_embd=16 --block_size=8')
+  it('recipes/tools/bench_pipeline.lua measures every schedule (shrunk)', function()
+    local o, rc = H.sh(('%s recipes/tools/bench_pipeline.lua --ps=2 --ms=2 --steps=1 --n_layer=4 --n_embd=16 --block_size=8')
       :format(H.EXE), 120)
     assert.equal(0, rc, o)
     for _, name in ipairs({ 'gpipe          2   2 |', '1f1b           2   2 |', 'interleaved v2 2   2 |',
@@ -314,7 +314,7 @@ describe('pipeline parallelism on MPI ranks', function()
         tonumber(theory), 0.05)
       assert.is_true(tonumber(replay) >= 0 and tonumber(replay) < 100, row)
     end
-    o, rc = H.sh(H.EXE .. ' recipes/bench_pipeline.lua --ms=x', 30)
+    o, rc = H.sh(H.EXE .. ' recipes/tools/bench_pipeline.lua --ms=x', 30)
     assert.not_equal(0, rc)
     assert.truthy(o:find('bench_pipeline: --ms expected numbers, got x', 1, true), o)
   end)

@@ -1,7 +1,7 @@
 -- The fusions that cut a nanochat layer's activation passes (NOTES-cuda.md,
 -- "nanochat d20: one layer's passes"):
 --   rotary + QK RMSNorm as one op (gl.rope_rms_norm, gl_rope_rmsnorm_forward /
---     _backward; engine/cpu_nn.c, kernels/rope_norm.cu);
+--     _backward; engine/cpu/rope_norm.c, kernels/rope_norm.cu);
 --   norms and linear layers adding their input's other gradient where they
 --     make theirs (autograd's adds_into: gl_norm_backward_add's dres, the dx
 --     product's beta 1);

@@ -50,7 +50,7 @@ end)
 
 describe('benchmarks', function()
   it('the whole-model benchmark path runs (shrunk models on CPU)', function()
-    local p = io.popen(('cd %s && %s recipes/bench.lua --only=models --small=1 --iters=1 2>&1; echo "exit=$?"'):format(root, exe))
+    local p = io.popen(('cd %s && %s recipes/tools/bench.lua --only=models --small=1 --iters=1 2>&1; echo "exit=$?"'):format(root, exe))
     local out = p:read('*a'); p:close()
     assert.truthy(out:find('exit=0', 1, true), out)
     for _, m in ipairs({ 'gpt2_124m', 'nanochat_d12', 'nanochat_d20' }) do
@@ -58,7 +58,7 @@ describe('benchmarks', function()
     end
   end)
   it('the CPU training-step benchmark runs its rounds and reports ms/iter, MFU and the BLAS share', function()
-    local p = io.popen(('cd %s && %s recipes/bench.lua --only=step --iters=2 --rounds=2 2>&1; echo "exit=$?"'):format(root, exe))
+    local p = io.popen(('cd %s && %s recipes/tools/bench.lua --only=step --iters=2 --rounds=2 2>&1; echo "exit=$?"'):format(root, exe))
     local out = p:read('*a'); p:close()
     assert.truthy(out:find('exit=0', 1, true), out)
     assert.truthy(out:find('round 2: gptlua gpt2 [%d.]+ ms/iter, gptlua nanochat [%d.]+ ms/iter'), out)

@@ -1,4 +1,4 @@
--- The CUDA simulator's execution core (kernels/sim/exec.cpp, device.h):
+-- The CUDA simulator's execution core (spec/cudasim/exec.cpp, device.h):
 -- correct kernels using every device primitive (block reductions through
 -- GL_SHARED, every shuffle kind / width / type, votes, atomics, 2-D and 3-D
 -- geometry, dynamic shared memory with opt-in) agree with plain host loops;
@@ -8,8 +8,8 @@
 -- that exited or do not exist, unwritten shared memory (poison), static and
 -- dynamic shared memory out of bounds, static + dynamic over the limit.
 --
--- The kernels live in kernels/sim/test_exec.cu and, for the launch
--- configurations and planted bugs, test_exec_faults.cu (build/sim/
+-- The kernels live in spec/cudasim/cases/exec.cu and, for the launch
+-- configurations and planted bugs, cases/exec_faults.cu (build/sim/
 -- libgptlua_simtest.so).  Planted bugs leave a sticky error, so they run
 -- in a subprocess (spec/sim/run.lua exec) and the spec reads its output.
 -- Tagged #cuda #sim: only under the simulator (make test-sim).

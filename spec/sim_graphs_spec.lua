@@ -1,11 +1,11 @@
--- The CUDA simulator's stream capture and graphs (kernels/sim/runtime_graphs.cpp):
+-- The CUDA simulator's stream capture and graphs (spec/cudasim/runtime_graphs.cpp):
 -- captured work runs only when the graph is launched, every launch re-runs
 -- it on the recorded addresses (reading pinned inputs anew), a second
 -- stream forks from and joins back into a capture through events, and each
 -- call a capture forbids fails with the real runtime's code, invalidating
 -- the capture so that cudaStreamEndCapture names the call that broke it.
 --
--- The scenarios live in kernels/sim/test_graphs.cu (build/sim/libgptlua_simtest.so).
+-- The scenarios live in spec/cudasim/cases/graphs.cu (build/sim/libgptlua_simtest.so).
 -- Tagged #cuda #sim: only under the simulator (make test-sim).
 local S = require 'support.sim'
 local simtest, E = S.lib, S.E

@@ -1,8 +1,8 @@
--- The CUDA simulator's numeric types and WMMA (kernels/sim/cuda_bf16.h,
+-- The CUDA simulator's numeric types and WMMA (spec/cudasim/cuda_bf16.h,
 -- cuda_fp16.h, mma.h).
 --
 -- Conversions are compared, bit for bit, with a reference in
--- kernels/sim/test_numeric.cu written independently of the headers (each
+-- spec/cudasim/cases/numeric.cu written independently of the headers (each
 -- format's values decoded field by field, inputs rounded against exact
 -- midpoints): every bfloat16 / half pattern to float, ~2^24 floats (every
 -- rounding boundary of both formats with its neighbours, the specials, and
@@ -120,7 +120,7 @@ describe('CUDA simulator WMMA #cuda #sim', function()
 
   it('stops a kernel whose pointer is not 256-bit aligned', function()
     local msg, out = planted(0, MISALIGNED)
-    assert.truthy(msg:find('wmma::load_matrix_sync at .*test_numeric.cu:%d+: pointer 0x%x+ is not 256%-bit %(32%-byte%) aligned'), out)
+    assert.truthy(msg:find('wmma::load_matrix_sync at .*cases/numeric.cu:%d+: pointer 0x%x+ is not 256%-bit %(32%-byte%) aligned'), out)
     assert.truthy(msg:find('kernel wmma_planted_kernel block (0,0,0) thread (', 1, true), out)
     assert.truthy(out:find('gptlua cuda-sim: ', 1, true), out)  -- also on stderr
     msg, out = planted(4, MISALIGNED)

@@ -1,4 +1,4 @@
--- The CUDA simulator's runtime (kernels/sim/runtime*.cpp): copies, sets,
+-- The CUDA simulator's runtime (spec/cudasim/runtime*.cpp): copies, sets,
 -- streams and events behave as the real runtime's (values, ordering, error
 -- codes for bad arguments), and each of its checkers fires on a planted
 -- bug: an out-of-bounds store from a kernel, host code touching device
@@ -8,7 +8,7 @@
 -- correct programs correctly with streams really running unordered, and the
 -- engine's own runtime (kernels/runtime.cu) runs cleanly under every check.
 --
--- The scenarios live in kernels/sim/test_runtime.cu (build/sim/
+-- The scenarios live in spec/cudasim/cases/runtime.cu (build/sim/
 -- libgptlua_simtest.so); bugs leave a sticky error or abort, so they run in
 -- a subprocess (spec/sim/run.lua rt) and the spec reads its output.
 -- Tagged #cuda #sim: only under the simulator (make test-sim).

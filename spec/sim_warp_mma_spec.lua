@@ -1,7 +1,7 @@
 -- The CUDA simulator's emulation of the warp-level PTX in kernels/mma_sync.cuh
--- (kernels/sim/warp_mma.h): mma.sync m16n8k16 bf16, ldmatrix x4 plain and
+-- (spec/cudasim/warp_mma.h): mma.sync m16n8k16 bf16, ldmatrix x4 plain and
 -- .trans, cp.async with commit / wait groups.  The kernels live in
--- kernels/sim/test_warp_mma.cu (build/sim/libgptlua_simtest.so).
+-- spec/cudasim/cases/warp_mma.cu (build/sim/libgptlua_simtest.so).
 -- Tagged #cuda #sim: only under the simulator (make test-sim).
 local ffi = require 'ffi'
 local S = require 'support.sim'

@@ -415,7 +415,7 @@ static int world_topology(MPI_Comm comm, gl_comm *c) {
 }
 
 /* Only the Lua thread calls MPI (FUNNELED), except in the CUDA simulator
-   with GL_SIM_STREAMS=threads: its NCCL (kernels/sim/nccl_ops.cpp) moves the
+   with GL_SIM_STREAMS=threads: its NCCL (spec/cudasim/nccl_ops.cpp) moves the
    data of CUDA collectives over MPI from the simulated streams' threads. */
 static int thread_level(void) {
 #ifdef GL_SIM

@@ -34,7 +34,7 @@ for name, v in pairs(require 'gptlua.train_config') do M[name] = v end
 local function fail(msg) error('config: ' .. msg, 0) end
 
 -- --------------------------------------------------------------- MFU, memory
--- (gptlua.progress; these names stay for recipes/bench.lua)
+-- (gptlua.progress; these names stay for recipes/tools/bench.lua)
 M.measure_cpu_flops, M.fmt_bytes = progress.measure_cpu_flops, progress.fmt_bytes
 local fmt_bytes, fmt_time = progress.fmt_bytes, progress.fmt_time
 

@@ -1,8 +1,8 @@
 -- recipes/tools/account.lua — the byte-and-FLOP account of one training step
--- on the CUDA backend, counted by the simulator (`recipes/bench_cuda.lua
+-- on the CUDA backend, counted by the simulator (`recipes/tools/bench_cuda.lua
 -- --account`; NOTES-cuda.md, "The account", has the tables and their reading).
 --
--- What is counted (kernels/sim/account.cpp): for every work item of a step,
+-- What is counted (spec/cudasim/account.cpp): for every work item of a step,
 -- its global-memory bytes read and written as unique 32-byte sectors per
 -- launch (the account flavour's kernels have every load and store
 -- instrumented: `make sim-account`), its tensor-core FLOPs (WMMA, cuBLASLt
@@ -542,7 +542,7 @@ function M.main(opts, out)
          .. 'full size'):format(model.T0, model.T0, 2 * model.T0, 2 * model.T0))
   end
   -- the quick mode: cuBLASLt products counted from their descriptors and
-  -- not computed (kernels/sim/account.cpp); the counts are the same
+  -- not computed (spec/cudasim/account.cpp); the counts are the same
   -- (spec/account_spec.lua), the run many times shorter
   if opts.quick ~= 0 then assert(M.library()).gl_sim_account_skip_products(1) end
   local fit = M.measure(model, nil, out)

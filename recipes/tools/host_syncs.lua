@@ -1,7 +1,7 @@
 -- recipes/tools/host_syncs.lua — host synchronisations and communication
 -- overlap of a data-parallel training step on the simulated GPU (issue 13,
 -- "Communication"), read from the simulator's stream trace
--- (kernels/sim/trace.cpp) on every rank:
+-- (spec/cudasim/trace.cpp) on every rank:
 --
 --   GL_SIM_DEVICES=2 mpirun -np 2 build/sim/gptlua recipes/tools/host_syncs.lua \
 --     [--policies=ddp,fsdp] [--steps=2] [--waits=host,device] [--out=DIR] [--skip_waits=N]

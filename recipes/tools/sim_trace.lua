@@ -1,5 +1,5 @@
 -- recipes/tools/sim_trace.lua — reads the CUDA simulator's stream trace
--- (kernels/sim/trace.cpp) from Lua: start / stop / mark, the records, and a
+-- (spec/cudasim/trace.cpp) from Lua: start / stop / mark, the records, and a
 -- summary of what a training step did with its streams (host syncs between
 -- marks, where the NCCL calls ran, whether later compute was ordered after
 -- them, the compute stream's waits on other streams; host syncs of one

@@ -1,5 +1,5 @@
 -- Run on every rank by spec/dist_nccl_spec.lua (#cuda #sim): the simulated
--- NCCL's C API (kernels/sim/nccl.h, exported by build/sim/libgptlua_mpi.so)
+-- NCCL's C API (spec/cudasim/nccl.h, exported by build/sim/libgptlua_mpi.so)
 -- called directly through the FFI, below engine/mpi/nccl.c.  MPI comes up
 -- through dist.init{backend = 'mpi'}; every rank needs its own simulated GPU
 -- (GL_SIM_DEVICES = ranks).  arg 1:

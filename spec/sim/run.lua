@@ -1,18 +1,18 @@
--- Runs one case of the CUDA simulator's own checks (kernels/sim/test_*.cu)
+-- Runs one case of the CUDA simulator's own checks (spec/cudasim/cases/*.cu)
 -- in a process of its own, for spec/sim_*_spec.lua (spec/support/sim.lua's
 -- subprocess): planted bugs leave a sticky error or abort the process, and
 -- the GL_SIM_* settings (race mode, stream threads, devices, memory, no
 -- cuBLASLt algorithm) are read when the process starts.
 -- Prints "result <code> <message>" and exits 0.
---   run.lua exec planted NAME   a buggy kernel of test_exec_faults.cu: the error the next synchronize reports
---   run.lua exec correct        every correct test_exec.cu case (0 when all pass)
---   run.lua rt planted NAME     a planted bug of test_runtime.cu (or its fixed twin)
+--   run.lua exec planted NAME   a buggy kernel of cases/exec_faults.cu: the error the next synchronize reports
+--   run.lua exec correct        every correct cases/exec.cu case (0 when all pass)
+--   run.lua rt planted NAME     a planted bug of cases/runtime.cu (or its fixed twin)
 --   run.lua rt scenario NAME    gl_simtest_rt_NAME()
 --   run.lua rt engine           the engine's runtime (spec/sim/runtime_engine.lua), then the sticky error
 --   run.lua rt oom              a 4 MiB tensor on cuda:0 (GL_SIM_MEMORY_MB bounds the device)
---   run.lua num planted WHICH   WMMA misuse WHICH (0..4, see test_numeric.cu's wmma_planted_kernel):
+--   run.lua num planted WHICH   WMMA misuse WHICH (0..4, see cases/numeric.cu's wmma_planted_kernel):
 --                               the status and its text
---   run.lua lt fault NAME       a cuBLASLt fault of test_cublaslt.cu: the cudaError the stream reports
+--   run.lua lt fault NAME       a cuBLASLt fault of cases/cublaslt.cu: the cudaError the stream reports
 --   run.lua lt matmul           the engine's matmul against the CPU (spec/sim/cublaslt_matmul.lua):
 --                               the number of cases off
 package.path = GPTLUA.root .. '/spec/?.lua;' .. package.path

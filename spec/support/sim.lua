@@ -1,6 +1,6 @@
 -- What the CUDA simulator's own specs (spec/sim_*_spec.lua) and the script
 -- they run in processes of their own (spec/sim/run.lua) share: the test
--- library build/sim/libgptlua_simtest.so (kernels/sim/test_*.cu) with every
+-- library build/sim/libgptlua_simtest.so (spec/cudasim/cases/*.cu) with every
 -- gl_simtest_* function declared, once per process; the message of a
 -- suite's last check; running spec/sim/run.lua in a subprocess and
 -- printing its result; the cudaError_t numbers.
@@ -10,7 +10,7 @@ local M = {}
 M.ROOT, M.EXE = GPTLUA.root, GPTLUA.exe
 M.PATH = GPTLUA.libdir .. '/libgptlua_simtest.so'
 
--- cudaError_t values (kernels/sim/sim_types.h: the real runtime's numbers)
+-- cudaError_t values (spec/cudasim/sim_types.h: the real runtime's numbers)
 M.E = { InvalidValue = 1, MemoryAllocation = 2, InvalidConfiguration = 9, InvalidMemcpyDirection = 21,
         InvalidDevice = 101, InvalidResourceHandle = 400, IllegalAddress = 700, LaunchOutOfResources = 701,
         LaunchTimeout = 702, IllegalInstruction = 715, MisalignedAddress = 716, LaunchFailure = 719,
@@ -28,7 +28,7 @@ end
 local function declare()
   if pcall(ffi.typeof, 'gl_simtest_lt_case') then return end  -- declared already
   ffi.cdef [[
-    /* test_exec.cu */
+    /* cases/exec.cu */
     const char *gl_simtest_exec_message(void);
     int gl_simtest_exec_block_reduce(int rows, int cols, int threads, int is_double);
     int gl_simtest_exec_shuffles(void);
@@ -40,14 +40,14 @@ local function declare()
     int gl_simtest_exec_collective(void);
     int gl_simtest_exec_bench(double res[4]);
 
-    /* test_exec_faults.cu */
+    /* cases/exec_faults.cu */
     const char *gl_simtest_fault_message(void);
     int gl_simtest_fault_race_natural(void);
     int gl_simtest_fault_launch_config(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                        unsigned bz, long smem, int optin);
     int gl_simtest_fault_planted(const char *name);
 
-    /* test_runtime.cu */
+    /* cases/runtime.cu */
     const char *gl_simtest_rt_message(void);
     int gl_simtest_rt_sticky(void);
     int gl_simtest_rt_copies(void);
@@ -58,14 +58,14 @@ local function declare()
     int gl_simtest_rt_bad_arg(const char *name);
     int gl_simtest_rt_planted(const char *name);
 
-    /* test_graphs.cu */
+    /* cases/graphs.cu */
     const char *gl_simtest_graph_message(void);
     int gl_simtest_graph_replay(void);
     int gl_simtest_graph_fork_join(void);
     int gl_simtest_graph_misuse(const char *name, int *end);
     int gl_simtest_graph_destroyed_exec(void);
 
-    /* test_numeric.cu */
+    /* cases/numeric.cu */
     long gl_simtest_num_16_to_float(void);
     long gl_simtest_num_float_to_16(long n_random, unsigned seed, long *checked);
     long gl_simtest_num_double_to_16(long n_random, unsigned seed, long *checked);
@@ -77,7 +77,7 @@ local function declare()
                                   int c_col_major, int scale_a, unsigned seed, double *worst);
     int gl_simtest_num_wmma_planted(int which, char *msg, int msg_len);
 
-    /* test_cublaslt.cu */
+    /* cases/cublaslt.cu */
     typedef struct gl_simtest_lt_case {
       int atype, dtype, compute;
       int opa, opb;
@@ -121,8 +121,8 @@ function M.lib()
   return T
 end
 
--- the first problem the last check of `suite` met (exec: test_exec.cu, rt:
--- test_runtime.cu, graph: test_graphs.cu)
+-- the first problem the last check of `suite` met (exec: cases/exec.cu, rt:
+-- cases/runtime.cu, graph: cases/graphs.cu)
 function M.message(suite)
   return ffi.string(M.lib()['gl_simtest_' .. suite .. '_message']())
 end

@@ -448,7 +448,7 @@ end
 
 -- pipe.on_action(at, action, n), when set, is called at = 'start' and 'end'
 -- of each action, and 'ready' when its message arrived (the wait before it
--- is the bubble: recipes/bench_pipeline.lua measures it so).
+-- is the bubble: recipes/tools/bench_pipeline.lua measures it so).
 -- step(xs, ys): one optimizer step's microbatches through the pipeline
 -- (xs read on the first stage, ys on the last; others may pass nil lists);
 -- returns the mean loss on every pp rank.  Errors end every rank, naming

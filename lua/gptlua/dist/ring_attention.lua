@@ -33,7 +33,7 @@
 --
 -- Bytes per rank per layer and micro-step: forward (n-1) K/V blocks,
 -- backward (n-1) K/V blocks and n dK/dV blocks (float32 unless float64),
--- a block being 2 B Hkv 2c D elements (counted by recipes/bench_parallel.lua
+-- a block being 2 B Hkv 2c D elements (counted by recipes/tools/bench_parallel.lua
 -- in the communicator and by the planner's fake world: spec/plan_spec.lua).
 -- A sliding window is refused (its visible pairs would need a per-block
 -- offset the kernels do not take).  The merges and the accumulators'

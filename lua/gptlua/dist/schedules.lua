@@ -191,7 +191,7 @@ function M.rank_of(s, st) return (st - 1) % s.ranks_n + 1 end
 -- for F(i, st-1); B(i, st) for F(i, st) and B(i, st+1); W(i, st) for B(i,
 -- st).  Each rank runs its list in
 -- order.  cost.each[r][n], when given, is the time of rank r's n-th action
--- (measured ones: recipes/bench_pipeline.lua replays a real step's).
+-- (measured ones: recipes/tools/bench_pipeline.lua replays a real step's).
 -- Returns {time = makespan, bubble = idle / (ranks x makespan), steady,
 -- busy = {per rank}, at = {[rank] = {{start, finish}, ...}}} or fails naming
 -- the action no rank could run (a schedule that would hang).  steady is the

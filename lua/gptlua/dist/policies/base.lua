@@ -187,7 +187,7 @@ function Base.init(self, name, o)
   self.next_launch = 1      -- the next bucket to start, in bucket order
   self.hooks = {}
   -- overlap = false starts every collective after backward instead of from
-  -- the hooks (recipes/bench_ddp_overlap.lua measures what overlapping hides)
+  -- the hooks (recipes/tools/bench_ddp_overlap.lua measures what overlapping hides)
   self.overlap = o.overlap ~= false
   return self
 end

@@ -103,8 +103,9 @@ FUZZ_CI_SECONDS ?= 25
 FUZZ_SAN      = -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS   = -std=gnu11 -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -Wall -Wno-unknown-pragmas \
                 -Iengine -I$(BLAS_DIR:/usr/lib/%=/usr/include/%)
-FUZZ_ENGINE   = util tensor alloc cpu_elementwise safetensors shards tokenizer tokenizer_train tokenizer_io loader
-FUZZ_OBJ      = $(FUZZ_ENGINE:%=$(FUZZ)/obj/%.o)
+# the whole engine (tensor.c's copies dispatch through backend.c's tables,
+# which name every CPU kernel), built CPU-only and instrumented
+FUZZ_OBJ      = $(call engine_obj,$(FUZZ)/obj,$(ENGINE_SRC))
 FUZZ_C        = safetensors shards tokenizer
 FUZZ_LUA      = checkpoint_state config
 FUZZ_TARGETS  = $(FUZZ_C) $(FUZZ_LUA)

@@ -1,9 +1,18 @@
-/* backend.h — the per-device implementations behind every gl_ops.h entry.
+/* backend.h — the compute backends: a table of functions per device, like
+ * the collectives' (gl_dist.h).
  *
- * engine/ops.c validates arguments once and dispatches with GL_DISPATCH to
- * cpu_NAME (engine/cpu/NAME.c, the twin of kernels/NAME.cu) or cuda_NAME (kernels/).  Both backends have
- * exactly the public signature, listed once here (X-macro) so the two can
- * never drift apart. */
+ * engine/ops.c validates arguments once, then calls the table of the
+ * tensor's device: gl_backend_of(out->device)->softmax(out, x, log).  The
+ * tables (engine/backend.c) are
+ *   gl_cpu_backend   cpu_NAME, in engine/cpu/FILE.c, the twin of kernels/FILE.cu
+ *   gl_cuda_backend  cuda_NAME, in kernels/FILE.cu (CUDA builds)
+ *   gl_meta_backend  while planning (gl_meta_active): no kernel runs, the op
+ *                    has validated and allocated as it would, and returns
+ *   and, in a build without CUDA, a table whose every entry refuses a device
+ *   tensor in one line.
+ * Every entry has the signature listed once below (GL_BACKEND_OPS), which
+ * declares cpu_NAME and cuda_NAME too, so the backends can never drift apart
+ * from the table or from each other. */
 #ifndef GL_BACKEND_H
 #define GL_BACKEND_H
 #include "internal.h"
@@ -114,6 +123,22 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
 #define GL_DECLARE_BACKEND(name, args) int cpu_##name args; int cuda_##name args;
 GL_BACKEND_OPS(GL_DECLARE_BACKEND)
 #undef GL_DECLARE_BACKEND
+
+/* One entry per op above: `int (*NAME)(ARGS)`. */
+typedef struct gl_backend {
+  const char *name; /* "cpu", "cuda", "meta", "none" */
+#define GL_BACKEND_ENTRY(name, args) int(*name) args;
+  GL_BACKEND_OPS(GL_BACKEND_ENTRY)
+#undef GL_BACKEND_ENTRY
+} gl_backend;
+
+extern const gl_backend gl_cpu_backend, gl_cuda_backend, gl_meta_backend;
+
+/* the table for a tensor on `device` (< 0: the CPU) */
+static inline const gl_backend *gl_backend_of(int device) {
+  if (gl_meta_active()) return &gl_meta_backend;
+  return device < 0 ? &gl_cpu_backend : &gl_cuda_backend;
+}
 
 /* Philox-4x32-10, shared by CPU and CUDA so both draw the same numbers. */
 #ifdef __CUDACC__

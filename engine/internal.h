@@ -142,19 +142,6 @@ void gl_dist_verdict(const gl_work *w, const char *const *why, char *buf, int n)
    prefixed "[rank R] " once this process has a world rank (>= 0). */
 void gl_dist_print_abort(int world_rank, const char *msg);
 
-/* Device dispatch: cpu_NAME for device < 0, cuda_NAME otherwise (when the
-   engine is built with CUDA; without it, a clear error).  During a plan
-   (gl_meta_active) no kernel runs: the op has validated and allocated as
-   it would, and returns. */
-#ifdef GL_WITH_CUDA
-#define GL_DISPATCH(dev, name, ...) \
-  (gl_meta_active() ? GL_OK : (dev) < 0 ? cpu_##name(__VA_ARGS__) : cuda_##name(__VA_ARGS__))
-#else
-#define GL_DISPATCH(dev, name, ...) \
-  (gl_meta_active() ? GL_OK : (dev) < 0 ? cpu_##name(__VA_ARGS__) \
-                                        : gl_error("%s: this engine was built without CUDA", #name))
-#endif
-
 /* what a storage made now is (gl_storage.meta) */
 int gl_meta_kind(void);
 /* Before reading t's values on the host: GL_OK when it has data; for a

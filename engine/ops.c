@@ -20,7 +20,7 @@ int gl_unary(int op, gl_tensor *out, const gl_tensor *x, double p0, double p1) {
   GL_TRY(check_op(fn, op, GL_U_COUNT));
   GL_TRY(gl_check_same_shape(out, x, fn, "out", "x"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, unary, op, out, x, p0, p1);
+  return gl_backend_of(out->device)->unary(op, out, x, p0, p1);
 }
 
 int gl_unary_backward(int op, gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, double p0, double p1) {
@@ -30,7 +30,7 @@ int gl_unary_backward(int op, gl_tensor *dx, const gl_tensor *dy, const gl_tenso
   GL_TRY(gl_check_same_shape(dx, dy, fn, "dx", "dy"));
   GL_TRY(gl_check_same_shape(dx, x, fn, "dx", "x"));
   if (dx->numel == 0) return GL_OK;
-  return GL_DISPATCH(dx->device, unary_backward, op, dx, dy, x, p0, p1);
+  return gl_backend_of(dx->device)->unary_backward(op, dx, dy, x, p0, p1);
 }
 
 int gl_binary(int op, gl_tensor *out, const gl_tensor *a, const gl_tensor *b) {
@@ -40,7 +40,7 @@ int gl_binary(int op, gl_tensor *out, const gl_tensor *a, const gl_tensor *b) {
   GL_TRY(gl_check_same_shape(out, a, fn, "out", "a"));
   GL_TRY(gl_check_same_shape(out, b, fn, "out", "b"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, binary, op, out, a, b);
+  return gl_backend_of(out->device)->binary(op, out, a, b);
 }
 
 int gl_where(gl_tensor *out, const gl_tensor *cond, const gl_tensor *a, const gl_tensor *b) {
@@ -50,7 +50,7 @@ int gl_where(gl_tensor *out, const gl_tensor *cond, const gl_tensor *a, const gl
   GL_TRY(gl_check_same_shape(out, a, fn, "out", "a"));
   GL_TRY(gl_check_same_shape(out, b, fn, "out", "b"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, where, out, cond, a, b);
+  return gl_backend_of(out->device)->where(out, cond, a, b);
 }
 
 /* ---- reductions --------------------------------------------------------- */
@@ -72,7 +72,7 @@ int gl_reduce(int op, gl_tensor *out, const gl_tensor *x, uint32_t dims_mask) {
   GL_TRY(check_shape(out, fn, "out", x->ndim, want, "x %s reduced over dims_mask 0x%x keeps them as size 1",
                      gl_shape_str(x, xs, sizeof xs), dims_mask));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, reduce, op, out, x, dims_mask);
+  return gl_backend_of(out->device)->reduce(op, out, x, dims_mask);
 }
 
 int gl_reduce_max_dim(gl_tensor *out, gl_tensor *indices, const gl_tensor *x, int dim) {
@@ -87,7 +87,7 @@ int gl_reduce_max_dim(gl_tensor *out, gl_tensor *indices, const gl_tensor *x, in
   GL_TRY(check_shape(out, fn, "out", x->ndim, want, "x reduced over dim %d, kept as size 1", dim + 1));
   GL_TRY(check_shape(indices, fn, "indices", x->ndim, want, "x reduced over dim %d, kept as size 1", dim + 1));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, reduce_max_dim, out, indices, x, dim);
+  return gl_backend_of(out->device)->reduce_max_dim(out, indices, x, dim);
 }
 
 int gl_sumsq(const gl_tensor *x, double *out) {
@@ -97,7 +97,7 @@ int gl_sumsq(const gl_tensor *x, double *out) {
   *out = 0;
   if (gl_meta_read(x, fn, "x") == GL_ERR) return GL_ERR;
   if (x->numel == 0) return GL_OK;
-  return GL_DISPATCH(x->device, sumsq, x, out);
+  return gl_backend_of(x->device)->sumsq(x, out);
 }
 
 int gl_sumsq_multi(int n, const gl_tensor **xs, double *out) {
@@ -113,7 +113,7 @@ int gl_sumsq_multi(int n, const gl_tensor **xs, double *out) {
     GL_TRY(check_args(fn, ARGS({xs[0], "xs[0]", A_IN}, {xs[i], name, A_IN})));
     if (gl_meta_read(xs[i], fn, name) == GL_ERR) return GL_ERR;
   }
-  return GL_DISPATCH(xs[0]->device, sumsq_multi, n, xs, out);
+  return gl_backend_of(xs[0]->device)->sumsq_multi(n, xs, out);
 }
 
 /* ---- softmax ------------------------------------------------------------ */
@@ -124,7 +124,7 @@ int gl_softmax(gl_tensor *out, const gl_tensor *x, int log) {
   GL_TRY(check_ndim(x, fn, "x", 1, GL_MAX_DIMS));
   GL_TRY(gl_check_same_shape(x, out, fn, "x", "out"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, softmax, out, x, log != 0);
+  return gl_backend_of(out->device)->softmax(out, x, log != 0);
 }
 
 int gl_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, int log) {
@@ -134,7 +134,7 @@ int gl_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl_tensor *dy, 
   GL_TRY(gl_check_same_shape(y, dy, fn, "y", "dy"));
   GL_TRY(gl_check_same_shape(y, dx, fn, "y", "dx"));
   if (dx->numel == 0) return GL_OK;
-  return GL_DISPATCH(dx->device, softmax_backward, dx, y, dy, log != 0);
+  return gl_backend_of(dx->device)->softmax_backward(dx, y, dy, log != 0);
 }
 
 /* ---- layernorm / rmsnorm ------------------------------------------------ */
@@ -167,7 +167,7 @@ int gl_layernorm_forward(gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const g
   GL_TRY(gl_check_same_shape(x, y, fn, "x", "y"));
   if (!(eps >= 0)) return gl_error("%s: eps is %g, expected >= 0", fn, eps);
   if (y->numel == 0) return GL_OK;
-  return GL_DISPATCH(y->device, layernorm_forward, y, mean, rstd, x, weight, bias, eps);
+  return gl_backend_of(y->device)->layernorm_forward(y, mean, rstd, x, weight, bias, eps);
 }
 
 int gl_layernorm_backward(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy,
@@ -181,7 +181,7 @@ int gl_layernorm_backward(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, c
   GL_TRY(gl_check_same_shape(x, dy, fn, "x", "dy"));
   GL_TRY(gl_check_same_shape(x, dx, fn, "x", "dx"));
   if (x->numel == 0) return GL_OK;
-  return GL_DISPATCH(dx->device, layernorm_backward, dx, dweight, dbias, dy, x, weight, mean, rstd);
+  return gl_backend_of(dx->device)->layernorm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd);
 }
 
 int gl_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *weight, double eps) {
@@ -193,7 +193,7 @@ int gl_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const 
   GL_TRY(gl_check_same_shape(x, y, fn, "x", "y"));
   if (!(eps >= 0)) return gl_error("%s: eps is %g, expected >= 0", fn, eps);
   if (y->numel == 0) return GL_OK;
-  return GL_DISPATCH(y->device, rmsnorm_forward, y, rstd, x, weight, eps);
+  return gl_backend_of(y->device)->rmsnorm_forward(y, rstd, x, weight, eps);
 }
 
 int gl_rmsnorm_backward(gl_tensor *dx, gl_tensor *dweight, const gl_tensor *dy, const gl_tensor *x,
@@ -207,7 +207,7 @@ int gl_rmsnorm_backward(gl_tensor *dx, gl_tensor *dweight, const gl_tensor *dy, 
   GL_TRY(gl_check_same_shape(x, dy, fn, "x", "dy"));
   GL_TRY(gl_check_same_shape(x, dx, fn, "x", "dx"));
   if (x->numel == 0) return GL_OK;
-  return GL_DISPATCH(dx->device, rmsnorm_backward, dx, dweight, dy, x, weight, rstd);
+  return gl_backend_of(dx->device)->rmsnorm_backward(dx, dweight, dy, x, weight, rstd);
 }
 
 int gl_add_norm_forward(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
@@ -230,7 +230,7 @@ int gl_add_norm_forward(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *
   GL_TRY(check_no_overlap(fn, y, "y", r, "r"));
   if (!(eps >= 0)) return gl_error("%s: eps is %g, expected >= 0", fn, eps);
   if (y->numel == 0) return GL_OK;
-  return GL_DISPATCH(y->device, add_norm_forward, s, y, mean, rstd, x, r, weight, bias, eps, center ? 1 : 0);
+  return gl_backend_of(y->device)->add_norm_forward(s, y, mean, rstd, x, r, weight, bias, eps, center ? 1 : 0);
 }
 
 int gl_norm_backward_add(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy, const gl_tensor *x,
@@ -256,7 +256,7 @@ int gl_norm_backward_add(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, co
   GL_TRY(check_no_overlap(fn, dx, "dx", x, "x"));
   if (dres) GL_TRY(check_no_overlap(fn, dx, "dx", dres, "dres"));
   if (x->numel == 0) return GL_OK;
-  return GL_DISPATCH(dx->device, norm_backward_add, dx, dweight, dbias, dy, x, weight, mean, rstd, dres, center ? 1 : 0);
+  return gl_backend_of(dx->device)->norm_backward_add(dx, dweight, dbias, dy, x, weight, mean, rstd, dres, center ? 1 : 0);
 }
 
 /* ---- embedding and index ops ---------------------------------------------- */
@@ -279,7 +279,7 @@ int gl_embedding_forward(gl_tensor *out, const gl_tensor *table, const gl_tensor
                      (long long)table->shape[1]));
   GL_TRY(check_no_overlap(fn, out, "out", table, "table"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, embedding_forward, out, table, ids);
+  return gl_backend_of(out->device)->embedding_forward(out, table, ids);
 }
 
 int gl_embedding_backward(gl_tensor *dtable, const gl_tensor *dout, const gl_tensor *ids) {
@@ -292,7 +292,7 @@ int gl_embedding_backward(gl_tensor *dtable, const gl_tensor *dout, const gl_ten
   GL_TRY(check_shape(dout, fn, "dout", ids->ndim + 1, want, "ids.shape followed by C = %lld of dtable",
                      (long long)dtable->shape[1]));
   if (dtable->numel == 0) return GL_OK;
-  return GL_DISPATCH(dtable->device, embedding_backward, dtable, dout, ids);
+  return gl_backend_of(dtable->device)->embedding_backward(dtable, dout, ids);
 }
 
 int gl_index_select(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx) {
@@ -307,7 +307,7 @@ int gl_index_select(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor
                      (long long)idx->shape[0]));
   GL_TRY(check_no_overlap(fn, out, "out", x, "x"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, index_select, out, x, dim, idx);
+  return gl_backend_of(out->device)->index_select(out, x, dim, idx);
 }
 
 /* idx has the dims of `big` and sizes no larger except along dim */
@@ -330,7 +330,7 @@ int gl_gather(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx)
   GL_TRY(gl_check_same_shape(idx, out, fn, "idx", "out"));
   GL_TRY(check_no_overlap(fn, out, "out", x, "x"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, gather, out, x, dim, idx);
+  return gl_backend_of(out->device)->gather(out, x, dim, idx);
 }
 
 int gl_scatter_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src) {
@@ -341,7 +341,7 @@ int gl_scatter_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tenso
   GL_TRY(gl_check_same_shape(idx, src, fn, "idx", "src"));
   GL_TRY(check_no_overlap(fn, out, "out", src, "src"));
   if (src->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, scatter_add, out, dim, idx, src);
+  return gl_backend_of(out->device)->scatter_add(out, dim, idx, src);
 }
 
 int gl_index_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src) {
@@ -355,7 +355,7 @@ int gl_index_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor 
                      (long long)idx->shape[0]));
   GL_TRY(check_no_overlap(fn, out, "out", src, "src"));
   if (src->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, index_add, out, dim, idx, src);
+  return gl_backend_of(out->device)->index_add(out, dim, idx, src);
 }
 
 /* ---- attention ------------------------------------------------------------ */
@@ -390,7 +390,7 @@ int gl_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, con
   GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(q->dtype), "float32, float64 for float64 q"));
   GL_TRY(check_shape(lse, fn, "lse", 3, q->shape, "(B, H, T) of q"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, attention_forward, out, lse, q, k, v, scale, window);
+  return gl_backend_of(out->device)->attention_forward(out, lse, q, k, v, scale, window);
 }
 
 int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
@@ -414,7 +414,7 @@ int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_
   GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(q->dtype), "float32, float64 for float64 q"));
   GL_TRY(check_shape(lse, fn, "lse", 3, q->shape, "(B, H, T) of q"));
   if (dk->numel == 0) return GL_OK;
-  return GL_DISPATCH(dq->device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, scale, window);
+  return gl_backend_of(dq->device)->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, window);
 }
 
 /* ---- rope ------------------------------------------------------------------- */
@@ -437,7 +437,7 @@ int gl_rope(gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_t
   GL_TRY(check_rope_tables(fn, x, cos, sin));
   GL_TRY(gl_check_same_shape(x, out, fn, "x", "out"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, rope, out, x, cos, sin, inverse != 0);
+  return gl_backend_of(out->device)->rope(out, x, cos, sin, inverse != 0);
 }
 
 /* as gl_rope's arguments, and rstd the per-row statistic (B, T, H) as the norms' */
@@ -456,7 +456,7 @@ int gl_rope_rmsnorm_forward(gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, c
   GL_TRY(gl_check_same_shape(x, y, fn, "x", "y"));
   if (!(eps >= 0)) return gl_error("%s: eps is %g, expected >= 0", fn, eps);
   if (y->numel == 0) return GL_OK;
-  return GL_DISPATCH(y->device, rope_rmsnorm_forward, y, rstd, x, cos, sin, eps);
+  return gl_backend_of(y->device)->rope_rmsnorm_forward(y, rstd, x, cos, sin, eps);
 }
 
 int gl_rope_rmsnorm_backward(gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *cos,
@@ -468,7 +468,7 @@ int gl_rope_rmsnorm_backward(gl_tensor *dx, const gl_tensor *dy, const gl_tensor
   GL_TRY(gl_check_same_shape(x, dy, fn, "x", "dy"));
   GL_TRY(gl_check_same_shape(x, dx, fn, "x", "dx"));
   if (x->numel == 0) return GL_OK;
-  return GL_DISPATCH(dx->device, rope_rmsnorm_backward, dx, dy, x, cos, sin, rstd);
+  return gl_backend_of(dx->device)->rope_rmsnorm_backward(dx, dy, x, cos, sin, rstd);
 }
 
 /* ---- cross-entropy ---------------------------------------------------------- */
@@ -492,7 +492,7 @@ int gl_cross_entropy_forward(gl_tensor *losses, gl_tensor *lse, const gl_tensor 
   GL_TRY(check_shape(losses, fn, "losses", 1, logits->shape, "N, the rows of logits"));
   GL_TRY(check_shape(lse, fn, "lse", 1, logits->shape, "N, the rows of logits"));
   if (logits->shape[0] == 0) return GL_OK;
-  return GL_DISPATCH(logits->device, cross_entropy_forward, losses, lse, logits, targets, ignore_index, softcap);
+  return gl_backend_of(logits->device)->cross_entropy_forward(losses, lse, logits, targets, ignore_index, softcap);
 }
 
 int gl_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *logits, const gl_tensor *targets,
@@ -509,7 +509,7 @@ int gl_cross_entropy_backward(gl_tensor *dlogits, const gl_tensor *logits, const
   GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(logits->dtype), "float32, float64 for float64 logits"));
   GL_TRY(check_shape(lse, fn, "lse", 1, logits->shape, "N, the rows of logits"));
   if (dlogits->numel == 0) return GL_OK;
-  return GL_DISPATCH(logits->device, cross_entropy_backward, dlogits, logits, targets, lse, ignore_index, softcap,
+  return gl_backend_of(logits->device)->cross_entropy_backward(dlogits, logits, targets, lse, ignore_index, softcap,
                      scale, scale_by);
 }
 
@@ -522,7 +522,7 @@ int gl_dropout(gl_tensor *out, const gl_tensor *x, double p, uint64_t seed, uint
   /* p = 1 would scale the kept (none) by 1/(1-p) = inf: NaN, not zeros */
   if (!(p >= 0 && p < 1)) return gl_error("%s: p is %g, expected 0 <= p < 1", fn, p);
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, dropout, out, x, p, seed, offset);
+  return gl_backend_of(out->device)->dropout(out, x, p, seed, offset);
 }
 
 /* ---- optimizers ------------------------------------------------------------- */
@@ -566,7 +566,7 @@ int gl_adamw_update(gl_tensor *param, const gl_tensor *grad, gl_tensor *m, gl_te
   GL_TRY(adamw_check(fn, param, grad, m, v, (const char *[]){"param", "grad", "m", "v"}, start, len, beta1, beta2,
                      eps, step));
   if (len == 0) return GL_OK;
-  return GL_DISPATCH(param->device, adamw_update, param, grad, m, v, start, len, lr, beta1, beta2, eps,
+  return gl_backend_of(param->device)->adamw_update(param, grad, m, v, start, len, lr, beta1, beta2, eps,
                      weight_decay, step);
 }
 
@@ -593,7 +593,7 @@ int gl_adamw_update_multi(int n, gl_tensor **params, const gl_tensor **grads, gl
     GL_TRY(check_args(fn, ARGS({params[i], np, A_IN}, {o, no, A_OUT | A_FLOAT})));
     GL_TRY(check_slice(fn, 2, (const gl_tensor *[]){params[i], o}, (const char *[]){np, no}, 0, 0));
   }
-  return GL_DISPATCH(params[0]->device, adamw_update_multi, n, params, grads, ms, vs, outs, lrs, wds, beta1, beta2,
+  return gl_backend_of(params[0]->device)->adamw_update_multi(n, params, grads, ms, vs, outs, lrs, wds, beta1, beta2,
                      eps, step);
 }
 
@@ -605,5 +605,5 @@ int gl_momentum_update(gl_tensor *out, gl_tensor *buf, const gl_tensor *grad,
   GL_TRY(check_slice(fn, 3, (const gl_tensor *[]){buf, grad, out}, (const char *[]){"buf", "grad", "out"},
                      start, len));
   if (len == 0) return GL_OK;
-  return GL_DISPATCH(buf->device, momentum_update, out, buf, grad, start, len, mu, nesterov);
+  return gl_backend_of(buf->device)->momentum_update(out, buf, grad, start, len, mu, nesterov);
 }

@@ -30,7 +30,7 @@ static int check_matmul(const char *fn, const gl_tensor *out, const gl_tensor *a
 int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta) {
   GL_TRY(check_matmul("gl_matmul", out, a, b));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, matmul, out, a, b, alpha, beta);
+  return gl_backend_of(out->device)->matmul(out, a, b, alpha, beta);
 }
 
 int gl_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *bias) {
@@ -42,7 +42,7 @@ int gl_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const
   GL_TRY(check_shape(bias, fn, "bias", 1, (int64_t[]){N}, "N of out is %lld", (long long)N));
   GL_TRY(check_no_overlap(fn, out, "out", bias, "bias"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, matmul_bias, out, a, b, bias);
+  return gl_backend_of(out->device)->matmul_bias(out, a, b, bias);
 }
 
 int gl_matmul_add(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *c) {
@@ -53,7 +53,7 @@ int gl_matmul_add(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const 
   GL_TRY(gl_check_same_shape(out, c, fn, "out", "c"));
   GL_TRY(check_no_overlap(fn, out, "out", c, "c"));
   if (out->numel == 0) return GL_OK;
-  return GL_DISPATCH(out->device, matmul_add, out, a, b, c);
+  return gl_backend_of(out->device)->matmul_add(out, a, b, c);
 }
 
 /* ---- products with epilogues, and pairs of products ------------------- */
@@ -71,9 +71,9 @@ typedef struct {
 static int run_one(const product *p) {
   if (!p->out) return GL_OK;
   if (p->out->numel == 0)  /* no product to run; a bias gradient of no rows is 0 */
-    return p->epi && p->bias && p->bias->numel ? GL_DISPATCH(p->bias->device, fill, p->bias, 0) : GL_OK;
-  if (p->epi) return GL_DISPATCH(p->out->device, matmul_epilogue, p->epi, p->out, p->a, p->b, p->bias, p->aux);
-  return GL_DISPATCH(p->out->device, matmul, p->out, p->a, p->b, p->alpha, p->beta);
+    return p->epi && p->bias && p->bias->numel ? gl_backend_of(p->bias->device)->fill(p->bias, 0) : GL_OK;
+  if (p->epi) return gl_backend_of(p->out->device)->matmul_epilogue(p->epi, p->out, p->a, p->b, p->bias, p->aux);
+  return gl_backend_of(p->out->device)->matmul(p->out, p->a, p->b, p->alpha, p->beta);
 }
 
 /* Two independent products at once.  On the CPU with two or more threads
@@ -86,7 +86,7 @@ static int run_one(const product *p) {
 static int run_pair(const product p[2]) {
   int sequential = !p[0].out || !p[1].out || p[0].out->device >= 0 || p[1].out->device >= 0 ||
                    gl_get_num_threads() < 2 || p[0].out->numel == 0 || p[1].out->numel == 0 ||
-                   gl_meta_active();  /* (GL_DISPATCH: a plan runs no kernel) */
+                   gl_meta_active();  /* (gl_backend_of: a plan runs no kernel) */
 #ifndef _OPENMP
   sequential = 1;
 #endif
@@ -215,7 +215,7 @@ int gl_linear_backward(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, gl_t
   if (dbias && !dweight) {  /* the bias gradient alone: a sum over dy's rows */
     gl_tensor row = *dbias;
     row.ndim = 2; row.shape[0] = 1; row.shape[1] = N; row.stride[0] = N; row.stride[1] = 1;
-    if (row.numel) GL_TRY(GL_DISPATCH(dy->device, reduce, GL_R_SUM, &row, dy, 1u));
+    if (row.numel) GL_TRY(gl_backend_of(dy->device)->reduce(GL_R_SUM, &row, dy, 1u));
   }
   product p[2] = {{pre_gelu ? GL_EPI_DGELU : 0, dx, dy, weight, dx_bias, (gl_tensor *)pre_gelu, 1, 0},
                   {GL_EPI_BGRAD, dweight, &dyt, x, dweight ? dbias : NULL, NULL, 1, 0}};

@@ -41,14 +41,14 @@ int gl_step_block_copy(gl_tensor *dst, const gl_tensor *src) {
     return gl_error("%s: src has %lld elements, expected %lld (the numel of dst)", fn, (long long)src->numel,
                     (long long)dst->numel);
   const gl_tensor *host = dst->device < 0 ? dst : src, *dev = dst->device < 0 ? src : dst;
-  if (dev->device < 0) return GL_DISPATCH(-1, step_block_copy, dst, src);  /* both on the CPU */
+  if (dev->device < 0) return gl_backend_of(-1)->step_block_copy(dst, src);  /* both on the CPU */
   if (host->device >= 0)
     return gl_error("%s: dst is on cuda:%d and src on cuda:%d, expected one of them in pinned host memory", fn,
                     dst->device, src->device);
   if (host->storage->external != 2)
     return gl_error("%s: %s is in pageable host memory, expected pinned memory (gl_empty_pinned): a copy from "
                     "pageable memory makes the host wait and cannot be captured", fn, host == dst ? "dst" : "src");
-  return GL_DISPATCH(dev->device, step_block_copy, dst, src);
+  return gl_backend_of(dev->device)->step_block_copy(dst, src);
 }
 
 int gl_step_sumsq(gl_tensor *block, int n, const gl_tensor **xs) {
@@ -61,7 +61,7 @@ int gl_step_sumsq(gl_tensor *block, int n, const gl_tensor **xs) {
     snprintf(name, sizeof name, "xs[%d]", i);
     GL_TRY(check_args(fn, ARGS({block, "block", A_IN}, {xs[i], name, A_IN})));
   }
-  return GL_DISPATCH(block->device, step_sumsq, block, n, xs);
+  return gl_backend_of(block->device)->step_sumsq(block, n, xs);
 }
 
 int gl_step_finalize(gl_tensor *block, int64_t loss_at, int nloss) {
@@ -69,7 +69,7 @@ int gl_step_finalize(gl_tensor *block, int64_t loss_at, int nloss) {
   GL_TRY(check_block(fn, block, 1));
   if (nloss < 1) return gl_error("%s: nloss is %d, expected >= 1 (the step's micro-step losses)", fn, nloss);
   GL_TRY(check_slots(fn, "loss_at", block, loss_at, nloss));
-  return GL_DISPATCH(block->device, step_finalize, block, loss_at, nloss);
+  return gl_backend_of(block->device)->step_finalize(block, loss_at, nloss);
 }
 
 int gl_adamw_update_block(int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms, gl_tensor **vs,
@@ -108,7 +108,7 @@ int gl_adamw_update_block(int n, gl_tensor **params, const gl_tensor **grads, gl
     }
     GL_TRY(check_slots(fn, ns, block, slots[i], GL_STEP_ADAMW_SLOTS));
   }
-  return GL_DISPATCH(block->device, adamw_update_block, n, params, grads, ms, vs, outs, block, slots);
+  return gl_backend_of(block->device)->adamw_update_block(n, params, grads, ms, vs, outs, block, slots);
 }
 
 /* t: a contiguous tensor of dtype (or float32 / bfloat16 when dtype < 0) and numel n */
@@ -133,7 +133,7 @@ int gl_momentum_update_block(gl_tensor *out, gl_tensor *buf, const gl_tensor *gr
   GL_TRY(check_flat(fn, "grad", grad, -1, buf->numel, "buf"));
   GL_TRY(check_slots(fn, "slot", block, slot, 2));
   if (buf->numel == 0) return GL_OK;
-  return GL_DISPATCH(block->device, momentum_update_block, out, buf, grad, block, slot, nesterov != 0);
+  return gl_backend_of(block->device)->momentum_update_block(out, buf, grad, block, slot, nesterov != 0);
 }
 
 int gl_axpy_block(gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot) {
@@ -144,5 +144,5 @@ int gl_axpy_block(gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int6
   GL_TRY(check_flat(fn, "x", x, GL_F32, y->numel, "y"));
   GL_TRY(check_slots(fn, "slot", block, slot, 1));
   if (y->numel == 0) return GL_OK;
-  return GL_DISPATCH(block->device, axpy_block, y, x, block, slot);
+  return gl_backend_of(block->device)->axpy_block(y, x, block, slot);
 }

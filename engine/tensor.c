@@ -356,7 +356,7 @@ int gl_copy(gl_tensor *dst, const gl_tensor *src) {
   GL_CHECK_T(src, "gl_copy", "src");
   GL_TRY(gl_check_same_shape(dst, src, "gl_copy", "dst", "src"));
   GL_TRY(gl_check_no_zero_stride(dst, "gl_copy", "dst"));
-  if (dst->device == src->device) return GL_DISPATCH(dst->device, copy, dst, src);
+  if (dst->device == src->device) return gl_backend_of(dst->device)->copy(dst, src);
   if (gl_meta_active()) {  /* a plan: to the host is reading values */
     if (dst->device < 0 && gl_meta_read(src, "gl_copy", "src") == GL_ERR) return GL_ERR;
     return GL_OK;
@@ -366,10 +366,10 @@ int gl_copy(gl_tensor *dst, const gl_tensor *src) {
      dst's dtype, move the bytes, then place them into dst's layout */
   gl_tensor *a = gl_empty(dst->dtype, src->device, src->ndim, src->shape);
   gl_tensor *b = a ? gl_empty(dst->dtype, dst->device, dst->ndim, dst->shape) : NULL;
-  int rc = (a && b) ? GL_DISPATCH(src->device, copy, a, src) : GL_ERR;
+  int rc = (a && b) ? gl_backend_of(src->device)->copy(a, src) : GL_ERR;
   if (rc == GL_OK) rc = cuda_memcpy(b->storage->data, b->device, a->storage->data, a->device,
                                     a->numel * gl_dtype_size(a->dtype));
-  if (rc == GL_OK) rc = GL_DISPATCH(dst->device, copy, dst, b);
+  if (rc == GL_OK) rc = gl_backend_of(dst->device)->copy(dst, b);
   gl_tensor_free(a); gl_tensor_free(b);
   return rc;
 #else
@@ -380,7 +380,7 @@ int gl_copy(gl_tensor *dst, const gl_tensor *src) {
 int gl_fill(gl_tensor *t, double v) {
   GL_CHECK_T(t, "gl_fill", "tensor");
   GL_TRY(gl_check_no_zero_stride(t, "gl_fill", "tensor"));
-  return GL_DISPATCH(t->device, fill, t, v);
+  return gl_backend_of(t->device)->fill(t, v);
 }
 
 int gl_arange(gl_tensor *t, double start, double step) {
@@ -407,12 +407,12 @@ static int check_rand(gl_tensor *t, const char *fn) {
 }
 int gl_rand_uniform(gl_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi) {
   GL_TRY(check_rand(t, "gl_rand_uniform"));
-  return GL_DISPATCH(t->device, rand_uniform, t, seed, offset, lo, hi);
+  return gl_backend_of(t->device)->rand_uniform(t, seed, offset, lo, hi);
 }
 int gl_rand_normal(gl_tensor *t, uint64_t seed, uint64_t offset, double mean, double std) {
   GL_TRY(check_rand(t, "gl_rand_normal"));
   if (!(std >= 0)) return gl_error("gl_rand_normal: std must be >= 0, got %g", std);
-  return GL_DISPATCH(t->device, rand_normal, t, seed, offset, mean, std);
+  return gl_backend_of(t->device)->rand_normal(t, seed, offset, mean, std);
 }
 int gl_rand_u32(uint64_t seed, uint64_t counter, uint32_t out[4]) {
   GL_NONNULL("gl_rand_u32", out);

@@ -15,8 +15,8 @@
 int gl_epilogue_product(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
                         gl_tensor *aux) {
   gl_tensor *dst = epi == GL_EPI_GELU && aux ? aux : out;
-  if ((epi == GL_EPI_GELU || epi == GL_EPI_RELU2) && bias) return GL_DISPATCH(out->device, matmul_bias, dst, a, b, bias);
-  return GL_DISPATCH(out->device, matmul, dst, a, b, 1, 0);
+  if ((epi == GL_EPI_GELU || epi == GL_EPI_RELU2) && bias) return gl_backend_of(out->device)->matmul_bias(dst, a, b, bias);
+  return gl_backend_of(out->device)->matmul(dst, a, b, 1, 0);
 }
 
 /* ReLU²'s gradient from its output h (the input is not kept): dpre = dy *
@@ -52,17 +52,17 @@ static int drelu2_finish(gl_tensor *out, const gl_tensor *h) {
   }
   gl_tensor *s = gl_empty(h->dtype, h->device, h->ndim, h->shape);
   if (!s) return GL_ERR;
-  int rc = GL_DISPATCH(h->device, unary, GL_U_SQRT, s, h, 0, 0);
-  if (rc == GL_OK) rc = GL_DISPATCH(out->device, unary_backward, GL_U_RELU2, out, out, s, 0, 0);
+  int rc = gl_backend_of(h->device)->unary(GL_U_SQRT, s, h, 0, 0);
+  if (rc == GL_OK) rc = gl_backend_of(out->device)->unary_backward(GL_U_RELU2, out, out, s, 0, 0);
   gl_tensor_free(s);
   return rc;
 }
 
 int gl_epilogue_finish(int epi, gl_tensor *out, const gl_tensor *a, gl_tensor *bias, gl_tensor *aux) {
   int dev = out->device;
-  if (epi == GL_EPI_GELU) return GL_DISPATCH(dev, unary, GL_U_GELU_TANH, out, aux ? aux : out, 0, 0);
-  if (epi == GL_EPI_DGELU) GL_TRY(GL_DISPATCH(dev, unary_backward, GL_U_GELU_TANH, out, out, aux, 0, 0));
-  if (epi == GL_EPI_RELU2) return GL_DISPATCH(dev, unary, GL_U_RELU2, out, out, 0, 0);
+  if (epi == GL_EPI_GELU) return gl_backend_of(dev)->unary(GL_U_GELU_TANH, out, aux ? aux : out, 0, 0);
+  if (epi == GL_EPI_DGELU) GL_TRY(gl_backend_of(dev)->unary_backward(GL_U_GELU_TANH, out, out, aux, 0, 0));
+  if (epi == GL_EPI_RELU2) return gl_backend_of(dev)->unary(GL_U_RELU2, out, out, 0, 0);
   if (epi == GL_EPI_DRELU2) GL_TRY(drelu2_finish(out, aux));
   return gl_epilogue_bgrad(epi, out, a, bias);
 }
@@ -75,10 +75,10 @@ int gl_epilogue_bgrad(int epi, gl_tensor *out, const gl_tensor *a, gl_tensor *bi
   v.ndim = 2;
   if (epi == GL_EPI_DGELU || epi == GL_EPI_DRELU2) {
     v.shape[0] = 1; v.shape[1] = bias->shape[0]; v.stride[0] = bias->shape[0]; v.stride[1] = bias->stride[0];
-    return GL_DISPATCH(dev, reduce, GL_R_SUM, &v, out, 1u);
+    return gl_backend_of(dev)->reduce(GL_R_SUM, &v, out, 1u);
   }
   v.shape[0] = bias->shape[0]; v.shape[1] = 1; v.stride[0] = bias->stride[0]; v.stride[1] = 1;
-  return GL_DISPATCH(dev, reduce, GL_R_SUM, &v, a, 2u);
+  return gl_backend_of(dev)->reduce(GL_R_SUM, &v, a, 2u);
 }
 
 int cpu_matmul_epilogue(int epi, gl_tensor *out, const gl_tensor *a, const gl_tensor *b, gl_tensor *bias,
@@ -101,7 +101,7 @@ gl_tensor gl_bias_rows(const gl_tensor *bias, const gl_tensor *out) {
 
 int gl_matmul_add_unfused(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, const gl_tensor *c) {
   GL_TRY(gl_copy(out, c));
-  return GL_DISPATCH(out->device, matmul, out, a, b, 1, 1);
+  return gl_backend_of(out->device)->matmul(out, a, b, 1, 1);
 }
 
 
@@ -109,19 +109,19 @@ int gl_matmul_add_unfused(gl_tensor *out, const gl_tensor *a, const gl_tensor *b
 int gl_add_norm_unfused(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,
                         const gl_tensor *r, const gl_tensor *weight, const gl_tensor *bias, double eps, int center) {
   int dev = y->device;
-  GL_TRY(GL_DISPATCH(dev, binary, GL_B_ADD, s, x, r));
-  if (center) return GL_DISPATCH(dev, layernorm_forward, y, mean, rstd, s, weight, bias, eps);
-  return GL_DISPATCH(dev, rmsnorm_forward, y, rstd, s, weight, eps);
+  GL_TRY(gl_backend_of(dev)->binary(GL_B_ADD, s, x, r));
+  if (center) return gl_backend_of(dev)->layernorm_forward(y, mean, rstd, s, weight, bias, eps);
+  return gl_backend_of(dev)->rmsnorm_forward(y, rstd, s, weight, eps);
 }
 
 int gl_norm_backward_add_unfused(gl_tensor *dx, gl_tensor *dweight, gl_tensor *dbias, const gl_tensor *dy,
                                  const gl_tensor *x, const gl_tensor *weight, const gl_tensor *mean,
                                  const gl_tensor *rstd, const gl_tensor *dres, int center) {
   int dev = dx->device;
-  if (center) GL_TRY(GL_DISPATCH(dev, layernorm_backward, dx, dweight, dbias, dy, x, weight, mean, rstd));
-  else GL_TRY(GL_DISPATCH(dev, rmsnorm_backward, dx, dweight, dy, x, weight, rstd));
+  if (center) GL_TRY(gl_backend_of(dev)->layernorm_backward(dx, dweight, dbias, dy, x, weight, mean, rstd));
+  else GL_TRY(gl_backend_of(dev)->rmsnorm_backward(dx, dweight, dy, x, weight, rstd));
   /* dx + dres, the order autograd's accumulation adds them in */
-  return dres ? GL_DISPATCH(dev, binary, GL_B_ADD, dx, dx, dres) : GL_OK;
+  return dres ? gl_backend_of(dev)->binary(GL_B_ADD, dx, dx, dres) : GL_OK;
 }
 
 int cpu_add_norm_forward(gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd, const gl_tensor *x,

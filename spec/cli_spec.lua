@@ -120,7 +120,7 @@ local v = t:view(4, 4)']])
     local out, err, st = run(exe .. ' recipes/shakespeare.lua --help')
     assert.equal(0, st, err)
     assert.truthy(out:find('^usage: gptlua recipes/shakespeare.lua'), out)
-    assert.truthy(out:find('\n  %-%-learning_rate +number +0%.001 +peak learning rate'), out)
+    assert.truthy(out:find("\n  %-%-learning_rate +number +0%.001 +optimizer 'adamw': the peak learning rate"), out)
     assert.truthy(out:find("\n  %-%-name +string +'shakespeare' +run name"), out)  -- the recipe's value
     assert.truthy(out:find('\n  %-%-fsdp%.prefetch +boolean +true'), out)
     for _, tool in ipairs({ 'prepare', 'sample' }) do

@@ -30,7 +30,10 @@ local function sorted_keys(t)
   return ks
 end
 
+M.sorted_keys = sorted_keys
+
 -- parses a string value into the type of the default
+
 local function coerce(key, s, default)
   local ty = type(default)
   if ty == 'number' then

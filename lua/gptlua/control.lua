@@ -35,12 +35,13 @@ local M = {}
 
 -- ------------------------------------------------------------- changes --
 -- Keys set{} may change while a job runs, and what else must follow them:
--- 'schedule' rebuilds the lr schedule from cfg, 'lr' rescales the
--- optimizer's base learning rates, 'wd' sets its decayed groups' weight
+-- 'schedule' rebuilds the lr schedule from cfg, 'lr' sets the peak rate of
+-- the optimizer's groups that key names (g.lr_key), 'wd' sets its decayed groups' weight
 -- decay.  Everything else (the model's shape, data, device, dist) is fixed
 -- for the job's life.
 local LIVE_KEYS = {
-  learning_rate = 'lr', min_lr = 'schedule', warmup_iters = 'schedule', lr_decay_iters = 'schedule',
+  learning_rate = 'lr', matrix_lr = 'lr', embedding_lr = 'lr', unembedding_lr = 'lr', scalar_lr = 'lr',
+  min_lr = 'schedule', final_lr_frac = 'schedule', warmup_iters = 'schedule', lr_decay_iters = 'schedule',
   decay_lr = 'schedule', schedule = 'schedule', cooldown_frac = 'schedule', weight_decay = 'wd',
   grad_clip = true, max_iters = true, eval_interval = true, eval_iters = true, log_interval = true,
   sample_interval = true, sample_length = true, sample_prompt = true, temperature = true, top_k = true,
@@ -59,7 +60,7 @@ local function sorted(t)
 end
 
 -- checks values as a recipe's are checked; raises a one-line error
-function M.validate_set(values, cfg)
+function M.validate_set(values, cfg, hooks)
   local train = require 'gptlua.train'
   if type(values) ~= 'table' or next(values) == nil then fail('set expects a table of config values, e.g. set{ learning_rate = 3e-4 }') end
   for _, k in ipairs(sorted(values)) do
@@ -67,14 +68,17 @@ function M.validate_set(values, cfg)
     if not LIVE_KEYS[k] then
       fail(('set: %s cannot change while the job runs (keys set{} takes: %s)'):format(k, table.concat(sorted(LIVE_KEYS), ', ')))
     end
+    local why = train.ignored_key(cfg, hooks, k)
+    if why then fail('set: ' .. why) end
   end
   config.validate(values, train.defaults)
   for _, k in ipairs(sorted(values)) do
     local v, r = values[k], train.INTEGER_KEYS[k]
     if r then check.integer(v, 'config', k, r[1], r[2], config.NO_POSITION) end
-    if (k == 'learning_rate' or k == 'min_lr' or k == 'weight_decay' or k == 'grad_clip') and v < 0 then
+    if LIVE_KEYS[k] == 'lr' and v < 0 or (k == 'min_lr' or k == 'weight_decay' or k == 'grad_clip') and v < 0 then
       fail(('set: %s must be >= 0, got %s'):format(k, v))
     end
+    if k == 'final_lr_frac' and not (v >= 0 and v <= 1) then fail(('set: final_lr_frac must be in [0, 1], got %s'):format(v)) end
     if k == 'schedule' and v ~= 'cosine' and v ~= 'wsd' and v ~= 'constant' then
       fail(("set: unknown schedule '%s' (expected 'cosine', 'wsd' or 'constant')"):format(check.printable(v)))
     end
@@ -88,7 +92,8 @@ local function optimizers(opt) return opt.optimizers or { opt } end
 
 local function apply_set(t, values)
   local cfg = t.cfg
-  local old_lr = cfg.learning_rate
+  local old = {}
+  for k in pairs(values) do old[k] = cfg[k] end
   local schedule = false
   for _, k in ipairs(sorted(values)) do
     cfg[k] = values[k]
@@ -99,11 +104,21 @@ local function apply_set(t, values)
         for _, g in ipairs(o.groups or {}) do if (g.weight_decay or 0) > 0 then g.weight_decay = values[k] end end
       end
     end
-  end
-  if values.learning_rate and old_lr > 0 then  -- every group's base lr scales with the peak lr
-    local s = values.learning_rate / old_lr
-    for _, o in ipairs(optimizers(t.optimizer)) do
-      for _, g in ipairs(o.groups or {}) do g.initial_lr = g.initial_lr * s end
+    if what == 'lr' then
+      -- the groups whose peak is this key's value times their factor (train_config, optim.nanochat);
+      -- a recipe's own optimizer names none: its groups' peaks scale with learning_rate, as they were made
+      local named = false
+      for _, o in ipairs(optimizers(t.optimizer)) do
+        for _, g in ipairs(o.groups or {}) do
+          if g.lr_key then named = true end
+          if g.lr_key == k then g.initial_lr = values[k] * g.lr_factor end
+        end
+      end
+      if not named and k == 'learning_rate' and old[k] > 0 then
+        for _, o in ipairs(optimizers(t.optimizer)) do
+          for _, g in ipairs(o.groups or {}) do g.initial_lr = g.initial_lr * values[k] / old[k] end
+        end
+      end
     end
   end
   if schedule then t.schedule = (t.hooks.lr_schedule or require('gptlua.train').lr_schedule)(cfg) end
@@ -222,7 +237,7 @@ local function environment(self, who, out)
     return text
   end
   function env.set(values)
-    M.validate_set(values, t.cfg)
+    M.validate_set(values, t.cfg, t.hooks)
     local v = {}
     for k, x in pairs(values) do v[k] = x end
     local c = record(t, { kind = 'set', values = v, by = who })
@@ -436,6 +451,11 @@ function M.attach_main(args)
     i = i + 1
   end
   if not dir then io.stderr:write(USAGE) return 1 end
+  -- a run's name (runs/shakespeare) is the newest run of that name with a control socket
+  local note
+  local runs = require 'gptlua.runs'
+  dir, note = runs.resolve(dir, function(d) return runs.mtime(d .. '/control.sock') > 0 end)
+  if note then io.stderr:write('gptlua attach: ', note, '\n') end
   local path = dir:gsub('/+$', '') .. '/control.sock'
   local client, why = socket.client(path)
   if not client then

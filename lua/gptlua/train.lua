@@ -142,6 +142,7 @@ function M.new(recipe, args)
   self.tensorboard = require('gptlua.observe.tensorboard').for_trainer(self)  -- nil when off
   self.profiler = require('gptlua.observe.profiler').for_trainer(self)        -- wraps train_step; nil when off
   self.graph = require('gptlua.train_graph').for_trainer(self)                -- nil when off
+  self:given()   -- what the command line gave, before anything changes cfg
   return self
 end
 
@@ -232,7 +233,9 @@ function Trainer:save_checkpoint()
                   data = self.data.train:state(), config = cfg, history = self.history,
                   bad_steps = self.bad_steps, run_id = self.run_id, saved_at = runs.time(),
                   best_val_loss = self.best_val_loss < math.huge and self.best_val_loss or nil,
-                  live = self.live_changes }  -- changes made through gptlua attach, re-applied on resume
+                  live = self.live_changes,  -- changes made through gptlua attach, re-applied on resume
+                  ranks = self.dp_size, tokens_per_step = self.tokens_per_step,  -- compared on resume
+                  given = self:given() }
   self.saved_step = self.step
   if self.policy.save_checkpoint then  -- sharded state: the policy writes its shards
     return self.policy:save_checkpoint(self, model_sd, opt_sd, state)
@@ -290,7 +293,90 @@ function Trainer:load_checkpoint(path)
   self.saved_step = st.step
   if st.live then require('gptlua.control').reapply(self, st.live) end
   self:print(('resumed from %s at step %d'):format(path, self.step))
+  self:resume_settings(st)
   return st
+end
+
+-- keys that say how this process runs, not what the run is: not compared on resume
+local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, replay = true, replay_to = true,
+                       quiet = true }
+
+-- the run's values of the keys its command line gave (and of the schedule
+-- lengths that followed its max_iters): what a resume keeps
+function Trainer:given()
+  if self.given_keys then return self.given_keys end
+  local out = {}
+  for k, v in pairs(self.launch.cli or {}) do if type(v) ~= 'table' and not NOT_COMPARED[k] then out[k] = self.cfg[k] end end
+  for _, k in ipairs(self.launch.scaled_keys or {}) do out[k] = self.cfg[k] end
+  self.given_keys = out
+  return out
+end
+
+-- The run's settings against this process's (a resume).  What the run
+-- was given on its command line (its length and the schedule lengths that
+-- followed it) stays unless given again; a max_iters given again scales the
+-- run's schedule lengths not given with it.  Every other difference is
+-- printed.  A max_iters given that differs from the run's, or a different
+-- number of tokens per step (another world size, batch or accumulation),
+-- changes what the run is and needs --allow_changes.
+local FOLLOWS_THE_RUN = { max_iters = true, warmup_iters = true, lr_decay_iters = true, eval_interval = true }
+function Trainer:resume_settings(st)
+  local cfg, run = self.cfg, st.config
+  if type(run) ~= 'table' then return end
+  local cli = self.launch.cli or {}
+  local notes, refuse = {}, {}
+  local given, kept = self:given(), {}
+  for _, k in ipairs(config.sorted_keys(st.given or {})) do
+    local v = st.given[k]
+    if FOLLOWS_THE_RUN[k] and cli[k] == nil and cfg[k] ~= v and (k == 'max_iters' or cli.max_iters == nil) then
+      kept[#kept + 1] = ('%s %s'):format(k, tostring(v))
+      cfg[k] = v
+    end
+    if cli[k] == nil then given[k] = v end   -- and the next resume keeps them too
+  end
+  if #kept > 0 then
+    self:print(('resume: the run\'s own %s (its command line\'s; given again, they change)'):format(table.concat(kept, ', ')))
+  end
+  if cli.max_iters ~= nil and type(run.max_iters) == 'number' then
+    for _, k in ipairs(M.SCHEDULE_STEP_KEYS) do
+      if cli[k] == nil and type(run[k]) == 'number' then cfg[k] = M.scaled_steps(run[k], run.max_iters, cfg.max_iters) end
+    end
+    if cfg.max_iters ~= run.max_iters then
+      refuse[#refuse + 1] = ('max_iters %s -> %s'):format(run.max_iters, cfg.max_iters)
+    end
+  end
+  local function show(v) return type(v) == 'string' and ("'%s'"):format(v) or tostring(v) end
+  local function compare(a, b, prefix)
+    local keys = {}
+    for k in pairs(a) do keys[#keys + 1] = k end
+    for k in pairs(b) do if a[k] == nil then keys[#keys + 1] = k end end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+      local name = prefix .. k
+      if type(a[k]) == 'table' and type(b[k]) == 'table' then compare(a[k], b[k], name .. '.')
+      elseif not NOT_COMPARED[name] and a[k] ~= b[k] and type(b[k]) ~= 'table' and type(a[k]) ~= 'table' then
+        notes[#notes + 1] = ('%s %s -> %s'):format(name, show(a[k]), show(b[k]))
+      end
+    end
+  end
+  compare(run, cfg, '')
+  local ranks = st.ranks
+  if ranks and ranks ~= self.dp_size then notes[#notes + 1] = ('data-parallel ranks %d -> %d'):format(ranks, self.dp_size) end
+  if st.tokens_per_step and st.tokens_per_step ~= self.tokens_per_step then
+    local msg = ('tokens per step %d -> %d'):format(st.tokens_per_step, self.tokens_per_step)
+    local per_accum = self.tokens_per_step / cfg.gradient_accumulation_steps
+    if st.tokens_per_step % per_accum == 0 then
+      msg = msg .. (' (--gradient_accumulation_steps=%d keeps %d)'):format(st.tokens_per_step / per_accum, st.tokens_per_step)
+    end
+    refuse[#refuse + 1] = msg
+  end
+  if #notes > 0 then self:print('resume: settings that differ from the run\'s: ' .. table.concat(notes, ', ')) end
+  if #refuse > 0 and not cfg.allow_changes then
+    error(('resume: this changes what the run is: %s; --allow_changes continues it so, or keep the run\'s values')
+      :format(table.concat(refuse, ', ')), 0)
+  end
+  self.schedule = (self.hooks.lr_schedule or M.lr_schedule)(cfg)
+  if self.hooks.momentum_schedule then self.momentum_schedule = self.hooks.momentum_schedule(cfg) end
 end
 
 -- one optimizer step; returns the mean loss, the gradient norm, the lr
@@ -464,6 +550,10 @@ function Trainer:run()
       self.launch.dist_default and 'default for' or 'on', self.world, cfg.dist_timeout))
     if self.mesh then self:print(tostring(self.mesh)) end
   end
+  if self.launch.scaled then
+    self:print(('max_iters %d: %s; set on the command line, they stay'):format(cfg.max_iters,
+      table.concat(self.launch.scaled, ', ')))
+  end
   self:print(('run %s writes %s'):format(self.run_id, self.run_dir))
   self.control = require('gptlua.control').for_trainer(self)  -- nil when cfg.control is off
   self.journal = require('gptlua.journal').start(self, first_step, resumed_from)
@@ -526,13 +616,19 @@ function Trainer:run()
       local mfu = tps * self.flops_per_token / (peak * self.world)
       local mem = gl.memory_stats(cfg.device)
       local eta = (cfg.max_iters - self.step) * elapsed / steps_since + evals_left(self.step) * eval_cost
-      local lr = self.optimizer.groups[1].lr  -- the first group's scheduled lr
-      self:print(('step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.1f ms/step | mem %s | ETA %s'):format(
-        self.step, cfg.max_iters, loss, lr, norm, tps, 100 * mfu, 1000 * elapsed / steps_since,
-        fmt_bytes(mem.peak), fmt_time(eta)))
-      local rec = { step = self.step, loss = loss, lr = lr, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
+      -- the scheduled rates by group: 'lr' when every group has the same, else lr_<group> each
+      local rates, shown = M.group_rates(self.optimizer), {}
+      local rec = { step = self.step, loss = loss, lr_mult = lr_mult, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
         ms_per_step = 1000 * elapsed / steps_since, step_ms = dt * 1000, mem_peak = mem.peak,
         comm_bytes = self.comm and self.comm.sent_bytes or nil }  -- bytes rank 0 sent so far (gptlua.dist)
+      for i, r in ipairs(rates) do
+        shown[i] = r[1] == 'lr' and ('lr %.2e'):format(r[2]) or ('%s %.2e'):format(r[1], r[2])
+        rec[r[1] == 'lr' and 'lr' or 'lr_' .. r[1]] = r[2]
+      end
+      if #rates > 1 then shown[1] = 'lr ' .. shown[1] end
+      self:print(('step %5d/%d | loss %.4f | %s | norm %.3f | %.0f tok/s | MFU %.1f%% | %.1f ms/step | mem %s | ETA %s'):format(
+        self.step, cfg.max_iters, loss, table.concat(shown, ' '), norm, tps, 100 * mfu, 1000 * elapsed / steps_since,
+        fmt_bytes(mem.peak), fmt_time(eta)))
       -- a policy's own numbers (round position, staleness, ...)
       if self.policy.metrics then for k, v in pairs(self.policy:metrics()) do rec[k] = v end end
       self:write_metrics(rec)

@@ -72,7 +72,7 @@ function M.read_run(run)
         out.eval[#out.eval + 1] = { step = rec.step, tokens = num('tokens'), train_loss = num('train_loss'),
                                     val_loss = num('val_loss') }
       elseif not rec.skipped then
-        out.train[#out.train + 1] = { step = rec.step, tokens = num('tokens'), loss = num('loss'), lr = num('lr'),
+        out.train[#out.train + 1] = { step = rec.step, tokens = num('tokens'), loss = num('loss'), lr = num('lr'), lr_mult = num('lr_mult'),
           grad_norm = num('grad_norm'), tokens_per_sec = num('tokens_per_sec'),
           mfu = num('mfu') and 100 * rec.mfu or nil }
       end
@@ -89,7 +89,7 @@ function M.read_run(run)
 end
 
 -- ------------------------------------------------------------- gnuplot
-local TRAIN_COLS = { 'step', 'tokens', 'loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu' }
+local TRAIN_COLS = { 'step', 'tokens', 'loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu', 'lr_mult' }
 local EVAL_COLS = { 'step', 'tokens', 'train_loss', 'val_loss' }
 
 local function write_table(path, rows, cols)
@@ -158,7 +158,15 @@ local function panels(runs, dir, only_loss)
   out[#out + 1] = ('set multiplot layout 3,2 title %s'):format(q('gptlua: ' .. table.concat(names, ', ')))
   panel(out, 'loss vs steps', 'step', 'loss', loss_series('step'))
   panel(out, 'loss vs tokens', 'tokens', 'loss', loss_series('tokens'))
-  panel(out, 'learning rate', 'step', 'lr', series('train', 'step', 'lr', ''))
+  -- the schedule's multiplier of every group's peak rate when each run has it (an optimizer with several
+  -- groups, nanochat's, has no one 'lr'), else the rate
+  local every_mult = true
+  for _, r in ipairs(runs) do if not has(r.train, 'lr_mult') then every_mult = false end end
+  if every_mult then
+    panel(out, 'learning rate / peak (schedule)', 'step', 'x peak', series('train', 'step', 'lr_mult', ''))
+  else
+    panel(out, 'learning rate', 'step', 'lr', series('train', 'step', 'lr', ''))
+  end
   panel(out, 'gradient norm', 'step', 'norm', series('train', 'step', 'grad_norm', ''), true)
   panel(out, 'throughput', 'step', 'tokens/s', series('train', 'step', 'tokens_per_sec', ''))
   panel(out, 'MFU', 'step', 'MFU %', series('train', 'step', 'mfu', ''))
@@ -253,7 +261,11 @@ local function main(args)
       end
       opts.width, opts.height = w, h
     elseif a:sub(1, 1) == '-' then fail(('unknown option %s\n%s'):format(a, USAGE))
-    else runs[#runs + 1] = a end
+    else
+      local run, note = require('gptlua.runs').resolve(a)
+      if note then io.stderr:write('plot: ', note, '\n') end
+      runs[#runs + 1] = run
+    end
   end
   local out, text = M.plot(runs, opts)
   if text then io.write(text) end

@@ -55,6 +55,10 @@ local v = t:view(4, 4)']])
     for _, c in ipairs({
       { ' recipes/shakespeare.lua --lerning_rate=1', 'config: unknown key --lerning_rate (did you mean --learning_rate?)\n' },
       { ' recipes/shakespeare.lua --max_iters abc', 'config: --max_iters expects a finite number, got "abc"\n' },
+      { ' recipes/shakespeare.lua --lr=1e-3', 'config: unknown key --lr (did you mean --learning_rate?)\n' },
+      { ' recipes/shakespeare.lua --warmup_steps=5', 'config: unknown key --warmup_steps (did you mean --warmup_iters?)\n' },
+      { ' recipes/shakespeare.lua --device=gpu',
+        "config: device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu' (did you mean --device=cuda?)\n" },
       { ' recipes/shakespeare.lua --device=cuda:0', 'config: device cuda:0 requested but no CUDA device is available (use --device=cpu)\n' },
       { ' recipes/shakespeare.lua --data_path=/nonexistent.txt --max_iters=1',
         'data: file /nonexistent.txt not found (also looked in ' .. root .. ')\n' },

@@ -19,13 +19,18 @@ local function is_tensor(v)
   return mt and mt.__name == 'Tensor'
 end
 
--- a module-like table: named members, some of them functions
+-- a class (gptlua.nn.class and the like): a table that is its own __index, with a __name
+local function is_class(v)
+  return type(v) == 'table' and type(rawget(v, '__name')) == 'string' and rawget(v, '__index') == v
+end
+
+-- a module-like table: named members, some of them functions or classes (nn's)
 local function is_module(t)
   local n, fns = 0, 0
   for k, v in pairs(t) do
     if type(k) ~= 'string' then return false end
     n = n + 1
-    if type(v) == 'function' then fns = fns + 1 end
+    if type(v) == 'function' or is_class(v) then fns = fns + 1 end
   end
   return fns >= 4 and n > 8
 end
@@ -49,6 +54,7 @@ local function render(v, depth)
   depth = depth or 0
   local tv = type(v)
   if tv == 'string' then return depth == 0 and v or string.format('%q', v) end
+  if is_class(v) then return ('class %s'):format(v.__name) end
   if tv ~= 'table' or is_tensor(v) or depth > 2 then return tostring(v) end
   local mt = getmetatable(v)
   if mt and mt.__tostring then return tostring(v) end
@@ -93,6 +99,16 @@ local function members(v, methods_only)
     end
   end
   if type(v) == 'table' then add(v) end
+  if is_tensor(v) then   -- a tensor's methods: not the class's own functions (gl.Tensor.scope, .wrap, ...)
+    local gl = require 'gptlua'
+    for k, sig in pairs(gl.signatures.methods) do if out[k] == nil then out[k] = gl.Tensor[k] end end
+    for k, sig in pairs(gl.signatures.ops) do
+      if out[k] == nil and gl.Tensor[k] ~= nil and (sig:match('^[%w_]+:tensor') or sig:match('^[%w_]+:scalar')) then
+        out[k] = gl.Tensor[k]
+      end
+    end
+    return out
+  end
   local mt = (type(v) == 'table' or type(v) == 'string') and getmetatable(v)
   local depth = 0
   while mt and depth < 8 do  -- the class chain: __index tables (a function __index: the metatable's own)

@@ -210,7 +210,10 @@ function M.resolve_config(recipe, args)
     cfg.dist, launch.dist_default = 'ddp', true
   end
   if cfg.device == 'auto' then cfg.device = gl.default_device() end
-  gl.Tensor.device_id(cfg.device, 'config: device')
+  if not pcall(gl.Tensor.device_id, cfg.device) then
+    fail(("device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got '%s'%s"):format(check.printable(cfg.device),
+      (cfg.device == 'gpu' or cfg.device == 'gpu:0') and ' (did you mean --device=cuda?)' or ''))
+  end
   if cfg.device ~= 'cpu' and not gl.cuda_available() then
     fail(('device %s requested but no CUDA device is available (use --device=cpu)'):format(cfg.device))
   end

@@ -15,6 +15,7 @@
 #   make deps       apt-get install the Debian packages listed in DEBIAN_PACKAGES
 #   make install    the binary, library and Lua tree under PREFIX (root: /usr/local, else ~/.local)
 #   make link       BINDIR/gptlua -> this checkout's build/gptlua (make run and make test do it)
+#   make embed-example  build and run examples/embed/host.c, a C program embedding the engine
 #   CUDA=0 forces a CPU-only build; CUDA=1 fails if nvcc is missing.
 
 # where `make install` and `make link` put the `gptlua` command: as root
@@ -29,7 +30,7 @@ CC     ?= gcc
 
 DEBIAN_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev lua-busted lua-cjson \
   libopenblas-openmp-dev libcjson-dev libpcre2-dev libreadline-dev libopenmpi-dev openmpi-bin \
-  clang libclang-rt-14-dev libomp-14-dev gnuplot-nox libgloo-dev
+  clang libclang-rt-14-dev libomp-14-dev gnuplot-nox libgloo-dev luarocks
 
 NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 ifeq ($(CUDA),0)
@@ -240,7 +241,7 @@ $(SIM_ACC)/gptlua: engine/main.c $(HEADERS) | $(SIM_ACC)/obj
 sim-account: $(SIM_ACC)/gptlua $(SIM_ACC)/libgptlua.so
 
 
-.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link clean cuda-check
+.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link rock-install embed-example clean cuda-check
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB)
 
 $(BUILD)/obj:
@@ -390,6 +391,22 @@ install: all
 	cp -r recipes data $(DESTDIR)$(PREFIX)/share/gptlua/
 	@case ":$$PATH:" in *":$(BINDIR):"*) ;; *) [ -n "$(DESTDIR)" ] || \
 	  echo "make install: $(BINDIR) is not on your PATH: export PATH=$(BINDIR):\$$PATH";; esac
+
+# what `luarocks make` (gptlua-dev-1.rockspec) installs: the Lua library in
+# LUADIR, the engine libraries in LIBDIR (the tree's C-module directory, on
+# package.cpath, where lua/gptlua/ffi.lua finds libgptlua.so)
+rock-install: all
+	install -d $(LUADIR)/gptlua $(LIBDIR)
+	cp -r lua/gptlua/. $(LUADIR)/gptlua/
+	install -m 644 $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB) $(LIBDIR)/
+
+# examples/embed/host.c: a C program that embeds the engine (links
+# libgptlua and LuaJIT, runs training steps in a Lua state, reads a tensor back)
+$(BUILD)/embed_host: examples/embed/host.c engine/gptlua.h $(BUILD)/libgptlua.so
+	$(CC) -O2 -std=gnu11 -Wall -Wextra -Iengine -I/usr/include/luajit-2.1 \
+	  -DGPTLUA_ROOT='"$(CURDIR)"' $< -o $@ -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgptlua -lluajit-5.1 -lm
+embed-example: $(BUILD)/embed_host
+	$(BUILD)/embed_host
 
 clean:
 	rm -rf $(BUILD)

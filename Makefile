@@ -343,9 +343,10 @@ test:
 	@$(MAKE) --no-print-directory -j$(NPROC) all sim sim-account
 	@$(MAKE) --no-print-directory link
 	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs $(RACE_RUNS)
-test-cpu-specs:
+# (each target builds what it runs: after make test's own builds, nothing to do)
+test-cpu-specs: all
 	GPTLUA_PORTS=24000-24999 $(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
-test-sim-specs:
+test-sim-specs: sim sim-account
 	GPTLUA_PORTS=25000-25999 $(SIM)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
 
 # the kernel twins again in the simulator's race mode, under two random thread

@@ -94,3 +94,32 @@ describe('--resume', function()
     os.execute('rm -rf ' .. d)
   end)
 end)
+
+describe('an eval after --resume', function()
+  it("reads the batches the run's own eval at that step read", function()
+    local d1, d2 = tmpdir(), tmpdir()
+    local function evals(dir)
+      local out = {}
+      for line in io.lines(dir .. '/metrics.jsonl') do
+        local m = require('cjson').decode(line)
+        if m.eval then out[#out + 1] = { m.step, m.val_loss, m.train_loss } end
+      end
+      return out
+    end
+    local over = { quiet = true, eval_interval = 2, eval_iters = 2 }
+    over.out_dir = d1
+    train.main(recipe(over), { '--max_iters=6' })
+    over.out_dir = d2
+    local r = recipe(over)
+    r.on_log = function(t) if t.step == 3 then t.stop_signal = true end end
+    train.main(r, { '--max_iters=6' })       -- checkpoints at step 2 (its eval) and 3 (stopped)
+    train.main(recipe(over), { '--resume=' .. d2 .. '/r/checkpoints/step_0000002', '--max_iters=6' })
+    -- the uninterrupted run's evals at 0, 2, 4, 6; the resumed one's (a new run: its checkpoint is not
+    -- the latest of r) at 2, 4, 6
+    local full, resumed = evals(d1 .. '/r'), evals(d2 .. '/r-2')
+    assert.equal(4, #full)
+    assert.equal(3, #resumed)
+    for i = 1, 3 do assert.same(full[i + 1], resumed[i]) end
+    os.execute('rm -rf ' .. d1 .. ' ' .. d2)
+  end)
+end)

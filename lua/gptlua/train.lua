@@ -150,6 +150,16 @@ function Trainer:print(...)
   if self.rank == 0 and not self.cfg.quiet then io.write(...); io.write('\n'); io.stdout:flush() end
 end
 
+-- the positions of the loaders evaluate() reads (a recipe's build_data may lack them)
+function Trainer:eval_data_state()
+  local out = {}
+  for _, split in ipairs({ 'val', 'eval_train' }) do
+    local loader = self.data[split]
+    if type(loader) == 'table' and loader.state and loader ~= self.data.train then out[split] = loader:state() end
+  end
+  return next(out) and out or nil
+end
+
 -- mean loss over eval_iters batches of each split
 function Trainer:evaluate()
   local cfg, model = self.cfg, self.model
@@ -234,6 +244,9 @@ function Trainer:save_checkpoint()
                   bad_steps = self.bad_steps, run_id = self.run_id, saved_at = runs.time(),
                   best_val_loss = self.best_val_loss < math.huge and self.best_val_loss or nil,
                   live = self.live_changes,  -- changes made through gptlua attach, re-applied on resume
+                  -- where the evals' batches are, before this step's eval (a resume evaluates this step again)
+                  eval_data = self.eval_data_before and self.eval_data_before.step == self.step
+                    and self.eval_data_before.state or self:eval_data_state(),
                   ranks = self.dp_size, tokens_per_step = self.tokens_per_step,  -- compared on resume
                   given = self:given() }
   self.saved_step = self.step
@@ -286,6 +299,10 @@ function Trainer:load_checkpoint(path)
   end
   gl.set_rng_state(st.rng)
   self.data.train:set_state(st.data)
+  for split, loader_state in pairs(st.eval_data or {}) do
+    local loader = self.data[split]
+    if type(loader) == 'table' and loader.set_state then loader:set_state(loader_state) end
+  end
   self.step = st.step
   self.history = st.history or {}
   self.bad_steps = st.bad_steps or 0
@@ -575,6 +592,7 @@ function Trainer:run()
     local step = self.step
     if cfg.eval_interval > 0 and step % cfg.eval_interval == 0 then
       local t_eval = now()
+      self.eval_data_before = { step = step, state = self:eval_data_state() }
       local ev = self:evaluate()
       last_eval = ev
       self:print(('step %d: train loss %.4f, val loss %.4f'):format(step, ev.train, ev.val))

@@ -670,7 +670,8 @@ function Trainer:run()
   self:end_live()
   local final = { run_dir = self.run_dir }
   if interrupted then
-    self:print(('interrupted at step %d: saving a checkpoint'):format(self.step))
+    self:print(('%s at step %d: saving a checkpoint'):format(
+      self.stop_reason == 'profile' and 'stopped after the profile' or 'interrupted', self.step))
     if self.saved_step ~= self.step then final.checkpoint = self:save_checkpoint()
     else final.checkpoint = ('%s/step_%07d'):format(self.ckpt_dir, self.step) end
     final.interrupted, final.losses = true, losses

@@ -39,7 +39,7 @@ M.defaults = {
   max_bad_steps = 5,
   peak_flops = 0, quiet = false,
   -- seeing a run (gptlua.observe): TensorBoard events next to metrics.jsonl; profile = 'N' or 'A:B' steps
-  tensorboard = true, profile = '',
+  tensorboard = true, profile = '', profile_continue = false,
   -- CUDA graphs (gptlua.train_graph): 'auto' (where one applies), 'off' (false) or true; optimizer
   -- steps run op by op first
   cuda_graph = 'auto', cuda_graph_warmup = 1,

@@ -212,21 +212,28 @@ local function environment(self, who, out)
     for i = 1, select('#', ...) do parts[#parts + 1] = tostring((select(i, ...))) end
     out[#out + 1] = table.concat(parts, '\t')
   end
+  -- pause(): hold the job at this step boundary (it keeps taking commands)
   function env.pause() self.paused, self.pause_at = true, nil; return ('paused at step %d'):format(t.step) end
+  -- resume(): train on after pause() or step(n)
   function env.resume() self.paused, self.pause_at = false, nil; return ('resumed at step %d'):format(t.step) end
+  -- step(n): n more steps (default 1), then pause
   function env.step(n)
     n = n or 1
     check.integer(n, 'control', 'step(n)', 1, 2 ^ 53, config.NO_POSITION)
     self.paused, self.pause_at = false, t.step + n
     return ('running %d step%s, pausing at step %d'):format(n, n == 1 and '' or 's', t.step + n)
   end
+  -- stop(): save a checkpoint and end the run cleanly (exit 0), as Ctrl-C does
   function env.stop() self.stop = true; return ('stopping at step %d'):format(t.step) end
+  -- checkpoint(): save a checkpoint of this step now
   function env.checkpoint() return t:save_checkpoint() or ('checkpoint of step %d saved by rank 0'):format(t.step) end
+  -- eval(): the train and val loss now ({train = ..., val = ...}), recorded in metrics.jsonl
   function env.eval()
     local ev = t:evaluate()
     t:write_metrics({ step = t.step, eval = true, train_loss = ev.train, val_loss = ev.val, by = who })
     return ev
   end
+  -- sample(prompt, n): n (200) characters or tokens generated from prompt (cfg.sample_prompt)
   function env.sample(prompt, n)
     if prompt ~= nil and type(prompt) ~= 'string' then fail('sample(prompt): prompt must be a string') end
     local saved = t.cfg.sample_prompt
@@ -236,6 +243,7 @@ local function environment(self, who, out)
     if not ok then error(text, 0) end
     return text
   end
+  -- set{key = value, ...}: change live keys of the run (checked as config values; kept in checkpoints)
   function env.set(values)
     M.validate_set(values, t.cfg, t.hooks)
     local v = {}
@@ -243,6 +251,7 @@ local function environment(self, who, out)
     local c = record(t, { kind = 'set', values = v, by = who })
     return ('set at step %d: %s'):format(c.step, cjson.encode(v))
   end
+  -- reload 'lr_schedule' (or 'on_log', 'on_eval'): read the recipe file again and swap that hook
   function env.reload(name)
     if type(name) ~= 'string' or not SWAPPABLE[name] then
       fail(('reload: expected the name of a hook to swap (%s), got %s'):format(table.concat(sorted(SWAPPABLE), ', '),
@@ -257,6 +266,16 @@ local function environment(self, who, out)
     local c = record(t, { kind = 'reload', hook = name, path = path, source = src, by = who })
     return ('reloaded %s from %s at step %d'):format(name, path, c.step)
   end
+  -- help() in the job: what attach offers; help(x): x's signature and doc, as the REPL's
+  function env.help(...)
+    if select('#', ...) == 0 then return M.ATTACH_HELP end
+    return require('gptlua.help').text(...)
+  end
+  -- Tab completion in the attach REPL: the candidates for text among the job's names, a line each
+  function env.__complete(text)
+    return table.concat(require('gptlua.repl').complete_in(env, text), '\n')
+  end
+  -- loss(n): the last n training losses (all when n is not given)
   function env.loss(n)
     local h, out2 = t.history, {}
     n = math.min(n or #h, #h)
@@ -341,7 +360,7 @@ function Ctl:round(wait_ms)
   if t.rank == 0 then
     batch = self.server and (self.server:poll(wait_ms) and self.server:take()) or {}
     local wire = {}
-    for i, c in ipairs(batch) do wire[i] = { code = c.code, ranks = c.ranks, who = c.who } end
+    for i, c in ipairs(batch) do wire[i] = { code = c.code, ranks = c.ranks, who = c.who, quiet = c.quiet } end
     s = #wire > 0 and cjson.encode(wire) or ''
   end
   local stop
@@ -367,8 +386,10 @@ function Ctl:round(wait_ms)
       end
     end
     if t.rank == 0 then
-      t:write_metrics({ step = t.step, event = 'control', command = c.code, by = c.who, ok = ok,
-        error = not ok and text or nil })
+      if not c.quiet then
+        t:write_metrics({ step = t.step, event = 'control', command = c.code, by = c.who, ok = ok,
+          error = not ok and text or nil })
+      end
       local req = batch[i]
       self.server:send(req.client, cjson.encode({ id = req.id, step = t.step, results = results }))
     end
@@ -404,6 +425,19 @@ its next step boundary, on every rank; --ranks picks whose results are shown
 Commands: pause() resume() step(n) checkpoint() stop() eval() sample(prompt)
 set{key = value} reload 'lr_schedule' loss(n), and trainer, model, cfg, rank.
 ]]
+
+-- help() in the attach REPL
+M.ATTACH_HELP = [[
+Attached to a running job: each statement runs inside it at its next step
+boundary, on every rank (:ranks all / :ranks 0,1 picks whose results show).
+  pause()  resume()  step(n)     hold the job; go on; n more steps, then hold
+  checkpoint()  stop()           save now; save and end the run (exit 0)
+  eval()  sample(prompt)  loss(n) evaluate; generate; the last n losses
+  set{key = value, ...}          change the run (live keys: set{bogus = 1} lists them)
+  reload 'lr_schedule'           swap a hook from the recipe file (also on_log, on_eval)
+  trainer  model  cfg  optimizer  data  rank  world  gl
+help(x) or ?x: x's signature and doc.  Tab completes the job's names.
+Ctrl-D detaches (the job goes on); the prompt ends when the job does.]]
 
 local function parse_ranks(s)
   if s == 'all' then return 'all' end
@@ -463,16 +497,24 @@ function M.attach_main(args)
     return 1
   end
   local id = 0
-  local function remote(src)
+  -- runs src in the job; returns ok, the text, and true when the job is gone
+  local function remote(src, quiet, wait)
     id = id + 1
-    local ok, err = client:send(cjson.encode({ id = id, code = src, ranks = ranks }))
-    if not ok then return false, 'gptlua attach: the job went away: ' .. err end
-    local line, e = client:read_line(timeout)
-    if not line then
-      return false, e == 'timeout' and ('gptlua attach: no answer within %g s'):format(timeout)
-        or 'gptlua attach: the job closed the connection (it ended)'
+    local ok, err = client:send(cjson.encode({ id = id, code = src, ranks = quiet and { 0 } or ranks,
+                                               quiet = quiet or nil }))
+    if not ok then return false, 'gptlua attach: the job went away: ' .. err, true end
+    while true do
+      local line, e = client:read_line(wait or timeout)
+      if not line then
+        if e == 'timeout' then return false, ('gptlua attach: no answer within %g s'):format(wait or timeout) end
+        return false, 'gptlua attach: the job closed the connection (it ended)', true
+      end
+      local reply = cjson.decode(line)
+      -- (a late answer to an earlier request, a Tab completion that timed out, is dropped)
+      if reply.id == nil or reply.id == id then
+        return show(reply, not quiet and (ranks == 'all' or #ranks > 1 or ranks[1] ~= 0))
+      end
     end
-    return show(cjson.decode(line), ranks == 'all' or #ranks > 1 or ranks[1] ~= 0)
   end
   if #codes > 0 then
     local rc = 0
@@ -493,7 +535,17 @@ function M.attach_main(args)
       return true, 'results from ranks ' .. r
     end
     return remote(src)
-  end, banner = ('attached to %s: Lua runs in the job at its next step boundary; Ctrl-D detaches'):format(dir) })
+  end,
+  -- Tab: the job's names (it answers at its next step boundary; none after 2 s)
+  complete = function(text)
+    local ok, out = remote(('return __complete(%q)'):format(text), true, 2)
+    local cands = {}
+    if ok then for c in out:gmatch('[^\n]+') do cands[#cands + 1] = c end end
+    return cands
+  end,
+  watch_fd = client.fd,   -- the job's end closes the socket: the prompt ends with it
+  banner = ('attached to %s: Lua runs in the job at its next step boundary; help() for help, Tab completes, '
+    .. 'Ctrl-D detaches'):format(dir) })
   client:close()
   return rc
 end

@@ -133,7 +133,10 @@ end
 -- complete(text, line, start) -> candidates for the word `text` (as
 -- readline passes it): "gl.ra" -> {"gl.rand(", "gl.randn("}; functions get
 -- "(", names starting with _ only when typed
-function M.complete(text)
+function M.complete(text) return M.complete_in(_G, text) end
+
+-- the same among the names reachable from root (gptlua attach: the job's environment)
+function M.complete_in(root, text)
   local chain, sep, partial = text:match('^([%a_][%w_%.:]-)([%.:])([%w_]*)$')
   local cands = {}
   local function offer(prefix, name, v)
@@ -143,7 +146,7 @@ function M.complete(text)
   end
   if chain then
     if chain:find(':') then return {} end  -- a:b.c is a call's result, not a name
-    local v = _G
+    local v = root
     for name in chain:gmatch('[^%.]+') do
       v = lookup(v, name)
       if v == nil then return {} end
@@ -151,7 +154,7 @@ function M.complete(text)
     for k, x in pairs(members(v, sep == ':')) do offer(chain .. sep, k, x) end
   else
     partial = text
-    for k, x in pairs(members(_G)) do offer('', k, x) end
+    for k, x in pairs(members(root)) do offer('', k, x) end
     for _, k in ipairs(KEYWORDS) do offer('', k, nil) end
   end
   table.sort(cands)
@@ -212,7 +215,7 @@ function M.run(opts)
   if tty then
     hist = history_path()
     if hist then GPTLUA.read_history(hist, 1000) end
-    GPTLUA.complete = M.complete
+    GPTLUA.complete = opts.complete or M.complete
     local names = { '`gl`' }
     for _, g in ipairs(opts.globals or {}) do names[#names + 1] = '`' .. g .. '`' end
     if opts.banner then io.write(opts.banner, '\n')
@@ -221,7 +224,7 @@ function M.run(opts)
         table.concat(names, ', '), #names > 1 and ' are loaded' or ' is loaded',
         '; help() for help, Tab completes, Ctrl-C interrupts, Ctrl-D exits.\n')
     end
-    read = function(prompt) return GPTLUA.readline(prompt) end
+    read = function(prompt) return GPTLUA.readline(prompt, opts.watch_fd) end
   else
     read = function() return io.read('*l') end
   end
@@ -233,13 +236,21 @@ function M.run(opts)
   local failed = false
   local buffer = nil
   while true do
-    local line = read(buffer and '>> ' or '> ')
+    local line, why = read(buffer and '>> ' or '> ')
+    if line == nil and why == 'fd' then   -- attach: the job's socket closed while the user typed
+      io.stderr:write('gptlua attach: the job ended; detached\n')
+      failed = true
+      break
+    end
     if line == nil then break end
     if line == false then  -- Ctrl-C at the prompt: drop what was typed
       buffer = nil
     else
       local src = buffer and (buffer .. '\n' .. line) or line
-      local helped = not buffer and not opts.remote and help_request(src)
+      local helped = not buffer and help_request(src)
+      if helped and opts.remote then   -- attach: help runs in the job, on its values
+        src, helped = helped == '' and 'help()' or ('help(%s, %q)'):format(helped, helped), nil
+      end
       local f, err
       if opts.remote and not buffer and src:match('^%s*:') then  -- attach's own commands (:ranks ...)
         f = function() return src end
@@ -263,10 +274,11 @@ function M.run(opts)
       elseif opts.remote then  -- gptlua attach: the statement runs in a job, which answers with text
         buffer = nil
         remember(src)
-        local ok, text = opts.remote(src)
+        local ok, text, gone = opts.remote(src)
         if text and text ~= '' then (ok and io.stdout or io.stderr):write(text, '\n') end
         if not ok then failed = true end
         io.stdout:flush()
+        if gone then break end   -- the job ended: nothing more can run there
       else
         buffer = nil
         remember(src)

@@ -78,10 +78,13 @@ describe('benchmarks', function()
     local p = io.popen(('cd %s && %s recipes/bench.lua --only=step --iters=2 --rounds=2 2>&1; echo "exit=$?"'):format(root, exe))
     local out = p:read('*a'); p:close()
     assert.truthy(out:find('exit=0', 1, true), out)
-    assert.truthy(out:find('round 2: gptlua gpt2 [%d.]+ ms/iter, gptlua nanochat [%d.]+ ms/iter'), out)
-    for _, m in ipairs({ 'gpt2', 'nanochat' }) do
-      assert.truthy(out:find('training step, default recipe %(4x128, batch 12, context 64%) with the ' .. m ..
-        ' block [^:]*: [%d.]+ ms/iter, %d+ tokens/s, MFU [%d.]+%% of [%d.]+ GFLOP/s sgemm, %d+%% in BLAS, peak memory [%d.]+ [KM]iB'), out)
+    assert.truthy(out:find('round 2: gptlua gpt2 [%d.]+ ms/iter, gptlua nanochat [%d.]+ ms/iter, gptlua recipe [%d.]+ ms/iter'), out)
+    -- each step says what it is: the default recipe's own (Muon) apart from the AdamW comparisons
+    for _, label in ipairs({ "nanoGPT's GPT%-2 block, AdamW %(the PyTorch comparison%)",
+                             "the recipe's block %(nanochat v1%), AdamW %(the previous default%)",
+                             'the default recipe as it trains %(nanochat v1 block, Muon %+ AdamW%)' }) do
+      assert.truthy(out:find('training step %(4x128, batch 12, context 64%), ' .. label ..
+        ': [%d.]+ ms/iter, %d+ tokens/s, MFU [%d.]+%% of [%d.]+ GFLOP/s sgemm[^,]*, %d+%% in BLAS, peak memory [%d.]+ [KM]iB'), out)
     end
   end)
 end)

@@ -142,7 +142,7 @@ function M.new(recipe, args)
   self.tensorboard = require('gptlua.observe.tensorboard').for_trainer(self)  -- nil when off
   self.profiler = require('gptlua.observe.profiler').for_trainer(self)        -- wraps train_step; nil when off
   self.graph = require('gptlua.train_graph').for_trainer(self)                -- nil when off
-  self:given()   -- what the command line gave, before anything changes cfg
+  self:given(); self:followed()   -- what the command line gave, before anything changes cfg
   return self
 end
 
@@ -248,7 +248,7 @@ function Trainer:save_checkpoint()
                   eval_data = self.eval_data_before and self.eval_data_before.step == self.step
                     and self.eval_data_before.state or self:eval_data_state(),
                   ranks = self.dp_size, tokens_per_step = self.tokens_per_step,  -- compared on resume
-                  given = self:given() }
+                  given = self:given(), followed = self:followed() }
   self.saved_step = self.step
   if self.policy.save_checkpoint then  -- sharded state: the policy writes its shards
     return self.policy:save_checkpoint(self, model_sd, opt_sd, state)
@@ -318,49 +318,62 @@ end
 local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, replay = true, replay_to = true,
                        quiet = true }
 
--- the run's values of the keys its command line gave (and of the schedule
--- lengths that followed its max_iters): what a resume keeps
+-- the run's values of the keys its command line gave: what a resume keeps
 function Trainer:given()
   if self.given_keys then return self.given_keys end
   local out = {}
   for k, v in pairs(self.launch.cli or {}) do if type(v) ~= 'table' and not NOT_COMPARED[k] then out[k] = self.cfg[k] end end
-  for _, k in ipairs(self.launch.scaled_keys or {}) do out[k] = self.cfg[k] end
   self.given_keys = out
   return out
 end
 
--- The run's settings against this process's (a resume).  What the run
--- was given on its command line (its length and the schedule lengths that
--- followed it) stays unless given again; a max_iters given again scales the
--- run's schedule lengths not given with it.  Every other difference is
--- printed.  A max_iters given that differs from the run's, or a different
--- number of tokens per step (another world size, batch or accumulation),
--- changes what the run is and needs --allow_changes.
-local FOLLOWS_THE_RUN = { max_iters = true, warmup_iters = true, lr_decay_iters = true, eval_interval = true }
+-- the schedule lengths that followed the command line's max_iters (train_config), by key
+function Trainer:followed()
+  if self.followed_keys then return self.followed_keys end
+  local out = {}
+  for _, k in ipairs(self.launch.scaled_keys or {}) do out[k] = self.cfg[k] end
+  self.followed_keys = out
+  return out
+end
+
+-- The run's settings against this process's (a resume).  What the run's
+-- command line gave (max_iters, schedule lengths) stays unless given again,
+-- and so do the schedule lengths that followed its max_iters; a max_iters
+-- given anew stretches the run's schedule lengths that no command line set.
+-- Every other difference is printed.  A max_iters given that differs from
+-- the run's, or a different number of tokens per step (another world size,
+-- batch or accumulation), changes what the run is and needs --allow_changes.
 function Trainer:resume_settings(st)
   local cfg, run = self.cfg, st.config
   if type(run) ~= 'table' then return end
   local cli = self.launch.cli or {}
-  local notes, refuse = {}, {}
-  local given, kept = self:given(), {}
-  for _, k in ipairs(config.sorted_keys(st.given or {})) do
-    local v = st.given[k]
-    if FOLLOWS_THE_RUN[k] and cli[k] == nil and cfg[k] ~= v and (k == 'max_iters' or cli.max_iters == nil) then
-      kept[#kept + 1] = ('%s %s'):format(k, tostring(v))
-      cfg[k] = v
-    end
-    if cli[k] == nil then given[k] = v end   -- and the next resume keeps them too
+  local notes, refuse, kept = {}, {}, {}
+  local run_given, run_followed = st.given or {}, st.followed or {}
+  local function keep(k, v)
+    if cfg[k] ~= v then kept[#kept + 1] = ('%s %s'):format(k, tostring(v)); cfg[k] = v end
   end
+  if cli.max_iters == nil and run_given.max_iters ~= nil then keep('max_iters', run_given.max_iters) end
+  for _, k in ipairs(M.SCHEDULE_STEP_KEYS) do
+    if cli[k] == nil then
+      if run_given[k] ~= nil then keep(k, run_given[k])
+      elseif cli.max_iters ~= nil and type(run[k]) == 'number' and type(run.max_iters) == 'number' then
+        cfg[k] = M.scaled_steps(run[k], run.max_iters, cfg.max_iters)
+        self:followed()[k] = cfg[k]
+      elseif run_followed[k] ~= nil then
+        keep(k, run_followed[k])
+        self:followed()[k] = run_followed[k]
+      end
+    end
+  end
+  -- what this run keeps for its next resume: the run's command line, then this one's
+  local given = self:given()
+  for k, v in pairs(run_given) do if cli[k] == nil then given[k] = v end end
   if #kept > 0 then
-    self:print(('resume: the run\'s own %s (its command line\'s; given again, they change)'):format(table.concat(kept, ', ')))
+    table.sort(kept)
+    self:print(('resume: the run\'s own %s (given again, they change)'):format(table.concat(kept, ', ')))
   end
-  if cli.max_iters ~= nil and type(run.max_iters) == 'number' then
-    for _, k in ipairs(M.SCHEDULE_STEP_KEYS) do
-      if cli[k] == nil and type(run[k]) == 'number' then cfg[k] = M.scaled_steps(run[k], run.max_iters, cfg.max_iters) end
-    end
-    if cfg.max_iters ~= run.max_iters then
-      refuse[#refuse + 1] = ('max_iters %s -> %s'):format(run.max_iters, cfg.max_iters)
-    end
+  if cli.max_iters ~= nil and type(run.max_iters) == 'number' and cfg.max_iters ~= run.max_iters then
+    refuse[#refuse + 1] = ('max_iters %s -> %s'):format(run.max_iters, cfg.max_iters)
   end
   local function show(v) return type(v) == 'string' and ("'%s'"):format(v) or tostring(v) end
   local function compare(a, b, prefix)

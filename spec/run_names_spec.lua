@@ -47,6 +47,10 @@ describe('a run addressed by its name', function()
     -- plot: the newer run's curves
     o, rc = H.sh(('%s plot %s/live --out=%s/p.png'):format(H.EXE, d, d))
     has(o, ('plot: %s/live: the newest of 2 runs named live is %s/live-2'):format(d, d))
+    -- two runs of the name, both named: exactly those
+    o, rc = H.sh(('%s plot %s/live %s/live-2 --out=%s/p2.png'):format(H.EXE, d, d, d), 60)
+    assert.equal(0, rc, o)
+    assert.is_nil(o:find('the newest', 1, true), o)
     -- attach: the running job, a third run of the name
     o, rc = H.sh('bash -c ' .. quote(table.concat({
       base .. (' > %s/log 2>&1 & pid=$!'):format(d),

@@ -365,6 +365,9 @@ function J.replay_main(args)
   if (from and (from < 0 or from % 1 ~= 0)) or (to and (to < 1 or to % 1 ~= 0)) then
     io.stderr:write('gptlua replay: --from and --to expect step numbers\n') return 1
   end
+  local note
+  dir, note = require('gptlua.runs').resolve(dir)   -- a run's name: its newest run
+  if note then io.stderr:write('gptlua replay: ', note, '\n') end
   dir = dir:gsub('/+$', '')
   local jpath = dir .. '/journal.jsonl'
   local journal = J.read(jpath)
@@ -497,7 +500,7 @@ function J.diff_main(args)
       .. 'it; exits 0 when they agree, 1 when they differ.\n')
     return #runs == 2 and 0 or 1
   end
-  args = runs
+  args = runs   -- (exact directories: runs/a and runs/a-2 are what they say here)
   local a, b = J.read(journal_of(args[1])), J.read(journal_of(args[2]))
   local cfg = config_differences(a.headers[1], b.headers[1])
   if #cfg > 0 then io.write('config differs: ', table.concat(cfg, ', '), '\n') end

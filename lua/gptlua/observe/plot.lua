@@ -320,10 +320,18 @@ local function main(args)
       end
       opts.width, opts.height = w, h
     elseif a:sub(1, 1) == '-' then fail(('unknown option %s\n%s'):format(a, USAGE))
-    else
+    else runs[#runs + 1] = a end
+  end
+  -- a run's name is its newest run, unless another run of that name is named
+  -- too (plot runs/a runs/a-2 overlays exactly those two)
+  local function family(p) return (p:gsub('/+$', ''):gsub('%-%d+$', '')) end
+  for i, a in ipairs(runs) do
+    local alone = true
+    for j, b in ipairs(runs) do if i ~= j and family(b) == family(a) then alone = false end end
+    if alone then
       local run, note = require('gptlua.runs').resolve(a)
       if note then io.stderr:write('plot: ', note, '\n') end
-      runs[#runs + 1] = run
+      runs[i] = run
     end
   end
   local out, text = M.plot(runs, opts)

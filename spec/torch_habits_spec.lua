@@ -53,6 +53,16 @@ describe('Torch habits', function()
     assert.equal(12, x:numel())
   end)
 
+  it("show a tensor with th's footer at the prompt", function()
+    local x = gl.tensor({ { 1, 2, 3 }, { 4, 5, 6 } })
+    assert.equal('tensor([[1.0000, 2.0000, 3.0000],\n        [4.0000, 5.0000, 6.0000]])\n[float32 tensor of size 2x3]',
+      repl.render(x))
+    assert.equal('tensor(3.0000)\n[float64 tensor with no dimension]', repl.render(gl.tensor(3, { dtype = 'float64' })))
+    assert.equal('[float32 tensor of size 2, requires_grad]', repl.render(gl.ones({ 2 }):requires_grad_()):match('\n(.*)$'))
+    -- print() and tostring() keep shape and dtype inline
+    assert.equal('tensor([1.0000, 2.0000], shape={2}, dtype=float32)', tostring(gl.tensor({ 1, 2 })))
+  end)
+
   it('print nn as its classes, and complete a tensor with its methods only', function()
     local text = repl.render(require('gptlua.nn'))
     assert.truthy(text:find('classes  Dropout, Embedding, LayerNorm, Linear', 1, true), text)

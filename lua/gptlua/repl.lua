@@ -55,6 +55,7 @@ local function render(v, depth)
   local tv = type(v)
   if tv == 'string' then return depth == 0 and v or string.format('%q', v) end
   if is_class(v) then return ('class %s'):format(v.__name) end
+  if depth == 0 and is_tensor(v) then return require('gptlua.tensor').format(v, { footer = true }) end
   if tv ~= 'table' or is_tensor(v) or depth > 2 then return tostring(v) end
   local mt = getmetatable(v)
   if mt and mt.__tostring then return tostring(v) end

@@ -471,7 +471,20 @@ end
 -- Torch/PyTorch style: values right-aligned to a common width, elided in
 -- the middle beyond 1000 elements; floats switch to scientific notation
 -- when their magnitudes span too much for a fixed format.
-function Tensor:__tostring()
+function Tensor:__tostring() return Tensor.format(self) end
+
+-- th's footer: "[float32 tensor of size 3x4]" (device and requires_grad when
+-- they say something), what the REPL prints under a tensor's values
+function Tensor.footer(t)
+  local size = #t.shape == 0 and 'with no dimension' or ('of size ' .. table.concat(t.shape, 'x'))
+  return ('[%s tensor %s%s%s]'):format(t.dtype, size, t.device ~= 'cpu' and (' on ' .. t.device) or '',
+    t.requires_grad and ', requires_grad' or '')
+end
+
+-- the values as tostring(x) shows them, followed by shape and dtype; with
+-- opts.footer the values alone and th's footer on the next line (the REPL)
+function Tensor.format(self, opts)
+  if freed(self) then error('tostring: tensor was freed', 3) end
   local t = self.device == 'cpu' and self or self:to('cpu')
   local shape, isf = t.shape, FLOATING[t.dtype]
   local summarize = t:numel() > 1000
@@ -529,6 +542,7 @@ function Tensor:__tostring()
   end
   if #shape == 0 then emit(fmt(flat[1])) else rec(1, 0, 7) end
   if t:numel() == 0 then parts = { '[]' } end
+  if opts and opts.footer then return 'tensor(' .. table.concat(parts) .. ')\n' .. Tensor.footer(self) end
   local extra = {}
   extra[#extra + 1] = 'shape={' .. table.concat(shape, ',') .. '}'
   extra[#extra + 1] = 'dtype=' .. self.dtype

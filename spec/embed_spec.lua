@@ -3,13 +3,15 @@
 -- through the C API; `luarocks make` installs the library from the checkout
 -- into a tree, where a stock luajit outside the checkout requires it.
 local H = require 'support.mpi'
+-- make as a user runs it, not as a child of the make running the specs (its jobserver and flags)
+local MAKE = 'env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make'
 
 local function has(s, part) assert.truthy(s:find(part, 1, true), s) end
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 describe('embedding', function()
   it('a C host links libgptlua, runs training steps in Lua and reads a tensor back', function()
-    local o, rc = H.sh('make -s build/embed_host && build/embed_host . 30', 300)
+    local o, rc = H.sh(MAKE .. ' -s build/embed_host && build/embed_host . 30', 300)
     assert.equal(0, rc, o)   -- the host itself fails unless the loss fell and C and Lua read the same values
     local c = o:match('read by C:%s+([^\n]+)')
     local lua = o:match('as Lua reads it:%s+([^\n]+)')

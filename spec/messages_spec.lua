@@ -250,7 +250,7 @@ describe('messages: coverage', function()
     local statics = { empty = true, full = true, scope = true, wrap = true, from_table = true, shape_arg = true,
                       infer_shape = true, contiguous_strides = true, norm_dim = true, dtype_id = true,
                       device_id = true, set_default_dtype = true, get_default_dtype = true, __tostring = true,
-                      __index = true, release = true, rebind = true }
+                      __index = true, release = true, rebind = true, format = true, footer = true }
     local missing = {}
     for k, v in pairs(gl.Tensor) do
       if type(v) == 'function' and not (statics[k] or k:match('^__') or gl.signatures.ops[k] or gl.signatures.methods[k]) then

@@ -13,17 +13,24 @@
 #   make fuzz       libFuzzer (clang, ASan+UBSan) on every file parser, FUZZ_SECONDS each;
 #                   make fuzz-ci  the same for FUZZ_CI_SECONDS each (CI)
 #   make deps       apt-get install the Debian packages listed in DEBIAN_PACKAGES
-#   make install PREFIX=/usr/local
+#   make install    the binary, library and Lua tree under PREFIX (root: /usr/local, else ~/.local)
+#   make link       BINDIR/gptlua -> this checkout's build/gptlua (make run and make test do it)
+#   make embed-example  build and run examples/embed/host.c, a C program embedding the engine
 #   CUDA=0 forces a CPU-only build; CUDA=1 fails if nvcc is missing.
 
-PREFIX ?= /usr/local
+# where `make install` and `make link` put the `gptlua` command: as root
+# /usr/local (bin/ is on every user's PATH), otherwise ~/.local (bin/ is on
+# PATH in Debian's ~/.profile; `make link` adds it to ~/.profile where not)
+IS_ROOT ?= $(shell [ "$$(id -u)" = 0 ] && echo 1)
+PREFIX ?= $(if $(IS_ROOT),/usr/local,$(HOME)/.local)
+BINDIR ?= $(PREFIX)/bin
 .DEFAULT_GOAL := all
 BUILD  ?= build
 CC     ?= gcc
 
 DEBIAN_PACKAGES = build-essential pkg-config luajit libluajit-5.1-dev lua-busted lua-cjson \
   libopenblas-openmp-dev libcjson-dev libpcre2-dev libreadline-dev libopenmpi-dev openmpi-bin \
-  clang libclang-rt-14-dev libomp-14-dev gnuplot-nox libgloo-dev
+  clang libclang-rt-14-dev libomp-14-dev gnuplot-nox libgloo-dev luarocks
 
 NVCC := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 ifeq ($(CUDA),0)
@@ -241,7 +248,7 @@ $(SIM_ACC)/gptlua: engine/main.c $(HEADERS) | $(SIM_ACC)/obj
 sim-account: $(SIM_ACC)/gptlua $(SIM_ACC)/libgptlua.so
 
 
-.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install clean cuda-check
+.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link rock-install embed-example clean cuda-check
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB)
 
 $(BUILD)/obj:
@@ -310,7 +317,26 @@ endef
 
 run:
 	$(prepare)
+	@$(MAKE) --no-print-directory link
 	$(BUILD)/gptlua recipes/shakespeare.lua $(ARGS)
+
+# `gptlua` on PATH: a symbolic link to this checkout's build/gptlua (which
+# finds its Lua tree and library through the link, so edits to lua/ need no
+# reinstall).  An installed copy (make install) already there is left alone.
+# Not root: BINDIR is ~/.local/bin, which ~/.profile gets onto PATH (Debian's
+# does when the directory exists; one that does not mention it gets the
+# lines that do); this shell needs the export the message prints.
+PROFILE_LINES = if [ -d "$$HOME/.local/bin" ] ; then PATH="$$HOME/.local/bin:$$PATH" ; fi
+link: all
+	@mkdir -p $(BINDIR)
+	@if [ -e $(BINDIR)/gptlua ] && [ ! -L $(BINDIR)/gptlua ]; then \
+	   echo "make link: $(BINDIR)/gptlua is an installed copy (make install), left as it is"; \
+	 else ln -sfn $(CURDIR)/$(BUILD)/gptlua $(BINDIR)/gptlua && echo "make link: $(BINDIR)/gptlua -> $(CURDIR)/$(BUILD)/gptlua"; fi
+	@if [ -z "$(IS_ROOT)" ] && [ "$(BINDIR)" = "$(HOME)/.local/bin" ] && ! grep -qs '.local/bin' $(HOME)/.profile; then \
+	   printf '\n# the user'"'"'s own commands (added by gptlua'"'"'s make link)\n%s\n' '$(PROFILE_LINES)' >> $(HOME)/.profile; \
+	   echo "make link: added $(BINDIR) to PATH in $(HOME)/.profile (for new logins)"; fi
+	@case ":$$PATH:" in *":$(BINDIR):"*) ;; *) \
+	  echo "make link: $(BINDIR) is not on this shell's PATH yet: export PATH=$(BINDIR):\$$PATH";; esac
 
 # every spec: the CPU ones with build/gptlua, and the #cuda ones (and the
 # simulator's own, #sim) with every kernel running in the CUDA simulator, and
@@ -324,10 +350,12 @@ run:
 test:
 	@$(MAKE) --no-print-directory deps-if-missing
 	@$(MAKE) --no-print-directory -j$(NPROC) all sim sim-account
+	@$(MAKE) --no-print-directory link
 	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs $(RACE_RUNS)
-test-cpu-specs:
+# (each target builds what it runs: after make test's own builds, nothing to do)
+test-cpu-specs: all
 	GPTLUA_PORTS=24000-24999 $(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
-test-sim-specs:
+test-sim-specs: sim sim-account
 	GPTLUA_PORTS=25000-25999 $(SIM)/gptlua spec/run.lua --tags=cuda $(SPEC_ARGS)
 
 # the kernel twins again in the simulator's race mode, under two random thread
@@ -363,15 +391,32 @@ acceptance: all
 bench-cuda: all
 	$(BUILD)/gptlua recipes/tools/bench.lua --device=cuda $(ARGS)
 
-# the README's set-up installs for one user, no root: make install PREFIX=$HOME/.local
+# a copy independent of the checkout (run it again after changing lua/)
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/share/gptlua
-	install -m 755 $(BUILD)/gptlua $(DESTDIR)$(PREFIX)/bin/gptlua
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/share/gptlua
+	rm -f $(DESTDIR)$(BINDIR)/gptlua
+	install -m 755 $(BUILD)/gptlua $(DESTDIR)$(BINDIR)/gptlua
 	install -m 644 $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB) $(DESTDIR)$(PREFIX)/lib/
 	cp -r lua $(DESTDIR)$(PREFIX)/share/gptlua/
 	cp -r recipes data $(DESTDIR)$(PREFIX)/share/gptlua/
-	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) ;; *) [ -n "$(DESTDIR)" ] || \
-	  echo "make install: $(PREFIX)/bin is not on your PATH: export PATH=$(PREFIX)/bin:\$$PATH";; esac
+	@case ":$$PATH:" in *":$(BINDIR):"*) ;; *) [ -n "$(DESTDIR)" ] || \
+	  echo "make install: $(BINDIR) is not on your PATH: export PATH=$(BINDIR):\$$PATH";; esac
+
+# what `luarocks make` (gptlua-dev-1.rockspec) installs: the Lua library in
+# LUADIR, the engine libraries in LIBDIR (the tree's C-module directory, on
+# package.cpath, where lua/gptlua/ffi.lua finds libgptlua.so)
+rock-install: all
+	install -d $(LUADIR)/gptlua $(LIBDIR)
+	cp -r lua/gptlua/. $(LUADIR)/gptlua/
+	install -m 644 $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB) $(LIBDIR)/
+
+# examples/embed/host.c: a C program that embeds the engine (links
+# libgptlua and LuaJIT, runs training steps in a Lua state, reads a tensor back)
+$(BUILD)/embed_host: examples/embed/host.c engine/gptlua.h $(BUILD)/libgptlua.so
+	$(CC) -O2 -std=gnu11 -Wall -Wextra -Iengine -I/usr/include/luajit-2.1 \
+	  -DGPTLUA_ROOT='"$(CURDIR)"' $< -o $@ -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgptlua -lluajit-5.1 -lm
+embed-example: $(BUILD)/embed_host
+	$(BUILD)/embed_host
 
 clean:
 	rm -rf $(BUILD)

@@ -156,10 +156,14 @@ static int in_string(char *line, int index) {
   return open && line[index] != open;
 }
 
-/* readline(prompt) -> the line; nil at end of input; false after a Ctrl-C
-   (the line typed so far is dropped) */
+/* readline(prompt[, fd]) -> the line; nil at end of input; false after a
+   Ctrl-C (the line typed so far is dropped); with fd (gptlua attach's
+   socket): nil, "fd" when fd turns readable while the user types (the job
+   went away), the line typed so far dropped */
 static int l_readline(lua_State *L) {
   const char *prompt = luaL_optstring(L, 1, "> ");
+  int watch = (int)luaL_optinteger(L, 2, -1);
+  int watched = 0;
   complete_L = L;
   sigset_t block, orig;
   sigemptyset(&block);
@@ -185,13 +189,22 @@ static int l_readline(lua_State *L) {
     fd_set fds;
     FD_ZERO(&fds);
     FD_SET(fd, &fds);
+    if (watch >= 0) FD_SET(watch, &fds);
     /* SIGINT is blocked except inside pselect: none is lost between the check and the wait */
-    int r = pselect(fd + 1, &fds, NULL, NULL, NULL, &orig);
+    int r = pselect((watch > fd ? watch : fd) + 1, &fds, NULL, NULL, NULL, &orig);
     if (r < 0) {
       if (errno == EINTR) continue;
       rl_callback_handler_remove();
       break;
     }
+    if (watch >= 0 && FD_ISSET(watch, &fds)) {
+      watched = 1;
+      rl_free_line_state();
+      rl_callback_handler_remove();
+      fputs("\n", rl_outstream ? rl_outstream : stdout);
+      break;
+    }
+    if (!FD_ISSET(fd, &fds)) continue;
     /* input ready and a Ctrl-C pending too (keys typed right after it):
        pselect reports the input, so take the Ctrl-C first */
     struct timespec now = { 0, 0 };
@@ -203,6 +216,7 @@ static int l_readline(lua_State *L) {
   sigprocmask(SIG_SETMASK, &orig, NULL);
   complete_L = NULL;
   if (interrupted) { lua_pushboolean(L, 0); return 1; }
+  if (watched) { lua_pushnil(L); lua_pushliteral(L, "fd"); return 2; }
   if (!line_read) { lua_pushnil(L); return 1; }
   lua_pushstring(L, line_read);
   free(line_read);

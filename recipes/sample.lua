@@ -31,6 +31,10 @@ if opts.hf ~= '' then
   tokenizer = hf.load_tokenizer(opts.hf)
 else
   if opts.ckpt == '' then error('sample: --ckpt DIR or --hf DIR is required (a run directory, its checkpoints/ or a checkpoint)', 0) end
+  -- a run's name (runs/shakespeare) is the newest run of that name that has a checkpoint
+  local run, note = require('gptlua.runs').resolve(opts.ckpt, function(d) return ckpt.resolve('latest', d .. '/checkpoints') ~= nil end)
+  if note then io.stderr:write('sample: ', note, '\n') end
+  opts.ckpt = run
   local path = ckpt.resolve('latest', opts.ckpt .. '/checkpoints') or ckpt.resolve('latest', opts.ckpt)
   if not path and ckpt.exists(opts.ckpt .. '/state.json') then path = opts.ckpt end
   if not path then

@@ -41,10 +41,11 @@ return {
   data = 'char', data_path = 'data/tinyshakespeare.txt', val_fraction = 0.1,
   n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, dropout = 0.0, bias = false,
   batch_size = 12, gradient_accumulation_steps = 1,
-  optimizer = 'nanochat',
-  -- (AdamW's rates for --optimizer=adamw; min_lr / learning_rate is the cosine's floor either way)
-  learning_rate = 1e-3, min_lr = 1e-4, beta1 = 0.9, beta2 = 0.99,
-  weight_decay = 0.1, grad_clip = 1.0,
+  -- the groups' peak rates (the trainer's defaults, written out: --help says what each is); the cosine
+  -- ends at final_lr_frac of each.  --optimizer=adamw takes the trainer's AdamW defaults instead
+  -- (learning_rate 1e-3, min_lr 1e-4, beta2 0.99, weight_decay 0.1)
+  optimizer = 'nanochat', matrix_lr = 0.02, embedding_lr = 0.2, unembedding_lr = 0.004, final_lr_frac = 0.1,
+  grad_clip = 1.0,
   warmup_iters = 59, lr_decay_iters = 1175, max_iters = 1175,
   momentum_schedule = function(cfg) return optim.schedules.muon_momentum(0.85, 0.95, math.floor(0.15 * cfg.max_iters)) end,
   eval_interval = 235, eval_iters = 50, log_interval = 50,

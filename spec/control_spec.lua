@@ -101,7 +101,7 @@ local function steer(launch, nranks)
   has(st.live[2].source, 'local LR_FACTOR = 0.5')
   -- resuming (the recipe file back as it was) applies both changes again
   os.execute(("sed -i 's/^local LR_FACTOR = 0.5/local LR_FACTOR = 1.0/' %s/recipe.lua"):format(dir))
-  local o, rc = H.sh(('%s %s %s/recipe.lua --out_dir=%s --warmup_iters=0 --resume --max_iters=%d'):format(H.EXE, launch,
+  local o, rc = H.sh(('%s %s %s/recipe.lua --out_dir=%s --warmup_iters=0 --resume --allow_changes --max_iters=%d'):format(H.EXE, launch,
     dir, dir, last.step + 2), 120)
   assert.equal(0, rc, o)
   local after = 0

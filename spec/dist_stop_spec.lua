@@ -58,7 +58,7 @@ describe('gptlua -n 2 stopped by SIGINT', function()
         assert.is_nil(left:find('tmp', 1, true), left)
         -- a killed save's temporaries (of both kinds) are removed when the run resumes
         os.execute(('mkdir -p %s/step_0000099.tmp-shards %s/step_0000007.tmp.123'):format(cdir, cdir))
-        local o, rc = H.sh(('%s -n 2 spec/dist/stop_recipe.lua --out_dir=%s --dist=%s --resume --max_iters=%d')
+        local o, rc = H.sh(('%s -n 2 spec/dist/stop_recipe.lua --out_dir=%s --dist=%s --resume --allow_changes --max_iters=%d')
           :format(H.EXE, dir, policy, step + 2), 120)
         assert.equal(0, rc, o)
         has(o, ('resumed from %s/step_%07d at step %d'):format(cdir, step, step))

@@ -93,7 +93,7 @@ describe('fuzz corpora', function()
       { function() train.resolve_config({ name = 5, n_layer = '1\n' }, {}) end, 'must be a ' },
       { function() train.resolve_config({}, { '--model=n\nx' }) end, "config: unknown model 'n\\nx'" },
       { function() train.resolve_config({}, { '--dtype=f\n' }) end, "got 'f\\n'" },
-      { function() train.resolve_config({}, { '--device=cpu\n' }) end, "unknown device 'cpu\\n'" },
+      { function() train.resolve_config({}, { '--device=cpu\n' }) end, "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'cpu\\n'" },
     }
     local loader = data.loader({ tokens = gl.zeros({ 64 }, { dtype = 'int32' }), batch_size = 1, block_size = 4 })
     cases[#cases + 1] = { function() loader:set_state({ sample = 0, sampling = 'random\n' }) end,

@@ -79,7 +79,7 @@ local VALID = {
 }
 local WRONG = {
   tensor = 'a', scalar = 'a', number = 'a', real = 'a', integer = 2.5, count = 0, size = -1, dims = 'a', opts = 5,
-  table = 5, shape = 5, tensors = 5, boolean = 'a', string = 5, device = 5, ['function'] = 5, callable = 5, module = 5,
+  table = 5, shape = "a", tensors = 5, boolean = 'a', string = 5, device = 5, ['function'] = 5, callable = 5, module = 5,
 }
 
 local function parse(sig)
@@ -127,7 +127,7 @@ describe('messages: the other public entries', function()
   local p = function() return gl.zeros({ 2, 2 }):requires_grad_() end
   local tiny = { n_layer = 1, n_head = 2, n_embd = 8, block_size = 8, vocab_size = 16 }
   local cases = {
-    { 'empty', function() gl.empty(5) end },
+    { 'empty', function() gl.empty('a') end },
     { 'empty_pinned', function() gl.empty_pinned({ 2.5 }) end },
     { 'tensor', function() gl.tensor({ 1 }, 5) end },
     { 'scope', function() gl.scope(5) end },
@@ -250,7 +250,7 @@ describe('messages: coverage', function()
     local statics = { empty = true, full = true, scope = true, wrap = true, from_table = true, shape_arg = true,
                       infer_shape = true, contiguous_strides = true, norm_dim = true, dtype_id = true,
                       device_id = true, set_default_dtype = true, get_default_dtype = true, __tostring = true,
-                      __index = true, release = true, rebind = true }
+                      __index = true, release = true, rebind = true, format = true, footer = true }
     local missing = {}
     for k, v in pairs(gl.Tensor) do
       if type(v) == 'function' and not (statics[k] or k:match('^__') or gl.signatures.ops[k] or gl.signatures.methods[k]) then

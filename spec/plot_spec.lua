@@ -126,6 +126,29 @@ describe('gptlua plot', function()
     assert.is_nil(io.open(d .. '/cmp.png.tmp'))
   end)
 
+  it('draws losses on a log scale, a one-point run as a point, and marks resumes and live changes', function()
+    local plot = require 'gptlua.observe.plot'
+    os.execute(('mkdir -p %s/one %s/marked'):format(d, d))
+    write(d .. '/one/metrics.jsonl', '{"step":1,"loss":4.2,"lr":0.001}\n')
+    write(d .. '/marked/metrics.jsonl', table.concat({
+      '{"step":1,"loss":4.2}', '{"step":2,"loss":3.1}',
+      '{"step":2,"event":"control","command":"set{ matrix_lr = 0.01 }","ok":true}',
+      '{"step":2,"event":"control","command":"pause()","ok":true}',
+      '{"step":3,"resumed":true,"from":"x"}', '{"step":3,"loss":2.9}', '{"step":4,"loss":2.5}' }, '\n') .. '\n')
+    local runs = { plot.read_run(d .. '/one'), plot.read_run(d .. '/marked') }
+    local script = plot.script(runs, d)
+    local loss_panel = script:find("set title 'loss vs steps'", 1, true)
+    assert.truthy(script:find('set logscale y', loss_panel, true), script)
+    assert.truthy(script:find("run1_train.dat' using 1:3 with points", 1, true), script)
+    assert.truthy(script:find("run2_train.dat' using 1:3 with lines", 1, true), script)
+    assert.truthy(script:find('set arrow 1 from 2, graph 0 to 2, graph 1 nohead dt 3 lc 2', 1, true), script)
+    assert.truthy(script:find("set label 1 'set' at 2,", 1, true), script)
+    assert.truthy(script:find("set label 2 'resumed' at 3,", 1, true), script)
+    assert.is_nil(script:find('set arrow 3', 1, true), script)   -- pause() changes nothing
+    local out, rc = H.sh(('%s plot %s/one %s/marked --out=%s/m.png'):format(EXE, d, d, d), 60)
+    assert.equal(0, rc, out)
+  end)
+
   it('plots one run into its directory by default, in one colour, and prints a text plot when asked', function()
     local out, rc = H.sh(('%s plot %s/a --terminal'):format(EXE, d), 60)
     assert.equal(0, rc, out)

@@ -60,6 +60,16 @@ describe('profiler', function()
     assert.equal("config: profile starts at step 2, after the run's last step (max_iters = 1)", err)
   end)
 
+  it('stops the run when the profile is written, unless --profile_continue', function()
+    local r = recipe({ max_iters = 6 })
+    local res = train.main(r, { '--profile=2:3' })
+    assert.equal(3, #res.losses)                      -- steps 1-3, then the stop
+    assert.equal(3, res.checkpoint and tonumber(res.checkpoint:match('step_(%d+)$')))
+    res = train.main(recipe({ max_iters = 6 }), { '--profile=2:3', '--profile_continue' })
+    assert.equal(6, #res.losses)
+    os.execute('rm -rf ' .. r.out_dir)
+  end)
+
   it('wraps nothing unless a profile runs, and unwraps everything after it', function()
     local linear, add, backward = gl.linear, gl.Tensor.__add, gl.Tensor.backward
     local t = train.new(recipe(), {})

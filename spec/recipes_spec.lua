@@ -3,7 +3,7 @@ local train = require 'gptlua.train'
 local root, exe = GPTLUA.root, GPTLUA.exe
 
 describe('shipped recipes', function()
-  for _, name in ipairs({ 'shakespeare', 'shakespeare_gpu', 'gpt2_124m', 'nanochat_d20' }) do
+  for _, name in ipairs({ 'shakespeare', 'shakespeare_gpu', 'gpt2_124m', 'nanochat_d20', 'tiny' }) do
     it(name .. '.lua is a valid config', function()
       local r = dofile(root .. '/recipes/' .. name .. '.lua')
       local cfg = train.resolve_config(r, { '--device=cpu' })
@@ -11,6 +11,23 @@ describe('shipped recipes', function()
       assert.is_true(cfg.max_iters > 0)
     end)
   end
+  it("tiny.lua is the README's example, word for word, and trains as the README says", function()
+    local f = assert(io.open(root .. '/README.md', 'rb'))
+    local readme = f:read('*a')
+    f:close()
+    f = assert(io.open(root .. '/recipes/tiny.lua', 'rb'))
+    local tiny = f:read('*a')
+    f:close()
+    assert.equal(readme:match('```lua\n(%-%- recipes/tiny%.lua.-)```'), tiny)
+    local d = os.tmpname(); os.remove(d)
+    local p = io.popen(('cd %s && %s recipes/tiny.lua --max_iters=4 --eval_interval=2 --eval_iters=1 --sample_length=0 '
+      .. '--device=cpu --out_dir=%s 2>&1; echo "rc=$?"'):format(root, exe, d))
+    local out = p:read('*a')
+    p:close()
+    assert.truthy(out:find('rc=0', 1, true), out)
+    assert.truthy(out:find('step 4: train loss', 1, true), out)
+    os.execute('rm -rf ' .. d)
+  end)
   it('gpt2_124m and nanochat_d20 are the documented sizes', function()
     local g = train.resolve_config(dofile(root .. '/recipes/gpt2_124m.lua'), { '--device=cpu' })
     assert.same({ 12, 12, 768, 1024 }, { g.n_layer, g.n_head, g.n_embd, g.block_size })
@@ -61,10 +78,13 @@ describe('benchmarks', function()
     local p = io.popen(('cd %s && %s recipes/tools/bench.lua --only=step --iters=2 --rounds=2 2>&1; echo "exit=$?"'):format(root, exe))
     local out = p:read('*a'); p:close()
     assert.truthy(out:find('exit=0', 1, true), out)
-    assert.truthy(out:find('round 2: gptlua gpt2 [%d.]+ ms/iter, gptlua nanochat [%d.]+ ms/iter'), out)
-    for _, m in ipairs({ 'gpt2', 'nanochat' }) do
-      assert.truthy(out:find('training step, default recipe %(4x128, batch 12, context 64%) with the ' .. m ..
-        ' block [^:]*: [%d.]+ ms/iter, %d+ tokens/s, MFU [%d.]+%% of [%d.]+ GFLOP/s sgemm, %d+%% in BLAS, peak memory [%d.]+ [KM]iB'), out)
+    assert.truthy(out:find('round 2: gptlua gpt2 [%d.]+ ms/iter, gptlua nanochat [%d.]+ ms/iter, gptlua recipe [%d.]+ ms/iter'), out)
+    -- each step says what it is: the default recipe's own (Muon) apart from the AdamW comparisons
+    for _, label in ipairs({ "nanoGPT's GPT%-2 block, AdamW %(the PyTorch comparison%)",
+                             "the recipe's block %(nanochat v1%), AdamW %(the previous default%)",
+                             'the default recipe as it trains %(nanochat v1 block, Muon %+ AdamW%)' }) do
+      assert.truthy(out:find('training step %(4x128, batch 12, context 64%), ' .. label ..
+        ': [%d.]+ ms/iter, %d+ tokens/s, MFU [%d.]+%% of [%d.]+ GFLOP/s sgemm[^,]*, %d+%% in BLAS, peak memory [%d.]+ [KM]iB'), out)
     end
   end)
 end)

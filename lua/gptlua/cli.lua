@@ -12,7 +12,7 @@ M.subcommands = {
   plot = { module = 'gptlua.observe.plot', help = 'RUN [RUN ...] [--out=FILE.png] [--terminal]: PNG of runs\' curves' },
   attach = { module = 'gptlua.control', main = 'attach_main', help = 'RUN [-e CODE] [--ranks=all]: a REPL inside a running job' },
   replay = { module = 'gptlua.journal', main = 'replay_main', help = 'RUN [--from STEP] [--to STEP]: re-run, check every step against the journal' },
-  diff = { module = 'gptlua.journal', main = 'diff_main', help = 'RUN_A RUN_B: the first step where two runs\' journals diverge' },
+  diff = { module = 'gptlua.journal', main = 'diff_main', help = 'RUN_A RUN_B [--exact]: the first step where two runs\' journals diverge, and why' },
 }
 
 local USAGE = [==[

@@ -30,7 +30,10 @@ local function sorted_keys(t)
   return ks
 end
 
+M.sorted_keys = sorted_keys
+
 -- parses a string value into the type of the default
+
 local function coerce(key, s, default)
   local ty = type(default)
   if ty == 'number' then
@@ -87,7 +90,17 @@ M.key_paths = key_paths
 
 -- the valid key nearest to a mistyped one, or nil when none is near: a few
 -- edits away (a third of its length), or the only key it is a part of
+-- Other tools' names for keys (PyTorch's optimizers, Lightning, HF
+-- Trainer, llm.c): suggested as they are, however far the spelling is.
+M.ALIASES = { lr = 'learning_rate', wd = 'weight_decay', bs = 'batch_size', warmup = 'warmup_iters',
+  warmup_steps = 'warmup_iters', steps = 'max_iters', max_steps = 'max_iters', num_iterations = 'max_iters',
+  seq_len = 'block_size', context_length = 'block_size', grad_accum = 'gradient_accumulation_steps',
+  accumulate_grad_batches = 'gradient_accumulation_steps', gradient_clip_val = 'grad_clip',
+  max_grad_norm = 'grad_clip', val_check_interval = 'eval_interval' }
+
 function M.suggest(key, defaults)
+  local alias = M.ALIASES[key]
+  if alias and defaults[alias] ~= nil then return alias end
   local best, best_d
   local within = {}
   for _, k in ipairs(key_paths(defaults)) do

@@ -35,12 +35,13 @@ local M = {}
 
 -- ------------------------------------------------------------- changes --
 -- Keys set{} may change while a job runs, and what else must follow them:
--- 'schedule' rebuilds the lr schedule from cfg, 'lr' rescales the
--- optimizer's base learning rates, 'wd' sets its decayed groups' weight
+-- 'schedule' rebuilds the lr schedule from cfg, 'lr' sets the peak rate of
+-- the optimizer's groups that key names (g.lr_key), 'wd' sets its decayed groups' weight
 -- decay.  Everything else (the model's shape, data, device, dist) is fixed
 -- for the job's life.
 local LIVE_KEYS = {
-  learning_rate = 'lr', min_lr = 'schedule', warmup_iters = 'schedule', lr_decay_iters = 'schedule',
+  learning_rate = 'lr', matrix_lr = 'lr', embedding_lr = 'lr', unembedding_lr = 'lr', scalar_lr = 'lr',
+  min_lr = 'schedule', final_lr_frac = 'schedule', warmup_iters = 'schedule', lr_decay_iters = 'schedule',
   decay_lr = 'schedule', schedule = 'schedule', cooldown_frac = 'schedule', weight_decay = 'wd',
   grad_clip = true, max_iters = true, eval_interval = true, eval_iters = true, log_interval = true,
   sample_interval = true, sample_length = true, sample_prompt = true, temperature = true, top_k = true,
@@ -59,7 +60,7 @@ local function sorted(t)
 end
 
 -- checks values as a recipe's are checked; raises a one-line error
-function M.validate_set(values, cfg)
+function M.validate_set(values, cfg, hooks)
   local train = require 'gptlua.train'
   if type(values) ~= 'table' or next(values) == nil then fail('set expects a table of config values, e.g. set{ learning_rate = 3e-4 }') end
   for _, k in ipairs(sorted(values)) do
@@ -67,14 +68,17 @@ function M.validate_set(values, cfg)
     if not LIVE_KEYS[k] then
       fail(('set: %s cannot change while the job runs (keys set{} takes: %s)'):format(k, table.concat(sorted(LIVE_KEYS), ', ')))
     end
+    local why = train.ignored_key(cfg, hooks, k)
+    if why then fail('set: ' .. why) end
   end
   config.validate(values, train.defaults)
   for _, k in ipairs(sorted(values)) do
     local v, r = values[k], train.INTEGER_KEYS[k]
     if r then check.integer(v, 'config', k, r[1], r[2], config.NO_POSITION) end
-    if (k == 'learning_rate' or k == 'min_lr' or k == 'weight_decay' or k == 'grad_clip') and v < 0 then
+    if LIVE_KEYS[k] == 'lr' and v < 0 or (k == 'min_lr' or k == 'weight_decay' or k == 'grad_clip') and v < 0 then
       fail(('set: %s must be >= 0, got %s'):format(k, v))
     end
+    if k == 'final_lr_frac' and not (v >= 0 and v <= 1) then fail(('set: final_lr_frac must be in [0, 1], got %s'):format(v)) end
     if k == 'schedule' and v ~= 'cosine' and v ~= 'wsd' and v ~= 'constant' then
       fail(("set: unknown schedule '%s' (expected 'cosine', 'wsd' or 'constant')"):format(check.printable(v)))
     end
@@ -88,7 +92,8 @@ local function optimizers(opt) return opt.optimizers or { opt } end
 
 local function apply_set(t, values)
   local cfg = t.cfg
-  local old_lr = cfg.learning_rate
+  local old = {}
+  for k in pairs(values) do old[k] = cfg[k] end
   local schedule = false
   for _, k in ipairs(sorted(values)) do
     cfg[k] = values[k]
@@ -99,11 +104,21 @@ local function apply_set(t, values)
         for _, g in ipairs(o.groups or {}) do if (g.weight_decay or 0) > 0 then g.weight_decay = values[k] end end
       end
     end
-  end
-  if values.learning_rate and old_lr > 0 then  -- every group's base lr scales with the peak lr
-    local s = values.learning_rate / old_lr
-    for _, o in ipairs(optimizers(t.optimizer)) do
-      for _, g in ipairs(o.groups or {}) do g.initial_lr = g.initial_lr * s end
+    if what == 'lr' then
+      -- the groups whose peak is this key's value times their factor (train_config, optim.nanochat);
+      -- a recipe's own optimizer names none: its groups' peaks scale with learning_rate, as they were made
+      local named = false
+      for _, o in ipairs(optimizers(t.optimizer)) do
+        for _, g in ipairs(o.groups or {}) do
+          if g.lr_key then named = true end
+          if g.lr_key == k then g.initial_lr = values[k] * g.lr_factor end
+        end
+      end
+      if not named and k == 'learning_rate' and old[k] > 0 then
+        for _, o in ipairs(optimizers(t.optimizer)) do
+          for _, g in ipairs(o.groups or {}) do g.initial_lr = g.initial_lr * values[k] / old[k] end
+        end
+      end
     end
   end
   if schedule then t.schedule = (t.hooks.lr_schedule or require('gptlua.train').lr_schedule)(cfg) end
@@ -197,21 +212,28 @@ local function environment(self, who, out)
     for i = 1, select('#', ...) do parts[#parts + 1] = tostring((select(i, ...))) end
     out[#out + 1] = table.concat(parts, '\t')
   end
+  -- pause(): hold the job at this step boundary (it keeps taking commands)
   function env.pause() self.paused, self.pause_at = true, nil; return ('paused at step %d'):format(t.step) end
+  -- resume(): train on after pause() or step(n)
   function env.resume() self.paused, self.pause_at = false, nil; return ('resumed at step %d'):format(t.step) end
+  -- step(n): n more steps (default 1), then pause
   function env.step(n)
     n = n or 1
     check.integer(n, 'control', 'step(n)', 1, 2 ^ 53, config.NO_POSITION)
     self.paused, self.pause_at = false, t.step + n
     return ('running %d step%s, pausing at step %d'):format(n, n == 1 and '' or 's', t.step + n)
   end
+  -- stop(): save a checkpoint and end the run cleanly (exit 0), as Ctrl-C does
   function env.stop() self.stop = true; return ('stopping at step %d'):format(t.step) end
+  -- checkpoint(): save a checkpoint of this step now
   function env.checkpoint() return t:save_checkpoint() or ('checkpoint of step %d saved by rank 0'):format(t.step) end
+  -- eval(): the train and val loss now ({train = ..., val = ...}), recorded in metrics.jsonl
   function env.eval()
     local ev = t:evaluate()
     t:write_metrics({ step = t.step, eval = true, train_loss = ev.train, val_loss = ev.val, by = who })
     return ev
   end
+  -- sample(prompt, n): n (200) characters or tokens generated from prompt (cfg.sample_prompt)
   function env.sample(prompt, n)
     if prompt ~= nil and type(prompt) ~= 'string' then fail('sample(prompt): prompt must be a string') end
     local saved = t.cfg.sample_prompt
@@ -221,13 +243,15 @@ local function environment(self, who, out)
     if not ok then error(text, 0) end
     return text
   end
+  -- set{key = value, ...}: change live keys of the run (checked as config values; kept in checkpoints)
   function env.set(values)
-    M.validate_set(values, t.cfg)
+    M.validate_set(values, t.cfg, t.hooks)
     local v = {}
     for k, x in pairs(values) do v[k] = x end
     local c = record(t, { kind = 'set', values = v, by = who })
     return ('set at step %d: %s'):format(c.step, cjson.encode(v))
   end
+  -- reload 'lr_schedule' (or 'on_log', 'on_eval'): read the recipe file again and swap that hook
   function env.reload(name)
     if type(name) ~= 'string' or not SWAPPABLE[name] then
       fail(('reload: expected the name of a hook to swap (%s), got %s'):format(table.concat(sorted(SWAPPABLE), ', '),
@@ -242,6 +266,16 @@ local function environment(self, who, out)
     local c = record(t, { kind = 'reload', hook = name, path = path, source = src, by = who })
     return ('reloaded %s from %s at step %d'):format(name, path, c.step)
   end
+  -- help() in the job: what attach offers; help(x): x's signature and doc, as the REPL's
+  function env.help(...)
+    if select('#', ...) == 0 then return M.ATTACH_HELP end
+    return require('gptlua.help').text(...)
+  end
+  -- Tab completion in the attach REPL: the candidates for text among the job's names, a line each
+  function env.__complete(text)
+    return table.concat(require('gptlua.repl').complete_in(env, text), '\n')
+  end
+  -- loss(n): the last n training losses (all when n is not given)
   function env.loss(n)
     local h, out2 = t.history, {}
     n = math.min(n or #h, #h)
@@ -326,7 +360,7 @@ function Ctl:round(wait_ms)
   if t.rank == 0 then
     batch = self.server and (self.server:poll(wait_ms) and self.server:take()) or {}
     local wire = {}
-    for i, c in ipairs(batch) do wire[i] = { code = c.code, ranks = c.ranks, who = c.who } end
+    for i, c in ipairs(batch) do wire[i] = { code = c.code, ranks = c.ranks, who = c.who, quiet = c.quiet } end
     s = #wire > 0 and cjson.encode(wire) or ''
   end
   local stop
@@ -352,8 +386,10 @@ function Ctl:round(wait_ms)
       end
     end
     if t.rank == 0 then
-      t:write_metrics({ step = t.step, event = 'control', command = c.code, by = c.who, ok = ok,
-        error = not ok and text or nil })
+      if not c.quiet then
+        t:write_metrics({ step = t.step, event = 'control', command = c.code, by = c.who, ok = ok,
+          error = not ok and text or nil })
+      end
       local req = batch[i]
       self.server:send(req.client, cjson.encode({ id = req.id, step = t.step, results = results }))
     end
@@ -389,6 +425,19 @@ its next step boundary, on every rank; --ranks picks whose results are shown
 Commands: pause() resume() step(n) checkpoint() stop() eval() sample(prompt)
 set{key = value} reload 'lr_schedule' loss(n), and trainer, model, cfg, rank.
 ]]
+
+-- help() in the attach REPL
+M.ATTACH_HELP = [[
+Attached to a running job: each statement runs inside it at its next step
+boundary, on every rank (:ranks all / :ranks 0,1 picks whose results show).
+  pause()  resume()  step(n)     hold the job; go on; n more steps, then hold
+  checkpoint()  stop()           save now; save and end the run (exit 0)
+  eval()  sample(prompt)  loss(n) evaluate; generate; the last n losses
+  set{key = value, ...}          change the run (live keys: set{bogus = 1} lists them)
+  reload 'lr_schedule'           swap a hook from the recipe file (also on_log, on_eval)
+  trainer  model  cfg  optimizer  data  rank  world  gl
+help(x) or ?x: x's signature and doc.  Tab completes the job's names.
+Ctrl-D detaches (the job goes on); the prompt ends when the job does.]]
 
 local function parse_ranks(s)
   if s == 'all' then return 'all' end
@@ -436,6 +485,11 @@ function M.attach_main(args)
     i = i + 1
   end
   if not dir then io.stderr:write(USAGE) return 1 end
+  -- a run's name (runs/shakespeare) is the newest run of that name with a control socket
+  local note
+  local runs = require 'gptlua.runs'
+  dir, note = runs.resolve(dir, function(d) return runs.mtime(d .. '/control.sock') > 0 end)
+  if note then io.stderr:write('gptlua attach: ', note, '\n') end
   local path = dir:gsub('/+$', '') .. '/control.sock'
   local client, why = socket.client(path)
   if not client then
@@ -443,16 +497,24 @@ function M.attach_main(args)
     return 1
   end
   local id = 0
-  local function remote(src)
+  -- runs src in the job; returns ok, the text, and true when the job is gone
+  local function remote(src, quiet, wait)
     id = id + 1
-    local ok, err = client:send(cjson.encode({ id = id, code = src, ranks = ranks }))
-    if not ok then return false, 'gptlua attach: the job went away: ' .. err end
-    local line, e = client:read_line(timeout)
-    if not line then
-      return false, e == 'timeout' and ('gptlua attach: no answer within %g s'):format(timeout)
-        or 'gptlua attach: the job closed the connection (it ended)'
+    local ok, err = client:send(cjson.encode({ id = id, code = src, ranks = quiet and { 0 } or ranks,
+                                               quiet = quiet or nil }))
+    if not ok then return false, 'gptlua attach: the job went away: ' .. err, true end
+    while true do
+      local line, e = client:read_line(wait or timeout)
+      if not line then
+        if e == 'timeout' then return false, ('gptlua attach: no answer within %g s'):format(wait or timeout) end
+        return false, 'gptlua attach: the job closed the connection (it ended)', true
+      end
+      local reply = cjson.decode(line)
+      -- (a late answer to an earlier request, a Tab completion that timed out, is dropped)
+      if reply.id == nil or reply.id == id then
+        return show(reply, not quiet and (ranks == 'all' or #ranks > 1 or ranks[1] ~= 0))
+      end
     end
-    return show(cjson.decode(line), ranks == 'all' or #ranks > 1 or ranks[1] ~= 0)
   end
   if #codes > 0 then
     local rc = 0
@@ -473,7 +535,17 @@ function M.attach_main(args)
       return true, 'results from ranks ' .. r
     end
     return remote(src)
-  end, banner = ('attached to %s: Lua runs in the job at its next step boundary; Ctrl-D detaches'):format(dir) })
+  end,
+  -- Tab: the job's names (it answers at its next step boundary; none after 2 s)
+  complete = function(text)
+    local ok, out = remote(('return __complete(%q)'):format(text), true, 2)
+    local cands = {}
+    if ok then for c in out:gmatch('[^\n]+') do cands[#cands + 1] = c end end
+    return cands
+  end,
+  watch_fd = client.fd,   -- the job's end closes the socket: the prompt ends with it
+  banner = ('attached to %s: Lua runs in the job at its next step boundary; help() for help, Tab completes, '
+    .. 'Ctrl-D detaches'):format(dir) })
   client:close()
   return rc
 end

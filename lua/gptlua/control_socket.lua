@@ -169,7 +169,8 @@ local function take_line(self, client, line)
       return refuse(self, client, ('ranks must be "all", a rank or a list of ranks, got %s'):format(cjson.encode(m.ranks)))
     end
   end
-  self.queue[#self.queue + 1] = { client = client, id = m.id, code = m.code, ranks = ranks, who = client.who }
+  self.queue[#self.queue + 1] = { client = client, id = m.id, code = m.code, ranks = ranks, who = client.who,
+                                  quiet = m.quiet == true }   -- quiet: Tab completion, not an event of the run
 end
 
 -- Accepts new clients and reads whatever they sent, without blocking (or

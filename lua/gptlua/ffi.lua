@@ -15,6 +15,14 @@ local function libdir()
 end
 
 M.libdir = libdir()
+-- installed by luarocks (gptlua-dev-1.rockspec): beside the tree's C modules, on package.cpath
+local function readable(p) local f = io.open(p, 'rb'); if f then f:close() end; return f ~= nil end
+if not (GPTLUA and GPTLUA.libdir) and not readable(M.libdir .. '/libgptlua.so') then
+  for template in package.cpath:gmatch('[^;]+') do
+    local candidate = template:gsub('%?', 'libgptlua')
+    if readable(candidate) then M.libdir = candidate:match('^(.*)/[^/]+$') or '.'; break end
+  end
+end
 local path = M.libdir .. '/libgptlua.so'
 local ok, lib = pcall(ffi.load, path)
 if not ok then

@@ -205,15 +205,18 @@ function M.groups(t)
   end)
   local result = {}
   for _, g in ipairs(order) do result[#result + 1] = { name = g, members = by[g] } end
-  local tabs, vals = {}, {}
+  local classes, tabs, vals = {}, {}, {}
   for _, k in ipairs(names) do
     local v = t[k]
-    if type(v) == 'table' then tabs[#tabs + 1] = k
+    if type(v) == 'table' and type(rawget(v, '__name')) == 'string' and rawget(v, '__index') == v then
+      classes[#classes + 1] = k   -- a class: Linear(...) makes one
+    elseif type(v) == 'table' then tabs[#tabs + 1] = k
     elseif type(v) ~= 'function' then
       vals[#vals + 1] = type(v) == 'string' and ('%s = %q'):format(k, #v > 40 and v:sub(1, 37) .. '...' or v)
         or type(v) == 'number' and ('%s = %s'):format(k, tostring(v)) or k
     end
   end
+  if #classes > 0 then result[#result + 1] = { name = 'classes', members = classes } end
   if #tabs > 0 then result[#result + 1] = { name = 'tables', members = tabs } end
   if #vals > 0 then result[#result + 1] = { name = 'values', members = vals } end
   return result

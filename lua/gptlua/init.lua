@@ -116,6 +116,23 @@ gl.empty_pinned = check.wrap('empty_pinned', 'shape:shape, opts:opts?', function
   for i, n in ipairs(shape) do dims[i - 1] = check.size(n, 'empty_pinned', 'size of dim ' .. i, 3) end
   return Tensor.wrap(G.lib.gl_empty_pinned(dt, #shape, dims))
 end)
+-- Torch7's sizes as arguments: gl.randn(3, 4) is gl.randn({3, 4}) (options
+-- may follow: gl.zeros(2, 3, {dtype = 'float64'})), for the constructors
+-- whose first argument is the shape and only the shape
+for _, what in ipairs({ 'zeros', 'ones', 'randn', 'rand', 'empty' }) do
+  local f = gl[what]
+  gl[what] = function(a, ...)
+    if type(a) ~= 'number' then return f(a, ...) end
+    local shape, rest, n = { a }, { ... }, select('#', ...)
+    local i = 1
+    while i <= n and type(rest[i]) == 'number' do shape[#shape + 1] = rest[i]; i = i + 1 end
+    if i <= n and rest[i] ~= nil and type(rest[i]) ~= 'table' then
+      error(('%s: expected sizes, then a table of options, got %s after the sizes'):format(what,
+        check.describe(rest[i])), 2)
+    end
+    return f(shape, unpack(rest, i, math.max(n, i - 1)))
+  end
+end
 gl.tensor = check.wrap('tensor', 'data:any, opts:opts?', Tensor.from_table)
 gl.is_tensor = O.is_tensor
 gl.set_default_dtype = check.wrap('set_default_dtype', 'dtype:string', function(d)

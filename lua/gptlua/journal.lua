@@ -365,6 +365,9 @@ function J.replay_main(args)
   if (from and (from < 0 or from % 1 ~= 0)) or (to and (to < 1 or to % 1 ~= 0)) then
     io.stderr:write('gptlua replay: --from and --to expect step numbers\n') return 1
   end
+  local note
+  dir, note = require('gptlua.runs').resolve(dir)   -- a run's name: its newest run
+  if note then io.stderr:write('gptlua replay: ', note, '\n') end
   dir = dir:gsub('/+$', '')
   local jpath = dir .. '/journal.jsonl'
   local journal = J.read(jpath)
@@ -412,8 +415,10 @@ local function journal_of(p)
   return p .. '/journal.jsonl'
 end
 
--- a value as text, tables with their keys in order (so equal tables read alike)
+-- a value as text, tables with their keys in order (so equal tables read
+-- alike), strings quoted (an empty one shows as '')
 local function show_value(v)
+  if type(v) == 'string' then return ("'%s'"):format(v) end
   if type(v) ~= 'table' then return tostring(v) end
   local keys = {}
   for k in pairs(v) do keys[#keys + 1] = k end
@@ -440,12 +445,62 @@ local function config_differences(a, b)
   return out
 end
 
-function J.diff_main(args)
-  if #args ~= 2 or args[1] == '-h' or args[1] == '--help' then
-    io.write('usage: gptlua diff RUN_A RUN_B\nThe first step where the journals of two runs diverge and what differs; '
-      .. 'exits 0 when they agree, 1 when they differ.\n')
-    return #args == 2 and 0 or 1
+-- two journal values (hex floats) in decimal, with as many digits as it
+-- takes to tell them apart; exact: as the journal has them
+local function two_values(x, y, exact)
+  local nx, ny = type(x) == 'string' and tonumber(x), type(y) == 'string' and tonumber(y)
+  if not (nx and ny and x:match('^%-?0x')) then return show_value(x), show_value(y) end
+  if exact then return x, y end
+  for digits = 6, 17 do
+    local f = '%.' .. digits .. 'g'
+    if f:format(nx) ~= f:format(ny) or digits == 17 then return f:format(nx), f:format(ny) end
   end
+end
+
+-- the live changes a journal recorded up to step s, in order: {step, text}
+local function changes_until(j, s)
+  local out = {}
+  for step = j.first, math.min(s, j.last) do
+    local rec = j.steps[step]
+    for _, c in ipairs(rec and rec.changes or {}) do   -- (c.step: the first step it applies to)
+      if (c.step or step) > s then break end
+      local what = c.kind == 'set' and ('set' .. show_value(c.values or {}))
+        or c.kind == 'reload' and ('reload %s from %s'):format(tostring(c.hook), tostring(c.path))
+        or show_value(c)
+      out[#out + 1] = { c.step or step, what }
+    end
+  end
+  return out
+end
+
+-- what explains a divergence at step s: the first live change only one run
+-- made (or made at another step), else the config differences, else nothing recorded
+local function explanation(a, b, s, names, cfg)
+  local ca, cb = changes_until(a, s), changes_until(b, s)
+  for i = 1, math.max(#ca, #cb) do
+    local x, y = ca[i], cb[i]
+    if not (x and y and x[1] == y[1] and x[2] == y[2]) then
+      local c, who = x or y, x and names[1] or names[2]
+      return ('the live change at step %d in %s: %s'):format(c[1], who, c[2])
+    end
+  end
+  if #cfg > 0 then return 'the config difference: ' .. table.concat(cfg, ', ') end
+  return 'no recorded live change or config difference (the code, the data, the engine or nondeterminism)'
+end
+
+function J.diff_main(args)
+  local exact = false
+  local runs = {}
+  for _, x in ipairs(args) do
+    if x == '--exact' then exact = true else runs[#runs + 1] = x end
+  end
+  if #runs ~= 2 or runs[1] == '-h' or runs[1] == '--help' then
+    io.write('usage: gptlua diff RUN_A RUN_B [--exact]\nThe first step where the journals of two runs diverge, what '
+      .. 'differs (decimal; --exact: the journal\'s hex floats) and the live change or config difference that explains '
+      .. 'it; exits 0 when they agree, 1 when they differ.\n')
+    return #runs == 2 and 0 or 1
+  end
+  args = runs   -- (exact directories: runs/a and runs/a-2 are what they say here)
   local a, b = J.read(journal_of(args[1])), J.read(journal_of(args[2]))
   local cfg = config_differences(a.headers[1], b.headers[1])
   if #cfg > 0 then io.write('config differs: ', table.concat(cfg, ', '), '\n') end
@@ -455,8 +510,11 @@ function J.diff_main(args)
     if ra and rb then
       local k = J.first_difference(ra, rb)
       if k then
-        io.write(('%s and %s diverge at step %d: %s %s vs %s\n'):format(args[1], args[2], s, k,
-          show_value(ra[k] or (ra.changes and #ra.changes) or 0), show_value(rb[k] or (rb.changes and #rb.changes) or 0)))
+        local va, vb
+        if k == 'changes' then va, vb = tostring(ra.changes and #ra.changes or 0), tostring(rb.changes and #rb.changes or 0)
+        else va, vb = two_values(ra[k], rb[k], exact) end
+        io.write(('%s and %s diverge at step %d: %s %s vs %s\n'):format(args[1], args[2], s, k, va, vb))
+        io.write(('explained by %s\n'):format(explanation(a, b, s, args, cfg)))
         return 1
       end
     end

@@ -661,14 +661,19 @@ end
 -- and Muon variant 'current' (NorMuon beta2 0.9, cautious weight decay
 -- muon_weight_decay, default 0 as setup_optimizer's).  Groups a model
 -- lacks are left out.
-local NANOCHAT_CURRENT_GROUPS = {   -- name pattern, lr (a function of opts, s), betas, weight decay
-  { '^lm_head%.', function(o, s) return o.unembedding_lr * s end, { 0.8, 0.96 }, 0.01 },
-  { '^transformer%.wte%.', function(o, s) return o.embedding_lr * s end, { 0.8, 0.995 }, 0.001 },
-  { '^value_embeds%.', function(o, s) return o.embedding_lr * s * 0.5 end, { 0.8, 0.995 }, 0.01 },
-  { '^resid_lambdas$', function(o) return o.scalar_lr * 0.01 end, { 0.8, 0.95 }, 0.05 },
-  { '^x0_lambdas$', function(o) return o.scalar_lr end, { 0.96, 0.95 }, 0.0 },
-  { '', function() return 0.2 end, { 0.8, 0.95 }, 0.0 },
+local NANOCHAT_CURRENT_GROUPS = {   -- name pattern, lr (a function of opts, s), betas, weight decay, group name, lr key
+  { '^lm_head%.', function(o, s) return o.unembedding_lr * s end, { 0.8, 0.96 }, 0.01, 'unembedding', 'unembedding_lr' },
+  { '^transformer%.wte%.', function(o, s) return o.embedding_lr * s end, { 0.8, 0.995 }, 0.001, 'embedding', 'embedding_lr' },
+  { '^value_embeds%.', function(o, s) return o.embedding_lr * s * 0.5 end, { 0.8, 0.995 }, 0.01, 'value_embeds', 'embedding_lr' },
+  { '^resid_lambdas$', function(o) return o.scalar_lr * 0.01 end, { 0.8, 0.95 }, 0.05, 'resid_lambdas', 'scalar_lr' },
+  { '^x0_lambdas$', function(o) return o.scalar_lr end, { 0.96, 0.95 }, 0.0, 'x0_lambdas', 'scalar_lr' },
+  { '', function() return 0.2 end, { 0.8, 0.95 }, 0.0, 'other' },
 }
+-- Every group is named (g.name); a group whose rate is a config key's
+-- value times a factor carries both (g.lr_key, g.lr_factor), so that the
+-- trainer logs rates by name and set{} moves exactly that key's groups.
+local UNIT_RATES = { unembedding_lr = 1, embedding_lr = 1, scalar_lr = 1 }
+local named_matrices
 local function nanochat_current(model, opts, matrices, rest, scale)
   local o = { unembedding_lr = opts.unembedding_lr or 0.008, embedding_lr = opts.embedding_lr or 0.3,
               scalar_lr = opts.scalar_lr or 0.5 }
@@ -682,7 +687,8 @@ local function nanochat_current(model, opts, matrices, rest, scale)
   local groups = {}
   for i, spec in ipairs(NANOCHAT_CURRENT_GROUPS) do
     if #members[i] > 0 then
-      groups[#groups + 1] = { params = members[i], lr = spec[2](o, scale), betas = spec[3], weight_decay = spec[4] }
+      groups[#groups + 1] = { params = members[i], lr = spec[2](o, scale), betas = spec[3], weight_decay = spec[4],
+                              name = spec[5], lr_key = spec[6], lr_factor = spec[6] and spec[2](UNIT_RATES, scale) }
     end
   end
   local list = { AdamW(groups, { eps = 1e-10 }) }
@@ -690,7 +696,17 @@ local function nanochat_current(model, opts, matrices, rest, scale)
     list[#list + 1] = Muon(matrices, { lr = opts.matrix_lr or 0.02, momentum = opts.momentum or 0.95,
       variant = 'current', normuon_beta2 = opts.muon_beta2, weight_decay = opts.muon_weight_decay })
   end
-  return Combined(list)
+  return named_matrices(Combined(list))
+end
+
+-- Muon's groups: 'matrix', at matrix_lr
+function named_matrices(c)
+  for _, o in ipairs(c.optimizers) do
+    if getmetatable(o) == Muon then
+      for _, g in ipairs(o.groups) do g.name, g.lr_key, g.lr_factor = 'matrix', 'matrix_lr', 1 end
+    end
+  end
+  return c
 end
 
 function optim.nanochat(model, opts)
@@ -713,15 +729,18 @@ function optim.nanochat(model, opts)
     return nanochat_current(model, opts, matrices, rest, scale)
   end
   local adam_groups = {}
-  if #emb > 0 then adam_groups[#adam_groups + 1] = { params = emb, lr = (opts.embedding_lr or 0.2) * scale } end
-  if #head > 0 then adam_groups[#adam_groups + 1] = { params = head, lr = (opts.unembedding_lr or 0.004) * scale } end
-  if #other > 0 then adam_groups[#adam_groups + 1] = { params = other, lr = (opts.scalar_lr or 0.004) * scale } end
+  if #emb > 0 then adam_groups[#adam_groups + 1] = { params = emb, lr = (opts.embedding_lr or 0.2) * scale,
+    name = 'embedding', lr_key = 'embedding_lr', lr_factor = scale } end
+  if #head > 0 then adam_groups[#adam_groups + 1] = { params = head, lr = (opts.unembedding_lr or 0.004) * scale,
+    name = 'unembedding', lr_key = 'unembedding_lr', lr_factor = scale } end
+  if #other > 0 then adam_groups[#adam_groups + 1] = { params = other, lr = (opts.scalar_lr or 0.004) * scale,
+    name = 'scalar', lr_key = 'scalar_lr', lr_factor = scale } end
   local list = { AdamW(adam_groups, { betas = opts.adam_betas or { 0.8, 0.95 }, eps = 1e-10, weight_decay = 0 }) }
   if #matrices > 0 then
     list[#list + 1] = Muon(matrices, { lr = opts.matrix_lr or 0.02, momentum = opts.momentum or 0.95,
       weight_decay = opts.muon_weight_decay })
   end
-  return Combined(list)
+  return named_matrices(Combined(list))
 end
 
 -- whether optimizer o runs its step from a step block (gptlua.step_block)

@@ -19,13 +19,18 @@ local function is_tensor(v)
   return mt and mt.__name == 'Tensor'
 end
 
--- a module-like table: named members, some of them functions
+-- a class (gptlua.nn.class and the like): a table that is its own __index, with a __name
+local function is_class(v)
+  return type(v) == 'table' and type(rawget(v, '__name')) == 'string' and rawget(v, '__index') == v
+end
+
+-- a module-like table: named members, some of them functions or classes (nn's)
 local function is_module(t)
   local n, fns = 0, 0
   for k, v in pairs(t) do
     if type(k) ~= 'string' then return false end
     n = n + 1
-    if type(v) == 'function' then fns = fns + 1 end
+    if type(v) == 'function' or is_class(v) then fns = fns + 1 end
   end
   return fns >= 4 and n > 8
 end
@@ -49,6 +54,8 @@ local function render(v, depth)
   depth = depth or 0
   local tv = type(v)
   if tv == 'string' then return depth == 0 and v or string.format('%q', v) end
+  if is_class(v) then return ('class %s'):format(v.__name) end
+  if depth == 0 and is_tensor(v) then return require('gptlua.tensor').format(v, { footer = true }) end
   if tv ~= 'table' or is_tensor(v) or depth > 2 then return tostring(v) end
   local mt = getmetatable(v)
   if mt and mt.__tostring then return tostring(v) end
@@ -93,6 +100,16 @@ local function members(v, methods_only)
     end
   end
   if type(v) == 'table' then add(v) end
+  if is_tensor(v) then   -- a tensor's methods: not the class's own functions (gl.Tensor.scope, .wrap, ...)
+    local gl = require 'gptlua'
+    for k, sig in pairs(gl.signatures.methods) do if out[k] == nil then out[k] = gl.Tensor[k] end end
+    for k, sig in pairs(gl.signatures.ops) do
+      if out[k] == nil and gl.Tensor[k] ~= nil and (sig:match('^[%w_]+:tensor') or sig:match('^[%w_]+:scalar')) then
+        out[k] = gl.Tensor[k]
+      end
+    end
+    return out
+  end
   local mt = (type(v) == 'table' or type(v) == 'string') and getmetatable(v)
   local depth = 0
   while mt and depth < 8 do  -- the class chain: __index tables (a function __index: the metatable's own)
@@ -117,7 +134,10 @@ end
 -- complete(text, line, start) -> candidates for the word `text` (as
 -- readline passes it): "gl.ra" -> {"gl.rand(", "gl.randn("}; functions get
 -- "(", names starting with _ only when typed
-function M.complete(text)
+function M.complete(text) return M.complete_in(_G, text) end
+
+-- the same among the names reachable from root (gptlua attach: the job's environment)
+function M.complete_in(root, text)
   local chain, sep, partial = text:match('^([%a_][%w_%.:]-)([%.:])([%w_]*)$')
   local cands = {}
   local function offer(prefix, name, v)
@@ -127,7 +147,7 @@ function M.complete(text)
   end
   if chain then
     if chain:find(':') then return {} end  -- a:b.c is a call's result, not a name
-    local v = _G
+    local v = root
     for name in chain:gmatch('[^%.]+') do
       v = lookup(v, name)
       if v == nil then return {} end
@@ -135,7 +155,7 @@ function M.complete(text)
     for k, x in pairs(members(v, sep == ':')) do offer(chain .. sep, k, x) end
   else
     partial = text
-    for k, x in pairs(members(_G)) do offer('', k, x) end
+    for k, x in pairs(members(root)) do offer('', k, x) end
     for _, k in ipairs(KEYWORDS) do offer('', k, nil) end
   end
   table.sort(cands)
@@ -196,7 +216,7 @@ function M.run(opts)
   if tty then
     hist = history_path()
     if hist then GPTLUA.read_history(hist, 1000) end
-    GPTLUA.complete = M.complete
+    GPTLUA.complete = opts.complete or M.complete
     local names = { '`gl`' }
     for _, g in ipairs(opts.globals or {}) do names[#names + 1] = '`' .. g .. '`' end
     if opts.banner then io.write(opts.banner, '\n')
@@ -205,7 +225,7 @@ function M.run(opts)
         table.concat(names, ', '), #names > 1 and ' are loaded' or ' is loaded',
         '; help() for help, Tab completes, Ctrl-C interrupts, Ctrl-D exits.\n')
     end
-    read = function(prompt) return GPTLUA.readline(prompt) end
+    read = function(prompt) return GPTLUA.readline(prompt, opts.watch_fd) end
   else
     read = function() return io.read('*l') end
   end
@@ -217,13 +237,21 @@ function M.run(opts)
   local failed = false
   local buffer = nil
   while true do
-    local line = read(buffer and '>> ' or '> ')
+    local line, why = read(buffer and '>> ' or '> ')
+    if line == nil and why == 'fd' then   -- attach: the job's socket closed while the user typed
+      io.stderr:write('gptlua attach: the job ended; detached\n')
+      failed = true
+      break
+    end
     if line == nil then break end
     if line == false then  -- Ctrl-C at the prompt: drop what was typed
       buffer = nil
     else
       local src = buffer and (buffer .. '\n' .. line) or line
-      local helped = not buffer and not opts.remote and help_request(src)
+      local helped = not buffer and help_request(src)
+      if helped and opts.remote then   -- attach: help runs in the job, on its values
+        src, helped = helped == '' and 'help()' or ('help(%s, %q)'):format(helped, helped), nil
+      end
       local f, err
       if opts.remote and not buffer and src:match('^%s*:') then  -- attach's own commands (:ranks ...)
         f = function() return src end
@@ -247,10 +275,11 @@ function M.run(opts)
       elseif opts.remote then  -- gptlua attach: the statement runs in a job, which answers with text
         buffer = nil
         remember(src)
-        local ok, text = opts.remote(src)
+        local ok, text, gone = opts.remote(src)
         if text and text ~= '' then (ok and io.stdout or io.stderr):write(text, '\n') end
         if not ok then failed = true end
         io.stdout:flush()
+        if gone then break end   -- the job ended: nothing more can run there
       else
         buffer = nil
         remember(src)

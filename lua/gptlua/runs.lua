@@ -145,6 +145,46 @@ function R.plan(cfg, fits)
   return out
 end
 
+-- seconds since the epoch when path was last written (0: it does not exist)
+local function mtime(path)
+  local p = io.popen('stat -c %Y ' .. quote(path) .. ' 2>/dev/null')
+  local t = tonumber(p:read('*l') or '')
+  p:close()
+  return t or 0
+end
+R.mtime = mtime
+
+-- A run addressed by its name, as the README's commands write it: `dir/name`
+-- stands for the newest run of that name (name, name-2, ...: the one whose
+-- metrics.jsonl, else directory, was written last; keep(path), when given,
+-- says which may be chosen: attach wants a live socket), `dir/name-1` for
+-- the first.  Returns the directory and, when it is not path itself, a
+-- line saying which run was chosen.  Any other path is returned as it is.
+function R.resolve(path, keep)
+  local clean = tostring(path):gsub('/+$', '')
+  local dir, name = clean:match('^(.*)/([^/]+)$')
+  if not dir then dir, name = '.', clean end
+  local base = name:match('^(.+)%-1$')
+  if base and not ckpt.exists(clean) and ckpt.exists(dir .. '/' .. base) then
+    return dir .. '/' .. base, ('%s: the first run named %s, %s/%s'):format(path, base, dir, base)
+  end
+  if ckpt.exists(clean .. '/state.json') then return path end   -- a checkpoint
+  local list = R.list(dir, name)
+  if #list < 2 then return path end
+  local best, best_t
+  for _, run in ipairs(list) do
+    if not keep or keep(run.path) then
+      local t = math.max(mtime(run.path .. '/metrics.jsonl'), mtime(run.path))
+      if not best or t >= best_t then best, best_t = run, t end
+    end
+  end
+  if not best then return path end
+  local chosen = best.path
+  if dir == '.' and not clean:find('/', 1, true) then chosen = chosen:gsub('^%./', '') end
+  return chosen, ('%s: the newest of %d runs named %s is %s (%s-1 names the first)'):format(path, #list, name, chosen,
+    clean)
+end
+
 -- Rank 0's part: makes the run's directory as plan says (claiming a new one,
 -- or deleting out_dir/name first with overwrite); returns its number k and
 -- a line saying what happened, or nil.

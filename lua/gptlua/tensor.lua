@@ -16,8 +16,8 @@ Tensor.__name = 'Tensor'
 -- a method reading data through it would read through NULL.  Every release
 -- goes through Tensor.release, which also swaps the tensor's metatable for
 -- Freed: its lookups raise "NAME: tensor was freed", and so do its
--- operators and printing.  A live tensor's lookups stay a plain table
--- (Tensor.__index = Tensor) and pay nothing for the guard.  Freed answers
+-- operators and printing.  A live tensor's lookups go through
+-- Tensor.__index (below), which the guard does not touch.  Freed answers
 -- getmetatable with Tensor (__metatable), so a freed tensor is still a
 -- Tensor to every identity check and to the engine's own "has been freed".
 -- Metadata stays readable after free (shape, dtype, numel, ...: FSDP keeps
@@ -28,7 +28,37 @@ local AFTER_FREE = { free = true, is_freed = true, keep = true, numel = true, di
   stride = true, storage_offset = true, is_contiguous = true, is_floating = true, requires_grad_ = true,
   register_hook = true }
 local function freed(t) local c = rawget(t, 'c'); return c ~= nil and c.storage == nil end
-Tensor.__index = Tensor
+-- x[i], x[i][j], x[i] = v: Torch's indexing.  A number i (1-based, a
+-- negative one counting from the end) is row i: a view (x:select(1, i)) of
+-- a tensor of 2 or more dims, the value of a 1-D one, so that x[i][j] reads
+-- an element and x[i][j] = v writes one.  Every other key is the class's
+-- (methods) or the tensor's own field; a number key is only ever a row, so
+-- methods pay one type test.  Slices: x:narrow(dim, start, length).
+local function row_of(t, i, what)
+  local n = t.shape[1]
+  if n == nil then error(what .. ': a 0-dim tensor has no rows (x:item() is its value)', 0) end
+  if i ~= math.floor(i) then error(('%s: expected an integer row, got %s'):format(what, tostring(i)), 0) end
+  local j = i < 0 and n + 1 + i or i
+  if j < 1 or j > n or i == 0 then
+    error(('%s: row %s is out of range for dim 1 of size %d (1..%d, or -%d..-1)'):format(what, tostring(i), n, n, n), 0)
+  end
+  return j
+end
+Tensor.__index = function(t, k)
+  local v = Tensor[k]
+  if v ~= nil or type(k) ~= 'number' then return v end
+  local j = row_of(t, k, 'index')
+  if #t.shape == 1 then return t:narrow(1, j, 1):item() end
+  return t:select(1, j)
+end
+Tensor.__newindex = function(t, k, v)
+  if type(k) ~= 'number' then rawset(t, k, v) return end
+  local j = row_of(t, k, 'index assignment')
+  if type(v) == 'number' then t:narrow(1, j, 1):fill_(v)
+  elseif getmetatable(v) == Tensor and #t.shape == 1 then t:narrow(1, j, 1):fill_(v:item())
+  elseif getmetatable(v) == Tensor then t:select(1, j):copy_(v)
+  else error(('index assignment: expected a number or a Tensor, got %s'):format(describe(v)), 2) end
+end
 local Freed = { __name = 'Tensor', __metatable = Tensor }
 Freed.__index = function(t, k)
   local v = Tensor[k]
@@ -441,7 +471,20 @@ end
 -- Torch/PyTorch style: values right-aligned to a common width, elided in
 -- the middle beyond 1000 elements; floats switch to scientific notation
 -- when their magnitudes span too much for a fixed format.
-function Tensor:__tostring()
+function Tensor:__tostring() return Tensor.format(self) end
+
+-- th's footer: "[float32 tensor of size 3x4]" (device and requires_grad when
+-- they say something), what the REPL prints under a tensor's values
+function Tensor.footer(t)
+  local size = #t.shape == 0 and 'with no dimension' or ('of size ' .. table.concat(t.shape, 'x'))
+  return ('[%s tensor %s%s%s]'):format(t.dtype, size, t.device ~= 'cpu' and (' on ' .. t.device) or '',
+    t.requires_grad and ', requires_grad' or '')
+end
+
+-- the values as tostring(x) shows them, followed by shape and dtype; with
+-- opts.footer the values alone and th's footer on the next line (the REPL)
+function Tensor.format(self, opts)
+  if freed(self) then error('tostring: tensor was freed', 3) end
   local t = self.device == 'cpu' and self or self:to('cpu')
   local shape, isf = t.shape, FLOATING[t.dtype]
   local summarize = t:numel() > 1000
@@ -499,6 +542,7 @@ function Tensor:__tostring()
   end
   if #shape == 0 then emit(fmt(flat[1])) else rec(1, 0, 7) end
   if t:numel() == 0 then parts = { '[]' } end
+  if opts and opts.footer then return 'tensor(' .. table.concat(parts) .. ')\n' .. Tensor.footer(self) end
   local extra = {}
   extra[#extra + 1] = 'shape={' .. table.concat(shape, ',') .. '}'
   extra[#extra + 1] = 'dtype=' .. self.dtype

@@ -142,11 +142,22 @@ function M.new(recipe, args)
   self.tensorboard = require('gptlua.observe.tensorboard').for_trainer(self)  -- nil when off
   self.profiler = require('gptlua.observe.profiler').for_trainer(self)        -- wraps train_step; nil when off
   self.graph = require('gptlua.train_graph').for_trainer(self)                -- nil when off
+  self:given(); self:followed()   -- what the command line gave, before anything changes cfg
   return self
 end
 
 function Trainer:print(...)
   if self.rank == 0 and not self.cfg.quiet then io.write(...); io.write('\n'); io.stdout:flush() end
+end
+
+-- the positions of the loaders evaluate() reads (a recipe's build_data may lack them)
+function Trainer:eval_data_state()
+  local out = {}
+  for _, split in ipairs({ 'val', 'eval_train' }) do
+    local loader = self.data[split]
+    if type(loader) == 'table' and loader.state and loader ~= self.data.train then out[split] = loader:state() end
+  end
+  return next(out) and out or nil
 end
 
 -- mean loss over eval_iters batches of each split
@@ -232,7 +243,12 @@ function Trainer:save_checkpoint()
                   data = self.data.train:state(), config = cfg, history = self.history,
                   bad_steps = self.bad_steps, run_id = self.run_id, saved_at = runs.time(),
                   best_val_loss = self.best_val_loss < math.huge and self.best_val_loss or nil,
-                  live = self.live_changes }  -- changes made through gptlua attach, re-applied on resume
+                  live = self.live_changes,  -- changes made through gptlua attach, re-applied on resume
+                  -- where the evals' batches are, before this step's eval (a resume evaluates this step again)
+                  eval_data = self.eval_data_before and self.eval_data_before.step == self.step
+                    and self.eval_data_before.state or self:eval_data_state(),
+                  ranks = self.dp_size, tokens_per_step = self.tokens_per_step,  -- compared on resume
+                  given = self:given(), followed = self:followed() }
   self.saved_step = self.step
   if self.policy.save_checkpoint then  -- sharded state: the policy writes its shards
     return self.policy:save_checkpoint(self, model_sd, opt_sd, state)
@@ -283,6 +299,10 @@ function Trainer:load_checkpoint(path)
   end
   gl.set_rng_state(st.rng)
   self.data.train:set_state(st.data)
+  for split, loader_state in pairs(st.eval_data or {}) do
+    local loader = self.data[split]
+    if type(loader) == 'table' and loader.set_state then loader:set_state(loader_state) end
+  end
   self.step = st.step
   self.history = st.history or {}
   self.bad_steps = st.bad_steps or 0
@@ -290,7 +310,103 @@ function Trainer:load_checkpoint(path)
   self.saved_step = st.step
   if st.live then require('gptlua.control').reapply(self, st.live) end
   self:print(('resumed from %s at step %d'):format(path, self.step))
+  self:resume_settings(st)
   return st
+end
+
+-- keys that say how this process runs, not what the run is: not compared on resume
+local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, replay = true, replay_to = true,
+                       quiet = true }
+
+-- the run's values of the keys its command line gave: what a resume keeps
+function Trainer:given()
+  if self.given_keys then return self.given_keys end
+  local out = {}
+  for k, v in pairs(self.launch.cli or {}) do if type(v) ~= 'table' and not NOT_COMPARED[k] then out[k] = self.cfg[k] end end
+  self.given_keys = out
+  return out
+end
+
+-- the schedule lengths that followed the command line's max_iters (train_config), by key
+function Trainer:followed()
+  if self.followed_keys then return self.followed_keys end
+  local out = {}
+  for _, k in ipairs(self.launch.scaled_keys or {}) do out[k] = self.cfg[k] end
+  self.followed_keys = out
+  return out
+end
+
+-- The run's settings against this process's (a resume).  What the run's
+-- command line gave (max_iters, schedule lengths) stays unless given again,
+-- and so do the schedule lengths that followed its max_iters; a max_iters
+-- given anew stretches the run's schedule lengths that no command line set.
+-- Every other difference is printed.  A max_iters given that differs from
+-- the run's, or a different number of tokens per step (another world size,
+-- batch or accumulation), changes what the run is and needs --allow_changes.
+function Trainer:resume_settings(st)
+  local cfg, run = self.cfg, st.config
+  if type(run) ~= 'table' then return end
+  local cli = self.launch.cli or {}
+  local notes, refuse, kept = {}, {}, {}
+  local run_given, run_followed = st.given or {}, st.followed or {}
+  local function keep(k, v)
+    if cfg[k] ~= v then kept[#kept + 1] = ('%s %s'):format(k, tostring(v)); cfg[k] = v end
+  end
+  if cli.max_iters == nil and run_given.max_iters ~= nil then keep('max_iters', run_given.max_iters) end
+  for _, k in ipairs(M.SCHEDULE_STEP_KEYS) do
+    if cli[k] == nil then
+      if run_given[k] ~= nil then keep(k, run_given[k])
+      elseif cli.max_iters ~= nil and type(run[k]) == 'number' and type(run.max_iters) == 'number' then
+        cfg[k] = M.scaled_steps(run[k], run.max_iters, cfg.max_iters)
+        self:followed()[k] = cfg[k]
+      elseif run_followed[k] ~= nil then
+        keep(k, run_followed[k])
+        self:followed()[k] = run_followed[k]
+      end
+    end
+  end
+  -- what this run keeps for its next resume: the run's command line, then this one's
+  local given = self:given()
+  for k, v in pairs(run_given) do if cli[k] == nil then given[k] = v end end
+  if #kept > 0 then
+    table.sort(kept)
+    self:print(('resume: the run\'s own %s (given again, they change)'):format(table.concat(kept, ', ')))
+  end
+  if cli.max_iters ~= nil and type(run.max_iters) == 'number' and cfg.max_iters ~= run.max_iters then
+    refuse[#refuse + 1] = ('max_iters %s -> %s'):format(run.max_iters, cfg.max_iters)
+  end
+  local function show(v) return type(v) == 'string' and ("'%s'"):format(v) or tostring(v) end
+  local function compare(a, b, prefix)
+    local keys = {}
+    for k in pairs(a) do keys[#keys + 1] = k end
+    for k in pairs(b) do if a[k] == nil then keys[#keys + 1] = k end end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+      local name = prefix .. k
+      if type(a[k]) == 'table' and type(b[k]) == 'table' then compare(a[k], b[k], name .. '.')
+      elseif not NOT_COMPARED[name] and a[k] ~= b[k] and type(b[k]) ~= 'table' and type(a[k]) ~= 'table' then
+        notes[#notes + 1] = ('%s %s -> %s'):format(name, show(a[k]), show(b[k]))
+      end
+    end
+  end
+  compare(run, cfg, '')
+  local ranks = st.ranks
+  if ranks and ranks ~= self.dp_size then notes[#notes + 1] = ('data-parallel ranks %d -> %d'):format(ranks, self.dp_size) end
+  if st.tokens_per_step and st.tokens_per_step ~= self.tokens_per_step then
+    local msg = ('tokens per step %d -> %d'):format(st.tokens_per_step, self.tokens_per_step)
+    local per_accum = self.tokens_per_step / cfg.gradient_accumulation_steps
+    if st.tokens_per_step % per_accum == 0 then
+      msg = msg .. (' (--gradient_accumulation_steps=%d keeps %d)'):format(st.tokens_per_step / per_accum, st.tokens_per_step)
+    end
+    refuse[#refuse + 1] = msg
+  end
+  if #notes > 0 then self:print('resume: settings that differ from the run\'s: ' .. table.concat(notes, ', ')) end
+  if #refuse > 0 and not cfg.allow_changes then
+    error(('resume: this changes what the run is: %s; --allow_changes continues it so, or keep the run\'s values')
+      :format(table.concat(refuse, ', ')), 0)
+  end
+  self.schedule = (self.hooks.lr_schedule or M.lr_schedule)(cfg)
+  if self.hooks.momentum_schedule then self.momentum_schedule = self.hooks.momentum_schedule(cfg) end
 end
 
 -- one optimizer step; returns the mean loss, the gradient norm, the lr
@@ -464,6 +580,10 @@ function Trainer:run()
       self.launch.dist_default and 'default for' or 'on', self.world, cfg.dist_timeout))
     if self.mesh then self:print(tostring(self.mesh)) end
   end
+  if self.launch.scaled then
+    self:print(('max_iters %d: %s; set on the command line, they stay'):format(cfg.max_iters,
+      table.concat(self.launch.scaled, ', ')))
+  end
   self:print(('run %s writes %s'):format(self.run_id, self.run_dir))
   self.control = require('gptlua.control').for_trainer(self)  -- nil when cfg.control is off
   self.journal = require('gptlua.journal').start(self, first_step, resumed_from)
@@ -485,6 +605,7 @@ function Trainer:run()
     local step = self.step
     if cfg.eval_interval > 0 and step % cfg.eval_interval == 0 then
       local t_eval = now()
+      self.eval_data_before = { step = step, state = self:eval_data_state() }
       local ev = self:evaluate()
       last_eval = ev
       self:print(('step %d: train loss %.4f, val loss %.4f'):format(step, ev.train, ev.val))
@@ -526,13 +647,19 @@ function Trainer:run()
       local mfu = tps * self.flops_per_token / (peak * self.world)
       local mem = gl.memory_stats(cfg.device)
       local eta = (cfg.max_iters - self.step) * elapsed / steps_since + evals_left(self.step) * eval_cost
-      local lr = self.optimizer.groups[1].lr  -- the first group's scheduled lr
-      self:print(('step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | %.1f ms/step | mem %s | ETA %s'):format(
-        self.step, cfg.max_iters, loss, lr, norm, tps, 100 * mfu, 1000 * elapsed / steps_since,
-        fmt_bytes(mem.peak), fmt_time(eta)))
-      local rec = { step = self.step, loss = loss, lr = lr, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
+      -- the scheduled rates by group: 'lr' when every group has the same, else lr_<group> each
+      local rates, shown = M.group_rates(self.optimizer), {}
+      local rec = { step = self.step, loss = loss, lr_mult = lr_mult, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
         ms_per_step = 1000 * elapsed / steps_since, step_ms = dt * 1000, mem_peak = mem.peak,
         comm_bytes = self.comm and self.comm.sent_bytes or nil }  -- bytes rank 0 sent so far (gptlua.dist)
+      for i, r in ipairs(rates) do
+        shown[i] = r[1] == 'lr' and ('lr %.2e'):format(r[2]) or ('%s %.2e'):format(r[1], r[2])
+        rec[r[1] == 'lr' and 'lr' or 'lr_' .. r[1]] = r[2]
+      end
+      if #rates > 1 then shown[1] = 'lr ' .. shown[1] end
+      self:print(('step %5d/%d | loss %.4f | %s | norm %.3f | %.0f tok/s | MFU %.1f%% | %.1f ms/step | mem %s | ETA %s'):format(
+        self.step, cfg.max_iters, loss, table.concat(shown, ' '), norm, tps, 100 * mfu, 1000 * elapsed / steps_since,
+        fmt_bytes(mem.peak), fmt_time(eta)))
       -- a policy's own numbers (round position, staleness, ...)
       if self.policy.metrics then for k, v in pairs(self.policy:metrics()) do rec[k] = v end end
       self:write_metrics(rec)
@@ -556,7 +683,8 @@ function Trainer:run()
   self:end_live()
   local final = { run_dir = self.run_dir }
   if interrupted then
-    self:print(('interrupted at step %d: saving a checkpoint'):format(self.step))
+    self:print(('%s at step %d: saving a checkpoint'):format(
+      self.stop_reason == 'profile' and 'stopped after the profile' or 'interrupted', self.step))
     if self.saved_step ~= self.step then final.checkpoint = self:save_checkpoint()
     else final.checkpoint = ('%s/step_%07d'):format(self.ckpt_dir, self.step) end
     final.interrupted, final.losses = true, losses

@@ -25,7 +25,7 @@ M.defaults = {
   batch_size = 12, gradient_accumulation_steps = 1, total_batch_size = 0,
   -- optimizer: 'adamw' or 'nanochat' (Muon for hidden matrices + AdamW)
   optimizer = 'adamw', learning_rate = 1e-3, min_lr = 1e-4, beta1 = 0.9, beta2 = 0.99, eps = 1e-8,
-  weight_decay = 0.1, grad_clip = 1.0, matrix_lr = 0.02, embedding_lr = 0.2, unembedding_lr = 0.004,
+  weight_decay = 0.1, grad_clip = 1.0, matrix_lr = 0.02, embedding_lr = 0.2, unembedding_lr = 0.004, final_lr_frac = 0.1,
   -- nanochat's optimizer version (gptlua.optim.nanochat, optim.MUON_VARIANTS): 'classic' or 'current'
   muon_variant = 'classic', muon_weight_decay = 0, muon_weight_decay_schedule = 'constant', muon_beta2 = 0.9,
   scalar_lr = 0,
@@ -35,10 +35,11 @@ M.defaults = {
   max_iters = 2000, eval_interval = 250, eval_iters = 20, eval_only = false, log_interval = 10,
   sample_interval = 0, sample_length = 500, sample_prompt = '\n', temperature = 0.8, top_k = 0,
   checkpoint_interval = 0, always_save_checkpoint = true, keep_last = 2, resume = '', overwrite = false,
+  allow_changes = false,
   max_bad_steps = 5,
   peak_flops = 0, quiet = false,
   -- seeing a run (gptlua.observe): TensorBoard events next to metrics.jsonl; profile = 'N' or 'A:B' steps
-  tensorboard = true, profile = '',
+  tensorboard = true, profile = '', profile_continue = false,
   -- CUDA graphs (gptlua.train_graph): 'auto' (where one applies), 'off' (false) or true; optimizer
   -- steps run op by op first
   cuda_graph = 'auto', cuda_graph_warmup = 1,
@@ -78,6 +79,49 @@ local INTEGER_KEYS = {
   dp = { 0, INT32 }, tp = { 1, INT32 }, cp = { 1, INT32 }, pp = { 1, INT32 }, pp_virtual = { 1, INT32 },
 }
 M.INTEGER_KEYS = INTEGER_KEYS
+
+-- The keys each built-in optimizer reads; the other one's are refused when
+-- given on the command line or to set{} (a key that would change nothing).
+-- adamw: learning_rate is the peak rate of every group, min_lr the cosine's
+-- floor.  nanochat: each group has its own peak (matrix_lr for Muon's
+-- hidden matrices, embedding_lr, unembedding_lr, scalar_lr for AdamW's) and
+-- final_lr_frac is the cosine's floor as a fraction of each peak.
+M.OPTIMIZER_KEYS = {
+  adamw = { 'learning_rate', 'min_lr', 'beta1', 'beta2', 'eps', 'weight_decay' },
+  nanochat = { 'matrix_lr', 'embedding_lr', 'unembedding_lr', 'scalar_lr', 'final_lr_frac', 'muon_variant',
+               'muon_weight_decay', 'muon_weight_decay_schedule', 'muon_beta2' },
+}
+local KEY_OWNER = {}
+for opt, keys in pairs(M.OPTIMIZER_KEYS) do for _, k in ipairs(keys) do KEY_OWNER[k] = opt end end
+
+-- nil, or why the run's optimizer ignores key, its names written with
+-- dashes ('--' on the command line, '' for set{}); a recipe with its own
+-- build_optimizer reads what it likes: nothing is refused then
+function M.ignored_key(cfg, hooks, key, dashes)
+  local owner = KEY_OWNER[key]
+  if not owner or owner == cfg.optimizer or (hooks and hooks.build_optimizer) then return nil end
+  if not M.OPTIMIZER_KEYS[cfg.optimizer] then return nil end
+  local d = dashes or ''
+  local rates = cfg.optimizer == 'nanochat'
+    and ('its rates: %smatrix_lr, %sembedding_lr, %sunembedding_lr, %sscalar_lr; its floor: %sfinal_lr_frac')
+      :format(d, d, d, d, d)
+    or ('its rate: %slearning_rate; its floor: %smin_lr'):format(d, d)
+  return ("%s%s is a key of optimizer '%s'; this run's optimizer '%s' ignores it (%s)"):format(d, key, owner,
+    cfg.optimizer, rates)
+end
+
+-- Step counts that follow max_iters: one not set on the command line keeps
+-- its proportion to the max_iters of the recipe (or of the run resumed)
+-- when the command line changes max_iters.
+M.SCHEDULE_STEP_KEYS = { 'warmup_iters', 'lr_decay_iters', 'eval_interval' }
+function M.scaled_steps(v, from, to)
+  if v == 0 or from == to then return v end
+  if v == from then return to end
+  return math.max(1, math.floor(v * to / from + 0.5))
+end
+
+-- the scalar group's rate that scalar_lr = 0 stands for (optim.nanochat's per variant)
+M.SCALAR_LR = { classic = 0.004, current = 0.5 }
 
 -- Hooks a recipe may define, each with what it must return: a hook that
 -- returns something else fails at once, naming the hook and what it returned
@@ -161,12 +205,15 @@ function M.resolve_config(recipe, args)
   -- the launcher's world (an error when its sources disagree): more than one
   -- rank trains with ddp unless the recipe or the command line says otherwise
   local launched = require('gptlua.dist').discover()
-  local launch = { ranks = launched and launched.size or 1 }
+  local launch = { ranks = launched and launched.size or 1, cli = cli }
   if launch.ranks > 1 and rcfg.dist == nil and cli.dist == nil then
     cfg.dist, launch.dist_default = 'ddp', true
   end
   if cfg.device == 'auto' then cfg.device = gl.default_device() end
-  gl.Tensor.device_id(cfg.device, 'config: device')
+  if not pcall(gl.Tensor.device_id, cfg.device) then
+    fail(("device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got '%s'%s"):format(check.printable(cfg.device),
+      (cfg.device == 'gpu' or cfg.device == 'gpu:0') and ' (did you mean --device=cuda?)' or ''))
+  end
   if cfg.device ~= 'cpu' and not gl.cuda_available() then
     fail(('device %s requested but no CUDA device is available (use --device=cpu)'):format(cfg.device))
   end
@@ -191,6 +238,20 @@ function M.resolve_config(recipe, args)
     local r = INTEGER_KEYS[k]
     check.integer(cfg[k], 'config', k, r[1], r[2], config.NO_POSITION)
   end
+  if cli.max_iters ~= nil then   -- the recipe's schedule, stretched to the command line's max_iters
+    local base = rcfg.max_iters or M.defaults.max_iters
+    for _, k in ipairs(M.SCHEDULE_STEP_KEYS) do
+      if cli[k] == nil and type(cfg[k]) == 'number' and type(base) == 'number' and type(cfg.max_iters) == 'number' then
+        local v = M.scaled_steps(cfg[k], base, cfg.max_iters)
+        if v ~= cfg[k] then
+          launch.scaled, launch.scaled_keys = launch.scaled or {}, launch.scaled_keys or {}
+          launch.scaled[#launch.scaled + 1] = ('%s %s (the recipe\'s %s)'):format(k, v, cfg[k])
+          launch.scaled_keys[#launch.scaled_keys + 1] = k
+          cfg[k] = v
+        end
+      end
+    end
+  end
   if cfg.powersgd_rank > 0 and cfg.dist ~= 'ddp' then
     fail(("powersgd_rank is a communication hook of dist = 'ddp', got dist = '%s'"):format(check.printable(cfg.dist)))
   end
@@ -207,6 +268,10 @@ function M.resolve_config(recipe, args)
   if cfg.optimizer ~= 'adamw' and cfg.optimizer ~= 'nanochat' and not hooks.build_optimizer then
     fail(("unknown optimizer '%s' (expected 'adamw' or 'nanochat')"):format(check.printable(cfg.optimizer)))
   end
+  for _, k in ipairs(config.sorted_keys(cli)) do
+    local why = M.ignored_key(cfg, hooks, k, '--')
+    if why then fail(why) end
+  end
   if not optim.MUON_VARIANTS[cfg.muon_variant] then
     fail(("unknown muon_variant '%s' (expected 'classic' or 'current')"):format(check.printable(cfg.muon_variant)))
   end
@@ -222,6 +287,11 @@ function M.resolve_config(recipe, args)
   if cfg.muon_variant ~= 'classic' and cfg.optimizer == 'nanochat' and cfg.tp > 1 then
     fail(("muon_variant '%s' with tp > 1 is not supported yet (tensor parallelism runs the classic Muon)")
       :format(cfg.muon_variant))
+  end
+  -- scalar_lr 0: the variant's rate, written into cfg so that the log, --help and set{} show the one in use
+  if cfg.optimizer == 'nanochat' and cfg.scalar_lr == 0 then cfg.scalar_lr = M.SCALAR_LR[cfg.muon_variant] end
+  if not (cfg.final_lr_frac >= 0 and cfg.final_lr_frac <= 1) then
+    fail(('final_lr_frac must be in [0, 1], got %s'):format(cfg.final_lr_frac))
   end
   if cfg.model ~= 'gpt2' and cfg.model ~= 'nanochat' and not hooks.build_model then
     fail(("unknown model '%s' (expected 'gpt2' or 'nanochat')"):format(check.printable(cfg.model)))
@@ -336,21 +406,42 @@ function M.build_optimizer(cfg, model, groups)
                                    muon_weight_decay = cfg.muon_weight_decay, muon_beta2 = cfg.muon_beta2,
                                    scalar_lr = cfg.scalar_lr > 0 and cfg.scalar_lr or nil })
   end
+  local own_lr = {}   -- groups without their own lr run at learning_rate (set{} moves them with it)
+  if groups then for i, g in ipairs(groups) do own_lr[i] = type(g) == 'table' and g.lr ~= nil end end
   if not groups then
     local decay, no_decay = {}, {}
     for _, np in ipairs(model:named_parameters()) do
       if #np[2].shape >= 2 then decay[#decay + 1] = np else no_decay[#no_decay + 1] = np end
     end
-    groups = { { params = decay, weight_decay = cfg.weight_decay } }
-    if #no_decay > 0 then groups[2] = { params = no_decay, weight_decay = 0 } end
+    groups = { { params = decay, weight_decay = cfg.weight_decay, name = 'decay' } }
+    if #no_decay > 0 then groups[2] = { params = no_decay, weight_decay = 0, name = 'no_decay' } end
   end
-  return optim.AdamW(groups, { lr = cfg.learning_rate, betas = { cfg.beta1, cfg.beta2 }, eps = cfg.eps })
+  local o = optim.AdamW(groups, { lr = cfg.learning_rate, betas = { cfg.beta1, cfg.beta2 }, eps = cfg.eps })
+  for i, g in ipairs(o.groups) do
+    if not own_lr[i] then g.lr_key, g.lr_factor = 'learning_rate', 1 end
+  end
+  return o
+end
+
+-- The optimizer's current rates by group name, in group order: a list of
+-- {name, lr}, one per name (the first group of that name); one entry named
+-- 'lr' when every group runs at the same rate.
+function M.group_rates(optimizer)
+  local out, seen, same = {}, {}, true
+  for i, g in ipairs(optimizer.groups or {}) do
+    local name = g.name or ('group' .. i)
+    if not seen[name] then seen[name] = true; out[#out + 1] = { name, g.lr } end
+    if g.lr ~= optimizer.groups[1].lr then same = false end
+  end
+  if same and #out > 0 then return { { 'lr', out[1][2] } } end
+  return out
 end
 
 function M.lr_schedule(cfg)
   if not cfg.decay_lr or cfg.schedule == 'constant' then return optim.schedules.linear_warmup(cfg.warmup_iters) end
   if cfg.schedule == 'wsd' then return optim.schedules.wsd(cfg.warmup_iters, cfg.max_iters, cfg.cooldown_frac, 0) end
   local ratio = cfg.learning_rate > 0 and cfg.min_lr / cfg.learning_rate or 0
+  if cfg.optimizer == 'nanochat' then ratio = cfg.final_lr_frac end
   return optim.schedules.cosine(cfg.warmup_iters, cfg.lr_decay_iters, ratio)
 end
 

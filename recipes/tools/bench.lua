@@ -1,7 +1,8 @@
 -- Benchmarks (`make bench`): engine dispatch and allocation overhead, the
--- transformer block stack's GFLOP/s and BLAS share, the default recipe's
--- training step, and the same step in PyTorch (nanoGPT's model) when
--- PyTorch is installed.  `--device=cuda` runs the GPU benchmark instead.
+-- transformer block stack's GFLOP/s and BLAS share, training steps at the
+-- default recipe's sizes (nanoGPT's block with AdamW, the recipe's block
+-- with AdamW, and the recipe as it trains: Muon + AdamW), and nanoGPT's
+-- step in PyTorch when PyTorch is installed.  `--device=cuda` runs the GPU benchmark instead.
 --   gptlua recipes/tools/bench.lua [--iters=30] [--rounds=3] [--threads=N] [--only=dispatch,alloc,block,step,torch]
 local gl = require 'gptlua'
 local now = require('gptlua.cli').now
@@ -154,17 +155,28 @@ if on('block') then
     dt * 1000, flops / dt / 1e9, 100 * blas_total / total))
 end
 
--- The default recipe's training step on a fixed batch, with the given
--- model ('gpt2': nanoGPT's block, the one PyTorch runs below; 'nanochat':
--- the recipe's own): median ms over opts.iters steps, the share of that
--- time in BLAS, and the trainer.
+-- The training steps measured, each on the default recipe's sizes (4x128,
+-- batch 12, context 64) and a fixed batch: what it is, and what it changes
+-- in the recipe.  'gpt2' is the one PyTorch runs below.
+local STEPS = {
+  { kind = 'gpt2', label = "nanoGPT's GPT-2 block, AdamW (the PyTorch comparison)",
+    over = { model = 'gpt2', optimizer = 'adamw' } },
+  { kind = 'nanochat', label = "the recipe's block (nanochat v1), AdamW (the previous default)",
+    over = { model = 'nanochat', optimizer = 'adamw' } },
+  { kind = 'recipe', label = "the default recipe as it trains (nanochat v1 block, Muon + AdamW)", over = {} },
+}
+local STEP = {}
+for _, s in ipairs(STEPS) do STEP[s.kind] = s end
+
+-- One of STEPS on a fixed batch: median ms over opts.iters steps, the
+-- share of that time in BLAS, the trainer, and its peak memory.
 local trainers = {}
-local function our_step(model)
-  local tr = trainers[model]
+local function our_step(kind)
+  local tr = trainers[kind]
   if not tr then
     local r = dofile(gl.root .. '/recipes/shakespeare.lua')
-    r.quiet, r.device, r.model = true, 'cpu', model
-    r.optimizer, r.nanochat = 'adamw', { version = 'v1' }  -- the previous default's block and optimizer, as measured
+    r.quiet, r.device, r.nanochat = true, 'cpu', { version = 'v1' }
+    for k, v in pairs(STEP[kind].over) do r[k] = v end
     local x, y = fixed_batch(r.batch_size, r.block_size, 65)
     r.build_data = function()
       local L = { next_batch = function() return x, y end, state = function() return {} end, set_state = function() end }
@@ -173,7 +185,7 @@ local function our_step(model)
     collectgarbage(); collectgarbage()  -- earlier benchmarks' tensors go now, not during the count
     local before = gl.memory_stats().allocated
     tr = train.new(r, {})
-    trainers[model] = tr
+    trainers[kind] = tr
     for _ = 1, 3 do tr:train_step() end
     tr.bench_resident = gl.memory_stats().allocated - before  -- its weights, grads, optimizer state
   end
@@ -210,19 +222,19 @@ local function torch_step()
   return res.ms_per_iter, res.torch
 end
 
--- gptlua (nanoGPT's block, then the recipe's own) and PyTorch alternate
+-- gptlua (each of STEPS) and PyTorch alternate
 -- for opts.rounds rounds on this (shared, noisy) machine; the fastest round
 -- of each is its figure, the one least disturbed by other load.
 if on('step') or on('torch') then
-  local best = { gpt2 = math.huge, nanochat = math.huge, torch = math.huge }
+  local best = { gpt2 = math.huge, nanochat = math.huge, recipe = math.huge, torch = math.huge }
   local share, tr, peak_mem, torch_version, why = {}, {}, {}, nil, nil
   for round = 1, opts.rounds do
     local line = ('round %d:'):format(round)
     if on('step') then
-      for _, model in ipairs({ 'gpt2', 'nanochat' }) do
-        local ms, sh, t, mem = our_step(model)
-        if ms < best[model] then best[model], share[model], tr[model], peak_mem[model] = ms, sh, t, mem end
-        line = line .. (' gptlua %s %.1f ms/iter,'):format(model, ms)
+      for _, s in ipairs(STEPS) do
+        local ms, sh, t, mem = our_step(s.kind)
+        if ms < best[s.kind] then best[s.kind], share[s.kind], tr[s.kind], peak_mem[s.kind] = ms, sh, t, mem end
+        line = line .. (' gptlua %s %.1f ms/iter,'):format(s.kind, ms)
       end
     end
     if on('torch') and not why then
@@ -236,12 +248,14 @@ if on('step') or on('torch') then
   end
   if on('step') then
     local peak = train.measure_cpu_flops()
-    for _, model in ipairs({ 'gpt2', 'nanochat' }) do
-      local t = tr[model]
-      local tps = t.cfg.batch_size * t.cfg.block_size / (best[model] / 1000)
-      print(('training step, default recipe (4x128, batch 12, context 64) with the %s block%s: %.1f ms/iter, %.0f tokens/s, MFU %.1f%% of %.1f GFLOP/s sgemm, %.0f%% in BLAS, peak memory %s'):format(
-        model, model == 'gpt2' and ' (nanoGPT\'s)' or ' (the recipe\'s)', best[model], tps,
-        100 * tps * t.flops_per_token / peak, peak / 1e9, 100 * share[model], train.fmt_bytes(peak_mem[model])))
+    for _, s in ipairs(STEPS) do
+      local t = tr[s.kind]
+      local tps = t.cfg.batch_size * t.cfg.block_size / (best[s.kind] / 1000)
+      -- (MFU counts the model's FLOPs per token: Muon's Newton-Schulz is work beyond them)
+      print(('training step (4x128, batch 12, context 64), %s: %.1f ms/iter, %.0f tokens/s, MFU %.1f%% of %.1f GFLOP/s sgemm%s, %.0f%% in BLAS, peak memory %s'):format(
+        s.label, best[s.kind], tps, 100 * tps * t.flops_per_token / peak, peak / 1e9,
+        s.kind == 'recipe' and ' (model FLOPs; Newton-Schulz not counted)' or '', 100 * share[s.kind],
+        train.fmt_bytes(peak_mem[s.kind])))
     end
   end
   if on('torch') then

@@ -13,8 +13,10 @@ for _, decl in ipairs({
   'int close(int fd);',
   'int kill(int pid, int sig);',
   'int waitpid(int pid, int *status, int options);',
-  'struct gl_spec_pollfd { int fd; short events; short revents; };',
-  'int poll(struct gl_spec_pollfd *fds, unsigned long n, int timeout);',
+  -- (the same struct and declaration as gptlua.control_socket's: ffi.C.poll is
+  -- declared once per process, by whichever loads first)
+  'struct gl_pollfd { int fd; short events; short revents; };',
+  'int poll(struct gl_pollfd *fds, unsigned long n, int timeout_ms);',
   'void _exit(int status);',
 }) do pcall(ffi.cdef, decl) end
 local C = ffi.C
@@ -51,7 +53,7 @@ end
 
 -- reads what is available within ms milliseconds; false at end of output
 function Session:pump(ms)
-  local p = ffi.new('struct gl_spec_pollfd[1]')
+  local p = ffi.new('struct gl_pollfd[1]')
   p[0].fd, p[0].events = self.fd, 1
   if C.poll(p, 1, ms) <= 0 then return true end
   local buf = ffi.new('char[4096]')

@@ -49,7 +49,7 @@ function M.read_run(run)
     fail(('%s has no metrics.jsonl (expected a run directory or a metrics.jsonl file)'):format(run))
   end
   local label = path:match('([^/]+)/metrics%.jsonl$') or path:match('([^/]+)$')
-  local out = { label = label, path = path, train = {}, eval = {} }
+  local out = { label = label, path = path, train = {}, eval = {}, marks = {} }
   local n, per_step = 0, nil
   for line in f:lines() do
     n = n + 1
@@ -68,11 +68,18 @@ function M.read_run(run)
       if not per_step and num('tokens_per_sec') and num('ms_per_step') then
         per_step = math.floor(rec.tokens_per_sec * rec.ms_per_step / 1000 + 0.5)
       end
-      if rec.eval then
+      -- resumes and live changes (gptlua attach's set{} and reload) are marked on the step axis
+      if rec.resumed then out.marks[#out.marks + 1] = { step = rec.step, what = 'resumed' }
+      elseif rec.event == 'control' and type(rec.command) == 'string' and rec.ok ~= false then
+        local what = rec.command:match('^%s*(set)%s*[{(]') or rec.command:match('^%s*(reload)%s*[%s(\'"]')
+        if what then out.marks[#out.marks + 1] = { step = rec.step, what = what } end
+      end
+      if rec.event then   -- an event, not a step's numbers
+      elseif rec.eval then
         out.eval[#out.eval + 1] = { step = rec.step, tokens = num('tokens'), train_loss = num('train_loss'),
                                     val_loss = num('val_loss') }
       elseif not rec.skipped then
-        out.train[#out.train + 1] = { step = rec.step, tokens = num('tokens'), loss = num('loss'), lr = num('lr'),
+        out.train[#out.train + 1] = { step = rec.step, tokens = num('tokens'), loss = num('loss'), lr = num('lr'), lr_mult = num('lr_mult'),
           grad_norm = num('grad_norm'), tokens_per_sec = num('tokens_per_sec'),
           mfu = num('mfu') and 100 * rec.mfu or nil }
       end
@@ -89,7 +96,7 @@ function M.read_run(run)
 end
 
 -- ------------------------------------------------------------- gnuplot
-local TRAIN_COLS = { 'step', 'tokens', 'loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu' }
+local TRAIN_COLS = { 'step', 'tokens', 'loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu', 'lr_mult' }
 local EVAL_COLS = { 'step', 'tokens', 'train_loss', 'val_loss' }
 
 local function write_table(path, rows, cols)
@@ -117,17 +124,57 @@ end
 -- one panel: series = {{file, x col, y col, title, colour, dashed}, ...}
 local function panel(out, title, xlabel, ylabel, series, logy)
   out[#out + 1] = ('set title %s; set xlabel %s; set ylabel %s'):format(q(title), q(xlabel), q(ylabel))
-  out[#out + 1] = logy and 'set logscale y' or 'unset logscale y'
+  -- a log axis spans the data, not whole decades around it
+  out[#out + 1] = logy and 'set logscale y; set autoscale yfix' or 'unset logscale y; set autoscale y'
   if #series == 0 then
-    out[#out + 1] = "set label 1 'no data' at graph 0.45, graph 0.5; plot [0:1][0:1] -1 notitle; unset label 1"
+    out[#out + 1] = "unset logscale y; set label 1 'no data' at graph 0.45, graph 0.5; plot [0:1][0:1] -1 notitle; unset label 1"
     return
   end
   local parts = {}
   for _, s in ipairs(series) do
-    parts[#parts + 1] = ('%s using %d:%d with lines lw 1.5 lc %d %s title %s'):format(q(s[1]), s[2], s[3], s[5],
-      s[6] and 'dt 2' or 'dt 1', q(s[4]))
+    -- a series of one point (a run that logged once) is drawn as a point: a line needs two
+    parts[#parts + 1] = ('%s using %d:%d with %s lc %d %s title %s'):format(q(s[1]), s[2], s[3],
+      s[7] and 'points pt 7 ps 1.5' or 'lines lw 1.5', s[5], s[6] and 'dt 2' or 'dt 1', q(s[4]))
   end
   out[#out + 1] = 'plot ' .. table.concat(parts, ', ')
+end
+
+-- ytics for a log axis over the runs' values of the columns cols: a log axis
+-- labels only powers of ten, and a loss curve spans less than one decade
+local LOSSES = { { 'train', 'loss' }, { 'eval', 'val_loss' } }
+local function log_tics(runs, cols)
+  local lo, hi = math.huge, 0
+  for _, r in ipairs(runs) do
+    for _, c in ipairs(cols) do
+      for _, row in ipairs(r[c[1]]) do
+        local v = row[c[2]]
+        if v and v > 0 then lo, hi = math.min(lo, v), math.max(hi, v) end
+      end
+    end
+  end
+  if hi == 0 then return 'set ytics autofreq' end
+  local tics = {}
+  for e = math.floor(math.log10(lo)), math.ceil(math.log10(hi)) do
+    for _, m in ipairs({ 1, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8 }) do
+      local v = m * 10 ^ e
+      if v >= lo * 0.95 and v <= hi * 1.05 then tics[#tics + 1] = ('%g'):format(v) end
+    end
+  end
+  if #tics < 2 then return 'set ytics autofreq' end
+  return 'set ytics (' .. table.concat(tics, ', ') .. ')'
+end
+
+-- a dotted vertical line at each step a run was resumed or changed live, named at the top
+local function marks(out, runs)
+  local n = 0
+  for i, r in ipairs(runs) do
+    for _, m in ipairs(r.marks or {}) do
+      n = n + 1
+      out[#out + 1] = ('set arrow %d from %s, graph 0 to %s, graph 1 nohead dt 3 lc %d'):format(n, m.step, m.step, i)
+      out[#out + 1] = ('set label %d %s at %s, graph 0.97 rotate by 90 right offset -0.6, 0 font ",8" tc lt %d')
+        :format(n, q(m.what), m.step, i)
+    end
+  end
 end
 
 -- the gnuplot script drawing runs (data files in dir) on the current terminal
@@ -138,8 +185,10 @@ local function panels(runs, dir, only_loss)
     for i, r in ipairs(runs) do
       local rows, cols = r[kind], kind == 'train' and TRAIN_COLS or EVAL_COLS
       if has(rows, xcol) and has(rows, ycol) then
+        local n = 0
+        for _, row in ipairs(rows) do if row[xcol] and row[ycol] then n = n + 1 end end
         list[#list + 1] = { ('%s/run%d_%s.dat'):format(dir, i, kind), col_index(cols, xcol), col_index(cols, ycol),
-          r.label .. suffix, i, dashed }
+          r.label .. suffix, i, dashed, n == 1 }
       end
     end
     return list
@@ -150,21 +199,39 @@ local function panels(runs, dir, only_loss)
     return s
   end
   if only_loss then
-    panel(out, 'loss', 'step', 'loss', loss_series('step'))
+    marks(out, runs)
+    out[#out + 1] = log_tics(runs, LOSSES)
+    panel(out, 'loss', 'step', 'loss', loss_series('step'), true)
     return table.concat(out, '\n')
   end
   local names = {}
   for _, r in ipairs(runs) do names[#names + 1] = r.label end
   out[#out + 1] = ('set multiplot layout 3,2 title %s'):format(q('gptlua: ' .. table.concat(names, ', ')))
-  panel(out, 'loss vs steps', 'step', 'loss', loss_series('step'))
-  panel(out, 'loss vs tokens', 'tokens', 'loss', loss_series('tokens'))
-  panel(out, 'learning rate', 'step', 'lr', series('train', 'step', 'lr', ''))
+  -- losses on a log scale: the first steps' loss (ln V at the start) does not squeeze the rest
+  marks(out, runs)
+  out[#out + 1] = log_tics(runs, LOSSES)
+  panel(out, 'loss vs steps', 'step', 'loss', loss_series('step'), true)
+  out[#out + 1] = 'unset arrow; unset label'
+  panel(out, 'loss vs tokens', 'tokens', 'loss', loss_series('tokens'), true)
+  out[#out + 1] = 'set ytics autofreq'
+  -- the schedule's multiplier of every group's peak rate when each run has it (an optimizer with several
+  -- groups, nanochat's, has no one 'lr'), else the rate
+  local every_mult = true
+  for _, r in ipairs(runs) do if not has(r.train, 'lr_mult') then every_mult = false end end
+  if every_mult then
+    panel(out, 'learning rate / peak (schedule)', 'step', 'x peak', series('train', 'step', 'lr_mult', ''))
+  else
+    panel(out, 'learning rate', 'step', 'lr', series('train', 'step', 'lr', ''))
+  end
+  out[#out + 1] = log_tics(runs, { { 'train', 'grad_norm' } })
   panel(out, 'gradient norm', 'step', 'norm', series('train', 'step', 'grad_norm', ''), true)
+  out[#out + 1] = 'set ytics autofreq'
   panel(out, 'throughput', 'step', 'tokens/s', series('train', 'step', 'tokens_per_sec', ''))
   panel(out, 'MFU', 'step', 'MFU %', series('train', 'step', 'mfu', ''))
   out[#out + 1] = 'unset multiplot'
   return table.concat(out, '\n')
 end
+M.script = panels   -- (specs read the script)
 
 local function shell_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
@@ -254,6 +321,18 @@ local function main(args)
       opts.width, opts.height = w, h
     elseif a:sub(1, 1) == '-' then fail(('unknown option %s\n%s'):format(a, USAGE))
     else runs[#runs + 1] = a end
+  end
+  -- a run's name is its newest run, unless another run of that name is named
+  -- too (plot runs/a runs/a-2 overlays exactly those two)
+  local function family(p) return (p:gsub('/+$', ''):gsub('%-%d+$', '')) end
+  for i, a in ipairs(runs) do
+    local alone = true
+    for j, b in ipairs(runs) do if i ~= j and family(b) == family(a) then alone = false end end
+    if alone then
+      local run, note = require('gptlua.runs').resolve(a)
+      if note then io.stderr:write('plot: ', note, '\n') end
+      runs[i] = run
+    end
   end
   local out, text = M.plot(runs, opts)
   if text then io.write(text) end

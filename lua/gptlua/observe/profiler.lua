@@ -457,6 +457,12 @@ function M.for_trainer(tr)
       self:print(('profile: steps %d-%d, trace %s (chrome://tracing or ui.perfetto.dev)'):format(
         prof.first_step, prof.last_step, path))
       self:print(prof:table())
+      -- the window is what was asked for: the run stops here (saving a checkpoint, as Ctrl-C does)
+      -- unless --profile_continue; every rank decides at the same step, so no vote is needed
+      if not self.cfg.profile_continue and step < self.cfg.max_iters then
+        self.stop_signal, self.stop_agreed, self.stop_reason = true, true, 'profile'
+        self:print(('profile: done; the run stops after step %d (--profile_continue trains on)'):format(step))
+      end
     end
     return unpack(r, 1, table.maxn(r))
   end

@@ -86,11 +86,33 @@ function M.char(text, opts)
   return wrap(lib.gl_tok_char(text, #text, n, arr))
 end
 
+-- a merge list entry as an error message shows it: {97, 'x'} or the value
+local function show_merge(m)
+  local describe = require('gptlua.check').describe
+  if type(m) ~= 'table' or getmetatable(m) ~= nil then return describe(m) end
+  local parts = {}
+  for j = 1, math.min(#m, 3) do parts[j] = describe(m[j]) end
+  return '{' .. table.concat(parts, ', ') .. (#m > 3 and ', ...}' or '}')
+end
+
 -- A BPE tokenizer from a merge list {{left, right}, ...} (merge i makes id 255+i).
 function M.from_merges(merges, opts)
   opts = opts or {}
   local pairs_buf = ffi.new('int32_t[?]', math.max(2 * #merges, 1))
-  for i, m in ipairs(merges) do pairs_buf[2 * i - 2] = m[1]; pairs_buf[2 * i - 1] = m[2] end
+  for i, m in ipairs(merges) do
+    -- each merge a pair of ids that exist before it (the bytes, earlier
+    -- merges); the engine refuses the rest (a pair merged twice)
+    local ok = type(m) == 'table' and getmetatable(m) == nil and #m == 2
+    for j = 1, 2 do
+      local id = ok and m[j]
+      ok = ok and type(id) == 'number' and id == math.floor(id) and id >= 0 and id < 255 + i
+    end
+    if not ok then
+      error(('tokenizer.from_merges: merges[%d] must be a pair {left, right} of ids in [0, %d] (the bytes and '
+        .. 'earlier merges), got %s'):format(i, 254 + i, show_merge(m)), 2)
+    end
+    pairs_buf[2 * i - 2] = m[1]; pairs_buf[2 * i - 1] = m[2]
+  end
   local arr, n = special_list(opts, 'tokenizer.from_merges')
   return wrap(lib.gl_tok_from_merges(opts.pattern, #merges, pairs_buf, n, arr))
 end

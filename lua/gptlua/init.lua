@@ -128,6 +128,9 @@ gl.backward, gl.checkpoint = A.backward, A.checkpoint
 
 gl.set_num_threads = check.wrap('set_num_threads', 'n:integer', function(n) G.check(G.lib.gl_set_num_threads(n), 2) end)
 function gl.get_num_threads() return G.lib.gl_get_num_threads() end
+-- the CPUs this process may run on (gl.set_num_threads refuses more than
+-- GL_THREADS_PER_CORE threads for each)
+function gl.num_cores() return G.lib.gl_num_cores() end
 -- the BLAS library and the kernels it picked for this CPU, as a string
 function gl.blas_info() return G.ffi.string(G.lib.gl_blas_info()) end
 

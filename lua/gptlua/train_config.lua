@@ -79,6 +79,16 @@ local INTEGER_KEYS = {
 }
 M.INTEGER_KEYS = INTEGER_KEYS
 
+-- Real keys with a range: {min, max, max_open}; a value outside it would
+-- fail later inside an op (a negative val_fraction as a narrow of negative
+-- length) instead of naming the key.
+local REAL_KEYS = {
+  val_fraction = { 0, 1, true }, cooldown_frac = { 0, 1 }, dropout = { 0, 1, true }, beta1 = { 0, 1, true },
+  beta2 = { 0, 1, true }, eps = { 0, math.huge }, temperature = { 0, math.huge }, outer_momentum = { 0, 1, true },
+  outer_lr = { 0, math.huge },
+}
+M.REAL_KEYS = REAL_KEYS
+
 -- Hooks a recipe may define, each with what it must return: a hook that
 -- returns something else fails at once, naming the hook and what it returned
 -- (not later as "attempt to index a nil value").  false: anything.
@@ -236,7 +246,16 @@ function M.resolve_config(recipe, args)
   if cfg.model == 'gpt2' and cfg.n_embd % cfg.n_head ~= 0 then
     fail(('n_embd %d is not divisible by n_head %d'):format(cfg.n_embd, cfg.n_head))
   end
-  if cfg.dropout < 0 or cfg.dropout >= 1 then fail('dropout must be in [0, 1), got ' .. cfg.dropout) end
+  local reals = {}
+  for k in pairs(REAL_KEYS) do reals[#reals + 1] = k end
+  table.sort(reals)
+  for _, k in ipairs(reals) do
+    local r, v = REAL_KEYS[k], cfg[k]
+    if v < r[1] or v > r[2] or (r[3] and v == r[2]) then
+      fail(('%s must be in [%s, %s%s, got %s'):format(k, r[1], r[2] == math.huge and 'inf' or r[2],
+        r[3] and ')' or ']', v))
+    end
+  end
   if cfg.dtype == 'auto' then cfg.dtype, launch.dtype_auto = M.auto_dtype(cfg.device), true end
   if cfg.dtype ~= 'float32' and cfg.dtype ~= 'float64' and cfg.dtype ~= 'bfloat16' then
     fail(("dtype must be auto, float32, float64 or bfloat16, got '%s'"):format(check.printable(cfg.dtype)))
@@ -245,11 +264,20 @@ function M.resolve_config(recipe, args)
 end
 
 -- ------------------------------------------------------------------ data
-local function resolve_path(p)
-  if ckpt.exists(p) then return p end
+-- the path a key names, as given or under gl.root; kind 'file' (a regular
+-- file) or 'directory'
+local function is_dir(p) return ckpt.exists(p .. '/.') end
+local function resolve_path(p, key, kind)
   local alt = gl.root .. '/' .. p
-  if ckpt.exists(alt) then return alt end
-  error(('data: file %s not found (also looked in %s)'):format(p, gl.root), 0)
+  local found = ckpt.exists(p) and p or (p:sub(1, 1) ~= '/' and ckpt.exists(alt) and alt) or nil
+  if not found then
+    fail(('%s %s not found (expected a %s%s)'):format(key, p, kind,
+      p:sub(1, 1) ~= '/' and ', also looked in ' .. gl.root or ''))
+  end
+  if (kind == 'directory') ~= is_dir(found) then
+    fail(('%s %s is a %s, expected a %s'):format(key, found, is_dir(found) and 'directory' or 'file', kind))
+  end
+  return found
 end
 
 -- default data: returns {train = loader, val = loader, tokenizer = tok, vocab_size = n}
@@ -273,9 +301,7 @@ function M.build_data(cfg, rank, world)
   end
   if cfg.data == 'char' then
     local tokenizer = require 'gptlua.tokenizer'
-    local f = assert(io.open(resolve_path(cfg.data_path), 'rb'))
-    local text = f:read('*a')
-    f:close()
+    local text = require('gptlua.util').read_file(resolve_path(cfg.data_path, 'data_path', 'file'), 'config: data_path')
     local tok = tokenizer.char(text)
     local ids = tok:encode(text, { tensor = true })
     local n = ids:numel()
@@ -295,13 +321,14 @@ function M.build_data(cfg, rank, world)
   elseif cfg.data == 'shards' then
     local tokenizer = require 'gptlua.tokenizer'
     if cfg.data_dir == '' then fail("data = 'shards' needs data_dir") end
+    local dir = resolve_path(cfg.data_dir, 'data_dir', 'directory')
     local tok = cfg.tokenizer ~= '' and tokenizer.load(cfg.tokenizer) or nil
     local common = { batch_size = cfg.batch_size, block_size = cfg.block_size, rank = rank, world_size = world,
                      sampling = cfg.sampling, device = cfg.device, bos_aligned = false, shard_format = cfg.shard_format }
     local function mk(split, seed)
       local o = {}
       for k, v in pairs(common) do o[k] = v end
-      o.files, o.seed, o.split = cfg.data_dir, seed, split
+      o.files, o.seed, o.split = dir, seed, split
       if tok then o.vocab_size = tok.vocab_size end
       return data.loader(o)
     end

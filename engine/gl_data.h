@@ -127,7 +127,8 @@ void gl_shard_writer_abort(gl_shard_writer *w); /* removes path.tmp, frees w */
 /* A validated, memory-mapped shard.  open checks magic, version, sizes, the
    checksum and that every token is < vocab_limit (0: the header's vocab).
    format GL_SHARD_AUTO reads gptlua's shards and llm.c's (int32 header,
-   magic 20240520: no vocabulary, no checksum); GL_SHARD_RAW_U16 reads
+   magic 20240520, or 20240801 for its LLaMA-3 files: no vocabulary, no
+   checksum); GL_SHARD_RAW_U16 reads
    nanoGPT's headerless uint16 train.bin/val.bin.  Other formats come back in
    a gl_shard_header with magic "LLM.C" / "RAW16", header_bytes the tokens'
    offset, vocab_size and checksum 0. */
@@ -138,6 +139,7 @@ int gl_shard_read_header(const char *path, int format, gl_shard_header *out);
 int64_t gl_shard_n_tokens(const gl_shard *s);
 int gl_shard_token_bytes(const gl_shard *s);
 int64_t gl_shard_vocab_size(const gl_shard *s);
+int64_t gl_shard_max_id(const gl_shard *s);     /* the largest token in the shard, -1 when it has none */
 const void *gl_shard_data(const gl_shard *s);
 const char *gl_shard_path(const gl_shard *s);
 /* tokens [start, start+n) as a new int32 tensor */

@@ -100,7 +100,10 @@ function M.new(recipe, args)
   gl.manual_seed(cfg.seed)
   local d = (hooks.build_data or M.build_data)(cfg, self.dp_rank, self.dp_size)
   self.data = d
-  if cfg.vocab_size == 0 then cfg.vocab_size = d.vocab_size end
+  if cfg.vocab_size == 0 then
+    cfg.vocab_size = d.vocab_size
+    if d.vocab_note then self:print(d.vocab_note) end
+  end
   if cfg.total_batch_size > 0 then
     local per = cfg.batch_size * cfg.block_size * self.dp_size
     if cfg.total_batch_size % per ~= 0 then

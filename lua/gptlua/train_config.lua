@@ -280,12 +280,58 @@ local function resolve_path(p, key, kind)
   return found
 end
 
+-- f(...), its error about the user's data (a shard, a token past the
+-- vocabulary) as the one line of a user error, without the library's position
+local function user_data(f, ...)
+  local ok, r = pcall(f, ...)
+  if not ok then error((tostring(r):gsub('^[^\n]-:%d+: ', '')), 0) end
+  return r
+end
+
+-- The tokenizer and vocabulary of the shards in dir: --tokenizer, else the
+-- one recipes/prepare.lua saved beside them (dir/tokenizer, or
+-- dir/tokenizer.tiktoken), else the shards' own: the vocab_size their
+-- gptlua headers name, or for llm.c and nanoGPT files, which name none,
+-- the largest id + 1 rounded up to a multiple of VOCAB_ROUND (as llm.c pads
+-- GPT-2's 50257 to 50304).  Returns tok (or nil), vocab_size and a line
+-- saying where the vocabulary came from when no tokenizer gave it.
+local VOCAB_ROUND = 128
+M.VOCAB_ROUND = VOCAB_ROUND
+function M.shards_vocabulary(cfg, dir)
+  local tokenizer, data = require 'gptlua.tokenizer', require 'gptlua.data'
+  if cfg.tokenizer ~= '' then
+    local tok = user_data(tokenizer.load, resolve_path(cfg.tokenizer, 'tokenizer', 'file'))
+    return tok, tok.vocab_size
+  end
+  for _, name in ipairs({ 'tokenizer', 'tokenizer.tiktoken' }) do
+    if ckpt.exists(dir .. '/' .. name) and not is_dir(dir .. '/' .. name) then
+      local tok = user_data(tokenizer.load, dir .. '/' .. name)
+      return tok, tok.vocab_size, ('data: vocab_size %d from the tokenizer beside the shards, %s/%s')
+        :format(tok.vocab_size, dir, name)
+    end
+  end
+  local files = data.list_shards(dir, 'train')
+  for _, f in ipairs(data.list_shards(dir, 'val')) do files[#files + 1] = f end
+  if #files == 0 then
+    fail(('data_dir %s has no shards (expected .bin files such as train_000000.bin, name_val.bin, train.bin)'):format(dir))
+  end
+  local v = user_data(data.shards_vocab, files, cfg.shard_format)
+  if v.max_id < 0 then
+    return nil, v.vocab_size, ('data: vocab_size %d from the shards\' headers (no tokenizer: --tokenizer names one)')
+      :format(v.vocab_size)
+  end
+  local V = math.max(v.vocab_size, math.ceil((v.max_id + 1) / VOCAB_ROUND) * VOCAB_ROUND)
+  return nil, V, ('data: vocab_size %d from the shards: their largest token is %d, rounded up to a multiple of %d '
+    .. '(no tokenizer: --tokenizer or --vocab_size sets it)'):format(V, v.max_id, VOCAB_ROUND)
+end
+
 -- default data: returns {train = loader, val = loader, tokenizer = tok, vocab_size = n}
 function M.build_data(cfg, rank, world)
   local data = require 'gptlua.data'
   local function loaders(train_tokens, val_tokens)
+    -- (a vocab_size set by hand is the model's: the loader checks the ids against it)
     local common = { batch_size = cfg.batch_size, block_size = cfg.block_size, rank = rank, world_size = world,
-                     sampling = cfg.sampling, device = cfg.device }
+                     sampling = cfg.sampling, device = cfg.device, vocab_size = cfg.vocab_size > 0 and cfg.vocab_size or nil }
     local function mk(tokens, seed)
       if tokens:numel() <= cfg.block_size + 1 then
         fail(('block_size %d is longer than the data (%d tokens in a split)'):format(cfg.block_size, tokens:numel()))
@@ -293,7 +339,7 @@ function M.build_data(cfg, rank, world)
       local o = {}
       for k, v in pairs(common) do o[k] = v end
       o.tokens, o.seed = tokens, seed
-      return data.loader(o)
+      return user_data(data.loader, o)
     end
     -- eval reads the training split through its own stream so that
     -- evaluating never moves the training data position
@@ -319,21 +365,23 @@ function M.build_data(cfg, rank, world)
     end
     return { train = mk(cfg.seed), val = mk(cfg.seed + 1), eval_train = mk(cfg.seed + 2), vocab_size = V }
   elseif cfg.data == 'shards' then
-    local tokenizer = require 'gptlua.tokenizer'
     if cfg.data_dir == '' then fail("data = 'shards' needs data_dir") end
     local dir = resolve_path(cfg.data_dir, 'data_dir', 'directory')
-    local tok = cfg.tokenizer ~= '' and tokenizer.load(cfg.tokenizer) or nil
+    local tok, V, note = M.shards_vocabulary(cfg, dir)
+    -- the loaders check every token of every shard against the model's
+    -- vocabulary (an id past it would index outside the embedding)
+    local model_vocab = cfg.vocab_size > 0 and cfg.vocab_size or V
     local common = { batch_size = cfg.batch_size, block_size = cfg.block_size, rank = rank, world_size = world,
-                     sampling = cfg.sampling, device = cfg.device, bos_aligned = false, shard_format = cfg.shard_format }
+                     sampling = cfg.sampling, device = cfg.device, bos_aligned = false, shard_format = cfg.shard_format,
+                     vocab_size = model_vocab }
     local function mk(split, seed)
       local o = {}
       for k, v in pairs(common) do o[k] = v end
       o.files, o.seed, o.split = dir, seed, split
-      if tok then o.vocab_size = tok.vocab_size end
-      return data.loader(o)
+      return user_data(data.loader, o)
     end
     return { train = mk('train', cfg.seed), val = mk('val', cfg.seed + 1), eval_train = mk('train', cfg.seed + 2), tokenizer = tok,
-             vocab_size = tok and tok.vocab_size or cfg.vocab_size }
+             vocab_size = V, vocab_note = note }
   end
   fail(("unknown data source '%s' (expected 'char', 'random' or 'shards')"):format(check.printable(cfg.data)))
 end

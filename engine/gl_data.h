@@ -33,8 +33,11 @@
 typedef struct gl_tokenizer gl_tokenizer;
 typedef struct gl_bpe_trainer gl_bpe_trainer;
 
-/* The GPT-4 (cl100k) pre-tokenisation pattern. */
+/* The GPT-4 (cl100k) pre-tokenisation pattern, GPT-2's (r50k, p50k) and
+   o200k's, as tiktoken splits them. */
 const char *gl_tok_gpt4_pattern(void);
+const char *gl_tok_r50k_pattern(void);
+const char *gl_tok_o200k_pattern(void);
 
 /* BPE training: add any number of texts (split and counted as they come),
    then train.  vocab_size counts the 256 byte tokens, the merges and the
@@ -65,8 +68,12 @@ gl_tokenizer *gl_tok_from_ranks(const char *pattern, int n_ordinary, const char 
 gl_tokenizer *gl_tok_char(const char *text, int64_t len, int n_special,
                           const char *const *special);
 /* path: tiktoken ranks file; path + ".json": pattern, type, special tokens.
-   load accepts a bare tiktoken file (no .json): GPT-4 pattern, no specials. */
+   load accepts a bare tiktoken file (no .json) of one of tiktoken's standard
+   encodings, recognised by its ranks (r50k_base, cl100k_base, o200k_base:
+   their pattern, no specials), and refuses any other.  load_pattern splits
+   with pattern ("" for none) whatever the sidecar says. */
 gl_tokenizer *gl_tok_load(const char *path);
+gl_tokenizer *gl_tok_load_pattern(const char *path, const char *pattern);
 int gl_tok_save(const gl_tokenizer *t, const char *path);
 void gl_tok_free(gl_tokenizer *t);
 

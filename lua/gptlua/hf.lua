@@ -35,7 +35,7 @@ local util = require 'gptlua.util'
 local M = {}
 
 -- GPT-2's pre-tokenizer (Hugging Face's ByteLevel with use_regex)
-M.GPT2_PATTERN = [['s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+]]
+M.GPT2_PATTERN = tokenizer.R50K_PATTERN
 
 local function utf8_char(cp)
   if cp < 0x80 then return string.char(cp) end

@@ -24,6 +24,8 @@ Tokenizer.__name = 'Tokenizer'
 M.Tokenizer = Tokenizer
 
 M.GPT4_PATTERN = ffi.string(lib.gl_tok_gpt4_pattern())
+M.R50K_PATTERN = ffi.string(lib.gl_tok_r50k_pattern())   -- GPT-2's (r50k_base, p50k_base)
+M.O200K_PATTERN = ffi.string(lib.gl_tok_o200k_pattern())
 
 local len_buf = ffi.new('int64_t[1]')
 
@@ -163,9 +165,14 @@ end
 
 -- A tokenizer made with other Unicode tables than this build's PCRE2 splits
 -- characters added in between differently: said once, on stderr.
-function M.load(path)
+-- A ranks file without its sidecar (path.json) is read when it is one of
+-- tiktoken's standard encodings (r50k_base, cl100k_base, o200k_base, known
+-- by their ranks, each with its pattern), else refused: opts.pattern says
+-- how such a file splits text (and overrides a sidecar's).
+function M.load(path, opts)
   if type(path) ~= 'string' then error('tokenizer.load: path expected a string', 2) end
-  local t = wrap(lib.gl_tok_load(path))
+  local pattern = opts and opts.pattern
+  local t = wrap(pattern and lib.gl_tok_load_pattern(path, pattern) or lib.gl_tok_load(path))
   local here = ffi.string(lib.gl_tok_unicode_version(nil))
   if t.kind == 'bpe' and t.pattern and t.unicode_version ~= here then
     io.stderr:write(('tokenizer.load: %s was made with Unicode %s tables, this build has %s: characters added '
@@ -342,8 +349,9 @@ end
 
 -- every entry point checks its arguments (gptlua.check): "tokenizer.train: vocab_size must be ..."
 local check = require 'gptlua.check'
+check.options('load_opts', { pattern = 'string?' })
 check.wrap_table(M, { char = 'text:string, opts:opts?', from_merges = 'merges:opts, opts:opts?', from_ranks = 'ranks:opts, opts:opts?',
-  train = 'sources:any, vocab_size:count, opts:opts?', load = 'path:string' }, 'tokenizer.')
+  train = 'sources:any, vocab_size:count, opts:opts?', load = 'path:string, opts:load_opts?' }, 'tokenizer.')
 check.wrap_table(Tokenizer, { save = 'self:opts, path:string', special_id = 'self:opts, name:string',
   token_bytes = 'self:opts, id:integer', encode = 'self:opts, text:string, opts:opts?',
   encode_batch = 'self:opts, texts:opts, opts:opts?', decode = 'self:opts, ids:any', split = 'self:opts, text:string',

@@ -132,6 +132,38 @@ describe('Hugging Face GPT-2 weights', function()
     os.execute('rm -rf ' .. d)
   end)
 
+  -- the files Hugging Face wrote for the fixture are the oracle: the same
+  -- vocabulary, the same merges in the same order, the same ids
+  it('write the tokenizer as Hugging Face does, and bos/eos ids from it', function()
+    local m, t = hf.load_gpt2(FIX), hf.load_tokenizer(FIX)
+    local d = tmpdir()
+    hf.save_gpt2(m, d, { tokenizer = t })
+    local cfg = cjson.decode(read(d .. '/config.json'))
+    assert.same({ 300, 300 }, { cfg.bos_token_id, cfg.eos_token_id })  -- the fixture's config says 300 too
+    assert.same(cjson.decode(read(FIX .. '/vocab.json')), cjson.decode(read(d .. '/vocab.json')))
+    assert.equal(read(FIX .. '/merges.txt'), read(d .. '/merges.txt'))
+    local theirs, ours = cjson.decode(read(FIX .. '/tokenizer.json')), cjson.decode(read(d .. '/tokenizer.json'))
+    assert.same(theirs.model.vocab, ours.model.vocab)
+    assert.same(theirs.model.merges, ours.model.merges)
+    assert.same(theirs.pre_tokenizer, ours.pre_tokenizer)
+    assert.same({ 300, '<|endoftext|>', true }, { ours.added_tokens[1].id, ours.added_tokens[1].content, ours.added_tokens[1].special })
+    local back = hf.load_tokenizer(d)
+    for i, text in ipairs(expected.texts) do
+      assert.same(expected.encoded_tokenizer_json[i], back:encode(text, { allowed_special = 'all' }))
+    end
+    assert.equal('<|endoftext|>', cjson.decode(read(d .. '/tokenizer_config.json')).eos_token)
+    -- without a tokenizer the ids are unknown: null, not GPT-2's 50256
+    local d2 = tmpdir()
+    hf.save_gpt2(m, d2)
+    local c2 = read(d2 .. '/config.json')
+    assert.truthy(c2:find('"bos_token_id":null', 1, true), c2)
+    assert.truthy(c2:find('"eos_token_id":null', 1, true), c2)
+    -- a tokenizer that splits with another pattern has no ByteLevel form
+    raises("hf.save_tokenizer: the tokenizer splits with another pattern, expected GPT-2's pattern",
+      hf.save_tokenizer, tok.train('hello world hello', 260, { texts = true, quiet = true }), d2)
+    os.execute('rm -rf ' .. d .. ' ' .. d2)
+  end)
+
   it('refuse configs gpt2 does not compute, untied heads and missing files, naming them', function()
     local c = cjson.decode(read(FIX .. '/config.json'))
     c.activation_function = 'gelu'

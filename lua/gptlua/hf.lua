@@ -18,8 +18,9 @@
 -- merge order would encode differently and are refused, as are
 -- pre-tokenizer settings gptlua does not reproduce (add_prefix_space, a
 -- normalizer).  Tokens that are neither a byte nor a merge's result
--- (<|endoftext|>) become special tokens and keep their ids, which must come
--- after the ordinary ones.
+-- (<|endoftext|>) become special tokens and keep their ids, which come
+-- after the ordinary ones or before them (ids 0, 1, ...: a tokenizer whose
+-- <|endoftext|> is id 0).
 --
 -- The weights: Hugging Face's GPT2LMHeadModel stores the four projections
 -- as Conv1D, (in, out), the transpose of gptlua's Linear (out, in); names
@@ -123,31 +124,35 @@ local function build(vocab, merges, specials, what, where)
   end
   local n_ordinary = 0
   for s in pairs(ordinary) do n_ordinary = n_ordinary + 1; if specials[s] then specials[s] = nil end end
-  local ranks = {}
-  for id = 0, n_ordinary - 1 do
-    local s = by_id[id]
-    if not s or not ordinary[s] then
-      error(('%s: %s: ids 0..%d expected to be the bytes and the merges, but id %d is %s'):format(what, where,
-        n_ordinary - 1, id, s and ('%q, a special token'):format(s) or 'missing'), 3)
-    end
-    local bytes, bad = token_bytes(s)
-    if not bytes then error(('%s: %s: token %d has character U+%04X, not one of GPT-2\'s byte characters'):format(what, where, id, bad), 3) end
-    ranks[id + 1] = bytes
-  end
-  -- the rest are special tokens, in id order after the ordinary ones
+  -- the special tokens: the rest, in id order; those at ids 0, 1, ... come
+  -- before the ordinary tokens (front), the others after them
   local extra = {}
   for s, id in pairs(vocab) do if not ordinary[s] then specials[s] = specials[s] or id end end
   for s, id in pairs(specials) do extra[#extra + 1] = { s, id } end
   table.sort(extra, function(x, y) return x[2] < y[2] end)
+  local front = 0
+  while extra[front + 1] and extra[front + 1][2] == front do front = front + 1 end
+  local ranks = {}
+  for id = 0, n_ordinary - 1 do
+    local s = by_id[front + id]
+    if not s or not ordinary[s] then
+      error(('%s: %s: ids %d..%d expected to be the bytes and the merges, but id %d is %s'):format(what, where,
+        front, front + n_ordinary - 1, front + id, s and ('%q, a special token'):format(s) or 'missing'), 3)
+    end
+    local bytes, bad = token_bytes(s)
+    if not bytes then error(('%s: %s: token %d has character U+%04X, not one of GPT-2\'s byte characters'):format(what, where, front + id, bad), 3) end
+    ranks[id + 1] = bytes
+  end
   local names = {}
   for k, e in ipairs(extra) do
-    if e[2] ~= n_ordinary + k - 1 then
-      error(('%s: %s: special token %q has id %d, expected %d (specials follow the %d ordinary tokens)'):format(what,
-        where, e[1], e[2], n_ordinary + k - 1, n_ordinary), 3)
+    local want = k <= front and k - 1 or n_ordinary + k - 1
+    if e[2] ~= want then
+      error(('%s: %s: special token %q has id %d, expected %d (specials come before or after the %d ordinary tokens, '
+        .. 'with no gaps)'):format(what, where, e[1], e[2], want, n_ordinary), 3)
     end
     names[k] = e[1]
   end
-  return tokenizer.from_ranks(ranks, { pattern = M.GPT2_PATTERN, special_tokens = names })
+  return tokenizer.from_ranks(ranks, { pattern = M.GPT2_PATTERN, special_tokens = names, specials_first = front })
 end
 
 -- vocab.json + merges.txt (GPT-2's original files)

@@ -101,6 +101,8 @@ local v = t:view(4, 4)']])
         'config: data_dir /nonexistent not found (expected a directory)\n' },
       { ' recipes/shakespeare.lua --data=shards --data_dir=recipes/shakespeare.lua' .. short,
         'config: data_dir recipes/shakespeare.lua is a file, expected a directory\n' },
+      { ' recipes/shakespeare.lua --vocab_size=10' .. short,
+        "gl_loader_add_tokens: tokens[1] = 18, expected in [0, 10) (the vocab_size the loader was given: the model's)\n" },
       { ' ' .. wrong_type .. ' --device=cpu', 'config: batch_size must be a number, got a table\n' },
       { ' ' .. error_table, error_table .. ':2: error raised with a table instead of a message (error() takes a string)\n' },
       { ' ' .. hook_error .. short, hook_error .. ':1: error raised with a table instead of a message (error() takes a string)\n' },

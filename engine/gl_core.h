@@ -81,8 +81,14 @@ int gl_cuda_built(void);          /* 1 if compiled with CUDA */
 int gl_cuda_device_count(void);   /* 0 without CUDA build, driver or GPU */
 const char *gl_dtype_name(int dtype);
 int gl_dtype_size(int dtype);
+/* n in [1, GL_THREADS_PER_CORE * gl_num_cores()]: some oversubscription
+   is allowed (tests split work over more threads than a small machine
+   has), a number far past the cores is refused (OpenMP would try to start
+   that many threads) */
 int gl_set_num_threads(int n);
 int gl_get_num_threads(void);
+int gl_num_cores(void);   /* CPUs this process may run on (OpenMP's count) */
+enum { GL_THREADS_PER_CORE = 4 };
 const char *gl_blas_info(void);
 
 /* tensors */

@@ -33,8 +33,11 @@
 typedef struct gl_tokenizer gl_tokenizer;
 typedef struct gl_bpe_trainer gl_bpe_trainer;
 
-/* The GPT-4 (cl100k) pre-tokenisation pattern. */
+/* The GPT-4 (cl100k) pre-tokenisation pattern, GPT-2's (r50k, p50k) and
+   o200k's, as tiktoken splits them. */
 const char *gl_tok_gpt4_pattern(void);
+const char *gl_tok_r50k_pattern(void);
+const char *gl_tok_o200k_pattern(void);
 
 /* BPE training: add any number of texts (split and counted as they come),
    then train.  vocab_size counts the 256 byte tokens, the merges and the
@@ -65,8 +68,12 @@ gl_tokenizer *gl_tok_from_ranks(const char *pattern, int n_ordinary, const char 
 gl_tokenizer *gl_tok_char(const char *text, int64_t len, int n_special,
                           const char *const *special);
 /* path: tiktoken ranks file; path + ".json": pattern, type, special tokens.
-   load accepts a bare tiktoken file (no .json): GPT-4 pattern, no specials. */
+   load accepts a bare tiktoken file (no .json) of one of tiktoken's standard
+   encodings, recognised by its ranks (r50k_base, cl100k_base, o200k_base:
+   their pattern, no specials), and refuses any other.  load_pattern splits
+   with pattern ("" for none) whatever the sidecar says. */
 gl_tokenizer *gl_tok_load(const char *path);
+gl_tokenizer *gl_tok_load_pattern(const char *path, const char *pattern);
 int gl_tok_save(const gl_tokenizer *t, const char *path);
 void gl_tok_free(gl_tokenizer *t);
 
@@ -127,7 +134,8 @@ void gl_shard_writer_abort(gl_shard_writer *w); /* removes path.tmp, frees w */
 /* A validated, memory-mapped shard.  open checks magic, version, sizes, the
    checksum and that every token is < vocab_limit (0: the header's vocab).
    format GL_SHARD_AUTO reads gptlua's shards and llm.c's (int32 header,
-   magic 20240520: no vocabulary, no checksum); GL_SHARD_RAW_U16 reads
+   magic 20240520, or 20240801 for its LLaMA-3 files: no vocabulary, no
+   checksum); GL_SHARD_RAW_U16 reads
    nanoGPT's headerless uint16 train.bin/val.bin.  Other formats come back in
    a gl_shard_header with magic "LLM.C" / "RAW16", header_bytes the tokens'
    offset, vocab_size and checksum 0. */
@@ -138,6 +146,7 @@ int gl_shard_read_header(const char *path, int format, gl_shard_header *out);
 int64_t gl_shard_n_tokens(const gl_shard *s);
 int gl_shard_token_bytes(const gl_shard *s);
 int64_t gl_shard_vocab_size(const gl_shard *s);
+int64_t gl_shard_max_id(const gl_shard *s);     /* the largest token in the shard, -1 when it has none */
 const void *gl_shard_data(const gl_shard *s);
 const char *gl_shard_path(const gl_shard *s);
 /* tokens [start, start+n) as a new int32 tensor */

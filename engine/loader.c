@@ -337,8 +337,8 @@ int gl_loader_add_tokens(gl_loader *L, const gl_tensor *tokens) {
     int64_t v = tokens->dtype == GL_U16 ? ((const uint16_t *)p)[i]
               : tokens->dtype == GL_I32 ? ((const int32_t *)p)[i] : ((const int64_t *)p)[i];
     if (v < 0 || v >= vmax)
-      return gl_error("%s: tokens[%lld] = %lld, expected in [0, %lld)", fn, (long long)(i + 1), (long long)v,
-                      (long long)vmax);
+      return gl_error("%s: tokens[%lld] = %lld, expected in [0, %lld)%s", fn, (long long)(i + 1), (long long)v,
+                      (long long)vmax, L->cfg.vocab_size > 0 ? " (the vocab_size the loader was given: the model's)" : "");
   }
   source s = {SRC_MEM, gl_dtype_size(tokens->dtype), p, tokens->numel, NULL};
   return add_source(L, s);

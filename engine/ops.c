@@ -151,8 +151,12 @@ static int check_norm(const char *fn, const gl_tensor *x, const gl_tensor *const
     GL_TRY(check_dtype(stats[i], fn, snames[i], stat_dtype(x->dtype), "statistics of x are float32, float64 for float64 x"));
     GL_TRY(check_shape(stats[i], fn, snames[i], x->ndim - 1, lead, "the shape of x without its last dim"));
   }
-  for (int i = 0; i < nvecs; i++)
+  /* the kernels read weight and bias as x's dtype: another one would be
+     reinterpreted, not converted */
+  for (int i = 0; i < nvecs; i++) {
+    GL_TRY(check_dtype(vecs[i], fn, vnames[i], x->dtype, "the dtype of x"));
     GL_TRY(check_shape(vecs[i], fn, vnames[i], 1, &C, "C, the last dim of x"));
+  }
   return GL_OK;
 }
 

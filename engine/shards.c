@@ -158,6 +158,7 @@ struct gl_shard {
   char *path;
   void *map; size_t map_len;
   gl_shard_header h;
+  int64_t max_id;   /* the largest token (-1: none), from the one pass of gl_shard_open */
 };
 
 static int check_header(const char *fn, const char *path, const gl_shard_header *h, int64_t file_bytes) {
@@ -193,18 +194,23 @@ static int check_header(const char *fn, const char *path, const gl_shard_header 
    checksum 0 (they have none).
    llm.c (and modded-nanogpt): 256 little-endian int32, [0] = 20240520,
    [1] = version (1: uint16 tokens, 2: uint32), [2] = token count, then the
-   tokens.  nanoGPT's train.bin/val.bin: raw uint16 tokens, no header, so
+   tokens; llm.c's LLaMA-3 files the same with [0] = 20240801, [1] = 7 and
+   uint32 tokens.  nanoGPT's train.bin/val.bin: raw uint16 tokens, no header, so
    nothing in the file says what it is: only an explicit GL_SHARD_RAW_U16
    reads it, and that refuses a file that starts like the other two. */
 static const char LLMC_NAME[8] = {'L', 'L', 'M', '.', 'C', 0, 0, 0};
 static const char RAW_NAME[8] = {'R', 'A', 'W', '1', '6', 0, 0, 0};
-enum { LLMC_MAGIC = 20240520, LLMC_HEADER_BYTES = 1024 };
+enum { LLMC_MAGIC = 20240520, LLMC_LLAMA3_MAGIC = 20240801, LLMC_LLAMA3_VERSION = 7, LLMC_HEADER_BYTES = 1024 };
 
 static int llmc_header(const char *fn, const char *path, const int32_t *w, int64_t file_bytes, gl_shard_header *h) {
   if (file_bytes < LLMC_HEADER_BYTES)
     return gl_error("%s: '%s' is truncated: %lld bytes, smaller than llm.c's %d-byte header", fn, path,
                     (long long)file_bytes, LLMC_HEADER_BYTES);
-  if (w[1] != 1 && w[1] != 2)
+  int llama3 = w[0] == LLMC_LLAMA3_MAGIC;
+  if (llama3 && w[1] != LLMC_LLAMA3_VERSION)
+    return gl_error("%s: '%s': llm.c LLaMA-3 shard version expected %d (uint32 tokens), got %d", fn, path,
+                    LLMC_LLAMA3_VERSION, w[1]);
+  if (!llama3 && w[1] != 1 && w[1] != 2)
     return gl_error("%s: '%s': llm.c shard version expected 1 (uint16 tokens) or 2 (uint32), got %d", fn, path, w[1]);
   if (w[2] < 0) return gl_error("%s: '%s': llm.c token count expected >= 0, got %d", fn, path, w[2]);
   memset(h, 0, sizeof *h);
@@ -223,9 +229,10 @@ static int llmc_header(const char *fn, const char *path, const int32_t *w, int64
 static int raw_header(const char *fn, const char *path, const uint8_t *head, int64_t file_bytes, gl_shard_header *h) {
   int32_t w0 = 0;
   if (file_bytes >= 4) memcpy(&w0, head, 4);
-  if ((file_bytes >= 8 && memcmp(head, SHARD_MAGIC, 8) == 0) || w0 == LLMC_MAGIC)
+  int llmc = w0 == LLMC_MAGIC || w0 == LLMC_LLAMA3_MAGIC;
+  if ((file_bytes >= 8 && memcmp(head, SHARD_MAGIC, 8) == 0) || llmc)
     return gl_error("%s: '%s' is a %s shard, not raw uint16 tokens: read it with shard_format = 'auto'", fn, path,
-                    w0 == LLMC_MAGIC ? "llm.c" : "gptlua");
+                    llmc ? "llm.c" : "gptlua");
   if (file_bytes == 0) return gl_error("%s: '%s' holds no tokens (an empty file)", fn, path);
   if (file_bytes % 2)
     return gl_error("%s: '%s' has %lld bytes, expected an even count (raw uint16 tokens)", fn, path, (long long)file_bytes);
@@ -255,13 +262,13 @@ int gl_shard_read_header(const char *path, int format, gl_shard_header *out) {
       rc = gl_error("%s: '%s' is truncated: %lld bytes, smaller than the %d-byte header", fn, path,
                     (long long)size, GL_SHARD_HEADER_BYTES);
     else { memcpy(out, w, sizeof *out); rc = check_header(fn, path, out, size); }
-  } else if (size >= 4 && w[0] == LLMC_MAGIC) rc = llmc_header(fn, path, w, size, out);
+  } else if (size >= 4 && (w[0] == LLMC_MAGIC || w[0] == LLMC_LLAMA3_MAGIC)) rc = llmc_header(fn, path, w, size, out);
   else if (size < GL_SHARD_HEADER_BYTES && size < 4)
     rc = gl_error("%s: '%s' is truncated: %lld bytes, smaller than the %d-byte header", fn, path,
                   (long long)size, GL_SHARD_HEADER_BYTES);
   else
-    rc = gl_error("%s: '%s' is not a token shard (magic expected \"GLTOKENS\", or llm.c's %d; nanoGPT's raw "
-                  "train.bin/val.bin: shard_format = 'nanogpt')", fn, path, LLMC_MAGIC);
+    rc = gl_error("%s: '%s' is not a token shard (magic expected \"GLTOKENS\", or llm.c's %d or %d; nanoGPT's raw "
+                  "train.bin/val.bin: shard_format = 'nanogpt')", fn, path, LLMC_MAGIC, LLMC_LLAMA3_MAGIC);
 done:
   close(fd);
   return rc;
@@ -297,6 +304,7 @@ gl_shard *gl_shard_open(const char *path, int64_t vocab_limit, int format) {
   uint64_t hsum = FNV_OFFSET;
   int64_t n = (int64_t)h.n_tokens, bad = -1;
   uint32_t maxv = 0;
+  s->max_id = -1;
   for (int64_t start = 0; start < n && bad < 0; start += FNV_BLOCK) {
     int64_t end = start + FNV_BLOCK < n ? start + FNV_BLOCK : n;
     uint32_t bmax = 0;
@@ -305,6 +313,7 @@ gl_shard *gl_shard_open(const char *path, int64_t vocab_limit, int format) {
       hsum = (hsum ^ v) * FNV_PRIME;
       if (v > bmax) bmax = v;
     }
+    if ((int64_t)bmax > s->max_id) s->max_id = bmax;
     if (bmax >= limit) /* find the first offender for the message */
       for (int64_t i = start; i < end; i++) {
         uint32_t v = token_at(data, h.token_bytes, i);
@@ -335,6 +344,7 @@ void gl_shard_close(gl_shard *s) {
 
 int64_t gl_shard_n_tokens(const gl_shard *s) { return s ? (int64_t)s->h.n_tokens : gl_error("gl_shard_n_tokens: shard expected, got NULL"); }
 int gl_shard_token_bytes(const gl_shard *s) { return s ? (int)s->h.token_bytes : gl_error("gl_shard_token_bytes: shard expected, got NULL"); }
+int64_t gl_shard_max_id(const gl_shard *s) { return s ? s->max_id : gl_error("gl_shard_max_id: shard expected, got NULL"); }
 int64_t gl_shard_vocab_size(const gl_shard *s) { return s ? (int64_t)s->h.vocab_size : gl_error("gl_shard_vocab_size: shard expected, got NULL"); }
 const void *gl_shard_data(const gl_shard *s) {
   GL_NONNULL_OR(NULL, "gl_shard_data", s);

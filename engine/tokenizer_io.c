@@ -141,8 +141,48 @@ int gl_tok_save(const gl_tokenizer *t, const char *path) {
   return rc;
 }
 
-gl_tokenizer *gl_tok_load(const char *path) {
-  const char *fn = "gl_tok_load";
+/* A ranks file without its sidecar names no split pattern, and the wrong
+   one silently gives other ids (GPT-2's files split "10000" whole, GPT-4's
+   pattern as 100|00).  tiktoken's standard encodings are recognised by
+   their ranks: the 256 single bytes first, then as many ranks as the
+   encoding has (r50k_base, GPT-2's: 50256; cl100k_base: 100256;
+   o200k_base: 199998; patterns as tiktoken_ext/openai_public.py gives
+   them).  Anything else is refused: its sidecar (or the pattern) must say
+   how it splits. */
+static const char R50K_PATTERN[] =
+  "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char O200K_PATTERN[] =
+  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+  "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+  "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const char *gl_tok_r50k_pattern(void) { return R50K_PATTERN; }
+const char *gl_tok_o200k_pattern(void) { return O200K_PATTERN; }
+
+static const struct { const char *name; int64_t n_ranks; const char *pattern; } STANDARD[] = {
+  {"r50k_base", 50256, R50K_PATTERN}, {"cl100k_base", 100256, GPT4_PATTERN}, {"o200k_base", 199998, O200K_PATTERN},
+};
+
+static const char *standard_pattern(const char *text, int64_t *n_ranks) {
+  int64_t n = 0, singles = 0;
+  uint8_t buf[8];
+  for (const char *p = text; *p;) {
+    const char *eol = strchr(p, '\n');
+    if (!eol) eol = p + strlen(p);
+    const char *sp = memchr(p, ' ', (size_t)(eol - p));
+    if (eol > p + (eol[-1] == '\r')) {
+      if (n < 256 && sp && sp - p <= 4 && b64_decode(p, sp - p, buf) == 1) singles++;
+      n++;
+    }
+    p = *eol ? eol + 1 : eol;
+  }
+  *n_ranks = n;
+  if (singles == 256)
+    for (size_t i = 0; i < sizeof STANDARD / sizeof STANDARD[0]; i++)
+      if (n == STANDARD[i].n_ranks) return STANDARD[i].pattern;
+  return NULL;
+}
+
+static gl_tokenizer *load(const char *fn, const char *path, const char *pattern_given) {
   if (!path) return gl_error_null("%s: path expected, got NULL", fn);
   int64_t len, jlen; int missing;
   char *text = read_file(fn, path, &len, &missing);
@@ -153,7 +193,9 @@ gl_tokenizer *gl_tok_load(const char *path) {
   char *jtext = read_file(fn, jpath, &jlen, &missing);
   if (!jtext && !missing) { free(text); free(jpath); return NULL; }
   int is_char = 0;
-  char *pattern = NULL;         /* NULL with a sidecar: none; without: GPT-4 */
+  char *pattern = NULL;         /* NULL with a sidecar: none; without: the standard encoding's */
+  int unknown = 0;              /* a bare file of no standard encoding */
+  int64_t bare_ranks = 0;
   int n_special = 0;
   char **snames = NULL; int32_t *sids = NULL;
   gl_tokenizer *t = NULL;
@@ -191,9 +233,13 @@ gl_tokenizer *gl_tok_load(const char *path) {
         int32_t ti = sids[b]; sids[b] = sids[b - 1]; sids[b - 1] = ti;
         char *tn = snames[b]; snames[b] = snames[b - 1]; snames[b - 1] = tn;
       }
-  } else {
-    pattern = (char *)GPT4_PATTERN;
+  } else if (!pattern_given) {
+    /* an unknown bare file is refused once its lines are read (a broken
+       line is the better message) */
+    pattern = (char *)standard_pattern(text, &bare_ranks);
+    unknown = pattern == NULL;
   }
+  if (pattern_given) pattern = (char *)pattern_given;
   t = tok_new(fn, pattern ? pattern : "", is_char);
   if (!t) goto fail;
   bytes = malloc((size_t)len + 1);
@@ -248,6 +294,12 @@ gl_tokenizer *gl_tok_load(const char *path) {
   }
   /* pass 2: each multi-byte token's merge, by rank (tokenizer.c) */
   if (tok_derive_merges(fn, path, t)) goto fail;
+  if (unknown) {
+    gl_error("%s: '%s' has no sidecar '%s' to say how text is split, and its %lld ranks are not one of tiktoken's "
+             "standard encodings (r50k_base 50256, cl100k_base 100256, o200k_base 199998): give the pattern "
+             "(tokenizer.load(path, {pattern = ...})) or write the sidecar", fn, path, jpath, (long long)bare_ranks);
+    goto fail;
+  }
   /* specials: ids must follow the ordinary tokens */
   for (int k = 0; k < n_special; k++) {
     if (sids[k] != t->n_ordinary + k) {
@@ -264,4 +316,10 @@ fail:
   free(text); free(jtext); free(jpath); free(bytes); free(snames); free(sids);
   cJSON_Delete(j);
   return NULL;
+}
+
+gl_tokenizer *gl_tok_load(const char *path) { return load("gl_tok_load", path, NULL); }
+gl_tokenizer *gl_tok_load_pattern(const char *path, const char *pattern) {
+  if (!pattern) return gl_error_null("gl_tok_load_pattern: pattern expected, got NULL");
+  return load("gl_tok_load_pattern", path, pattern);
 }

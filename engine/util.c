@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <cblas.h>
 #include <signal.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -86,8 +87,20 @@ int gl_is_int(int dtype) { return dtype >= GL_I32 && dtype < GL_NDTYPES; }
 
 /* ---- threads ---------------------------------------------------------- */
 static int n_threads = 0;
+int gl_num_cores(void) {
+#ifdef _OPENMP
+  int n = omp_get_num_procs();
+#else
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+  return n > 0 ? (int)n : 1;
+}
 int gl_set_num_threads(int n) {
   if (n < 1) return gl_error("gl_set_num_threads: n must be >= 1, got %d", n);
+  int cores = gl_num_cores();
+  if (n > GL_THREADS_PER_CORE * cores)
+    return gl_error("gl_set_num_threads: n must be <= %d (%d threads for each of this machine's %d cores), got %d",
+                    GL_THREADS_PER_CORE * cores, GL_THREADS_PER_CORE, cores, n);
   n_threads = n;
 #ifdef _OPENMP
   omp_set_num_threads(n);

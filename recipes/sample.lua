@@ -49,8 +49,18 @@ else
   t.model:load_state_dict(c.model)
   model, tokenizer, device = t.model, t.data.tokenizer, cfg.device
 end
+-- the prompt's ids; an empty one starts from the tokenizer's document
+-- token (<|bos|>, GPT-2's <|endoftext|>), as Hugging Face's generate does
+local prompt = tokenizer:encode(opts.prompt)
+if #prompt == 0 then
+  local start = tokenizer.bos_id or tokenizer:special_id('<|endoftext|>')
+  if not start then
+    error(("sample: --prompt must encode to at least one token, got %q (this tokenizer has no <|bos|> or "
+      .. "<|endoftext|> to start from)"):format(opts.prompt), 0)
+  end
+  prompt = { start }
+end
 for s = 1, opts.num_samples do
-  local prompt = tokenizer:encode(opts.prompt)
   local idx = gl.tensor({ prompt }, { dtype = 'int64', device = device })
   local out = model:generate(idx, opts.n, { temperature = opts.temperature,
     top_k = opts.top_k > 0 and opts.top_k or nil, seed = opts.seed + s - 1 })

@@ -272,3 +272,26 @@ describe('in-place changes and version counters (as PyTorch)', function()
     assert.equal(3, version(p))
   end)
 end)
+
+-- A tensor an op saved for its backward holds its own reference to the
+-- storage (as PyTorch's saved tensors do): the caller freeing its handle
+-- (t:free(), a recycling loader) neither changes the gradient nor lets the
+-- allocator hand the memory to another tensor before the backward ran.
+describe('saved tensors outlive their freed handles', function()
+  local function grads(free_target, fused)
+    local x = gl.randn({ 4, 5 }, { seed = 1 }):requires_grad_()
+    local w = gl.randn({ 7, 5 }, { seed = 2 }):requires_grad_()
+    local t = gl.tensor({ 1, 2, 3, 0 }, { dtype = 'int64' })
+    local loss = fused and gl.linear_cross_entropy(x, w, t) or gl.cross_entropy(gl.linear(x, w), t)
+    if free_target then
+      t:free()
+      for _ = 1, 8 do gl.full({ 4 }, 6, { dtype = 'int64' }) end  -- fresh allocations of the same size
+    end
+    loss:backward()
+    return { x.grad:tolist(), w.grad:tolist() }
+  end
+  it('cross_entropy and the fused head give the same gradient after their target is freed', function()
+    assert.same(grads(false, false), grads(true, false))
+    assert.same(grads(false, true), grads(true, true))
+  end)
+end)

@@ -73,6 +73,66 @@ local cases = {
   { 'memory stats of a bad device', function() gl.memory_stats('gpu') end, "memory_stats: unknown device 'gpu'" },
   { 'arange with step 0', function() gl.arange(0, 5, 0) end, 'arange: step must not be 0' },
   { 'manual_seed negative', function() gl.manual_seed(-1) end, 'manual_seed: seed must be a non-negative number' },
+  -- each class below once ended in a Lua internal or was accepted silently
+  { 'as_strided with too few strides', function() gl.zeros({ 4 }):_as_strided({ 2, 2 }, { 1 }) end,
+    'as_strided: stride has 1 entries, expected 2 (one per dim of shape {2,2})' },
+  { 'as_strided with a fractional stride', function() gl.zeros({ 4 }):_as_strided({ 2 }, { 1.5 }) end,
+    'as_strided: stride of dim 1 must be a finite integer, got 1.5' },
+  { 'linear of a 0-d tensor', function() gl.linear(gl.tensor(1.0), gl.zeros({ 1, 1 })) end,
+    'linear: x must be a Tensor with at least 1 dim (..., features), got a 0-d tensor' },
+  { 'cross_entropy of 0-d logits', function() gl.cross_entropy(gl.tensor(1.0), gl.tensor(0, { dtype = 'int64' })) end,
+    'cross_entropy: logits must be a Tensor with at least 1 dim (..., features), got a 0-d tensor' },
+  { 'a model called with 1-d ids', function()
+      local m = require('gptlua.models.gpt2').GPT({ vocab_size = 5, block_size = 4, n_layer = 1, n_head = 1, n_embd = 4 })
+      m:forward(gl.tensor({ 1, 2 }, { dtype = 'int64' }))
+    end, 'GPT2:forward: idx must be a (B, T) int32 or int64 Tensor of token ids with T >= 1, got a tensor of shape {2}' },
+  { 'a model called with float ids', function()
+      local m = require('gptlua.models.nanochat').GPT({ depth = 1, n_embd = 8, n_head = 1, vocab_size = 5, block_size = 4 })
+      m:forward(gl.zeros({ 1, 2 }))
+    end, 'Nanochat:forward: idx must be a (B, T) int32 or int64 Tensor of token ids with T >= 1, got dtype float32' },
+  { 'generate from an empty prompt', function()
+      local m = require('gptlua.models.gpt2').GPT({ vocab_size = 5, block_size = 4, n_layer = 1, n_head = 1, n_embd = 4 })
+      m:generate(gl.zeros({ 1, 0 }, { dtype = 'int64' }), 2)
+    end, 'GPT2:generate: idx must be a (B, T) int32 or int64 Tensor of token ids with T >= 1, got a tensor of shape {1,0}' },
+  { 'from_merges with a string merge', function() require('gptlua.tokenizer').from_merges({ 'ab' }) end,
+    "tokenizer.from_merges: merges[1] must be a pair {left, right} of ids in [0, 255] (the bytes and earlier merges), got the string 'ab'" },
+  { 'from_merges with a fractional id', function() require('gptlua.tokenizer').from_merges({ { 97, 98 }, { 256.5, 99 } }) end,
+    'tokenizer.from_merges: merges[2] must be a pair {left, right} of ids in [0, 256] (the bytes and earlier merges), got {256.5, 99}' },
+  { 'from_merges with an id not yet made', function() require('gptlua.tokenizer').from_merges({ { 256, 98 } }) end,
+    'tokenizer.from_merges: merges[1] must be a pair {left, right} of ids in [0, 255] (the bytes and earlier merges), got {256, 98}' },
+  { 'checkpoint.save of a number', function()
+      require('gptlua.checkpoint').save(os.tmpname() .. '.d', 1, { model = { w = 5 }, state = { config = {} } })
+    end, "checkpoint.save: model['w'] must be a Tensor, got 5" },
+  { 'save_safetensors of a string', function()
+      require('gptlua.checkpoint').save_safetensors(os.tmpname(), { a = gl.zeros({ 1 }), b = 'x' })
+    end, "checkpoint.save_safetensors: tensors['b'] must be a Tensor, got the string 'x'" },
+  { 'layer_norm weight of another dtype', function() gl.layer_norm(gl.ones({ 2, 4 }), gl.ones({ 4 }, { dtype = 'float64' })) end,
+    'gl_layernorm_forward: weight has dtype float64, expected float32 (the dtype of x)' },
+  { 'layer_norm bias of another dtype', function()
+      gl.layer_norm(gl.ones({ 2, 4 }), gl.ones({ 4 }), gl.zeros({ 4 }, { dtype = 'bfloat16' }))
+    end, 'gl_layernorm_forward: bias has dtype bfloat16, expected float32 (the dtype of x)' },
+  { 'rms_norm weight of another dtype', function() gl.rms_norm(gl.ones({ 2, 4 }), gl.ones({ 4 }, { dtype = 'bfloat16' })) end,
+    'gl_rmsnorm_forward: weight has dtype bfloat16, expected float32 (the dtype of x)' },
+  { 'nn.RMSNorm of another dtype than its input', function() require('gptlua.nn').RMSNorm(4, { weight = true })(gl.ones({ 2, 4 }, { dtype = 'float64' })) end,
+    'gl_rmsnorm_forward: weight has dtype float32, expected float64 (the dtype of x)' },
+  { 'add_rms_norm weight of another dtype', function()
+      gl.add_rms_norm(gl.ones({ 2, 4 }), gl.ones({ 2, 4 }), gl.ones({ 4 }, { dtype = 'float64' }))
+    end, 'gl_add_norm_forward: weight has dtype float64, expected float32 (the dtype of x)' },
+  { 'backward with a gradient of another dtype', function()
+      local x = gl.ones({ 3 }):requires_grad_()
+      ;(x * 2):backward(gl.ones({ 3 }, { dtype = 'float64' }))
+    end, "backward: grad must be {3} float32 on cpu (the output's shape, dtype and device), got {3} float64 on cpu" },
+  { 'backward with a gradient of another shape', function()
+      local x = gl.ones({ 3 }):requires_grad_()
+      ;(x * 2):backward(gl.ones({ 1, 3 }))
+    end, "backward: grad must be {3} float32 on cpu (the output's shape, dtype and device), got {1,3} float32 on cpu" },
+  { 'backward with a gradient that is not a tensor', function()
+      local x = gl.ones({ 3 }):requires_grad_()
+      ;(x * 2):backward({ 1, 1, 1 })
+    end, 'backward: grad must be a Tensor' },
+  { 'a thread count far past the cores', function() gl.set_num_threads(2 ^ 31 - 1) end,
+    ('gl_set_num_threads: n must be <= %d (4 threads for each of this machine\'s %d cores), got 2147483647')
+      :format(4 * gl.num_cores(), gl.num_cores()) },
   { 'safetensors save to a missing directory', function()
       require('gptlua.checkpoint').save_safetensors('/nonexistent/dir/x.safetensors', { a = gl.zeros({ 1 }) })
     end, "gl_safetensors_save: cannot create '/nonexistent/dir/x.safetensors.tmp." },

@@ -61,7 +61,7 @@ local v = t:view(4, 4)']])
         "config: device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu' (did you mean --device=cuda?)\n" },
       { ' recipes/shakespeare.lua --device=cuda:0', 'config: device cuda:0 requested but no CUDA device is available (use --device=cpu)\n' },
       { ' recipes/shakespeare.lua --data_path=/nonexistent.txt --max_iters=1',
-        'data: file /nonexistent.txt not found (also looked in ' .. root .. ')\n' },
+        'config: data_path /nonexistent.txt not found (expected a file)\n' },
       { ' /nonexistent.lua', 'gptlua: cannot open /nonexistent.lua' },
       { ' recipes/prepare.lua --inptu=x', 'prepare: unknown key --inptu (did you mean --input?)\n' },
       { ' recipes/prepare.lua --val-fractoin=x', 'prepare: unknown key --val-fractoin (did you mean --val-fraction?)\n' },
@@ -83,6 +83,46 @@ local v = t:view(4, 4)']])
     _, err, st = run(exe .. [[ -e 'require("gptlua.config").merge(5)']])
     assert.equal(1, st)
     assert.truthy(err:find('stack traceback', 1, true), err)
+  end)
+  -- each a process of its own: one line on stderr naming the key and what
+  -- it expects, exit 1, never a traceback
+  it('refuses bad values of the data keys and bad recipes in one line naming the key', function()
+    local tmp = os.tmpname()
+    os.remove(tmp)
+    os.execute('mkdir -p ' .. tmp)
+    local function recipe(name, text)
+      local f = io.open(tmp .. '/' .. name, 'w'); f:write(text); f:close()
+      return tmp .. '/' .. name
+    end
+    local wrong_type = recipe('wrong_type.lua', 'return { batch_size = { 1, 2 } }\n')
+    local error_table = recipe('error_table.lua', 'local x = 1\nerror({})\n')
+    local hook_error = recipe('hook_error.lua', 'return { max_iters = 1, build_model = function() error({ 1 }) end }\n')
+    local short = ' --max_iters=1 --eval_interval=0 --sample_length=0 --n_layer=1 --device=cpu --out_dir=' .. tmp
+    for _, c in ipairs({
+      { ' recipes/shakespeare.lua --val_fraction=-0.5' .. short, 'config: val_fraction must be in [0, 1), got -0.5\n' },
+      { ' recipes/shakespeare.lua --data_path=/tmp' .. short, 'config: data_path /tmp is a directory, expected a file\n' },
+      { ' recipes/shakespeare.lua --data=shards --data_dir=/nonexistent' .. short,
+        'config: data_dir /nonexistent not found (expected a directory)\n' },
+      { ' recipes/shakespeare.lua --data=shards --data_dir=recipes/shakespeare.lua' .. short,
+        'config: data_dir recipes/shakespeare.lua is a file, expected a directory\n' },
+      { ' recipes/shakespeare.lua --vocab_size=10' .. short,
+        "gl_loader_add_tokens: tokens[1] = 18, expected in [0, 10) (the vocab_size the loader was given: the model's)\n" },
+      { ' ' .. wrong_type .. ' --device=cpu', 'config: batch_size must be a number, got a table\n' },
+      { ' ' .. error_table, error_table .. ':2: error raised with a table instead of a message (error() takes a string)\n' },
+      { ' ' .. hook_error .. short, hook_error .. ':1: error raised with a table instead of a message (error() takes a string)\n' },
+    }) do
+      local _, err, st = run(exe .. c[1])
+      assert.equal(1, st, c[1])
+      assert.equal(c[2], err, c[1])
+    end
+    -- a thread count past the cores is capped, with a line saying so (OpenMP would start them all)
+    local out, err, st = run(exe .. ' recipes/shakespeare.lua --threads=99999999' .. short)
+    assert.equal(0, st, err)
+    local cores = require('gptlua').num_cores()
+    assert.truthy(out:find(('config: threads 99999999 is more than the %d cores of this machine: using %d\n')
+      :format(cores, cores), 1, true), out)
+    assert.truthy(out:find(('(%d threads)'):format(cores), 1, true), out)
+    os.execute('rm -rf ' .. tmp)
   end)
   it('suggests the nearest key, or none when none is near', function()
     local config, train = require 'gptlua.config', require 'gptlua.train'

@@ -37,6 +37,13 @@ local function llmc_bytes(ids, version, count)
   h[0], h[1], h[2] = 20240520, version or 1, count or #ids
   return ffi.string(h, 1024) .. ((version or 1) == 1 and u16s(ids) or u32s(ids))
 end
+-- llm.c's LLaMA-3 files (dev/data/data_common.py, model "llama-3"): magic
+-- 20240801, version 7, uint32 tokens
+local function llama3_bytes(ids, version)
+  local h = ffi.new('int32_t[256]')
+  h[0], h[1], h[2] = 20240801, version or 7, #ids
+  return ffi.string(h, 1024) .. u32s(ids)
+end
 local function tokens(n, vocab, seed)
   local out, x = {}, seed or 7
   for i = 1, n do x = (x * 1103515245 + 12345) % 2147483648; out[i] = x % vocab end
@@ -64,12 +71,32 @@ describe('llm.c and nanoGPT token files', function()
     assert.equal(4, data.shard_header(dir .. '/wide_train.bin').token_bytes)
   end)
 
+  it("reads llm.c's LLaMA-3 files (magic 20240801, version 7, uint32 tokens)", function()
+    local ids = { 128000, 0, 9906, 128255, 70000 }
+    write(dir .. '/llama3_train_000000.bin', llama3_bytes(ids))
+    local h = data.shard_header(dir .. '/llama3_train_000000.bin')
+    assert.same({ 'llm.c', 7, 4, 5, 0 }, { h.format, h.version, h.token_bytes, h.n_tokens, h.vocab_size })
+    assert.same(ids, data.read_shard(dir .. '/llama3_train_000000.bin'):tolist())
+    write(dir .. '/bad.bin', llama3_bytes({ 1 }, 2))
+    raises("llm.c LLaMA-3 shard version expected 7 (uint32 tokens), got 2", data.read_shard, dir .. '/bad.bin')
+  end)
+
+  it('says what vocabulary the shards need: their headers, else the largest token', function()
+    write(dir .. '/a_train.bin', llmc_bytes({ 5, 50255, 7 }))
+    write(dir .. '/b_train.bin', llama3_bytes({ 128000, 3 }))
+    local w = data.shard_writer(dir .. '/c_train.bin', 300)
+    w:append({ 1, 2, 299 }); w:close()
+    assert.same({ vocab_size = 0, max_id = 50255 }, data.shards_vocab({ dir .. '/a_train.bin' }))
+    assert.same({ vocab_size = 0, max_id = 128000 }, data.shards_vocab({ dir .. '/a_train.bin', dir .. '/b_train.bin' }))
+    assert.same({ vocab_size = 300, max_id = -1 }, data.shards_vocab({ dir .. '/c_train.bin' }))
+  end)
+
   it("reads nanoGPT's raw uint16 files only when asked, and refuses to guess", function()
     local ids = tokens(257, 65)
     write(dir .. '/train.bin', u16s(ids))
     assert.same(ids, data.read_shard(dir .. '/train.bin', 0, 'nanogpt'):tolist())
     assert.equal('nanogpt', data.shard_header(dir .. '/train.bin', 'nanogpt').format)
-    raises("is not a token shard (magic expected \"GLTOKENS\", or llm.c's 20240520; nanoGPT's raw train.bin/val.bin: shard_format = 'nanogpt')",
+    raises("is not a token shard (magic expected \"GLTOKENS\", or llm.c's 20240520 or 20240801; nanoGPT's raw train.bin/val.bin: shard_format = 'nanogpt')",
       data.read_shard, dir .. '/train.bin')
     -- and a file that is one of the other formats is not read as raw tokens
     write(dir .. '/l.bin', llmc_bytes({ 1, 2 }))
@@ -146,5 +173,50 @@ describe('llm.c and nanoGPT token files', function()
       local a = {}; for i, v in ipairs(args) do a[i] = v:gsub('=nanogpt$', '=raw') end
       train.new(recipe, a):run()
     end)
+  end)
+
+  -- without --tokenizer the vocabulary comes from the data: the tokenizer
+  -- prepare.lua saved beside the shards, the headers of gptlua's shards, or
+  -- the largest id of llm.c / nanoGPT files rounded up to a multiple of 128
+  -- (a line says which); the loader checks every token against the model's
+  local function shard_args(extra)
+    local a = { '--data=shards', '--data_dir=' .. dir, '--max_iters=1', '--n_layer=1', '--n_embd=16', '--n_head=2',
+                '--block_size=8', '--batch_size=2', '--eval_interval=0', '--sample_length=0', '--out_dir=' .. dir .. '/runs',
+                '--device=cpu' }
+    for _, v in ipairs(extra or {}) do a[#a + 1] = v end
+    return a
+  end
+  it("takes the vocabulary of llm.c's files from their largest id, with a line saying so", function()
+    write(dir .. '/x_train_000001.bin', llmc_bytes(tokens(400, 300, 1)))
+    write(dir .. '/x_val_000000.bin', llmc_bytes({ 50255, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }))
+    local recipe = dofile(gl.root .. '/recipes/shakespeare.lua')
+    local t = train.new(recipe, shard_args({ '--quiet' }))
+    assert.equal(50304, t.cfg.vocab_size)
+    assert.same({ 50304, 16 }, t.model.transformer.wte.weight.shape)
+    local tok, V, note = train.shards_vocabulary(t.cfg, dir)
+    assert.is_nil(tok)
+    assert.equal(50304, V)
+    assert.equal('data: vocab_size 50304 from the shards: their largest token is 50255, rounded up to a multiple of 128 '
+      .. '(no tokenizer: --tokenizer or --vocab_size sets it)', note)
+    -- a model vocabulary the data does not fit: one line naming the file, the token and the limit
+    raises("x_train_000001.bin': token 4 is 256, expected < 256 (the model's vocab_size)", function()
+      train.new(recipe, shard_args({ '--quiet', '--vocab_size=256' }))
+    end)
+  end)
+  it("takes the vocabulary of prepare.lua's shards from the tokenizer beside them, else their headers", function()
+    local tok = require('gptlua.tokenizer').char('abcdefgh\n')
+    local text = dir .. '/in.txt'
+    write(text, ('abcdefgh\n'):rep(200))
+    data.prepare({ input = text, tokenizer = tok, out = dir .. '/p', val_fraction = 0.2, tokenizer_file = 'tokenizer' })
+    local recipe = dofile(gl.root .. '/recipes/shakespeare.lua')
+    local a = shard_args({ '--quiet' })
+    a[2] = '--data_dir=' .. dir .. '/p'
+    local t = train.new(recipe, a)
+    assert.equal(tok.vocab_size, t.cfg.vocab_size)
+    assert.equal(tok.vocab_size, t.data.tokenizer.vocab_size)
+    os.remove(dir .. '/p/tokenizer'); os.remove(dir .. '/p/tokenizer.json')
+    local _, V, note = train.shards_vocabulary(t.cfg, dir .. '/p')
+    assert.equal(tok.vocab_size, V)
+    assert.equal(("data: vocab_size %d from the shards' headers (no tokenizer: --tokenizer names one)"):format(V), note)
   end)
 end)

@@ -46,6 +46,50 @@ describe('Hugging Face GPT-2 tokenizer files', function()
     raises('allowed_special[1] "<|bos|>" is not a special token', function() vm:encode('x', { allowed_special = { '<|bos|>' } }) end)
   end)
 
+  -- the fixture's tokenizer with <|endoftext|> moved to id 0 and every
+  -- other token one up (Hugging Face's BPE ranks merges by their order in
+  -- the merge list, not by id: the tokenizers library gives the fixture's
+  -- ids shifted for this file)
+  it('read files whose special tokens come first (id 0)', function()
+    local j = cjson.decode(read(FIX .. '/tokenizer.json'))
+    local shifted = {}
+    for s, id in pairs(j.model.vocab) do shifted[s] = id + 1 end
+    shifted['<|endoftext|>'] = 0   -- in the vocabulary too, as such files have it (else Hugging Face renumbers it)
+    j.model.vocab = shifted
+    j.added_tokens[1].id = 0
+    local d = variant('tokenizer.json', cjson.encode(j))
+    local t = hf.load_tokenizer(d)
+    local function shift(ids)
+      local out = {}
+      for i, id in ipairs(ids) do out[i] = id == 300 and 0 or id + 1 end
+      return out
+    end
+    assert.equal(expected.vocab_size, t.vocab_size)
+    assert.equal(0, t.special_tokens['<|endoftext|>'])
+    for i, text in ipairs(expected.texts) do
+      local ids = t:encode(text, { allowed_special = 'all' })
+      assert.same(shift(expected.encoded_tokenizer_json[i]), ids)
+      assert.equal(text, t:decode(ids))
+      assert.equal(text, t:decode(gl.tensor(ids, { dtype = 'int64' })))
+      assert.same(t:encode(text), t:encode_batch({ 'x', text })[2])
+      assert.same(t:encode(text), t:encode(text, { tensor = true }):tolist())
+    end
+    assert.equal('<|endoftext|>', t:token_bytes(0))
+    assert.equal('!', t:token_bytes(1))             -- the fixture's id 0
+    assert.same({ 0, 1 }, t:encode('!', { prepend = 0 }))
+    for _, m in ipairs(t:merges()) do assert.is_true(m[1] >= 1 and m[2] >= 1 and m[3] >= 257) end
+    -- gptlua's own format has specials after the ranks: refused, not written wrong
+    raises('Tokenizer:save: this tokenizer puts 1 special tokens before its ranks', t.save, t, os.tmpname())
+    -- specials neither first nor last are refused, naming one
+    j.added_tokens[1].id = 7
+    for s, id in pairs(j.model.vocab) do if id <= 7 then j.model.vocab[s] = id - 1 end end
+    j.model.vocab['<|endoftext|>'] = 7
+    local d2 = variant('tokenizer.json', cjson.encode(j))
+    raises('ids 0..299 expected to be the bytes and the merges, but id 7 is "<|endoftext|>", a special token',
+      hf.load_tokenizer, d2)
+    os.execute('rm -rf ' .. d .. ' ' .. d2)
+  end)
+
   it('survive a save and load in gptlua\'s own format', function()
     local t = hf.load_tokenizer(FIX)
     local p = os.tmpname()
@@ -130,6 +174,38 @@ describe('Hugging Face GPT-2 weights', function()
     local x = gl.tensor({ expected.input_ids }, { dtype = 'int64' })
     assert.equal(0, (m:forward(x) - m2:forward(x)):abs():max():item())
     os.execute('rm -rf ' .. d)
+  end)
+
+  -- the files Hugging Face wrote for the fixture are the oracle: the same
+  -- vocabulary, the same merges in the same order, the same ids
+  it('write the tokenizer as Hugging Face does, and bos/eos ids from it', function()
+    local m, t = hf.load_gpt2(FIX), hf.load_tokenizer(FIX)
+    local d = tmpdir()
+    hf.save_gpt2(m, d, { tokenizer = t })
+    local cfg = cjson.decode(read(d .. '/config.json'))
+    assert.same({ 300, 300 }, { cfg.bos_token_id, cfg.eos_token_id })  -- the fixture's config says 300 too
+    assert.same(cjson.decode(read(FIX .. '/vocab.json')), cjson.decode(read(d .. '/vocab.json')))
+    assert.equal(read(FIX .. '/merges.txt'), read(d .. '/merges.txt'))
+    local theirs, ours = cjson.decode(read(FIX .. '/tokenizer.json')), cjson.decode(read(d .. '/tokenizer.json'))
+    assert.same(theirs.model.vocab, ours.model.vocab)
+    assert.same(theirs.model.merges, ours.model.merges)
+    assert.same(theirs.pre_tokenizer, ours.pre_tokenizer)
+    assert.same({ 300, '<|endoftext|>', true }, { ours.added_tokens[1].id, ours.added_tokens[1].content, ours.added_tokens[1].special })
+    local back = hf.load_tokenizer(d)
+    for i, text in ipairs(expected.texts) do
+      assert.same(expected.encoded_tokenizer_json[i], back:encode(text, { allowed_special = 'all' }))
+    end
+    assert.equal('<|endoftext|>', cjson.decode(read(d .. '/tokenizer_config.json')).eos_token)
+    -- without a tokenizer the ids are unknown: null, not GPT-2's 50256
+    local d2 = tmpdir()
+    hf.save_gpt2(m, d2)
+    local c2 = read(d2 .. '/config.json')
+    assert.truthy(c2:find('"bos_token_id":null', 1, true), c2)
+    assert.truthy(c2:find('"eos_token_id":null', 1, true), c2)
+    -- a tokenizer that splits with another pattern has no ByteLevel form
+    raises("hf.save_tokenizer: the tokenizer splits with another pattern, expected GPT-2's pattern",
+      hf.save_tokenizer, tok.train('hello world hello', 260, { texts = true, quiet = true }), d2)
+    os.execute('rm -rf ' .. d .. ' ' .. d2)
   end)
 
   it('refuse configs gpt2 does not compute, untied heads and missing files, naming them', function()

@@ -69,7 +69,8 @@ end)
 
 -- a valid value and a wrong value of each argument kind
 local VALID = {
-  tensor = x22, scalar = function() return 1 end, number = function() return 1 end, real = function() return 1 end,
+  tensor = x22, tensor1 = x22, ids = function() return gl.zeros({ 1, 2 }, { dtype = 'int64' }) end,
+  tensor_dict = function() return { a = x22() } end, scalar = function() return 1 end, number = function() return 1 end, real = function() return 1 end,
   integer = function() return 1 end, count = function() return 1 end, size = function() return 1 end,
   dims = function() return 1 end, opts = function() return {} end, table = function() return {} end,
   shape = function() return { 2 } end, tensors = function() return { x22() } end, boolean = function() return true end,
@@ -78,7 +79,7 @@ local VALID = {
   module = function() return nn.Linear(2, 2) end, any = function() return nil end,
 }
 local WRONG = {
-  tensor = 'a', scalar = 'a', number = 'a', real = 'a', integer = 2.5, count = 0, size = -1, dims = 'a', opts = 5,
+  tensor = 'a', tensor1 = 'a', ids = 'a', tensor_dict = 5, scalar = 'a', number = 'a', real = 'a', integer = 2.5, count = 0, size = -1, dims = 'a', opts = 5,
   table = 5, shape = "a", tensors = 5, boolean = 'a', string = 5, device = 5, ['function'] = 5, callable = 5, module = 5,
 }
 
@@ -201,7 +202,7 @@ describe('messages: checkpoint, tokenizer, data and dist entry points and their 
     { 'checkpoint.save', function() ckpt.save(5, 1, {}) end, 'dir must be a string, got 5' },
     { 'checkpoint.save', function() ckpt.save('/tmp', 'a', {}) end, "step must be a finite integer size in [0, 2^62), got the string 'a'" },
     { 'checkpoint.load', function() ckpt.load(5) end, 'path must be a string, got 5' },
-    { 'checkpoint.save_safetensors', function() ckpt.save_safetensors('/tmp/x.safetensors', 5) end, 'tensors must be a table, got 5' },
+    { 'checkpoint.save_safetensors', function() ckpt.save_safetensors('/tmp/x.safetensors', 5) end, 'tensors must be a table of names to Tensors, got 5' },
     { 'checkpoint.load_safetensors', function() ckpt.load_safetensors(nil) end, 'path must be a string, got nil' },
     { 'checkpoint.checksum', function() ckpt.checksum({}) end, 'path must be a string, got table' },
     { 'tokenizer.train', function() tok.train('abc', 'x') end, "vocab_size must be a finite integer < 2^62, got the string 'x'" },
@@ -232,7 +233,7 @@ end)
 
 describe('messages: coverage', function()
   -- gl.* functions that take no arguments, or accept any value
-  local FREE = { cuda_available = true, default_device = true, get_num_threads = true, blas_info = true,
+  local FREE = { cuda_available = true, default_device = true, get_num_threads = true, num_cores = true, blas_info = true,
                  get_default_dtype = true, is_grad_enabled = true, get_rng_state = true, is_tensor = true }
   local OTHERS = { empty = true, empty_pinned = true, tensor = true, scope = true, no_grad = true,
                    set_grad_enabled = true, set_default_dtype = true, set_num_threads = true, memory_stats = true,

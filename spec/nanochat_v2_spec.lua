@@ -248,6 +248,25 @@ describe('nanochat v2 features', function()
     assert.equal(192, nanochat.resolve({ version = 'v1', depth = 3 }).n_embd)
   end)
 
+  -- F.rms_norm(x, shape) without eps takes the epsilon of the type it
+  -- accumulates in (at::opmath_type): float32's 2^-23 for bfloat16 and
+  -- float16 inputs, the dtype's own for float32 and float64
+  it("norm_eps 'dtype' is PyTorch's F.rms_norm default: float32's epsilon for bfloat16 and float16", function()
+    assert.same({ float32 = 2 ^ -23, float64 = 2 ^ -52, bfloat16 = 2 ^ -23, float16 = 2 ^ -23 }, nanochat.MACHINE_EPS)
+    gl.manual_seed(4)
+    local m = nanochat.GPT({ version = 'v2', depth = 2, n_embd = 64, n_head = 1, vocab_size = 16, block_size = 8,
+                             smear = false })
+    m:to('bfloat16')
+    assert.equal(2 ^ -23, m:prepare(0, 4))
+    -- an embedding whose mean square (1e-4) is below bfloat16's epsilon (2^-7 = 0.0078):
+    -- the norm with 2^-23 scales it to rms 1, the one with 2^-7 would leave it near 0.11
+    gl.no_grad(function() m.transformer.wte.weight:fill_(0.01) end)
+    local idx = gl.tensor({ { 1, 2, 3 } }, { dtype = 'int64' })
+    local x = gl.no_grad(m.embed, m, idx):to('float32')
+    local rms = x:pow(2):mean():item() ^ 0.5
+    assert.is_true(math.abs(rms - 1) < 2 ^ -7, 'rms of the normed embedding ' .. rms)
+  end)
+
   it("FLOPs per token are nanochat's estimate_flops: products only, short layers count their window", function()
     local m = nanochat.GPT({ version = 'v2', depth = 4, n_embd = 64, n_head = 2, vocab_size = 100, block_size = 512 })
     local C, Vp = 64, 128

@@ -43,6 +43,10 @@ describe('shipped recipes', function()
     assert.truthy(a:match('^ROMEO:'), a)
     assert.equal(a, b)
     assert.is_true(#a >= 36)
+    -- an empty prompt: the char tokenizer has no document token to start from
+    local empty = sh(('%s recipes/sample.lua --ckpt %s/shakespeare/checkpoints --prompt "" --n=5'):format(exe, d))
+    assert.equal('sample: --prompt must encode to at least one token, got "" (this tokenizer has no <|bos|> or '
+      .. '<|endoftext|> to start from)\n', empty)
     local bad = sh(exe .. ' recipes/sample.lua --bogus=1')
     assert.truthy(bad:find('sample: unknown key --bogus', 1, true), bad)
     os.execute('rm -rf ' .. d)

@@ -320,9 +320,10 @@ describe('tokenizer files', function()
     local s = shakespeare:sub(5000, 9000)
     assert.same(bpe:encode(s), t:encode(s))
     assert.equal(1022, t.bos_id)
-    -- a bare tiktoken file (as from Python) gets the GPT-4 pattern, no specials
+    -- a bare tiktoken file (as from Python) that is none of the standard
+    -- encodings needs its pattern ('bare tiktoken files' below); no specials
     os.remove(p .. '.json')
-    local bare = tok.load(p)
+    local bare = tok.load(p, { pattern = tok.GPT4_PATTERN })
     assert.equal(tok.GPT4_PATTERN, bare.pattern)
     assert.equal(1022, bare.vocab_size)
     assert.same(bpe:encode(s), bare:encode(s))
@@ -398,5 +399,62 @@ describe('tokenizer files', function()
     f = io.open(p, 'wb'); f:write(''); f:close()
     raises(p .. "' holds no tokens (vocabulary 0)", tok.load, p)
     os.remove(p); os.remove(p .. '.json')
+  end)
+end)
+
+-- A bare ranks file (no sidecar) says nothing about how text is split, and
+-- another encoding's pattern silently gives other ids.  tiktoken's standard
+-- encodings are recognised by their ranks (the 256 bytes, then 50256 for
+-- r50k_base, 100256 for cl100k_base, 199998 for o200k_base); any other bare
+-- file needs its pattern.  The files here have the standard rank counts
+-- (single bytes, then 2- and 3-byte tokens), so the pattern is what differs.
+describe('bare tiktoken files', function()
+  local function bare_file(n)
+    local ranks = {}
+    for b = 0, 255 do ranks[#ranks + 1] = string.char(b) end
+    for a = 0, 255 do
+      for b = 0, 255 do
+        if #ranks >= n then break end
+        ranks[#ranks + 1] = string.char(a, b)
+      end
+    end
+    for a = 0, 255 do
+      for b = 0, 255 do
+        for c = 0, 255 do
+          if #ranks >= n then break end
+          ranks[#ranks + 1] = string.char(a, b, c)
+        end
+      end
+    end
+    local p = tmpname() .. '.tiktoken'
+    tok.from_ranks(ranks, { pattern = '' }):save(p)
+    os.remove(p .. '.json')
+    return p
+  end
+  -- the splits the standard patterns give (tiktoken_ext/openai_public.py)
+  local text = "Hello World's 10000"
+  for _, c in ipairs({
+    { 'r50k_base', 50256, tok.R50K_PATTERN, { 'Hello', ' World', "'s", ' 10000' } },
+    { 'cl100k_base', 100256, tok.GPT4_PATTERN, { 'Hello', ' World', "'s", ' ', '100', '00' } },
+    { 'o200k_base', 199998, tok.O200K_PATTERN, { 'Hello', " World's", ' ', '100', '00' } },
+  }) do
+    it('reads a bare ' .. c[1] .. ' file with its own pattern', function()
+      local p = bare_file(c[2])
+      local t = tok.load(p)
+      assert.equal(c[2], t.vocab_size)
+      assert.equal(c[3], t.pattern)
+      assert.same(c[4], t:split(text))
+      os.remove(p)
+    end)
+  end
+  it('refuses any other bare file, unless given its pattern', function()
+    local p = bare_file(300)
+    raises("' has no sidecar '" .. p .. ".json' to say how text is split, and its 300 ranks are not one of tiktoken's "
+      .. 'standard encodings (r50k_base 50256, cl100k_base 100256, o200k_base 199998): give the pattern '
+      .. '(tokenizer.load(path, {pattern = ...})) or write the sidecar', tok.load, p)
+    local t = tok.load(p, { pattern = tok.R50K_PATTERN })
+    assert.equal(300, t.vocab_size)
+    assert.same({ 'Hello', ' World', "'s", ' 10000' }, t:split(text))
+    os.remove(p)
   end)
 end)

@@ -232,6 +232,21 @@ function A.backward(root, grad, opts)
     error('backward: tensor does not require grad (no differentiable op on a requires_grad tensor produced it)', 2)
   end
   local user_grad = grad ~= nil
+  if user_grad then
+    -- the gradient of root: every node's backward reads it as root's
+    -- dtype, shape and device (no op converts it)
+    local want = ('{%s} %s on %s'):format(table.concat(root.shape, ','), root.dtype, root.device)
+    local mt = type(grad) == 'table' and getmetatable(grad)
+    if not (mt and mt.__name == 'Tensor') then
+      error(('backward: grad must be a Tensor like the output (%s), got %s'):format(want, check.describe(grad)), 2)
+    end
+    local same = #grad.shape == #root.shape
+    for i = 1, #root.shape do same = same and grad.shape[i] == root.shape[i] end
+    if grad.dtype ~= root.dtype or grad.device ~= root.device or not same then
+      error(('backward: grad must be %s (the output\'s shape, dtype and device), got {%s} %s on %s'):format(want,
+        table.concat(grad.shape, ','), grad.dtype, grad.device), 2)
+    end
+  end
   if grad == nil then
     if root:numel() ~= 1 then
       error(('backward: grad can be implicit only for a 1-element tensor, this one has shape {%s}'):format(

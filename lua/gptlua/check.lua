@@ -29,6 +29,11 @@ M.describe = describe
 local function fail(fn, what, expected, v, level)
   error(('%s: %s must be %s, got %s'):format(fn, what, expected, describe(v)), (level or 3) + 1)
 end
+-- the same with the got-part already described ('a 0-d tensor')
+local function fail_as(fn, what, expected, got, level)
+  error(('%s: %s must be %s, got %s'):format(fn, what, expected, got), (level or 3) + 1)
+end
+M.fail_as = fail_as
 M.fail = fail
 
 -- a finite number
@@ -95,6 +100,12 @@ local kinds = {}
 M.kinds = kinds
 kinds.any = function() end
 kinds.tensor = function(v, fn, what, level) M.tensor(v, fn, what, level + 1) end
+-- a Tensor with at least one dim (the ops that work along a last dim:
+-- features, classes); a 0-d tensor has none
+kinds.tensor1 = function(v, fn, what, level)
+  M.tensor(v, fn, what, level + 1)
+  if #v.shape < 1 then fail_as(fn, what, 'a Tensor with at least 1 dim (..., features)', 'a 0-d tensor', level) end
+end
 kinds.number = function(v, fn, what, level) M.number(v, fn, what, level + 1) end
 kinds.integer = function(v, fn, what, level) M.integer(v, fn, what, nil, nil, level + 1) end
 kinds.count = function(v, fn, what, level) M.integer(v, fn, what, 1, nil, level + 1) end
@@ -127,11 +138,32 @@ end
 kinds.shape = function(v, fn, what, level)
   if type(v) ~= 'table' or is_tensor(v) then fail(fn, what, 'a shape (a table of sizes)', v, level) end
 end
+-- token ids of a language model: a (B, T) int32 or int64 Tensor, T >= 1
+kinds.ids = function(v, fn, what, level)
+  M.tensor(v, fn, what, level + 1)
+  local expected = 'a (B, T) int32 or int64 Tensor of token ids with T >= 1'
+  if #v.shape ~= 2 or v.shape[2] < 1 then
+    fail_as(fn, what, expected, ('a tensor of shape {%s}'):format(table.concat(v.shape, ',')), level)
+  end
+  if v.dtype ~= 'int32' and v.dtype ~= 'int64' then fail_as(fn, what, expected, 'dtype ' .. v.dtype, level) end
+end
 -- a list of Tensors
 kinds.tensors = function(v, fn, what, level)
   if type(v) ~= 'table' or is_tensor(v) then fail(fn, what, 'a list of Tensors', v, level) end
   for i = 1, #v do
     if not is_tensor(v[i]) then fail(fn, ('%s[%d]'):format(what, i), 'a Tensor', v[i], level) end
+  end
+end
+-- named tensors (a state dict, a safetensors file's contents): a table
+-- of string names to Tensors
+kinds.tensor_dict = function(v, fn, what, level)
+  if type(v) ~= 'table' or is_tensor(v) then fail(fn, what, 'a table of names to Tensors', v, level) end
+  local names = {}
+  for k in pairs(v) do names[#names + 1] = k end
+  table.sort(names, function(a, b) return tostring(a) < tostring(b) end)  -- the first bad entry, always the same
+  for _, k in ipairs(names) do
+    if type(k) ~= 'string' then fail(fn, what .. ' key', 'a string (a tensor name)', k, level) end
+    if not is_tensor(v[k]) then fail(fn, ("%s['%s']"):format(what, printable(k)), 'a Tensor', v[k], level) end
   end
 end
 -- dims of a reduction: an integer or a list of integers

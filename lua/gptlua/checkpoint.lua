@@ -297,10 +297,12 @@ function M.load(path)
 end
 
 -- every entry point checks its arguments (gptlua.check): "checkpoint.save: step must be ..."
-require('gptlua.check').wrap_table(M, {
-  save_safetensors = 'path:string, tensors:opts, metadata:opts?', load_safetensors = 'path:string',
+local check = require 'gptlua.check'
+check.options('checkpoint_parts', { model = 'tensor_dict', optim = 'tensor_dict?', state = 'opts?' })
+check.wrap_table(M, {
+  save_safetensors = 'path:string, tensors:tensor_dict, metadata:opts?', load_safetensors = 'path:string',
   checksum = 'path:string', mkdir_p = 'dir:string', check_dir = 'dir:string, what:string?', list = 'dir:string',
-  save = 'dir:string, step:size, parts:opts, keep_last:integer?', resolve = 'spec:any, dir:string?', load = 'path:string',
+  save = 'dir:string, step:size, parts:checkpoint_parts, keep_last:integer?', resolve = 'spec:any, dir:string?', load = 'path:string',
 }, 'checkpoint.')
 
 return M

@@ -94,6 +94,24 @@ end
 -- the error handler of scripts: a user's error as it is, else (or with -v)
 -- the message and the traceback
 local function script_error(e)
+  if type(e) ~= 'string' then
+    -- error(value) with a value that is not a message: its tostring when it
+    -- defines one, else where it was raised (a table prints as an address)
+    local mt = getmetatable(e)
+    if mt and mt.__tostring then
+      e = tostring(e)
+    else
+      local where = ''
+      for level = 2, 20 do
+        local info = debug.getinfo(level, 'Sl')
+        if not info then break end
+        if info.what ~= 'C' then where = ('%s:%d: '):format(info.short_src, info.currentline); break end
+      end
+      e = ('%serror raised with %s instead of a message (error() takes a string)'):format(where,
+        e == nil and 'nil' or 'a ' .. type(e))
+      if not M.verbose then return e end
+    end
+  end
   if M.is_user_error(e) and not M.verbose then return e end
   return M.traceback(e)
 end

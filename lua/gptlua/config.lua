@@ -214,7 +214,10 @@ function M.validate(cfg, defaults, prefix)
         near and ('did you mean %s%s?'):format(prefix, near) or 'gptlua RECIPE --help lists the keys'), 0)
     end
     if type(d) ~= type(v) and not (type(d) == 'string' and type(v) == 'boolean' and TAKES_BOOLEAN[k]) then
-      error(('config: %s%s must be a %s, got %s (%s)'):format(prefix, k, type(d), type(v), check.printable(v)), 0)
+      -- a value as text only where it has one (a table's is an address)
+      local shown = (type(v) == 'string' or type(v) == 'number' or type(v) == 'boolean')
+        and ('%s (%s)'):format(type(v), check.printable(v)) or 'a ' .. type(v)
+      error(('config: %s%s must be a %s, got %s'):format(prefix, k, type(d), shown), 0)
     end
     finite(prefix .. tostring(k), v)
     if type(v) == 'table' and v[1] ~= nil then

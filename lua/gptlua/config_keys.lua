@@ -8,10 +8,10 @@ return {
   seed = 'random seed (weights, batches, dropout, samples)',
   device = "'auto' (cuda:0 when a GPU is present, else cpu), 'cpu', 'cuda' or 'cuda:N'",
   dtype = "'auto' (bfloat16 mixed precision on a GPU, float32 on CPU), 'float32', 'float64' or 'bfloat16'",
-  threads = 'CPU threads (0: OpenMP default)',
+  threads = 'CPU threads (0: OpenMP default; more than the cores: capped at the cores)',
   -- model
   model = "'gpt2' (nanoGPT's block) or 'nanochat' (rotary, RMSNorm, QK-norm, ReLU²)",
-  vocab_size = 'vocabulary size (0: from the data)',
+  vocab_size = "vocabulary size (0: from the data: the tokenizer's, the shards' headers', or llm.c/nanoGPT files' largest id rounded up to 128)",
   block_size = 'context length in tokens',
   n_layer = 'transformer blocks',
   n_head = 'attention heads',
@@ -27,7 +27,7 @@ return {
   data_path = "text file for data = 'char'",
   data_dir = "token shards for data = 'shards' (recipes/prepare.lua writes them; llm.c's and nanoGPT's .bin files too)",
   shard_format = "how data = 'shards' reads data_dir: 'auto' (gptlua's or llm.c's shards, by magic) or 'nanogpt' (raw uint16 train.bin/val.bin)",
-  tokenizer = "saved tokenizer for data = 'shards' (default: the shards' own)",
+  tokenizer = "saved tokenizer for data = 'shards' (default: data_dir/tokenizer or data_dir/tokenizer.tiktoken, if there)",
   val_fraction = "fraction of the text held out for validation (data = 'char')",
   sampling = "batch positions: 'random' or 'sequential'",
   -- batch

@@ -101,6 +101,26 @@ function M.shard_header(path, format)
            format = ({ GLTOKENS = 'gptlua', ['LLM.C'] = 'llm.c', RAW16 = 'nanogpt' })[magic] }
 end
 
+-- What shards say about their vocabulary: vocab_size, the largest a
+-- gptlua header names (0 when none does: llm.c and nanoGPT files have no
+-- vocabulary), and max_id, the largest token of the files without one
+-- (-1 when there are none), read in full as the loader's own check does.
+function M.shards_vocab(files, format)
+  local fmt = shard_format(format, 'data.shards_vocab')
+  local vocab, max_id = 0, -1
+  for _, f in ipairs(files) do
+    local hv = M.shard_header(f, format).vocab_size
+    if hv > 0 then
+      vocab = math.max(vocab, hv)
+    else
+      local s = ffi.gc(check_ptr(lib.gl_shard_open(f, 0, fmt), 2), lib.gl_shard_close)
+      max_id = math.max(max_id, tonumber(lib.gl_shard_max_id(s)))
+      ffi.gc(s, nil); lib.gl_shard_close(s)
+    end
+  end
+  return { vocab_size = vocab, max_id = max_id }
+end
+
 -- All tokens of a shard (fully validated) as an int32 tensor.
 function M.read_shard(path, vocab_limit, format)
   local s = check_ptr(lib.gl_shard_open(path, vocab_limit or 0, shard_format(format, 'data.read_shard')), 2)
@@ -549,7 +569,7 @@ check.options('loader_opts', { batch_size = 'count', block_size = 'count', world
 check.options('prepare_opts', { input = 'string', out = 'string', tokenizer = 'opts', val_fraction = 'real?',
   shard_tokens = 'count?', block_bytes = 'count?', tokenizer_file = 'string?', force = 'boolean?' })
 check.wrap_table(M, { list_files = 'dir:string, prefix:string?, suffix:string?', list_shards = 'dir:string, split:string?',
-  shard_header = 'path:string, format:string?', read_shard = 'path:string, vocab_limit:size?, format:string?', shard_writer = 'path:string, vocab_size:count',
+  shard_header = 'path:string, format:string?', shards_vocab = 'files:opts, format:string?', read_shard = 'path:string, vocab_limit:size?, format:string?', shard_writer = 'path:string, vocab_size:count',
   text_file = 'path:string, opts:opts?', prepare = 'opts:prepare_opts', loader = 'opts:loader_opts' }, 'data.')
 check.wrap_table(Loader, { set_state = 'self:opts, state:opts' }, 'Loader:')
 

@@ -6,7 +6,8 @@
 --   local hf = require 'gptlua.hf'
 --   local model = hf.load_gpt2('path/to/gpt2')        -- a directory, or its model.safetensors
 --   local tok = hf.load_tokenizer('path/to/gpt2')     -- tokenizer.json, else vocab.json + merges.txt
---   hf.save_gpt2(model, 'out/dir')                     -- config.json + model.safetensors
+--   hf.save_gpt2(model, 'out/dir', {tokenizer = tok}) -- config.json + model.safetensors (+ the tokenizer)
+--   hf.save_tokenizer(tok, 'out/dir')                 -- tokenizer.json, vocab.json + merges.txt
 --
 -- The tokenizer: GPT-2 stores each token's bytes as printable characters
 -- (bytes_to_unicode: a printable byte stands for itself, every other byte
@@ -17,8 +18,9 @@
 -- merge order would encode differently and are refused, as are
 -- pre-tokenizer settings gptlua does not reproduce (add_prefix_space, a
 -- normalizer).  Tokens that are neither a byte nor a merge's result
--- (<|endoftext|>) become special tokens and keep their ids, which must come
--- after the ordinary ones.
+-- (<|endoftext|>) become special tokens and keep their ids, which come
+-- after the ordinary ones or before them (ids 0, 1, ...: a tokenizer whose
+-- <|endoftext|> is id 0).
 --
 -- The weights: Hugging Face's GPT2LMHeadModel stores the four projections
 -- as Conv1D, (in, out), the transpose of gptlua's Linear (out, in); names
@@ -35,7 +37,7 @@ local util = require 'gptlua.util'
 local M = {}
 
 -- GPT-2's pre-tokenizer (Hugging Face's ByteLevel with use_regex)
-M.GPT2_PATTERN = [['s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+]]
+M.GPT2_PATTERN = tokenizer.R50K_PATTERN
 
 local function utf8_char(cp)
   if cp < 0x80 then return string.char(cp) end
@@ -122,31 +124,35 @@ local function build(vocab, merges, specials, what, where)
   end
   local n_ordinary = 0
   for s in pairs(ordinary) do n_ordinary = n_ordinary + 1; if specials[s] then specials[s] = nil end end
-  local ranks = {}
-  for id = 0, n_ordinary - 1 do
-    local s = by_id[id]
-    if not s or not ordinary[s] then
-      error(('%s: %s: ids 0..%d expected to be the bytes and the merges, but id %d is %s'):format(what, where,
-        n_ordinary - 1, id, s and ('%q, a special token'):format(s) or 'missing'), 3)
-    end
-    local bytes, bad = token_bytes(s)
-    if not bytes then error(('%s: %s: token %d has character U+%04X, not one of GPT-2\'s byte characters'):format(what, where, id, bad), 3) end
-    ranks[id + 1] = bytes
-  end
-  -- the rest are special tokens, in id order after the ordinary ones
+  -- the special tokens: the rest, in id order; those at ids 0, 1, ... come
+  -- before the ordinary tokens (front), the others after them
   local extra = {}
   for s, id in pairs(vocab) do if not ordinary[s] then specials[s] = specials[s] or id end end
   for s, id in pairs(specials) do extra[#extra + 1] = { s, id } end
   table.sort(extra, function(x, y) return x[2] < y[2] end)
+  local front = 0
+  while extra[front + 1] and extra[front + 1][2] == front do front = front + 1 end
+  local ranks = {}
+  for id = 0, n_ordinary - 1 do
+    local s = by_id[front + id]
+    if not s or not ordinary[s] then
+      error(('%s: %s: ids %d..%d expected to be the bytes and the merges, but id %d is %s'):format(what, where,
+        front, front + n_ordinary - 1, front + id, s and ('%q, a special token'):format(s) or 'missing'), 3)
+    end
+    local bytes, bad = token_bytes(s)
+    if not bytes then error(('%s: %s: token %d has character U+%04X, not one of GPT-2\'s byte characters'):format(what, where, front + id, bad), 3) end
+    ranks[id + 1] = bytes
+  end
   local names = {}
   for k, e in ipairs(extra) do
-    if e[2] ~= n_ordinary + k - 1 then
-      error(('%s: %s: special token %q has id %d, expected %d (specials follow the %d ordinary tokens)'):format(what,
-        where, e[1], e[2], n_ordinary + k - 1, n_ordinary), 3)
+    local want = k <= front and k - 1 or n_ordinary + k - 1
+    if e[2] ~= want then
+      error(('%s: %s: special token %q has id %d, expected %d (specials come before or after the %d ordinary tokens, '
+        .. 'with no gaps)'):format(what, where, e[1], e[2], want, n_ordinary), 3)
     end
     names[k] = e[1]
   end
-  return tokenizer.from_ranks(ranks, { pattern = M.GPT2_PATTERN, special_tokens = names })
+  return tokenizer.from_ranks(ranks, { pattern = M.GPT2_PATTERN, special_tokens = names, specials_first = front })
 end
 
 -- vocab.json + merges.txt (GPT-2's original files)
@@ -314,19 +320,89 @@ function M.load_gpt2(path, opts)
   return model, cfg
 end
 
-local function write_atomic(path, s)
+local function write_atomic(path, s, what)
+  what = what or 'hf.save_gpt2'
   local tmp = path .. '.tmp'
   local f, err = io.open(tmp, 'wb')
-  if not f then error(('hf.save_gpt2: cannot write %s: %s'):format(path, tostring(err)), 3) end
+  if not f then error(('%s: cannot write %s: %s'):format(what, path, tostring(err)), 3) end
   f:write(s); f:close()
   local ok, e2 = os.rename(tmp, path)
-  if not ok then os.remove(tmp); error(('hf.save_gpt2: cannot write %s: %s'):format(path, tostring(e2)), 3) end
+  if not ok then os.remove(tmp); error(('%s: cannot write %s: %s'):format(what, path, tostring(e2)), 3) end
+end
+
+-- The document token of a tokenizer (GPT-2's <|endoftext|>, else <|bos|>):
+-- what config.json names as bos_token_id and eos_token_id
+local function document_token(t)
+  local name = t.special_tokens['<|endoftext|>'] and '<|endoftext|>' or t.bos_id and '<|bos|>' or nil
+  return name, name and t.special_tokens[name]
+end
+
+-- Writes a byte-level BPE as Hugging Face's GPT-2 tokenizer files:
+-- tokenizer.json (the tokenizers library's), vocab.json + merges.txt (the
+-- original pair) and tokenizer_config.json.  Token strings are
+-- bytes_to_unicode's, merges in rank order (merge i makes id 256 + i, as
+-- gptlua and Hugging Face both apply them), special tokens as added tokens.
+-- Only GPT-2's split pattern has this form (Hugging Face's ByteLevel
+-- pre-tokenizer is that regex).
+function M.save_tokenizer(t, dir)
+  if getmetatable(t) ~= tokenizer.Tokenizer or t.kind ~= 'bpe' then
+    error('hf.save_tokenizer: tokenizer must be a byte-level BPE (a gptlua Tokenizer of kind bpe)', 2)
+  end
+  if t.pattern ~= M.GPT2_PATTERN then
+    error(('hf.save_tokenizer: the tokenizer splits with %s, expected GPT-2\'s pattern (hf.GPT2_PATTERN): '
+      .. 'Hugging Face\'s ByteLevel pre-tokenizer splits only that way'):format(t.pattern and 'another pattern' or 'no pattern'), 2)
+  end
+  local vocab, by_id = {}, {}
+  for id = 0, t.n_ordinary - 1 do
+    local s = M.token_string(t:token_bytes(id))
+    vocab[s], by_id[id] = id, s
+  end
+  local merges, lines = {}, { '#version: 0.2' }
+  for i, m in ipairs(t:merges()) do
+    if m[3] ~= 255 + i then
+      error(('hf.save_tokenizer: merge %d makes id %d, expected %d (ids in merge order)'):format(i, m[3], 255 + i), 2)
+    end
+    merges[i] = by_id[m[1]] .. ' ' .. by_id[m[2]]
+    lines[i + 1] = merges[i]
+  end
+  local added, specials = {}, {}
+  for id = t.n_ordinary, t.vocab_size - 1 do
+    local name = t:token_bytes(id)
+    specials[name] = id
+    added[#added + 1] = { id = id, content = name, single_word = false, lstrip = false, rstrip = false,
+                          normalized = false, special = true }
+  end
+  local all = {}
+  for k, v in pairs(vocab) do all[k] = v end
+  for k, v in pairs(specials) do all[k] = v end
+  local byte_level = function(prefix, trim)
+    return { type = 'ByteLevel', add_prefix_space = prefix, trim_offsets = trim, use_regex = true }
+  end
+  local j = { version = '1.0', truncation = cjson.null, padding = cjson.null, added_tokens = added,
+              normalizer = cjson.null, pre_tokenizer = byte_level(false, true), post_processor = byte_level(true, false),
+              decoder = byte_level(true, true),
+              model = { type = 'BPE', dropout = cjson.null, unk_token = cjson.null, continuing_subword_prefix = '',
+                        end_of_word_suffix = '', fuse_unk = false, byte_fallback = false, vocab = vocab, merges = merges } }
+  if #added == 0 then j.added_tokens = setmetatable({}, cjson.array_mt) end
+  if #merges == 0 then j.model.merges = setmetatable({}, cjson.array_mt) end
+  require('gptlua.checkpoint').mkdir_p(dir)
+  write_atomic(dir .. '/tokenizer.json', cjson.encode(j), 'hf.save_tokenizer')
+  write_atomic(dir .. '/vocab.json', cjson.encode(all), 'hf.save_tokenizer')
+  write_atomic(dir .. '/merges.txt', table.concat(lines, '\n') .. '\n', 'hf.save_tokenizer')
+  local name = document_token(t)
+  local tc = { tokenizer_class = 'GPT2Tokenizer', add_prefix_space = false, model_max_length = 1024 }
+  if name then tc.bos_token, tc.eos_token, tc.unk_token = name, name, name end
+  write_atomic(dir .. '/tokenizer_config.json', cjson.encode(tc), 'hf.save_tokenizer')
 end
 
 -- Writes a gpt2 model as Hugging Face's GPT2LMHeadModel.save_pretrained
 -- does: config.json and model.safetensors (float32, "transformer." names,
--- Conv1D layout, the tied head left out).
-function M.save_gpt2(model, dir)
+-- Conv1D layout, the tied head left out).  opts.tokenizer: its files too
+-- (hf.save_tokenizer) and its document token (<|endoftext|>, else <|bos|>)
+-- as bos_token_id and eos_token_id, which config.json otherwise leaves null
+-- (a model of gptlua's own vocabulary has no GPT-2 token 50256).
+function M.save_gpt2(model, dir, opts)
+  opts = opts or {}
   local cfg = model.config
   if type(cfg) ~= 'table' or not model.transformer or not model.transformer.wpe then
     error('hf.save_gpt2: model expected a gpt2 model (models.gpt2)', 2)
@@ -349,13 +425,23 @@ function M.save_gpt2(model, dir)
               n_ctx = cfg.block_size, vocab_size = cfg.vocab_size, layer_norm_epsilon = 1e-5,
               initializer_range = 0.02, scale_attn_weights = true, tie_word_embeddings = true,
               torch_dtype = 'float32', attn_pdrop = cfg.dropout or 0, embd_pdrop = cfg.dropout or 0,
-              resid_pdrop = cfg.dropout or 0 }
+              resid_pdrop = cfg.dropout or 0, bos_token_id = cjson.null, eos_token_id = cjson.null }
+  if opts.tokenizer then
+    local _, id = document_token(opts.tokenizer)
+    if opts.tokenizer.vocab_size > cfg.vocab_size then
+      error(('hf.save_gpt2: the tokenizer has %d tokens, the model\'s vocab_size is %d'):format(
+        opts.tokenizer.vocab_size, cfg.vocab_size), 2)
+    end
+    if id then j.bos_token_id, j.eos_token_id = id, id end
+  end
   write_atomic(dir .. '/config.json', cjson.encode(j))
+  if opts.tokenizer then M.save_tokenizer(opts.tokenizer, dir) end
 end
 
 -- every entry point checks its arguments (gptlua.check)
 require('gptlua.check').wrap_table(M, { load_tokenizer = 'path:string', load_tokenizer_json = 'path:string',
   load_vocab_merges = 'vocab_path:string, merges_path:string', load_gpt2 = 'path:string, opts:opts?',
-  load_gpt2_weights = 'model:any, path:string', save_gpt2 = 'model:any, dir:string', token_string = 'bytes:string' }, 'hf.')
+  load_gpt2_weights = 'model:any, path:string', save_gpt2 = 'model:any, dir:string, opts:opts?', token_string = 'bytes:string',
+  save_tokenizer = 'tokenizer:any, dir:string' }, 'hf.')
 
 return M

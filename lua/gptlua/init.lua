@@ -45,8 +45,8 @@ local OPS = {
   sum_to = 'g:tensor, shape:shape',
   -- products and network ops
   matmul = 'a:tensor, b:tensor', matmul_raw = 'a:tensor, b:tensor, out:tensor?, beta:number?, alpha:number?',
-  matmul_pair_raw = 'a1:tensor, b1:tensor, a2:tensor, b2:tensor', linear = 'x:tensor, weight:tensor, bias:tensor?, residual:tensor?',
-  mlp = 'x:tensor, fc_weight:tensor, fc_bias:tensor?, proj_weight:tensor, proj_bias:tensor?, activation:string, residual:tensor?',
+  matmul_pair_raw = 'a1:tensor, b1:tensor, a2:tensor, b2:tensor', linear = 'x:tensor1, weight:tensor, bias:tensor?, residual:tensor?',
+  mlp = 'x:tensor1, fc_weight:tensor, fc_bias:tensor?, proj_weight:tensor, proj_bias:tensor?, activation:string, residual:tensor?',
   softmax = 'x:tensor, dim:integer?', log_softmax = 'x:tensor, dim:integer?',
   layer_norm = 'x:tensor, weight:tensor?, bias:tensor?, eps:number?', rms_norm = 'x:tensor, weight:tensor?, eps:number?',
   add_layer_norm = 'x:tensor, r:tensor, weight:tensor?, bias:tensor?, eps:number?',
@@ -56,8 +56,8 @@ local OPS = {
   scaled_dot_product_attention = 'q:tensor, k:tensor, v:tensor, opts:opts?',
   attention_qkv = 'qkv:tensor, n_head:count, opts:opts?', rope = 'x:tensor, cos:tensor, sin:tensor',
   rope_rms_norm = 'x:tensor, cos:tensor, sin:tensor, eps:number?',
-  cross_entropy = 'logits:tensor, targets:tensor, opts:opts?',
-  linear_cross_entropy = 'x:tensor, weight:tensor, targets:tensor, opts:opts?', dropout = 'x:tensor, p:number, training:boolean?',
+  cross_entropy = 'logits:tensor1, targets:tensor, opts:opts?',
+  linear_cross_entropy = 'x:tensor1, weight:tensor, targets:tensor, opts:opts?', dropout = 'x:tensor, p:number, training:boolean?',
   -- shapes
   cat = 'tensors:tensors, dim:integer?', stack = 'tensors:tensors, dim:integer?', split = 'x:tensor, size:count, dim:integer?',
   chunk = 'x:tensor, n:count, dim:integer?', broadcast_shape = 'a:shape, b:shape, what:string?', broadcast_view = 'x:tensor, shape:shape',
@@ -145,6 +145,9 @@ gl.backward, gl.checkpoint = A.backward, A.checkpoint
 
 gl.set_num_threads = check.wrap('set_num_threads', 'n:integer', function(n) G.check(G.lib.gl_set_num_threads(n), 2) end)
 function gl.get_num_threads() return G.lib.gl_get_num_threads() end
+-- the CPUs this process may run on (gl.set_num_threads refuses more than
+-- GL_THREADS_PER_CORE threads for each)
+function gl.num_cores() return G.lib.gl_num_cores() end
 -- the BLAS library and the kernels it picked for this CPU, as a string
 function gl.blas_info() return G.ffi.string(G.lib.gl_blas_info()) end
 

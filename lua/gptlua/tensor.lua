@@ -293,7 +293,19 @@ function Tensor:storage_offset() return tonumber(self.c.offset) end
 -- raw view (no autograd): shape/stride tables, element offset
 function Tensor:_as_strided(shape, stride, offset)
   local nd = fill_shape(shape, 'as_strided')
-  for i = 1, nd do stride_buf[i - 1] = stride[i] end
+  -- one integer stride per dim (the engine checks the range); a missing or
+  -- fractional one would reach the FFI as nil or be truncated
+  if #stride ~= nd then
+    error(('as_strided: stride has %d entries, expected %d (one per dim of shape %s)'):format(#stride, nd,
+      '{' .. table.concat(shape, ',') .. '}'), 2)
+  end
+  for i = 1, nd do
+    local s = stride[i]
+    if type(s) ~= 'number' or s ~= math.floor(s) or math.abs(s) >= 2 ^ 62 then
+      error(('as_strided: stride of dim %d must be a finite integer, got %s'):format(i, describe(s)), 2)
+    end
+    stride_buf[i - 1] = s
+  end
   local t = Tensor.wrap(lib.gl_as_strided(self.c, nd, shape_buf, stride_buf, offset or tonumber(self.c.offset)))
   t._version = versions.counter(self)  -- a view shares its base's version counter
   return t

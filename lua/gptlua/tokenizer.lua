@@ -24,6 +24,8 @@ Tokenizer.__name = 'Tokenizer'
 M.Tokenizer = Tokenizer
 
 M.GPT4_PATTERN = ffi.string(lib.gl_tok_gpt4_pattern())
+M.R50K_PATTERN = ffi.string(lib.gl_tok_r50k_pattern())   -- GPT-2's (r50k_base, p50k_base)
+M.O200K_PATTERN = ffi.string(lib.gl_tok_o200k_pattern())
 
 local len_buf = ffi.new('int64_t[1]')
 
@@ -56,6 +58,32 @@ local function wrap(p)
   return self
 end
 
+-- Special tokens first.  Some files (Hugging Face's, for models that put
+-- <|endoftext|> or <pad> at id 0) give the first `front` ids to special
+-- tokens and the ordinary ones after them.  The engine keeps ordinary
+-- tokens at 0..n-1 and specials after them, so such a tokenizer maps ids
+-- where they cross its boundary: outside, specials 0..front-1, ordinary
+-- front..front+n-1, any later specials where they were.
+local function engine_id(self, e)
+  local k, n = self.front, self.n_ordinary
+  if not k or e < 0 then return e end
+  if e < k then return n + e elseif e < k + n then return e - k end
+  return e
+end
+local function outside_id(self, i)
+  local k, n = self.front, self.n_ordinary
+  if not k then return i end
+  if i < n then return i + k elseif i < n + k then return i - n end
+  return i
+end
+-- an int32 tensor of the engine's ids, mapped in place to outside ids
+local function map_out(self, t)
+  if not self.front then return t end
+  local p = ffi.cast('int32_t *', t:data_ptr())
+  for i = 0, t:numel() - 1 do p[i] = outside_id(self, p[i]) end
+  return t
+end
+
 local function special_list(opts, what)
   local sp = opts and opts.special_tokens or {}
   if type(sp) ~= 'table' then error(what .. ': special_tokens expected a list of strings', 3) end
@@ -76,6 +104,18 @@ function M.from_ranks(ranks, opts)
   end
   local sp, ns = special_list(opts, 'tokenizer.from_ranks')
   local t = wrap(lib.gl_tok_from_ranks(opts.pattern, n, arr, lens, ns, sp))
+  -- specials_first = k: the first k special tokens take ids 0..k-1, the
+  -- ranks follow them (see engine_id)
+  local k = opts.specials_first
+  if k and k > 0 then
+    if k > t.n_special then
+      error(('tokenizer.from_ranks: specials_first is %d, but there are %d special tokens'):format(k, t.n_special), 2)
+    end
+    t.front = k
+    local by_name = {}
+    for name, id in pairs(t.special_tokens) do by_name[name] = outside_id(t, id) end
+    t.special_tokens, t.bos_id = by_name, by_name['<|bos|>']
+  end
   return t
 end
 
@@ -86,11 +126,33 @@ function M.char(text, opts)
   return wrap(lib.gl_tok_char(text, #text, n, arr))
 end
 
+-- a merge list entry as an error message shows it: {97, 'x'} or the value
+local function show_merge(m)
+  local describe = require('gptlua.check').describe
+  if type(m) ~= 'table' or getmetatable(m) ~= nil then return describe(m) end
+  local parts = {}
+  for j = 1, math.min(#m, 3) do parts[j] = describe(m[j]) end
+  return '{' .. table.concat(parts, ', ') .. (#m > 3 and ', ...}' or '}')
+end
+
 -- A BPE tokenizer from a merge list {{left, right}, ...} (merge i makes id 255+i).
 function M.from_merges(merges, opts)
   opts = opts or {}
   local pairs_buf = ffi.new('int32_t[?]', math.max(2 * #merges, 1))
-  for i, m in ipairs(merges) do pairs_buf[2 * i - 2] = m[1]; pairs_buf[2 * i - 1] = m[2] end
+  for i, m in ipairs(merges) do
+    -- each merge a pair of ids that exist before it (the bytes, earlier
+    -- merges); the engine refuses the rest (a pair merged twice)
+    local ok = type(m) == 'table' and getmetatable(m) == nil and #m == 2
+    for j = 1, 2 do
+      local id = ok and m[j]
+      ok = ok and type(id) == 'number' and id == math.floor(id) and id >= 0 and id < 255 + i
+    end
+    if not ok then
+      error(('tokenizer.from_merges: merges[%d] must be a pair {left, right} of ids in [0, %d] (the bytes and '
+        .. 'earlier merges), got %s'):format(i, 254 + i, show_merge(m)), 2)
+    end
+    pairs_buf[2 * i - 2] = m[1]; pairs_buf[2 * i - 1] = m[2]
+  end
   local arr, n = special_list(opts, 'tokenizer.from_merges')
   return wrap(lib.gl_tok_from_merges(opts.pattern, #merges, pairs_buf, n, arr))
 end
@@ -141,9 +203,14 @@ end
 
 -- A tokenizer made with other Unicode tables than this build's PCRE2 splits
 -- characters added in between differently: said once, on stderr.
-function M.load(path)
+-- A ranks file without its sidecar (path.json) is read when it is one of
+-- tiktoken's standard encodings (r50k_base, cl100k_base, o200k_base, known
+-- by their ranks, each with its pattern), else refused: opts.pattern says
+-- how such a file splits text (and overrides a sidecar's).
+function M.load(path, opts)
   if type(path) ~= 'string' then error('tokenizer.load: path expected a string', 2) end
-  local t = wrap(lib.gl_tok_load(path))
+  local pattern = opts and opts.pattern
+  local t = wrap(pattern and lib.gl_tok_load_pattern(path, pattern) or lib.gl_tok_load(path))
   local here = ffi.string(lib.gl_tok_unicode_version(nil))
   if t.kind == 'bpe' and t.pattern and t.unicode_version ~= here then
     io.stderr:write(('tokenizer.load: %s was made with Unicode %s tables, this build has %s: characters added '
@@ -154,6 +221,10 @@ end
 
 function Tokenizer:save(path)
   if type(path) ~= 'string' then error('Tokenizer:save: path expected a string', 2) end
+  if self.front then
+    error(('Tokenizer:save: this tokenizer puts %d special tokens before its ranks, which gptlua\'s format '
+      .. '(specials after the ranks) cannot say: keep the files it was read from'):format(self.front), 2)
+  end
   check(lib.gl_tok_save(self.c, path), 2)
 end
 
@@ -161,16 +232,17 @@ function Tokenizer:special_id(name) return self.special_tokens[name] end
 
 -- The bytes of a token (a special token's name for a special id).
 function Tokenizer:token_bytes(id)
-  local p = lib.gl_tok_token_bytes(self.c, id, len_buf)
+  local p = lib.gl_tok_token_bytes(self.c, engine_id(self, id), len_buf)
   check_ptr(p, 2)
   return ffi.string(p, len_buf[0])
 end
 
+-- the id to put first, as the engine numbers it (-1: none)
 local function prepend_id(self, opts, what)
-  if opts.prepend then return opts.prepend end
+  if opts.prepend then return engine_id(self, opts.prepend) end
   if opts.bos then
     if not self.bos_id then error(what .. ': bos=true but this tokenizer has no <|bos|> token', 3) end
-    return self.bos_id
+    return engine_id(self, self.bos_id)
   end
   return -1
 end
@@ -203,7 +275,7 @@ local function encode_with_specials(self, text, opts)
   end
   local ids, pos = {}, 1
   local first = prepend_id(self, opts, 'Tokenizer:encode')
-  if first >= 0 then ids[1] = first end
+  if first >= 0 then ids[1] = outside_id(self, first) end
   while pos <= #text do
     local at, name = nil, nil
     for _, n in ipairs(names) do
@@ -212,7 +284,8 @@ local function encode_with_specials(self, text, opts)
     end
     local piece = text:sub(pos, (at or #text + 1) - 1)
     if #piece > 0 then
-      for _, id in ipairs(ids_table(Tensor.wrap(check_ptr(lib.gl_tok_encode(self.c, piece, #piece, -1), 3)))) do ids[#ids + 1] = id end
+      local t = map_out(self, Tensor.wrap(check_ptr(lib.gl_tok_encode(self.c, piece, #piece, -1), 3)))
+      for _, id in ipairs(ids_table(t)) do ids[#ids + 1] = id end
     end
     if not at then break end
     ids[#ids + 1] = self.special_tokens[name]
@@ -230,6 +303,7 @@ function Tokenizer:encode(text, opts)
     return ids
   end
   local t = Tensor.wrap(check_ptr(lib.gl_tok_encode(self.c, text, #text, prepend_id(self, opts, 'Tokenizer:encode')), 2))
+  map_out(self, t)
   if opts.tensor then return t end
   return ids_table(t)
 end
@@ -244,7 +318,7 @@ function Tokenizer:encode_batch(texts, opts)
   check(lib.gl_tok_encode_batch(self.c, n, arr, lens, prepend_id(self, opts, 'Tokenizer:encode_batch'), out), 2)
   local res = {}
   for i = 1, n do
-    local t = Tensor.wrap(out[i - 1])
+    local t = map_out(self, Tensor.wrap(out[i - 1]))
     res[i] = opts.tensor and t or ids_table(t)
   end
   return res
@@ -261,7 +335,7 @@ function Tokenizer:decode(ids)
       if type(v) ~= 'number' or v ~= math.floor(v) or v < -2147483648 or v > 2147483647 then
         error(('Tokenizer:decode: ids[%d] expected an integer id, got %s'):format(i, tostring(v)), 2)
       end
-      buf[i - 1] = v
+      buf[i - 1] = engine_id(self, v)
     end
   elseif type(ids) == 'table' then
     require 'gptlua' -- tensor conversions (to, contiguous) live in the full library
@@ -274,6 +348,11 @@ function Tokenizer:decode(ids)
     keep = keep:contiguous()
     n = keep:numel()
     buf = ffi.cast('const int32_t *', keep:data_ptr())
+    if self.front then  -- a copy: the caller's tensor stays as it is
+      local mapped = ffi.new('int32_t[?]', math.max(n, 1))
+      for i = 0, n - 1 do mapped[i] = engine_id(self, buf[i]) end
+      buf = mapped
+    end
   else
     error('Tokenizer:decode: ids expected a table or a tensor, got ' .. type(ids), 2)
   end
@@ -303,7 +382,7 @@ function Tokenizer:merges()
   local out = {}
   for i = 0, lib.gl_tok_n_merges(self.c) - 1 do
     check(lib.gl_tok_merge(self.c, i, l, r, id), 2)
-    out[#out + 1] = { l[0], r[0], id[0] }
+    out[#out + 1] = { outside_id(self, l[0]), outside_id(self, r[0]), outside_id(self, id[0]) }
   end
   return out
 end
@@ -320,8 +399,9 @@ end
 
 -- every entry point checks its arguments (gptlua.check): "tokenizer.train: vocab_size must be ..."
 local check = require 'gptlua.check'
+check.options('load_opts', { pattern = 'string?' })
 check.wrap_table(M, { char = 'text:string, opts:opts?', from_merges = 'merges:opts, opts:opts?', from_ranks = 'ranks:opts, opts:opts?',
-  train = 'sources:any, vocab_size:count, opts:opts?', load = 'path:string' }, 'tokenizer.')
+  train = 'sources:any, vocab_size:count, opts:opts?', load = 'path:string, opts:load_opts?' }, 'tokenizer.')
 check.wrap_table(Tokenizer, { save = 'self:opts, path:string', special_id = 'self:opts, name:string',
   token_bytes = 'self:opts, id:integer', encode = 'self:opts, text:string, opts:opts?',
   encode_batch = 'self:opts, texts:opts, opts:opts?', decode = 'self:opts, ids:any', split = 'self:opts, text:string',

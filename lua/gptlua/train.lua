@@ -86,11 +86,24 @@ function M.new(recipe, args)
   if self.dist and (cfg.device == 'cuda' or cfg.device == 'cuda:0') and self.dist.device() ~= 'cpu' then
     cfg.device = self.dist.device()
   end
-  if cfg.threads > 0 then gl.set_num_threads(cfg.threads) end
+  if cfg.threads > 0 then
+    -- more threads than cores only slows a run down (and a huge number
+    -- would have OpenMP start that many): capped, with a line saying so
+    local cores = gl.num_cores()
+    if cfg.threads > cores then
+      self:print(('config: threads %d is more than the %d cores of this machine: using %d'):format(cfg.threads,
+        cores, cores))
+      cfg.threads = cores
+    end
+    gl.set_num_threads(cfg.threads)
+  end
   gl.manual_seed(cfg.seed)
   local d = (hooks.build_data or M.build_data)(cfg, self.dp_rank, self.dp_size)
   self.data = d
-  if cfg.vocab_size == 0 then cfg.vocab_size = d.vocab_size end
+  if cfg.vocab_size == 0 then
+    cfg.vocab_size = d.vocab_size
+    if d.vocab_note then self:print(d.vocab_note) end
+  end
   if cfg.total_batch_size > 0 then
     local per = cfg.batch_size * cfg.block_size * self.dp_size
     if cfg.total_batch_size % per ~= 0 then

@@ -123,6 +123,16 @@ end
 -- the scalar group's rate that scalar_lr = 0 stands for (optim.nanochat's per variant)
 M.SCALAR_LR = { classic = 0.004, current = 0.5 }
 
+-- Real keys with a range: {min, max, max_open}; a value outside it would
+-- fail later inside an op (a negative val_fraction as a narrow of negative
+-- length) instead of naming the key.
+local REAL_KEYS = {
+  val_fraction = { 0, 1, true }, cooldown_frac = { 0, 1 }, dropout = { 0, 1, true }, beta1 = { 0, 1, true },
+  beta2 = { 0, 1, true }, eps = { 0, math.huge }, temperature = { 0, math.huge }, outer_momentum = { 0, 1, true },
+  outer_lr = { 0, math.huge },
+}
+M.REAL_KEYS = REAL_KEYS
+
 -- Hooks a recipe may define, each with what it must return: a hook that
 -- returns something else fails at once, naming the hook and what it returned
 -- (not later as "attempt to index a nil value").  false: anything.
@@ -306,7 +316,16 @@ function M.resolve_config(recipe, args)
   if cfg.model == 'gpt2' and cfg.n_embd % cfg.n_head ~= 0 then
     fail(('n_embd %d is not divisible by n_head %d'):format(cfg.n_embd, cfg.n_head))
   end
-  if cfg.dropout < 0 or cfg.dropout >= 1 then fail('dropout must be in [0, 1), got ' .. cfg.dropout) end
+  local reals = {}
+  for k in pairs(REAL_KEYS) do reals[#reals + 1] = k end
+  table.sort(reals)
+  for _, k in ipairs(reals) do
+    local r, v = REAL_KEYS[k], cfg[k]
+    if v < r[1] or v > r[2] or (r[3] and v == r[2]) then
+      fail(('%s must be in [%s, %s%s, got %s'):format(k, r[1], r[2] == math.huge and 'inf' or r[2],
+        r[3] and ')' or ']', v))
+    end
+  end
   if cfg.dtype == 'auto' then cfg.dtype, launch.dtype_auto = M.auto_dtype(cfg.device), true end
   if cfg.dtype ~= 'float32' and cfg.dtype ~= 'float64' and cfg.dtype ~= 'bfloat16' then
     fail(("dtype must be auto, float32, float64 or bfloat16, got '%s'"):format(check.printable(cfg.dtype)))
@@ -315,19 +334,74 @@ function M.resolve_config(recipe, args)
 end
 
 -- ------------------------------------------------------------------ data
-local function resolve_path(p)
-  if ckpt.exists(p) then return p end
+-- the path a key names, as given or under gl.root; kind 'file' (a regular
+-- file) or 'directory'
+local function is_dir(p) return ckpt.exists(p .. '/.') end
+local function resolve_path(p, key, kind)
   local alt = gl.root .. '/' .. p
-  if ckpt.exists(alt) then return alt end
-  error(('data: file %s not found (also looked in %s)'):format(p, gl.root), 0)
+  local found = ckpt.exists(p) and p or (p:sub(1, 1) ~= '/' and ckpt.exists(alt) and alt) or nil
+  if not found then
+    fail(('%s %s not found (expected a %s%s)'):format(key, p, kind,
+      p:sub(1, 1) ~= '/' and ', also looked in ' .. gl.root or ''))
+  end
+  if (kind == 'directory') ~= is_dir(found) then
+    fail(('%s %s is a %s, expected a %s'):format(key, found, is_dir(found) and 'directory' or 'file', kind))
+  end
+  return found
+end
+
+-- f(...), its error about the user's data (a shard, a token past the
+-- vocabulary) as the one line of a user error, without the library's position
+local function user_data(f, ...)
+  local ok, r = pcall(f, ...)
+  if not ok then error((tostring(r):gsub('^[^\n]-:%d+: ', '')), 0) end
+  return r
+end
+
+-- The tokenizer and vocabulary of the shards in dir: --tokenizer, else the
+-- one recipes/prepare.lua saved beside them (dir/tokenizer, or
+-- dir/tokenizer.tiktoken), else the shards' own: the vocab_size their
+-- gptlua headers name, or for llm.c and nanoGPT files, which name none,
+-- the largest id + 1 rounded up to a multiple of VOCAB_ROUND (as llm.c pads
+-- GPT-2's 50257 to 50304).  Returns tok (or nil), vocab_size and a line
+-- saying where the vocabulary came from when no tokenizer gave it.
+local VOCAB_ROUND = 128
+M.VOCAB_ROUND = VOCAB_ROUND
+function M.shards_vocabulary(cfg, dir)
+  local tokenizer, data = require 'gptlua.tokenizer', require 'gptlua.data'
+  if cfg.tokenizer ~= '' then
+    local tok = user_data(tokenizer.load, resolve_path(cfg.tokenizer, 'tokenizer', 'file'))
+    return tok, tok.vocab_size
+  end
+  for _, name in ipairs({ 'tokenizer', 'tokenizer.tiktoken' }) do
+    if ckpt.exists(dir .. '/' .. name) and not is_dir(dir .. '/' .. name) then
+      local tok = user_data(tokenizer.load, dir .. '/' .. name)
+      return tok, tok.vocab_size, ('data: vocab_size %d from the tokenizer beside the shards, %s/%s')
+        :format(tok.vocab_size, dir, name)
+    end
+  end
+  local files = data.list_shards(dir, 'train')
+  for _, f in ipairs(data.list_shards(dir, 'val')) do files[#files + 1] = f end
+  if #files == 0 then
+    fail(('data_dir %s has no shards (expected .bin files such as train_000000.bin, name_val.bin, train.bin)'):format(dir))
+  end
+  local v = user_data(data.shards_vocab, files, cfg.shard_format)
+  if v.max_id < 0 then
+    return nil, v.vocab_size, ('data: vocab_size %d from the shards\' headers (no tokenizer: --tokenizer names one)')
+      :format(v.vocab_size)
+  end
+  local V = math.max(v.vocab_size, math.ceil((v.max_id + 1) / VOCAB_ROUND) * VOCAB_ROUND)
+  return nil, V, ('data: vocab_size %d from the shards: their largest token is %d, rounded up to a multiple of %d '
+    .. '(no tokenizer: --tokenizer or --vocab_size sets it)'):format(V, v.max_id, VOCAB_ROUND)
 end
 
 -- default data: returns {train = loader, val = loader, tokenizer = tok, vocab_size = n}
 function M.build_data(cfg, rank, world)
   local data = require 'gptlua.data'
   local function loaders(train_tokens, val_tokens)
+    -- (a vocab_size set by hand is the model's: the loader checks the ids against it)
     local common = { batch_size = cfg.batch_size, block_size = cfg.block_size, rank = rank, world_size = world,
-                     sampling = cfg.sampling, device = cfg.device }
+                     sampling = cfg.sampling, device = cfg.device, vocab_size = cfg.vocab_size > 0 and cfg.vocab_size or nil }
     local function mk(tokens, seed)
       if tokens:numel() <= cfg.block_size + 1 then
         fail(('block_size %d is longer than the data (%d tokens in a split)'):format(cfg.block_size, tokens:numel()))
@@ -335,7 +409,7 @@ function M.build_data(cfg, rank, world)
       local o = {}
       for k, v in pairs(common) do o[k] = v end
       o.tokens, o.seed = tokens, seed
-      return data.loader(o)
+      return user_data(data.loader, o)
     end
     -- eval reads the training split through its own stream so that
     -- evaluating never moves the training data position
@@ -343,9 +417,7 @@ function M.build_data(cfg, rank, world)
   end
   if cfg.data == 'char' then
     local tokenizer = require 'gptlua.tokenizer'
-    local f = assert(io.open(resolve_path(cfg.data_path), 'rb'))
-    local text = f:read('*a')
-    f:close()
+    local text = require('gptlua.util').read_file(resolve_path(cfg.data_path, 'data_path', 'file'), 'config: data_path')
     local tok = tokenizer.char(text)
     local ids = tok:encode(text, { tensor = true })
     local n = ids:numel()
@@ -363,20 +435,23 @@ function M.build_data(cfg, rank, world)
     end
     return { train = mk(cfg.seed), val = mk(cfg.seed + 1), eval_train = mk(cfg.seed + 2), vocab_size = V }
   elseif cfg.data == 'shards' then
-    local tokenizer = require 'gptlua.tokenizer'
     if cfg.data_dir == '' then fail("data = 'shards' needs data_dir") end
-    local tok = cfg.tokenizer ~= '' and tokenizer.load(cfg.tokenizer) or nil
+    local dir = resolve_path(cfg.data_dir, 'data_dir', 'directory')
+    local tok, V, note = M.shards_vocabulary(cfg, dir)
+    -- the loaders check every token of every shard against the model's
+    -- vocabulary (an id past it would index outside the embedding)
+    local model_vocab = cfg.vocab_size > 0 and cfg.vocab_size or V
     local common = { batch_size = cfg.batch_size, block_size = cfg.block_size, rank = rank, world_size = world,
-                     sampling = cfg.sampling, device = cfg.device, bos_aligned = false, shard_format = cfg.shard_format }
+                     sampling = cfg.sampling, device = cfg.device, bos_aligned = false, shard_format = cfg.shard_format,
+                     vocab_size = model_vocab }
     local function mk(split, seed)
       local o = {}
       for k, v in pairs(common) do o[k] = v end
-      o.files, o.seed, o.split = cfg.data_dir, seed, split
-      if tok then o.vocab_size = tok.vocab_size end
-      return data.loader(o)
+      o.files, o.seed, o.split = dir, seed, split
+      return user_data(data.loader, o)
     end
     return { train = mk('train', cfg.seed), val = mk('val', cfg.seed + 1), eval_train = mk('train', cfg.seed + 2), tokenizer = tok,
-             vocab_size = tok and tok.vocab_size or cfg.vocab_size }
+             vocab_size = V, vocab_note = note }
   end
   fail(("unknown data source '%s' (expected 'char', 'random' or 'shards')"):format(check.printable(cfg.data)))
 end

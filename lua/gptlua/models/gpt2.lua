@@ -109,8 +109,8 @@ function GPT:new_caches(B, S)
 end
 GPT.generate = common.generate
 nn.checked(GPT, { __init = 'self:module, cfg:opts?',
-                  forward = 'self:module, idx:tensor, targets:tensor?, caches:opts?',
-                  generate = 'self:module, idx:tensor, n:size, opts:opts?',
+                  forward = 'self:module, idx:ids, targets:ids?, caches:opts?',
+                  generate = 'self:module, idx:ids, n:size, opts:opts?',
                   new_caches = 'self:module, batch:count, length:count' })
 
 -- Loads GPT-2 weights from a model.safetensors in Hugging Face's layout

@@ -13,8 +13,9 @@
 --         nanochat/gpt.py), written here from its definitions:
 --     qk_scale 1.2      q and k multiplied by 1.2 after the QK-norm
 --     rope_base 100000
---     norm_eps 'dtype'  F.rms_norm without eps: the activation dtype's
---                       machine epsilon (2^-23 float32, 2^-7 bfloat16)
+--     norm_eps 'dtype'  F.rms_norm without eps: the machine epsilon of the
+--                       type PyTorch computes in (2^-23 for float32, bfloat16
+--                       and float16; 2^-52 for float64)
 --     lambdas           before block i: x = resid_lambdas[i] x + x0_lambdas[i] x0,
 --                       x0 the (smeared) normed embedding; init 1.15 - 0.10 i/(L-1)
 --                       and 0.20 - 0.15 i/(L-1)
@@ -190,8 +191,11 @@ end
 -- layers with value embeddings (0-based i as nanochat: i % 2 == (L - 1) % 2)
 function M.has_ve(cfg, i) return cfg.value_embeds and (i - 1) % 2 == (cfg.n_layer - 1) % 2 end
 
--- the norm's eps for activations of dtype
-local MACHINE_EPS = { float32 = 2 ^ -23, float64 = 2 ^ -52, bfloat16 = 2 ^ -7, float16 = 2 ^ -10 }
+-- the norm's eps for activations of dtype: F.rms_norm without eps takes the
+-- epsilon of its accumulation type (at::opmath_type), float32 for the 16-bit
+-- dtypes, not the epsilon of the 16-bit type itself (2^-7 for bfloat16)
+local MACHINE_EPS = { float32 = 2 ^ -23, float64 = 2 ^ -52, bfloat16 = 2 ^ -23, float16 = 2 ^ -23 }
+M.MACHINE_EPS = MACHINE_EPS
 local function eps_for(cfg, dtype)
   if cfg.norm_eps ~= 'dtype' then return cfg.norm_eps end
   return MACHINE_EPS[dtype] or error('nanochat: no machine epsilon known for dtype ' .. tostring(dtype), 3)
@@ -500,8 +504,8 @@ function GPT:new_caches(B, S)
 end
 GPT.generate = common.generate
 nn.checked(GPT, { __init = 'self:module, cfg:opts?',
-                  forward = 'self:module, idx:tensor, targets:tensor?, caches:opts?',
-                  generate = 'self:module, idx:tensor, n:size, opts:opts?',
+                  forward = 'self:module, idx:ids, targets:ids?, caches:opts?',
+                  generate = 'self:module, idx:ids, n:size, opts:opts?',
                   new_caches = 'self:module, batch:count, length:count' })
 
 return M

@@ -159,7 +159,7 @@ GLOO_DEPS   = $(GLOO_SRC) $(GLOO_CXX) $(wildcard engine/gloo/*.h) $(GLOO_SHARED)
 GLOO_LIB    = $(if $(wildcard /usr/include/gloo/rendezvous/context.h),$(BUILD)/libgptlua_gloo.so)
 GLOO_CXXFLAGS = -O2 -std=c++17 -fPIC $(WARN) -Iengine -I$(BUILD)
 
-# ---- the CUDA simulator build (spec/cudasim/, NOTES-cuda.md) ------------------
+# ---- the CUDA simulator build (spec/cudasim/, its README.md) -----------------
 # The engine and kernels/*.cu compiled by the host compilers against the
 # simulator's headers (spec/cudasim/ stands in for the toolkit's): no nvcc, no
 # GPU, no CUDA libraries.  build/sim/gptlua finds build/sim/libgptlua.so.
@@ -332,7 +332,7 @@ test-sim-specs:
 
 # the kernel twins again in the simulator's race mode, under two random thread
 # orders: each grid runs in order and in the seeded random order, and the two
-# must leave identical memory (NOTES-cuda.md)
+# must leave identical memory (spec/cudasim/README.md)
 # (one target per seed and spec file, race-SEED-FILE, so that make test can
 # run them beside the other suites, two at a time)
 RACE_SPECS = cuda_spec cuda_rows_spec cuda_nn_spec cuda_attention_spec layer_fusion_spec cuda_step_block_spec \

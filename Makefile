@@ -15,7 +15,7 @@
 #   make deps       apt-get install the Debian packages listed in DEBIAN_PACKAGES
 #   make install    the binary, library and Lua tree under PREFIX (root: /usr/local, else ~/.local)
 #   make link       BINDIR/gptlua -> this checkout's build/gptlua (make run and make test do it)
-#   make embed-example  build and run examples/embed/host.c, a C program embedding the engine
+#   make embed-example  build and run recipes/embed/host.c, a C program embedding the engine
 #   CUDA=0 forces a CPU-only build; CUDA=1 fails if nvcc is missing.
 
 # where `make install` and `make link` put the `gptlua` command: as root
@@ -166,7 +166,7 @@ GLOO_DEPS   = $(GLOO_SRC) $(GLOO_CXX) $(wildcard engine/gloo/*.h) $(GLOO_SHARED)
 GLOO_LIB    = $(if $(wildcard /usr/include/gloo/rendezvous/context.h),$(BUILD)/libgptlua_gloo.so)
 GLOO_CXXFLAGS = -O2 -std=c++17 -fPIC $(WARN) -Iengine -I$(BUILD)
 
-# ---- the CUDA simulator build (spec/cudasim/, NOTES-cuda.md) ------------------
+# ---- the CUDA simulator build (spec/cudasim/, its README.md) -----------------
 # The engine and kernels/*.cu compiled by the host compilers against the
 # simulator's headers (spec/cudasim/ stands in for the toolkit's): no nvcc, no
 # GPU, no CUDA libraries.  build/sim/gptlua finds build/sim/libgptlua.so.
@@ -360,7 +360,7 @@ test-sim-specs: sim sim-account
 
 # the kernel twins again in the simulator's race mode, under two random thread
 # orders: each grid runs in order and in the seeded random order, and the two
-# must leave identical memory (NOTES-cuda.md)
+# must leave identical memory (spec/cudasim/README.md)
 # (one target per seed and spec file, race-SEED-FILE, so that make test can
 # run them beside the other suites, two at a time)
 RACE_SPECS = cuda_spec cuda_rows_spec cuda_nn_spec cuda_attention_spec layer_fusion_spec cuda_step_block_spec \
@@ -410,9 +410,9 @@ rock-install: all
 	cp -r lua/gptlua/. $(LUADIR)/gptlua/
 	install -m 644 $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB) $(LIBDIR)/
 
-# examples/embed/host.c: a C program that embeds the engine (links
+# recipes/embed/host.c: a C program that embeds the engine (links
 # libgptlua and LuaJIT, runs training steps in a Lua state, reads a tensor back)
-$(BUILD)/embed_host: examples/embed/host.c engine/gptlua.h $(BUILD)/libgptlua.so
+$(BUILD)/embed_host: recipes/embed/host.c engine/gptlua.h $(BUILD)/libgptlua.so
 	$(CC) -O2 -std=gnu11 -Wall -Wextra -Iengine -I/usr/include/luajit-2.1 \
 	  -DGPTLUA_ROOT='"$(CURDIR)"' $< -o $@ -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgptlua -lluajit-5.1 -lm
 embed-example: $(BUILD)/embed_host

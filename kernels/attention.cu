@@ -34,7 +34,7 @@
  * Fallback (any dtype, head dim or layout, float32 / float64 for exactness
  * against the CPU): one block per query row (per key row for dK / dV),
  * streaming keys (queries) in chunks of FB_THREADS.  Tile sizes, shared
- * memory, occupancy and the FLOPs / bytes per call: NOTES-cuda.md. */
+ * memory, occupancy and the FLOPs / bytes per call: kernels/README.md. */
 #include "common.cuh"
 #include "mma_sync.cuh"
 #include "row_walk.cuh"

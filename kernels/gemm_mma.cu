@@ -1,6 +1,6 @@
 /* gemm_mma.cu — a bf16 GEMM of our own on the tensor cores, for the two
  * products of nanochat's ReLU² MLP whose activation cuBLASLt cannot fuse
- * (NOTES-cuda.md, "Issue 13: the ReLU² MLP in a GEMM of our own"):
+ * (kernels/README.md):
  *   GL_EPI_RELU2   h    = relu(x W1^T + b1)^2          (the forward; pre is never stored)
  *   GL_EPI_DRELU2  dpre = (g W2) * 2 sqrt(h)           (the backward's dx product of the
  *                                                      second layer; relu(pre) = sqrt(h))

@@ -522,7 +522,7 @@ extern "C" int cuda_matmul_bias(gl_tensor *out, const gl_tensor *a, const gl_ten
 
 /* GL_CUDA_RELU2_GEMM=0: the ReLU² products on cuBLASLt and the passes,
    not kernels/gemm_mma.cu, for a GPU where our mma.sync GEMM turns out
-   slower than cuBLASLt plus the passes (NOTES-cuda.md: it must reach about
+   slower than cuBLASLt plus the passes (kernels/README.md: it must reach about
    46% of the dense peak to win).  Read at each call (a getenv is nothing
    beside a launch), so a process may switch. */
 static bool relu2_gemm_on() {

@@ -1,8 +1,10 @@
--- GPT-2 124M as llm.c / nanoGPT train it: context 1024, 0.5M tokens per step
--- (gradient accumulation fills what the device batch does not), AdamW
--- 6e-4 with cosine decay, bf16.  Token data comes from recipes/prepare.lua
--- shards (--data=shards --data_dir=DIR --tokenizer=PATH); --data=random
--- benchmarks without data.
+-- GPT-2 124M as llm.c / nanoGPT train it: 19073 steps of 0.5M tokens (10B
+-- tokens), context 1024, AdamW 6e-4 with cosine decay, bf16; gradient
+-- accumulation fills what the device batch of 32 does not.  For GPUs: about
+-- 4 hours on one H100 by the account's prediction (kernels/README.md; no GPU
+-- has timed it yet).  Token data comes from recipes/prepare.lua shards
+-- (--data=shards --data_dir=DIR --tokenizer=PATH); --data=random benchmarks
+-- without data.
 return {
   name = 'gpt2_124m', model = 'gpt2', bias = true,
   data = 'shards', data_dir = 'data/fineweb', tokenizer = 'data/fineweb/tokenizer.tiktoken', vocab_size = 50304,

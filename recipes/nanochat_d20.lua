@@ -1,6 +1,9 @@
 -- nanochat's d20 base model: depth 20 (width 1280, 10 heads of 128), context
--- 2048, device batch 32, 0.5M tokens per step, Muon for hidden matrices and
--- AdamW for embeddings/head, warmup-stable-decay schedule, bf16.
+-- 2048, device batch 32, 21400 steps of 0.5M tokens (11B tokens), Muon for
+-- the block matrices and AdamW for embeddings and head, warmup-stable-decay
+-- schedule, bf16.  For GPUs: about 19 hours on one H100 by the account's
+-- prediction (kernels/README.md; no GPU has timed it yet).  Token data as
+-- for gpt2_124m.lua; --data=random benchmarks without data.
 return {
   name = 'nanochat_d20', model = 'nanochat', depth = 20, softcap = 15,
   data = 'shards', data_dir = 'data/fineweb', tokenizer = 'data/fineweb/tokenizer.tiktoken', vocab_size = 65536,

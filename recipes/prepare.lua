@@ -1,4 +1,6 @@
--- recipes/prepare.lua — tokenize text into token shards for training.
+-- recipes/prepare.lua — tokenize text into token shards for training (it
+-- trains nothing; it prints the time it took: training a BPE tokenizer is
+-- most of it, tokenising is seconds for tiny Shakespeare's 1 MB).
 --
 --   gptlua recipes/prepare.lua --input FILE_OR_DIR --tokenizer PATH --out DIR
 --                              [--val-fraction 0.01] [--vocab-size N] [--shard-tokens N] [--force] [--quiet]

@@ -1,4 +1,4 @@
--- The engine embedded: examples/embed/host.c (a C program linking
+-- The engine embedded: recipes/embed/host.c (a C program linking
 -- libgptlua and LuaJIT) trains in a Lua state and reads the weight back
 -- through the C API; `luarocks make` installs the library from the checkout
 -- into a tree, where a stock luajit outside the checkout requires it.

@@ -1,7 +1,7 @@
 -- recipes/tools/layer_passes.lua — one layer's activation passes (nanochat's or GPT-2's),
 -- kernel by kernel, forward and backward, counted by the simulator's account
 -- (the breakdown behind the account's "activation passes per layer" line;
--- NOTES-cuda.md, "nanochat d20: one layer's passes").
+-- kernels/README.md, "The account: predicted speed").
 --   build/gptlua recipes/tools/layer_passes.lua [--model=nanochat|gpt2] [--C=1280] [--H=10] [--T=64] [--V=256]
 --                                              [--before=1]
 --     (GPT-2's width and heads default to 768 and 12)
@@ -14,7 +14,7 @@
 -- cuBLASLt's products are left out as in the account (their operands are the
 -- GEMMs' bytes, not activation passes).  The GEMMs are counted, not run
 -- (the account's quick mode).  --before=1 counts the layer as it was before
--- the fusions of NOTES-cuda.md's "one layer's passes" section: rotary and the
+-- the fusions of spec/layer_fusion_spec.lua's opening comment: rotary and the
 -- QK-norm as two ops each way, no norm or linear layer taking over its
 -- input's other gradient (autograd adds the two in a pass of its own), and
 -- nanochat's block with its residual adds outside the products.

@@ -1,4 +1,4 @@
--- What examples/embed/host.c runs in its Lua state: a linear regression
+-- What recipes/embed/host.c runs in its Lua state: a linear regression
 -- trained with gptlua's autograd and AdamW, one step per call of step(),
 -- and the trained weight for the host to read through the engine's C API.
 local gl = require 'gptlua'

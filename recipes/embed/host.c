@@ -1,6 +1,6 @@
-/* examples/embed/host.c — a C program that embeds gptlua: it links
+/* recipes/embed/host.c — a C program that embeds gptlua: it links
  * libgptlua and LuaJIT, opens a Lua state, loads the library and
- * examples/embed/step.lua (a model and its optimizer), runs training steps,
+ * recipes/embed/step.lua (a model and its optimizer), runs training steps,
  * and reads the trained weight back through the engine's C API
  * (gl_to_doubles).  `make embed-example` builds and runs it;
  * usage: embed_host [ROOT] [STEPS], ROOT the checkout (default: the one
@@ -40,7 +40,7 @@ int main(int argc, char **argv) {
   char code[4096];
   snprintf(code, sizeof code,
            "package.path = '%s/lua/?.lua;%s/lua/?/init.lua;' .. package.path\n"
-           "return dofile('%s/examples/embed/step.lua')", root, root, root);
+           "return dofile('%s/recipes/embed/step.lua')", root, root, root);
   if (luaL_dostring(L, code) != 0) {
     fprintf(stderr, "embed_host: %s\n", lua_tostring(L, -1));
     return 1;

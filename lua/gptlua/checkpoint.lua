@@ -63,9 +63,7 @@ local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 -- itself, not system('mkdir -p'): system() ignores SIGINT while its child
 -- runs, so a Ctrl-C landing then was lost and the run went on.  Raises
 -- "cannot create directory DIR: reason" when dir is not a directory after.
-pcall(ffi.cdef, 'int mkdir(const char *path, unsigned int mode);')
-pcall(ffi.cdef, 'int access(const char *path, int mode);')
-pcall(ffi.cdef, 'char *strerror(int errnum);')
+require 'gptlua.libc'   -- mkdir, access, strerror
 function M.mkdir_p(dir)
   local sofar = dir:sub(1, 1) == '/' and '' or nil
   local err

@@ -60,16 +60,8 @@ function M.usage()
   return USAGE .. table.concat(lines, '\n') .. '\n'
 end
 
-local function now()
-  local ffi = require 'ffi'
-  if not pcall(ffi.typeof, 'struct gl_timespec_') then
-    ffi.cdef [[ struct gl_timespec_ { long tv_sec; long tv_nsec; };
-                int clock_gettime(int clk_id, struct gl_timespec_ *tp); ]]
-  end
-  local ts = ffi.new('struct gl_timespec_')
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+-- seconds of the monotonic clock (gptlua.libc): what every duration is timed with
+local now = require('gptlua.libc').monotonic
 M.now = now
 
 -- error handler: message plus a traceback without this file's frames

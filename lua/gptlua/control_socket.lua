@@ -17,28 +17,7 @@ local C = ffi.C
 
 local S = {}
 
-for _, decl in ipairs({
-  'int socket(int domain, int type, int protocol);',
-  'int bind(int fd, const void *addr, unsigned len);',
-  'int listen(int fd, int backlog);',
-  'int connect(int fd, const void *addr, unsigned len);',
-  'int accept4(int fd, void *addr, void *len, int flags);',
-  'int close(int fd);',
-  'long recv(int fd, void *buf, size_t n, int flags);',
-  'long send(int fd, const void *buf, size_t n, int flags);',
-  'int unlink(const char *path);',
-  'int chmod(const char *path, unsigned mode);',
-  'unsigned umask(unsigned mask);',
-  'unsigned geteuid(void);',
-  'int getsockopt(int fd, int level, int name, void *val, unsigned *len);',
-  'char *strerror(int errnum);',
-  'struct gl_sockaddr_un { unsigned short sun_family; char sun_path[108]; };',
-  'struct gl_ucred { int pid; unsigned uid; unsigned gid; };',
-  'struct gl_pollfd { int fd; short events; short revents; };',
-  'int poll(struct gl_pollfd *fds, unsigned long n, int timeout_ms);',
-  'struct gl_passwd { char *pw_name; };',
-  'struct gl_passwd *getpwuid(unsigned uid);',
-}) do pcall(ffi.cdef, decl) end
+require 'gptlua.libc'   -- sockets, poll, getpwuid
 
 -- Linux values (the same on x86-64 and aarch64)
 local AF_UNIX, SOCK_STREAM, SOCK_NONBLOCK, SOCK_CLOEXEC = 1, 1, 2048, 524288

@@ -190,7 +190,7 @@ end
 -- (pow from libm, not LuaJIT's ^, which differs in the last bit); the
 -- kernel round them once; step_taken advances t after the host has read
 -- that the step was not skipped.
-pcall(ffi.cdef, 'double pow(double x, double y);')
+require 'gptlua.libc'   -- pow
 function AdamW:reserve_block(block)
   for _, g in ipairs(self.groups) do g.block_slot = block:reserve(lib.GL_STEP_ADAMW_SLOTS) end
 end

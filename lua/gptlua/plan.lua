@@ -414,7 +414,7 @@ function M.plan(recipe, opts)
   local r0, rargs, cfg, o = resolve(recipe, opts.args, opts)
   o.note = data_note(cfg)
   o.random_data = o.note ~= nil
-  local t0 = os.clock()
+  local t0 = require('gptlua.libc').cpu_seconds()
   local r = compute(r0, rargs, o)
   r.config, r.name, r.world, r.rank, r.device = r.cfg, o.name, o.world, o.rank, o.device
   r.device_memory, r.memory_from, r.margin = o.device_memory, o.memory_from, o.margin
@@ -422,7 +422,7 @@ function M.plan(recipe, opts)
   r.fits = r.peak <= r.usable
   r.note = o.note
   r.suggestions = r.fits and {} or suggestions(r0, rargs, o, r, r.usable)
-  r.seconds = os.clock() - t0
+  r.seconds = require('gptlua.libc').cpu_seconds() - t0
   r.text = report.render(r)
   return r
 end

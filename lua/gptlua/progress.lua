@@ -34,12 +34,7 @@ function M.gpu_peak(name)
 end
 
 -- the process's CPU seconds (all its threads)
-now()   -- defines struct gl_timespec_
-local cpu_ts = ffi.new('struct gl_timespec_')
-local function process_seconds()
-  ffi.C.clock_gettime(2, cpu_ts)   -- CLOCK_PROCESS_CPUTIME_ID
-  return tonumber(cpu_ts.tv_sec) + tonumber(cpu_ts.tv_nsec) * 1e-9
-end
+local process_seconds = require('gptlua.libc').cpu_seconds
 
 -- CPU peak: what BLAS sustains in a float32 sgemm with the current thread
 -- count, the best of a few short timings.  Timed in CPU seconds per thread,

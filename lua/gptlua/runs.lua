@@ -20,22 +20,13 @@ local ckpt = require 'gptlua.checkpoint'
 
 local R = {}
 
-pcall(ffi.cdef, 'int mkdir(const char *path, unsigned int mode);')
-pcall(ffi.cdef, 'char *realpath(const char *path, char *resolved);')
-pcall(ffi.cdef, 'void free(void *p);')
-pcall(ffi.cdef, 'char *strerror(int errnum);')
-pcall(ffi.cdef, [[ struct gl_timespec_ { long tv_sec; long tv_nsec; };
-                   int clock_gettime(int clk_id, struct gl_timespec_ *tp); ]])
+local libc = require 'gptlua.libc'
 
 local EEXIST = 17
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
-local realtime = ffi.new('struct gl_timespec_')
 -- seconds since the epoch, to the microsecond (metrics timestamps)
-function R.time()
-  ffi.C.clock_gettime(0, realtime)   -- CLOCK_REALTIME
-  return tonumber(realtime.tv_sec) + math.floor(tonumber(realtime.tv_nsec) / 1e3) * 1e-6
-end
+R.time = libc.realtime
 
 -- a fresh run id: name-YYYYmmddTHHMMSS-xxxxxx (UTC, 6 random hex digits)
 function R.new_id(name)

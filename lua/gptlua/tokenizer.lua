@@ -181,7 +181,7 @@ function M.train(sources, vocab_size, opts)
   if type(vocab_size) ~= 'number' then error('tokenizer.train: vocab_size expected a number', 2) end
   local tr = check_ptr(lib.gl_bpe_trainer_new(opts.pattern), 2)
   tr = ffi.gc(tr, lib.gl_bpe_trainer_free)
-  local bytes, t0 = 0, os.clock()
+  local bytes, t0 = 0, require('gptlua.libc').cpu_seconds()
   for i, s in ipairs(sources) do
     if type(s) ~= 'string' then error(('tokenizer.train: source %d expected a string, got %s'):format(i, type(s)), 2) end
     local text = is_path(s, opts) and read_file(s, 'tokenizer.train') or s
@@ -196,7 +196,7 @@ function M.train(sources, vocab_size, opts)
       :format(t.vocab_size, vocab_size))
   end
   if opts.verbose then
-    print(('tokenizer.train: %.2f MB, vocab %d, %.2f s CPU'):format(bytes / 1e6, t.vocab_size, os.clock() - t0))
+    print(('tokenizer.train: %.2f MB, vocab %d, %.2f s CPU'):format(bytes / 1e6, t.vocab_size, require('gptlua.libc').cpu_seconds() - t0))
   end
   return t
 end

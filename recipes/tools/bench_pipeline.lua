@@ -95,12 +95,7 @@ if pinned then
   mask[math.floor(c / 64)] = bit.lshift(1ULL, c % 64)
   pinned = ffi.C.sched_setaffinity(0, ffi.sizeof(mask), mask) == 0
 end
-now()   -- (declares struct gl_timespec_)
-local cpu_ts = ffi.new('struct gl_timespec_')
-local function thread_cpu()  -- CLOCK_THREAD_CPUTIME_ID
-  ffi.C.clock_gettime(3, cpu_ts)
-  return tonumber(cpu_ts.tv_sec) + tonumber(cpu_ts.tv_nsec) * 1e-9
-end
+local thread_cpu = require('gptlua.libc').thread_cpu_seconds
 
 local B, T = tonumber(opts.batch_size), tonumber(opts.block_size)
 local mesh = dist.mesh { pp = p }

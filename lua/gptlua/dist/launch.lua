@@ -27,32 +27,7 @@ local ffi = require 'ffi'
 
 local M = {}
 
-local function cdef_once(name, decl)
-  if not pcall(function() return ffi.C[name] end) then ffi.cdef(decl) end
-end
-cdef_once('getuid', 'unsigned int getuid(void);')
-cdef_once('access', 'int access(const char *path, int mode);')
-cdef_once('strerror', 'char *strerror(int errnum);')
-cdef_once('kill', 'int kill(int pid, int sig);')
-cdef_once('waitpid', 'int waitpid(int pid, int *status, int options);')
-cdef_once('poll', 'int poll(void *fds, unsigned long nfds, int timeout);')
-cdef_once('getpid', 'int getpid(void);')
-cdef_once('setenv', 'int setenv(const char *name, const char *value, int overwrite);')
-cdef_once('socket', 'int socket(int domain, int type, int protocol);')
-cdef_once('bind', 'int bind(int fd, const void *addr, unsigned int len);')
-cdef_once('getsockname', 'int getsockname(int fd, void *addr, unsigned int *len);')
-cdef_once('close', 'int close(int fd);')
--- glibc's posix_spawnattr_t is 336 bytes; an opaque block larger than that
-cdef_once('posix_spawnp', [[
-typedef struct { long opaque_[64]; } gl_spawnattr_t;
-int posix_spawnattr_init(gl_spawnattr_t *attr);
-int posix_spawnattr_destroy(gl_spawnattr_t *attr);
-int posix_spawnattr_setflags(gl_spawnattr_t *attr, short flags);
-int posix_spawnattr_setpgroup(gl_spawnattr_t *attr, int pgroup);
-int posix_spawnp(int *pid, const char *file, const void *file_actions, const gl_spawnattr_t *attrp,
-                 char *const argv[], char *const envp[]);
-]])
-pcall(ffi.cdef, 'extern char **environ;')
+require 'gptlua.libc'   -- getuid, kill, waitpid, poll, posix_spawnp, environ, sockets
 
 local X_OK, WNOHANG, EINTR = 1, 1, 4
 local SIGHUP, SIGINT, SIGKILL, SIGUSR1, SIGTERM = 1, 2, 9, 10, 15

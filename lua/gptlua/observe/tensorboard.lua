@@ -119,16 +119,8 @@ function M.scalars(rec)
   return out
 end
 
-local function wall_clock()
-  -- seconds since the epoch with sub-second precision (gettimeofday)
-  if not pcall(ffi.typeof, 'struct gl_tb_timeval') then
-    ffi.cdef [[ struct gl_tb_timeval { long tv_sec; long tv_usec; };
-                int gettimeofday(struct gl_tb_timeval *tv, void *tz); ]]
-  end
-  local tv = ffi.new('struct gl_tb_timeval')
-  if ffi.C.gettimeofday(tv, nil) ~= 0 then return os.time() end
-  return tonumber(tv.tv_sec) + tonumber(tv.tv_usec) * 1e-6
-end
+-- seconds since the epoch, to the microsecond (gptlua.libc)
+local wall_clock = require('gptlua.libc').realtime
 M.wall_clock = wall_clock
 
 local function hostname()

@@ -252,7 +252,7 @@ end
 -- expects something from it: a server from workers not parked, a worker
 -- from the servers it awaits), so none is left pending at the end.
 local ffi = G.ffi
-pcall(ffi.cdef, 'int usleep(unsigned int usec);')
+require 'gptlua.libc'   -- usleep
 local now = require('gptlua.cli').now
 local PUSH, REPLY, PARK = 1, 2, 3
 

@@ -345,19 +345,41 @@ function A.backward(root, grad, opts)
   if not ok then error(err, 2) end
 end
 
--- Activation checkpointing: runs fn without recording, and during backward
--- recomputes it (same RNG state) with recording on to get the gradients.
-function A.checkpoint(fn, ...)
-  local args = { ... }
+-- Recomputation in backward: the mechanism of activation checkpointing
+-- (A.checkpoint) and of FSDP's units that reshard after forward.  Runs
+-- fn(args[1..args.n]) without recording (its temporaries go with a scope),
+-- and records one node whose backward re-runs fn with recording on, under
+-- the forward's RNG state, and backpropagates g through it.  Only the
+-- input gradients survive the recomputation; parameters' gradients
+-- accumulate in their .grad (never deferred here: the recomputation's
+-- tensors go with its scope), and its activations are freed as they are
+-- used.  hooks (all optional):
+--   inputs          tensors the node depends on besides args' (FSDP: the
+--                   unit's parameters, so the node exists when only they need
+--                   gradients; it returns none for them)
+--   after_forward(res)  sees fn's results (FSDP: releases the gathered
+--                   parameters, checks that the unit returned one tensor)
+--   before_backward(), after_backward()  around the recomputation (FSDP:
+--                   gathers the parameters again; reduce-scatters the gradients)
+--   name            the node's name
+function A.recompute(fn, args, hooks)
+  hooks = hooks or {}
+  local n = args.n or table.maxn(args)
   local rng_state = A.get_rng_state and A.get_rng_state()
   -- the no-grad forward keeps nothing but its output
-  local out = Tensor.scope(A.no_grad, fn, unpack(args, 1, table.maxn(args)))
-  if not grad_enabled then return out end
-  local inputs = {}
-  for _, a in ipairs(args) do if getmetatable(a) == Tensor then inputs[#inputs + 1] = a end end
+  local res = { Tensor.scope(A.no_grad, fn, unpack(args, 1, n)) }
+  if hooks.after_forward then hooks.after_forward(res) end
+  local out = res[1]
+  if not grad_enabled then return unpack(res, 1, table.maxn(res)) end
+  local inputs, saved = {}, {}
+  for i = 1, n do if getmetatable(args[i]) == Tensor then inputs[#inputs + 1] = args[i] end end
+  local ntensors = #inputs
+  for i = 1, ntensors do saved[i] = inputs[i] end  -- the recomputation reads them
+  for _, t in ipairs(hooks.inputs or {}) do inputs[#inputs + 1] = t end
   local function backward(_, g)
+    if hooks.before_backward then hooks.before_backward() end
     local detached, rerun_args = {}, {}
-    for i = 1, table.maxn(args) do
+    for i = 1, n do
       local a = args[i]
       if getmetatable(a) == Tensor then
         local d = a:detach()
@@ -371,25 +393,32 @@ function A.checkpoint(fn, ...)
     local saved_rng = A.get_rng_state and A.get_rng_state()
     if rng_state then A.set_rng_state(rng_state) end
     local prev = A.set_grad_enabled(true)
-    -- the recomputation's tensors go with its scope: its weight gradients are not deferred
     local queue = A.defer_weight_grads(nil)
-    -- recompute and backpropagate inside a scope: only the input gradients
-    -- survive it (parameters' .grad buffers are kept by finish_leaf)
-    local res = { pcall(Tensor.scope, function()
-      local out2 = fn(unpack(rerun_args, 1, table.maxn(args)))
-      if out2.requires_grad then A.backward(out2, g, { free_activations = true }) end
+    local res2 = { pcall(Tensor.scope, function()
+      local out2 = fn(unpack(rerun_args, 1, n))
+      if getmetatable(out2) == Tensor and out2.requires_grad then A.backward(out2, g, { free_activations = true }) end
       local grads = {}
-      for i, d in ipairs(detached) do grads[i] = d.grad end
+      for i, d in ipairs(detached) do
+        local gx = d.grad
+        if gx then gx._keep = nil end  -- an ordinary temporary of the backward from here
+        grads[i] = gx
+      end
       return unpack(grads, 1, #detached)
     end) }
     A.set_grad_enabled(prev)
     A.defer_weight_grads(queue)
     if saved_rng then A.set_rng_state(saved_rng) end
-    if not res[1] then error(res[2], 0) end
-    return unpack(res, 2, #detached + 1)
+    if not res2[1] then error(res2[2], 0) end
+    if hooks.after_backward then hooks.after_backward() end
+    return unpack(res2, 2, ntensors + 1)
   end
-  local o = out:detach()
-  return A.record(o, inputs, backward, inputs, 'checkpoint')  -- the recomputation reads the inputs
+  return A.record(out:detach(), inputs, backward, saved, hooks.name or 'checkpoint')
+end
+
+-- Activation checkpointing: fn's activations are not kept; backward
+-- recomputes them (A.recompute).
+function A.checkpoint(fn, ...)
+  return A.recompute(fn, { n = select('#', ...), ... })
 end
 
 -- the public entry points check their arguments (gptlua.check.wrap)

@@ -134,6 +134,15 @@ AdamW.set_lr_mult, AdamW.state_dict, AdamW.load_state_dict = set_lr_mult, state_
 -- the state tensors of parameter p in group g: {key, shape} in order
 function AdamW:param_state(p) return { { 'm', p.shape }, { 'v', p.shape } } end
 
+-- One AdamW update of the flat slice [start, start + len) of param, with
+-- grad, m and v laid out alike and group g's settings at step t: how the
+-- sharded policies (ZeRO, FSDP) step the shards they own with this
+-- optimizer's arithmetic instead of a copy of it.
+function AdamW.update_slice(param, grad, m, v, start, len, g, t)
+  K(lib.gl_adamw_update(param.c, grad.c, m.c, v.c, start, len, g.lr, g.betas[1], g.betas[2], g.eps,
+    g.weight_decay, t))
+end
+
 -- Every parameter with a gradient is updated by one gl_adamw_update_multi
 -- call per (device, betas, eps) — one launch on a GPU for the whole model —
 -- which also rounds each fp32 master copy into its low-precision parameter.

@@ -480,73 +480,36 @@ function FSDP:_plain_call(u, m, ...)
   return unpack(r, 1, table.maxn(r))
 end
 
--- forward without recording, backward by recomputation (see the top)
+-- forward without recording, backward by recomputation (see the top):
+-- autograd's recomputation, with the unit gathered around each half
 function FSDP:_recompute_call(u, m, ...)
-  local args = { n = select('#', ...), ... }
   self:_acquire(u)
-  local rng = gl.get_rng_state()
-  local res = { gl.scope(function() return A.no_grad(u.orig, m, unpack(args, 1, args.n)) end) }
-  if not self:_keep_after_forward(u) then self:_release(u) end
-  self:_poll()
-  local out = res[1]
-  if not is_tensor(out) or table.maxn(res) > 1 then
-    error(('fsdp: unit %s returned %s; a unit that reshards after forward must return one tensor '
-      .. '(give it root = true)'):format(u.name, table.maxn(res) > 1 and (table.maxn(res) .. ' values') or type(out)), 3)
-  end
-  -- inputs: the tensor arguments, then the unit's parameters (so the node
-  -- exists whenever they need gradients; it returns none for them)
-  local inputs = {}
-  for i = 1, args.n do if is_tensor(args[i]) then inputs[#inputs + 1] = args[i] end end
-  local ntensors = #inputs
-  for _, p in ipairs(u.params) do inputs[#inputs + 1] = p end
   u.pending_calls = u.pending_calls + 1
-  return A.record(out:detach(), inputs, function(_, g)
-    return self:_recompute_backward(u, m, args, rng, g, ntensors)
-  end, nil, 'fsdp ' .. u.name)
-end
-
-function FSDP:_recompute_backward(u, m, args, rng, g, ntensors)
-  self:_acquire(u)
-  self:_grad_buffers(u)
-  local grads = { gl.scope(function()
-    local rerun, detached = {}, {}
-    for i = 1, args.n do
-      local a = args[i]
-      if is_tensor(a) then
-        local d = a:detach()
-        d.requires_grad = a.requires_grad
-        detached[#detached + 1] = d
-        rerun[i] = d
-      else
-        rerun[i] = a
+  return A.recompute(u.orig, { n = select('#', ...) + 1, m, ... }, {
+    inputs = u.params,
+    name = 'fsdp ' .. u.name,
+    after_forward = function(res)
+      if not self:_keep_after_forward(u) then self:_release(u) end
+      self:_poll()
+      if not is_tensor(res[1]) or table.maxn(res) > 1 then
+        u.pending_calls = u.pending_calls - 1
+        error(('fsdp: unit %s returned %s; a unit that reshards after forward must return one tensor '
+          .. '(give it root = true)'):format(u.name, table.maxn(res) > 1 and (table.maxn(res) .. ' values') or type(res[1])), 0)
       end
-    end
-    local saved = gl.get_rng_state()
-    gl.set_rng_state(rng)
-    local prev = A.set_grad_enabled(true)
-    local ok, res = pcall(u.orig, m, unpack(rerun, 1, args.n))
-    if ok and is_tensor(res) and res.requires_grad then
-      local ok2, err = pcall(A.backward, res, g)
-      if not ok2 then ok, res = false, err end
-    end
-    A.set_grad_enabled(prev)
-    gl.set_rng_state(saved)
-    if not ok then error(res, 0) end
-    local out = {}
-    for i, d in ipairs(detached) do
-      local gx = d.grad
-      if gx then gx._keep = nil end   -- an ordinary temporary of the micro-step from here
-      out[i] = gx
-    end
-    return unpack(out, 1, #detached)
-  end) }
-  u.pending_calls = u.pending_calls - 1
-  if u.pending_calls <= 0 then
-    u.pending_calls = 0
-    self:_finalize(u)
-  end
-  dist.progress()
-  return unpack(grads, 1, ntensors)
+    end,
+    before_backward = function()
+      self:_acquire(u)
+      self:_grad_buffers(u)
+    end,
+    after_backward = function()
+      u.pending_calls = u.pending_calls - 1
+      if u.pending_calls <= 0 then
+        u.pending_calls = 0
+        self:_finalize(u)
+      end
+      dist.progress()
+    end,
+  })
 end
 
 -- ------------------------------------------------------------ gradients --
@@ -739,9 +702,7 @@ function FSDP:step()
     local exchange = self.muon and self:_muon_gather_grads()
     for _, u in ipairs(self.units) do
       for _, pc in ipairs(u.adam) do
-        local g = pc.w.group
-        K(lib.gl_adamw_update(pc.pv.c, pc.gv.c, pc.mv.c, pc.vv.c, 0, pc.len, g.lr, g.betas[1], g.betas[2],
-          g.eps, g.weight_decay, pc.w.opt.t))
+        optim.AdamW.update_slice(pc.pv, pc.gv, pc.mv, pc.vv, 0, pc.len, pc.w.group, pc.w.opt.t)
       end
       dist.progress()
     end

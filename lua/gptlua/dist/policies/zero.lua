@@ -305,9 +305,7 @@ function Zero:scale_grads(s)
 end
 
 local function adamw(p, grad, m, v, start, len, w)
-  local g = w.group
-  K(lib.gl_adamw_update(p.c, grad.c, m.c, v.c, start, len, g.lr, g.betas[1], g.betas[2], g.eps,
-    g.weight_decay, w.opt.t))
+  optim.AdamW.update_slice(p, grad, m, v, start, len, w.group, w.opt.t)
 end
 
 -- Group settings (lr schedules, Muon momentum) are read from the wrapped

@@ -13,7 +13,7 @@ local describe = require('gptlua.check').describe
 
 local M = {}
 
-local function K(rc, level) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), (level or 1) + 2) end end
+local G = require 'gptlua.ffi'
 
 -- save_safetensors(path, {name = tensor}, metadata_table_of_strings)
 function M.save_safetensors(path, tensors, metadata)
@@ -29,7 +29,7 @@ function M.save_safetensors(path, tensors, metadata)
     cts[i - 1] = tensors[n].c
   end
   local meta = metadata and cjson.encode(metadata) or nil
-  K(lib.gl_safetensors_save(path, #names, cnames, cts, meta))
+  G.check(lib.gl_safetensors_save(path, #names, cnames, cts, meta), 2)
   return keep
 end
 
@@ -53,7 +53,7 @@ end
 
 function M.checksum(path)
   local h = ffi.new('uint64_t[1]')
-  K(lib.gl_file_checksum(path, h))
+  G.check(lib.gl_file_checksum(path, h), 2)
   return string.format('%016x', h[0]):gsub('ULL', '')
 end
 

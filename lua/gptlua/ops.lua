@@ -32,7 +32,6 @@ local function shape_of(what, ...)
 end
 O.shape_of = shape_of
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 
 local function is_tensor(x) return getmetatable(x) == Tensor end
 O.is_tensor = is_tensor
@@ -58,7 +57,7 @@ local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
 -- full(shape, value, {dtype=, device=}): a new tensor filled with value
 function O.full(shape, v, opts)
   local t = Tensor.empty(shape, opts)
-  K(lib.gl_fill(t.c, v))
+  G.check(lib.gl_fill(t.c, v), 2)
   return t
 end
 Tensor.full = O.full
@@ -79,7 +78,7 @@ function O.arange(a, b, step, opts)
   local n = math.max(0, math.ceil((stop - start) / step))
   opts = opts or {}
   local t = Tensor.empty({ n }, { dtype = opts.dtype or 'int64', device = opts.device })
-  K(lib.gl_arange(t.c, start, step))
+  G.check(lib.gl_arange(t.c, start, step), 2)
   return t
 end
 
@@ -109,8 +108,8 @@ local function rand_fill(kind, shape, opts, a, b)
   local t = Tensor.empty(shape, opts)
   local seed, off
   if opts.seed then seed, off = opts.seed, opts.offset or 0 else seed, off = O.rng_take(t:numel()) end
-  if kind == 'normal' then K(lib.gl_rand_normal(t.c, seed, off, a, b))
-  else K(lib.gl_rand_uniform(t.c, seed, off, a, b)) end
+  if kind == 'normal' then G.check(lib.gl_rand_normal(t.c, seed, off, a, b), 2)
+  else G.check(lib.gl_rand_uniform(t.c, seed, off, a, b), 2) end
   return t
 end
 -- randn(shape, opts): standard normal; rand: uniform in [0, 1); normal(shape,
@@ -122,23 +121,23 @@ function O.uniform(shape, lo, hi, opts) return rand_fill('uniform', shape, opts,
 function Tensor:normal_(mean, std, opts)
   local seed, off = O.rng_take(self:numel())
   if opts and opts.seed then seed, off = opts.seed, opts.offset or 0 end
-  K(lib.gl_rand_normal(self.c, seed, off, mean or 0, std or 1)); return self
+  G.check(lib.gl_rand_normal(self.c, seed, off, mean or 0, std or 1), 2); return self
 end
 -- uniform_(lo, hi): fill in place from uniform [lo, hi) (default [0, 1))
 function Tensor:uniform_(lo, hi)
   local seed, off = O.rng_take(self:numel())
-  K(lib.gl_rand_uniform(self.c, seed, off, lo or 0, hi or 1)); return self
+  G.check(lib.gl_rand_uniform(self.c, seed, off, lo or 0, hi or 1), 2); return self
 end
 
 -- ------------------------------------------------------------ in-place, raw
 -- fill_(value), zero_(): set every element in place
-function Tensor:fill_(v) K(lib.gl_fill(self.c, v)); return self end
-function Tensor:zero_() K(lib.gl_fill(self.c, 0)); return self end
+function Tensor:fill_(v) G.check(lib.gl_fill(self.c, v), 2); return self end
+function Tensor:zero_() G.check(lib.gl_fill(self.c, 0), 2); return self end
 -- copy_(src): src's values into self in place (src broadcast to self's shape)
 function Tensor:copy_(src)
   if not is_tensor(src) then error('copy_: src must be a tensor', 2) end
   local v = same_shape(self.shape, src.shape) and src or O.expand_raw(src, self.shape, 'copy_')
-  K(lib.gl_copy(self.c, v.c))
+  G.check(lib.gl_copy(self.c, v.c), 2)
   if v ~= src then Tensor.release(v) end
   return self
 end
@@ -178,7 +177,7 @@ function Tensor:max_abs_diff(other)
   if a.device ~= 'cpu' then a = a:to('cpu') end
   if b.device ~= 'cpu' then b = b:to('cpu') end
   local d = ffi.new('double[1]')
-  K(lib.gl_max_abs_diff(a.c, b.c, d))
+  G.check(lib.gl_max_abs_diff(a.c, b.c, d), 2)
   return d[0]
 end
 -- allclose(other, rtol, atol): |self - other| <= atol + rtol |other| everywhere
@@ -236,7 +235,7 @@ function O.sum_to(g, shape)
     keep[i] = (j < 1 or shape[j] == 1) and 1 or g.shape[i]
   end
   local out = empty_like(g, keep)
-  K(lib.gl_reduce(0, out.c, g.c, mask))
+  G.check(lib.gl_reduce(0, out.c, g.c, mask), 2)
   return out:_as_strided(shape, Tensor.contiguous_strides(shape), out:storage_offset())
 end
 
@@ -252,14 +251,14 @@ end
 function Tensor:contiguous()
   if self:is_contiguous() then return self end
   local out = empty_like(self)
-  K(lib.gl_copy(out.c, self.c))
+  G.check(lib.gl_copy(out.c, self.c), 2)
   return view_record(out, self, function(_, g) return g end, 'contiguous')
 end
 
 -- clone(): a copy with its own storage (differentiable)
 function Tensor:clone()
   local out = empty_like(self)
-  K(lib.gl_copy(out.c, self.c))
+  G.check(lib.gl_copy(out.c, self.c), 2)
   return view_record(out, self, function(_, g) return g end, 'clone')
 end
 
@@ -389,7 +388,7 @@ function Tensor:to(a, b)
   local _, devname = Tensor.device_id(device or self.device, 'to')
   if dname == self.dtype and devname == self.device then return self end
   local out = Tensor.empty(self.shape, { dtype = dname, device = devname })
-  K(lib.gl_copy(out.c, self.c))
+  G.check(lib.gl_copy(out.c, self.c), 2)
   local x = self
   if not Tensor.FLOATING[dname] then return out end
   return record(out, { x }, function(_, g) return g:to({ dtype = x.dtype, device = x.device }) end, nil, 'to')

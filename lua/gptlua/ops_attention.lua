@@ -13,7 +13,6 @@ local ffi, lib = G.ffi, G.lib
 local record = A.record
 local empty_like = O.empty_like
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
 local raw_contiguous, drop = O.raw_contiguous, O.drop_view
 local function stat_dtype(x) return x.dtype == 'float64' and 'float64' or 'float32' end
@@ -37,7 +36,7 @@ local function heads_buffer(like)  -- a (B,T,H,D) buffer for a (B,H,T,D) tensor
 end
 
 local function attention_raw(q, k, v, out, lse, scale, window)
-  K(lib.gl_attention_forward(out.c, lse.c, q.c, k.c, v.c, scale, window))
+  G.check(lib.gl_attention_forward(out.c, lse.c, q.c, k.c, v.c, scale, window), 2)
 end
 
 -- scaled_dot_product_attention(q, k, v, opts): causal softmax(q k^T * scale) v
@@ -52,7 +51,7 @@ function O.scaled_dot_product_attention(q, k, v, opts)
   attention_raw(q, k, v, out, lse, scale, window)
   return record(out, { q, k, v }, function(_, g)
     local dq, dk, dv = heads_buffer(q), heads_buffer(k), heads_buffer(v)
-    K(lib.gl_attention_backward(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, out.c, lse.c, scale, window))
+    G.check(lib.gl_attention_backward(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, out.c, lse.c, scale, window), 2)
     return dq, dk, dv
   end, { q, k, v, out }, 'attention', { lse })
 end
@@ -89,7 +88,7 @@ function O.attention_qkv(qkv, H, opts)
     local gv = heads_view(g4)
     local dx = Tensor.empty(x.shape, { dtype = x.dtype, device = x.device })
     local v6 = { part(dx, 1), part(dx, 2), part(dx, 3), part(x, 1), part(x, 2), part(x, 3) }
-    K(lib.gl_attention_backward(v6[1].c, v6[2].c, v6[3].c, gv.c, v6[4].c, v6[5].c, v6[6].c, yv.c, lse.c, scale, window))
+    G.check(lib.gl_attention_backward(v6[1].c, v6[2].c, v6[3].c, gv.c, v6[4].c, v6[5].c, v6[6].c, yv.c, lse.c, scale, window), 2)
     for _, t in ipairs(v6) do drop(t) end
     drop(gv); drop(g4); drop(gc, g)
     if not node.retaining then drop(yv) end
@@ -101,11 +100,11 @@ end
 function O.rope(x, cos, sin)
   local xc = x:is_contiguous() and x or x:contiguous()
   local out = empty_like(xc)
-  K(lib.gl_rope(out.c, xc.c, cos.c, sin.c, 0))
+  G.check(lib.gl_rope(out.c, xc.c, cos.c, sin.c, 0), 2)
   return record(out, { xc }, function(_, g)
     local dx = empty_like(xc)
     local gc = g:is_contiguous() and g or g:contiguous()
-    K(lib.gl_rope(dx.c, gc.c, cos.c, sin.c, 1))
+    G.check(lib.gl_rope(dx.c, gc.c, cos.c, sin.c, 1), 2)
     return dx
   end, { cos, sin }, 'rope')
 end
@@ -120,10 +119,10 @@ function O.rope_rms_norm(x, cos, sin, eps)
   local y = empty_like(x)
   local s = x.shape
   local rstd = Tensor.empty({ s[1], s[2], s[3] }, { dtype = stat_dtype(x), device = x.device })
-  K(lib.gl_rope_rmsnorm_forward(y.c, rstd.c, x.c, cos.c, sin.c, eps))
+  G.check(lib.gl_rope_rmsnorm_forward(y.c, rstd.c, x.c, cos.c, sin.c, eps), 2)
   return record(y, { x }, function(_, g)
     local dx = empty_like(x)
-    K(lib.gl_rope_rmsnorm_backward(dx.c, g.c, x.c, cos.c, sin.c, rstd.c))
+    G.check(lib.gl_rope_rmsnorm_backward(dx.c, g.c, x.c, cos.c, sin.c, rstd.c), 2)
     return dx
   end, { x, cos, sin }, 'rope_rms_norm', { rstd })
 end

@@ -40,7 +40,6 @@ local O = require 'gptlua.ops'
 local check = require 'gptlua.check'
 local ffi, lib = G.ffi, G.lib
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
 local drop = O.drop_view
 
@@ -105,9 +104,9 @@ function O.linear_cross_entropy(x, W, targets, opts)
     local lser = lse and lse:_as_strided({ n }, { 1 }, 0)
     local logits = Tensor.empty({ n, V }, { dtype = x.dtype, device = x.device })
     O.matmul_raw(xr, Wt, logits, 0)
-    K(lib.gl_cross_entropy_forward(lr.c, lser and lser.c or nil, logits.c, tr.c, ignore, softcap))
+    G.check(lib.gl_cross_entropy_forward(lr.c, lser and lser.c or nil, logits.c, tr.c, ignore, softcap), 2)
     if want then
-      K(lib.gl_cross_entropy_backward(logits.c, logits.c, tr.c, lser.c, ignore, softcap, k, inv and inv.c or nil))
+      G.check(lib.gl_cross_entropy_backward(logits.c, logits.c, tr.c, lser.c, ignore, softcap, k, inv and inv.c or nil), 2)
       if dx then
         local dr = rows_view(dx, r0, n, C)
         O.matmul_raw(logits, W, dr, 0)
@@ -135,7 +134,7 @@ function O.linear_cross_entropy(x, W, targets, opts)
   local function times_g(d, g, keep)
     local gb = O.expand_raw(g, d.shape, 'linear_cross_entropy')
     local out = keep and O.empty_like(d) or d
-    K(lib.gl_binary(lib.GL_B_MUL, out.c, d.c, gb.c))
+    G.check(lib.gl_binary(lib.GL_B_MUL, out.c, d.c, gb.c), 2)
     drop(gb, g)
     return out
   end

@@ -14,7 +14,6 @@ local broadcast_shape, bview, drop, sum_to = O.broadcast_shape, O.broadcast_view
 local raw_contiguous = O.raw_contiguous
 local NULL = nil
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
 
 -- ------------------------------------------------------------ matrix products
@@ -48,7 +47,7 @@ end
 local function matmul_raw(a, b, out, beta, alpha)
   local va, vb
   out, va, vb = matmul_operands(a, b, out)
-  K(lib.gl_matmul(out.c, va.c, vb.c, alpha or 1, beta or 0))
+  G.check(lib.gl_matmul(out.c, va.c, vb.c, alpha or 1, beta or 0), 2)
   drop(va, a); drop(vb, b)
   return out
 end
@@ -57,7 +56,7 @@ end
 function O.matmul_pair_raw(a1, b1, a2, b2)
   local out1, va1, vb1 = matmul_operands(a1, b1)
   local out2, va2, vb2 = matmul_operands(a2, b2)
-  K(lib.gl_matmul_pair(out1.c, va1.c, vb1.c, out2.c, va2.c, vb2.c, 1, 0))
+  G.check(lib.gl_matmul_pair(out1.c, va1.c, vb1.c, out2.c, va2.c, vb2.c, 1, 0), 2)
   drop(va1, a1); drop(vb1, b1); drop(va2, a2); drop(vb2, b2)
   return out1, out2
 end
@@ -136,12 +135,12 @@ function O.linear(x, W, bias, residual)
     if #bias.shape ~= 1 or bias.shape[1] ~= n_out then
       error(('linear: bias has shape %s, expected {%d}'):format(shape_str(bias.shape), n_out), 2)
     end
-    K(lib.gl_matmul_bias(out2.c, x2.c, Wt.c, bias.c))
-    if residual then K(lib.gl_binary(lib.GL_B_ADD, out.c, out.c, residual.c)) end
+    G.check(lib.gl_matmul_bias(out2.c, x2.c, Wt.c, bias.c), 2)
+    if residual then G.check(lib.gl_binary(lib.GL_B_ADD, out.c, out.c, residual.c), 2) end
   elseif residual then
     local rc = raw_contiguous(residual)
     local r2 = rc:_as_strided({ lead, n_out }, { n_out, 1 }, rc:storage_offset())
-    K(lib.gl_matmul_add(out2.c, x2.c, Wt.c, r2.c))
+    G.check(lib.gl_matmul_add(out2.c, x2.c, Wt.c, r2.c), 2)
     drop(r2); drop(rc, residual)
   else
     O.matmul_raw(x2, Wt, out2, 0)
@@ -164,7 +163,7 @@ function O.linear(x, W, bias, residual)
     local later = A.deferrable(wants, node) and A.defer(wants, function()
       local gW = W.requires_grad and empty_like(W) or nil
       local gb = bias and bias.requires_grad and empty_like(bias) or nil
-      K(lib.gl_linear_backward(NULL, gW and gW.c, gb and gb.c, NULL, g2.c, x2.c, W.c, NULL))
+      G.check(lib.gl_linear_backward(NULL, gW and gW.c, gb and gb.c, NULL, g2.c, x2.c, W.c, NULL), 2)
       drop(g2); drop(gc, g); drop(x2); drop(xc, x)
       if gW then return gW, gb end
       return gb
@@ -172,7 +171,7 @@ function O.linear(x, W, bias, residual)
     local gW = not later and W.requires_grad and empty_like(W) or nil
     local gb = not later and bias and bias.requires_grad and empty_like(bias) or nil
     if rawx or gW or gb then
-      K(lib.gl_linear_backward(rawx and rawx.c, gW and gW.c, gb and gb.c, NULL, g2.c, x2.c, W.c, NULL))
+      G.check(lib.gl_linear_backward(rawx and rawx.c, gW and gW.c, gb and gb.c, NULL, g2.c, x2.c, W.c, NULL), 2)
     end
     local gx
     local gr = residual and residual.requires_grad and g or nil  -- (returned after the others)
@@ -182,7 +181,7 @@ function O.linear(x, W, bias, residual)
       if node.taken_grad then gx = node.taken_grad:add(gx) end  -- taken but not addable in place: as autograd adds
     elseif acc then
       local a2 = acc:_as_strided({ lead, n_in }, { n_in, 1 }, acc:storage_offset())
-      K(lib.gl_matmul(a2.c, g2.c, W.c, 1, 1))
+      G.check(lib.gl_matmul(a2.c, g2.c, W.c, 1, 1), 2)
       drop(a2)
       gx = acc
     end
@@ -253,20 +252,20 @@ function O.mlp(x, W1, b1, W2, b2, act, residual)
   local h = Tensor.empty({ lead, H }, opts)    -- its output, the second product's input
   local W1t, W2t = raw_t(W1), raw_t(W2)
   if act == 'gelu' then
-    K(lib.gl_matmul_epilogue(lib.GL_EPI_GELU, h.c, x2.c, W1t.c, b1 and b1.c, pre.c))
+    G.check(lib.gl_matmul_epilogue(lib.GL_EPI_GELU, h.c, x2.c, W1t.c, b1 and b1.c, pre.c), 2)
   else
-    K(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, h.c, x2.c, W1t.c, b1 and b1.c, NULL))
+    G.check(lib.gl_matmul_epilogue(lib.GL_EPI_RELU2, h.c, x2.c, W1t.c, b1 and b1.c, NULL), 2)
   end
   local out = Tensor.empty(oshape, opts)
   local out2 = out:_as_strided({ lead, n_out }, { n_out, 1 }, 0)
   if residual and not b2 then
     local rc = raw_contiguous(residual)
     local r2 = rc:_as_strided({ lead, n_out }, { n_out, 1 }, rc:storage_offset())
-    K(lib.gl_matmul_add(out2.c, h.c, W2t.c, r2.c))
+    G.check(lib.gl_matmul_add(out2.c, h.c, W2t.c, r2.c), 2)
     drop(r2); drop(rc, residual)
   else
-    if b2 then K(lib.gl_matmul_bias(out2.c, h.c, W2t.c, b2.c)) else O.matmul_raw(h, W2t, out2, 0) end
-    if residual then K(lib.gl_binary(lib.GL_B_ADD, out.c, out.c, residual.c)) end
+    if b2 then G.check(lib.gl_matmul_bias(out2.c, h.c, W2t.c, b2.c), 2) else O.matmul_raw(h, W2t, out2, 0) end
+    if residual then G.check(lib.gl_binary(lib.GL_B_ADD, out.c, out.c, residual.c), 2) end
   end
   drop(W1t); drop(W2t); drop(out2)
   local inputs = { x, W1, b1 or false, W2, b2 or false, residual or false }
@@ -291,8 +290,8 @@ function O.mlp(x, W1, b1, W2, b2, act, residual)
       local dv = dpre and dpre:_as_strided({ lead, H }, { H, 1 }, 0)
       later = A.defer(wants, function()
         local gW1, gW2, gb2 = want(W1), want(W2), want(b2)
-        K(lib.gl_linear_backward(NULL, gW2 and gW2.c, gb2 and gb2.c, NULL, g2.c, hv.c, W2.c, NULL))
-        if gW1 then K(lib.gl_linear_backward(NULL, gW1.c, NULL, NULL, dv.c, x2.c, W1.c, NULL)) end
+        G.check(lib.gl_linear_backward(NULL, gW2 and gW2.c, gb2 and gb2.c, NULL, g2.c, hv.c, W2.c, NULL), 2)
+        if gW1 then G.check(lib.gl_linear_backward(NULL, gW1.c, NULL, NULL, dv.c, x2.c, W1.c, NULL), 2) end
         drop(hv); drop(dv); drop(g2); drop(gc, g); drop(x2); drop(xc, x)
         local r = {}
         for _, t in ipairs({ { W1, gW1 }, { W2, gW2 }, { b2, gb2 } }) do if t[2] then r[#r + 1] = t[2] end end
@@ -305,17 +304,17 @@ function O.mlp(x, W1, b1, W2, b2, act, residual)
     -- second layer: dW2, db2, and the gradient of the activation's input
     -- (GELU' or ReLU²' from h, and db1, in the product's epilogue)
     if gelu then
-      K(lib.gl_linear_backward(dpre and dpre.c, gW2 and gW2.c, gb2 and gb2.c, gb1 and gb1.c or NULL,
-        g2.c, h.c, W2.c, pre.c))
+      G.check(lib.gl_linear_backward(dpre and dpre.c, gW2 and gW2.c, gb2 and gb2.c, gb1 and gb1.c or NULL,
+        g2.c, h.c, W2.c, pre.c), 2)
     else
-      if gW2 or gb2 then K(lib.gl_linear_backward(NULL, gW2 and gW2.c, gb2 and gb2.c, NULL, g2.c, h.c, W2.c, NULL)) end
-      if dpre then K(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dpre.c, g2.c, W2.c, gb1 and gb1.c, h.c)) end
+      if gW2 or gb2 then G.check(lib.gl_linear_backward(NULL, gW2 and gW2.c, gb2 and gb2.c, NULL, g2.c, h.c, W2.c, NULL), 2) end
+      if dpre then G.check(lib.gl_matmul_epilogue(lib.GL_EPI_DRELU2, dpre.c, g2.c, W2.c, gb1 and gb1.c, h.c), 2) end
     end
     local gx
     if dpre then  -- first layer: dx, dW1 (db1 is done)
       local rawx = x.requires_grad and empty_like(x2, { lead, C }) or nil
       if rawx or gW1 then
-        K(lib.gl_linear_backward(rawx and rawx.c, gW1 and gW1.c, NULL, NULL, dpre.c, x2.c, W1.c, NULL))
+        G.check(lib.gl_linear_backward(rawx and rawx.c, gW1 and gW1.c, NULL, NULL, dpre.c, x2.c, W1.c, NULL), 2)
       end
       if rawx then
         gx = rawx:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)

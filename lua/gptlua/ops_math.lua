@@ -15,7 +15,6 @@ local norm_dim = O.norm_dim  -- checks that the dim is an integer
 local C = ffi.C
 local _ = C
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
 local NULL = nil
 
@@ -42,7 +41,7 @@ local R = { sum = lib.GL_R_SUM, mean = lib.GL_R_MEAN, max = lib.GL_R_MAX, min = 
 -- raw (no autograd) application of unary op `op`
 local function unary_raw(op, x, p0, p1, out)
   out = out or empty_like(x)
-  K(lib.gl_unary(op, out.c, x.c, p0 or 0, p1 or 0))
+  G.check(lib.gl_unary(op, out.c, x.c, p0 or 0, p1 or 0), 2)
   return out
 end
 O.unary_raw = unary_raw
@@ -55,7 +54,7 @@ local function unary(name, op, keeps_x)
     local out = unary_raw(op, x, p0, p1)
     return record(out, { x }, function(_, g)
       local dx = empty_like(x)
-      K(lib.gl_unary_backward(op, dx.c, g.c, x.c, p0 or 0, p1 or 0))
+      G.check(lib.gl_unary_backward(op, dx.c, g.c, x.c, p0 or 0, p1 or 0), 2)
       return dx
     end, keeps_x ~= false and { x } or nil, name)
   end
@@ -140,7 +139,7 @@ local function binary_raw(op, a, b, what, out_dtype)
   local shape = broadcast_shape(a.shape, b.shape, what)
   local out = Tensor.empty(shape, { dtype = out_dtype or result_dtype(a, b), device = a.device })
   local va, vb = bview(a, shape), bview(b, shape)
-  K(lib.gl_binary(op, out.c, va.c, vb.c))
+  G.check(lib.gl_binary(op, out.c, va.c, vb.c), 2)
   drop(va, a); drop(vb, b)
   return out
 end
@@ -226,25 +225,25 @@ end
 -- checks against tensors that require grad and the version counters are
 -- shared by every in-place method (tensor.lua, autograd.lua)
 function Tensor:add_(b, alpha)
-  if type(b) == 'number' then K(lib.gl_unary(U.add_scalar, self.c, self.c, b, 0)) return self end
+  if type(b) == 'number' then G.check(lib.gl_unary(U.add_scalar, self.c, self.c, b, 0), 2) return self end
   local scaled = alpha and alpha ~= 1 and unary_raw(U.mul_scalar, b, alpha) or nil
   local src = scaled or b
   local v = bview(src, self.shape)
-  K(lib.gl_binary(B.add, self.c, self.c, v.c))
+  G.check(lib.gl_binary(B.add, self.c, self.c, v.c), 2)
   drop(v, src); drop(scaled)
   return self
 end
 -- mul_(b): self *= b in place (a number, or a tensor broadcast to self)
 function Tensor:mul_(b)
-  if type(b) == 'number' then K(lib.gl_unary(U.mul_scalar, self.c, self.c, b, 0)) return self end
+  if type(b) == 'number' then G.check(lib.gl_unary(U.mul_scalar, self.c, self.c, b, 0), 2) return self end
   local v = bview(b, self.shape)
-  K(lib.gl_binary(B.mul, self.c, self.c, v.c))
+  G.check(lib.gl_binary(B.mul, self.c, self.c, v.c), 2)
   drop(v, b)
   return self
 end
 -- clamp_(lo, hi): self limited to [lo, hi] in place
 function Tensor:clamp_(lo, hi)
-  K(lib.gl_unary(U.clamp, self.c, self.c, lo or -math.huge, hi or math.huge)); return self
+  G.check(lib.gl_unary(U.clamp, self.c, self.c, lo or -math.huge, hi or math.huge), 2); return self
 end
 
 -- where(cond, a, b) and masked_fill(mask, value)
@@ -254,7 +253,7 @@ function O.where(cond, a, b)
   local shape = broadcast_shape(broadcast_shape(cond.shape, a.shape, 'where'), b.shape, 'where')
   local out = Tensor.empty(shape, { dtype = result_dtype(a, b), device = a.device })
   local vc, va, vb = bview(cond, shape), bview(a, shape), bview(b, shape)
-  K(lib.gl_where(out.c, vc.c, va.c, vb.c))
+  G.check(lib.gl_where(out.c, vc.c, va.c, vb.c), 2)
   drop(vc, cond); drop(va, a); drop(vb, b)
   return record(out, { a, b }, function(_, g)
     local z = O.zeros({}, { dtype = g.dtype, device = g.device })
@@ -287,7 +286,7 @@ end
 local function reduce_raw(op, x, dims, keepdim, what)
   local mask, kshape, oshape = reduce_dims(x, dims, what)
   local out = empty_like(x, kshape)
-  K(lib.gl_reduce(op, out.c, x.c, mask))
+  G.check(lib.gl_reduce(op, out.c, x.c, mask), 2)
   if not keepdim then
     local v = out:_as_strided(oshape, Tensor.contiguous_strides(oshape), out:storage_offset())
     drop(out)
@@ -336,12 +335,12 @@ local function extreme(op, name)
     local vals = empty_like(x, kshape)
     local idx = Tensor.empty(kshape, { dtype = 'int64', device = x.device })
     local src = op == R.max and x or unary_raw(U.neg, x)
-    K(lib.gl_reduce_max_dim(vals.c, idx.c, src.c, d - 1))
+    G.check(lib.gl_reduce_max_dim(vals.c, idx.c, src.c, d - 1), 2)
     if op ~= R.max then vals = unary_raw(U.neg, vals) end
     local kidx = idx
     vals = record(vals, { x }, function(_, g)
       local gx = O.zeros(x.shape, { dtype = g.dtype, device = g.device })
-      K(lib.gl_scatter_add(gx.c, d - 1, kidx.c, g:reshape(kshape):contiguous().c))
+      G.check(lib.gl_scatter_add(gx.c, d - 1, kidx.c, g:reshape(kshape):contiguous().c), 2)
       return gx
     end, { kidx }, name)
     if not keepdim then vals, idx = vals:squeeze(d), idx:squeeze(d) end
@@ -369,7 +368,7 @@ function O.sumsq_list(list)
   end
   local acc = 0
   for _, l in ipairs(order) do
-    K(lib.gl_sumsq_multi(#l, ffi.new('const gl_tensor *[?]', #l, l), norm_buf))
+    G.check(lib.gl_sumsq_multi(#l, ffi.new('const gl_tensor *[?]', #l, l), norm_buf), 2)
     acc = acc + norm_buf[0]
   end
   return acc
@@ -382,7 +381,7 @@ for _, n in ipairs({ 'sum', 'mean', 'max', 'min', 'argmax', 'norm' }) do Tensor[
 local function raw_contiguous(t)
   if t:is_contiguous() then return t end
   local c = empty_like(t)
-  K(lib.gl_copy(c.c, t.c))
+  G.check(lib.gl_copy(c.c, t.c), 2)
   return c
 end
 O.raw_contiguous = raw_contiguous
@@ -392,10 +391,10 @@ local function softmax_impl(x, dim, log, name)
   local d = norm_dim(x, dim or -1, name)
   local xt = d == #x.shape and x or x:transpose(d, -1)
   local y = empty_like(xt)
-  K(lib.gl_softmax(y.c, xt.c, log and 1 or 0))
+  G.check(lib.gl_softmax(y.c, xt.c, log and 1 or 0), 2)
   y = record(y, { xt }, function(_, g)
     local dx = empty_like(y)
-    K(lib.gl_softmax_backward(dx.c, y.c, g.c, log and 1 or 0))
+    G.check(lib.gl_softmax_backward(dx.c, y.c, g.c, log and 1 or 0), 2)
     return dx
   end, { y }, name)
   if d ~= #x.shape then return y:transpose(d, -1) end
@@ -443,7 +442,7 @@ function O.layer_norm(x, weight, bias, eps)
   local y = empty_like(xc)
   local sopt = { dtype = stat_dtype(x), device = x.device }
   local mean, rstd = Tensor.empty(lead_shape(x), sopt), Tensor.empty(lead_shape(x), sopt)
-  K(lib.gl_layernorm_forward(y.c, mean.c, rstd.c, xc.c, weight and weight.c or NULL, bias and bias.c or NULL, eps))
+  G.check(lib.gl_layernorm_forward(y.c, mean.c, rstd.c, xc.c, weight and weight.c or NULL, bias and bias.c or NULL, eps), 2)
   local inputs = { xc }
   if weight then inputs[#inputs + 1] = weight end
   if bias then inputs[#inputs + 1] = bias end
@@ -453,8 +452,8 @@ function O.layer_norm(x, weight, bias, eps)
     local dw = weight and empty_like(weight) or nil
     local db = bias and empty_like(bias) or nil
     local dres = residual_grad(node, dx)
-    K(lib.gl_norm_backward_add(dx.c, dw and dw.c, db and db.c, gc.c, xc.c, weight and weight.c, mean.c, rstd.c,
-      dres and dres.c, 1))
+    G.check(lib.gl_norm_backward_add(dx.c, dw and dw.c, db and db.c, gc.c, xc.c, weight and weight.c, mean.c, rstd.c,
+      dres and dres.c, 1), 2)
     dx = add_rest(node, dx, dres)
     if weight and bias then return dx, dw, db elseif weight then return dx, dw elseif bias then return dx, db end
     return dx
@@ -468,15 +467,15 @@ function O.rms_norm(x, weight, eps)
   local xc = x:is_contiguous() and x or x:contiguous()
   local y = empty_like(xc)
   local rstd = Tensor.empty(lead_shape(x), { dtype = stat_dtype(x), device = x.device })
-  K(lib.gl_rmsnorm_forward(y.c, rstd.c, xc.c, weight and weight.c or NULL, eps))
+  G.check(lib.gl_rmsnorm_forward(y.c, rstd.c, xc.c, weight and weight.c or NULL, eps), 2)
   local inputs = weight and { xc, weight } or { xc }
   return takes_residual(record(y, inputs, function(_, g, node)
     local gc = g:is_contiguous() and g or g:contiguous()
     local dx = empty_like(xc)
     local dw = weight and empty_like(weight) or nil
     local dres = residual_grad(node, dx)
-    K(lib.gl_norm_backward_add(dx.c, dw and dw.c, NULL, gc.c, xc.c, weight and weight.c, NULL, rstd.c,
-      dres and dres.c, 0))
+    G.check(lib.gl_norm_backward_add(dx.c, dw and dw.c, NULL, gc.c, xc.c, weight and weight.c, NULL, rstd.c,
+      dres and dres.c, 0), 2)
     return add_rest(node, dx, dres), dw
   end, { xc, weight }, 'rms_norm', { rstd }))
 end
@@ -496,8 +495,8 @@ local function add_norm(x, r, weight, bias, eps, center, name)
   local sopt = { dtype = stat_dtype(x), device = x.device }
   local mean = center and Tensor.empty(lead_shape(x), sopt) or nil
   local rstd = Tensor.empty(lead_shape(x), sopt)
-  K(lib.gl_add_norm_forward(s.c, y.c, mean and mean.c, rstd.c, xc.c, rc.c, weight and weight.c, bias and bias.c,
-    eps, center and 1 or 0))
+  G.check(lib.gl_add_norm_forward(s.c, y.c, mean and mean.c, rstd.c, xc.c, rc.c, weight and weight.c, bias and bias.c,
+    eps, center and 1 or 0), 2)
   s = record(s, { x, r }, function(_, g) return g, g end, nil, 'add')
   local inputs = { s }
   if weight then inputs[#inputs + 1] = weight end
@@ -508,8 +507,8 @@ local function add_norm(x, r, weight, bias, eps, center, name)
     local dx = empty_like(s)
     local dw = weight and weight.requires_grad and empty_like(weight) or nil
     local db = bias and bias.requires_grad and empty_like(bias) or nil
-    K(lib.gl_norm_backward_add(dx.c, dw and dw.c, db and db.c, gc.c, s.c, weight and weight.c, mean and mean.c,
-      rstd.c, dres and dres.c, center and 1 or 0))
+    G.check(lib.gl_norm_backward_add(dx.c, dw and dw.c, db and db.c, gc.c, s.c, weight and weight.c, mean and mean.c,
+      rstd.c, dres and dres.c, center and 1 or 0), 2)
     drop(gc, g)
     if weight and bias then return dx, dw, db elseif weight then return dx, dw elseif bias then return dx, db end
     return dx
@@ -572,7 +571,7 @@ function O.cross_entropy(logits, targets, opts)
   local t2 = tc:_as_strided({ N }, { 1 }, tc:storage_offset())
   local sopt = { dtype = stat_dtype(logits), device = logits.device }
   local losses, lse = Tensor.empty({ N }, sopt), Tensor.empty({ N }, sopt)
-  K(lib.gl_cross_entropy_forward(losses.c, lse.c, l2.c, t2.c, ignore, softcap))
+  G.check(lib.gl_cross_entropy_forward(losses.c, lse.c, l2.c, t2.c, ignore, softcap), 2)
   local inv, k = ce_inverse_count(t2, opts.ignore_index, sopt.dtype)
   local total = reduce_raw(R.sum, losses, nil, false, 'cross_entropy')
   local loss = inv and binary_raw(B.mul, total, inv, 'cross_entropy') or unary_raw(U.mul_scalar, total, k)
@@ -580,7 +579,7 @@ function O.cross_entropy(logits, targets, opts)
   return record(loss, { logits }, function(_, g, node)
     local dl = empty_like(l2)
     local by, kk, made = ce_grad_scale(g, inv, k)
-    K(lib.gl_cross_entropy_backward(dl.c, l2.c, t2.c, lse.c, ignore, softcap, kk, by.c))
+    G.check(lib.gl_cross_entropy_backward(dl.c, l2.c, t2.c, lse.c, ignore, softcap, kk, by.c), 2)
     if made then drop(by) end
     local out = dl:_as_strided(logits.shape, Tensor.contiguous_strides(logits.shape), 0)
     drop(dl)
@@ -599,10 +598,10 @@ function O.dropout(x, p, training)
   if not training or p == 0 then return x end
   local seed, off = O.rng_take(x:numel())
   local out = empty_like(x)
-  K(lib.gl_dropout(out.c, x.c, p, seed, off))
+  G.check(lib.gl_dropout(out.c, x.c, p, seed, off), 2)
   return record(out, { x }, function(_, g)
     local dx = empty_like(g)
-    K(lib.gl_dropout(dx.c, g.c, p, seed, off))
+    G.check(lib.gl_dropout(dx.c, g.c, p, seed, off), 2)
     return dx
   end, nil, 'dropout')
 end

@@ -12,7 +12,6 @@ local record = A.record
 local empty_like = O.empty_like
 local norm_dim = O.norm_dim
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
 
 -- ---------------------------------------------------------------- embedding
@@ -21,11 +20,11 @@ local function shape_str(s) return '{' .. table.concat(s, ',') .. '}' end
 function O.embedding(ids, table_)
   local oshape = ids:size(); oshape[#oshape + 1] = table_.shape[2]
   local out = Tensor.empty(oshape, { dtype = table_.dtype, device = table_.device })
-  K(lib.gl_embedding_forward(out.c, table_.c, ids.c))
+  G.check(lib.gl_embedding_forward(out.c, table_.c, ids.c), 2)
   return record(out, { table_ }, function(_, g)
     local dt = empty_like(table_)
     local gc = g:is_contiguous() and g or g:contiguous()
-    K(lib.gl_embedding_backward(dt.c, gc.c, ids.c))
+    G.check(lib.gl_embedding_backward(dt.c, gc.c, ids.c), 2)
     return dt
   end, { ids }, 'embedding')
 end
@@ -35,10 +34,10 @@ function O.index_select(x, dim, idx)
   local d = norm_dim(x, dim, 'index_select')
   local oshape = x:size(); oshape[d] = idx:numel()
   local out = empty_like(x, oshape)
-  K(lib.gl_index_select(out.c, x.c, d - 1, idx.c))
+  G.check(lib.gl_index_select(out.c, x.c, d - 1, idx.c), 2)
   return record(out, { x }, function(_, g)
     local gx = O.zeros(x.shape, { dtype = g.dtype, device = g.device })
-    K(lib.gl_index_add(gx.c, d - 1, idx.c, g.c))
+    G.check(lib.gl_index_add(gx.c, d - 1, idx.c, g.c), 2)
     return gx
   end, { idx }, 'index_select')
 end
@@ -47,10 +46,10 @@ end
 function O.gather(x, dim, idx)
   local d = norm_dim(x, dim, 'gather')
   local out = empty_like(x, idx.shape)
-  K(lib.gl_gather(out.c, x.c, d - 1, idx.c))
+  G.check(lib.gl_gather(out.c, x.c, d - 1, idx.c), 2)
   return record(out, { x }, function(_, g)
     local gx = O.zeros(x.shape, { dtype = g.dtype, device = g.device })
-    K(lib.gl_scatter_add(gx.c, d - 1, idx.c, g.c))
+    G.check(lib.gl_scatter_add(gx.c, d - 1, idx.c, g.c), 2)
     return gx
   end, { idx }, 'gather')
 end

@@ -3,12 +3,12 @@
 -- math is in C kernels that take a slice (start, len) of a flat tensor, so
 -- the sharded optimizers of gptlua.dist run the same code on their shard.
 local gl = require 'gptlua'
+local G = require 'gptlua.ffi'
 local check = require 'gptlua.check'
 local ffi, lib, Tensor = gl.ffi, gl.lib, gl.Tensor
 
 local optim = {}
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 
 local function check_num(v, what, lo)
   if type(v) ~= 'number' or v ~= v or (lo and v < lo) then
@@ -139,8 +139,8 @@ function AdamW:param_state(p) return { { 'm', p.shape }, { 'v', p.shape } } end
 -- sharded policies (ZeRO, FSDP) step the shards they own with this
 -- optimizer's arithmetic instead of a copy of it.
 function AdamW.update_slice(param, grad, m, v, start, len, g, t)
-  K(lib.gl_adamw_update(param.c, grad.c, m.c, v.c, start, len, g.lr, g.betas[1], g.betas[2], g.eps,
-    g.weight_decay, t))
+  G.check(lib.gl_adamw_update(param.c, grad.c, m.c, v.c, start, len, g.lr, g.betas[1], g.betas[2], g.eps,
+    g.weight_decay, t), 2)
 end
 
 -- Every parameter with a gradient is updated by one gl_adamw_update_multi
@@ -183,8 +183,8 @@ function AdamW:step()
       a.outs[i - 1] = st.master and p.c or nil
       a.lrs[i - 1], a.wds[i - 1] = g.lr, g.weight_decay
     end
-    K(lib.gl_adamw_update_multi(n, a.params, a.grads, a.ms, a.vs, a.outs, a.lrs, a.wds, g0.betas[1], g0.betas[2],
-      g0.eps, self.t))
+    G.check(lib.gl_adamw_update_multi(n, a.params, a.grads, a.ms, a.vs, a.outs, a.lrs, a.wds, g0.betas[1], g0.betas[2],
+      g0.eps, self.t), 2)
     for _, e in ipairs(c) do  -- the rounded weights were written in place
       if e[2].master then local v = versions.counter(e[1]); v[1] = v[1] + 1 end
     end
@@ -238,7 +238,7 @@ function AdamW:step_block(block)
     a.outs[i - 1] = st.master and p.c or nil
     a.slots[i - 1] = list[-i].block_slot
   end
-  K(lib.gl_adamw_update_block(n, a.params, a.grads, a.ms, a.vs, a.outs, block.c, a.slots))
+  G.check(lib.gl_adamw_update_block(n, a.params, a.grads, a.ms, a.vs, a.outs, block.c, a.slots), 2)
 end
 function AdamW:step_taken()
   self.t = self.t + 1
@@ -468,7 +468,7 @@ local function normuon(X, v, beta2, blk)
   rel(sq)
   local before = fro(X)                          -- = sqrt(sum(vmean) * n_red)
   local d = binary(BIN.sub, vmean, v, 'Muon')
-  if blk then K(lib.gl_axpy_block(v.c, d.c, blk.block.c, blk.slot + 4))  -- 1 - beta2; untouched when skipped
+  if blk then G.check(lib.gl_axpy_block(v.c, d.c, blk.block.c, blk.slot + 4), 2)  -- 1 - beta2; untouched when skipped
   else v:add_(d, 1 - beta2) end
   rel(d)
   local floored = unary(U.clamp, v, 1e-10, math.huge)
@@ -492,8 +492,8 @@ end
 -- is clipped there, and nothing is written on a skipped step.
 function Muon.update_direction(p, grad, buf, g, vbuf, blk)
   local upd = gl.empty(p.shape, { dtype = buf.dtype, device = p.device })   -- fp32 (state_dtype)
-  if blk then K(lib.gl_momentum_update_block(upd.c, buf.c, grad.c, blk.block.c, blk.slot, g.nesterov and 1 or 0))
-  else K(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0)) end
+  if blk then G.check(lib.gl_momentum_update_block(upd.c, buf.c, grad.c, blk.block.c, blk.slot, g.nesterov and 1 or 0), 2)
+  else G.check(lib.gl_momentum_update(upd.c, buf.c, grad.c, 0, p:numel(), g.momentum, g.nesterov and 1 or 0), 2) end
   if g.row_equilibrate then row_equilibrate(upd) end
   local X = optim.newton_schulz(upd, g.ns_steps, optim.ns_dtype(p), g.ortho)
   Tensor.release(upd)
@@ -525,8 +525,8 @@ function optim.muon_apply(target, X, lr, g, blk)
     end
   end
   if blk then
-    K(lib.gl_axpy_block(target.c, Xd.c, blk.block.c, blk.slot + 2))
-    if decay then K(lib.gl_axpy_block(target.c, decay.c, blk.block.c, blk.slot + 3)); rel(decay) end
+    G.check(lib.gl_axpy_block(target.c, Xd.c, blk.block.c, blk.slot + 2), 2)
+    if decay then G.check(lib.gl_axpy_block(target.c, decay.c, blk.block.c, blk.slot + 3), 2); rel(decay) end
   else
     target:add_(Xd, -lr)
     if decay then target:add_(decay, -lr * g.weight_decay); rel(decay) end

@@ -11,13 +11,13 @@
 -- then what reserve() hands out in order.  On a CPU device both copies are
 -- plain CPU tensors (the CPU twins of the kernels take the same block).
 local gl = require 'gptlua'
+local G = require 'gptlua.ffi'
 local ffi, lib = gl.ffi, gl.lib
 
 local M = {}
 local Block = {}
 Block.__index = Block
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 
 -- a block for device dev; reserve slots, then realize()
 function M.new(device)
@@ -46,9 +46,9 @@ function Block:realize()
 end
 
 -- queued: host copy -> device (the step's first work)
-function Block:send() K(lib.gl_step_block_copy(self.dev.c, self.host.c)) end
+function Block:send() G.check(lib.gl_step_block_copy(self.dev.c, self.host.c), 2) end
 -- queued: device -> host copy (the step's last work); read after a synchronize
-function Block:fetch() K(lib.gl_step_block_copy(self.host.c, self.dev.c)) end
+function Block:fetch() G.check(lib.gl_step_block_copy(self.host.c, self.dev.c), 2) end
 
 -- the float64 sum of squares of tensors (a list) into GL_STEP_SUMSQ, on the device
 function Block:sumsq(tensors)
@@ -56,11 +56,11 @@ function Block:sumsq(tensors)
   local a = self._xs
   if not a or self._xs_cap < n then a = ffi.new('const gl_tensor *[?]', math.max(n, 1)); self._xs, self._xs_cap = a, n end
   for i, t in ipairs(tensors) do a[i - 1] = t.c end
-  K(lib.gl_step_sumsq(self.dev.c, n, a))
+  G.check(lib.gl_step_sumsq(self.dev.c, n, a), 2)
 end
 
 -- LOSS, NORM, CLIP_SCALE, SKIP from the nloss losses at slot loss_at
-function Block:finalize(loss_at, nloss) K(lib.gl_step_finalize(self.dev.c, loss_at, nloss)) end
+function Block:finalize(loss_at, nloss) G.check(lib.gl_step_finalize(self.dev.c, loss_at, nloss), 2) end
 
 -- the device block's slot i as a 1-element tensor view (a loss is copied there)
 function Block:slot(i) return self.dev:narrow(1, i + 1, 1) end

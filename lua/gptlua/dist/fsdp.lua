@@ -147,7 +147,6 @@ M.defaults = {
 -- the oldest is waited for beyond it
 M.MAX_IN_FLIGHT = 2
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 local function is_tensor(x) return getmetatable(x) == Tensor end
 local function fail(msg, level) error('dist.policy: ' .. msg, (level or 1) + 1) end
 
@@ -314,15 +313,15 @@ function FSDP:_add_unit(u)
   u.numel, u.c = n, math.ceil(n / S)
   u.padded = S * u.c
   local full = gl.zeros({ u.padded }, { dtype = u.dtype, device = u.device })
-  for i, p in ipairs(u.params) do K(lib.gl_copy(shaped(full, u.offs[i], p.shape).c, p.c)) end
+  for i, p in ipairs(u.params) do G.check(lib.gl_copy(shaped(full, u.offs[i], p.shape).c, p.c), 2) end
   self.comm:broadcast(full, 0)
   u.pshard = B.flat(u.c, u.dtype, u.device)
-  K(lib.gl_copy(u.pshard.c, tmp_view(full, s * u.c, u.c).c))
+  G.check(lib.gl_copy(u.pshard.c, tmp_view(full, s * u.c, u.c).c), 2)
   full:free()
   -- mixed precision: the fp32 master of the shard, which the optimizer updates
   if optim.needs_master(u.params[1]) then
     u.master = B.flat(u.c, 'float32', u.device)
-    K(lib.gl_copy(u.master.c, u.pshard.c))
+    G.check(lib.gl_copy(u.master.c, u.pshard.c), 2)
   end
   for _, p in ipairs(u.params) do
     if p.grad then p.grad:free(); p.grad = nil end
@@ -550,7 +549,7 @@ function FSDP:_finalize(u, force)
   u.gfull = nil
   if send.dtype ~= self.reduce_dtype then
     local cast = gl.empty({ u.padded }, { dtype = self.reduce_dtype, device = u.device }):keep()
-    K(lib.gl_copy(cast.c, send.c))
+    G.check(lib.gl_copy(cast.c, send.c), 2)
     send:free()
     send = cast
   end
@@ -576,7 +575,7 @@ end
 function FSDP:_complete(e)
   local u = e.u
   if e.recv ~= u.gshard then
-    if e.first then K(lib.gl_copy(u.gshard.c, e.recv.c))
+    if e.first then G.check(lib.gl_copy(u.gshard.c, e.recv.c), 2)
     elseif e.recv.dtype == u.gshard.dtype then u.gshard:add_(e.recv)
     else
       local t = e.recv:to(u.gshard.dtype)
@@ -709,7 +708,7 @@ function FSDP:step()
     if exchange then self:_muon_update(exchange) end
     -- mixed precision: the updated masters, rounded, are the shards the forward gathers
     for _, u in ipairs(self.units) do
-      if u.master then K(lib.gl_copy(u.pshard.c, u.master.c)) end
+      if u.master then G.check(lib.gl_copy(u.pshard.c, u.master.c), 2) end
     end
   end)
 end
@@ -730,7 +729,7 @@ function FSDP:detach()
     if u.state == 'gathering' then self:_wait_gather(u) end
     for i, p in ipairs(u.params) do
       local t = Tensor.empty(p.shape, { dtype = p.dtype, device = p.device }):keep()
-      K(lib.gl_copy(t.c, shaped(u.full, u.offs[i], p.shape).c))
+      G.check(lib.gl_copy(t.c, shaped(u.full, u.offs[i], p.shape).c), 2)
       Tensor.rebind(p, t.c)
       if p.grad then p.grad = nil end
     end

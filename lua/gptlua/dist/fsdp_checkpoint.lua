@@ -11,7 +11,6 @@ local G = require 'gptlua.ffi'
 local Tensor = gl.Tensor
 local ffi, lib = G.ffi, G.lib
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 local function view(buf, off, shape) return B.view(buf, off, shape) end
 local function tmp_view(buf, off, n) return B.view(buf, off, { n }, false) end
 local function shaped(buf, off, shape) return B.view(buf, off, shape, false) end
@@ -51,7 +50,7 @@ function FSDP:full_state_dict(on_rank)
     for i, p in ipairs(u.params) do
       if copy then
         local t = Tensor.empty(p.shape, { dtype = p.dtype, device = 'cpu' })
-        K(lib.gl_copy(t.c, shaped(u.full, u.offs[i], p.shape).c))
+        G.check(lib.gl_copy(t.c, shaped(u.full, u.offs[i], p.shape).c), 2)
         out[u.names[i]] = t
       end
     end
@@ -78,8 +77,8 @@ function FSDP:_load_full(orig, m, sd, opts)
       for _, pc in ipairs(u.pieces) do
         if sd[pc.name] ~= nil then
           local src = tmp_view(u.full, u.offs[pc.i] + pc.poff, pc.len)
-          K(lib.gl_copy(tmp_view(u.pshard, pc.start, pc.len).c, src.c))
-          if u.master then K(lib.gl_copy(tmp_view(u.master, pc.start, pc.len).c, src.c)) end
+          G.check(lib.gl_copy(tmp_view(u.pshard, pc.start, pc.len).c, src.c), 2)
+          if u.master then G.check(lib.gl_copy(tmp_view(u.master, pc.start, pc.len).c, src.c), 2) end
         end
       end
     end

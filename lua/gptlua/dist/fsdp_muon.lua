@@ -11,7 +11,6 @@ local B = require 'gptlua.dist.policies.base'
 local G = require 'gptlua.ffi'
 local ffi, lib = G.ffi, G.lib
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 local function fail(msg, level) error('dist.policy: ' .. msg, (level or 1) + 1) end
 local function tmp_view(buf, off, n) return B.view(buf, off, { n }, false) end
 
@@ -105,7 +104,7 @@ function FSDP:_muon_gather_grads()
   local mu = self.muon
   local send = gl.empty({ mu.nsend }, { dtype = mu.dtype, device = mu.device })
   for _, e in ipairs(mu.send) do
-    K(lib.gl_copy(tmp_view(send, e.pos, e.len).c, tmp_view(e.m.u.gshard, e.start, e.len).c))
+    G.check(lib.gl_copy(tmp_view(send, e.pos, e.len).c, tmp_view(e.m.u.gshard, e.start, e.len).c), 2)
   end
   local recv = gl.empty({ mu.nrecv }, { dtype = mu.dtype, device = mu.device })
   local work = self.shard:all_to_all_async(recv, send, { send_counts = mu.send_counts, recv_counts = mu.recv_counts })
@@ -125,12 +124,12 @@ function FSDP:_muon_update(x)
     or gl.empty({ mu.nrecv }, { dtype = mu.update_dtype, device = mu.device })
   for _, m in ipairs(mu.owned) do
     local grad = gl.empty(m.p.shape, { dtype = mu.dtype, device = mu.device })
-    for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(grad, f.eoff, f.len).c, tmp_view(recv, f.pos, f.len).c)) end
+    for _, f in ipairs(m.from) do G.check(lib.gl_copy(tmp_view(grad, f.eoff, f.len).c, tmp_view(recv, f.pos, f.len).c), 2) end
     -- (tensor parallel's update_direction: the whole matrix's, over tp)
     local dir = optim.Muon.tp_direction(m.w.opt, m.w.group)
     local X = dir and dir(m.p, grad, m.buf, m.w.group) or optim.Muon.update_direction(grad, grad, m.buf, m.w.group, m.vbuf)
     if X.dtype ~= mu.update_dtype then X = X:to(mu.update_dtype) end
-    for _, f in ipairs(m.from) do K(lib.gl_copy(tmp_view(upd, f.pos, f.len).c, tmp_view(X, f.eoff, f.len).c)) end
+    for _, f in ipairs(m.from) do G.check(lib.gl_copy(tmp_view(upd, f.pos, f.len).c, tmp_view(X, f.eoff, f.len).c), 2) end
     grad:free()
     dist.progress()
   end

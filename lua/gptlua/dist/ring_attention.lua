@@ -48,7 +48,6 @@ local lib = G.lib
 local RA = {}
 
 local function fail(msg) error('ring attention: ' .. msg, 0) end
-local function K(rc) if rc ~= 0 then error(G.ffi.string(lib.gl_last_error()), 3) end end
 local function stat_dtype(x) return x.dtype == 'float64' and 'float64' or 'float32' end
 local function release(list) for _, t in pairs(list) do Tensor.release(t) end end  -- (nils skipped)
 
@@ -142,7 +141,7 @@ local function forward(q, k, v, comm, scale)
     local kb, vb = kv_rows(cur, k0, kn)
     local ob = heads_buffer(B, H, qn, D, q.dtype, q.device)
     local lb = gl.empty({ B, H, qn }, { dtype = sdt, device = q.device })
-    K(lib.gl_attention_forward(ob.c, lb.c, qb.c, kb.c, vb.c, scale, window))
+    G.check(lib.gl_attention_forward(ob.c, lb.c, qb.c, kb.c, vb.c, scale, window), 2)
     local acc_b, lse_b = acc:narrow(3, q0 + 1, qn), lse:narrow(3, q0 + 1, qn)
     if s == 0 then acc_b:copy_(ob); lse_b:copy_(lb) else merge(acc_b, lse_b, ob, lb) end
     release({ qb, kb, vb, ob, lb, acc_b, lse_b })
@@ -178,7 +177,7 @@ local function backward(g, q, k, v, out, lse, comm, scale)
     local kb, vb = kv_rows(cur, k0, kn)
     local dqb = heads_buffer(B, H, qn, D, q.dtype, q.device)
     local dkb, dvb = heads_buffer(B, Hkv, kn, D, q.dtype, q.device), heads_buffer(B, Hkv, kn, D, q.dtype, q.device)
-    K(lib.gl_attention_backward(dqb.c, dkb.c, dvb.c, gb.c, qb.c, kb.c, vb.c, ob.c, lb.c, scale, window))
+    G.check(lib.gl_attention_backward(dqb.c, dkb.c, dvb.c, gb.c, qb.c, kb.c, vb.c, ob.c, lb.c, scale, window), 2)
     local dq_b = dq:narrow(3, q0 + 1, qn)
     dq_b:add_(dqb.dtype == sdt and dqb or dqb:to(sdt))
     -- this block's accumulator: arrived from r-1 (s > 0), or fresh

@@ -53,7 +53,6 @@ local Zero = setmetatable({}, { __index = B.Base })
 Zero.__index = Zero
 Zero.MIN_SHARD = 1024
 
-local function K(rc) if rc ~= 0 then error(ffi.string(lib.gl_last_error()), 3) end end
 
 
 local function zeros32(shape, device) return gl.zeros(shape, { dtype = 'float32', device = device }):keep() end
@@ -147,7 +146,7 @@ function Zero:_add_flat(kind, list)
   -- mixed precision: the fp32 master of this rank's slice (see the top)
   if optim.needs_master(list[1]) then
     b.master = zeros32({ b.c }, device)
-    K(lib.gl_copy(b.master.c, b.pshard.c))
+    G.check(lib.gl_copy(b.master.c, b.pshard.c), 2)
   end
   b.gshard = B.flat(b.c, dtype, device)
   if self.stage == 1 then
@@ -321,7 +320,7 @@ function Zero:step()
         for _, p in ipairs(b.params) do
           local st = b.state[p]
           adamw(st.master or p, p.grad, st.m, st.v, 0, p:numel(), self.own[p])
-          if st.master then K(lib.gl_copy(p.c, st.master.c)) end
+          if st.master then G.check(lib.gl_copy(p.c, st.master.c), 2) end
         end
       else
         if b.kind == 'sharded' then
@@ -338,7 +337,7 @@ function Zero:step()
             Tensor.release(X)   -- one matrix's temporaries at a time
           end
         end
-        if b.master then K(lib.gl_copy(b.pshard.c, b.master.c)) end
+        if b.master then G.check(lib.gl_copy(b.pshard.c, b.master.c), 2) end
         gathers[#gathers + 1] = self.comm:all_gather_async(b.pflat, b.pshard)
       end
       dist.progress()
@@ -419,10 +418,10 @@ function Zero:reset_masters()
     if b.kind == 'replicated' then
       for _, p in ipairs(b.params) do
         local st = b.state[p]
-        if st.master then K(lib.gl_copy(st.master.c, p.c)) end
+        if st.master then G.check(lib.gl_copy(st.master.c, p.c), 2) end
       end
     elseif b.master then
-      K(lib.gl_copy(b.master.c, b.pshard.c))
+      G.check(lib.gl_copy(b.master.c, b.pshard.c), 2)
     end
   end
 end

@@ -128,9 +128,8 @@ M.SCALAR_LR = { classic = 0.004, current = 0.5 }
 -- length) instead of naming the key.
 local REAL_KEYS = {
   val_fraction = { 0, 1, true }, cooldown_frac = { 0, 1 }, dropout = { 0, 1, true }, beta1 = { 0, 1, true },
-  beta2 = { 0, 1, true }, eps = { 0, math.huge }, temperature = { 0, math.huge }, outer_momentum = { 0, 1, true },
-  outer_lr = { 0, math.huge },
-}
+  beta2 = { 0, 1, true }, eps = { 0, math.huge }, temperature = { 0, math.huge },
+}  -- (outer_lr and outer_momentum: DiLoCo checks its own, dist/policies/diloco.lua)
 M.REAL_KEYS = REAL_KEYS
 
 -- Hooks a recipe may define, each with what it must return: a hook that

@@ -6,7 +6,7 @@ local G = require 'gptlua.ffi'
 local check = require 'gptlua.check'
 local ffi, lib, Tensor = gl.ffi, gl.lib, gl.Tensor
 local groups = require 'gptlua.optim.groups'
-local check_num, load_state_dict, make_groups, needs_master, new_state, set_lr_mult, state_dict, update_target, write_back = groups.check_num, groups.load_state_dict, groups.make_groups, groups.needs_master, groups.new_state, groups.set_lr_mult, groups.state_dict, groups.update_target, groups.write_back
+local check_num, load_state_dict, make_groups, new_state, set_lr_mult, state_dict, update_target = groups.check_num, groups.load_state_dict, groups.make_groups, groups.new_state, groups.set_lr_mult, groups.state_dict, groups.update_target
 
 local optim = {}
 

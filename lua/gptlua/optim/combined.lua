@@ -1,11 +1,7 @@
 -- gptlua.optim.combined — several optimizers stepped as one (Combined), and
 -- nanochat's split of a model's parameters into named Muon and AdamW groups.
 local gl = require 'gptlua'
-local G = require 'gptlua.ffi'
 local check = require 'gptlua.check'
-local ffi, lib, Tensor = gl.ffi, gl.lib, gl.Tensor
-local groups = require 'gptlua.optim.groups'
-local check_num, load_state_dict, make_groups, needs_master, new_state, set_lr_mult, state_dict, update_target, write_back = groups.check_num, groups.load_state_dict, groups.make_groups, groups.needs_master, groups.new_state, groups.set_lr_mult, groups.state_dict, groups.update_target, groups.write_back
 local AdamW = require('gptlua.optim.adamw').AdamW
 local M = require 'gptlua.optim.muon'
 local Muon, MUON_VARIANTS = M.Muon, M.MUON_VARIANTS

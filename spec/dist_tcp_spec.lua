@@ -125,11 +125,22 @@ describe('the TCP rendezvous', function()
       :format(r, size, port, EXE, timeout or 1)
   end
 
+  -- The wall seconds of the same script in a world of one (it joins at
+  -- once): what the machine's load makes of a start-up now.  A rank that
+  -- waits out the 1 s timeout must end within 3 x (that + 1 s), a bound that
+  -- stretches with the load as the run itself does; a timeout that never
+  -- fires runs into H.sh's limit.
+  local function within_timeout(out, rc, secs)
+    local _, _, alone = H.sh(rank(0, 1, launch.free_port()), 20)
+    H.assert_ended_by_itself(out, rc, secs)
+    assert.is_true(secs < 3 * (alone + 1),
+      ('took %.1f s, where the same script alone took %.1f s and the timeout is 1 s'):format(secs, alone))
+  end
+
   it('names the ranks that never joined when the timeout passes', function()
     local port = launch.free_port()
     local out, rc, secs = H.sh(rank(0, 3, port), 20)
-    assert.is_true(rc ~= 0, out)
-    assert.is_true(secs < 10, ('took %.1f s'):format(secs))
+    within_timeout(out, rc, secs)
     has(out, ('rendezvous at 127.0.0.1:%d timed out after 1.0 s: ranks 1, 2 of 3 did not join (each rank needs '
       .. 'the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and its own RANK)'):format(port))
   end)
@@ -137,8 +148,7 @@ describe('the TCP rendezvous', function()
   it('says rank 0 cannot be reached when it never serves', function()
     local port = launch.free_port()
     local out, rc, secs = H.sh(rank(1, 2, port), 20)
-    assert.is_true(rc ~= 0, out)
-    assert.is_true(secs < 10, ('took %.1f s'):format(secs))
+    within_timeout(out, rc, secs)
     has(out, ('rendezvous: cannot reach 127.0.0.1:%d (MASTER_ADDR:MASTER_PORT, served by rank 0) within 1.0 s')
       :format(port))
   end)

@@ -2,8 +2,8 @@
 -- cuda_rows_spec.lua, cuda_nn_spec.lua, cuda_attention_spec.lua, ...): the
 -- same body runs three times on identical inputs: on the GPU (or the CUDA
 -- simulator), on the CPU in the same precision (the CPU twin) and on the CPU
--- in float64 (the reference), and every output is checked by one rule (see
--- `check` below).
+-- in float64 (the reference; a float64 run adds one in float32), and every
+-- output is checked by one rule (the rule, below).
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
 local assert = require 'luassert'  -- busted's, as the specs see it
@@ -101,7 +101,9 @@ end
 -- "A new approach to probabilistic rounding error analysis", 2019), with n
 -- the longest reduction the outputs come from (1 for element-wise ops).
 -- Integer outputs must equal the twin's exactly; numbers (C doubles, as
--- the sums of squares) are checked as float64 results.
+-- the sums of squares) are checked as float64 results.  Where no higher
+-- precision can measure the twin's error (a float64 run, an op with no
+-- float64 form) `check` says how it is taken.
 local EPS = { float64 = 2 ^ -52, float32 = 2 ^ -23, bfloat16 = 2 ^ -7, float16 = 2 ^ -10 }
 local ACC = { float64 = 'float64', float32 = 'float32', bfloat16 = 'float32', float16 = 'float32' }
 local FACTOR = 2
@@ -146,13 +148,17 @@ local function err_of(a, b)
 end
 
 -- The rule above for one output: got (the kernel's, any device), twin (the
--- CPU's in the same precision) and ref (float64).  Where the op has no
--- float64 form (ref nil), or the run is float64 itself (the twin is then the
--- reference's own arithmetic), the twin's error cannot be measured: it is
--- taken at its bound B = (eps(dtype) + eps(acc) sqrt(n)) scale, so the rule's
--- |kernel - exact| <= 2 B + B becomes |kernel - twin| <= (2 + 2) B.
+-- CPU's in the same precision) and ref (float64).  Where the twin's error
+-- e_t cannot be measured against a higher precision, the kernel is compared
+-- with the twin, and |kernel - exact| <= 2 e_t + B (B = (eps(dtype) +
+-- eps(acc) sqrt(n)) scale) becomes |kernel - twin| <= 3 e_t + B, with e_t
+--  - in a float64 run: the same body's error in float32 (twin32) scaled to
+--    float64's epsilon (an op that amplifies its roundings, as 1 - tanh^2 near
+--    1 does, amplifies them the same in both);
+--  - where the op has no float64 form (ref nil), or for a number (a C double)
+--    without twin32: taken at its bound B.
 -- Results are tensors or numbers.
-local function check(what, got, twin, ref, dtype, n)
+local function check(what, got, twin, ref, dtype, n, twin32)
   if type(got) == 'number' then dtype = 'float64'
   else
     assert.same(twin.shape, got.shape, what .. ': shape')
@@ -161,42 +167,50 @@ local function check(what, got, twin, ref, dtype, n)
       return
     end
   end
-  local no_ref = ref == nil or dtype == 'float64'
+  local measured = ref ~= nil and dtype ~= 'float64'
   ref = ref == nil and twin or ref
   local e = err_of(got, ref)
   local scale = type(ref) == 'number' and math.abs(ref) or max_abs(ref:to('cpu'))
   local extra = bound(dtype, n, scale)
-  local e_twin = no_ref and extra or err_of(twin, ref)
-  local allowed = FACTOR * e_twin + extra + (no_ref and extra or 0)
+  local e_twin, how
+  if measured then e_twin, how = err_of(twin, ref), ''
+  elseif twin32 ~= nil then e_twin, how = err_of(twin32, ref) * EPS.float64 / EPS.float32, ' (from float32)'
+  else e_twin, how = extra, ' (its bound)' end
+  local factor = measured and FACTOR or FACTOR + 1
+  local allowed = factor * e_twin + extra
   if VERBOSE then
-    print(('%-72s |gpu-ref| %.3g  |twin-ref| %.3g%s  allowed %.3g  (%.2f of it)'):format(what, e, e_twin,
-      no_ref and ' (its bound)' or '', allowed, allowed > 0 and e / allowed or 0))
+    print(('%-72s |gpu-%s| %.3g  twin\'s error %.3g%s  allowed %.3g  (%.2f of it)'):format(what,
+      measured and 'ref' or 'twin', e, e_twin, how, allowed, allowed > 0 and e / allowed or 0))
   end
   assert(e == e and e <= allowed,
-    ('%s: max |gpu - %s| = %.6g, allowed %.6g = %d x the CPU twin\'s %s%.6g + %.6g (%s, n = %d, scale %.6g); %s')
-      :format(what, no_ref and 'twin' or 'ref', e, allowed, FACTOR, no_ref and 'bound ' or '', e_twin,
-        no_ref and 2 * extra or extra, dtype, n or 1, scale, repeat_hint()))
+    ('%s: max |gpu - %s| = %.6g, allowed %.6g = %d x the CPU twin\'s error%s %.6g + %.6g (%s, n = %d, scale %.6g); %s')
+      :format(what, measured and 'ref' or 'twin', e, allowed, factor, how, e_twin, extra, dtype, n or 1, scale,
+        repeat_hint()))
 end
 
--- The same body three times: S.name is the run's tensor of pair ins.name,
--- S.out(shape, dtype, layout) a fresh output (poisoned on the GPU), S.gpu
--- whether this is the GPU run, S.ref whether it is the float64 reference
--- (every floating input and output float64 there).  body returns its outputs.
+-- The same body three times (four in a float64 run): S.name is the run's
+-- tensor of pair ins.name, S.out(shape, dtype, layout) a fresh output
+-- (poisoned on the GPU), S.gpu whether this is the GPU run, S.ref whether it
+-- is the float64 reference (every floating input and output float64 there),
+-- S.f32 whether it is a float64 run's float32 one (float32 there).  body
+-- returns its outputs.
 local function side(mode, ins)
-  local S = { gpu = mode == 'gpu', ref = mode == 'ref', device = mode == 'gpu' and DEV or 'cpu' }
+  local S = { gpu = mode == 'gpu', ref = mode == 'ref', f32 = mode == 'f32', device = mode == 'gpu' and DEV or 'cpu' }
+  local float = mode == 'ref' and 'float64' or mode == 'f32' and 'float32' or nil
   for k, p in pairs(ins) do
     local t = mode == 'gpu' and p[2] or p[1]
-    if mode == 'ref' and gl.Tensor.FLOATING[t.dtype] then t = t:to('float64') end
+    if float and gl.Tensor.FLOATING[t.dtype] then t = t:to(float) end
     S[k] = t
   end
   function S.out(shape, dtype, layout)
-    if mode == 'ref' and gl.Tensor.FLOATING[dtype or 'float32'] then dtype = 'float64' end
+    if float and gl.Tensor.FLOATING[dtype or 'float32'] then dtype = float end
     return output(shape, dtype, mode == 'gpu', layout)
   end
   return S
 end
 
--- runs body as the float64 reference, the CPU twin and the kernel, and
+-- runs body as the float64 reference (and a float64 run in float32), the
+-- CPU twin and the kernel, and
 -- checks every output by the rule above.  dtype: the precision the run
 -- computes in; opts.n: the longest reduction (default 1), or a table of
 -- them by output (1 where absent); opts.ref64 =
@@ -205,19 +219,20 @@ end
 local function compare(ins, body, dtype, what, opts)
   opts = opts or {}
   local rr = opts.ref64 ~= false and { body(side('ref', ins)) } or nil
+  local r32 = rr and dtype == 'float64' and { body(side('f32', ins)) } or nil
   local rc = { body(side('twin', ins)) }
   local rg = { body(side('gpu', ins)) }
   assert.equal(#rc, #rg, what .. ': number of outputs')
   for i = 1, #rc do
     local n = type(opts.n) == 'table' and (opts.n[i] or 1) or opts.n or 1
     assert(type(n) == 'number' and n >= 1, 'cuda_twin.compare: opts.n must be >= 1, got ' .. tostring(n))
-    check(what .. ' output ' .. i, rg[i], rc[i], rr and rr[i], dtype, n)
+    check(what .. ' output ' .. i, rg[i], rc[i], rr and rr[i], dtype, n, r32 and r32[i])
   end
   -- the runs' tensors freed now, not when LuaJIT's collector (which
   -- does not see device memory) gets to them: in the simulator's race mode
   -- every launch costs more with more live allocations (cuda_rows_spec:
   -- 40 -> 25 CPU seconds)
-  rr, rc, rg = nil, nil, nil
+  rr, r32, rc, rg = nil, nil, nil, nil
   collectgarbage()
 end
 

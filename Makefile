@@ -339,11 +339,12 @@ race-%: sim
 # the seeded specs under N seeds of random inputs each (GL_CUDA_SPEC_SEED;
 # make test runs them under the fixed one): every failing run is printed with
 # the command that repeats it.  FIRST=S starts at seed S (default: from the
-# clock), SEED_SPECS=... narrows the files.
+# clock), SEED_SPECS=... narrows the files, LOGS=DIR keeps every run's output.
 N ?= 50
 SEED_SPECS ?= $(RACE_SPECS) sim_numeric_spec
 test-seeds: sim
-	@N=$(N) JOBS=$(NPROC) EXE=$(SIM)/gptlua SPECS="$(SEED_SPECS)" $(if $(FIRST),FIRST=$(FIRST)) sh spec/support/seeds.sh
+	@N=$(N) JOBS=$(NPROC) EXE=$(SIM)/gptlua SPECS="$(SEED_SPECS)" $(if $(FIRST),FIRST=$(FIRST)) $(if $(LOGS),LOGS=$(LOGS)) \
+	  sh spec/support/seeds.sh
 
 test-sim:
 	$(prepare)

@@ -7,6 +7,8 @@
 # apart draw no input twice).  Every failing run is printed with its failures
 # and the command that repeats it; the exit status is 1 when any failed.
 #   N=50 FIRST=<from the clock> JOBS=2 EXE=build/sim/gptlua SPECS="cuda_spec ..."
+#   LOGS=DIR keeps every run's output there (SEED-FILE.log), else a temporary
+#   directory is removed at the end
 set -u
 N=${N:-50}
 JOBS=${JOBS:-2}
@@ -15,8 +17,8 @@ FIRST=${FIRST:-$(( $(date +%s) % 1000000 * 1000 ))}
 SPECS=${SPECS:?SPECS: the spec files to run, e.g. "cuda_spec cuda_attention_spec"}
 case "$N$JOBS$FIRST" in *[!0-9]*) echo "test-seeds: N, JOBS and FIRST must be non-negative integers, got N=$N JOBS=$JOBS FIRST=$FIRST" >&2; exit 2;; esac
 [ -x "$EXE" ] || { echo "test-seeds: $EXE not found, expected the simulator build (make sim)" >&2; exit 2; }
-LOGS=$(mktemp -d)
-trap 'rm -rf "$LOGS"' EXIT
+if [ -n "${LOGS:-}" ]; then mkdir -p "$LOGS" || exit 2
+else LOGS=$(mktemp -d); trap 'rm -rf "$LOGS"' EXIT; fi
 echo "test-seeds: $N seeds from $FIRST (step 1000) x $(echo $SPECS | wc -w) spec files, $JOBS at a time"
 i=0
 while [ "$i" -lt "$N" ]; do

@@ -90,10 +90,15 @@ end
 -- Every output is checked against a float64 reference computed by the CPU
 -- twin on the same input values, as FlashAttention's tests check theirs:
 --
---   max |kernel - ref| <= 2 * max |twin - ref| + (eps(dtype) + eps(acc) * sqrt(n)) * max |ref|
+--   max |kernel - ref| <= 2 * e_twin + (eps(dtype) + eps(acc) * sqrt(n)) * max |ref|
 --
--- where twin is the CPU twin's result in the run's own precision (dtype), so
--- that 2 * its error allows the kernel the same roundings in another order;
+-- where e_twin is the error of the CPU twin in the run's own precision
+-- (dtype), max |twin - ref|, or, where larger, the error that precision's
+-- rounding of the inputs makes: max |ref(inputs * (1 +- u)) - ref| with u
+-- = eps(dtype) / 2 and the signs drawn at random per element (what a
+-- backward-stable kernel may err by: the rule then does not rest on one
+-- lucky rounding of the twin where an output has few elements), so that
+-- 2 * e_twin allows the kernel the same roundings in another order;
 -- eps(dtype) is the dtype's machine epsilon (one rounding of the result at
 -- its scale, for a twin that happens to round luckily), and eps(acc) * sqrt(n)
 -- the probabilistic bound of a sum of n terms accumulated in acc (float32 for
@@ -157,8 +162,9 @@ end
 --    1 does, amplifies them the same in both);
 --  - where the op has no float64 form (ref nil), or for a number (a C double)
 --    without twin32: taken at its bound B.
+-- refp: the reference on inputs perturbed by their rounding (see the rule).
 -- Results are tensors or numbers.
-local function check(what, got, twin, ref, dtype, n, twin32)
+local function check(what, got, twin, ref, dtype, n, twin32, refp)
   if type(got) == 'number' then dtype = 'float64'
   else
     assert.same(twin.shape, got.shape, what .. ': shape')
@@ -168,12 +174,15 @@ local function check(what, got, twin, ref, dtype, n, twin32)
     end
   end
   local measured = ref ~= nil and dtype ~= 'float64'
+  local e_inputs = measured and refp ~= nil and err_of(refp, ref) or 0
   ref = ref == nil and twin or ref
   local e = err_of(got, ref)
   local scale = type(ref) == 'number' and math.abs(ref) or max_abs(ref:to('cpu'))
   local extra = bound(dtype, n, scale)
   local e_twin, how
-  if measured then e_twin, how = err_of(twin, ref), ''
+  if measured then
+    e_twin, how = err_of(twin, ref), ''
+    if e_inputs > e_twin then e_twin, how = e_inputs, ' (from its inputs\' rounding)' end
   elseif twin32 ~= nil then e_twin, how = err_of(twin32, ref) * EPS.float64 / EPS.float32, ' (from float32)'
   else e_twin, how = extra, ' (its bound)' end
   local factor = measured and FACTOR or FACTOR + 1
@@ -188,18 +197,27 @@ local function check(what, got, twin, ref, dtype, n, twin32)
         repeat_hint()))
 end
 
+-- 1 + u or 1 - u per element (float64, of shape), the signs random but the
+-- same in every run: no input seed is taken from the run's sequence
+local function rounding(shape, u)
+  local r = gl.randn(shape, { seed = 7919, dtype = 'float64' })
+  return gl.where(r:gt(0), gl.full(shape, 1 + u, { dtype = 'float64' }), gl.full(shape, 1 - u, { dtype = 'float64' }))
+end
+
 -- The same body three times (four in a float64 run): S.name is the run's
 -- tensor of pair ins.name, S.out(shape, dtype, layout) a fresh output
 -- (poisoned on the GPU), S.gpu whether this is the GPU run, S.ref whether it
--- is the float64 reference (every floating input and output float64 there),
+-- is the float64 reference (every floating input and output float64 there;
+-- in the 'refp' run each input times 1 +- u, S.ref too),
 -- S.f32 whether it is a float64 run's float32 one (float32 there).  body
 -- returns its outputs.
-local function side(mode, ins)
-  local S = { gpu = mode == 'gpu', ref = mode == 'ref', f32 = mode == 'f32', device = mode == 'gpu' and DEV or 'cpu' }
-  local float = mode == 'ref' and 'float64' or mode == 'f32' and 'float32' or nil
+local function side(mode, ins, u)
+  local S = { gpu = mode == 'gpu', ref = mode == 'ref' or mode == 'refp', f32 = mode == 'f32', device = mode == 'gpu' and DEV or 'cpu' }
+  local float = (mode == 'ref' or mode == 'refp') and 'float64' or mode == 'f32' and 'float32' or nil
   for k, p in pairs(ins) do
     local t = mode == 'gpu' and p[2] or p[1]
     if float and gl.Tensor.FLOATING[t.dtype] then t = t:to(float) end
+    if mode == 'refp' and gl.Tensor.FLOATING[t.dtype] then t = t * rounding(t.shape, u) end
     S[k] = t
   end
   function S.out(shape, dtype, layout)
@@ -220,19 +238,21 @@ local function compare(ins, body, dtype, what, opts)
   opts = opts or {}
   local rr = opts.ref64 ~= false and { body(side('ref', ins)) } or nil
   local r32 = rr and dtype == 'float64' and { body(side('f32', ins)) } or nil
+  -- (integer runs, as the index ops on int64, have nothing to round)
+  local rp = rr and EPS[dtype] and dtype ~= 'float64' and { body(side('refp', ins, EPS[dtype] / 2)) } or nil
   local rc = { body(side('twin', ins)) }
   local rg = { body(side('gpu', ins)) }
   assert.equal(#rc, #rg, what .. ': number of outputs')
   for i = 1, #rc do
     local n = type(opts.n) == 'table' and (opts.n[i] or 1) or opts.n or 1
     assert(type(n) == 'number' and n >= 1, 'cuda_twin.compare: opts.n must be >= 1, got ' .. tostring(n))
-    check(what .. ' output ' .. i, rg[i], rc[i], rr and rr[i], dtype, n, r32 and r32[i])
+    check(what .. ' output ' .. i, rg[i], rc[i], rr and rr[i], dtype, n, r32 and r32[i], rp and rp[i])
   end
   -- the runs' tensors freed now, not when LuaJIT's collector (which
   -- does not see device memory) gets to them: in the simulator's race mode
   -- every launch costs more with more live allocations (cuda_rows_spec:
   -- 40 -> 25 CPU seconds)
-  rr, r32, rc, rg = nil, nil, nil, nil
+  rr, r32, rp, rc, rg = nil, nil, nil, nil, nil
   collectgarbage()
 end
 

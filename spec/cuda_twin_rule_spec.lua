@@ -44,6 +44,14 @@ describe('the kernel twins\' rule', function()
       ('run seed %d; repeat: GL_CUDA_SPEC_SEED=%d'):format(twin.RUN_SEED, twin.RUN_SEED))
   end)
 
+  it('takes the twin\'s error at least as large as what its inputs\' rounding makes of the reference', function()
+    -- a twin that rounds luckily (exact here) and a reference on inputs moved by u: the latter counts
+    local b = twin.bound('bfloat16', 1, scale)
+    local refp = off_by(b)
+    twin.check('inputs', off_by(2.5 * b), ref, ref, 'bfloat16', 1, nil, refp)  -- allowed 2 b + b
+    fails(function() twin.check('inputs', off_by(2.5 * b), ref, ref, 'bfloat16', 1) end, 'inputs: max |gpu - ref|')
+  end)
+
   it('fails NaN, a wrong shape and an integer that differs', function()
     local nan = ref:clone(); nan:narrow(1, 1, 1):fill_(0 / 0)
     fails(function() twin.check('nan', nan:to('bfloat16'), twin_bf, ref, 'bfloat16', 1) end, 'nan: max |gpu - ref| = nan')

@@ -9,6 +9,8 @@
 #                   (recipes/tools/bench_cuda.lua --account)
 #   make test-sim   the #cuda specs (and the simulator's own) under the simulator
 #   make test-race  the kernel twin specs in the simulator's race mode (two seeds)
+#   make test-seeds the kernel twin specs under N=50 seeds of random inputs (make test
+#                   uses fixed ones); prints every failing seed and how to repeat it
 #   make bench      CPU benchmarks;  make bench-cuda  GPU benchmarks
 #   make fuzz       libFuzzer (clang, ASan+UBSan) on every file parser, FUZZ_SECONDS each;
 #                   make fuzz-ci  the same for FUZZ_CI_SECONDS each (CI)
@@ -248,7 +250,7 @@ $(SIM_ACC)/gptlua: engine/main.c $(HEADERS) | $(SIM_ACC)/obj
 sim-account: $(SIM_ACC)/gptlua $(SIM_ACC)/libgptlua.so
 
 
-.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link rock-install embed-example clean cuda-check
+.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link rock-install embed-example clean cuda-check test-seeds
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB)
 
 $(BUILD)/obj:
@@ -370,6 +372,16 @@ test-race: $(RACE_RUNS)
 race-%: sim
 	GL_SIM_RACECHECK=1 GL_SIM_SEED=$(word 1,$(subst -, ,$*)) $(SIM)/gptlua spec/run.lua --tags=cuda \
 	  spec/$(word 2,$(subst -, ,$*)).lua
+
+# the seeded specs under N seeds of random inputs each (GL_CUDA_SPEC_SEED;
+# make test runs them under the fixed one): every failing run is printed with
+# the command that repeats it.  FIRST=S starts at seed S (default: from the
+# clock), SEED_SPECS=... narrows the files, LOGS=DIR keeps every run's output.
+N ?= 50
+SEED_SPECS ?= $(RACE_SPECS) sim_numeric_spec
+test-seeds: sim
+	@N=$(N) JOBS=$(NPROC) EXE=$(SIM)/gptlua SPECS="$(SEED_SPECS)" $(if $(FIRST),FIRST=$(FIRST)) $(if $(LOGS),LOGS=$(LOGS)) \
+	  sh spec/support/seeds.sh
 
 test-sim:
 	$(prepare)

@@ -92,7 +92,8 @@ __global__ void ce_backward_kernel(P dlogits, int64_t d0, int64_t d1, P logits, 
       T hot = c == tg ? (T)1 : (T)0;
       if (cap > (T)0) {
         T th = cu_tanh(x / cap);
-        return scale * (cu_exp(cap * th - l) - hot) * ((T)1 - th * th);
+        // 1 - th^2 as (1 - th)(1 + th): no cancellation near |th| = 1 (kernels/elementwise.cu)
+        return scale * (cu_exp(cap * th - l) - hot) * (((T)1 - th) * ((T)1 + th));
       }
       return scale * (cu_exp(x - l) - hot);
     };

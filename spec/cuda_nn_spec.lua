@@ -1,7 +1,7 @@
 -- The CUDA embedding and index ops (kernels/index.cu), cross-entropy
 -- (kernels/loss.cu) and optimizers (kernels/optim.cu) against their CPU
--- twins, through spec/support/cuda_twin.lua's harness (tolerances and
--- poisoning: the top of spec/cuda_spec.lua).  `make test-race` runs this
+-- twins, through spec/support/cuda_twin.lua's harness (its rule for the
+-- tolerances at its top; poisoning: spec/cuda_spec.lua).  `make test-race` runs this
 -- file again in the simulator's race mode.
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
@@ -28,7 +28,7 @@ describe('CUDA embedding and index ops vs CPU #cuda', function()
           local d = S.out({ V, C }, dt); K(lib.gl_embedding_backward(d.c, S.g.c, S.ids.c))
           local e2 = S.out({ 33, 4, C }, dt); K(lib.gl_embedding_forward(e2.c, S.tab.c, S.ids:t().c))
           return e, d, e2
-        end, dt, ('embedding %s ids %s'):format(dt, idt))
+        end, dt, ('embedding %s ids %s'):format(dt, idt), { n = 4 * 33 })  -- a row's positions, at most
       end
     end
     -- wide tables use several column blocks; repeated ids keep position order
@@ -36,7 +36,7 @@ describe('CUDA embedding and index ops vs CPU #cuda', function()
     compare(ins, function(S)
       local d = S.out({ 40, 300 }); K(lib.gl_embedding_backward(d.c, S.g.c, S.ids.c))
       return d
-    end, 'float32', 'embedding backward, many repeats')
+    end, 'float32', 'embedding backward, many repeats', { n = 3000 })
   end)
 
   -- the backward sorts the ids once (a radix sort of 8 bits a pass over
@@ -62,12 +62,12 @@ describe('CUDA embedding and index ops vs CPU #cuda', function()
         local ref
         compare(ins, function(S)
           local d = S.out({ V, C }, dt); K(lib.gl_embedding_backward(d.c, S.g.c, S.ids.c))
-          if dt == 'float32' then  -- the same sums in the same order
+          if dt == 'float32' then  -- the same sums in the same order as the twin's
             if S.gpu then assert.equal(0, d:to('cpu'):max_abs_diff(ref), what .. ': not bit for bit')
-            else ref = d end
+            elseif not S.ref then ref = d end
           end
           return d
-        end, dt, what)
+        end, dt, what, { n = n })
       end
     end
   end)
@@ -136,7 +136,7 @@ describe('CUDA embedding and index ops vs CPU #cuda', function()
           local sca = S.base:clone(); K(lib.gl_scatter_add(sca.c, dim, S.ig.c, S.src.c))
           local iad = S.base:clone(); K(lib.gl_index_add(iad.c, dim, S.i1.c, S.src.c))
           return sel, gat, sca, iad
-        end, dt, ('index ops %s dim %d'):format(dt, dim))
+        end, dt, ('index ops %s dim %d'):format(dt, dim), { n = 5 })  -- base + 4 sources
       end
     end
   end)
@@ -160,7 +160,7 @@ describe('CUDA cross-entropy and optimizers vs CPU #cuda', function()
           local scaled = S.out({ N, V }, dt)  -- a factor read on the device (no host wait)
           K(lib.gl_cross_entropy_backward(scaled.c, S.x.c, S.t.c, lse.c, -100, cap, 1 / N, S.s.c))
           return loss, lse, d, inplace, scaled
-        end, dt, ('cross-entropy %s softcap %g'):format(dt, cap))
+        end, dt, ('cross-entropy %s softcap %g'):format(dt, cap), { n = V })
       end
     end
   end)
@@ -200,7 +200,7 @@ describe('CUDA cross-entropy and optimizers vs CPU #cuda', function()
         local g2, buf2 = S.g:clone(), S.v:clone()
         K(lib.gl_momentum_update(g2.c, buf2.c, g2.c, 5, 500, 0.9, 0))  -- out aliasing grad
         return p, m, v, out, buf, g2, buf2
-      end, 'float32', 'optimizers, grads ' .. gdt)
+      end, 'float32', 'optimizers, grads ' .. gdt, { n = 3 })  -- (three steps)
     end
     local ins = { p = pair({ 257 }, { dtype = 'float64' }), g = pair({ 257 }, { dtype = 'float64' }),
                   m = pair({ 257 }, { dtype = 'float64' }), v = pair({ 257 }, { dtype = 'float64', dist = { 0, 1 } }) }
@@ -217,6 +217,11 @@ describe('CUDA cross-entropy and optimizers vs CPU #cuda', function()
   gpu_it('AdamW over many tensors in one call, and the sum of squares of many, as the single ops', function()
     local sizes = { 4096, 1, 4097, 0, 8191, 33 }
     local k = #sizes
+    -- the outputs' sums: the rounding check, the sum of squares of every
+    -- gradient, then each tensor's p, m and v after two steps
+    local adamw_multi_n = { 1, 0 }
+    for _, n in ipairs(sizes) do adamw_multi_n[2] = adamw_multi_n[2] + n end
+    for i = 3, 2 + 3 * k do adamw_multi_n[i] = 2 end
     for _, pdt in ipairs({ 'float32', 'float64' }) do
       for _, gdt in ipairs(pdt == 'float64' and { 'float64' } or { 'float32', 'bfloat16' }) do
         local ins = {}
@@ -244,7 +249,7 @@ describe('CUDA cross-entropy and optimizers vs CPU #cuda', function()
           local sq = ffi.new('double[1]')
           K(lib.gl_sumsq_multi(k, G, sq))
           return rounded, sq[0], unpack(res)
-        end, pdt, ('AdamW multi, %s params, %s grads'):format(pdt, gdt))
+        end, pdt, ('AdamW multi, %s params, %s grads'):format(pdt, gdt), { n = adamw_multi_n })
       end
     end
     -- views the segment table cannot take go through the single sum
@@ -253,6 +258,6 @@ describe('CUDA cross-entropy and optimizers vs CPU #cuda', function()
       local sq = ffi.new('double[1]')
       K(lib.gl_sumsq_multi(2, ffi.new('const gl_tensor *[2]', { S.a.c, S.b.c }), sq))
       return sq[0]
-    end, 'float32', 'sum of squares, a transposed view and bfloat16')
+    end, 'float32', 'sum of squares, a transposed view and bfloat16', { n = 70 * 90 + 5000 })
   end)
 end)

@@ -79,7 +79,9 @@ describe('the step block: AdamW and the norm from the block #cuda', function()
           end
           local skipped = case[1] == 'skipped'  -- (its sum and scale are NaN: compared as skipped above)
           return rounded, skipped and 0 or hv[lib.GL_STEP_SUMSQ], skipped and 0 or hv[lib.GL_STEP_CLIP_SCALE], unpack(res)
-        end, 'float32', ('step block, %s grads, %s'):format(gdt, case[1]))
+        end, 'float32', ('step block, %s grads, %s'):format(gdt, case[1]),
+        -- (the block's AdamW takes float32 parameters only: the twin is the reference; the sum of squares of 8227)
+        { ref64 = false, n = { 1, 8227 } })
       end
     end
   end)
@@ -105,7 +107,8 @@ describe("the step block's Muon kernels #cuda", function()
             return buf, y, out
           end
           return buf, y, out
-        end, 'float32', ('Muon block kernels, %s grads, skip %d'):format(gdt, skip))
+        end, 'float32', ('Muon block kernels, %s grads, skip %d'):format(gdt, skip),
+        { ref64 = false, n = 2 })  -- (float32 and bfloat16 grads only: the twin is the reference)
       end
     end
   end)

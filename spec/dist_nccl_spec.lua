@@ -356,7 +356,10 @@ describe('the simulated NCCL #cuda #sim', function()
     local env = with_gpus(2) .. 'GL_SIM_STREAMS=threads '
     local out, rc = sh(env .. EXE .. ' -n 2 spec/dist/cuda_collectives.lua nccl', 300)
     assert_ranks_ok(out, rc, 2, ' via nccl')
-    out, rc = sh(env .. EXE .. ' -n 2 spec/dist/sim_nccl_api.lua abort')
+    local joined = os.tmpname()
+    os.remove(joined)
+    out, rc = sh(env .. EXE .. ' -n 2 spec/dist/sim_nccl_api.lua abort ' .. joined)
+    os.remove(joined)
     assert_ranks_ok(out, rc, 2)
   end)
 

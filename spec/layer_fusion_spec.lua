@@ -10,7 +10,8 @@
 -- CPU: each against the unfused ops (float64 and float32), float64 central
 -- differences, argument errors.  #cuda: the GPU (or the simulator) against
 -- the CPU twin in float32, bfloat16 and float64 over warp, row and layout
--- edges; `make test-race` runs this file again in the simulator's race mode.
+-- edges, by spec/support/cuda_twin.lua's rule; `make test-race` runs this
+-- file again in the simulator's race mode.
 local gl = require 'gptlua'
 local lib = gl.lib
 local gc = require 'support.gradcheck'
@@ -225,7 +226,7 @@ describe('CUDA rope + QK RMSNorm vs CPU #cuda', function()
             local dx = S.out(s, dt)
             K(lib.gl_rope_rmsnorm_backward(dx.c, g.c, x.c, S.cos.c, S.sin.c, rstd.c))
             return y, rstd, dx
-          end, dt, ('rope_rmsnorm %s {%s} strided=%s'):format(dt, table.concat(s, ','), tostring(strided)))
+          end, dt, ('rope_rmsnorm %s {%s} strided=%s'):format(dt, table.concat(s, ','), tostring(strided)), { n = D })
         end
       end
     end
@@ -246,14 +247,15 @@ describe('CUDA rope + QK RMSNorm vs CPU #cuda', function()
           K(lib.gl_matmul_add(out1.c, S.a.c, b.c, S.c.c))
           K(lib.gl_matmul_add(out2.c, S.a.c, b.c, S.ct.c))  -- c's strides are not out's: copied
           return out1, out2
-        end, dt, ('matmul_add %s {%s}'):format(dt, table.concat(s, ',')))
+        end, dt, ('matmul_add %s {%s}'):format(dt, table.concat(s, ',')), { n = Kd + 1 })
       end
     end
   end)
 
   gpu_it('gl.mlp with a residual on the GPU equals the CPU\'s, forward and gradients (bfloat16)', function()
+    -- the float64 reference, the CPU twin and the GPU, on the same bfloat16 values
     local res = {}
-    for i, side in ipairs({ { 'cpu', 'float32' }, { twin.DEV, 'bfloat16' } }) do
+    for i, side in ipairs({ { 'cpu', 'float64' }, { 'cpu', 'bfloat16' }, { twin.DEV, 'bfloat16' } }) do
       local function P(s, seed, k)
         return (gl.randn(s, { seed = seed }) * (k or 1)):to('bfloat16'):to(side[2]):to(side[1]):detach():requires_grad_()
       end
@@ -262,20 +264,20 @@ describe('CUDA rope + QK RMSNorm vs CPU #cuda', function()
       y:backward(gl.randn({ 3, 8, 32 }, { seed = 85 }):to('bfloat16'):to(side[2]):to(side[1]))
       res[i] = { y:to('cpu'), x.grad:to('cpu'), r.grad:to('cpu'), W1.grad:to('cpu'), W2.grad:to('cpu') }
     end
-    for k = 1, 5 do twin.check_close(res[2][k], res[1][k], 'bfloat16', 'mlp with residual ' .. k, 2) end
+    for k = 1, 5 do twin.check('mlp with residual ' .. k, res[3][k], res[2][k], res[1][k], 'bfloat16', 128) end
   end)
 
   gpu_it('the norms\' residual gradient on the GPU equals the CPU\'s (bfloat16)', function()
     local x = gl.randn({ 6, 128 }, { seed = 41 }):to('bfloat16')
     local g = gl.randn({ 6, 128 }, { seed = 42 }):to('bfloat16')
     local grads = {}
-    -- the CPU in float32 on the same bfloat16 values: the GPU's own error
-    for i, side in ipairs({ { 'cpu', 'float32' }, { twin.DEV, 'bfloat16' } }) do
+    -- the float64 reference, the CPU twin and the GPU, on the same bfloat16 values
+    for i, side in ipairs({ { 'cpu', 'float64' }, { 'cpu', 'bfloat16' }, { twin.DEV, 'bfloat16' } }) do
       local xv = x:to(side[2]):to(side[1]):detach():requires_grad_()
       local y = gl.rms_norm(xv, nil, 1e-6) + xv * 0.5
       y:backward(g:to(side[2]):to(side[1]))
       grads[i] = xv.grad:to('cpu')
     end
-    twin.check_close(grads[2], grads[1], 'bfloat16', 'rms_norm + residual gradient')
+    twin.check('rms_norm + residual gradient', grads[3], grads[2], grads[1], 'bfloat16', 128)
   end)
 end)

@@ -9,10 +9,12 @@
 --   recv_big   rank 1 receives fewer bytes than rank 0 sends: the receiver's
 --              context stops with a message naming both sides
 --   recv_small rank 1 receives more bytes than rank 0 sends: the same
---   abort      (GL_SIM_STREAMS=threads) rank 0 queues an all_reduce that
---              rank 1 joins only a second later and aborts its communicator
---              while the all_reduce waits: ncclCommAbort returns at once and
---              the stream is free again; prints "OK rank R of N"
+--   abort FILE (GL_SIM_STREAMS=threads) rank 0 queues an all_reduce that
+--              rank 1 joins only seconds later and aborts its communicator
+--              while the all_reduce waits: ncclCommAbort returns, and the
+--              stream is free again, before rank 1 joins (it creates FILE
+--              as it does: the order, not a wall-clock bound, which a
+--              loaded machine would stretch); prints "OK rank R of N"
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local cuda = require 'gptlua.cuda'
@@ -182,6 +184,7 @@ elseif mode == 'recv_big' or mode == 'recv_small' then
   world:barrier()
 elseif mode == 'abort' then
   local now = require('gptlua.cli').now
+  local joined = assert(arg[2], 'sim_nccl_api.lua abort: expected the path of the file rank 1 creates as it joins')
   local out, id = new_comm()
   ok(nccl.ncclCommInitRank(out, N, id, R), 'ncclCommInitRank')
   local c = out[0]
@@ -192,14 +195,15 @@ elseif mode == 'abort' then
     os.execute('sleep 0.3')
     local t0 = now()
     ok(nccl.ncclCommAbort(c), 'ncclCommAbort')
-    check(now() - t0 < 0.5, ('ncclCommAbort took %.2f s'):format(now() - t0))
+    check(not io.open(joined), ('ncclCommAbort waited %.2f s, until rank 1 joined'):format(now() - t0))
     t0 = now()
     cuda.synchronize(DEVN)   -- the aborted work item gave the stream back
-    check(now() - t0 < 0.5, ('the stream stayed blocked %.2f s after the abort'):format(now() - t0))
+    check(not io.open(joined), ('the stream stayed blocked %.2f s after the abort, until rank 1 joined'):format(now() - t0))
     refused(nccl.ncclCommCount(c, ffi.new('int[1]')), INVALID_ARGUMENT, 'is not a live communicator', 'an aborted communicator')
   else
     -- joins late: rank 0's transfer, left in flight by the abort, still completes it
-    os.execute('sleep 1')
+    os.execute('sleep 3')
+    assert(io.open(joined, 'w')):close()
     ok(nccl.ncclAllReduce(ptr(t), ptr(t), 1000, FLOAT32, SUM, c, STREAM), 'ncclAllReduce')
     cuda.synchronize(DEVN)
     ok(nccl.ncclCommDestroy(c), 'ncclCommDestroy')

@@ -240,12 +240,25 @@ function J.first_difference(a, b, skip)
   return nil
 end
 
+-- the FSDP/HSDP policy of trainer t, alone or inside the tp or pp policy
+-- that wraps it (policy.inner), or nil
+local function fsdp_policy(t)
+  local p = t.policy
+  while p do
+    if p.units then return p end
+    p = p.inner
+  end
+  return nil
+end
+
 -- the parameters this rank holds, by name: FSDP's shard of each unit (its
--- whole parameters exist only inside forward and backward), else the model's
+-- whole parameters exist only inside forward and backward: between steps
+-- the model's tensors are freed), else the model's
 local function local_parameters(t)
   local named = {}
-  if t.policy and t.policy.units then
-    for i, u in ipairs(t.policy.units) do if u.pshard then named[('unit%04d.shard'):format(i)] = u.pshard end end
+  local fsdp = fsdp_policy(t)
+  if fsdp then
+    for i, u in ipairs(fsdp.units) do if u.pshard then named[('unit%04d.shard'):format(i)] = u.pshard end end
     return named
   end
   for _, np in ipairs(t.model:named_parameters()) do

@@ -108,6 +108,8 @@ function GPT:new_caches(B, S)
     self.transformer.wte.weight)
 end
 GPT.generate = common.generate
+-- the head is the token embedding (optim.nanochat trains it at the head's rate)
+GPT.ties_head_to_embedding = true
 nn.checked(GPT, { __init = 'self:module, cfg:opts?',
                   forward = 'self:module, idx:tensor, targets:tensor?, caches:opts?',
                   generate = 'self:module, idx:tensor, n:size, opts:opts?',

@@ -94,7 +94,7 @@ function P.stages(trainer, model)
     partition = trainer.hooks.pp_partition or cfg.pp_partition })
   local named = trainer.pipeline.named
   return {
-    config = model.config,
+    config = model.config, ties_head_to_embedding = model.ties_head_to_embedding,
     named_parameters = function() return named end,
     parameters = function() return trainer.pipeline.params end,
   }

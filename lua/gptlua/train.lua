@@ -58,8 +58,36 @@ local Trainer = {}
 Trainer.__index = Trainer
 M.Trainer = Trainer
 
+-- fn(...) for a check every rank of a job makes alike, at the same point
+-- and outside any collective: a user's error from it is a refusal, printed
+-- once, every rank exiting cleanly (gptlua.dist.exit_refused); alone, or
+-- for a bug (an error with a position), an error as any other
+local function agreed(fn, ...)
+  local r = { pcall(fn, ...) }
+  if r[1] then return unpack(r, 2, table.maxn(r)) end
+  local err = r[2]
+  local cli = require 'gptlua.cli'
+  local found = require('gptlua.dist.discover').discover()
+  if found and found.size > 1 and cli.is_user_error(err) and not cli.verbose then
+    require('gptlua.dist').exit_refused(err)
+  end
+  error(err, 0)
+end
+
+-- the layout refusal of a recipe and its overrides on `world` ranks (one
+-- line, as a job prints it), or nil when the layout composes; runs nothing
+-- (spec/composition_spec.lua asks it of every cell)
+function M.refusal(recipe, args, world)
+  local ok, err = pcall(function()
+    local cfg, hooks = M.resolve_config(recipe, args)
+    if cfg.vocab_size == 0 then error('config: refusal needs the recipe to set vocab_size', 0) end
+    require('gptlua.dist.compose').check(cfg, world, M.model_config(cfg, hooks))
+  end)
+  return not ok and tostring(err) or nil
+end
+
 function M.new(recipe, args)
-  local cfg, hooks, launch = M.resolve_config(recipe, args)
+  local cfg, hooks, launch = agreed(M.resolve_config, recipe, args)
   local self = setmetatable({ cfg = cfg, hooks = hooks, step = 0, bad_steps = 0, history = {}, launch = launch,
     best_val_loss = math.huge, args = args }, Trainer)
   self.rank, self.world = 0, 1
@@ -74,6 +102,8 @@ function M.new(recipe, args)
   if cfg.cp_mode ~= 'ulysses' and cfg.cp_mode ~= 'ring' then
     fail(("cp_mode expected 'ulysses' or 'ring', got %s"):format(tostring(cfg.cp_mode)))
   end
+  -- the layout: the mesh's sizes and the policy now, the model's sizes once the data gave the vocabulary
+  if self.comm then agreed(require('gptlua.dist.compose').check, cfg, self.world) end
   if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 or cfg.pp > 1 then
     if not self.comm and cfg.pp > 1 then fail(("pp %d needs a distributed run (dist = 'ddp')"):format(cfg.pp)) end
     if not self.comm then
@@ -91,6 +121,7 @@ function M.new(recipe, args)
   local d = (hooks.build_data or M.build_data)(cfg, self.dp_rank, self.dp_size)
   self.data = d
   if cfg.vocab_size == 0 then cfg.vocab_size = d.vocab_size end
+  if self.comm then agreed(require('gptlua.dist.compose').check, cfg, self.world, M.model_config(cfg, hooks)) end
   if cfg.total_batch_size > 0 then
     local per = cfg.batch_size * cfg.block_size * self.dp_size
     if cfg.total_batch_size % per ~= 0 then

@@ -312,20 +312,33 @@ function M.build_data(cfg, rank, world)
 end
 
 -- ------------------------------------------------------------------ model
-function M.build_model(cfg)
+-- the model's constructor config from the trainer's
+local function model_args(cfg)
   if cfg.model == 'gpt2' then
-    return require('gptlua.models.gpt2').GPT({ vocab_size = cfg.vocab_size, block_size = cfg.block_size,
-      n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd, dropout = cfg.dropout, bias = cfg.bias,
-      activation_checkpointing = cfg.activation_checkpointing })
+    return { vocab_size = cfg.vocab_size, block_size = cfg.block_size, n_layer = cfg.n_layer, n_head = cfg.n_head,
+             n_embd = cfg.n_embd, dropout = cfg.dropout, bias = cfg.bias,
+             activation_checkpointing = cfg.activation_checkpointing }
   end
   local mc = { vocab_size = cfg.vocab_size, block_size = cfg.block_size, softcap = cfg.softcap,
                dropout = cfg.dropout, activation_checkpointing = cfg.activation_checkpointing }
   if cfg.depth > 0 then mc.depth = cfg.depth
   else mc.n_layer, mc.n_head, mc.n_embd, mc.depth = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_layer end
   if cfg.n_kv_head > 0 then mc.n_kv_head = cfg.n_kv_head end
-  local nanochat = require('gptlua.models.nanochat')
-  for k, v in pairs(nanochat.trainer_keys(cfg.nanochat)) do mc[k] = v end
-  return nanochat.GPT(mc)
+  for k, v in pairs(require('gptlua.models.nanochat').trainer_keys(cfg.nanochat)) do mc[k] = v end
+  return mc
+end
+
+-- the default model's resolved sizes, without building it (what
+-- gptlua.dist.compose checks a layout against); nil for a recipe's own model
+function M.model_config(cfg, hooks)
+  if hooks and hooks.build_model then return nil end
+  if cfg.model == 'gpt2' then return require('gptlua.models.common').fill(model_args(cfg), require('gptlua.models.gpt2').defaults, 'gpt2') end
+  return require('gptlua.models.nanochat').resolve(model_args(cfg))
+end
+
+function M.build_model(cfg)
+  if cfg.model == 'gpt2' then return require('gptlua.models.gpt2').GPT(model_args(cfg)) end
+  return require('gptlua.models.nanochat').GPT(model_args(cfg))
 end
 
 -- AdamW with weight decay on matrices only (nanoGPT), or nanochat's split

@@ -153,6 +153,11 @@ local function fail(msg) error('config: ' .. msg, 0) end
 -- float32 on the CPU, where bf16 only adds conversions
 function M.auto_dtype(device) return device == 'cpu' and 'float32' or 'bfloat16' end
 
+-- the models and optimizers the default builders make (spec/composition_spec.lua
+-- trains every one under every layout)
+M.MODELS = { gpt2 = true, nanochat = true }
+M.OPTIMIZERS = { adamw = true, nanochat = true }
+
 function M.resolve_config(recipe, args)
   local rcfg, hooks = split_recipe(recipe)
   config.validate(rcfg, M.defaults)
@@ -204,7 +209,7 @@ function M.resolve_config(recipe, args)
   if cfg.eval_interval > 0 and cfg.eval_iters < 1 then
     fail(('eval_iters must be >= 1 when eval_interval is set (%d), got %d'):format(cfg.eval_interval, cfg.eval_iters))
   end
-  if cfg.optimizer ~= 'adamw' and cfg.optimizer ~= 'nanochat' and not hooks.build_optimizer then
+  if not M.OPTIMIZERS[cfg.optimizer] and not hooks.build_optimizer then
     fail(("unknown optimizer '%s' (expected 'adamw' or 'nanochat')"):format(check.printable(cfg.optimizer)))
   end
   if not optim.MUON_VARIANTS[cfg.muon_variant] then
@@ -223,7 +228,7 @@ function M.resolve_config(recipe, args)
     fail(("muon_variant '%s' with tp > 1 is not supported yet (tensor parallelism runs the classic Muon)")
       :format(cfg.muon_variant))
   end
-  if cfg.model ~= 'gpt2' and cfg.model ~= 'nanochat' and not hooks.build_model then
+  if not M.MODELS[cfg.model] and not hooks.build_model then
     fail(("unknown model '%s' (expected 'gpt2' or 'nanochat')"):format(check.printable(cfg.model)))
   end
   if cfg.schedule ~= 'cosine' and cfg.schedule ~= 'wsd' and cfg.schedule ~= 'constant' then

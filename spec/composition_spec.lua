@@ -200,6 +200,24 @@ describe('composition of layouts, policies, optimizers and models', function()
     return picked
   end
 
+  -- a refusal as a user meets it: `gptlua -n N recipe` prints the one line
+  -- (rank 0, once) and exits 1; no traceback, no launcher banner
+  it('gptlua -n prints a refusal in one line and exits 1 (mpirun and TCP launchers; a bad key before any rank '
+    .. 'meets the others)', function()
+    local recipe = ' recipes/shakespeare.lua --max_iters=1 --eval_interval=0 --out_dir=' .. out .. '/refused'
+    for _, run in ipairs({
+      { '-n 4' .. recipe .. ' --pp=2 --tp=2 --dist=fsdp --vocab_size=66',
+        "config: dist 'fsdp' with pp and tp > 1 is not composed yet (expected 'ddp', 'zero1' or 'zero2')" },
+      { '-n 2 --launcher=tcp' .. recipe .. ' --dist=hsdp',
+        'config: hsdp needs shard_size dividing the world size 2 (ranks per shard group), got 0' },
+      { '-n 2' .. recipe .. ' --max_iterz=1', 'config: unknown key --max_iterz (did you mean --max_iters?)' },
+    }) do
+      local o, rc = H.sh(H.EXE .. ' ' .. run[1], 60)
+      assert.equal(1, rc, o)
+      assert.equal(run[2] .. '\n', o)
+    end
+  end)
+
   it('trains every composed cell equal to one process at the same global batch (journal on; resumed in a subset)',
     function()
     assert.is_true(#to_train > 0, 'no cell trains: the refusal test above must run first')

@@ -12,7 +12,7 @@
 --      "data": training rows consumed after it (loaders with sample()), "changes": live changes
 --      (gptlua.control) applied before it, and every journal_hash_interval
 --      steps "params" / "optim": FNV-1a hashes of every parameter's bytes
---      and of the optimizer state (rank 0's: its shard under ZeRO/FSDP); on
+--      and of the optimizer state (rank 0's: its shard under ZeRO/FSDP, alone or under tp, cp or pp); on
 --      several ranks "collectives": a hash of the step's collectives (op,
 --      group, sizes), checked equal across ranks one step later}
 -- A run with cfg.replay = JOURNAL checks each of its steps against that

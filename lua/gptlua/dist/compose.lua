@@ -52,8 +52,8 @@ function M.check(cfg, world, model_cfg)
   if cfg.dist == 'hsdp' then  -- shard groups within the ranks that average gradients (dp x cp)
     local n, s = sizes.dp * sizes.cp, cfg.shard_size
     if s < 1 or n % s ~= 0 then
-      fail(('hsdp needs shard_size dividing the %d ranks of the dp x cp group (ranks per shard group), got %d')
-        :format(n, s))
+      fail(('hsdp needs shard_size dividing the %s %d (ranks per shard group), got %d'):format(
+        #dims > 0 and 'dp x cp group of' or 'world size', n, s))
     end
   end
   if cfg.sp and sizes.tp < 2 then fail('sp (sequence parallel) needs tp > 1, got tp ' .. sizes.tp) end

@@ -81,7 +81,7 @@ function M.refusal(recipe, args, world)
   local ok, err = pcall(function()
     local cfg, hooks = M.resolve_config(recipe, args)
     if cfg.vocab_size == 0 then error('config: refusal needs the recipe to set vocab_size', 0) end
-    require('gptlua.dist.compose').check(cfg, world, M.model_config(cfg, hooks))
+    require('gptlua.dist.compose').check(cfg, world, M.model_config(cfg, hooks), hooks)
   end)
   return not ok and tostring(err) or nil
 end
@@ -121,7 +121,7 @@ function M.new(recipe, args)
   local d = (hooks.build_data or M.build_data)(cfg, self.dp_rank, self.dp_size)
   self.data = d
   if cfg.vocab_size == 0 then cfg.vocab_size = d.vocab_size end
-  if self.comm then agreed(require('gptlua.dist.compose').check, cfg, self.world, M.model_config(cfg, hooks)) end
+  if self.comm then agreed(require('gptlua.dist.compose').check, cfg, self.world, M.model_config(cfg, hooks), hooks) end
   if cfg.total_batch_size > 0 then
     local per = cfg.batch_size * cfg.block_size * self.dp_size
     if cfg.total_batch_size % per ~= 0 then

@@ -30,10 +30,11 @@ local function part(f, ...)
   if not ok then error((tostring(err):gsub('^[^\n]-:%d+: ', ''):gsub('\n.*', '')), 0) end
 end
 
+-- hooks: the recipe's (its own pp_schedule is not cfg's);
 -- model_cfg: the model's sizes (n_head, n_kv_head, n_embd, n_layer,
 -- block_size, vocab_size, padded_vocab_size, window), nil for a recipe's own
 -- model (its parts check it when they cut it)
-function M.check(cfg, world, model_cfg)
+function M.check(cfg, world, model_cfg, hooks)
   local mesh = require 'gptlua.dist.mesh'
   local sizes = { pp = 1, dp = world, cp = 1, tp = 1 }
   if cfg.tp > 1 or cfg.cp > 1 or cfg.pp > 1 or cfg.dp > 0 then
@@ -80,7 +81,9 @@ function M.check(cfg, world, model_cfg)
     end
     local accum = cfg.total_batch_size > 0 and cfg.total_batch_size / (cfg.batch_size * cfg.block_size * sizes.dp)
       or cfg.gradient_accumulation_steps
-    part(require('gptlua.dist.schedules').make, cfg.pp_schedule, sizes.pp, accum, v)
+    if not (hooks and hooks.pp_schedule) then  -- (a recipe's own schedule is checked when it is made)
+      part(require('gptlua.dist.schedules').make, cfg.pp_schedule, sizes.pp, accum, v)
+    end
   end
   return sizes
 end

@@ -484,8 +484,15 @@ function Trainer:run()
   end
   if resumed_from then self:write_metrics({ step = first_step, resumed = true, from = resumed_from }) end
   local peak, peak_source = progress.peak_flops(cfg)
-  self:print(('model %s: %.2fM parameters, %d layers, %d heads, width %d, context %d, vocab %d'):format(
-    cfg.model, (self.whole_num_params or self.model:num_params()) / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size))
+  local mc = self.model.config or {}
+  local padding = ''
+  if mc.padded_vocab_size and mc.stored_vocab_size and mc.padded_vocab_size ~= mc.stored_vocab_size then
+    padding = (' (padded to %d rows for tp %d: masked in the loss, never sampled, not saved)'):format(
+      mc.padded_vocab_size, cfg.tp)
+  end
+  self:print(('model %s: %.2fM parameters, %d layers, %d heads, width %d, context %d, vocab %d%s'):format(
+    cfg.model, (self.whole_num_params or self.model:num_params()) / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd,
+    cfg.block_size, cfg.vocab_size, padding))
   self:print(('device %s (%d threads), %s, batch %d x %d x %d accum x %d ranks = %d tokens/step'):format(
     cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
     self.dp_size, self.tokens_per_step))

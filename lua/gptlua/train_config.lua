@@ -318,11 +318,14 @@ end
 
 -- ------------------------------------------------------------------ model
 -- the model's constructor config from the trainer's
+-- (under tp the vocabulary is padded to a multiple of tp, as Megatron-LM's
+-- make_vocab_size_divisible_by: the models' pad_vocab_for_tp)
 local function model_args(cfg)
+  local tp_pad = cfg.tp > 1 and cfg.tp or nil
   if cfg.model == 'gpt2' then
     return { vocab_size = cfg.vocab_size, block_size = cfg.block_size, n_layer = cfg.n_layer, n_head = cfg.n_head,
              n_embd = cfg.n_embd, dropout = cfg.dropout, bias = cfg.bias,
-             activation_checkpointing = cfg.activation_checkpointing }
+             activation_checkpointing = cfg.activation_checkpointing, pad_vocab_for_tp = tp_pad }
   end
   local mc = { vocab_size = cfg.vocab_size, block_size = cfg.block_size, softcap = cfg.softcap,
                dropout = cfg.dropout, activation_checkpointing = cfg.activation_checkpointing }
@@ -330,6 +333,7 @@ local function model_args(cfg)
   else mc.n_layer, mc.n_head, mc.n_embd, mc.depth = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_layer end
   if cfg.n_kv_head > 0 then mc.n_kv_head = cfg.n_kv_head end
   for k, v in pairs(require('gptlua.models.nanochat').trainer_keys(cfg.nanochat)) do mc[k] = v end
+  mc.pad_vocab_for_tp = tp_pad
   return mc
 end
 
@@ -337,7 +341,7 @@ end
 -- gptlua.dist.compose checks a layout against); nil for a recipe's own model
 function M.model_config(cfg, hooks)
   if hooks and hooks.build_model then return nil end
-  if cfg.model == 'gpt2' then return require('gptlua.models.common').fill(model_args(cfg), require('gptlua.models.gpt2').defaults, 'gpt2') end
+  if cfg.model == 'gpt2' then return require('gptlua.models.gpt2').resolve(model_args(cfg)) end
   return require('gptlua.models.nanochat').resolve(model_args(cfg))
 end
 

@@ -77,7 +77,7 @@ local LAYOUTS = {
   { name = 'tp2 x cp2 ulysses', ranks = 4, args = '--tp=2 --cp=2', over = { n_kv_head = 4 } },
   { name = 'tp2 x cp2 ring', ranks = 4, args = '--tp=2 --cp=2 --cp_mode=ring' },
   { name = 'pp2 x tp2', ranks = 4, args = '--pp=2 --tp=2' },
-  { name = 'pp2 x tp2 x dp2', ranks = 8, args = '--pp=2 --tp=2 --dp=2', resume = true },
+  { name = 'pp2 x tp2 x dp2', ranks = 8, args = '--pp=2 --tp=2 --dp=2', resume = 'fsdp' },   -- (torchtitan's 3-D layout)
 }
 
 -- the refusals the product is allowed to meet: cell -> true when expected
@@ -86,10 +86,6 @@ local REFUSED = {
   { why = 'a policy that does not keep one process\'s parameters, under a mesh',
     cell = function(c) return not compose.MESH_POLICIES[c.policy] and meshed(c.layout) end,
     says = 'with .* > 1 is not supported' },
-  { why = 'pp x tp x fsdp/hsdp, not composed yet',
-    cell = function(c) return (c.policy == 'fsdp' or c.policy == 'hsdp') and c.layout.args:match('pp=')
-      and c.layout.args:match('tp=') end,
-    says = 'with pp and tp > 1 is not composed yet' },
 }
 
 -- the cells ------------------------------------------------------------------
@@ -206,8 +202,9 @@ describe('composition of layouts, policies, optimizers and models', function()
     .. 'meets the others)', function()
     local recipe = ' recipes/shakespeare.lua --max_iters=1 --eval_interval=0 --out_dir=' .. out .. '/refused'
     for _, run in ipairs({
-      { '-n 4' .. recipe .. ' --pp=2 --tp=2 --dist=fsdp --vocab_size=66',
-        "config: dist 'fsdp' with pp and tp > 1 is not composed yet (expected 'ddp', 'zero1' or 'zero2')" },
+      { '-n 4' .. recipe .. ' --pp=2 --dist=localsgd',
+        "config: dist 'localsgd' with pp > 1 is not supported (expected 'ddp', 'zero1', 'zero2', 'fsdp' or 'hsdp' "
+        .. 'over the dp dimension)' },
       { '-n 2 --launcher=tcp' .. recipe .. ' --dist=hsdp',
         'config: hsdp needs shard_size dividing the world size 2 (ranks per shard group), got 0' },
       { '-n 2' .. recipe .. ' --max_iterz=1', 'config: unknown key --max_iterz (did you mean --max_iters?)' },
@@ -228,7 +225,8 @@ describe('composition of layouts, policies, optimizers and models', function()
       local case = { ranks = c.layout.ranks, model = c.model.model, iters = ITERS, name = 'c' .. i, tol = tol,
         what = c.name, args = cell_args(c) .. ' --optimizer=' .. c.optimizer, cell = c }
       cases[#cases + 1] = case
-      if c.layout.resume and not resumed_layout[c.layout] then   -- the layout's first cell, resumed to step 5
+      -- the layout's first cell (of the policy it names), resumed to step 5
+      if c.layout.resume and not resumed_layout[c.layout] and (c.layout.resume == true or c.layout.resume == c.policy) then
         resumed_layout[c.layout] = true
         cases[#cases + 1] = { ranks = c.layout.ranks, model = c.model.model, iters = RESUMED_TO, name = 'c' .. i .. 'r',
           tol = tol, what = c.name .. ' (resumed at step 3)', cell = c, resumed = true,

@@ -47,9 +47,6 @@ function M.check(cfg, world, model_cfg, hooks)
     fail(("dist '%s' with %s is not supported (expected %s over the dp dimension)"):format(tostring(cfg.dist),
       where, M.MESH_POLICY_LIST))
   end
-  if sizes.pp > 1 and sizes.tp > 1 and (cfg.dist == 'fsdp' or cfg.dist == 'hsdp') then
-    fail(("dist '%s' with pp and tp > 1 is not composed yet (expected 'ddp', 'zero1' or 'zero2')"):format(cfg.dist))
-  end
   if cfg.dist == 'hsdp' then  -- shard groups within the ranks that average gradients (dp x cp)
     local n, s = sizes.dp * sizes.cp, cfg.shard_size
     if s < 1 or n % s ~= 0 then

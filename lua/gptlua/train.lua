@@ -60,7 +60,7 @@ M.Trainer = Trainer
 
 -- fn(...) for a check every rank of a job makes alike, at the same point
 -- and outside any collective: a user's error from it is a refusal, printed
--- once, every rank exiting cleanly (gptlua.dist.exit_refused); alone, or
+-- once, every rank exiting cleanly (gptlua.dist.compose.exit_refused); alone, or
 -- for a bug (an error with a position), an error as any other
 local function agreed(fn, ...)
   local r = { pcall(fn, ...) }
@@ -69,7 +69,7 @@ local function agreed(fn, ...)
   local cli = require 'gptlua.cli'
   local found = require('gptlua.dist.discover').discover()
   if found and found.size > 1 and cli.is_user_error(err) and not cli.verbose then
-    require('gptlua.dist').exit_refused(err)
+    require('gptlua.dist.compose').exit_refused(err)
   end
   error(err, 0)
 end

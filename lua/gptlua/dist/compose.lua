@@ -8,7 +8,7 @@
 -- resolved config, the world size and the model's sizes (no collective, no
 -- allocation), so every rank of a job reaches the same verdict at the same
 -- point: gptlua.train prints a refusal once (rank 0) and every rank exits
--- cleanly (gptlua.dist.exit_refused), and a spec asks it without launching
+-- cleanly (exit_refused below), and a spec asks it without launching
 -- anything (spec/composition_spec.lua).
 --
 -- The parts keep their own checks (mesh.sizes, TensorParallel.check,
@@ -83,6 +83,33 @@ function M.check(cfg, world, model_cfg, hooks)
     end
   end
   return sizes
+end
+
+-- A refusal every rank of a job reached alike, at the same point and
+-- outside any collective (gptlua.dist.compose's verdict on the layout, a bad
+-- key): rank 0 prints msg, the one line, and every rank shuts its backend
+-- down and exits, without the abort that a rank's own error needs (no
+-- message from each rank, no launcher banner).  Under `gptlua -n`'s mpirun
+-- (GPTLUA_LAUNCH_STATUS names a file) rank 0 writes the status there and
+-- every rank exits 0, so mpirun adds no banner of its own, and the launcher
+-- exits with the status; otherwise every rank exits 1.
+function M.exit_refused(msg)
+  local dist = require 'gptlua.dist'
+  local found = dist.discover()
+  local rank = dist.size() > 1 and dist.rank() or (found and found.rank) or 0
+  io.stdout:flush()
+  local status_file = os.getenv('GPTLUA_LAUNCH_STATUS')
+  if status_file == '' then status_file = nil end
+  if rank == 0 then
+    io.stderr:write(tostring(msg), '\n')
+    io.stderr:flush()
+    if status_file then
+      local f = io.open(status_file, 'wb')
+      if f then f:write('1\n'); f:close() else status_file = nil end
+    end
+  end
+  pcall(dist.finalize)
+  os.exit(status_file and 0 or 1)
 end
 
 return M

@@ -775,32 +775,6 @@ function dist.prefix(msg)
   return p .. tostring(msg):gsub('\n', '\n' .. p)
 end
 
--- A refusal every rank of a job reached alike, at the same point and
--- outside any collective (gptlua.dist.compose's verdict on the layout, a bad
--- key): rank 0 prints msg, the one line, and every rank shuts its backend
--- down and exits, without the abort that a rank's own error needs (no
--- message from each rank, no launcher banner).  Under `gptlua -n`'s mpirun
--- (GPTLUA_LAUNCH_STATUS names a file) rank 0 writes the status there and
--- every rank exits 0, so mpirun adds no banner of its own, and the launcher
--- exits with the status; otherwise every rank exits 1.
-function dist.exit_refused(msg)
-  local found = dist.discover()
-  local rank = world and world.rank or (found and found.rank) or 0
-  io.stdout:flush()
-  local status_file = os.getenv('GPTLUA_LAUNCH_STATUS')
-  if status_file == '' then status_file = nil end
-  if rank == 0 then
-    io.stderr:write(tostring(msg), '\n')
-    io.stderr:flush()
-    if status_file then
-      local f = io.open(status_file, 'wb')
-      if f then f:write('1\n'); f:close() else status_file = nil end
-    end
-  end
-  pcall(dist.finalize)
-  os.exit(status_file and 0 or 1)
-end
-
 -- For the top-level error path (gptlua.cli): prints the error with its rank
 -- and, in a world of several ranks, brings the others down at once.
 function dist.on_error(msg)

@@ -255,7 +255,7 @@ function M.main(n, script, args, launcher)
     return 1
   end
   -- a refusal every rank reached alike comes back through this file, the
-  -- ranks exiting 0 (gptlua.dist.exit_refused): mpirun adds no banner
+  -- ranks exiting 0 (gptlua.dist.compose.exit_refused): mpirun adds no banner
   local status_file = os.tmpname()
   ffi.C.setenv('GPTLUA_LAUNCH_STATUS', status_file, 1)
   local pid, err = M.spawn(M.command(n, script, args, { mpirun = mpirun }))

@@ -99,9 +99,6 @@ function M.new(recipe, args)
   -- a mesh (--dp, --tp): the data is split over its dp ranks only (the tp
   -- ranks of a group read the same batch)
   self.dp_rank, self.dp_size = self.rank, self.world
-  if cfg.cp_mode ~= 'ulysses' and cfg.cp_mode ~= 'ring' then
-    fail(("cp_mode expected 'ulysses' or 'ring', got %s"):format(tostring(cfg.cp_mode)))
-  end
   -- the layout: the mesh's sizes and the policy now, the model's sizes once the data gave the vocabulary
   if self.comm then agreed(require('gptlua.dist.compose').check, cfg, self.world) end
   if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 or cfg.pp > 1 then

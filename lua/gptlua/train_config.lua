@@ -186,6 +186,9 @@ function M.resolve_config(recipe, args)
   if cfg.overwrite and cfg.resume ~= '' and cfg.resume ~= false then
     fail('resume and overwrite exclude each other: --resume continues the run, --overwrite deletes it')
   end
+  if cfg.cp_mode ~= 'ulysses' and cfg.cp_mode ~= 'ring' then
+    fail(("cp_mode expected 'ulysses' or 'ring', got %s"):format(check.printable(cfg.cp_mode)))
+  end
   if not (cfg.dist_timeout > 0) then fail(('dist_timeout must be > 0 seconds, got %s'):format(cfg.dist_timeout)) end
   -- integer keys: the shared check refuses 2.5, NaN, inf and values past
   -- what the key's type holds (config.lua already refused non-finite numbers)

@@ -55,10 +55,11 @@ function M.check(cfg, world, model_cfg, hooks)
     end
   end
   if cfg.sp and sizes.tp < 2 then fail('sp (sequence parallel) needs tp > 1, got tp ' .. sizes.tp) end
-  if cfg.total_batch_size > 0 and #dims > 0 then
+  if cfg.total_batch_size > 0 then
     local per = cfg.batch_size * cfg.block_size * sizes.dp
     if cfg.total_batch_size % per ~= 0 then
-      fail(('total_batch_size %d is not a multiple of batch_size*block_size*dp (%d)'):format(cfg.total_batch_size, per))
+      fail(('total_batch_size %d is not a multiple of batch_size*block_size*%s (%d)'):format(cfg.total_batch_size,
+        #dims > 0 and 'dp' or 'world', per))
     end
   end
   if not model_cfg then return sizes end

@@ -63,15 +63,13 @@ M.Trainer = Trainer
 -- once, every rank exiting cleanly (gptlua.dist.compose.exit_refused); alone, or
 -- for a bug (an error with a position), an error as any other
 local function agreed(fn, ...)
-  local r = { pcall(fn, ...) }
-  if r[1] then return unpack(r, 2, table.maxn(r)) end
-  local err = r[2]
   local cli = require 'gptlua.cli'
   local found = require('gptlua.dist.discover').discover()
-  if found and found.size > 1 and cli.is_user_error(err) and not cli.verbose then
-    require('gptlua.dist.compose').exit_refused(err)
-  end
-  error(err, 0)
+  if not (found and found.size > 1) or cli.verbose then return fn(...) end  -- (-v: the error's own traceback)
+  local r = { pcall(fn, ...) }
+  if r[1] then return unpack(r, 2, table.maxn(r)) end
+  if cli.is_user_error(r[2]) then require('gptlua.dist.compose').exit_refused(r[2]) end
+  error(r[2], 0)
 end
 
 -- the layout refusal of a recipe and its overrides on `world` ranks (one

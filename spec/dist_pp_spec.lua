@@ -400,10 +400,14 @@ describe('the trainer with --pp on MPI ranks', function()
     local tok = one.data.tokenizer
     one.data.tokenizer = setmetatable({ decode = function(_, ids) return table.concat(ids, ' ') end }, { __index = tok })
     assert.equal(one:sample(12), got.sample)
-    -- what is not composed yet is refused in one line
-    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --tp=2 --dist=fsdp')
+    -- what is not composed yet is refused in one line, by rank 0 alone (gptlua.dist.compose)
+    o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', out .. '/bad gpt2 1 --pp=2 --tp=2 --dist=diloco')
     assert.not_equal(0, rc)
-    assert.truthy(o:find("pipeline parallel: dist 'fsdp' with pp and tp > 1 is not composed yet", 1, true), o)
+    local line = "config: dist 'diloco' with pp and tp > 1 is not supported"
+    local at = o:find(line, 1, true)
+    assert.truthy(at, o)
+    assert.is_nil(o:find(line, at + 1, true), o)
+    assert.is_nil(o:find('traceback', 1, true), o)
   end)
 
   it('pp 2 x cp 2 (Ulysses: gpt2, ring: nanochat with ZB-H2) and pp 2 x tp 2 with sp (ZB-H1: gpt2) train as one '

@@ -238,4 +238,45 @@ describe('tensor parallelism on MPI ranks', function()
     e = H.rel_error(ref.params, DT.final_params(c4))
     assert.is_true(e < 1e-6, ('zero2 -> fsdp under tp 2: final parameters differ, relative error %.3g'):format(e))
   end)
+
+  -- The text's 65 characters under tp 2: the trainer pads the vocabulary to
+  -- 66 rows.  Their logits are masked (the loss and the gradient norm equal
+  -- an unpadded model's), their gradient is zero, and checkpoints hold the
+  -- 65 rows: tp 2 resumes from one process's step 3 and one process from
+  -- tp 2's, each equal to the other side's run (the padded model's initial
+  -- values differ from an unpadded one's: the extra row takes random
+  -- numbers, so the runs are compared from a shared checkpoint on).
+  it('pads the vocabulary to a multiple of tp (65 -> 66 under tp 2: masked, not saved, loads under any tp)', function()
+    local gpt2 = require 'gptlua.models.gpt2'
+    local m = gpt2.GPT({ vocab_size = 65, block_size = 8, n_layer = 1, n_head = 2, n_embd = 16, pad_vocab_for_tp = 2 })
+    assert.same({ 66, 16 }, m.transformer.wte.weight.shape)
+    assert.same({ 1, 8, 65 }, m:forward(gl.zeros({ 1, 8 }, { dtype = 'int64' })).shape)   -- no padded logit to sample
+    for _, model in ipairs({ 'gpt2', 'nanochat' }) do
+      local dir = out .. '/pad_one_' .. model
+      local r = recipe(model, { out_dir = dir, vocab_size = 65, max_iters = 5 })
+      local one = train.new(r, {})
+      local one_res = one:run()
+      local one_norms = DT.grad_norms(dir)
+      local got = runs:launch({
+        { ranks = 2, model = model, iters = 5, args = '--tp=2 --vocab_size=65', name = 'pad_tp_' .. model },
+        { ranks = 2, model = model, iters = 5, name = 'pad_res_' .. model,
+          args = ('--tp=2 --vocab_size=65 --resume=%s/p/checkpoints/step_0000003'):format(dir) } })
+      local tp, tp_resumed = got[1], got[2]
+      local sd = ckpt.load(tp.checkpoint).model
+      assert.same({ 65, 32 }, sd['transformer.wte.weight'].shape)
+      -- tp 2 from one process's step 3 equals one process
+      DT.assert_close({ one_res.losses[4], one_res.losses[5] }, tp_resumed.losses, model .. ' 1 -> tp 2 loss')
+      DT.assert_close({ one_norms[4], one_norms[5] }, tp_resumed.norms, model .. ' 1 -> tp 2 gradient norm')
+      local e = H.rel_error(H.params_of(one.model), DT.final_params(tp_resumed))
+      assert.is_true(e < 1e-9, ('%s 1 -> tp 2: final parameters differ, relative error %.3g'):format(model, e))
+      -- one process from tp 2's step 3 equals tp 2
+      local back = train.new(recipe(model, { out_dir = out .. '/pad_back_' .. model, vocab_size = 65, max_iters = 5 }),
+        { ('--resume=%s/p/checkpoints/step_0000003'):format(tp.dir) })
+      local back_res = back:run()
+      DT.assert_close({ tp.losses[4], tp.losses[5] }, back_res.losses, model .. ' tp 2 -> 1 loss')
+      DT.assert_close({ tp.norms[4], tp.norms[5] }, DT.grad_norms(out .. '/pad_back_' .. model), model .. ' tp 2 -> 1 norm')
+      e = H.rel_error(H.params_of(back.model), DT.final_params(tp))
+      assert.is_true(e < 1e-9, ('%s tp 2 -> 1: final parameters differ, relative error %.3g'):format(model, e))
+    end
+  end)
 end)

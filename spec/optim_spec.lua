@@ -160,3 +160,54 @@ describe('optimizers', function()
     assert.near(0.85, m(0), 1e-12); assert.near(0.95, m(300), 1e-12)
   end)
 end)
+
+describe("nanochat's optimizer groups", function()
+  local gpt2 = require 'gptlua.models.gpt2'
+  local function group_of(opt, p)
+    for _, o in ipairs(opt.optimizers) do
+      for _, g in ipairs(o.groups) do for _, q in ipairs(g.params) do if q == p then return g, o end end end
+    end
+  end
+
+  it("trains gpt2's tied embedding/head at the head's rate (both variants), not the embedding's", function()
+    local m = gpt2.GPT({ vocab_size = 16, block_size = 8, n_layer = 1, n_head = 2, n_embd = 16 })
+    local scale = (16 / 768) ^ -0.5
+    local wte = m.transformer.wte.weight
+    local classic = optim.nanochat(m, { embedding_lr = 0.2, unembedding_lr = 0.004 })
+    local g, o = group_of(classic, wte)
+    assert.equal(optim.AdamW, getmetatable(o))
+    assert.near(0.004 * scale, g.lr, 1e-15)
+    local current = optim.nanochat(m, { variant = 'current', embedding_lr = 0.3, unembedding_lr = 0.008 })
+    g = group_of(current, wte)
+    assert.near(0.008 * scale, g.lr, 1e-15)
+    assert.same({ 0.8, 0.96 }, g.betas)   -- the head's group
+  end)
+
+  it('keeps AdamW then Muon on a rank holding none of one of them (a pipeline stage), each steps', function()
+    local m = gpt2.GPT({ vocab_size = 16, block_size = 8, n_layer = 1, n_head = 2, n_embd = 16 })
+    local named = m:named_parameters()
+    local function stand_in(keep)
+      local list = {}
+      for _, np in ipairs(named) do if keep(np[1]) then list[#list + 1] = np end end
+      return { config = m.config, named_parameters = function() return list end }, list
+    end
+    for _, variant in ipairs({ 'classic', 'current' }) do
+      local blocks, bl = stand_in(function(n) return n:match('^transformer%.h%.') and n:match('weight$') and not n:match('ln') end)
+      local embs, el = stand_in(function(n) return n:match('wte') or n:match('wpe') end)
+      for _, case in ipairs({ { blocks, bl }, { embs, el } }) do
+        local opt = optim.nanochat(case[1], { variant = variant })
+        assert.equal(2, #opt.optimizers)
+        assert.equal(optim.AdamW, getmetatable(opt.optimizers[1]))
+        assert.equal(optim.Muon, getmetatable(opt.optimizers[2]))
+        for _, np in ipairs(case[2]) do np[2].grad = gl.ones(np[2].shape) end
+        local before = case[2][1][2]:clone()
+        opt:step()
+        assert.is_true(gl.global_norm({ case[2][1][2] - before }) > 0)
+        assert.equal(1, opt.optimizers[1].t); assert.equal(1, opt.optimizers[2].t)
+        local sd = opt:state_dict()
+        assert.same({ 1, 1 }, sd.steps)
+        for _, np in ipairs(case[2]) do np[2].grad = nil end
+      end
+    end
+  end)
+end)

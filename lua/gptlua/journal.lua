@@ -12,7 +12,7 @@
 --      "data": training rows consumed after it (loaders with sample()), "changes": live changes
 --      (gptlua.control) applied before it, and every journal_hash_interval
 --      steps "params" / "optim": FNV-1a hashes of every parameter's bytes
---      and of the optimizer state (rank 0's: its shard under ZeRO/FSDP); on
+--      and of the optimizer state (rank 0's: its shard under ZeRO/FSDP, alone or under tp, cp or pp); on
 --      several ranks "collectives": a hash of the step's collectives (op,
 --      group, sizes), checked equal across ranks one step later}
 -- A run with cfg.replay = JOURNAL checks each of its steps against that
@@ -240,12 +240,25 @@ function J.first_difference(a, b, skip)
   return nil
 end
 
+-- the FSDP/HSDP policy of trainer t, alone or inside the tp or pp policy
+-- that wraps it (policy.inner), or nil
+local function fsdp_policy(t)
+  local p = t.policy
+  while p do
+    if p.units then return p end
+    p = p.inner
+  end
+  return nil
+end
+
 -- the parameters this rank holds, by name: FSDP's shard of each unit (its
--- whole parameters exist only inside forward and backward), else the model's
+-- whole parameters exist only inside forward and backward: between steps
+-- the model's tensors are freed), else the model's
 local function local_parameters(t)
   local named = {}
-  if t.policy and t.policy.units then
-    for i, u in ipairs(t.policy.units) do if u.pshard then named[('unit%04d.shard'):format(i)] = u.pshard end end
+  local fsdp = fsdp_policy(t)
+  if fsdp then
+    for i, u in ipairs(fsdp.units) do if u.pshard then named[('unit%04d.shard'):format(i)] = u.pshard end end
     return named
   end
   for _, np in ipairs(t.model:named_parameters()) do

@@ -58,8 +58,34 @@ local Trainer = {}
 Trainer.__index = Trainer
 M.Trainer = Trainer
 
+-- fn(...) for a check every rank of a job makes alike, at the same point
+-- and outside any collective: a user's error from it is a refusal, printed
+-- once, every rank exiting cleanly (gptlua.dist.compose.exit_refused); alone, or
+-- for a bug (an error with a position), an error as any other
+local function agreed(fn, ...)
+  local cli = require 'gptlua.cli'
+  local found = require('gptlua.dist.discover').discover()
+  if not (found and found.size > 1) or cli.verbose then return fn(...) end  -- (-v: the error's own traceback)
+  local r = { pcall(fn, ...) }
+  if r[1] then return unpack(r, 2, table.maxn(r)) end
+  if cli.is_user_error(r[2]) then require('gptlua.dist.compose').exit_refused(r[2]) end
+  error(r[2], 0)
+end
+
+-- the layout refusal of a recipe and its overrides on `world` ranks (one
+-- line, as a job prints it), or nil when the layout composes; runs nothing
+-- (spec/composition_spec.lua asks it of every cell)
+function M.refusal(recipe, args, world)
+  local ok, err = pcall(function()
+    local cfg, hooks = M.resolve_config(recipe, args)
+    if cfg.vocab_size == 0 then error('config: refusal needs the recipe to set vocab_size', 0) end
+    require('gptlua.dist.compose').check(cfg, world, M.model_config(cfg, hooks), hooks)
+  end)
+  return not ok and tostring(err) or nil
+end
+
 function M.new(recipe, args)
-  local cfg, hooks, launch = M.resolve_config(recipe, args)
+  local cfg, hooks, launch = agreed(M.resolve_config, recipe, args)
   local self = setmetatable({ cfg = cfg, hooks = hooks, step = 0, bad_steps = 0, history = {}, launch = launch,
     best_val_loss = math.huge, args = args }, Trainer)
   self.rank, self.world = 0, 1
@@ -71,9 +97,8 @@ function M.new(recipe, args)
   -- a mesh (--dp, --tp): the data is split over its dp ranks only (the tp
   -- ranks of a group read the same batch)
   self.dp_rank, self.dp_size = self.rank, self.world
-  if cfg.cp_mode ~= 'ulysses' and cfg.cp_mode ~= 'ring' then
-    fail(("cp_mode expected 'ulysses' or 'ring', got %s"):format(tostring(cfg.cp_mode)))
-  end
+  -- the layout: the mesh's sizes and the policy now, the model's sizes once the data gave the vocabulary
+  if self.comm then agreed(require('gptlua.dist.compose').check, cfg, self.world) end
   if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 or cfg.pp > 1 then
     if not self.comm and cfg.pp > 1 then fail(("pp %d needs a distributed run (dist = 'ddp')"):format(cfg.pp)) end
     if not self.comm then
@@ -104,6 +129,7 @@ function M.new(recipe, args)
     cfg.vocab_size = d.vocab_size
     if d.vocab_note then self:print(d.vocab_note) end
   end
+  if self.comm then agreed(require('gptlua.dist.compose').check, cfg, self.world, M.model_config(cfg, hooks), hooks) end
   if cfg.total_batch_size > 0 then
     local per = cfg.batch_size * cfg.block_size * self.dp_size
     if cfg.total_batch_size % per ~= 0 then
@@ -582,8 +608,15 @@ function Trainer:run()
   end
   if resumed_from then self:write_metrics({ step = first_step, resumed = true, from = resumed_from }) end
   local peak, peak_source = progress.peak_flops(cfg)
-  self:print(('model %s: %.2fM parameters, %d layers, %d heads, width %d, context %d, vocab %d'):format(
-    cfg.model, (self.whole_num_params or self.model:num_params()) / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size))
+  local mc = self.model.config or {}
+  local padding = ''
+  if mc.padded_vocab_size and mc.stored_vocab_size and mc.padded_vocab_size ~= mc.stored_vocab_size then
+    padding = (' (padded to %d rows for tp %d: masked in the loss, never sampled, not saved)'):format(
+      mc.padded_vocab_size, cfg.tp)
+  end
+  self:print(('model %s: %.2fM parameters, %d layers, %d heads, width %d, context %d, vocab %d%s'):format(
+    cfg.model, (self.whole_num_params or self.model:num_params()) / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd,
+    cfg.block_size, cfg.vocab_size, padding))
   self:print(('device %s (%d threads), %s, batch %d x %d x %d accum x %d ranks = %d tokens/step'):format(
     cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
     self.dp_size, self.tokens_per_step))

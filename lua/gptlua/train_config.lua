@@ -206,6 +206,11 @@ local function fail(msg) error('config: ' .. msg, 0) end
 -- float32 on the CPU, where bf16 only adds conversions
 function M.auto_dtype(device) return device == 'cpu' and 'float32' or 'bfloat16' end
 
+-- the models and optimizers the default builders make (spec/composition_spec.lua
+-- trains every one under every layout)
+M.MODELS = { gpt2 = true, nanochat = true }
+M.OPTIMIZERS = { adamw = true, nanochat = true }
+
 function M.resolve_config(recipe, args)
   local rcfg, hooks = split_recipe(recipe)
   config.validate(rcfg, M.defaults)
@@ -236,6 +241,9 @@ function M.resolve_config(recipe, args)
   end
   if cfg.overwrite and cfg.resume ~= '' and cfg.resume ~= false then
     fail('resume and overwrite exclude each other: --resume continues the run, --overwrite deletes it')
+  end
+  if cfg.cp_mode ~= 'ulysses' and cfg.cp_mode ~= 'ring' then
+    fail(("cp_mode expected 'ulysses' or 'ring', got %s"):format(check.printable(cfg.cp_mode)))
   end
   if not (cfg.dist_timeout > 0) then fail(('dist_timeout must be > 0 seconds, got %s'):format(cfg.dist_timeout)) end
   -- integer keys: the shared check refuses 2.5, NaN, inf and values past
@@ -274,7 +282,7 @@ function M.resolve_config(recipe, args)
   if cfg.eval_interval > 0 and cfg.eval_iters < 1 then
     fail(('eval_iters must be >= 1 when eval_interval is set (%d), got %d'):format(cfg.eval_interval, cfg.eval_iters))
   end
-  if cfg.optimizer ~= 'adamw' and cfg.optimizer ~= 'nanochat' and not hooks.build_optimizer then
+  if not M.OPTIMIZERS[cfg.optimizer] and not hooks.build_optimizer then
     fail(("unknown optimizer '%s' (expected 'adamw' or 'nanochat')"):format(check.printable(cfg.optimizer)))
   end
   for _, k in ipairs(config.sorted_keys(cli)) do
@@ -302,7 +310,7 @@ function M.resolve_config(recipe, args)
   if not (cfg.final_lr_frac >= 0 and cfg.final_lr_frac <= 1) then
     fail(('final_lr_frac must be in [0, 1], got %s'):format(cfg.final_lr_frac))
   end
-  if cfg.model ~= 'gpt2' and cfg.model ~= 'nanochat' and not hooks.build_model then
+  if not M.MODELS[cfg.model] and not hooks.build_model then
     fail(("unknown model '%s' (expected 'gpt2' or 'nanochat')"):format(check.printable(cfg.model)))
   end
   if cfg.schedule ~= 'cosine' and cfg.schedule ~= 'wsd' and cfg.schedule ~= 'constant' then
@@ -456,20 +464,37 @@ function M.build_data(cfg, rank, world)
 end
 
 -- ------------------------------------------------------------------ model
-function M.build_model(cfg)
+-- the model's constructor config from the trainer's
+-- (under tp the vocabulary is padded to a multiple of tp, as Megatron-LM's
+-- make_vocab_size_divisible_by: the models' pad_vocab_for_tp)
+local function model_args(cfg)
+  local tp_pad = cfg.tp > 1 and cfg.tp or nil
   if cfg.model == 'gpt2' then
-    return require('gptlua.models.gpt2').GPT({ vocab_size = cfg.vocab_size, block_size = cfg.block_size,
-      n_layer = cfg.n_layer, n_head = cfg.n_head, n_embd = cfg.n_embd, dropout = cfg.dropout, bias = cfg.bias,
-      activation_checkpointing = cfg.activation_checkpointing })
+    return { vocab_size = cfg.vocab_size, block_size = cfg.block_size, n_layer = cfg.n_layer, n_head = cfg.n_head,
+             n_embd = cfg.n_embd, dropout = cfg.dropout, bias = cfg.bias,
+             activation_checkpointing = cfg.activation_checkpointing, pad_vocab_for_tp = tp_pad }
   end
   local mc = { vocab_size = cfg.vocab_size, block_size = cfg.block_size, softcap = cfg.softcap,
                dropout = cfg.dropout, activation_checkpointing = cfg.activation_checkpointing }
   if cfg.depth > 0 then mc.depth = cfg.depth
   else mc.n_layer, mc.n_head, mc.n_embd, mc.depth = cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_layer end
   if cfg.n_kv_head > 0 then mc.n_kv_head = cfg.n_kv_head end
-  local nanochat = require('gptlua.models.nanochat')
-  for k, v in pairs(nanochat.trainer_keys(cfg.nanochat)) do mc[k] = v end
-  return nanochat.GPT(mc)
+  for k, v in pairs(require('gptlua.models.nanochat').trainer_keys(cfg.nanochat)) do mc[k] = v end
+  mc.pad_vocab_for_tp = tp_pad
+  return mc
+end
+
+-- the default model's resolved sizes, without building it (what
+-- gptlua.dist.compose checks a layout against); nil for a recipe's own model
+function M.model_config(cfg, hooks)
+  if hooks and hooks.build_model then return nil end
+  if cfg.model == 'gpt2' then return require('gptlua.models.gpt2').resolve(model_args(cfg)) end
+  return require('gptlua.models.nanochat').resolve(model_args(cfg))
+end
+
+function M.build_model(cfg)
+  if cfg.model == 'gpt2' then return require('gptlua.models.gpt2').GPT(model_args(cfg)) end
+  return require('gptlua.models.nanochat').GPT(model_args(cfg))
 end
 
 -- AdamW with weight decay on matrices only (nanoGPT), or nanochat's split

@@ -43,7 +43,8 @@ function M.grad_norms(dir)
   return norms
 end
 
--- the run in this process that the ranks must equal: {losses, norms, params},
+-- the run in this process that the ranks must equal: {losses, norms, params,
+-- dir (its out_dir: the checkpoints of the steps before the last in dir/p)},
 -- kept per model and overrides (over: recipe fields, e.g. { optimizer = 'nanochat' })
 function M:reference(model, over)
   local parts = { model }
@@ -55,7 +56,8 @@ function M:reference(model, over)
     for k, v in pairs(over or {}) do r[k] = v end
     local t = train.new(recipe(model, r), {})
     local res = t:run()
-    self.refs[key] = { losses = res.losses, norms = M.grad_norms(r.out_dir), params = H.params_of(t.model) }
+    self.refs[key] = { losses = res.losses, norms = M.grad_norms(r.out_dir), params = H.params_of(t.model),
+                       dir = r.out_dir }
   end
   return self.refs[key]
 end

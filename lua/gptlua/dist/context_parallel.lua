@@ -188,6 +188,22 @@ function CP.check(cfg, cp, mode, tp)
   end
 end
 
+-- nanochat's features against cp's mode (cfg: the model's resolved config;
+-- sp: tp's sequence parallelism is on)
+function CP.check_nanochat(cfg, mode, sp)
+  if mode == 'ring' then
+    local nanochat = require 'gptlua.models.nanochat'
+    for i = 1, cfg.n_layer do
+      local left = nanochat.window_left(cfg, i)
+      if left < cfg.block_size then
+        fail(("ring attention does not take nanochat's sliding windows (layer %d sees %d keys); use cp_mode "
+          .. "'ulysses' or nanochat.window_pattern = 'L'"):format(i, left + 1))
+      end
+    end
+  end
+  if cfg.smear and sp then fail("nanochat's smear with sequence parallelism (sp) is not composed yet") end
+end
+
 -- Splits model's sequence over comm (the mesh's cp group); opts.mode
 -- 'ulysses' (default) or 'ring'.  A model already cut by
 -- TP.parallelize keeps its tp forwards (embedding, positions, head, the
@@ -202,16 +218,7 @@ function CP.parallelize(model, comm, opts)
   local tp = model.tp_layout and model.tp_layout.size or 1
   CP.check(cfg, comm.size, mode, tp)
   if name == 'Nanochat' then  -- nanochat v2's features (see the nanochat part below)
-    for i = 1, model.transformer.h.n do
-      local w = model.transformer.h[i].attn.window
-      if mode == 'ring' and w > 0 then
-        fail(("ring attention does not take nanochat's sliding windows (layer %d sees %d keys); use cp_mode "
-          .. "'ulysses' or nanochat.window_pattern = 'L'"):format(i, w))
-      end
-    end
-    if cfg.smear and model.tp_layout and model.tp_layout.sequence_parallel then
-      fail("nanochat's smear with sequence parallelism (sp) is not composed yet")
-    end
+    CP.check_nanochat(cfg, mode, model.tp_layout and model.tp_layout.sequence_parallel)
   end
   local layout = { comm = comm, rank = comm.rank, size = comm.size, seq_now = false, model = model, mode = mode }
   local tr = model.transformer

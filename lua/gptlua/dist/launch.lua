@@ -229,12 +229,23 @@ function M.main(n, script, args, launcher)
       'torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT variables)\n')
     return 1
   end
+  -- a refusal every rank reached alike comes back through this file, the
+  -- ranks exiting 0 (gptlua.dist.compose.exit_refused): mpirun adds no banner
+  local status_file = os.tmpname()
+  ffi.C.setenv('GPTLUA_LAUNCH_STATUS', status_file, 1)
   local pid, err = M.spawn(M.command(n, script, args, { mpirun = mpirun }))
   if not pid then
+    os.remove(status_file)
     io.stderr:write('gptlua -n: cannot run ', mpirun, ': ', err, '\n')
     return 1
   end
-  return M.wait(pid)
+  local status = M.wait(pid)
+  local f = io.open(status_file, 'rb')
+  local refused = f and f:read('*a') or ''
+  if f then f:close() end
+  os.remove(status_file)
+  if status == 0 and tonumber(refused:match('%d+')) then status = tonumber(refused:match('%d+')) end
+  return status
 end
 
 return M

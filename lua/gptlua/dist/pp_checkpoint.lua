@@ -43,7 +43,8 @@ function M.save(policy, trainer, opt_sd, state)
     for _, name in ipairs(pipe.adapter.shared or {}) do others[name] = true end
   end
   local model_sd, opt_out = {}, {}
-  local whole = policy.inner.full_state_dict and policy.inner:full_state_dict()  -- FSDP: gathered over dp
+  local fsdp = policy:_fsdp()
+  local whole = fsdp and fsdp:full_state_dict()  -- FSDP: gathered over dp (its shards of tp's cut, under tp)
   for _, np in ipairs(pipe.named) do if not others[np[1]] then model_sd[np[1]] = whole and whole[np[1]] or np[2] end end
   for k, t in pairs(opt) do if not others[opt_param_name(k)] then opt_out[k] = t end end
   if me == 0 then for _, nb in ipairs(pipe.model:named_buffers()) do model_sd[nb[1]] = nb[2] end end

@@ -31,6 +31,13 @@
 --               replicated residual stream (under sp on the shard, their
 --               gradients summed as the norms' are; the smear's first row
 --               reads the previous shard's last: TP.shifted, B C per rank)
+--   vocabulary  the trainer pads it to a multiple of tp (the models'
+--               pad_vocab_for_tp; Megatron-LM's make_vocab_size_divisible_by):
+--               the padded rows are masked out of the loss as v2's are,
+--               never sampled (the gathered logits are cut to vocab_size),
+--               and left out of checkpoints (full_state keeps the stored
+--               rows, local_state pads them with zeros again), so a
+--               checkpoint loads under any tp, none included
 --
 -- Two autograd functions carry the communication (Megatron's f and g):
 --   copy_to     identity forward; backward all-reduces the input gradient
@@ -500,7 +507,15 @@ function TP.parallelize(model, comm, opts)
       end
     end
   end
-  model.tp_head = head(layout, kind == 'nanochat' and cfg.vocab_size or nil)
+  model.tp_head = head(layout, (kind == 'nanochat' or cfg.padded_vocab_size ~= cfg.vocab_size) and cfg.vocab_size or nil)
+  -- rows padded for tp beyond the stored ones (pad_vocab_for_tp): checkpoints hold the stored rows
+  if cfg.stored_vocab_size and cfg.padded_vocab_size ~= cfg.stored_vocab_size then
+    layout.vocab_rows = { stored = cfg.stored_vocab_size, padded = cfg.padded_vocab_size,
+      names = { ['transformer.wte.weight'] = true, ['lm_head.weight'] = kind == 'nanochat' or nil } }
+    if model.value_embeds then
+      for _, np in ipairs(model.value_embeds:named_parameters()) do layout.vocab_rows.names['value_embeds.' .. np[1]] = true end
+    end
+  end
   model.tp_layout = layout
   return layout
 end
@@ -524,18 +539,31 @@ function TP.full_state(layout, sd, name_of)
   local keys = {}
   for k in pairs(sd) do keys[#keys + 1] = k end
   table.sort(keys)  -- every rank gathers in the same order
+  local rows = layout.vocab_rows
   for _, k in ipairs(keys) do
-    local spec = layout.specs[name_of and name_of(k) or k]
+    local name = name_of and name_of(k) or k
+    local spec = layout.specs[name]
     out[k] = spec and TP.gather(sd[k], spec, layout.comm) or sd[k]
+    if rows and rows.names[name] then out[k] = out[k]:narrow(1, 1, rows.stored):contiguous() end  -- (tp's padding left out)
   end
   return out
 end
 
--- this rank's part of a state dict of full tensors
+-- this rank's part of a state dict of full tensors (tp's padded vocabulary
+-- rows added, zero)
 function TP.local_state(layout, sd, name_of)
   local out = {}
+  local rows = layout.vocab_rows
   for k, t in pairs(sd) do
-    local spec = layout.specs[name_of and name_of(k) or k]
+    local name = name_of and name_of(k) or k
+    local spec = layout.specs[name]
+    if rows and rows.names[name] and t.shape[1] == rows.stored then  -- tp's padding, zero (never read, masked)
+      local shape = { unpack(t.shape) }
+      shape[1] = rows.padded
+      local padded = gl.zeros(shape, { dtype = t.dtype, device = t.device })
+      padded:narrow(1, 1, rows.stored):copy_(t)
+      t = padded
+    end
     out[k] = spec and TP.slice(t, spec, layout.rank, layout.size) or t
   end
   return out

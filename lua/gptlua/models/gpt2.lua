@@ -61,7 +61,7 @@ end
 
 local Transformer = nn.class('Transformer', nn.Module)
 function Transformer:__init(cfg)
-  self:add('wte', nn.Embedding(cfg.vocab_size, cfg.n_embd))
+  self:add('wte', nn.Embedding(cfg.padded_vocab_size, cfg.n_embd))
   self:add('wpe', nn.Embedding(cfg.block_size, cfg.n_embd))
   local h = self:add('h', nn.ModuleList())
   for _ = 1, cfg.n_layer do h:append(Block(cfg)) end
@@ -71,11 +71,27 @@ end
 local GPT = nn.class('GPT2', nn.Module)
 M.GPT = GPT
 M.defaults = { vocab_size = 50304, block_size = 1024, n_layer = 12, n_head = 12, n_embd = 768,
-               dropout = 0.0, bias = true, activation_checkpointing = false }
+               dropout = 0.0, bias = true, activation_checkpointing = false, pad_vocab_for_tp = 1 }
 
-function GPT:__init(cfg)
+-- the config with its defaults filled in and its sizes checked
+function M.resolve(cfg)
   cfg = common.fill(cfg, M.defaults, 'gpt2')
   common.check_config(cfg, 'gpt2')
+  -- pad_vocab_for_tp (the trainer's tp size): the embedding's rows padded to
+  -- a multiple of it, which tp cuts evenly; the padded logits are cut off
+  -- here and masked by tp's head, and checkpoints hold the vocab_size rows
+  -- (gptlua.dist.tensor_parallel)
+  local t = cfg.pad_vocab_for_tp
+  if type(t) ~= 'number' or t < 1 or t ~= math.floor(t) then
+    error(('gpt2: pad_vocab_for_tp must be a positive integer, got %s'):format(tostring(t)), 3)
+  end
+  cfg.stored_vocab_size = cfg.vocab_size
+  cfg.padded_vocab_size = math.ceil(cfg.vocab_size / t) * t
+  return cfg
+end
+
+function GPT:__init(cfg)
+  cfg = M.resolve(cfg)
   self.config = cfg
   self:add('transformer', Transformer(cfg))
   self.lm_head_weight = self.transformer.wte.weight  -- tied
@@ -95,7 +111,10 @@ function GPT:forward(idx, targets, caches)
   x = gl.dropout(x, cfg.dropout, self.training)
   for i = 1, tr.h.n do x = common.run_block(tr.h[i], x, caches and caches[i], cfg) end
   x = tr.ln_f(x)
-  return common.head(self, x, targets, gl.linear, self.lm_head_weight, 0)
+  local w = self.lm_head_weight
+  -- (a vocabulary-parallel head holds a shard of the padded rows and masks the padding itself)
+  if cfg.padded_vocab_size ~= cfg.vocab_size and not self.tp_layout then w = w:narrow(1, 1, cfg.vocab_size) end
+  return common.head(self, x, targets, gl.linear, w, 0)
 end
 
 -- training FLOPs per token; the position embedding is only looked up (the
@@ -108,6 +127,8 @@ function GPT:new_caches(B, S)
     self.transformer.wte.weight)
 end
 GPT.generate = common.generate
+-- the head is the token embedding (optim.nanochat trains it at the head's rate)
+GPT.ties_head_to_embedding = true
 nn.checked(GPT, { __init = 'self:module, cfg:opts?',
                   forward = 'self:module, idx:ids, targets:ids?, caches:opts?',
                   generate = 'self:module, idx:ids, n:size, opts:opts?',

@@ -66,7 +66,7 @@ M.FEATURES = { 'qk_scale', 'rope_base', 'norm_eps', 'window_pattern', 'short_win
 
 M.defaults = { depth = 20, vocab_size = 65536, block_size = 2048, n_layer = false, n_embd = false,
                n_head = false, n_kv_head = false, head_dim = 128, softcap = 15,
-               dropout = 0.0, activation_checkpointing = false, version = 'v1' }
+               dropout = 0.0, activation_checkpointing = false, version = 'v1', pad_vocab_for_tp = 1 }
 for _, k in ipairs(M.FEATURES) do M.defaults[k] = 'auto' end
 
 local VE_GATE_CHANNELS, SMEAR_CHANNELS = 12, 24
@@ -115,7 +115,14 @@ function M.resolve(cfg)
   if cfg.value_embeds and cfg.n_embd < VE_GATE_CHANNELS then
     error(('nanochat: value_embeds gates read the first %d channels, n_embd is %d'):format(VE_GATE_CHANNELS, cfg.n_embd), 3)
   end
-  cfg.padded_vocab_size = math.ceil(cfg.vocab_size / pv) * pv
+  -- the rows a checkpoint holds (pad_vocab_to's), and the rows the model
+  -- holds: those padded on to a multiple of the tp size that will cut them
+  -- (the trainer's pad_vocab_for_tp; gptlua.dist.tensor_parallel masks the
+  -- padding in the loss, never samples it and saves the stored rows only)
+  local t = cfg.pad_vocab_for_tp
+  if type(t) ~= 'number' or t < 1 or t ~= math.floor(t) then bad('pad_vocab_for_tp', 'a positive integer', t) end
+  cfg.stored_vocab_size = math.ceil(cfg.vocab_size / pv) * pv
+  cfg.padded_vocab_size = math.ceil(cfg.stored_vocab_size / t) * t
   return cfg
 end
 

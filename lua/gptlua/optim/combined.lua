@@ -81,14 +81,30 @@ local NANOCHAT_CURRENT_GROUPS = {   -- name pattern, lr (a function of opts, s),
 -- trainer logs rates by name and set{} moves exactly that key's groups.
 local UNIT_RATES = { unembedding_lr = 1, embedding_lr = 1, scalar_lr = 1 }
 local named_matrices
-local function nanochat_current(model, opts, matrices, rest, scale)
+
+-- A rank may hold none of a member's parameters (a pipeline stage of block
+-- matrices only has no AdamW parameter; one of embeddings only, no Muon
+-- matrix): the member still exists, with one empty group, so that every
+-- rank's optim.Combined lists AdamW then Muon, and a checkpoint's steps[i]
+-- names the same member on any layout.
+local function or_empty(list, empty_group)
+  if #list > 0 then return list end
+  empty_group.params = {}
+  return { empty_group }
+end
+
+-- split: the non-matrix parameters as optim.nanochat sorted them {head, emb, other}
+local function nanochat_current(opts, matrices, split, scale)
   local o = { unembedding_lr = opts.unembedding_lr or 0.008, embedding_lr = opts.embedding_lr or 0.3,
               scalar_lr = opts.scalar_lr or 0.5 }
   local members = {}
   for i = 1, #NANOCHAT_CURRENT_GROUPS do members[i] = {} end
-  for _, np in ipairs(rest) do
-    for i, spec in ipairs(NANOCHAT_CURRENT_GROUPS) do
-      if np[1]:match(spec[1]) then table.insert(members[i], np); break end
+  for _, np in ipairs(split.head) do table.insert(members[1], np) end  -- (a tied embedding's name is wte's)
+  for _, list in ipairs({ split.emb, split.other }) do
+    for _, np in ipairs(list) do
+      for i, spec in ipairs(NANOCHAT_CURRENT_GROUPS) do
+        if np[1]:match(spec[1]) then table.insert(members[i], np); break end
+      end
     end
   end
   local groups = {}
@@ -98,12 +114,9 @@ local function nanochat_current(model, opts, matrices, rest, scale)
                               name = spec[5], lr_key = spec[6], lr_factor = spec[6] and spec[2](UNIT_RATES, scale) }
     end
   end
-  local list = { AdamW(groups, { eps = 1e-10 }) }
-  if #matrices > 0 then
-    list[#list + 1] = Muon(matrices, { lr = opts.matrix_lr or 0.02, momentum = opts.momentum or 0.95,
-      variant = 'current', normuon_beta2 = opts.muon_beta2, weight_decay = opts.muon_weight_decay })
-  end
-  return named_matrices(Combined(list))
+  return named_matrices(Combined({ AdamW(or_empty(groups, { lr = 0.2, name = 'other' }), { eps = 1e-10 }),
+    Muon(or_empty(matrices, {}), { lr = opts.matrix_lr or 0.02, momentum = opts.momentum or 0.95,
+      variant = 'current', normuon_beta2 = opts.muon_beta2, weight_decay = opts.muon_weight_decay }) }))
 end
 
 -- Muon's groups: 'matrix', at matrix_lr
@@ -122,18 +135,21 @@ function optim.nanochat(model, opts)
   local scale = (C / 768) ^ -0.5
   local variant = opts.variant or 'classic'
   if not MUON_VARIANTS[variant] then check.fail('nanochat', 'variant', "'classic' or 'current'", variant, 3) end
+  -- a model whose head is its token embedding (gpt2: ties_head_to_embedding)
+  -- trains that matrix as the head: the embedding's rate, tuned for rows
+  -- that one token's gradient reaches, diverges on the head's dense gradient
+  local tied = model.ties_head_to_embedding
   local matrices, emb, head, other = {}, {}, {}, {}
   for _, np in ipairs(model:named_parameters()) do
     local name, p = np[1], np[2]
     if name:match('^transformer%.h%.') and #p.shape == 2 then matrices[#matrices + 1] = np
+    elseif tied and name:match('^transformer%.wte%.') then head[#head + 1] = np
     elseif name:match('wte') then emb[#emb + 1] = np
     elseif name:match('lm_head') then head[#head + 1] = np
     else other[#other + 1] = np end
   end
   if variant == 'current' then
-    local rest = {}
-    for _, list in ipairs({ head, emb, other }) do for _, np in ipairs(list) do rest[#rest + 1] = np end end
-    return nanochat_current(model, opts, matrices, rest, scale)
+    return nanochat_current(opts, matrices, { head = head, emb = emb, other = other }, scale)
   end
   local adam_groups = {}
   if #emb > 0 then adam_groups[#adam_groups + 1] = { params = emb, lr = (opts.embedding_lr or 0.2) * scale,
@@ -142,12 +158,11 @@ function optim.nanochat(model, opts)
     name = 'unembedding', lr_key = 'unembedding_lr', lr_factor = scale } end
   if #other > 0 then adam_groups[#adam_groups + 1] = { params = other, lr = (opts.scalar_lr or 0.004) * scale,
     name = 'scalar', lr_key = 'scalar_lr', lr_factor = scale } end
-  local list = { AdamW(adam_groups, { betas = opts.adam_betas or { 0.8, 0.95 }, eps = 1e-10, weight_decay = 0 }) }
-  if #matrices > 0 then
-    list[#list + 1] = Muon(matrices, { lr = opts.matrix_lr or 0.02, momentum = opts.momentum or 0.95,
-      weight_decay = opts.muon_weight_decay })
-  end
-  return named_matrices(Combined(list))
+  local empty = { lr = (opts.embedding_lr or 0.2) * scale, name = 'embedding', lr_key = 'embedding_lr', lr_factor = scale }
+  return named_matrices(Combined({
+    AdamW(or_empty(adam_groups, empty), { betas = opts.adam_betas or { 0.8, 0.95 }, eps = 1e-10, weight_decay = 0 }),
+    Muon(or_empty(matrices, {}), { lr = opts.matrix_lr or 0.02, momentum = opts.momentum or 0.95,
+      weight_decay = opts.muon_weight_decay }) }))
 end
 
 -- whether optimizer o runs its step from a step block (gptlua.step_block)

@@ -4,9 +4,10 @@
 -- policy does.
 --
 -- Inner policies: ddp, zero1, zero2, fsdp and hsdp, and the tp policy over
--- ddp, zero1 or zero2 (pp x tp, pp x dp x tp: the stages of a model cut
--- over tp; the norm weighs replicated gradients by 1/tp as tp's does,
--- checkpoints go through tp's gathering; pp x tp x fsdp is refused).
+-- any of them (pp x tp, pp x dp x tp: the stages of a model cut over tp;
+-- the norm weighs replicated gradients by 1/tp as tp's does, checkpoints
+-- go through tp's gathering; pp x tp x fsdp, torchtitan's 3-D layout:
+-- FSDP shards each stage's tp shards over dp, as below).
 -- Context parallelism (Ulysses or ring) and tp's sequence parallelism cut
 -- the stage messages too: each carries this rank's (B, T/cp, C) rows, in
 -- ring's zig-zag order, or (B, T/tp, C) under sp; the embedding keeps this
@@ -94,7 +95,7 @@ function P.stages(trainer, model)
     partition = trainer.hooks.pp_partition or cfg.pp_partition })
   local named = trainer.pipeline.named
   return {
-    config = model.config,
+    config = model.config, ties_head_to_embedding = model.ties_head_to_embedding,
     named_parameters = function() return named end,
     parameters = function() return trainer.pipeline.params end,
   }
@@ -107,13 +108,12 @@ function P.new(inner, pipe, mesh, dist_name)
     fail(("dist '%s' with pp > 1 is not composed yet (expected 'ddp', 'zero1', 'zero2', 'fsdp' or 'hsdp' over the dp "
       .. 'dimension)'):format(tostring(dist_name)))
   end
-  if inner.layout and inner.inner.units then
-    fail(("dist '%s' with pp and tp > 1 is not composed yet (expected 'ddp', 'zero1' or 'zero2')"):format(dist_name))
-  end
-  -- FSDP: a stage's units stay gathered, with their whole gradients, through the pipeline step (see the header)
-  if inner.units then inner.accumulate = 'unsharded' end
   local self = setmetatable({ inner = inner, pipe = pipe, mesh = mesh, optimizer = inner.optimizer,
     params = pipe.params, collective_forward = true }, P)
+  -- FSDP (alone or under tp's policy): a stage's units stay gathered, with
+  -- their whole gradients, through the pipeline step (see the header)
+  local fsdp = self:_fsdp()
+  if fsdp then fsdp.accumulate = 'unsharded' end
   -- the whole model's parameters by name, and which pp rank trains each
   self.owner = {}
   for _, np in ipairs(pipe.model:named_parameters()) do
@@ -126,11 +126,16 @@ end
 
 function P:zero_grad() return self.inner:zero_grad() end
 
+-- the data-parallel policy (the inner one, or the one tp's policy wraps)
+function P:_dp() return self.inner.layout and self.inner.inner or self.inner end
+-- that policy when it is FSDP/HSDP (its units), else nil
+function P:_fsdp() local dp = self:_dp(); return dp.units and dp or nil end
+
 -- the pipeline runs every micro-step; returns the sum of their losses
 function P:micro_steps(trainer, accum)
   local xs, ys = {}, {}
   for i = 1, accum do xs[i], ys[i] = trainer.data.train:next_batch() end
-  local dp = self.inner.layout and self.inner.inner or self.inner  -- the data-parallel policy (under tp's)
+  local dp = self:_dp()
   dp:before_micro_step(1, accum + 1)   -- no reduction during the schedule's backwards
   dp.sync = false                      -- (not zero2's per micro-step either: see the header)
   if dp.units then  -- FSDP: gathered for the step, gradients in whole buffers; after_backward reduces and reshards
@@ -170,7 +175,7 @@ end
 -- FSDP: every unit of this stage gathered (fn's blocks release theirs
 -- after use), the rest released after fn
 function P:_gathered(fn, ...)
-  local fsdp = self.inner.units and self.inner
+  local fsdp = self:_fsdp()
   if fsdp then for _, u in ipairs(fsdp.units) do fsdp:_acquire(u) end end
   local r = { pcall(fn, ...) }
   if fsdp then for _, u in ipairs(fsdp.units) do fsdp:_release(u) end end
@@ -202,7 +207,8 @@ end
 function P:after_sample()
   for _, p in ipairs(self.lent or {}) do gl.Tensor.release(p) end
   self.lent = nil
-  if self.inner.units then for _, u in ipairs(self.inner.units) do self.inner:_release(u) end end
+  local fsdp = self:_fsdp()
+  if fsdp then for _, u in ipairs(fsdp.units) do fsdp:_release(u) end end
 end
 
 function P:save_checkpoint(trainer, model_sd, opt_sd, state)

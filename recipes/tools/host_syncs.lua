@@ -128,6 +128,12 @@ local function run(policy, waits)
   local t = train.new(recipe({ optimizer = 'adamw', dist = tp and 'ddp' or policy, device = 'cuda',
     gradient_accumulation_steps = accum, max_iters = STEPS, out_dir = tmp, quiet = true, bucket_mb = BUCKET_MB,
     tp = tp and world.size or nil, vocab_size = tp and 66 or nil }), {})  -- (65 characters, padded for tp 2)
+  -- The set-up's garbage (FSDP's set-up drops pinned host buffers to the
+  -- GC) and the previous run's are collected here, not by a collection
+  -- that the measured step's allocations happen to trigger: its finalizers'
+  -- cudaFreeHost calls would count as the step's host syncs, at a step that
+  -- depends on how much a busy machine's wait loops allocated.
+  collectgarbage('collect'); collectgarbage('collect')
   local dev = tonumber(dist.device():match('^cuda:(%d+)$'))
   local compute = lib.gl_sim_trace_stream_id(gl.lib.gl_cuda_stream(dev, 0))
   local rows, losses = {}, {}

@@ -169,7 +169,9 @@ static const char *standard_pattern(const char *text, int64_t *n_ranks) {
     const char *eol = strchr(p, '\n');
     if (!eol) eol = p + strlen(p);
     const char *sp = memchr(p, ' ', (size_t)(eol - p));
-    if (eol > p + (eol[-1] == '\r')) {
+    size_t line = (size_t)(eol - p);
+    if (line > 0 && eol[-1] == '\r') line--;  /* (a first line that is empty has no eol[-1]) */
+    if (line > 0) {
       if (n < 256 && sp && sp - p <= 4 && b64_decode(p, sp - p, buf) == 1) singles++;
       n++;
     }

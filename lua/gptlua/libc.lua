@@ -65,21 +65,16 @@ M.C = ffi.C
 
 local CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_PROCESS_CPUTIME_ID, CLOCK_THREAD_CPUTIME_ID = 0, 1, 2, 3
 local ts = ffi.new('struct gl_timespec')
-function M.monotonic()
-  ffi.C.clock_gettime(CLOCK_MONOTONIC, ts)
+local function seconds(clock)
+  ffi.C.clock_gettime(clock, ts)
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
-function M.realtime()
+function M.monotonic() return seconds(CLOCK_MONOTONIC) end
+function M.realtime()  -- to the microsecond: what a timestamp in metrics.jsonl keeps
   ffi.C.clock_gettime(CLOCK_REALTIME, ts)
   return tonumber(ts.tv_sec) + math.floor(tonumber(ts.tv_nsec) / 1e3) * 1e-6
 end
-function M.cpu_seconds()
-  ffi.C.clock_gettime(CLOCK_PROCESS_CPUTIME_ID, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-function M.thread_cpu_seconds()
-  ffi.C.clock_gettime(CLOCK_THREAD_CPUTIME_ID, ts)
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+function M.cpu_seconds() return seconds(CLOCK_PROCESS_CPUTIME_ID) end
+function M.thread_cpu_seconds() return seconds(CLOCK_THREAD_CPUTIME_ID) end
 
 return M

@@ -126,7 +126,7 @@ Bitmap *bitmap_of(uintptr_t addr) {
   return bm;
 }
 
-inline void touch(uintptr_t addr, size_t n, int kind) {
+void touch_bytes(uintptr_t addr, size_t n, int kind) {
   if (!g_counting || n == 0) return;
   uintptr_t page = addr >> PAGE_SHIFT;
   PageEntry &pe = A.pages[page & (PAGE_CACHE - 1)];
@@ -220,21 +220,10 @@ void gl_sim_account_sync(const char *what) {
   row_named(A.syncs, A.sync_of, what ? what : "sync").launches += 1;
 }
 
-/* ---- the instrumentation's hooks (the account flavour's kernels call them) ---- */
-#define GL_SIM_ACCOUNT_HOOKS(n)                                                                        \
-  extern "C" void __asan_load##n##_noabort(uintptr_t a) { touch(a, n, 0); }                      \
-  extern "C" void __asan_store##n##_noabort(uintptr_t a) { touch(a, n, 1); }
-GL_SIM_ACCOUNT_HOOKS(1)
-GL_SIM_ACCOUNT_HOOKS(2)
-GL_SIM_ACCOUNT_HOOKS(4)
-GL_SIM_ACCOUNT_HOOKS(8)
-GL_SIM_ACCOUNT_HOOKS(16)
-extern "C" void __asan_loadN_noabort(uintptr_t a, size_t n) { touch(a, n, 0); }
-extern "C" void __asan_storeN_noabort(uintptr_t a, size_t n) { touch(a, n, 1); }
-/* the rest of what the instrumentation calls: nothing to do without shadow memory */
-extern "C" void __asan_handle_no_return(void) {}
-extern "C" void __asan_before_dynamic_init(const char *) {}
-extern "C" void __asan_after_dynamic_init(void) {}
+/* ---- the instrumentation's hooks (sanitize.cpp) call this for every access ---- */
+void gl_sim_account_touch(uintptr_t addr, size_t n, int written) {
+  if (g_counting) touch_bytes(addr, n, written);
+}
 
 /* ---- the C interface (recipes/tools/account.lua declares it itself) ---------- */
 extern "C" {

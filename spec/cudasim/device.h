@@ -68,9 +68,10 @@ extern const gl_sim_block_ctx *gl_sim_block;
 static constexpr int warpSize = 32;
 
 /* ---- barriers ------------------------------------------------------------ */
-/* Out of line (exec.cpp) and never inlined: the return address identifies
-   the call site, so threads of a block waiting at different __syncthreads
-   are reported as barrier divergence. */
+/* Out of line (exec_block.cpp).  A barrier is identified by its call's file
+   and line, so threads of a block waiting at different __syncthreads are
+   reported as barrier divergence, while a call the compiler duplicated is
+   still one barrier. */
 void __syncthreads(const char *file = __builtin_FILE(), int line = __builtin_LINE());
 int __syncthreads_count(int pred, const char *file = __builtin_FILE(), int line = __builtin_LINE());
 int __syncthreads_and(int pred, const char *file = __builtin_FILE(), int line = __builtin_LINE());
@@ -148,11 +149,16 @@ static inline unsigned int __brev(unsigned int x) {
 
 /* ---- atomics ------------------------------------------------------------- */
 /* Simulated threads are fibers switched only at barriers and collectives,
-   and kernels run one at a time, so a plain read-modify-write is atomic. */
+   and kernels run one at a time, so a plain read-modify-write is atomic.
+   gl_sim_in_atomic tells the sanitizer (sanitize.cpp) that the access is
+   an atomic's: bounds and initcheck apply, racecheck does not. */
+extern int gl_sim_in_atomic;
 #define GL_SIM_ATOMIC(NAME, T, EXPR)                        \
   static inline T NAME(T *address, T val) {                 \
+    gl_sim_in_atomic = 1;                                   \
     T old = *address;                                       \
     *address = (EXPR);                                      \
+    gl_sim_in_atomic = 0;                                   \
     return old;                                             \
   }
 GL_SIM_ATOMIC(atomicAdd, int, old + val)
@@ -186,8 +192,10 @@ GL_SIM_ATOMIC(atomicXor, unsigned long long, old ^ val)
 #undef GL_SIM_ATOMIC
 #define GL_SIM_ATOMIC_CAS(T)                                          \
   static inline T atomicCAS(T *address, T compare, T val) {           \
+    gl_sim_in_atomic = 1;                                             \
     T old = *address;                                                 \
     if (old == compare) *address = val;                               \
+    gl_sim_in_atomic = 0;                                             \
     return old;                                                       \
   }
 GL_SIM_ATOMIC_CAS(int)

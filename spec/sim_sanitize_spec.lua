@@ -13,13 +13,13 @@ local E = S.E
 -- name, class, expected code, text the report contains
 local PLANTED = {
   { 'oob_store_poison', 'memcheck', E.IllegalAddress,
-    'out-of-bounds global write of 4 bytes at 0x%x+: 0 bytes past the end of a 4000%-byte allocation' },
-  { 'oob_read', 'memcheck', E.IllegalAddress, 'out-of-bounds global read of 4 bytes' },
+    'out%-of%-bounds global write of 4 bytes at 0x%x+: 0 bytes past the end of a 4000%-byte allocation' },
+  { 'oob_read', 'memcheck', E.IllegalAddress, 'out%-of%-bounds global read of 4 bytes at 0x%x+: 0 bytes past the end' },
   { 'misaligned_global', 'memcheck', E.MisalignedAddress, 'misaligned global read of 4 bytes' },
-  { 'shared_oob', 'memcheck', E.IllegalAddress, 'out-of-bounds shared write of 4 bytes' },
+  { 'shared_oob', 'memcheck', E.IllegalAddress, 'out%-of%-bounds shared write of 4 bytes' },
   { 'misaligned_shared', 'memcheck', E.MisalignedAddress, 'misaligned shared write of 4 bytes' },
   { 'dynamic_oob', 'memcheck', E.IllegalAddress,
-    "out-of-bounds shared read of 4 bytes at 0x%x+: byte %-4 of the launch's 256%-byte dynamic shared buffer" },
+    "out%-of%-bounds shared read of 4 bytes at 0x%x+: byte %-4 of the launch's 256%-byte dynamic shared buffer" },
   { 'uninit_shared', 'initcheck', E.LaunchFailure, 'read of 4 bytes of uninitialized shared memory' },
   { 'uninit_global', 'initcheck', E.LaunchFailure, 'read of 4 bytes of uninitialized global memory' },
   { 'reduce_no_barrier', 'racecheck', E.LaunchFailure, 'hazard on shared memory' },
@@ -27,7 +27,7 @@ local PLANTED = {
   { 'warp_exchange', 'racecheck', E.LaunchFailure, 'write%-after%-read hazard on shared memory' },
   { 'early_return_barrier', 'synccheck', E.IllegalInstruction,
     'this thread exited while 200 thread%(s%) of the block wait at the barrier at [^ ]*sanitize%.cu:%d+' },
-  { 'syncwarp_bad_mask', 'synccheck', E.IllegalInstruction, 'the calling lane 16 is not in mask 0x0000ffff' },
+  { 'syncwarp_bad_mask', 'synccheck', E.IllegalInstruction, '__syncwarp at [^ ]*sanitize%.cu:%d+: the calling lane 16 is not in mask 0x0000ffff' },
 }
 
 describe('cuda-sim sanitizer: each class fires on a planted bug #cuda #sim', function()

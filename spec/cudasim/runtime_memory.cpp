@@ -68,8 +68,7 @@ struct Alloc {
   std::atomic<int> opened{0};      /* some page was opened since the last close */
   std::atomic<int> written{0};     /* some page was opened writable */
   PageRec *pages = nullptr;        /* per data page (stream check only) */
-  uint8_t *written = nullptr;      /* a bit per byte of [begin, end) once written (initcheck; host checks only) */
-  uint8_t *written_bits() const { return written; }
+  uint8_t *init_bits = nullptr;    /* a bit per byte of [begin, end) once written (initcheck; host checks only) */
 };
 
 /* A freed allocation in quarantine: its mapping stays reserved (PROT_NONE,
@@ -149,7 +148,7 @@ bool gl_sim_alloc_view_of(uintptr_t a, gl_sim_alloc_view *out) {
   out->data_end = al->data_end;
   out->begin = al->begin;
   out->end = al->end;
-  out->written = al->written;
+  out->written = al->init_bits;
   return true;
 }
 
@@ -275,7 +274,7 @@ static void open_page(Alloc *al, uintptr_t addr, bool write) {
      every other writer (a copy, a set, cuBLASLt, NCCL, race mode's restores)
      is not instrumented, so the page (or block) it opens for writing counts
      as written whole: never a false report, at worst a missed one */
-  if (al->written_bits() && (prot & PROT_WRITE) && (write || whole) && !gl_sim_where()) {
+  if (al->init_bits && (prot & PROT_WRITE) && (write || whole) && !gl_sim_where()) {
     uintptr_t lo = whole ? al->data_begin : page, hi = whole ? al->data_end : page + PAGE;
     mark_written(al, lo, hi);
   }
@@ -289,10 +288,10 @@ static void mark_written(Alloc *al, uintptr_t lo, uintptr_t hi) {
     size_t i = a - al->begin;
     if ((i & 7) == 0 && a + 8 <= hi) {
       size_t n = (hi - a) / 8;
-      memset(al->written + i / 8, 0xFF, n);
+      memset(al->init_bits + i / 8, 0xFF, n);
       a += n * 8;
     } else {
-      al->written[i / 8] |= (uint8_t)(1u << (i & 7));
+      al->init_bits[i / 8] |= (uint8_t)(1u << (i & 7));
       a++;
     }
   }
@@ -510,8 +509,8 @@ extern "C" cudaError_t cudaMalloc(void **dev_ptr, size_t size) {
   if (check_streams()) al->pages = (PageRec *)calloc(data_len / PAGE, sizeof(PageRec));
   /* initcheck needs the host checks' faults to see the writes kernels do not make */
   if (config.hostcheck && (config.checks & GL_SIM_CHECK_INIT)) {
-    al->written = (uint8_t *)calloc((size + 7) / 8, 1);
-    if (!al->written) { say_raw("out of host memory for an allocation's initcheck bits"); abort(); }
+    al->init_bits = (uint8_t *)calloc((size + 7) / 8, 1);
+    if (!al->init_bits) { say_raw("out of host memory for an allocation's initcheck bits"); abort(); }
   }
   memset((void *)al->data_begin, 0xFF, data_len);
   mprotect(m, PAGE, PROT_NONE);
@@ -616,7 +615,7 @@ extern "C" cudaError_t cudaFree(void *dev_ptr) {
   if (evicted.map_end > evicted.map_begin) munmap((void *)evicted.map_begin, evicted.map_end - evicted.map_begin);
   R.in_use[al->device].fetch_sub((al->size + 255) & ~(size_t)255);
   free(al->pages);
-  free(al->written);
+  free(al->init_bits);
   delete al;
   return gl_sim_sticky();
 }

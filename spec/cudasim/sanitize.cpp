@@ -245,7 +245,7 @@ void check_global(const gl_sim_alloc_view *v, uintptr_t a, size_t n, bool write,
       report(cudaErrorIllegalAddress, pc,
              "memcheck: out-of-bounds global %s of %zu bytes at 0x%lx: %ld bytes past the end of a %lu-byte "
              "allocation",
-             rw(write), n, (unsigned long)a, (long)(a + n - v->end) - 1, (unsigned long)(v->end - v->begin));
+             rw(write), n, (unsigned long)a, (long)(a >= v->end ? a - v->end : 0), (unsigned long)(v->end - v->begin));
     report(cudaErrorIllegalAddress, pc,
            "memcheck: out-of-bounds global %s of %zu bytes at 0x%lx: %lu bytes before the start of a %lu-byte "
            "allocation",

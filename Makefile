@@ -188,14 +188,14 @@ SIM_CXXFLAGS = -O2 -g -std=c++17 -fPIC -fno-math-errno -fno-strict-aliasing $(WA
              -fsanitize=bounds -fno-sanitize-recover=bounds -Iengine -I$(BUILD) -Ikernels \
              -I$(BLAS_DIR:/usr/lib/%=/usr/include/%) $(SIM_DEFS)
 # Kernels (kernels/*.cu and the simulator's test kernels) are also compiled
-# with GCC's kernel-address instrumentation in outline mode: every load and
-# store calls spec/cudasim/sanitize.cpp's hooks, which check it (memcheck,
-# initcheck, racecheck) and count its bytes for the account.  Only the
-# instrumentation: no shadow memory, stack or globals checks.  No
-# vectorising or store merging, so that each access keeps its source type's
-# size and alignment (the misaligned-address check).
-SIM_SAN_FLAGS = -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
-                --param asan-stack=0 --param asan-globals=0 -fno-sanitize-address-use-after-scope \
+# with GCC's thread-sanitizer instrumentation: every load and store calls
+# spec/cudasim/sanitize.cpp's hooks, which check it (memcheck, initcheck,
+# racecheck) and count its bytes for the account.  Only the instrumentation,
+# at compile time: linking with -fsanitize=thread would pull in GCC's
+# runtime, so the libraries are linked without it.  No vectorising or store
+# merging, so that each access keeps its source type's size and alignment
+# (the misaligned-address check).
+SIM_SAN_FLAGS = -fsanitize=thread --param tsan-instrument-func-entry-exit=0 \
                 -fno-tree-vectorize -fno-store-merging
 SIM_HDR    = $(wildcard spec/cudasim/*.h) $(CU_HDR) $(HEADERS)
 SIM_NCCL   = $(wildcard spec/cudasim/nccl*.cpp)
@@ -234,10 +234,15 @@ $(SIM)/libgptlua_gloo.so: $(GLOO_DEPS) $(SIM)/libgptlua.so
 	$(CXX) $(GLOO_CXXFLAGS) -c $(GLOO_CXX) -o $(SIM)/obj/gloo_ops.o
 	$(CC) $(SIM_CFLAGS) -DGL_NCCL_MISSING='"the NCCL of the CUDA simulator (spec/cudasim/nccl*.cpp) runs over MPI; start the ranks with mpirun (gptlua -n N --launcher=mpi) to use it"' \
 	  -shared -o $@ $(GLOO_SRC) $(GLOO_SHARED) $(SIM)/obj/gloo_ops.o -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua -lgloo -lstdc++ -lpthread
-$(SIM)/libgptlua_simtest.so: $(SIM_TEST_SRC) $(wildcard spec/cudasim/cases/*.h) $(SIM_HDR) $(SIM)/libgptlua.so
-	$(CXX) $(SIM_CXXFLAGS) $(SIM_SAN_FLAGS) -x c++ -shared -o $@ $(SIM_TEST_SRC) -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua
-$(SIM)/libgptlua_sanitize_O%.so: spec/cudasim/cases/sanitize.cu $(wildcard spec/cudasim/cases/*.h) $(SIM_HDR) $(SIM)/libgptlua.so
-	$(CXX) $(SIM_CXXFLAGS) -O$* $(SIM_SAN_FLAGS) -x c++ -shared -o $@ $< -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua
+$(SIM)/obj/case_%.o: spec/cudasim/cases/%.cu $(wildcard spec/cudasim/cases/*.h) $(SIM_HDR) | $(SIM)/obj
+	$(CXX) $(SIM_CXXFLAGS) $(SIM_SAN_FLAGS) -x c++ -c $< -o $@
+$(SIM)/libgptlua_simtest.so: $(patsubst spec/cudasim/cases/%.cu,$(SIM)/obj/case_%.o,$(SIM_TEST_SRC)) $(SIM)/libgptlua.so
+	$(CXX) -shared -fsanitize=bounds -o $@ $(filter %.o,$^) -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua
+$(SIM)/obj/sanitize_O%.o: spec/cudasim/cases/sanitize.cu $(wildcard spec/cudasim/cases/*.h) $(SIM_HDR) | $(SIM)/obj
+	$(CXX) $(SIM_CXXFLAGS) -O$* $(SIM_SAN_FLAGS) -x c++ -c $< -o $@
+.PRECIOUS: $(SIM)/obj/sanitize_O%.o
+$(SIM)/libgptlua_sanitize_O%.so: $(SIM)/obj/sanitize_O%.o $(SIM)/libgptlua.so
+	$(CXX) -shared -fsanitize=bounds -o $@ $< -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua
 $(SIM)/gptlua: engine/main.c $(HEADERS) | $(SIM)/obj
 	$(CC) $(SIM_CFLAGS) -DGL_VERSION_STR='"$(shell cat VERSION)"' -o $@ engine/main.c -lluajit-5.1 -lreadline -ldl -lm
 

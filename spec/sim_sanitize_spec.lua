@@ -22,7 +22,7 @@ local PLANTED = {
     "out%-of%-bounds shared read of 4 bytes at 0x%x+: byte %-4 of the launch's 256%-byte dynamic shared buffer" },
   { 'uninit_shared', 'initcheck', E.LaunchFailure, 'read of 4 bytes of uninitialized shared memory' },
   { 'uninit_global', 'initcheck', E.LaunchFailure, 'read of 4 bytes of uninitialized global memory' },
-  { 'reduce_no_barrier', 'racecheck', E.LaunchFailure, 'hazard on shared memory' },
+  { 'reduce_no_barrier', 'racecheck', E.LaunchFailure, '%a+%-after%-%a+ hazard on shared memory' },
   { 'shift_no_barrier', 'racecheck', E.LaunchFailure, 'write%-after%-read hazard on shared memory' },
   { 'warp_exchange', 'racecheck', E.LaunchFailure, 'write%-after%-read hazard on shared memory' },
   { 'early_return_barrier', 'synccheck', E.IllegalInstruction,

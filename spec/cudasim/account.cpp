@@ -8,9 +8,9 @@
  *   bytes    global memory a kernel reads and writes.  Only the account
  *            flavour of the simulator counts them (make sim-account:
  *            build/sim-account/, every kernels/NAME.cu compiled with
- *            -fsanitize=kernel-address and outline checks), where every load
- *            and store a kernel makes calls the __asan_{load,store}N_noabort
- *            hooks below.  The 32-byte sectors touched are collected per
+ *            -fsanitize=thread's instrumentation), where every load and
+ *            store a kernel makes calls sanitize.cpp's __tsan_{read,write}N
+ *            hooks, which call gl_sim_account_touch below.  The 32-byte sectors touched are collected per
  *            work item; at its end those inside a device allocation are
  *            counted once each, as read and/or as written.  Unique sectors
  *            per launch is what DRAM must move at least: a tile re-read from

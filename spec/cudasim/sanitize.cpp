@@ -1,11 +1,13 @@
 /* sanitize.cpp — the CUDA simulator's sanitizer: what NVIDIA's
  * compute-sanitizer reports about a kernel's memory accesses, found while
  * the kernel runs.  kernels/NAME.cu (and the simulator's test kernels) are
- * compiled with GCC's kernel-address instrumentation in outline mode, used
- * here only as instrumentation (no shadow memory of GCC's): every load and
- * store a kernel makes calls one of the __asan_{load,store}N_noabort hooks
- * below with its address, and the hook's return address says which line
- * of source made it.
+ * compiled with GCC's thread-sanitizer instrumentation, used here only as
+ * instrumentation (no runtime library of GCC's is linked): every load and
+ * store a kernel makes calls one of the __tsan_{read,write}N hooks below
+ * with its address, and the hook's return address says which line of
+ * source made it.  (GCC's address-sanitizer instrumentation would not do:
+ * it checks an address once per basic block whether loaded or stored, so
+ * the store of `s[t] += x` never reaches a hook and a race on it is missed.)
  *
  *   memcheck   a global access outside the bytes cudaMalloc returned (the
  *              slack inside the allocation's pages: past the last page the
@@ -307,18 +309,80 @@ void san_warp_synced(unsigned warp) { g_wsync[warp]++; }
 }  // namespace gl_sim_exec
 
 /* ---- the instrumentation's hooks --------------------------------------------------- */
-#define GL_SIM_SANITIZE_HOOKS(n)                                                                            \
-  extern "C" void __asan_load##n##_noabort(uintptr_t a) { access(a, n, false, __builtin_return_address(0)); } \
-  extern "C" void __asan_store##n##_noabort(uintptr_t a) { access(a, n, true, __builtin_return_address(0)); }
+/* -fsanitize=thread calls __tsan_readN / __tsan_writeN before each access
+   of N bytes (the unaligned_ variants where the type's alignment is below
+   N; the address itself is checked above) and the _range ones for other
+   sizes.  Function entry and exit are not instrumented (Makefile's
+   --param tsan-instrument-func-entry-exit=0). */
+#define GL_SIM_SANITIZE_HOOKS(n)                                                                                  \
+  extern "C" void __tsan_read##n(void *a) { access((uintptr_t)a, n, false, __builtin_return_address(0)); }           \
+  extern "C" void __tsan_write##n(void *a) { access((uintptr_t)a, n, true, __builtin_return_address(0)); }           \
+  extern "C" void __tsan_unaligned_read##n(void *a) { access((uintptr_t)a, n, false, __builtin_return_address(0)); } \
+  extern "C" void __tsan_unaligned_write##n(void *a) { access((uintptr_t)a, n, true, __builtin_return_address(0)); }
 GL_SIM_SANITIZE_HOOKS(1)
 GL_SIM_SANITIZE_HOOKS(2)
 GL_SIM_SANITIZE_HOOKS(4)
 GL_SIM_SANITIZE_HOOKS(8)
 GL_SIM_SANITIZE_HOOKS(16)
 #undef GL_SIM_SANITIZE_HOOKS
-extern "C" void __asan_loadN_noabort(uintptr_t a, size_t n) { access(a, n, false, __builtin_return_address(0)); }
-extern "C" void __asan_storeN_noabort(uintptr_t a, size_t n) { access(a, n, true, __builtin_return_address(0)); }
-/* the rest of what the instrumentation calls: nothing to do without shadow memory */
-extern "C" void __asan_handle_no_return(void) {}
-extern "C" void __asan_before_dynamic_init(const char *) {}
-extern "C" void __asan_after_dynamic_init(void) {}
+extern "C" void __tsan_read_range(void *a, size_t n) { access((uintptr_t)a, n, false, __builtin_return_address(0)); }
+extern "C" void __tsan_write_range(void *a, size_t n) { access((uintptr_t)a, n, true, __builtin_return_address(0)); }
+/* the rest of what the instrumentation calls: nothing to check */
+extern "C" void __tsan_init(void) {}
+extern "C" void __tsan_func_entry(void *) {}
+extern "C" void __tsan_func_exit(void) {}
+extern "C" void __tsan_vptr_update(void **, void *) {}
+extern "C" void __tsan_vptr_read(void **) {}
+/* atomics in what the kernels' files compile from the C++ library (the
+   guards of function-local statics, shared_ptr's counts) become calls of
+   these: done here as the builtins they stand for, sequentially consistent
+   whatever order was asked (never weaker than asked) */
+#define GL_SIM_TSAN_ATOMICS(bits)                                                                                  \
+  typedef uint##bits##_t a##bits;                                                                                \
+  extern "C" a##bits __tsan_atomic##bits##_load(const volatile a##bits *a, int) {                                \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                                 \
+  }                                                                                                              \
+  extern "C" void __tsan_atomic##bits##_store(volatile a##bits *a, a##bits v, int) {                             \
+    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                                    \
+  }                                                                                                              \
+  extern "C" a##bits __tsan_atomic##bits##_exchange(volatile a##bits *a, a##bits v, int) {                       \
+    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                          \
+  }                                                                                                              \
+  extern "C" a##bits __tsan_atomic##bits##_fetch_add(volatile a##bits *a, a##bits v, int) {                      \
+    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                           \
+  }                                                                                                              \
+  extern "C" a##bits __tsan_atomic##bits##_fetch_sub(volatile a##bits *a, a##bits v, int) {                      \
+    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                           \
+  }                                                                                                              \
+  extern "C" a##bits __tsan_atomic##bits##_fetch_and(volatile a##bits *a, a##bits v, int) {                      \
+    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                                           \
+  }                                                                                                              \
+  extern "C" a##bits __tsan_atomic##bits##_fetch_or(volatile a##bits *a, a##bits v, int) {                       \
+    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                                            \
+  }                                                                                                              \
+  extern "C" a##bits __tsan_atomic##bits##_fetch_xor(volatile a##bits *a, a##bits v, int) {                      \
+    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                                           \
+  }                                                                                                              \
+  extern "C" a##bits __tsan_atomic##bits##_fetch_nand(volatile a##bits *a, a##bits v, int) {                     \
+    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                                          \
+  }                                                                                                              \
+  extern "C" int __tsan_atomic##bits##_compare_exchange_strong(volatile a##bits *a, a##bits *c, a##bits v, int,  \
+                                                               int) {                                            \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                      \
+  }                                                                                                              \
+  extern "C" int __tsan_atomic##bits##_compare_exchange_weak(volatile a##bits *a, a##bits *c, a##bits v, int,    \
+                                                             int) {                                              \
+    return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                       \
+  }                                                                                                              \
+  extern "C" a##bits __tsan_atomic##bits##_compare_exchange_val(volatile a##bits *a, a##bits c, a##bits v, int,  \
+                                                                int) {                                           \
+    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                            \
+    return c;                                                                                                    \
+  }
+GL_SIM_TSAN_ATOMICS(8)
+GL_SIM_TSAN_ATOMICS(16)
+GL_SIM_TSAN_ATOMICS(32)
+GL_SIM_TSAN_ATOMICS(64)
+#undef GL_SIM_TSAN_ATOMICS
+extern "C" void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }

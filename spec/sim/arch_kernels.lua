@@ -1,6 +1,6 @@
 -- Runs flash attention forward and backward (bfloat16, head dim 64 and 128)
 -- on cuda:0 under the simulator's stream trace, and prints the device's
--- "props MAJOR.MINOR OPTIN", "kernel NAME" for each kernel launched, then "ok".  For
+-- "props MAJOR.MINOR OPTIN", "D=HEAD_DIM kernel NAME" for each kernel launched, then "ok".  For
 -- spec/sim_arch_spec.lua, which runs it with GL_SIM_ARCH set to each GPU:
 -- a launch over that GPU's shared memory limit fails the run, so "ok" means
 -- the runtime chose what fits there.
@@ -14,8 +14,8 @@ local function K(rc) if rc ~= 0 then error(gl.ffi.string(lib.gl_last_error())) e
 local p = cuda.get_device_properties(0)
 print(('props %d.%d %d'):format(p.major, p.minor, p.shared_memory_per_block_optin))
 
-trace.start()
 for _, D in ipairs({ 64, 128 }) do
+  trace.start()
   local B, H, T = 1, 2, 128
   local function t(shape, seed) return gl.randn(shape, { seed = seed }):to('bfloat16'):to('cuda:0') end
   local q, k, v, g = t({ B, H, T, D }, 1), t({ B, H, T, D }, 2), t({ B, H, T, D }, 3), t({ B, H, T, D }, 4)
@@ -26,15 +26,16 @@ for _, D in ipairs({ 64, 128 }) do
                      gl.empty({ B, H, T, D }, { dtype = 'bfloat16', device = 'cuda:0' }),
                      gl.empty({ B, H, T, D }, { dtype = 'bfloat16', device = 'cuda:0' })
   K(lib.gl_attention_backward(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, o.c, lse.c, 1 / math.sqrt(D), 0))
-end
-cuda.synchronize(0)
-trace.stop()
-local seen = {}
-for _, r in ipairs(trace.records()) do
-  local name = r.kind == 'work' and r.what:match('^kernel (.*)')
-  if name and not seen[name] then
-    seen[name] = true
-    print('kernel ' .. name)
+  cuda.synchronize(0)
+  trace.stop()
+  -- the trace names a launch by its kernel expression (flash_bwd_kernel<D>): the head dim is printed with it
+  local seen = {}
+  for _, r in ipairs(trace.records()) do
+    local name = r.kind == 'work' and r.what:match('^kernel (.*)')
+    if name and not seen[name] then
+      seen[name] = true
+      print(('D=%d kernel %s'):format(D, name))
+    end
   end
 end
 print('ok')

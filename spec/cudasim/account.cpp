@@ -51,6 +51,11 @@
 #include <vector>
 #include "sim.h"
 
+/* counting: the account is on and a work item is running (sync mode: on
+   this thread).  A plain global: sanitize.cpp's hooks read it at every
+   instrumented access before calling gl_sim_account_touch. */
+bool gl_sim_account_counting = false;
+
 namespace {
 
 /* ---- the sectors one work item touched ------------------------------------- */
@@ -105,9 +110,6 @@ Account A;
 /* the quick mode: products counted, not computed (read by stream threads too) */
 std::atomic<bool> g_skip_products{false};
 
-/* counting: the account is on and a work item is running (sync mode: on
-   this thread).  A plain global: read by every instrumented access. */
-bool g_counting = false;
 
 Bitmap *bitmap_of(uintptr_t addr) {
   void *base = nullptr;
@@ -127,7 +129,7 @@ Bitmap *bitmap_of(uintptr_t addr) {
 }
 
 void touch_bytes(uintptr_t addr, size_t n, int kind) {
-  if (!g_counting || n == 0) return;
+  if (!gl_sim_account_counting || n == 0) return;
   uintptr_t page = addr >> PAGE_SHIFT;
   PageEntry &pe = A.pages[page & (PAGE_CACHE - 1)];
   if (pe.page != page) {
@@ -193,13 +195,13 @@ void gl_sim_account_item_begin(const char *what) {
   if (A.item_name.compare(0, 7, "kernel ") == 0) A.item_name.erase(0, 7);
   A.item_flops = A.item_read = A.item_written = 0;
   for (PageEntry &pe : A.pages) pe = PageEntry();
-  g_counting = true;
+  gl_sim_account_counting = true;
   A.item_t0 = now_s();
 }
 
 void gl_sim_account_item_end(void) {
   if (!A.item_open) return;
-  g_counting = false;
+  gl_sim_account_counting = false;
   A.item_open = false;
   close_item();
   A.item_seconds += now_s() - A.item_t0;
@@ -222,7 +224,7 @@ void gl_sim_account_sync(const char *what) {
 
 /* ---- the instrumentation's hooks (sanitize.cpp) call this for every access ---- */
 void gl_sim_account_touch(uintptr_t addr, size_t n, int written) {
-  if (g_counting) touch_bytes(addr, n, written);
+  if (gl_sim_account_counting) touch_bytes(addr, n, written);
 }
 
 /* ---- the C interface (recipes/tools/account.lua declares it itself) ---------- */

@@ -61,10 +61,20 @@ struct gl_sim_block_ctx {
 };
 extern const gl_sim_thread_ctx *gl_sim_self;
 extern const gl_sim_block_ctx *gl_sim_block;
-#define threadIdx (gl_sim_self->thread_idx)
-#define blockIdx (gl_sim_block->block_idx)
-#define blockDim (gl_sim_block->block_dim)
-#define gridDim (gl_sim_block->grid_dim)
+/* Kernels read them through calls into exec_block.cpp, which is not
+   compiled with the sanitizer's instrumentation: read in place, every
+   threadIdx.x would be two instrumented loads (the pointer and the field),
+   reloaded after every other access's hook.  Constant for the whole of a
+   kernel invocation (one simulated thread), hence attribute const: the
+   compiler reads each once per function. */
+uint3 gl_sim_thread_idx(void) __attribute__((const));
+uint3 gl_sim_block_idx(void) __attribute__((const));
+dim3 gl_sim_block_dim(void) __attribute__((const));
+dim3 gl_sim_grid_dim(void) __attribute__((const));
+#define threadIdx (gl_sim_thread_idx())
+#define blockIdx (gl_sim_block_idx())
+#define blockDim (gl_sim_block_dim())
+#define gridDim (gl_sim_grid_dim())
 static constexpr int warpSize = 32;
 
 /* ---- barriers ------------------------------------------------------------ */

@@ -43,6 +43,10 @@ using namespace gl_sim_exec;
 
 const gl_sim_thread_ctx *gl_sim_self = nullptr;
 const gl_sim_block_ctx *gl_sim_block = nullptr;
+uint3 gl_sim_thread_idx(void) { return gl_sim_self->thread_idx; }
+uint3 gl_sim_block_idx(void) { return gl_sim_block->block_idx; }
+dim3 gl_sim_block_dim(void) { return gl_sim_block->block_dim; }
+dim3 gl_sim_grid_dim(void) { return gl_sim_block->grid_dim; }
 
 /* ---- the fiber switch ------------------------------------------------------ */
 extern "C" {

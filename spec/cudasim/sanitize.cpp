@@ -79,18 +79,16 @@ uint32_t g_wsync[MAX_WARPS];         /* warp collectives completed, per warp */
 std::vector<std::pair<size_t, size_t>> g_slots; /* GL_SHARED arrays (offset, bytes) this block touched */
 
 /* ---- the launch ------------------------------------------------------------------ */
-unsigned g_checks;          /* GL_SIM_CHECKS while a grid runs on g_grid_thread; 0 otherwise */
-pthread_t g_grid_thread;
+unsigned g_checks;          /* GL_SIM_CHECKS while a grid runs on the grid's thread; 0 otherwise */
+void *g_grid_thread;        /* that thread's thread pointer (cheaper than pthread_self, the same per thread) */
 
 /* device allocations by page: a direct-mapped cache of the runtime's table,
    emptied at every launch (allocations come and go between launches) */
 enum { PAGE_SHIFT = 12, PAGE_CACHE = 1024 };
-struct PageEntry {
-  uintptr_t page;
-  bool device;
-  gl_sim_alloc_view v;
-};
-PageEntry g_pages[PAGE_CACHE];
+/* tags apart from the views: an access to host memory (a thread's
+   threadIdx, its stack) reads only the small tag array */
+uintptr_t g_page_tag[PAGE_CACHE];       /* page << 1 | (1 if device memory) */
+gl_sim_alloc_view g_page_view[PAGE_CACHE];
 
 /* "file:line" of the instruction before pc (the call of a hook), through
    addr2line on the object holding it: only when a report is made */
@@ -232,12 +230,13 @@ void check_dynamic_shared(uintptr_t a, size_t n, bool write, const void *pc) {
 /* ---- global memory --------------------------------------------------------------- */
 const gl_sim_alloc_view *device_view(uintptr_t a) {
   uintptr_t page = a >> PAGE_SHIFT;
-  PageEntry &e = g_pages[page & (PAGE_CACHE - 1)];
-  if (e.page != page) {
-    e.page = page;
-    e.device = gl_sim_alloc_view_of(a, &e.v);
+  size_t slot = page & (PAGE_CACHE - 1);
+  uintptr_t tag = g_page_tag[slot];
+  if ((tag >> 1) != page) {
+    tag = page << 1 | (gl_sim_alloc_view_of(a, &g_page_view[slot]) ? 1 : 0);
+    g_page_tag[slot] = tag;
   }
-  return e.device ? &e.v : nullptr;
+  return (tag & 1) ? &g_page_view[slot] : nullptr;
 }
 
 void check_global(const gl_sim_alloc_view *v, uintptr_t a, size_t n, bool write, const void *pc) {
@@ -256,6 +255,14 @@ void check_global(const gl_sim_alloc_view *v, uintptr_t a, size_t n, bool write,
   uint8_t *bits = v->written;
   if (!bits || !(g_checks & GL_SIM_CHECK_INIT)) return;
   size_t i = a - v->begin;
+  if ((i & 7) + n <= 8) { /* the usual case: all n bits in one byte of the bitmap */
+    uint8_t mask = (uint8_t)(((1u << n) - 1) << (i & 7));
+    if (write) {
+      bits[i >> 3] |= mask;
+      return;
+    }
+    if ((bits[i >> 3] & mask) == mask) return; /* written (an atomic's store changes nothing here) */
+  }
   for (size_t k = 0; k < n; k++, i++) {
     uint8_t bit = (uint8_t)(1u << (i & 7));
     if (write) bits[i >> 3] |= bit;
@@ -270,8 +277,8 @@ void check_global(const gl_sim_alloc_view *v, uintptr_t a, size_t n, bool write,
 }
 
 __attribute__((always_inline)) inline void access(uintptr_t a, size_t n, bool write, const void *pc) {
-  gl_sim_account_touch(a, n, write);
-  if (!g_checks || !pthread_equal(pthread_self(), g_grid_thread) || !L.cur || n == 0) return;
+  if (gl_sim_account_counting) gl_sim_account_touch(a, n, write);
+  if (!g_checks || !L.cur || n == 0 || __builtin_thread_pointer() != g_grid_thread) return;
   bool in_static = a - (uintptr_t)g_static_arena < (uintptr_t)STATIC_ARENA;
   bool in_dynamic = a - (uintptr_t)g_dyn_begin < (uintptr_t)(g_dyn_end - g_dyn_begin);
   const gl_sim_alloc_view *v = in_static || in_dynamic ? nullptr : device_view(a);
@@ -290,8 +297,8 @@ __attribute__((always_inline)) inline void access(uintptr_t a, size_t n, bool wr
 namespace gl_sim_exec __attribute__((visibility("hidden"))) {
 void san_launch_begin(void) {
   g_checks = gl_sim_checks() & (GL_SIM_CHECK_MEM | GL_SIM_CHECK_INIT | GL_SIM_CHECK_RACE);
-  g_grid_thread = pthread_self();
-  for (PageEntry &e : g_pages) e.page = ~(uintptr_t)0;
+  g_grid_thread = __builtin_thread_pointer();
+  for (uintptr_t &t : g_page_tag) t = ~(uintptr_t)0; /* no page's tag */
   if (g_checks && !g_static_rec) {
     g_static_rec = (SharedRec *)map_or_die((size_t)STATIC_ARENA * sizeof(SharedRec), "the sanitizer's shared records");
     g_dyn_rec = (SharedRec *)map_or_die((size_t)(g_dyn_end - g_dyn_begin) * sizeof(SharedRec),
@@ -314,11 +321,14 @@ void san_warp_synced(unsigned warp) { g_wsync[warp]++; }
    N; the address itself is checked above) and the _range ones for other
    sizes.  Function entry and exit are not instrumented (Makefile's
    --param tsan-instrument-func-entry-exit=0). */
+/* exported for the test kernels' libraries, bound directly (no PLT) from
+   the kernels inside libgptlua.so */
+#define GL_SIM_HOOK __attribute__((visibility("protected")))
 #define GL_SIM_SANITIZE_HOOKS(n)                                                                                  \
-  extern "C" void __tsan_read##n(void *a) { access((uintptr_t)a, n, false, __builtin_return_address(0)); }           \
-  extern "C" void __tsan_write##n(void *a) { access((uintptr_t)a, n, true, __builtin_return_address(0)); }           \
-  extern "C" void __tsan_unaligned_read##n(void *a) { access((uintptr_t)a, n, false, __builtin_return_address(0)); } \
-  extern "C" void __tsan_unaligned_write##n(void *a) { access((uintptr_t)a, n, true, __builtin_return_address(0)); }
+  extern "C" GL_SIM_HOOK void __tsan_read##n(void *a) { access((uintptr_t)a, n, false, __builtin_return_address(0)); }           \
+  extern "C" GL_SIM_HOOK void __tsan_write##n(void *a) { access((uintptr_t)a, n, true, __builtin_return_address(0)); }           \
+  extern "C" GL_SIM_HOOK void __tsan_unaligned_read##n(void *a) { access((uintptr_t)a, n, false, __builtin_return_address(0)); } \
+  extern "C" GL_SIM_HOOK void __tsan_unaligned_write##n(void *a) { access((uintptr_t)a, n, true, __builtin_return_address(0)); }
 GL_SIM_SANITIZE_HOOKS(1)
 GL_SIM_SANITIZE_HOOKS(2)
 GL_SIM_SANITIZE_HOOKS(4)

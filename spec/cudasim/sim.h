@@ -150,8 +150,9 @@ void gl_sim_account_item_end(void);
 void gl_sim_account_add(const char *rename, double flops, double bytes_read, double bytes_written);
 void gl_sim_account_sync(const char *what);
 /* a kernel's load (written 0) or store (1) of n bytes at addr: sanitize.cpp's
-   hooks report every instrumented access */
+   hooks report every instrumented access while gl_sim_account_counting */
 void gl_sim_account_touch(uintptr_t addr, size_t n, int written);
+extern bool gl_sim_account_counting __attribute__((visibility("hidden")));
 /* The account's quick mode (gl_sim_account_skip_products): true while
    cuBLASLt products are counted from their descriptors and not computed. */
 bool gl_sim_account_skips_products(void);

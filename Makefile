@@ -66,11 +66,25 @@ HEADERS    = $(wildcard engine/*.h) $(wildcard engine/cpu/*.h)
 CU_SRC     = $(wildcard kernels/*.cu)
 CU_HDR     = $(wildcard kernels/*.cuh)
 
+# The GPUs the library carries machine code for, as compute capabilities
+# without the dot: A100 (80), A10 / RTX 3090 (86), L4 / L40S / RTX 4090 (89),
+# H100 / H200 (90), plus PTX of the last one, which the driver compiles for
+# newer GPUs at load time.  `make CUDA_ARCHS=90` builds for one GPU only
+# (`make test` does, to keep CI's compile time; `make cuda-check` compiles
+# all of them); nvcc compiles the archs of a file in parallel (--threads 0).
+# Objects live in a folder per arch list, so switching lists reuses them.
+CUDA_ARCHS      ?= 80 86 89 90
+TEST_CUDA_ARCHS ?= 90
+empty :=
+space := $(empty) $(empty)
+CUDA_ARCH_TAG   = $(subst $(space),-,$(strip $(CUDA_ARCHS)))
+NVCC_GENCODE    = $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                  -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 ifneq ($(NVCC),)
   CFLAGS     += -DGL_WITH_CUDA -I$(CUDA_HOME)/include
-  NVCCFLAGS  ?= -O3 -std=c++17 -arch=sm_90 -Xcompiler -fPIC -DGL_WITH_CUDA -Iengine -I$(BUILD) \
+  NVCCFLAGS  ?= -O3 -std=c++17 $(NVCC_GENCODE) --threads 0 -Xcompiler -fPIC -DGL_WITH_CUDA -Iengine -I$(BUILD) \
                 --expt-relaxed-constexpr -lineinfo
-  CU_OBJ      = $(patsubst kernels/%.cu,$(BUILD)/obj/cu_%.o,$(CU_SRC))
+  CU_OBJ      = $(patsubst kernels/%.cu,$(BUILD)/obj/sm-$(CUDA_ARCH_TAG)/cu_%.o,$(CU_SRC))
   LIBS       += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lcublas -lstdc++
   ENGINE_OBJ += $(CU_OBJ)
 endif
@@ -182,13 +196,25 @@ SIM_CFLAGS = $(BASE_CFLAGS) -std=gnu11 -fPIC -fopenmp -fno-math-errno $(WARN) -I
 SIM_CXXFLAGS = -O2 -g -std=c++17 -fPIC -fno-math-errno -fno-strict-aliasing $(WARN) -Wno-unused-function -Wno-unknown-pragmas \
              -fsanitize=bounds -fno-sanitize-recover=bounds -Iengine -I$(BUILD) -Ikernels \
              -I$(BLAS_DIR:/usr/lib/%=/usr/include/%) $(SIM_DEFS)
+# Kernels (kernels/*.cu and the simulator's test kernels) are also compiled
+# with GCC's thread-sanitizer instrumentation: every load and store calls
+# spec/cudasim/sanitize.cpp's hooks, which check it (memcheck, initcheck,
+# racecheck) and count its bytes for the account.  Only the instrumentation,
+# at compile time: linking with -fsanitize=thread would pull in GCC's
+# runtime, so the libraries are linked without it.  No vectorising or store
+# merging, so that each access keeps its source type's size and alignment
+# (the misaligned-address check).
+SIM_SAN_FLAGS = -fsanitize=thread --param tsan-instrument-func-entry-exit=0 \
+                -fno-tree-vectorize -fno-store-merging
 SIM_HDR    = $(wildcard spec/cudasim/*.h) $(CU_HDR) $(HEADERS)
 SIM_NCCL   = $(wildcard spec/cudasim/nccl*.cpp)
 SIM_CORE   = $(filter-out $(SIM_NCCL),$(wildcard spec/cudasim/*.cpp))
 SIM_OBJ    = $(call engine_obj,$(SIM)/obj,$(ENGINE_SRC)) $(SIM)/obj/gl_cdef.o $(SIM)/obj/gl_abi.o \
              $(patsubst kernels/%.cu,$(SIM)/obj/cu_%.o,$(CU_SRC)) \
              $(patsubst spec/cudasim/%.cpp,$(SIM)/obj/sim_%.o,$(SIM_CORE))
-SIM_TEST_SRC = $(wildcard spec/cudasim/cases/*.cu)
+SIM_TEST_SRC = $(filter-out spec/cudasim/cases/sanitize.cu,$(wildcard spec/cudasim/cases/*.cu))
+# the sanitizer's planted bugs and correct twins, once per optimisation level
+SIM_SAN_LIBS = $(foreach o,0 2 3,$(SIM)/libgptlua_sanitize_O$(o).so)
 SIM_MPI_FLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null) -DOMPI_SKIP_MPICXX=1
 
 $(SIM)/obj:
@@ -200,7 +226,7 @@ $(SIM)/obj/cpu_%.o: engine/cpu/%.c $(HEADERS) | $(SIM)/obj
 $(SIM)/obj/gl_%.o: $(BUILD)/gl_%.c | $(SIM)/obj
 	$(CC) $(SIM_CFLAGS) -c $< -o $@
 $(SIM)/obj/cu_%.o: kernels/%.cu $(SIM_HDR) | $(SIM)/obj
-	$(CXX) $(SIM_CXXFLAGS) -x c++ -c $< -o $@
+	$(CXX) $(SIM_CXXFLAGS) $(SIM_SAN_FLAGS) -x c++ -c $< -o $@
 $(SIM)/obj/sim_%.o: spec/cudasim/%.cpp $(SIM_HDR) | $(SIM)/obj
 	$(CXX) $(SIM_CXXFLAGS) -c $< -o $@
 $(SIM)/libgptlua.so: $(SIM_OBJ)
@@ -217,30 +243,29 @@ $(SIM)/libgptlua_gloo.so: $(GLOO_DEPS) $(SIM)/libgptlua.so
 	$(CXX) $(GLOO_CXXFLAGS) -c $(GLOO_CXX) -o $(SIM)/obj/gloo_ops.o
 	$(CC) $(SIM_CFLAGS) -DGL_NCCL_MISSING='"the NCCL of the CUDA simulator (spec/cudasim/nccl*.cpp) runs over MPI; start the ranks with mpirun (gptlua -n N --launcher=mpi) to use it"' \
 	  -shared -o $@ $(GLOO_SRC) $(GLOO_SHARED) $(SIM)/obj/gloo_ops.o -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua -lgloo -lstdc++ -lpthread
-$(SIM)/libgptlua_simtest.so: $(SIM_TEST_SRC) $(wildcard spec/cudasim/cases/*.h) $(SIM_HDR) $(SIM)/libgptlua.so
-	$(CXX) $(SIM_CXXFLAGS) -x c++ -shared -o $@ $(SIM_TEST_SRC) -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua
+$(SIM)/obj/case_%.o: spec/cudasim/cases/%.cu $(wildcard spec/cudasim/cases/*.h) $(SIM_HDR) | $(SIM)/obj
+	$(CXX) $(SIM_CXXFLAGS) $(SIM_SAN_FLAGS) -x c++ -c $< -o $@
+$(SIM)/libgptlua_simtest.so: $(patsubst spec/cudasim/cases/%.cu,$(SIM)/obj/case_%.o,$(SIM_TEST_SRC)) $(SIM)/libgptlua.so
+	$(CXX) -shared -fsanitize=bounds -o $@ $(filter %.o,$^) -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua
+$(SIM)/obj/sanitize_O%.o: spec/cudasim/cases/sanitize.cu $(wildcard spec/cudasim/cases/*.h) $(SIM_HDR) | $(SIM)/obj
+	$(CXX) $(SIM_CXXFLAGS) -O$* $(SIM_SAN_FLAGS) -x c++ -c $< -o $@
+.PRECIOUS: $(SIM)/obj/sanitize_O%.o
+$(SIM)/libgptlua_sanitize_O%.so: $(SIM)/obj/sanitize_O%.o $(SIM)/libgptlua.so
+	$(CXX) -shared -fsanitize=bounds -o $@ $< -L$(SIM) -Wl,-rpath,'$$ORIGIN' -lgptlua
 $(SIM)/gptlua: engine/main.c $(HEADERS) | $(SIM)/obj
 	$(CC) $(SIM_CFLAGS) -DGL_VERSION_STR='"$(shell cat VERSION)"' -o $@ engine/main.c -lluajit-5.1 -lreadline -ldl -lm
 
 sim: $(SIM)/gptlua $(SIM)/libgptlua.so $(if $(MPI_SRC),$(SIM)/libgptlua_mpi.so) $(if $(GLOO_LIB),$(SIM)/libgptlua_gloo.so) \
-  $(SIM)/libgptlua_simtest.so
+  $(SIM)/libgptlua_simtest.so $(SIM_SAN_LIBS)
 
 # The account flavour (build/sim-account/, `recipes/tools/bench_cuda.lua --account`):
-# build/sim/'s objects with kernels/*.cu compiled again so that every load and
-# store a kernel makes calls spec/cudasim/account.cpp, which counts the bytes
-# each launch moves.  GCC's kernel-address sanitizer in outline mode is only
-# the instrumentation here: no shadow memory, stack or globals checks.
-# -g0: no debug info for a build that only counts (a quarter of its compile time).
+# build/sim/'s objects (whose kernels report every load and store to
+# spec/cudasim/sanitize.cpp's hooks) with spec/cudasim/account.cpp compiled to
+# count the bytes each launch moves.
 SIM_ACC       = $(BUILD)/sim-account
-SIM_ACC_FLAGS = -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
-                --param asan-stack=0 --param asan-globals=0 -fno-sanitize-address-use-after-scope \
-                -g0
-SIM_ACC_OBJ   = $(filter-out $(SIM)/obj/cu_%.o $(SIM)/obj/sim_account.o,$(SIM_OBJ)) \
-                $(patsubst kernels/%.cu,$(SIM_ACC)/obj/cu_%.o,$(CU_SRC)) $(SIM_ACC)/obj/sim_account.o
+SIM_ACC_OBJ   = $(filter-out $(SIM)/obj/sim_account.o,$(SIM_OBJ)) $(SIM_ACC)/obj/sim_account.o
 $(SIM_ACC)/obj:
 	@mkdir -p $@
-$(SIM_ACC)/obj/cu_%.o: kernels/%.cu $(SIM_HDR) | $(SIM_ACC)/obj
-	$(CXX) $(SIM_CXXFLAGS) $(SIM_ACC_FLAGS) -x c++ -c $< -o $@
 $(SIM_ACC)/obj/sim_account.o: spec/cudasim/account.cpp $(SIM_HDR) | $(SIM_ACC)/obj
 	$(CXX) $(SIM_CXXFLAGS) -DGL_SIM_ACCOUNT_FLAVOUR -c $< -o $@
 $(SIM_ACC)/libgptlua.so: $(SIM_ACC_OBJ)
@@ -250,7 +275,7 @@ $(SIM_ACC)/gptlua: engine/main.c $(HEADERS) | $(SIM_ACC)/obj
 sim-account: $(SIM_ACC)/gptlua $(SIM_ACC)/libgptlua.so
 
 
-.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link rock-install embed-example clean cuda-check test-seeds
+.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link rock-install embed-example clean cuda-check test-seeds FORCE
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB)
 
 $(BUILD)/obj:
@@ -277,11 +302,17 @@ $(BUILD)/obj/%.o: engine/%.c $(HEADERS) | $(BUILD)/obj
 	$(CC) $(CFLAGS) -c $< -o $@
 $(BUILD)/obj/cpu_%.o: engine/cpu/%.c $(HEADERS) | $(BUILD)/obj
 	$(CC) $(CFLAGS) -c $< -o $@
-$(BUILD)/obj/cu_%.o: kernels/%.cu $(HEADERS) $(CU_HDR) | $(BUILD)/obj
+$(BUILD)/obj/sm-$(CUDA_ARCH_TAG)/cu_%.o: kernels/%.cu $(HEADERS) $(CU_HDR)
+	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/libgptlua.so: $(ENGINE_OBJ)
-	$(CC) -shared -Wl,-z,nodelete -o $@ $^ $(LIBS)
+# the arch list the library was last linked with: a different list relinks it
+$(BUILD)/cuda_archs: FORCE | $(BUILD)/obj
+	@echo '$(if $(NVCC),$(CUDA_ARCHS))' | cmp -s - $@ || echo '$(if $(NVCC),$(CUDA_ARCHS))' > $@
+FORCE:
+
+$(BUILD)/libgptlua.so: $(ENGINE_OBJ) $(BUILD)/cuda_archs
+	$(CC) -shared -Wl,-z,nodelete -o $@ $(ENGINE_OBJ) $(LIBS)
 
 $(BUILD)/libgptlua_mpi.so: $(MPI_SRC) $(HEADERS) $(BUILD)/libgptlua.so
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -shared -o $@ $(MPI_SRC) -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgptlua $(MPI_LIBS)
@@ -351,9 +382,9 @@ link: all
 # (the three builds in one make, so that neither core waits on another's last link)
 test:
 	@$(MAKE) --no-print-directory deps-if-missing
-	@$(MAKE) --no-print-directory -j$(NPROC) all sim sim-account
+	@$(MAKE) --no-print-directory -j$(NPROC) all sim sim-account CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
 	@$(MAKE) --no-print-directory link
-	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs $(RACE_RUNS)
+	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs $(RACE_RUNS) CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
 # (each target builds what it runs: after make test's own builds, nothing to do)
 test-cpu-specs: all
 	GPTLUA_PORTS=24000-24999 $(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)

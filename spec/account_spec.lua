@@ -148,3 +148,45 @@ describe('account fit: out + L*layer over (B, T), out linear in the vocabulary',
                      'account: 65537 tokens (B*T + 1) cannot all differ in a vocabulary of 65536')
   end)
 end)
+
+-- The prediction (no simulator): a range from the three named efficiency
+-- tables, each computed by hand here from made-up rows, the assumptions
+-- printed with it, MFU with the attention term whole and halved.
+describe('account prediction: a range from named efficiency tables, assumptions printed', function()
+  it('computes each table\'s step time as roofline / efficiency + launches * gap, and both MFUs', function()
+    local gl = require 'gptlua'
+    local acc = dofile(gl.root .. '/recipes/tools/account.lua')
+    local H = acc.H100
+    -- a cuBLASLt product (compute-bound), our flash attention (compute-bound), a norm (memory-bound)
+    local rows = {
+      ['cublasLt bf16 NT'] = { launches = 10, flops = 2e12, read = 1e8, written = 1e8 },
+      ['flash_attention_forward<bf16>'] = { launches = 5, flops = 5e11, read = 1e7, written = 1e7 },
+      ['layernorm_forward<bf16>'] = { launches = 20, flops = 0, read = 3e9, written = 1e9 },
+    }
+    local names = { 'cublasLt bf16 NT', 'flash_attention_forward<bf16>', 'layernorm_forward<bf16>' }
+    local info = { tokens = 4096, flops_per_token = 7e8, attn_flops_per_token = 1e8 }
+    local lines = {}
+    local s = acc.report(rows, names, info, function(l) lines[#lines + 1] = l end)
+    local text = table.concat(lines, '\n')
+    for _, k in ipairs({ 'pessimistic', 'central', 'optimistic' }) do
+      local e = acc.EFFICIENCY[k]
+      local step = 2e12 / (H.flops * e.cublaslt) + 5e11 / (H.flops * e.own) + 4e9 / (H.bw * e.mem) + 35 * e.gap_us * 1e-6
+      local p = s.range[k]
+      assert.is_true(math.abs(p.step_s - step) < 1e-12 * step, k .. ': ' .. p.step_s .. ' vs ' .. step)
+      assert.is_true(math.abs(p.mfu - 4096 / step * 7e8 / H.flops) < 1e-12, k)
+      assert.is_true(math.abs(p.mfu_causal - 4096 / step * 6.5e8 / H.flops) < 1e-12, k)
+      assert.matches(k .. ' +' .. acc.describe_efficiency(e):gsub('%p', '%%%0'), text)
+    end
+    assert.is_true(s.range.pessimistic.tps < s.tps and s.tps < s.range.optimistic.tps)
+    assert.are.equal(s.range.central.tps, s.tps)
+    assert.matches('prediction (not a measurement) assumes', text, 1, true)
+    assert.matches('no tail effects, no host time', text, 1, true)
+    assert.matches('with the causal half as llm.c counts', text, 1, true)
+  end)
+
+  it('the central table is the published efficiencies: cuBLASLt 65%, our own kernels 40%, memory 75%, 2 us', function()
+    local gl = require 'gptlua'
+    local acc = dofile(gl.root .. '/recipes/tools/account.lua')
+    assert.are.same({ cublaslt = 0.65, own = 0.40, mem = 0.75, gap_us = 2.0 }, acc.EFFICIENCY.central)
+  end)
+end)

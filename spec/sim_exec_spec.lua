@@ -56,17 +56,18 @@ describe('cuda-sim execution: correct kernels against host loops #cuda #sim', fu
     passes('dynamic 227 KiB opted in', t.gl_simtest_exec_dynamic_smem(227 * 1024, 1))
   end)
 
-  it('shared memory nobody wrote reads as 0xFF (NaN), poisoned again at every block start', function()
-    passes('poison', simtest().gl_simtest_exec_poison())
+  it('shared memory nobody wrote reads as 0xFF (NaN), poisoned again at every block start (initcheck off)', function()
+    -- with initcheck on, the first such read stops the kernel (spec/sim_sanitize_spec.lua)
+    S.expect('GL_SIM_CHECKS=memcheck,racecheck,synccheck', 'exec scenario exec_poison', 0)
   end)
 
   it('__syncwarp on half warps, then a warp collective over the whole warp', function()
     passes('collective', simtest().gl_simtest_exec_collective())
   end)
 
-  it('a missing barrier: in natural order the reads of unwritten slots get poison (NaN)', function()
+  it('a missing barrier, the checks off: in natural order the reads of unwritten slots get poison (NaN)', function()
     -- 2 blocks of 128 threads, thread t reads slot t+1: all but the last of each block
-    assert.are.equal(254, simtest().gl_simtest_fault_race_natural())
+    S.expect('GL_SIM_CHECKS=none', 'exec scenario fault_race_natural', 254)
   end)
 
   it('runs a 4224 x 256 grid-stride launch well under 100 ms of CPU time (timings printed)', function()
@@ -118,9 +119,17 @@ end)
 describe('cuda-sim execution: each checker fires on a planted bug #cuda #sim', function()
   -- name, environment, expected code, text the report contains
   local cases = {
-    { 'race', 'GL_SIM_RACECHECK=1', E.LaunchFailure, 'kernel p_race: race: device allocation' },
+    -- race mode by itself (racecheck and initcheck, which report these first, off)
+    { 'race', 'GL_SIM_RACECHECK=1 GL_SIM_CHECKS=memcheck,synccheck', E.LaunchFailure,
+      'kernel p_race: race: device allocation' },
     -- a block the in-order run leaves as it was (not copied again) and only the random order writes
-    { 'race_random_only', 'GL_SIM_RACECHECK=1', E.LaunchFailure, 'kernel p_race_random_only: race: device allocation' },
+    { 'race_random_only', 'GL_SIM_RACECHECK=1 GL_SIM_CHECKS=memcheck,synccheck', E.LaunchFailure,
+      'kernel p_race_random_only: race: device allocation' },
+    -- the sanitizer: in order, thread 0 reads slot 1 before thread 1 wrote it (initcheck), and
+    -- thread 1 then writes the slot thread 0 read with no barrier between (racecheck)
+    { 'race', '', E.LaunchFailure, 'kernel p_race block (0,0,0) thread (0,0,0): initcheck: read of 4 bytes' },
+    { 'race', 'GL_SIM_CHECKS=racecheck', E.LaunchFailure,
+      'kernel p_race block (0,0,0) thread (1,0,0): racecheck: write-after-read hazard' },
     { 'shuffle_mask', '', E.IllegalInstruction, 'bad shuffle mask: lanes disagree on the mask of __shfl_xor_sync' },
     { 'divergence', '', E.IllegalInstruction, 'barrier divergence' },
     { 'deadlock', '', E.LaunchTimeout,
@@ -148,11 +157,11 @@ describe('cuda-sim execution: each checker fires on a planted bug #cuda #sim', f
 
   it('names the kernel, block and thread', function()
     local _, _, _, out = S.subprocess('', 'exec planted divergence')
-    assert.matches('kernel p_divergence block (0,0,0) thread (32,0,0): barrier divergence', out, 1, true)
+    assert.matches('kernel p_divergence block (0,0,0) thread (32,0,0): synccheck: barrier divergence', out, 1, true)
   end)
 
-  it('without the race mode the missing barrier is not reported as an error', function()
-    S.expect('', 'exec planted race', 0)
+  it('without the race mode and the sanitizer the missing barrier is not reported as an error', function()
+    S.expect('GL_SIM_CHECKS=none', 'exec planted race', 0)
   end)
 
   it('the correct kernels pass the race mode (identical memory in a random thread order)', function()

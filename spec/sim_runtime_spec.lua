@@ -116,8 +116,13 @@ describe('cuda-sim runtime: planted bugs, each checker fires #cuda #sim', functi
   local sticky = {
     { 'oob_store', E.IllegalAddress,
       'out%-of%-bounds write at 0x%x+: 0 bytes past the end of a 256%-byte allocation of cuda:0 %(in kernel k_store_past_end block %(0,0,0%) thread %(64,0,0%)%)' },
+    -- inside the allocation's last page: the sanitizer's memcheck sees the store itself; with it off
+    -- the runtime finds the slack's poison changed when the kernel ends
     { 'oob_slack', E.IllegalAddress,
-      'out%-of%-bounds write at 0x%x+: 0 bytes past the end of a 40%-byte allocation of cuda:0 %(in kernel k_store_past_end%)' },
+      'kernel k_store_past_end block %(0,0,0%) thread %(%d+,0,0%): memcheck: out%-of%-bounds global write of 4 bytes at 0x%x+: 0 bytes past the end of a 40%-byte allocation, at [^ ]*runtime%.cu:%d+' },
+    { 'oob_slack', E.IllegalAddress,
+      'out%-of%-bounds write at 0x%x+: 0 bytes past the end of a 40%-byte allocation of cuda:0 %(in kernel k_store_past_end%)',
+      env = 'GL_SIM_CHECKS=none' },
     { 'oob_before_start', E.IllegalAddress,
       'out%-of%-bounds write at 0x%x+: 4 bytes before the start of a 16384%-byte allocation of cuda:0 %(in kernel k_store_before_start' },
     { 'use_after_free', E.IllegalAddress,
@@ -135,8 +140,9 @@ describe('cuda-sim runtime: planted bugs, each checker fires #cuda #sim', functi
   }
   for _, mode in ipairs({ 'sync', 'threads' }) do
     for _, c in ipairs(sticky) do
-      it(('%s (GL_SIM_STREAMS=%s): %s'):format(c[1], mode, mode == 'sync' and 'reported' or 'still reported'), function()
-        local rc, code, msg, out = subprocess('GL_SIM_STREAMS=' .. mode, 'planted ' .. c[1])
+      it(('%s (GL_SIM_STREAMS=%s%s): %s'):format(c[1], mode, c.env and ' ' .. c.env or '',
+                                                  mode == 'sync' and 'reported' or 'still reported'), function()
+        local rc, code, msg, out = subprocess('GL_SIM_STREAMS=' .. mode .. (c.env and ' ' .. c.env or ''), 'planted ' .. c[1])
         assert(rc == 0, out)
         -- a copy's own call may be the first to see it (code < 0: -cudaError_t of that call)
         assert(code == c[2] or code == -c[2], ('%s: result %s, expected %d:\n%s'):format(c[1], tostring(code), c[2], out))

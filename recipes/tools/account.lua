@@ -34,11 +34,17 @@
 -- thousand tokens): its partial sums are over-counted at full size.
 --
 -- The roofline of a launch is max(FLOPs / peak, bytes / bandwidth) on an H100
--- SXM (989 TFLOP/s dense bf16, 3.35 TB/s).  The prediction runs compute-bound
--- work at `gemm_eff` of peak and memory-bound work at `mem_eff` of bandwidth,
--- plus `gap_us` per launch (the GPU's back-to-back launch gap), and turns the
--- step time into tokens/s and MFU with the model's FLOPs/token (train.lua's,
--- as bench.lua's MFU).
+-- SXM (989 TFLOP/s dense bf16, 3.35 TB/s).  The prediction is a range, one
+-- step time per efficiency table of M.EFFICIENCY (pessimistic, central,
+-- optimistic; edit them, or pass your own to M.report): cuBLASLt's products
+-- at `cublaslt` of peak, our own tensor-core kernels (flash attention,
+-- gemm_mma.cu) at `own` of peak, memory-bound work at `mem` of bandwidth,
+-- plus `gap_us` per launch (the GPU's back-to-back launch gap).  It assumes
+-- each kernel overlaps its own compute and memory traffic perfectly, no
+-- tail effects and no host time on the critical path; every line it prints
+-- says so.  Step times become tokens/s and MFU with the model's FLOPs/token
+-- (train.lua's, as bench.lua's MFU: the attention term 12*L*C*T whole) and
+-- with the attention term halved for the causal mask (llm.c's convention).
 local gl = require 'gptlua'
 local ffi = require 'ffi'
 local train = require 'gptlua.train'
@@ -57,7 +63,17 @@ M.H100 = { name = 'H100 SXM', flops = 989e12, bw = 3.35e12 }
 -- stays exact; the partial sums are then under-counted (by at most about
 -- 0.1% of a full-size step's bytes: 132 SMs' worth is a few MB per layer).
 M.SMS = 2
-M.EFF = { gemm = 0.70, mem = 0.80, gap_us = 1.0 }
+-- Efficiencies, as fractions of the H100's peak FLOP/s and bandwidth, and
+-- the gap per launch.  Published figures for cuBLASLt's bf16 GEMMs at these
+-- shapes are 60-75% of peak; our own attention and GEMM have never run on a
+-- GPU, so they get ~40% until measured (make gpu-check measures them);
+-- elementwise and row kernels ~75% of bandwidth; 2 us between launches.
+M.EFFICIENCY = {
+  pessimistic = { cublaslt = 0.55, own = 0.30, mem = 0.65, gap_us = 3.0 },
+  central = { cublaslt = 0.65, own = 0.40, mem = 0.75, gap_us = 2.0 },
+  optimistic = { cublaslt = 0.75, own = 0.55, mem = 0.85, gap_us = 1.0 },
+}
+M.EFFICIENCY_ORDER = { 'pessimistic', 'central', 'optimistic' }
 -- a launch whose bytes are a GEMM's operands, not activation passes:
 -- cuBLASLt's, and our own bf16 GEMM with the ReLU² epilogues
 -- (kernels/gemm_mma.cu; its reads of h in the backward are its epilogue's)
@@ -434,10 +450,37 @@ end
 
 -- ------------------------------------------------------------------ the table
 -- time of a row's work: roofline (efficiency 1) or predicted
-local function row_time(r, dev, eff)
-  local tc = r.flops / (dev.flops * (eff and eff.gemm or 1))
+local function row_time(r, dev, eff, name)
+  local ceff = 1
+  if eff then ceff = name and name:match('^cublasLt') and eff.cublaslt or eff.own end
+  local tc = r.flops / (dev.flops * ceff)
   local tm = (r.read + r.written) / (dev.bw * (eff and eff.mem or 1))
   return math.max(tc, tm), tc >= tm and 'compute' or 'memory'
+end
+
+-- "cuBLASLt 65% of peak, own tensor-core kernels 40%, memory-bound 75% of bandwidth, 2.0 us per launch"
+function M.describe_efficiency(e)
+  return ('cuBLASLt %.0f%% of peak, own tensor-core kernels %.0f%%, memory-bound %.0f%% of bandwidth, %.1f us per '
+          .. 'launch'):format(e.cublaslt * 100, e.own * 100, e.mem * 100, e.gap_us)
+end
+
+-- Predicted step time, tokens/s, MFU (full attention term) and MFU (causal
+-- half) of rows under one efficiency table.  info: tokens, flops_per_token,
+-- attn_flops_per_token (the 12*L*C*T term of flops_per_token; 0 if unknown).
+function M.predict(rows, names, info, eff, dev)
+  dev = dev or M.H100
+  local t, launches = 0, 0
+  for _, n in ipairs(names) do
+    local r = rows[n]
+    if r and r.launches > 0.5 and n:sub(1, #M.SYNC) ~= M.SYNC then
+      t = t + row_time(r, dev, eff, n)
+      launches = launches + r.launches
+    end
+  end
+  local step = t + launches * eff.gap_us * 1e-6
+  local tps = info.tokens / step
+  local causal = info.flops_per_token - (info.attn_flops_per_token or 0) / 2
+  return { step_s = step, tps = tps, mfu = tps * info.flops_per_token / dev.flops, mfu_causal = tps * causal / dev.flops }
 end
 
 local function short(name, w)
@@ -451,7 +494,9 @@ end
 -- activation), host_s, host_note }
 function M.report(rows, order, info, out)
   out = out or print
-  local dev, eff = M.H100, M.EFF
+  local dev = M.H100
+  local tables = info.efficiency or M.EFFICIENCY
+  local eff = tables.central
   out(('%-58s %8s %10s %10s %10s %8s %11s %s'):format('kernel', 'launches', 'GFLOP', 'MB read', 'MB written',
                                                    'FLOP/B', 'roofline us', 'bound'))
   local tot = { launches = 0, flops = 0, read = 0, written = 0, roof = 0, pred = 0 }
@@ -464,7 +509,7 @@ function M.report(rows, order, info, out)
   for _, n in ipairs(list) do
     local r = rows[n]
     local roof, bound = row_time(r, dev)
-    local pred = row_time(r, dev, eff)
+    local pred = row_time(r, dev, eff, n)
     tot.launches, tot.flops = tot.launches + r.launches, tot.flops + r.flops
     tot.read, tot.written = tot.read + r.read, tot.written + r.written
     tot.roof, tot.pred = tot.roof + roof, tot.pred + pred
@@ -474,15 +519,21 @@ function M.report(rows, order, info, out)
   end
   out(('%-58s %8.0f %10.2f %10.2f %10.2f %8.1f %11.1f'):format('total', tot.launches, tot.flops / 1e9,
     tot.read / 1e6, tot.written / 1e6, tot.flops / math.max(tot.read + tot.written, 1), tot.roof * 1e6))
-  local step = tot.pred + tot.launches * eff.gap_us * 1e-6
-  local tps = info.tokens / step
-  local mfu = tps * info.flops_per_token / dev.flops
-  local s = { roof_s = tot.roof, step_s = step, tps = tps, mfu = mfu, launches = tot.launches, flops = tot.flops,
-              bytes = tot.read + tot.written }
+  local c = M.predict(rows, list, info, eff, dev)
+  local step, tps, mfu = c.step_s, c.tps, c.mfu
+  local s = { roof_s = tot.roof, step_s = step, tps = tps, mfu = mfu, mfu_causal = c.mfu_causal,
+              launches = tot.launches, flops = tot.flops, bytes = tot.read + tot.written, range = {} }
   out(('lower bound (every launch at its roofline on an %s, %.0f TFLOP/s, %.2f TB/s): %.2f ms/step'):format(
     dev.name, dev.flops / 1e12, dev.bw / 1e12, tot.roof * 1e3))
-  out(('prediction: compute-bound work at %.0f%% of peak, memory-bound at %.0f%% of bandwidth, %.1f us gap per launch: '
-       .. '%.2f ms/step for %d tokens'):format(eff.gemm * 100, eff.mem * 100, eff.gap_us, step * 1e3, info.tokens))
+  out('prediction (not a measurement) assumes: each kernel overlaps its compute and memory traffic perfectly, no '
+      .. 'tail effects, no host time on the critical path; efficiencies (recipes/tools/account.lua, M.EFFICIENCY):')
+  for _, k in ipairs(M.EFFICIENCY_ORDER) do
+    local e = tables[k]
+    local p = M.predict(rows, list, info, e, dev)
+    s.range[k] = p
+    out(('  %-11s %s: %.2f ms/step, %.0f tokens/s, MFU %.1f%% (causal half %.1f%%)'):format(k, M.describe_efficiency(e),
+      p.step_s * 1e3, p.tps, p.mfu * 100, p.mfu_causal * 100))
+  end
   out(('model FLOPs/token %.3g (train.lua), counted FLOPs/token %.3g (GEMMs and tensor-core kernels)'):format(
     info.flops_per_token, tot.flops / info.tokens))
   if info.layer_rows then
@@ -508,7 +559,11 @@ function M.report(rows, order, info, out)
     s.host_s = info.host_s
     out(('host time per step: %.1f ms (%s)'):format(info.host_s * 1e3, info.host_note or 'outside device work'))
   end
-  out(('predicted: %.0f tokens/s, MFU %.1f%%'):format(tps, mfu * 100))
+  local lo, hi = s.range.pessimistic, s.range.optimistic
+  out(('predicted (central; range pessimistic..optimistic): %.0f tokens/s (%.0f..%.0f), MFU %.1f%% (%.1f..%.1f%%) '
+       .. 'with the full attention term, %.1f%% (%.1f..%.1f%%) with the causal half as llm.c counts')
+      :format(tps, lo.tps, hi.tps, mfu * 100, lo.mfu * 100, hi.mfu * 100, c.mfu_causal * 100, lo.mfu_causal * 100,
+              hi.mfu_causal * 100))
   return s
 end
 
@@ -559,6 +614,7 @@ function M.main(opts, out)
   local rows = fit.predict(model.layers, model.B, model.T, nil, model.V)
   return M.report(rows, fit.names, {
     tokens = model.B * model.T, flops_per_token = M.flops_per_token(model, fit),
+    attn_flops_per_token = 12 * model.layers * model.C * model.T,
     layer_rows = fit.predict(model.layers, model.B, model.T, 'layer tokens', model.V),
     act_bytes = model.B * model.T * model.C * 2,
     host_s = ref.host_s,

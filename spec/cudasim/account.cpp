@@ -8,9 +8,9 @@
  *   bytes    global memory a kernel reads and writes.  Only the account
  *            flavour of the simulator counts them (make sim-account:
  *            build/sim-account/, every kernels/NAME.cu compiled with
- *            -fsanitize=kernel-address and outline checks), where every load
- *            and store a kernel makes calls the __asan_{load,store}N_noabort
- *            hooks below.  The 32-byte sectors touched are collected per
+ *            -fsanitize=thread's instrumentation), where every load and
+ *            store a kernel makes calls sanitize.cpp's __tsan_{read,write}N
+ *            hooks, which call gl_sim_account_touch below.  The 32-byte sectors touched are collected per
  *            work item; at its end those inside a device allocation are
  *            counted once each, as read and/or as written.  Unique sectors
  *            per launch is what DRAM must move at least: a tile re-read from
@@ -50,6 +50,11 @@
 #include <unordered_map>
 #include <vector>
 #include "sim.h"
+
+/* counting: the account is on and a work item is running (sync mode: on
+   this thread).  A plain global: sanitize.cpp's hooks read it at every
+   instrumented access before calling gl_sim_account_touch. */
+bool gl_sim_account_counting = false;
 
 namespace {
 
@@ -105,9 +110,6 @@ Account A;
 /* the quick mode: products counted, not computed (read by stream threads too) */
 std::atomic<bool> g_skip_products{false};
 
-/* counting: the account is on and a work item is running (sync mode: on
-   this thread).  A plain global: read by every instrumented access. */
-bool g_counting = false;
 
 Bitmap *bitmap_of(uintptr_t addr) {
   void *base = nullptr;
@@ -126,8 +128,8 @@ Bitmap *bitmap_of(uintptr_t addr) {
   return bm;
 }
 
-inline void touch(uintptr_t addr, size_t n, int kind) {
-  if (!g_counting || n == 0) return;
+void touch_bytes(uintptr_t addr, size_t n, int kind) {
+  if (!gl_sim_account_counting || n == 0) return;
   uintptr_t page = addr >> PAGE_SHIFT;
   PageEntry &pe = A.pages[page & (PAGE_CACHE - 1)];
   if (pe.page != page) {
@@ -193,13 +195,13 @@ void gl_sim_account_item_begin(const char *what) {
   if (A.item_name.compare(0, 7, "kernel ") == 0) A.item_name.erase(0, 7);
   A.item_flops = A.item_read = A.item_written = 0;
   for (PageEntry &pe : A.pages) pe = PageEntry();
-  g_counting = true;
+  gl_sim_account_counting = true;
   A.item_t0 = now_s();
 }
 
 void gl_sim_account_item_end(void) {
   if (!A.item_open) return;
-  g_counting = false;
+  gl_sim_account_counting = false;
   A.item_open = false;
   close_item();
   A.item_seconds += now_s() - A.item_t0;
@@ -220,21 +222,10 @@ void gl_sim_account_sync(const char *what) {
   row_named(A.syncs, A.sync_of, what ? what : "sync").launches += 1;
 }
 
-/* ---- the instrumentation's hooks (the account flavour's kernels call them) ---- */
-#define GL_SIM_ACCOUNT_HOOKS(n)                                                                        \
-  extern "C" void __asan_load##n##_noabort(uintptr_t a) { touch(a, n, 0); }                      \
-  extern "C" void __asan_store##n##_noabort(uintptr_t a) { touch(a, n, 1); }
-GL_SIM_ACCOUNT_HOOKS(1)
-GL_SIM_ACCOUNT_HOOKS(2)
-GL_SIM_ACCOUNT_HOOKS(4)
-GL_SIM_ACCOUNT_HOOKS(8)
-GL_SIM_ACCOUNT_HOOKS(16)
-extern "C" void __asan_loadN_noabort(uintptr_t a, size_t n) { touch(a, n, 0); }
-extern "C" void __asan_storeN_noabort(uintptr_t a, size_t n) { touch(a, n, 1); }
-/* the rest of what the instrumentation calls: nothing to do without shadow memory */
-extern "C" void __asan_handle_no_return(void) {}
-extern "C" void __asan_before_dynamic_init(const char *) {}
-extern "C" void __asan_after_dynamic_init(void) {}
+/* ---- the instrumentation's hooks (sanitize.cpp) call this for every access ---- */
+void gl_sim_account_touch(uintptr_t addr, size_t n, int written) {
+  if (gl_sim_account_counting) touch_bytes(addr, n, written);
+}
 
 /* ---- the C interface (recipes/tools/account.lua declares it itself) ---------- */
 extern "C" {

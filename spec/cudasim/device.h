@@ -61,16 +61,27 @@ struct gl_sim_block_ctx {
 };
 extern const gl_sim_thread_ctx *gl_sim_self;
 extern const gl_sim_block_ctx *gl_sim_block;
-#define threadIdx (gl_sim_self->thread_idx)
-#define blockIdx (gl_sim_block->block_idx)
-#define blockDim (gl_sim_block->block_dim)
-#define gridDim (gl_sim_block->grid_dim)
+/* Kernels read them through calls into exec_block.cpp, which is not
+   compiled with the sanitizer's instrumentation: read in place, every
+   threadIdx.x would be two instrumented loads (the pointer and the field),
+   reloaded after every other access's hook.  Constant for the whole of a
+   kernel invocation (one simulated thread), hence attribute const: the
+   compiler reads each once per function. */
+uint3 gl_sim_thread_idx(void) __attribute__((const));
+uint3 gl_sim_block_idx(void) __attribute__((const));
+dim3 gl_sim_block_dim(void) __attribute__((const));
+dim3 gl_sim_grid_dim(void) __attribute__((const));
+#define threadIdx (gl_sim_thread_idx())
+#define blockIdx (gl_sim_block_idx())
+#define blockDim (gl_sim_block_dim())
+#define gridDim (gl_sim_grid_dim())
 static constexpr int warpSize = 32;
 
 /* ---- barriers ------------------------------------------------------------ */
-/* Out of line (exec.cpp) and never inlined: the return address identifies
-   the call site, so threads of a block waiting at different __syncthreads
-   are reported as barrier divergence. */
+/* Out of line (exec_block.cpp).  A barrier is identified by its call's file
+   and line, so threads of a block waiting at different __syncthreads are
+   reported as barrier divergence, while a call the compiler duplicated is
+   still one barrier. */
 void __syncthreads(const char *file = __builtin_FILE(), int line = __builtin_LINE());
 int __syncthreads_count(int pred, const char *file = __builtin_FILE(), int line = __builtin_LINE());
 int __syncthreads_and(int pred, const char *file = __builtin_FILE(), int line = __builtin_LINE());
@@ -148,11 +159,16 @@ static inline unsigned int __brev(unsigned int x) {
 
 /* ---- atomics ------------------------------------------------------------- */
 /* Simulated threads are fibers switched only at barriers and collectives,
-   and kernels run one at a time, so a plain read-modify-write is atomic. */
+   and kernels run one at a time, so a plain read-modify-write is atomic.
+   gl_sim_in_atomic tells the sanitizer (sanitize.cpp) that the access is
+   an atomic's: bounds and initcheck apply, racecheck does not. */
+extern int gl_sim_in_atomic;
 #define GL_SIM_ATOMIC(NAME, T, EXPR)                        \
   static inline T NAME(T *address, T val) {                 \
+    gl_sim_in_atomic = 1;                                   \
     T old = *address;                                       \
     *address = (EXPR);                                      \
+    gl_sim_in_atomic = 0;                                   \
     return old;                                             \
   }
 GL_SIM_ATOMIC(atomicAdd, int, old + val)
@@ -186,8 +202,10 @@ GL_SIM_ATOMIC(atomicXor, unsigned long long, old ^ val)
 #undef GL_SIM_ATOMIC
 #define GL_SIM_ATOMIC_CAS(T)                                          \
   static inline T atomicCAS(T *address, T compare, T val) {           \
+    gl_sim_in_atomic = 1;                                             \
     T old = *address;                                                 \
     if (old == compare) *address = val;                               \
+    gl_sim_in_atomic = 0;                                             \
     return old;                                                       \
   }
 GL_SIM_ATOMIC_CAS(int)

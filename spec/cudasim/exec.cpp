@@ -79,6 +79,7 @@ __thread bool tl_on_fiber;
 /* the dynamic shared memory buffer (shared_init, below) */
 char *g_dyn_end;   /* the guard page after the dynamic buffer */
 char *g_dyn_begin; /* the guard page before it is the one below this */
+char *g_static_arena;
 
 }  // namespace gl_sim_exec
 
@@ -94,8 +95,6 @@ std::string strip_spaces(const char *s) {
 uint64_t g_race_runs;
 
 /* ---- shared memory ------------------------------------------------------- */
-enum { STATIC_ARENA = 16 << 20 };
-char *g_static_arena;
 size_t g_static_top;
 size_t g_page;
 std::mutex g_kernel_info_mutex;
@@ -237,8 +236,11 @@ void run_grid(const LaunchDesc &d) {
     g_threads[i].ctx.thread_idx = uint3{i % bx, (i / bx) % by, i / (bx * by)};
   }
   g_stat_launches++;
+  L.synccheck = (gl_sim_checks() & GL_SIM_CHECK_SYNC) != 0;
+  san_launch_begin();
   if (gl_sim_racecheck()) run_racecheck();
   else run_blocks(false);
+  san_launch_end();
   L.body = nullptr;
 }
 
@@ -271,6 +273,7 @@ void *gl_sim_static_shared(gl_sim_shared_slot *slot, size_t bytes, size_t align)
   if (slot->block != L.block_gen) { /* first touch in this block */
     slot->block = L.block_gen;
     memset(g_static_arena + slot->offset, 0xff, slot->bytes);
+    san_slot_touched(slot->offset, slot->bytes);
     L.static_used += slot->bytes;
     {
       std::lock_guard<std::mutex> lock(g_kernel_info_mutex);
@@ -339,10 +342,11 @@ cudaError_t gl_sim_launch(const char *name, const void *kernel, dim3 grid, dim3 
      (48 KiB unless raised with cudaFuncSetAttribute, at most 227 KiB) */
   int optin = gl_sim_func_smem_optin(kernel);
   size_t dyn_limit = optin > 0 ? (size_t)optin : (size_t)GL_SIM_SMEM_DEFAULT;
-  size_t total_limit = optin > 0 ? (size_t)GL_SIM_SMEM_OPTIN : (size_t)GL_SIM_SMEM_DEFAULT;
-  if (dyn_smem > (size_t)GL_SIM_SMEM_OPTIN) {
-    gl_sim_set_last_error(cudaErrorInvalidValue, "kernel %s: dynamic shared memory %zu bytes, at most %d (227 KiB)", kn,
-                          dyn_smem, GL_SIM_SMEM_OPTIN);
+  size_t optin_max = (size_t)gl_sim_smem_optin(); /* the GPU pretended's (GL_SIM_ARCH) */
+  size_t total_limit = optin > 0 ? optin_max : (size_t)GL_SIM_SMEM_DEFAULT;
+  if (dyn_smem > optin_max) {
+    gl_sim_set_last_error(cudaErrorInvalidValue, "kernel %s: dynamic shared memory %zu bytes, at most %zu", kn,
+                          dyn_smem, optin_max);
     return cudaErrorInvalidValue;
   }
   if (dyn_smem > dyn_limit) {

@@ -11,10 +11,14 @@
  *                   thread that exits hands its fiber straight to the next
  *                   unstarted thread, so a block without barriers costs no
  *                   switch at all
- *   barriers        sm_70+ rules as compute-sanitizer's synccheck sees them:
- *                   exited threads are excused, live threads waiting at
- *                   different __syncthreads = barrier divergence, nothing
- *                   ready while threads wait = deadlock
+ *   barriers        as compute-sanitizer's synccheck sees them: a barrier is
+ *                   its source line; live threads waiting at different
+ *                   __syncthreads = barrier divergence; a thread exiting
+ *                   while others wait at a barrier, or a barrier reached
+ *                   after some thread exited = a barrier not every thread
+ *                   reaches; nothing ready while threads wait = deadlock.
+ *                   With GL_SIM_CHECKS leaving synccheck out, exited threads
+ *                   are excused (sm_70+ hardware counts them as arrived)
  *   warp collectives every lane named in the mask must arrive at the same
  *                   collective with the same mask; shuffles follow PTX
  *                   shfl.sync
@@ -39,6 +43,10 @@ using namespace gl_sim_exec;
 
 const gl_sim_thread_ctx *gl_sim_self = nullptr;
 const gl_sim_block_ctx *gl_sim_block = nullptr;
+uint3 gl_sim_thread_idx(void) { return gl_sim_self->thread_idx; }
+uint3 gl_sim_block_idx(void) { return gl_sim_block->block_idx; }
+dim3 gl_sim_block_dim(void) { return gl_sim_block->block_dim; }
+dim3 gl_sim_grid_dim(void) { return gl_sim_block->grid_dim; }
 
 /* ---- the fiber switch ------------------------------------------------------ */
 extern "C" {
@@ -344,6 +352,7 @@ void maybe_yield(SimThread *t) {
 enum { BAR_SYNC, BAR_COUNT, BAR_AND, BAR_OR };
 
 void barrier_release(void) {
+  san_barrier_released();
   L.bar_result = L.bar_acc;
   L.bar_result_n = (int)L.bar_arrived;
   L.bar_acc = 0;
@@ -356,16 +365,31 @@ void barrier_release(void) {
   }
 }
 
-__attribute__((noinline)) int barrier(int kind, int pred, const void *site, const char *file, int line) {
+/* Barriers are told apart by source line (file and line of the call), not
+   by the call's address: the compiler may duplicate a call (one copy per
+   path of an if before it) and both copies are the same __syncthreads. */
+bool same_site(const char *fa, int la, const char *fb, int lb) {
+  return la == lb && (fa == fb || (fa && fb && strcmp(fa, fb) == 0));
+}
+
+int barrier(int kind, int pred, const char *file, int line) {
   SimThread *t = current_thread("__syncthreads");
+  if (L.synccheck && L.exited) {
+    unsigned gone = 0;
+    while (gone < L.nthreads && g_threads[gone].state != T_EXITED) gone++;
+    kernel_fail(cudaErrorIllegalInstruction,
+                "synccheck: barrier at %s: %u thread(s) of the block exited without reaching it (thread %s among "
+                "them), so it can never complete for all of them",
+                Site(file, line).s, L.exited, Coord(g_threads[gone].ctx.thread_idx).s);
+  }
   if (L.bar_arrived == 0) {
-    L.bar_site = site;
     L.bar_file = file;
     L.bar_line = line;
     L.bar_first = t->linear;
-  } else if (site != L.bar_site) {
+  } else if (!same_site(file, line, L.bar_file, L.bar_line)) {
     kernel_fail(cudaErrorIllegalInstruction,
-                "barrier divergence: this thread reached the barrier at %s while thread %s waits at the one at %s",
+                "synccheck: barrier divergence: this thread reached the barrier at %s while thread %s waits at the "
+                "one at %s",
                 Site(file, line).s, Coord(g_threads[L.bar_first].ctx.thread_idx).s, Site(L.bar_file, L.bar_line).s);
   }
   L.bar_waiting[L.bar_arrived++] = t->linear;
@@ -398,15 +422,15 @@ void rendezvous(unsigned mask, const char *op, uint64_t key, void *mine, LeaderF
   unsigned lane = t->linear & 31, base = t->linear & ~31u, bit = 1u << lane;
   Warp &w = g_warps[t->linear >> 5];
   if (!(mask & bit))
-    kernel_fail(cudaErrorIllegalInstruction, "%s at %s: the calling lane %u is not in mask 0x%08x", op,
+    kernel_fail(cudaErrorIllegalInstruction, "synccheck: %s at %s: the calling lane %u is not in mask 0x%08x", op,
                 Site(file, line).s, lane, mask);
   if (mask & ~w.exists)
     kernel_fail(cudaErrorIllegalInstruction,
-                "%s at %s: mask 0x%08x names lanes 0x%08x that do not exist (the block has %u threads; this warp "
+                "synccheck: %s at %s: mask 0x%08x names lanes 0x%08x that do not exist (the block has %u threads; this warp "
                 "has lanes 0x%08x)",
                 op, Site(file, line).s, mask, mask & ~w.exists, L.nthreads, w.exists);
   if (mask & w.exited)
-    kernel_fail(cudaErrorIllegalInstruction, "%s at %s: mask 0x%08x names lanes 0x%08x that have exited", op,
+    kernel_fail(cudaErrorIllegalInstruction, "synccheck: %s at %s: mask 0x%08x names lanes 0x%08x that have exited", op,
                 Site(file, line).s, mask, mask & w.exited);
   /* Lanes meet in the open collective with the same op and mask (from any
      call site, as on sm_70+).  Other open collectives are no conflict:
@@ -421,7 +445,7 @@ void rendezvous(unsigned mask, const char *op, uint64_t key, void *mine, LeaderF
     if (o.mask == mask && same_op(o.op, op)) {
       if (o.key != key)
         kernel_fail(cudaErrorIllegalInstruction,
-                    "lanes disagree on the warp collective's arguments: lane %u calls %s at %s with %llu while lane "
+                    "synccheck: lanes disagree on the warp collective's arguments: lane %u calls %s at %s with %llu while lane "
                     "%u waits at %s with %llu, mask 0x%08x",
                     lane, op, Site(file, line).s, (unsigned long long)key, o.first_lane, Site(o.file, o.line).s,
                     (unsigned long long)o.key, mask);
@@ -433,7 +457,7 @@ void rendezvous(unsigned mask, const char *op, uint64_t key, void *mine, LeaderF
     const Rendezvous &o = w.open[k];
     if ((o.mask & mask) && same_op(o.op, op) && o.file == file && o.line == line)
       kernel_fail(cudaErrorIllegalInstruction,
-                  "bad shuffle mask: lanes disagree on the mask of %s at %s: lane %u passes 0x%08x, lane %u passed "
+                  "synccheck: bad shuffle mask: lanes disagree on the mask of %s at %s: lane %u passes 0x%08x, lane %u passed "
                   "0x%08x",
                   op, Site(file, line).s, lane, mask, o.first_lane, o.mask);
   }
@@ -463,6 +487,7 @@ void rendezvous(unsigned mask, const char *op, uint64_t key, void *mine, LeaderF
   for (unsigned l = 0; l < 32; l++) lanes[l] = (mask >> l & 1) ? r->mine[l] : nullptr;
   if (r != &w.open[w.nopen - 1]) *r = w.open[w.nopen - 1];
   w.nopen--;
+  san_warp_synced(t->linear >> 5);
   fn(fn_ctx, lanes, mask);
   for (unsigned m = mask & ~bit; m; m &= m - 1) make_ready(base + (unsigned)__builtin_ctz(m));
   maybe_yield(t);
@@ -476,7 +501,7 @@ void check_exit_in_collectives(SimThread *t) {
     const Rendezvous &o = w.open[k];
     if (o.mask & bit)
       kernel_fail(cudaErrorIllegalInstruction,
-                  "this thread (lane %u) exited while lanes 0x%08x wait for it at %s at %s with mask 0x%08x",
+                  "synccheck: this thread (lane %u) exited while lanes 0x%08x wait for it at %s at %s with mask 0x%08x",
                   t->linear & 31, o.arrived, o.op, Site(o.file, o.line).s, o.mask);
   }
 }
@@ -566,6 +591,7 @@ void reset_block(void) {
     size_t span = round_up(L.dyn_smem, 128);
     memset(g_dyn_end - span, 0xff, span);
   }
+  san_block_begin();
 }
 
 }  // namespace
@@ -595,18 +621,10 @@ void gl_sim_warp_collective(unsigned mask, const char *op, uint64_t key, void *m
   rendezvous(mask, op, key, mine, std_function_leader, (void *)&leader, nullptr, 0);
 }
 
-__attribute__((noinline)) void __syncthreads(const char *file, int line) {
-  barrier(BAR_SYNC, 0, __builtin_return_address(0), file, line);
-}
-__attribute__((noinline)) int __syncthreads_count(int pred, const char *file, int line) {
-  return barrier(BAR_COUNT, pred != 0, __builtin_return_address(0), file, line);
-}
-__attribute__((noinline)) int __syncthreads_and(int pred, const char *file, int line) {
-  return barrier(BAR_AND, pred != 0, __builtin_return_address(0), file, line);
-}
-__attribute__((noinline)) int __syncthreads_or(int pred, const char *file, int line) {
-  return barrier(BAR_OR, pred != 0, __builtin_return_address(0), file, line);
-}
+void __syncthreads(const char *file, int line) { barrier(BAR_SYNC, 0, file, line); }
+int __syncthreads_count(int pred, const char *file, int line) { return barrier(BAR_COUNT, pred != 0, file, line); }
+int __syncthreads_and(int pred, const char *file, int line) { return barrier(BAR_AND, pred != 0, file, line); }
+int __syncthreads_or(int pred, const char *file, int line) { return barrier(BAR_OR, pred != 0, file, line); }
 
 void __syncwarp(unsigned mask, const char *file, int line) {
   rendezvous(mask, "__syncwarp", 0, nullptr, nothing_leader, nullptr, file, line);
@@ -631,7 +649,7 @@ uint64_t gl_sim_shfl(int mode, unsigned mask, uint64_t bits, int b, int width, c
   const char *op = names[mode & 3];
   current_thread(op);
   if (width < 1 || width > 32 || (width & (width - 1)))
-    kernel_fail(cudaErrorIllegalInstruction, "%s at %s: width %d is not a power of two in [1, 32]", op,
+    kernel_fail(cudaErrorIllegalInstruction, "synccheck: %s at %s: width %d is not a power of two in [1, 32]", op,
                 Site(file, line).s, width);
   ShflArg a{bits, b, 0};
   ShflCtx c{mode & 3, width};
@@ -648,6 +666,11 @@ extern "C" void gl_sim_fiber_main(void) {
   for (;;) {
     SimThread *t = L.cur;
     (*L.body)();
+    if (L.synccheck && L.bar_arrived)
+      kernel_fail(cudaErrorIllegalInstruction,
+                  "synccheck: this thread exited while %u thread(s) of the block wait at the barrier at %s, which "
+                  "every live thread must reach",
+                  L.bar_arrived, Site(L.bar_file, L.bar_line).s);
     t->state = T_EXITED;
     t->fiber = nullptr;
     L.exited++;

@@ -115,8 +115,8 @@ struct Launch {
   SimThread *cur;
   Fiber *cur_fiber;
   /* the barrier being filled */
+  bool synccheck; /* GL_SIM_CHECKS has synccheck */
   unsigned bar_arrived;
-  const void *bar_site;
   const char *bar_file;
   int bar_line;
   unsigned bar_first;
@@ -145,6 +145,18 @@ extern __thread bool tl_on_fiber;
    poisons */
 extern char *g_dyn_end;   /* the guard page after the dynamic buffer */
 extern char *g_dyn_begin; /* the guard page before it is the one below this */
+
+/* the static shared memory arena (exec.cpp): a fixed offset per GL_SHARED slot */
+enum { STATIC_ARENA = 16 << 20 };
+extern char *g_static_arena;
+
+/* ---- sanitize.cpp: what the sanitizer is told ------------------------------ */
+void san_launch_begin(void);            /* a grid starts on this host thread */
+void san_launch_end(void);
+void san_block_begin(void);             /* a block starts (after reset) */
+void san_slot_touched(size_t offset, size_t bytes); /* a GL_SHARED array's first touch in the block */
+void san_barrier_released(void);        /* a __syncthreads completed */
+void san_warp_synced(unsigned warp);    /* a warp collective of that warp completed */
 
 /* ---- exec_block.cpp ------------------------------------------------------ */
 /* Runs the current block (L.block_ctx.block_idx) to its end, or until a

@@ -226,6 +226,42 @@ static void init(void) {
     if (*end) fprintf(stderr, "gptlua cuda-sim: GL_SIM_SEED expected an integer, got '%s'; using 1\n", seed);
     else c.seed = s;
   }
+  /* the GPU pretended: compute capability and opt-in shared memory per block
+     (CUDA's table: sm_80 163 KiB, sm_86 and sm_89 99 KiB, sm_90 227 KiB) */
+  const char *arch = getenv("GL_SIM_ARCH");
+  if (arch && *arch) {
+    static const struct { const char *name; int arch, smem; } archs[] = {
+        {"80", 80, 163 * 1024}, {"86", 86, 99 * 1024}, {"89", 89, 99 * 1024}, {"90", 90, GL_SIM_SMEM_OPTIN}};
+    bool found = false;
+    for (const auto &a : archs)
+      if (!strcmp(arch, a.name)) { c.arch = a.arch; c.smem_optin = a.smem; found = true; }
+    if (!found) fprintf(stderr, "gptlua cuda-sim: GL_SIM_ARCH expected 80, 86, 89 or 90, got '%s'; using 90\n", arch);
+  }
+  const char *checks = getenv("GL_SIM_CHECKS");
+  if (checks && *checks) {
+    static const struct { const char *name; unsigned bit; } classes[] = {
+        {"memcheck", GL_SIM_CHECK_MEM}, {"initcheck", GL_SIM_CHECK_INIT},
+        {"racecheck", GL_SIM_CHECK_RACE}, {"synccheck", GL_SIM_CHECK_SYNC}};
+    unsigned mask = 0;
+    bool ok = true;
+    for (const char *p = checks; *p && ok;) {
+      const char *e = strchr(p, ',');
+      size_t n = e ? (size_t)(e - p) : strlen(p);
+      bool found = false;
+      if (n == 3 && !strncmp(p, "all", 3)) { mask = GL_SIM_CHECK_MEM | GL_SIM_CHECK_INIT | GL_SIM_CHECK_RACE | GL_SIM_CHECK_SYNC; found = true; }
+      else if (n == 4 && !strncmp(p, "none", 4)) found = true;
+      for (const auto &k : classes)
+        if (strlen(k.name) == n && !strncmp(p, k.name, n)) { mask |= k.bit; found = true; }
+      ok = found;
+      p = e ? e + 1 : p + n;
+    }
+    if (ok) c.checks = mask;
+    else
+      fprintf(stderr,
+              "gptlua cuda-sim: GL_SIM_CHECKS expected a comma list of memcheck, initcheck, racecheck, synccheck, "
+              "all or none, got '%s'; using all\n",
+              checks);
+  }
   const char *streams = getenv("GL_SIM_STREAMS");
   if (streams && *streams) {
     if (!strcmp(streams, "threads")) c.threaded = 1;
@@ -247,6 +283,8 @@ static void init(void) {
 int gl_sim_racecheck(void) { rt(); return config.racecheck; }
 uint64_t gl_sim_seed(void) { rt(); return config.seed; }
 int gl_sim_streams_threaded(void) { rt(); return config.threaded; }
+unsigned gl_sim_checks(void) { rt(); return config.checks; }
+int gl_sim_smem_optin(void) { rt(); return config.smem_optin; }
 
 /* ---- devices ------------------------------------------------------------------- */
 namespace gl_sim_rt {
@@ -303,12 +341,12 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int 
   prop->maxGridSize[0] = (int)GL_SIM_MAX_GRID_X;
   prop->maxGridSize[1] = GL_SIM_MAX_GRID_Y;
   prop->maxGridSize[2] = GL_SIM_MAX_GRID_Z;
-  prop->major = 9;
-  prop->minor = 0;
+  prop->major = config.arch / 10;
+  prop->minor = config.arch % 10;
   prop->multiProcessorCount = config.sms;
   prop->memoryBusWidth = SIM_BUS_WIDTH;
   prop->l2CacheSize = SIM_L2_BYTES;
-  prop->sharedMemPerBlockOptin = GL_SIM_SMEM_OPTIN;
+  prop->sharedMemPerBlockOptin = (size_t)config.smem_optin;
   prop->sharedMemPerMultiprocessor = SIM_SMEM_PER_SM;
   return cudaSuccess;
 }
@@ -332,9 +370,9 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr at
     case cudaDevAttrMemoryClockRate: *value = SIM_MEM_CLOCK_KHZ; break;
     case cudaDevAttrGlobalMemoryBusWidth: *value = SIM_BUS_WIDTH; break;
     case cudaDevAttrL2CacheSize: *value = SIM_L2_BYTES; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = GL_SIM_SMEM_OPTIN; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = config.arch / 10; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = config.arch % 10; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = config.smem_optin; break;
     default:
       return api_error(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute %d is not simulated", (int)attr);
   }
@@ -368,11 +406,11 @@ extern "C" cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttri
   RETURN_IF_STICKY();
   if (!func) return api_error(cudaErrorInvalidValue, "cudaFuncSetAttribute: func is NULL");
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-    if (value < 0 || value > GL_SIM_SMEM_OPTIN)
+    if (value < 0 || value > config.smem_optin)
       return api_error(cudaErrorInvalidValue,
                        "cudaFuncSetAttribute: cudaFuncAttributeMaxDynamicSharedMemorySize %d, expected 0..%d "
-                       "(227 KiB on an H100)",
-                       value, (int)GL_SIM_SMEM_OPTIN);
+                       "(sm_%d's opt-in limit)",
+                       value, config.smem_optin, config.arch);
     std::lock_guard<std::mutex> g(R.func_mu);
     R.func_smem[func] = value;
     return cudaSuccess;

@@ -48,6 +48,9 @@ struct Config {
   int devices = 1;
   size_t memory_bytes = (size_t)81920 << 20;
   int hostcheck = 1, streamcheck = 1, threaded = 0, racecheck = 0;
+  int arch = 90;                        /* GL_SIM_ARCH: the compute capability pretended, major*10 + minor */
+  int smem_optin = GL_SIM_SMEM_OPTIN;   /* that GPU's opt-in shared memory per block */
+  unsigned checks = GL_SIM_CHECK_MEM | GL_SIM_CHECK_INIT | GL_SIM_CHECK_RACE | GL_SIM_CHECK_SYNC;
   int sms = GL_SIM_SM_COUNT;  /* the multiprocessor count devices report (GL_SIM_SMS) */
   uint64_t seed = 1;
 };

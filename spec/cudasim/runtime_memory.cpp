@@ -68,6 +68,7 @@ struct Alloc {
   std::atomic<int> opened{0};      /* some page was opened since the last close */
   std::atomic<int> written{0};     /* some page was opened writable */
   PageRec *pages = nullptr;        /* per data page (stream check only) */
+  uint8_t *init_bits = nullptr;    /* a bit per byte of [begin, end) once written (initcheck; host checks only) */
 };
 
 /* A freed allocation in quarantine: its mapping stays reserved (PROT_NONE,
@@ -136,6 +137,18 @@ bool gl_sim_find_alloc(const void *p, void **base, size_t *size, int *device) {
   if (base) *base = (void *)b;
   if (size) *size = n;
   if (device) *device = d;
+  return true;
+}
+
+bool gl_sim_alloc_view_of(uintptr_t a, gl_sim_alloc_view *out) {
+  TableGuard g;
+  Alloc *al = table_find_mapping(a);
+  if (!al || a < al->data_begin || a >= al->data_end) return false;
+  out->data_begin = al->data_begin;
+  out->data_end = al->data_end;
+  out->begin = al->begin;
+  out->end = al->end;
+  out->written = al->init_bits;
   return true;
 }
 
@@ -235,6 +248,7 @@ static bool stream_access(Alloc *al, uintptr_t addr, bool write, char *msg, size
 
 /* Opens a data page (or, without the stream check, the whole allocation)
    for a device context.  Table locked. */
+static void mark_written(Alloc *al, uintptr_t lo, uintptr_t hi);
 static void open_page(Alloc *al, uintptr_t addr, bool write) {
   int prot = write ? PROT_READ | PROT_WRITE : PROT_READ;
   bool whole = !check_streams() || tls_untracked;
@@ -256,6 +270,31 @@ static void open_page(Alloc *al, uintptr_t addr, bool write) {
   }
   if (!al->opened.exchange(1)) opened_list[opened_n++] = al;
   if (prot & PROT_WRITE) al->written.store(1);
+  /* initcheck: a kernel's stores mark the bytes they write (sanitize.cpp);
+     every other writer (a copy, a set, cuBLASLt, NCCL, race mode's restores)
+     is not instrumented, so the page (or block) it opens for writing counts
+     as written whole: never a false report, at worst a missed one */
+  if (al->init_bits && (prot & PROT_WRITE) && (write || whole) && !gl_sim_where()) {
+    uintptr_t lo = whole ? al->data_begin : page, hi = whole ? al->data_end : page + PAGE;
+    mark_written(al, lo, hi);
+  }
+}
+
+/* sets the initcheck bits of [lo, hi) ∩ [begin, end) */
+static void mark_written(Alloc *al, uintptr_t lo, uintptr_t hi) {
+  if (lo < al->begin) lo = al->begin;
+  if (hi > al->end) hi = al->end;
+  for (uintptr_t a = lo; a < hi;) {
+    size_t i = a - al->begin;
+    if ((i & 7) == 0 && a + 8 <= hi) {
+      size_t n = (hi - a) / 8;
+      memset(al->init_bits + i / 8, 0xFF, n);
+      a += n * 8;
+    } else {
+      al->init_bits[i / 8] |= (uint8_t)(1u << (i & 7));
+      a++;
+    }
+  }
 }
 
 static void describe_bad_address(char *msg, size_t n, const char *kind, uintptr_t a, const Alloc *al,
@@ -468,6 +507,11 @@ extern "C" cudaError_t cudaMalloc(void **dev_ptr, size_t size) {
   al->size = size;
   al->device = dev;
   if (check_streams()) al->pages = (PageRec *)calloc(data_len / PAGE, sizeof(PageRec));
+  /* initcheck needs the host checks' faults to see the writes kernels do not make */
+  if (config.hostcheck && (config.checks & GL_SIM_CHECK_INIT)) {
+    al->init_bits = (uint8_t *)calloc((size + 7) / 8, 1);
+    if (!al->init_bits) { say_raw("out of host memory for an allocation's initcheck bits"); abort(); }
+  }
   memset((void *)al->data_begin, 0xFF, data_len);
   mprotect(m, PAGE, PROT_NONE);
   mprotect((void *)al->data_end, PAGE, PROT_NONE);
@@ -571,6 +615,7 @@ extern "C" cudaError_t cudaFree(void *dev_ptr) {
   if (evicted.map_end > evicted.map_begin) munmap((void *)evicted.map_begin, evicted.map_end - evicted.map_begin);
   R.in_use[al->device].fetch_sub((al->size + 255) & ~(size_t)255);
   free(al->pages);
+  free(al->init_bits);
   delete al;
   return gl_sim_sticky();
 }

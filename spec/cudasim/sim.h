@@ -21,6 +21,13 @@
  *                         'sync': all work runs in submission order
  *   GL_SIM_HOSTCHECK=0    leave device memory readable by host code
  *                         (default 1: a host dereference is an error)
+ *   GL_SIM_ARCH=CC        the GPU pretended, by compute capability: 80, 86,
+ *                         89 or 90 (default): what the device reports
+ *                         (major, minor, opt-in shared memory per block) and
+ *                         the launch limits it enforces
+ *   GL_SIM_CHECKS=LIST    the sanitizer classes every kernel runs under
+ *                         (sanitize.cpp): a comma list of memcheck, initcheck,
+ *                         racecheck, synccheck, or 'all' (default) or 'none'
  *   GL_SIM_SMS=N          the multiprocessor count the devices report
  *                         (default 132, an H100's; the account counts with
  *                         fewer, recipes/tools/account.lua says why) */
@@ -66,6 +73,21 @@ void gl_sim_for_each_alloc(const std::function<void(void *, size_t)> &f);
 int gl_sim_racecheck(void);
 uint64_t gl_sim_seed(void);
 int gl_sim_streams_threaded(void);
+/* the sanitizer classes on (GL_SIM_CHECKS), a mask of these bits */
+enum { GL_SIM_CHECK_MEM = 1, GL_SIM_CHECK_INIT = 2, GL_SIM_CHECK_RACE = 4, GL_SIM_CHECK_SYNC = 8 };
+unsigned gl_sim_checks(void);
+/* the opt-in shared memory per block of the GPU pretended (GL_SIM_ARCH) */
+int gl_sim_smem_optin(void);
+/* A device allocation as the sanitizer (sanitize.cpp) sees it: its data
+   pages (slack included), the bytes cudaMalloc returned, and one bit per
+   byte of those, set once the byte has been written (initcheck).  False if
+   `a` is in no live allocation's data pages.  The view stays valid while
+   the allocation lives (no cudaFree can run during a kernel). */
+struct gl_sim_alloc_view {
+  uintptr_t data_begin, data_end, begin, end;
+  uint8_t *written; /* NULL: not tracked (the host checks are off), every byte counts as written */
+};
+bool gl_sim_alloc_view_of(uintptr_t a, gl_sim_alloc_view *out);
 /* The dynamic shared memory a kernel may use without / with opting in
    (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, n)
    records n for the function f; 0 if never set). */
@@ -127,6 +149,10 @@ void gl_sim_account_item_begin(const char *what);
 void gl_sim_account_item_end(void);
 void gl_sim_account_add(const char *rename, double flops, double bytes_read, double bytes_written);
 void gl_sim_account_sync(const char *what);
+/* a kernel's load (written 0) or store (1) of n bytes at addr: sanitize.cpp's
+   hooks report every instrumented access while gl_sim_account_counting */
+void gl_sim_account_touch(uintptr_t addr, size_t n, int written);
+extern bool gl_sim_account_counting __attribute__((visibility("hidden")));
 /* The account's quick mode (gl_sim_account_skip_products): true while
    cuBLASLt products are counted from their descriptors and not computed. */
 bool gl_sim_account_skips_products(void);

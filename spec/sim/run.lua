@@ -6,6 +6,7 @@
 -- Prints "result <code> <message>" and exits 0.
 --   run.lua exec planted NAME   a buggy kernel of cases/exec_faults.cu: the error the next synchronize reports
 --   run.lua exec correct        every correct cases/exec.cu case (0 when all pass)
+--   run.lua exec scenario NAME  gl_simtest_NAME() of cases/exec.cu or exec_faults.cu
 --   run.lua rt planted NAME     a planted bug of cases/runtime.cu (or its fixed twin)
 --   run.lua rt scenario NAME    gl_simtest_rt_NAME()
 --   run.lua rt engine           the engine's runtime (spec/sim/runtime_engine.lua), then the sticky error
@@ -13,6 +14,9 @@
 --   run.lua num planted WHICH   WMMA misuse WHICH (0..4, see cases/numeric.cu's wmma_planted_kernel):
 --                               the status and its text
 --   run.lua lt fault NAME       a cuBLASLt fault of cases/cublaslt.cu: the cudaError the stream reports
+--   run.lua san planted NAME OPT  the planted bug NAME of cases/sanitize.cu, built at -O<OPT>:
+--                               the error the next synchronize reports
+--   run.lua san correct OPT     every correct twin of cases/sanitize.cu at -O<OPT> (0 when all are silent)
 --   run.lua lt matmul           the engine's matmul against the CPU (spec/sim/cublaslt_matmul.lua):
 --                               the number of cases off
 package.path = GPTLUA.root .. '/spec/?.lua;' .. package.path
@@ -25,6 +29,8 @@ local ROOT = GPTLUA.root
 local CASES = {
   exec = {
     planted = function(name) return T.gl_simtest_fault_planted(name), S.message('fault') end,
+    -- a check that reads what initcheck or racecheck report, run with them off
+    scenario = function(name) return T['gl_simtest_' .. name](), S.message(name:match('^exec') and 'exec' or 'fault') end,
     correct = function()
       -- atomicExch hands out values in thread order, which the race mode
       -- rightly reports as order-dependent: left out here
@@ -35,7 +41,6 @@ local CASES = {
         { 'votes', function() return T.gl_simtest_exec_votes() end },
         { 'grid3d', function() return T.gl_simtest_exec_grid3d(3, 2, 2, 8, 4, 2) end },
         { 'dynamic_smem', function() return T.gl_simtest_exec_dynamic_smem(100000, 1) end },
-        { 'poison', function() return T.gl_simtest_exec_poison() end },
         { 'collective', function() return T.gl_simtest_exec_collective() end },
       }
       for _, c in ipairs(cases) do
@@ -76,10 +81,38 @@ local CASES = {
   },
 }
 
+-- cases/sanitize.cu built at one optimisation level (build/sim/libgptlua_sanitize_O<opt>.so)
+local function sanitize_lib(opt)
+  if not (opt == '0' or opt == '2' or opt == '3') then
+    error('run.lua san: expected the optimisation level 0, 2 or 3, got ' .. tostring(opt))
+  end
+  pcall(ffi.cdef, [[
+    const char *gl_simtest_san_message(void);
+    int gl_simtest_san_run(const char *name, int planted);
+    const char *gl_simtest_san_names(void);
+  ]])
+  return ffi.load(GPTLUA.libdir .. '/libgptlua_sanitize_O' .. opt .. '.so')
+end
+
+CASES.san = {
+  planted = function(name)
+    local lib = sanitize_lib(arg[4])
+    return lib.gl_simtest_san_run(name, 1), ffi.string(lib.gl_simtest_san_message())
+  end,
+  correct = function(opt)
+    local lib = sanitize_lib(opt)
+    for case in ffi.string(lib.gl_simtest_san_names()):gmatch('%S+') do
+      local r = lib.gl_simtest_san_run(case, 0)
+      if r ~= 0 then return r, case .. ': ' .. ffi.string(lib.gl_simtest_san_message()) end
+    end
+    return 0, 'all silent'
+  end,
+}
+
 local suite, kind, name = arg[1], arg[2], arg[3]
 local run = CASES[suite] and CASES[suite][kind]
 if not run then
-  error(('run.lua: expected exec planted|correct, rt planted|scenario|engine|oom, num planted or lt fault|matmul, '
+  error(('run.lua: expected exec planted|correct, rt planted|scenario|engine|oom, num planted, san planted|correct or lt fault|matmul, '
          .. 'got %s %s'):format(tostring(suite), tostring(kind)))
 end
 S.result(run(name))

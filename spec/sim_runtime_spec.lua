@@ -131,6 +131,8 @@ describe('cuda-sim runtime: planted bugs, each checker fires #cuda #sim', functi
       'missing stream wait: cudaMemcpy device to host on stream %d+ of cuda:0 reads 0x%x+ %(byte 0 of a 16384%-byte allocation of cuda:0%) which kernel k_fill on stream %d+ of cuda:0 wrote, with no event ordering them' },
     { 'missing_wait_kernel', E.LaunchFailure,
       'missing stream wait: kernel k_double on stream %d+ of cuda:0 reads 0x%x+ .* which kernel k_fill on stream %d+ of cuda:0 wrote, with no event ordering them %(in kernel k_double block' },
+    { 'overlapping_missing_wait', E.LaunchFailure,
+      'missing stream wait: read x on stream %d+ of cuda:0 reads 0x%x+ .* which write x and linger on stream %d+ of cuda:0 wrote, with no event ordering them' },
     { 'missing_wait_war', E.LaunchFailure,
       'missing stream wait: kernel k_fill on stream %d+ of cuda:0 writes 0x%x+ .* which kernel k_double on stream %d+ of cuda:0 read, with no event ordering them' },
     { 'nonblocking_vs_legacy', E.LaunchFailure,

@@ -312,28 +312,31 @@ struct Batch {
     std::vector<MPI_Status> st(ops.size());
     for (size_t i = 0; i < ops.size(); i++) reqs[i] = ops[i].req;
     double t0 = now_s();
-    for (;;) {
-      int flag = 0;
-      int e = MPI_Testall((int)reqs.size(), reqs.data(), &flag, st.data());
-      if (e != MPI_SUCCESS && e != MPI_ERR_IN_STATUS) { failed_mpi(e, -1); return; }
-      if (e == MPI_ERR_IN_STATUS) {
-        for (size_t i = 0; i < ops.size(); i++)
-          if (st[i].MPI_ERROR != MPI_SUCCESS && st[i].MPI_ERROR != MPI_ERR_PENDING) { failed_mpi(st[i].MPI_ERROR, (int)i); return; }
+    {
+      gl_sim_device_scope_pause wait_for_peers;  /* host buffers only until the transfers end */
+      for (;;) {
+        int flag = 0;
+        int e = MPI_Testall((int)reqs.size(), reqs.data(), &flag, st.data());
+        if (e != MPI_SUCCESS && e != MPI_ERR_IN_STATUS) { failed_mpi(e, -1); return; }
+        if (e == MPI_ERR_IN_STATUS) {
+          for (size_t i = 0; i < ops.size(); i++)
+            if (st[i].MPI_ERROR != MPI_SUCCESS && st[i].MPI_ERROR != MPI_ERR_PENDING) { failed_mpi(st[i].MPI_ERROR, (int)i); return; }
+        }
+        if (flag) break;
+        for (Op &o : ops)
+          if (o.comm->aborted) { leak = true; set_async(ops, ncclInvalidUsage); return; }
+        double waited = now_s() - t0;
+        if (waited > wait_limit_s()) {
+          leak = true;
+          set_async(ops, ncclSystemError);
+          const Op &o = ops[0];
+          gl_sim_fail(cudaErrorLaunchTimeout, "%s%s on rank %d of %d waited %g s for its peers (GL_SIM_NCCL_TIMEOUT); "
+                      "a rank that never joins hangs NCCL on a GPU too", o.name, ops.size() > 1 ? " (in a group)" : "",
+                      o.comm->rank, o.comm->nranks, wait_limit_s());
+          return;
+        }
+        pause_after(waited);
       }
-      if (flag) break;
-      for (Op &o : ops)
-        if (o.comm->aborted) { leak = true; set_async(ops, ncclInvalidUsage); return; }
-      double waited = now_s() - t0;
-      if (waited > wait_limit_s()) {
-        leak = true;
-        set_async(ops, ncclSystemError);
-        const Op &o = ops[0];
-        gl_sim_fail(cudaErrorLaunchTimeout, "%s%s on rank %d of %d waited %g s for its peers (GL_SIM_NCCL_TIMEOUT); "
-                    "a rank that never joins hangs NCCL on a GPU too", o.name, ops.size() > 1 ? " (in a group)" : "",
-                    o.comm->rank, o.comm->nranks, wait_limit_s());
-        return;
-      }
-      pause_after(waited);
     }
     for (size_t i = 0; i < ops.size(); i++) {
       Op &o = ops[i];

@@ -456,9 +456,42 @@ void close_opened(const char *what) {
 }
 }  // namespace gl_sim_rt
 
-gl_sim_device_scope::gl_sim_device_scope() { tls_depth++; }
+/* Device contexts take turns while the stream-order check is on.  Page
+   protection is per process, so a page one thread's work item opened would
+   let another thread's concurrent first access through unseen, and which
+   check fired would depend on the thread schedule.  With turns every item's
+   first access of every page faults; stream threads still race for the
+   turn, so unordered work still runs in either order.  Without the check
+   the items run concurrently. */
+static std::mutex device_turn;
+static thread_local bool tls_turn = false;  /* this thread holds device_turn */
+
+gl_sim_device_scope::gl_sim_device_scope() {
+  if (tls_depth++ == 0 && check_streams()) {
+    device_turn.lock();
+    tls_turn = true;
+  }
+}
 gl_sim_device_scope::~gl_sim_device_scope() {
-  if (--tls_depth == 0) close_opened(tls_item ? tls_item->me.what : nullptr);
+  if (--tls_depth == 0) {
+    close_opened(tls_item ? tls_item->me.what : nullptr);
+    if (tls_turn) {
+      tls_turn = false;
+      device_turn.unlock();
+    }
+  }
+}
+
+gl_sim_device_scope_pause::gl_sim_device_scope_pause() : held(tls_turn) {
+  if (!held) return;
+  close_opened(tls_item ? tls_item->me.what : nullptr);  /* accesses after the pause fault again */
+  tls_turn = false;
+  device_turn.unlock();
+}
+gl_sim_device_scope_pause::~gl_sim_device_scope_pause() {
+  if (!held) return;
+  device_turn.lock();
+  tls_turn = true;
 }
 
 gl_sim_untracked_scope::gl_sim_untracked_scope() { tls_untracked++; }

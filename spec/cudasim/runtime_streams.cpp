@@ -8,7 +8,8 @@
  * Execution.  GL_SIM_STREAMS=sync (default): work runs at once on the
  * submitting thread.  GL_SIM_STREAMS=threads: each stream has a host worker
  * thread with a FIFO of work items, event markers and waits, so work on
- * different streams really runs unordered; host synchronizations wait for
+ * different streams really runs unordered (in turns while the stream-order
+ * check is on: see gl_sim_device_scope); host synchronizations wait for
  * the queues.  The runtime's state is allocated once and never destroyed,
  * so worker threads may still be parked when the process exits.
  *

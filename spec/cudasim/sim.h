@@ -63,6 +63,18 @@ struct gl_sim_device_scope {
   gl_sim_device_scope(const gl_sim_device_scope &) = delete;
   gl_sim_device_scope &operator=(const gl_sim_device_scope &) = delete;
 };
+/* RAII, inside a work item: lets other streams' work run while this one
+   waits for something outside the process (an NCCL item polling its peers).
+   Device contexts take turns while the stream-order check is on; code
+   inside the pause must not touch device memory. */
+struct gl_sim_device_scope_pause {
+  gl_sim_device_scope_pause();
+  ~gl_sim_device_scope_pause();
+  gl_sim_device_scope_pause(const gl_sim_device_scope_pause &) = delete;
+  gl_sim_device_scope_pause &operator=(const gl_sim_device_scope_pause &) = delete;
+ private:
+  bool held;
+};
 /* The live device allocation containing p: its base and size, and the
    device; false if p is not device memory. */
 bool gl_sim_find_alloc(const void *p, void **base, size_t *size, int *device);

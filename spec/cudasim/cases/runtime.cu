@@ -301,7 +301,8 @@ extern "C" int gl_simtest_rt_streams(void) {
 }
 
 /* Two streams run at once only in threads mode: an item on stream a waits
-   for a flag set by an item submitted LATER on stream b.  Also: queries see
+   (paused, as NCCL waits for its peers) for a flag set by an item submitted
+   LATER on stream b.  Also: queries see
    unfinished work.  Returns 0 when a saw the flag. */
 extern "C" int gl_simtest_rt_concurrent(void) {
   begin();
@@ -317,6 +318,9 @@ extern "C" int gl_simtest_rt_concurrent(void) {
   release = 0;
   saw = 0;
   gl_sim_submit(a, "wait for b", [] {
+    /* an item waiting on something outside (as NCCL waits for its peers)
+       lets the other streams' work take its turn on the device */
+    gl_sim_device_scope_pause waiting;
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!flag.load() && std::chrono::steady_clock::now() < until) usleep(100);
     saw = flag.load();
@@ -483,6 +487,14 @@ extern "C" int gl_simtest_rt_planted(const char *name) {
   DevBuf x, y;
   ALLOC(x, nb);
   ALLOC(y, nb);
+  /* with GL_SIM_STREAMS=threads the unordered read may run before the write:
+     x starts defined so that the one error such a case can report is the
+     missing wait, whichever side runs first */
+  auto define_x = [&]() -> int {
+    TRY(cudaMemset(x.p, 0, nb));
+    TRY(cudaDeviceSynchronize());
+    return 0;
+  };
   if (w == "oob_store") {
     /* 64 floats = 256 bytes: the block ends right at the guard page */
     DevBuf s;
@@ -502,6 +514,7 @@ extern "C" int gl_simtest_rt_planted(const char *name) {
     GL_LAUNCH(1, 32, 0, a, k_fill)((float *)p, 1.0f, 32);
   } else if (w == "missing_wait_copy" || w == "event_wait_copy") {
     /* a kernel on a writes x; a copy on b reads it */
+    if (int rc = define_x()) return rc;
     GL_LAUNCH(blocks_for(n), 256, 0, a, k_fill)(x.as<float>(), 3.0f, n);
     if (w == "event_wait_copy") {
       cudaEvent_t ev;
@@ -517,6 +530,7 @@ extern "C" int gl_simtest_rt_planted(const char *name) {
     }
   } else if (w == "missing_wait_kernel" || w == "event_wait_kernel") {
     /* a kernel on a writes x; a kernel on b reads it */
+    if (int rc = define_x()) return rc;
     GL_LAUNCH(blocks_for(n), 256, 0, a, k_fill)(x.as<float>(), 3.0f, n);
     if (w == "event_wait_kernel") {
       cudaEvent_t ev;
@@ -526,6 +540,26 @@ extern "C" int gl_simtest_rt_planted(const char *name) {
       TRY(cudaEventDestroy(ev));
     }
     GL_LAUNCH(blocks_for(n), 256, 0, b, k_double)(x.as<float>(), y.as<float>(), n);
+  } else if (w == "overlapping_missing_wait") {
+    /* a's item writes x and stays in flight while b's reads it: with stream
+       threads the read must still fault and be checked although a's write
+       opened the page (work items take turns on the device) */
+    if (int rc = define_x()) return rc;
+    float *xp = x.as<float>(), *yp = y.as<float>();
+    static std::atomic<int> b_started;
+    b_started = 0;
+    /* a gives b 200 ms to start (it cannot while a has the turn), then
+       writes while b is, or would be, in flight; b reads after a wrote */
+    gl_sim_submit(a, "write x and linger", [xp] {
+      for (int i = 0; i < 2000 && !b_started.load(); i++) usleep(100);
+      xp[0] = 1;
+      usleep(100000);
+    });
+    gl_sim_submit(b, "read x", [xp, yp] {
+      b_started = 1;
+      usleep(50000);
+      yp[0] = xp[0];
+    });
   } else if (w == "unrelated_streams") {
     /* two streams on separate buffers need no ordering (also under the race
        mode, whose snapshots touch every allocation: they are untracked) */
@@ -533,12 +567,12 @@ extern "C" int gl_simtest_rt_planted(const char *name) {
     GL_LAUNCH(blocks_for(n), 256, 0, b, k_fill)(y.as<float>(), 2.0f, n);
   } else if (w == "missing_wait_war") {
     /* b reads x, then a overwrites it with nothing ordering the two */
-    TRY(cudaMemset(x.p, 0, nb));
-    TRY(cudaDeviceSynchronize());
+    if (int rc = define_x()) return rc;
     GL_LAUNCH(blocks_for(n), 256, 0, b, k_double)(x.as<float>(), y.as<float>(), n);
     GL_LAUNCH(blocks_for(n), 256, 0, a, k_fill)(x.as<float>(), 1.0f, n);
   } else if (w == "nonblocking_vs_legacy" || w == "blocking_vs_legacy") {
     /* a kernel on a (non-)blocking stream writes x, a plain cudaMemcpy reads it */
+    if (int rc = define_x()) return rc;
     cudaStream_t s = a;
     if (w == "blocking_vs_legacy") TRY(cudaStreamCreate(&s));
     GL_LAUNCH(blocks_for(n), 256, 0, s, k_fill)(x.as<float>(), 2.0f, n);

@@ -225,6 +225,12 @@ describe('CUDA rope + QK RMSNorm vs CPU #cuda', function()
             K(lib.gl_rope_rmsnorm_forward(y.c, rstd.c, x.c, S.cos.c, S.sin.c, 1e-6))
             local dx = S.out(s, dt)
             K(lib.gl_rope_rmsnorm_backward(dx.c, g.c, x.c, S.cos.c, S.sin.c, rstd.c))
+            -- dx = rstd (g' - x^ mean(g' x^)), |mean(g' x^)| <= max |g| (mean x^2 = 1):
+            -- terms up to max rstd * max |g| * max(1, max |x^|)
+            if S.ref then
+              local xhat = twin.max_abs(x * rstd:view({ B, T, H, 1 }))
+              S.terms[3] = twin.max_abs(rstd) * twin.max_abs(g) * math.max(1, xhat)
+            end
             return y, rstd, dx
           end, dt, ('rope_rmsnorm %s {%s} strided=%s'):format(dt, table.concat(s, ','), tostring(strided)), { n = D })
         end

@@ -164,7 +164,7 @@ end
 --    without twin32: taken at its bound B.
 -- refp: the reference on inputs perturbed by their rounding (see the rule).
 -- Results are tensors or numbers.
-local function check(what, got, twin, ref, dtype, n, twin32, refp)
+local function check(what, got, twin, ref, dtype, n, twin32, refp, terms)
   if type(got) == 'number' then dtype = 'float64'
   else
     assert.same(twin.shape, got.shape, what .. ': shape')
@@ -178,6 +178,7 @@ local function check(what, got, twin, ref, dtype, n, twin32, refp)
   ref = ref == nil and twin or ref
   local e = err_of(got, ref)
   local scale = type(ref) == 'number' and math.abs(ref) or max_abs(ref:to('cpu'))
+  if terms and terms > scale then scale = terms end
   local extra = bound(dtype, n, scale)
   local e_twin, how
   if measured then
@@ -210,9 +211,13 @@ end
 -- is the float64 reference (every floating input and output float64 there;
 -- in the 'refp' run each input times 1 +- u, S.ref too),
 -- S.f32 whether it is a float64 run's float32 one (float32 there).  body
--- returns its outputs.
+-- returns its outputs.  An output computed as a difference of larger terms
+-- (a norm's backward: rstd (g - x^ mean(g x^))) errs at the terms' scale, not
+-- its own: the body sets S.terms[i] in the reference run (S.ref) to the
+-- largest term of output i, and the bound's scale is the larger of the two.
 local function side(mode, ins, u)
-  local S = { gpu = mode == 'gpu', ref = mode == 'ref' or mode == 'refp', f32 = mode == 'f32', device = mode == 'gpu' and DEV or 'cpu' }
+  local S = { gpu = mode == 'gpu', ref = mode == 'ref' or mode == 'refp', f32 = mode == 'f32', device = mode == 'gpu' and DEV or 'cpu',
+              terms = {} }
   local float = (mode == 'ref' or mode == 'refp') and 'float64' or mode == 'f32' and 'float32' or nil
   for k, p in pairs(ins) do
     local t = mode == 'gpu' and p[2] or p[1]
@@ -236,7 +241,8 @@ end
 -- reference there).
 local function compare(ins, body, dtype, what, opts)
   opts = opts or {}
-  local rr = opts.ref64 ~= false and { body(side('ref', ins)) } or nil
+  local sref = side('ref', ins)
+  local rr = opts.ref64 ~= false and { body(sref) } or nil
   local r32 = rr and dtype == 'float64' and { body(side('f32', ins)) } or nil
   -- (integer runs, as the index ops on int64, have nothing to round)
   local rp = rr and EPS[dtype] and dtype ~= 'float64' and { body(side('refp', ins, EPS[dtype] / 2)) } or nil
@@ -246,7 +252,7 @@ local function compare(ins, body, dtype, what, opts)
   for i = 1, #rc do
     local n = type(opts.n) == 'table' and (opts.n[i] or 1) or opts.n or 1
     assert(type(n) == 'number' and n >= 1, 'cuda_twin.compare: opts.n must be >= 1, got ' .. tostring(n))
-    check(what .. ' output ' .. i, rg[i], rc[i], rr and rr[i], dtype, n, r32 and r32[i], rp and rp[i])
+    check(what .. ' output ' .. i, rg[i], rc[i], rr and rr[i], dtype, n, r32 and r32[i], rp and rp[i], rr and sref.terms[i])
   end
   -- the runs' tensors freed now, not when LuaJIT's collector (which
   -- does not see device memory) gets to them: in the simulator's race mode

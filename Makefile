@@ -383,7 +383,7 @@ link: all
 test:
 	@$(MAKE) --no-print-directory deps-if-missing
 	@$(MAKE) --no-print-directory -j$(NPROC) all sim sim-account CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
-	@$(MAKE) --no-print-directory link
+	@$(MAKE) --no-print-directory link CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
 	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs $(RACE_RUNS) CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
 # (each target builds what it runs: after make test's own builds, nothing to do)
 test-cpu-specs: all

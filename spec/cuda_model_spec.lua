@@ -76,10 +76,11 @@ end
 
 -- runs f with Muon's Newton-Schulz in the GPU's precision on the CPU too
 local function as_gpu_ns(f)
-  local ns_dtype = optim.ns_dtype
-  optim.ns_dtype = function(p) return p.dtype == 'bfloat16' and 'bfloat16' or nil end
+  local muon = require('gptlua.optim.muon').optim  -- where Muon looks it up
+  local ns_dtype = muon.ns_dtype
+  muon.ns_dtype = function(p) return p.dtype == 'bfloat16' and 'bfloat16' or nil end
   local ok, err = pcall(f)
-  optim.ns_dtype = ns_dtype
+  muon.ns_dtype = ns_dtype
   if not ok then error(err, 0) end
 end
 

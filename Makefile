@@ -73,7 +73,8 @@ CU_HDR     = $(wildcard kernels/*.cuh)
 # (`make test` does, to keep CI's compile time; `make cuda-check` compiles
 # all of them); nvcc compiles the archs of a file in parallel (--threads 0).
 # Objects live in a folder per arch list, so switching lists reuses them.
-CUDA_ARCHS      ?= 80 86 89 90
+CUDA_ALL_ARCHS   = 80 86 89 90
+CUDA_ARCHS      ?= $(CUDA_ALL_ARCHS)
 TEST_CUDA_ARCHS ?= 90
 empty :=
 space := $(empty) $(empty)
@@ -275,7 +276,7 @@ $(SIM_ACC)/gptlua: engine/main.c $(HEADERS) | $(SIM_ACC)/obj
 sim-account: $(SIM_ACC)/gptlua $(SIM_ACC)/libgptlua.so
 
 
-.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link rock-install embed-example clean cuda-check test-seeds FORCE
+.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link rock-install embed-example clean cuda-check cuda-resources gpu-check test-seeds FORCE
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB)
 
 $(BUILD)/obj:
@@ -331,6 +332,21 @@ cuda-check:
 	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory $(CU_OBJ) && echo "cuda-check: compiled $(words $(CU_SRC)) CUDA sources"; \
 	 else echo "cuda-check: nvcc not found, skipped"; fi
 
+# every kernel's registers and shared memory, for every arch of the default
+# build, against that arch's limits (recipes/tools/cuda_resources.lua): ptxas
+# -v per source into build/cuda-resources/NAME.txt, redone when the source
+# changes, then the check; make test runs it
+CUDA_RES       = $(BUILD)/cuda-resources
+CUDA_RES_FILES = $(CU_SRC:kernels/%.cu=$(CUDA_RES)/%.txt)
+CUDA_RES_FLAGS = -O3 -std=c++17 -DGL_WITH_CUDA -Iengine -I$(BUILD) --expt-relaxed-constexpr
+$(CUDA_RES)/%.txt: kernels/%.cu $(HEADERS) $(CU_HDR)
+	@mkdir -p $(@D)
+	NVCC='$(NVCC)' CUDA_RES_FLAGS='$(CUDA_RES_FLAGS)' luajit recipes/tools/cuda_resources.lua compile $< $@ $(CUDA_ALL_ARCHS)
+cuda-resources:
+	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory $(CUDA_RES_FILES) && \
+	   luajit recipes/tools/cuda_resources.lua check $(CUDA_RES_FILES); \
+	 else echo "cuda-resources: nvcc not found, skipped"; fi
+
 deps:
 	@echo "make deps: apt-get install -y $(DEBIAN_PACKAGES)"
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
@@ -384,7 +400,7 @@ test:
 	@$(MAKE) --no-print-directory deps-if-missing
 	@$(MAKE) --no-print-directory -j$(NPROC) all sim sim-account CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
 	@$(MAKE) --no-print-directory link
-	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs $(RACE_RUNS) CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
+	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs $(RACE_RUNS) cuda-resources CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
 # (each target builds what it runs: after make test's own builds, nothing to do)
 test-cpu-specs: all
 	GPTLUA_PORTS=24000-24999 $(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)

@@ -3,6 +3,10 @@
 #   make run        deps if missing, build, run the default recipe
 #   make test       deps if missing, build, run every spec
 #   make test-cuda  the CUDA-vs-CPU twin specs on a real GPU
+#   make gpu-check  one command that shows a GPU works: builds for it, runs the #cuda specs,
+#                   trains, measures tokens/s and MFU, runs NCCL (recipes/tools/gpu_check.lua;
+#                   report in build/gpu-check/); without a GPU, the same in the simulator
+#   make cuda-resources  every kernel's registers and shared memory against each arch's limits
 #   make sim        build/sim/: the same engine with every CUDA kernel, cuBLASLt and
 #                   NCCL call running on the CPU in the CUDA simulator (spec/cudasim/)
 #   make sim-account build/sim-account/: the simulator counting each launch's bytes
@@ -439,6 +443,23 @@ test-sim:
 test-cuda:
 	$(prepare)
 	$(BUILD)/gptlua spec/run.lua --tags=cuda --exclude-tags=sim $(SPEC_ARGS)
+
+# The GPU's first contact (recipes/tools/gpu_check.lua): built for the
+# compute capabilities nvidia-smi reports, then every stage on the device;
+# without nvidia-smi or a GPU, the simulator's build and mode.  Packages are
+# installed where missing and possible (a GPU machine may have no network:
+# the build then names what is missing).  ARGS go to the script.
+gpu-check:
+	@$(MAKE) --no-print-directory deps-if-missing || echo "gpu-check: could not install the missing packages; building anyway"
+	@caps="$$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | sort -u | tr '\n' ' ')"; \
+	 if [ -n "$$(echo $$caps)" ]; then \
+	   echo "gpu-check: building for compute capabilities $$caps"; \
+	   $(MAKE) --no-print-directory -j$(NPROC) all CUDA=1 CUDA_ARCHS="$$caps" && \
+	   $(BUILD)/gptlua recipes/tools/gpu_check.lua --mode=gpu --archs="$$caps" $(ARGS); \
+	 else \
+	   echo "gpu-check: no GPU (nvidia-smi lists none): the CUDA simulator's mode"; \
+	   $(MAKE) --no-print-directory -j$(NPROC) all sim && $(BUILD)/gptlua recipes/tools/gpu_check.lua --mode=sim $(ARGS); \
+	 fi
 
 bench: all
 	$(BUILD)/gptlua recipes/tools/bench.lua $(ARGS)

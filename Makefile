@@ -346,9 +346,8 @@ CUDA_RES_FLAGS = -O3 -std=c++17 -DGL_WITH_CUDA -Iengine -I$(BUILD) --expt-relaxe
 $(CUDA_RES)/%.txt: kernels/%.cu $(HEADERS) $(CU_HDR)
 	@mkdir -p $(@D)
 	NVCC='$(NVCC)' CUDA_RES_FLAGS='$(CUDA_RES_FLAGS)' luajit recipes/tools/cuda_resources.lua compile $< $@ $(CUDA_ALL_ARCHS)
-cuda-resources:
-	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory $(CUDA_RES_FILES) && \
-	   luajit recipes/tools/cuda_resources.lua check $(CUDA_RES_FILES); \
+cuda-resources: $(if $(NVCC),$(CUDA_RES_FILES))
+	@if [ -n "$(NVCC)" ]; then luajit recipes/tools/cuda_resources.lua check $(CUDA_RES_FILES); \
 	 else echo "cuda-resources: nvcc not found, skipped"; fi
 
 deps:
@@ -392,9 +391,10 @@ link: all
 	  echo "make link: $(BINDIR) is not on this shell's PATH yet: export PATH=$(BINDIR):\$$PATH";; esac
 
 # every spec: the CPU ones with build/gptlua, and the #cuda ones (and the
-# simulator's own, #sim) with every kernel running in the CUDA simulator, and
-# race mode: two at a time, the longest first, since the simulator runs one
-# thread at a time and alone leaves a core of a 2-core machine idle.  Each
+# simulator's own, #sim) with every kernel running in the CUDA simulator,
+# race mode, and the kernels' resources per arch (cuda-resources): two at a
+# time, the longest first, since the simulator runs one thread at a time and
+# alone leaves a core of a 2-core machine idle.  Each
 # prints its output whole when it ends (make -O); the two suites take the TCP
 # rendezvous ports of their specs from ranges of their own (GPTLUA_PORTS, below
 # Linux's ephemeral ports, 32768-60999, which no connect() can take), so they

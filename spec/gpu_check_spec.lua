@@ -23,7 +23,7 @@ end
 describe('make gpu-check in the simulator #cuda #sim', function()
   it('runs every stage at tiny sizes, passes, and reports each in report.json and report.md', function()
     local dir = S.tmpdir()
-    local out, rc = S.sh(('%s --mode=sim --out=%s'):format(DRIVER, dir), 600)
+    local out, rc = S.sh(('%s --mode=sim --out=%s'):format(DRIVER, dir), 900)
     assert.equal(0, rc, out)
     local rep = cjson.decode(read(dir .. '/report.json'))
     assert.equal('sim', rep.mode)
@@ -52,6 +52,7 @@ describe('make gpu-check in the simulator #cuda #sim', function()
       assert.is_true(r.tokens_per_s > 0 and r.mfu > 0 and r.ms_per_step > 0, r.model)
       assert.equal(G.SIM_NOTE, r.verdict)
       assert.is_nil(r.predicted)  -- the simulator's speed is no GPU's: nothing compared
+      assert.equal(r.graph == 'on', r.whole_step_graph, r.model .. ' graph ' .. r.graph)
     end
     assert.same({ 'gpt2_124m on', 'gpt2_124m off', 'nanochat_d20 on', 'nanochat_d20 off' }, seen)
     assert.equal(2, stage(rep, 'nccl').ranks)

@@ -3,6 +3,10 @@
 #   make run        deps if missing, build, run the default recipe
 #   make test       deps if missing, build, run every spec
 #   make test-cuda  the CUDA-vs-CPU twin specs on a real GPU
+#   make gpu-check  one command that shows a GPU works: builds for it, runs the #cuda specs,
+#                   trains, measures tokens/s and MFU, runs NCCL (recipes/tools/gpu_check.lua;
+#                   report in build/gpu-check/); without a GPU, the same in the simulator
+#   make cuda-resources  every kernel's registers and shared memory against each arch's limits
 #   make sim        build/sim/: the same engine with every CUDA kernel, cuBLASLt and
 #                   NCCL call running on the CPU in the CUDA simulator (spec/cudasim/)
 #   make sim-account build/sim-account/: the simulator counting each launch's bytes
@@ -73,7 +77,8 @@ CU_HDR     = $(wildcard kernels/*.cuh)
 # (`make test` does, to keep CI's compile time; `make cuda-check` compiles
 # all of them); nvcc compiles the archs of a file in parallel (--threads 0).
 # Objects live in a folder per arch list, so switching lists reuses them.
-CUDA_ARCHS      ?= 80 86 89 90
+CUDA_ALL_ARCHS   = 80 86 89 90
+CUDA_ARCHS      ?= $(CUDA_ALL_ARCHS)
 TEST_CUDA_ARCHS ?= 90
 empty :=
 space := $(empty) $(empty)
@@ -275,7 +280,7 @@ $(SIM_ACC)/gptlua: engine/main.c $(HEADERS) | $(SIM_ACC)/obj
 sim-account: $(SIM_ACC)/gptlua $(SIM_ACC)/libgptlua.so
 
 
-.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link rock-install embed-example clean cuda-check test-seeds FORCE
+.PHONY: fuzz fuzz-ci fuzz-build sim sim-account test-sim test-race test-cpu-specs test-sim-specs all deps deps-if-missing run test test-cuda bench bench-cuda acceptance install link rock-install embed-example clean cuda-check cuda-resources gpu-check test-seeds FORCE
 all: $(BUILD)/gptlua $(BUILD)/libgptlua.so $(MPI_LIB) $(GLOO_LIB)
 
 $(BUILD)/obj:
@@ -331,6 +336,20 @@ cuda-check:
 	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory $(CU_OBJ) && echo "cuda-check: compiled $(words $(CU_SRC)) CUDA sources"; \
 	 else echo "cuda-check: nvcc not found, skipped"; fi
 
+# every kernel's registers and shared memory, for every arch of the default
+# build, against that arch's limits (recipes/tools/cuda_resources.lua): ptxas
+# -v per source into build/cuda-resources/NAME.txt, redone when the source
+# changes, then the check; make test runs it
+CUDA_RES       = $(BUILD)/cuda-resources
+CUDA_RES_FILES = $(CU_SRC:kernels/%.cu=$(CUDA_RES)/%.txt)
+CUDA_RES_FLAGS = -O3 -std=c++17 -DGL_WITH_CUDA -Iengine -I$(BUILD) --expt-relaxed-constexpr
+$(CUDA_RES)/%.txt: kernels/%.cu $(HEADERS) $(CU_HDR)
+	@mkdir -p $(@D)
+	NVCC='$(NVCC)' CUDA_RES_FLAGS='$(CUDA_RES_FLAGS)' luajit recipes/tools/cuda_resources.lua compile $< $@ $(CUDA_ALL_ARCHS)
+cuda-resources: $(if $(NVCC),$(CUDA_RES_FILES))
+	@if [ -n "$(NVCC)" ]; then luajit recipes/tools/cuda_resources.lua check $(CUDA_RES_FILES); \
+	 else echo "cuda-resources: nvcc not found, skipped"; fi
+
 deps:
 	@echo "make deps: apt-get install -y $(DEBIAN_PACKAGES)"
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
@@ -372,9 +391,10 @@ link: all
 	  echo "make link: $(BINDIR) is not on this shell's PATH yet: export PATH=$(BINDIR):\$$PATH";; esac
 
 # every spec: the CPU ones with build/gptlua, and the #cuda ones (and the
-# simulator's own, #sim) with every kernel running in the CUDA simulator, and
-# race mode: two at a time, the longest first, since the simulator runs one
-# thread at a time and alone leaves a core of a 2-core machine idle.  Each
+# simulator's own, #sim) with every kernel running in the CUDA simulator,
+# race mode, and the kernels' resources per arch (cuda-resources): two at a
+# time, the longest first, since the simulator runs one thread at a time and
+# alone leaves a core of a 2-core machine idle.  Each
 # prints its output whole when it ends (make -O); the two suites take the TCP
 # rendezvous ports of their specs from ranges of their own (GPTLUA_PORTS, below
 # Linux's ephemeral ports, 32768-60999, which no connect() can take), so they
@@ -384,7 +404,7 @@ test:
 	@$(MAKE) --no-print-directory deps-if-missing
 	@$(MAKE) --no-print-directory -j$(NPROC) all sim sim-account CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
 	@$(MAKE) --no-print-directory link CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
-	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs $(RACE_RUNS) CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
+	@$(MAKE) --no-print-directory -j$(NPROC) -O test-cpu-specs test-sim-specs $(RACE_RUNS) cuda-resources CUDA_ARCHS='$(TEST_CUDA_ARCHS)'
 # (each target builds what it runs: after make test's own builds, nothing to do)
 test-cpu-specs: all
 	GPTLUA_PORTS=24000-24999 $(BUILD)/gptlua spec/run.lua $(SPEC_ARGS)
@@ -423,6 +443,23 @@ test-sim:
 test-cuda:
 	$(prepare)
 	$(BUILD)/gptlua spec/run.lua --tags=cuda --exclude-tags=sim $(SPEC_ARGS)
+
+# The GPU's first contact (recipes/tools/gpu_check.lua): built for the
+# compute capabilities nvidia-smi reports, then every stage on the device;
+# without nvidia-smi or a GPU, the simulator's build and mode.  Packages are
+# installed where missing and possible (a GPU machine may have no network:
+# the build then names what is missing).  ARGS go to the script.
+gpu-check:
+	@$(MAKE) --no-print-directory deps-if-missing || echo "gpu-check: could not install the missing packages; building anyway"
+	@caps="$$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | sort -u | tr '\n' ' ')"; \
+	 if [ -n "$$(echo $$caps)" ]; then \
+	   echo "gpu-check: building for compute capabilities $$caps"; \
+	   $(MAKE) --no-print-directory -j$(NPROC) all CUDA=1 CUDA_ARCHS="$$caps" && \
+	   $(BUILD)/gptlua recipes/tools/gpu_check.lua --mode=gpu --archs="$$caps" $(ARGS); \
+	 else \
+	   echo "gpu-check: no GPU (nvidia-smi lists none): the CUDA simulator's mode"; \
+	   $(MAKE) --no-print-directory -j$(NPROC) all sim && $(BUILD)/gptlua recipes/tools/gpu_check.lua --mode=sim $(ARGS); \
+	 fi
 
 bench: all
 	$(BUILD)/gptlua recipes/tools/bench.lua $(ARGS)

@@ -702,7 +702,7 @@ extern "C" int cuda_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_t
     using P = decltype(pp);
     using T = decltype(t);
     size_t sm = (size_t)(2 * D + FB_THREADS) * sizeof(T);
-    if (sm > 48 * 1024) return gl_error("cuda_attention_forward: head dim %lld is too large", (long long)D);
+    if (sm > CU_SHARED_DYNAMIC_MAX) return gl_error("cuda_attention_forward: head dim %lld is too large", (long long)D);
     GL_LAUNCH(dim3((unsigned)T_, (unsigned)H, (unsigned)B), FB_THREADS, sm, st, attn_fwd_fallback_kernel<P, T>)(
         P::from(q), str4(q), P::from(k), str4(k), P::from(v), str4(v), P::from(out), str4(out), AnyPtr::from(lse),
         lse_str(lse), a, (T)scale);
@@ -766,7 +766,7 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     using T = decltype(t);
     if (sizeof(T) != (wide ? 8u : 4u)) return gl_error("cuda_attention_backward: operands of mixed dtypes");
     size_t s1 = (size_t)(3 * D + FB_THREADS) * sizeof(T), s2 = (size_t)(4 * D + 2 * FB_THREADS) * sizeof(T);
-    if (s2 > 48 * 1024) return gl_error("cuda_attention_backward: head dim %lld is too large", (long long)D);
+    if (s2 > CU_SHARED_DYNAMIC_MAX) return gl_error("cuda_attention_backward: head dim %lld is too large", (long long)D);
     GL_LAUNCH(dim3((unsigned)T_, (unsigned)H, (unsigned)B), FB_THREADS, s1, st, attn_dq_fallback_kernel<P, T>)(
         P::from(dq), str4(dq), P::from(dout), str4(dout), P::from(q), str4(q), P::from(k), str4(k), P::from(v),
         str4(v), AnyPtr::from(lse), lse_str(lse), di.ptr<T>(), a, (T)scale);

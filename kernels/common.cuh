@@ -358,6 +358,12 @@ template <int N> static CuIdx<N> cu_idx_of(std::initializer_list<const gl_tensor
 }
 
 /* ---- launch geometry ---------------------------------------------------- */
+/* Dynamic shared memory a launch may ask without opting in: the 48 KiB every
+   GPU allows a block, less 1 KiB kept for the kernel's own static arrays
+   (block reductions' partials), which count against the same 48 KiB.
+   recipes/tools/cuda_resources.lua checks that every kernel launched under
+   this bound has at most the 1 KiB of static shared memory on every arch. */
+enum { CU_SHARED_STATIC_RESERVE = 1 << 10, CU_SHARED_DYNAMIC_MAX = (48 << 10) - CU_SHARED_STATIC_RESERVE };
 /* blocks for a grid-stride loop over n items */
 static inline unsigned cu_blocks(int dev, int64_t n, int threads) {
   int64_t b = (n + threads - 1) / threads;

@@ -528,7 +528,7 @@ static bool rows_vec16(const gl_tensor *t) {
   return true;
 }
 
-enum { ADD_NORM_MAX_SHARED = 48 << 10 };  /* the row in shared memory, without the opt-in */
+enum { ADD_NORM_MAX_SHARED = CU_SHARED_DYNAMIC_MAX };  /* the row in shared memory, without the opt-in */
 
 template <class P, class T, bool CENTER, bool VEC>
 static void launch_add_norm(cudaStream_t st, gl_tensor *s, gl_tensor *y, gl_tensor *mean, gl_tensor *rstd,

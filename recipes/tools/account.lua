@@ -612,7 +612,7 @@ function M.main(opts, out)
   end
   local ref = fit.runs[2][4]
   local rows = fit.predict(model.layers, model.B, model.T, nil, model.V)
-  return M.report(rows, fit.names, {
+  local summary = M.report(rows, fit.names, {
     tokens = model.B * model.T, flops_per_token = M.flops_per_token(model, fit),
     attn_flops_per_token = 12 * model.layers * model.C * model.T,
     layer_rows = fit.predict(model.layers, model.B, model.T, 'layer tokens', model.V),
@@ -620,6 +620,55 @@ function M.main(opts, out)
     host_s = ref.host_s,
     host_note = ('measured in the simulator at L=2 B=2 T=%d: Lua, engine and the simulated runtime\'s API calls, '
                  .. 'device work excluded'):format(2 * model.T0) }, out)
+  if opts.save == 1 then
+    M.save_prediction(opts.model, model, summary)
+    out('saved the prediction in ' .. M.PREDICTIONS)
+  end
+  return summary
+end
+
+-- ------------------------------------------------------------------ kept predictions
+-- `--save=1` keeps a model's predicted range (tokens/s and MFU, each
+-- pessimistic, central, optimistic) in M.PREDICTIONS, with the
+-- configuration and the commit it was counted at; `make gpu-check`
+-- (recipes/tools/gpu_check.lua) compares what a GPU measures with it, since
+-- counting takes longer than the check may.
+M.PREDICTIONS = gl.root .. '/recipes/tools/account_predictions.json'
+
+local function read_predictions()
+  local f = io.open(M.PREDICTIONS, 'rb')
+  if not f then return {} end
+  local s = f:read('*a')
+  f:close()
+  local ok, t = pcall(require('cjson').decode, s)
+  if not ok or type(t) ~= 'table' then error('account: ' .. M.PREDICTIONS .. ' is not JSON: ' .. tostring(t), 0) end
+  return t
+end
+
+function M.save_prediction(name, model, s)
+  local all = read_predictions()
+  local p = io.popen('cd ' .. gl.root .. ' && git rev-parse --short HEAD 2>/dev/null')
+  local commit = p:read('*l')
+  p:close()
+  local e = { B = model.B, T = model.T, layers = model.layers, device = M.H100.name, commit = commit,
+              tokens_per_s = {}, mfu = {} }
+  for _, k in ipairs(M.EFFICIENCY_ORDER) do
+    e.tokens_per_s[k], e.mfu[k] = s.range[k].tps, s.range[k].mfu
+  end
+  all[name] = e
+  local tmp = M.PREDICTIONS .. '.tmp'
+  local f = assert(io.open(tmp, 'wb'))
+  f:write(require('cjson').encode(all), '\n')
+  f:close()
+  assert(os.rename(tmp, M.PREDICTIONS))
+end
+
+-- a model's kept prediction, or nil and why
+function M.load_prediction(name)
+  local e = read_predictions()[name]
+  if not e then return nil, ('no prediction for %s in %s (bench_cuda.lua --account --model=%s --save=1)'):format(
+    name, M.PREDICTIONS, name) end
+  return e
 end
 
 -- The full-size model's FLOPs per token (as bench.lua's MFU uses), from the

@@ -106,7 +106,14 @@ function GPT:forward(idx, targets, caches)
     error(('gpt2: sequence of %d tokens exceeds block_size %d'):format(start + T, cfg.block_size), 2)
   end
   local tr = self.transformer
-  local pos = gl.arange(start, start + T, { device = idx.device })
+  -- the position ids, made once per device and kept: an arange on a GPU
+  -- copies from host memory, which a captured CUDA graph cannot replay
+  local ids = rawget(self, 'position_ids')
+  if not ids or ids.device ~= idx.device then
+    ids = gl.arange(0, cfg.block_size, { device = idx.device }):keep()
+    rawset(self, 'position_ids', ids)
+  end
+  local pos = ids:narrow(1, start + 1, T)
   local x = tr.wte(idx) + tr.wpe(pos)
   x = gl.dropout(x, cfg.dropout, self.training)
   for i = 1, tr.h.n do x = common.run_block(tr.h[i], x, caches and caches[i], cfg) end

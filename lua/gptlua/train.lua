@@ -274,8 +274,17 @@ function Trainer:sample(n)
   return tok:decode(ids)
 end
 
-function Trainer:save_checkpoint()
+-- background (the periodic saves of run()): with checkpoint_async the
+-- files are written by the checkpoint writer while training goes on
+-- (gptlua.checkpoint's writer); any other save, and the next background
+-- one, first waits for the one in flight
+function Trainer:save_checkpoint(background)
   local cfg = self.cfg
+  if self.ckpt_writer then self.ckpt_writer:finish() end
+  if background and cfg.checkpoint_async and not self.ckpt_writer then
+    self.ckpt_writer = ckpt.writer(function(path) self:print(('saved checkpoint %s'):format(path)) end)
+  end
+  self.save_writer = background and cfg.checkpoint_async and self.ckpt_writer or nil  -- read by the policies' saves
   local model_sd = self.model:state_dict()
   local opt_sd = self.optimizer:state_dict()
   local state = { rng = gl.get_rng_state(), opt_step = opt_sd.step, opt_steps = opt_sd.steps,
@@ -293,10 +302,15 @@ function Trainer:save_checkpoint()
     return self.policy:save_checkpoint(self, model_sd, opt_sd, state)
   end
   if self.rank ~= 0 then return end
-  local path = ckpt.save(self.ckpt_dir, self.step, { model = model_sd, optim = opt_sd.tensors, state = state },
-    cfg.keep_last)
-  self:print(('saved checkpoint %s'):format(path))
+  local path, pending = ckpt.save(self.ckpt_dir, self.step, { model = model_sd, optim = opt_sd.tensors, state = state },
+    cfg.keep_last, self.save_writer)
+  if not pending then self:print(('saved checkpoint %s'):format(path)) end
   return path
+end
+
+-- waits for the checkpoint in flight, publishes it, frees the writer's staging
+function Trainer:close_checkpoint_writer()
+  if self.ckpt_writer then self.ckpt_writer:close(); self.ckpt_writer = nil end
 end
 
 -- the first model key on which a checkpoint's config differs from this
@@ -662,7 +676,7 @@ function Trainer:run()
       local improved = ev.val < self.best_val_loss
       if improved then self.best_val_loss = ev.val end
       if step > 0 and self.saved_step ~= step and (cfg.always_save_checkpoint or improved) then
-        self:save_checkpoint()
+        self:save_checkpoint(true)
       end
       eval_cost = now() - t_eval
       paused = paused + eval_cost
@@ -718,8 +732,9 @@ function Trainer:run()
       local text = self:sample(200)
       self:print('--- sample ---\n' .. (text or '') .. '\n---')
     end
+    if self.ckpt_writer then self.ckpt_writer:poll() end  -- publishes a background save once written
     if cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0 and self.step < cfg.max_iters then
-      self:save_checkpoint()
+      self:save_checkpoint(true)
     end
     paused = paused + (now() - t_other)
     if self:stop_requested() then interrupted = true; break end
@@ -733,6 +748,7 @@ function Trainer:run()
       self.stop_reason == 'profile' and 'stopped after the profile' or 'interrupted', self.step))
     if self.saved_step ~= self.step then final.checkpoint = self:save_checkpoint()
     else final.checkpoint = ('%s/step_%07d'):format(self.ckpt_dir, self.step) end
+    self:close_checkpoint_writer()
     final.interrupted, final.losses = true, losses
     if self.metrics_file then self.metrics_file:close(); self.metrics_file = nil end
     return final
@@ -744,6 +760,7 @@ function Trainer:run()
     self:write_metrics({ step = self.step, eval = true, train_loss = last_eval.train, val_loss = last_eval.val })
   end
   if not cfg.eval_only then final.checkpoint = self:save_checkpoint() end
+  self:close_checkpoint_writer()
   local total = now() - t_start
   paused_total = paused_total + paused + (now() - t_final)
   local ran = self.step - first_step

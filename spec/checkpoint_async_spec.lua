@@ -85,6 +85,28 @@ describe('checkpoint_async', function()
     os.execute('rm -rf ' .. da .. ' ' .. ds)
   end)
 
+  it("fsdp on 2 ranks: every rank's background files are the synchronous save's bytes", function()
+    local da, ds = H.tmpdir(), H.tmpdir()
+    for _, run in ipairs({ { da, 'true' }, { ds, 'false' } }) do
+      local out, rc = H.sh(('%s -n 2 spec/dist/elastic_recipe.lua --out_dir=%s --dist=fsdp --checkpoint_async=%s')
+        :format(H.EXE, run[1], run[2]), 120)
+      assert.equal(0, rc, out)
+    end
+    for _, step in ipairs({ 2, 4, 6, 8 }) do
+      local pa, ps = ('%s/elastic/checkpoints/step_%07d'):format(da, step), ('%s/elastic/checkpoints/step_%07d'):format(ds, step)
+      local files = ckpt.load(pa).state.files
+      assert.same(ckpt.load(ps).state.files, files)
+      for _, f in ipairs({ 'model.safetensors', 'optim.safetensors', 'optim.rank00000.safetensors',
+                           'optim.rank00001.safetensors' }) do
+        assert.is_not_nil(files[f], f)
+        assert.equal(read(ps .. '/' .. f), read(pa .. '/' .. f), pa .. '/' .. f)
+      end
+      local left = io.popen('ls -a ' .. pa):read('*a')
+      assert.is_nil(left:find('written', 1, true), left)   -- the ranks' markers are gone
+    end
+    os.execute('rm -rf ' .. da .. ' ' .. ds)
+  end)
+
   it('a process killed while its writer is mid-file leaves the previous checkpoint, and the resumed run '
     .. 'ends where the uninterrupted one does', function()
     local dir, full_dir = H.tmpdir(), H.tmpdir()

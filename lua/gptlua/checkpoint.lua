@@ -378,13 +378,13 @@ end
 function Writer:_publish(job, files)
   publish(job.tmp, job.final, cjson.decode(job.state_json), files, job.step)
   M.prune(job.dir, job.keep_last, job.final)
-  self.job = nil
+  job.published = true
+  if not job.comm then self.job = nil end  -- a collective job stays until finish(), on every rank alike
   if self.on_saved then self.on_saved(job.final) end
 end
 
 -- a collective job: this rank's marker (written, then renamed into place);
--- rank 0: publishes when every rank's marker is there.  Returns true once published
--- (rank 0) or marked (the others).
+-- rank 0 publishes when every rank's marker is there
 function Writer:_collective_done(job)
   if not job.marked then
     local name = ('%s/%s%05d'):format(job.tmp, MARK, job.comm.rank)
@@ -392,11 +392,11 @@ function Writer:_collective_done(job)
     assert(os.rename(name .. '.part', name))
     job.marked = true
   end
-  if job.comm.rank ~= 0 then self.job = nil; return true end
+  if job.comm.rank ~= 0 or job.published then return end
   local files = {}
   for r = 0, job.comm.size - 1 do
     local s = read_file(('%s/%s%05d'):format(job.tmp, MARK, r))
-    if not s then return false end
+    if not s then return end
     for k, v in pairs(cjson.decode(s)) do files[k] = v end
   end
   for _, n in ipairs(job.files) do
@@ -404,13 +404,12 @@ function Writer:_collective_done(job)
   end
   for r = 0, job.comm.size - 1 do os.remove(('%s/%s%05d'):format(job.tmp, MARK, r)) end
   self:_publish(job, files)
-  return true
 end
 
 -- At a step boundary: publishes the job the thread has finished (never waits).
 function Writer:poll()
   local job = self.job
-  if not job then return end
+  if not job or job.published or (job.marked and job.comm.rank ~= 0) then return end
   local busy = lib.gl_ckpt_writer_busy(self.c)
   if busy == 1 then return end
   if busy ~= 0 then self.job = nil; G.check(busy, 2) end
@@ -426,9 +425,11 @@ function Writer:finish()
   local rc = lib.gl_ckpt_writer_wait(self.c)
   if rc ~= 0 then self.job = nil; G.check(rc, 2) end
   if not job.comm then return self:_publish(job, self:_checksums(job)) end
-  if not (job.comm.rank == 0 and job.marked) then self:_collective_done(job) end
+  self:_collective_done(job)
   job.comm:barrier()   -- every rank's marker is written
-  if job.comm.rank == 0 and self.job then assert(self:_collective_done(job)) end
+  self:_collective_done(job)
+  if job.comm.rank == 0 then assert(job.published, 'checkpoint: a collective save was not published') end
+  self.job = nil
   job.comm:barrier()   -- published before any rank goes on
 end
 

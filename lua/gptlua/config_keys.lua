@@ -70,6 +70,8 @@ return {
   temperature = 'sampling temperature',
   top_k = 'sample from the k most likely tokens (0: all)',
   checkpoint_interval = 'steps between checkpoints (0: only at the end)',
+  straggler_threshold = 'name a rank whose compute per step exceeds the median rank\'s by more than this fraction, '
+    .. 'at every log line (0: off)',
   checkpoint_async = 'write the periodic checkpoints in the background: the step waits only for a host copy '
     .. '(false: every save writes its files before training goes on)',
   always_save_checkpoint = 'save at every eval (false: only when the val loss improves)',

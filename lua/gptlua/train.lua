@@ -647,6 +647,7 @@ function Trainer:run()
   self:print(('run %s writes %s'):format(self.run_id, self.run_dir))
   self.control = require('gptlua.control').for_trainer(self)  -- nil when cfg.control is off
   self.journal = require('gptlua.journal').start(self, first_step, resumed_from)
+  self.stragglers = require('gptlua.observe.stragglers').for_trainer(self)   -- nil on one rank or when off
   signals(gl.lib.gl_signal_catch)
   -- time: the training steps apart from evals, samples and checkpoints
   -- ("pauses"), so ms/step, tok/s and MFU count steps only and the ETA adds
@@ -684,6 +685,7 @@ function Trainer:run()
     local t0 = now()
     local loss, norm, lr_mult, ok = self:train_step()
     local dt = now() - t0
+    if self.stragglers then self.stragglers:step(dt) end
     if not ok then
       self.bad_steps = self.bad_steps + 1
       self:print(('step %d: loss %s, grad norm %s is not finite; step skipped (%d in a row)'):format(step,
@@ -722,6 +724,8 @@ function Trainer:run()
         fmt_bytes(mem.peak), fmt_time(eta)))
       -- a policy's own numbers (round position, staleness, ...)
       if self.policy.metrics then for k, v in pairs(self.policy:metrics()) do rec[k] = v end end
+      local slow = self.stragglers and self.stragglers:report(rec)   -- (collective: every rank)
+      if slow then self:print(slow) end
       self:write_metrics(rec)
       if self.hooks.on_log then self.hooks.on_log(self, { loss = loss, norm = norm, tps = tps }) end
       paused_total = paused_total + paused

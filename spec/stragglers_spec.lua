@@ -2,9 +2,9 @@
 -- compute and collective wait per step are gathered, and a rank computing
 -- more than straggler_threshold over the median is named on the log and in
 -- metrics.jsonl.  The slow rank sleeps 400 ms in every step (a test hook):
--- among 3 ranks the median is a normal rank, and a normal rank cannot
--- exceed the larger normal one, so only the slow rank can be named, and it
--- is whenever a normal step computes in under 400 / 1.5 ms.
+-- it is named whenever the normal ranks compute in under 400 / 1.5 ms per
+-- step, and a normal rank, measured against the median (the mean) of the
+-- other two, one of them the slow one, is not.
 local H = require 'support.mpi'
 local cjson = require 'cjson'
 
@@ -39,7 +39,7 @@ describe('stragglers', function()
       assert.is_true(r.compute_ms[2] >= 400, cjson.encode(r))
       -- the others waited for it in their collectives
       assert.is_true(r.wait_ms[1] > r.wait_ms[2] and r.wait_ms[3] > r.wait_ms[2], cjson.encode(r))
-      has(out, ('stragglers at step %d (compute more than 50%% over the median): rank 1 computes'):format(r.step))
+      has(out, ('stragglers at step %d (compute more than 50%% over the other ranks\' median): rank 1 computes'):format(r.step))
     end
   end)
 

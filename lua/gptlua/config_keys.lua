@@ -78,6 +78,8 @@ return {
   keep_last = "checkpoints of this run kept in its directory (0: all)",
   resume = "continue the latest run of this name (--resume alone), or from a checkpoint or run directory",
   overwrite = 'delete an existing run directory of this name first (default: a new one, name-2, ...)',
+  resume_keep_batch = "resume: on another number of data-parallel ranks, scale gradient_accumulation_steps to keep "
+    .. "the run's tokens per step (what a restart on fewer ranks does)",
   allow_changes = 'resume: continue even when max_iters or the tokens per step differ from the run being resumed',
   max_bad_steps = 'stop after this many steps in a row with a non-finite loss or gradient',
   peak_flops = 'peak FLOP/s for MFU (0: a calibrated value cached per CPU, a table per GPU)',

@@ -368,7 +368,7 @@ function Trainer:load_checkpoint(path)
 end
 
 -- keys that say how this process runs, not what the run is: not compared on resume
-local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, replay = true, replay_to = true,
+local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, resume_keep_batch = true, replay = true, replay_to = true,
                        quiet = true }
 
 -- the run's values of the keys its command line gave: what a resume keeps
@@ -445,6 +445,15 @@ function Trainer:resume_settings(st)
   compare(run, cfg, '')
   local ranks = st.ranks
   if ranks and ranks ~= self.dp_size then notes[#notes + 1] = ('data-parallel ranks %d -> %d'):format(ranks, self.dp_size) end
+  if cfg.resume_keep_batch and st.tokens_per_step and st.tokens_per_step ~= self.tokens_per_step then
+    local per_accum = self.tokens_per_step / cfg.gradient_accumulation_steps
+    if st.tokens_per_step % per_accum == 0 then  -- another number of ranks: the run's global batch kept
+      self:print(('resume: gradient_accumulation_steps %d -> %d keeps the run\'s %d tokens per step on %d data-parallel ranks')
+        :format(cfg.gradient_accumulation_steps, st.tokens_per_step / per_accum, st.tokens_per_step, self.dp_size))
+      cfg.gradient_accumulation_steps = st.tokens_per_step / per_accum
+      self.tokens_per_step = st.tokens_per_step
+    end
+  end
   if st.tokens_per_step and st.tokens_per_step ~= self.tokens_per_step then
     local msg = ('tokens per step %d -> %d'):format(st.tokens_per_step, self.tokens_per_step)
     local per_accum = self.tokens_per_step / cfg.gradient_accumulation_steps
@@ -648,6 +657,7 @@ function Trainer:run()
   self.control = require('gptlua.control').for_trainer(self)  -- nil when cfg.control is off
   self.journal = require('gptlua.journal').start(self, first_step, resumed_from)
   self.stragglers = require('gptlua.observe.stragglers').for_trainer(self)   -- nil on one rank or when off
+  require('gptlua.dist.elastic').on_start(self, resumed_from, first_step)     -- a restarted job's record
   signals(gl.lib.gl_signal_catch)
   -- time: the training steps apart from evals, samples and checkpoints
   -- ("pauses"), so ms/step, tok/s and MFU count steps only and the ETA adds

@@ -3,8 +3,10 @@
 -- Over each log interval every rank sums its step time and the time its
 -- host spent blocked in collectives (gptlua.dist's wait_seconds); compute
 -- is the difference.  At the log step one all-reduce of 2 x world numbers
--- gives every rank everyone's; a rank whose compute exceeds the median's by
--- more than straggler_threshold (a fraction) is a straggler: named on the
+-- gives every rank everyone's; a rank whose compute exceeds the median of
+-- the other ranks' by more than straggler_threshold (a fraction; the
+-- others', so that on 2 ranks the slow one is measured against the fast
+-- one, not against a mean it is part of) is a straggler: named on the
 -- log and in the metrics record (stragglers, and per rank compute_ms and
 -- wait_ms per step).  A slow rank computes longer and waits less; the
 -- others wait for it in their collectives, so their compute stays near the
@@ -62,23 +64,27 @@ function S:report(rec)
   local steps = math.max(self.steps, 1)
   local d = ffi.cast('double *', buf:data_ptr())
   d[2 * me], d[2 * me + 1] = 1000 * math.max(self.step_s - wait, 0) / steps, 1000 * math.min(wait, self.step_s) / steps
+  local sent = self.comm.sent_bytes
   self.comm:all_reduce(buf, 'sum')
+  self.comm.sent_bytes = sent   -- the report's bytes are not the training's (comm_bytes, the policies' counts)
   local compute, waits = {}, {}
   for r = 0, N - 1 do compute[r + 1], waits[r + 1] = d[2 * r], d[2 * r + 1] end
   self.step_s, self.steps, self.wait0 = 0, 0, self.dist.wait_seconds
   rec.compute_ms, rec.wait_ms = compute, waits
-  local mid = median(compute)
   local slow, named = {}, {}
   for r = 0, N - 1 do
+    local others = {}
+    for q = 0, N - 1 do if q ~= r then others[#others + 1] = compute[q + 1] end end
+    local mid = median(others)
     if compute[r + 1] > mid * (1 + self.threshold) then
       slow[#slow + 1] = r
-      named[#named + 1] = ('rank %d computes %.1f ms/step, %.1fx the median %.1f ms'):format(r, compute[r + 1],
-        compute[r + 1] / math.max(mid, 1e-9), mid)
+      named[#named + 1] = ('rank %d computes %.1f ms/step, %.1fx the others\' median %.1f ms'):format(r,
+        compute[r + 1], compute[r + 1] / math.max(mid, 1e-9), mid)
     end
   end
   if #slow == 0 then return nil end
   rec.stragglers = slow
-  return ('stragglers at step %d (compute more than %d%% over the median): %s'):format(rec.step,
+  return ('stragglers at step %d (compute more than %d%% over the other ranks\' median): %s'):format(rec.step,
     math.floor(100 * self.threshold + 0.5), table.concat(named, '; '))
 end
 

@@ -237,7 +237,11 @@ int gl_ckpt_writer_start(gl_ckpt_writer *w) {
   GL_NONNULL("gl_ckpt_writer_start", w);
   GL_TRY(wait_job(w, "gl_ckpt_writer_start"));
   if (w->started) return gl_error("gl_ckpt_writer_start: no file added since the last start");
-  if (w->job_copies) GL_TRY(gl_cuda_event_record(w->copied, GL_STREAM_COPY));
+  if (w->job_copies && gl_cuda_event_record(w->copied, GL_STREAM_COPY) != GL_OK) {
+    clear_files(w);  /* the job is dropped, as a failed add drops it */
+    w->job_copies = 0;
+    return GL_ERR;
+  }
   w->started = 1;
   pthread_mutex_lock(&w->mu);
   w->jobs++;

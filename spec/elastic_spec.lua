@@ -4,8 +4,10 @@
 -- batch; K used up ends with one line and the job's status.  The failures
 -- are test hooks: rank R exits before step S (GPTLUA_TEST_EXIT_AT), a slot
 -- that cannot start again (GPTLUA_TEST_DEAD_SLOT).  spec/dist/elastic_recipe.lua
--- checkpoints every 2 steps of 8 (in the background), so a rank dying
--- before step 5 loses step 4 and the job resumes from step 4.
+-- checkpoints every 2 steps of 8 in the background, so a rank dying before
+-- step 5 leaves step 4's checkpoint published when rank 0's writer was done
+-- by its next step boundary, else step 2's: the job resumes from either,
+-- having lost 5 - that step.
 local ckpt = require 'gptlua.checkpoint'
 local H = require 'support.mpi'
 local cjson = require 'cjson'
@@ -53,13 +55,15 @@ describe('gptlua -n N --max_restarts', function()
         -- (under tcp the first rank the launcher sees end may be a peer whose collective broke: status 1)
         assert.truthy(out:find('gptlua %-n: the job failed %(status %d%); stopping every rank and restarting'), out)
         has(out, 'gptlua -n: restart 1 of 2 on 2 ranks, from the last checkpoint')
-        has(out, 'restart 1: resumed from ' .. dir .. '/elastic/checkpoints/step_0000004, 1 steps lost')
-        has(out, 'gptlua -n: finished after 1 restart on 2 ranks; 1 steps lost and trained again')
+        local from = tonumber(out:match('restart 1: resumed from [^\n]*/step_(%d+), %d+ steps lost'))
+        assert.truthy(from == 2 or from == 4, out)
+        has(out, ('restart 1: resumed from %s/elastic/checkpoints/step_%07d, %d steps lost'):format(dir, from, 5 - from))
+        has(out, ('gptlua -n: finished after 1 restart on 2 ranks; %d steps lost and trained again'):format(5 - from))
         local m = records(dir .. '/elastic/metrics.jsonl', 'restart')
         assert.equal(1, #m, out)
-        assert.same({ 1, 4, 1, 2 }, { m[1].restart, m[1].step, m[1].lost_steps, m[1].ranks })
+        assert.same({ 1, from, 5 - from, 2 }, { m[1].restart, m[1].step, m[1].lost_steps, m[1].ranks })
         local j = records(dir .. '/elastic/journal.jsonl', 'restart')
-        assert.same({ 1, 4, 1 }, { j[1].restart, j[1].at, j[1].lost_steps })
+        assert.same({ 1, from, 5 - from }, { j[1].restart, j[1].at, j[1].lost_steps })
         assert.equal(reference_model(), read(dir .. '/elastic/checkpoints/step_0000008/model.safetensors'))
         os.execute('rm -rf ' .. dir)
       end)
@@ -73,7 +77,7 @@ describe('gptlua -n N --max_restarts', function()
     assert.equal(0, rc, out)
     has(out, 'gptlua -n: restart 1 of 1 on 1 rank, from the last checkpoint')
     has(out, "resume: gradient_accumulation_steps 1 -> 2 keeps the run's 64 tokens per step on 1 data-parallel ranks")
-    has(out, 'gptlua -n: finished after 1 restart on 1 rank; 1 steps lost and trained again')
+    assert.truthy(out:find('gptlua %-n: finished after 1 restart on 1 rank; [13] steps lost and trained again'), out)
     local st = ckpt.load(dir .. '/elastic/checkpoints/step_0000008').state
     assert.same({ 64, 1, 2 }, { st.tokens_per_step, st.ranks, st.config.gradient_accumulation_steps })
     assert.same({ 1 }, { records(dir .. '/elastic/metrics.jsonl', 'restart')[1].ranks })
@@ -92,8 +96,8 @@ describe('gptlua -n N --max_restarts', function()
     local dir = H.tmpdir()
     local out, rc = job(dir, '--max_restarts=1', 'GPTLUA_TEST_EXIT_AT=1:5:all')
     assert.equal(3, rc, out)
-    has(out, 'gptlua -n: the job failed (status 3) and its 1 restart are used up (--max_restarts=1); 1 steps were '
-      .. 'lost to the restarts')
+    assert.truthy(out:find('gptlua %-n: the job failed %(status %d%) and its 1 restart are used up %(%-%-max_restarts=1%); '
+      .. '[13] steps were lost to the restarts'), out)
     os.execute('rm -rf ' .. dir)
   end)
 

@@ -17,7 +17,8 @@
 -- The restarted trainer (rank 0) records each restart in metrics.jsonl and
 -- the journal ({restart, from, lost_steps, ranks}): lost_steps are the steps
 -- the failed attempt had taken past the checkpoint (its journal's last step
--- + 1 - the checkpoint's step), which the launcher sums and reports at the end.
+-- + 1 - the checkpoint's step; without a journal, from metrics.jsonl's last
+-- log line, a lower bound), which the launcher sums and reports at the end.
 --
 -- Test hooks: GPTLUA_TEST_EXIT_AT=R:S makes rank R exit (status 3) before
 -- step S in the job's first attempt (R:S:all, in every attempt);
@@ -130,10 +131,20 @@ function M.on_start(t, resumed_from, first_step)
     end
   end
   if attempt == 0 or t.rank ~= 0 then return end
-  -- the failed attempt's last step, from this run's journal (one record a step)
-  local lost
+  -- the failed attempt's last step: from this run's journal (a record a
+  -- step), else its metrics (a record a log line: a lower bound)
+  local lost, reached
   local ok, j = pcall(require('gptlua.journal').read, t.run_dir .. '/journal.jsonl')
-  if resumed_from and ok and j.last >= 0 then lost = math.max(j.last + 1 - first_step, 0) end
+  if ok and j.last >= 0 then reached = j.last + 1
+  else
+    local f = io.open(t.run_dir .. '/metrics.jsonl', 'rb')
+    for line in f and f:lines() or function() end do
+      local okr, r = pcall(cjson.decode, line)
+      if okr and type(r) == 'table' and type(r.step) == 'number' then reached = math.max(reached or 0, r.step) end
+    end
+    if f then f:close() end
+  end
+  if resumed_from and reached then lost = math.max(reached - first_step, 0) end
   local rec = { step = first_step, restart = attempt, from = resumed_from, lost_steps = lost, ranks = t.world }
   t:write_metrics(rec)
   if t.journal then t.journal:write({ restart = attempt, at = first_step, from = resumed_from, lost_steps = lost,

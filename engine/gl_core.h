@@ -175,6 +175,25 @@ int gl_max_abs_diff(const gl_tensor *a, const gl_tensor *b, double *out);
    tensors may be NULL when n is 0. */
 int gl_safetensors_save(const char *path, int n, const char **names,
                         const gl_tensor **tensors, const char *metadata_json);
+/* The checkpoint writer: a thread that writes safetensors files from host
+   copies (engine/ckpt_writer.c).  add copies n tensors into staging the
+   writer owns and keeps for the next job (pinned memory for GPU tensors,
+   copied on the copy stream, which the compute stream waits for), after
+   waiting for a job still being written; start hands the files added since
+   the last start to the thread, which writes each as gl_safetensors_save
+   would and checksums it (gl_file_checksum).  busy: 1 while writing, 0 when
+   done, GL_ERR once if the job failed; wait: until done (GL_ERR likewise);
+   checksum: file i (in the order added) of the finished job.  free (NULL
+   is a no-op) waits, stops the thread and frees the staging. */
+typedef struct gl_ckpt_writer gl_ckpt_writer;
+gl_ckpt_writer *gl_ckpt_writer_new(void);
+int gl_ckpt_writer_add(gl_ckpt_writer *w, const char *path, int n, const char **names,
+                       const gl_tensor **tensors, const char *metadata_json);
+int gl_ckpt_writer_start(gl_ckpt_writer *w);
+int gl_ckpt_writer_busy(gl_ckpt_writer *w);
+int gl_ckpt_writer_wait(gl_ckpt_writer *w);
+int gl_ckpt_writer_checksum(gl_ckpt_writer *w, int i, uint64_t *out);
+void gl_ckpt_writer_free(gl_ckpt_writer *w);
 typedef struct gl_st_file gl_st_file;
 gl_st_file *gl_safetensors_open(const char *path);
 int gl_safetensors_count(const gl_st_file *f);

@@ -142,6 +142,12 @@ void gl_dist_verdict(const gl_work *w, const char *const *why, char *buf, int n)
    prefixed "[rank R] " once this process has a world rank (>= 0). */
 void gl_dist_print_abort(int world_rank, const char *msg);
 
+/* gl_safetensors_save's writer, arguments already checked: the checkpoint
+   writer's thread calls it on host copies (engine/ckpt_writer.c);
+   after_tensor (may be NULL) runs after each tensor's bytes are written. */
+int gl_st_write(const char *path, int n, const char **names, const gl_tensor **ts, const char *metadata_json,
+                void (*after_tensor)(void *arg, int i), void *arg);
+
 /* what a storage made now is (gl_storage.meta) */
 int gl_meta_kind(void);
 /* Before reading t's values on the host: GL_OK when it has data; for a

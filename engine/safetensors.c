@@ -34,6 +34,11 @@ int gl_safetensors_save(const char *path, int n, const char **names,
   GL_NONNULL("gl_safetensors_save", path);
   if (n > 0) GL_NONNULL("gl_safetensors_save", names, ts);  /* n == 0: may be NULL */
   if (n < 0) return gl_error("gl_safetensors_save: n must be >= 0, got %d", n);
+  return gl_st_write(path, n, names, ts, metadata_json, NULL, NULL);
+}
+
+int gl_st_write(const char *path, int n, const char **names, const gl_tensor **ts, const char *metadata_json,
+                void (*after_tensor)(void *arg, int i), void *arg) {
   cJSON *root = cJSON_CreateObject();
   if (metadata_json) {
     cJSON *meta = cJSON_Parse(metadata_json);
@@ -93,6 +98,7 @@ int gl_safetensors_save(const char *path, int n, const char **names,
       rc = write_all(fd, c->storage->data, (size_t)(c->numel * gl_dtype_size(c->dtype)));
       gl_tensor_free(c);
     }
+    if (!rc && after_tensor) after_tensor(arg, i);
   }
   if (!rc) rc = fsync(fd);
   if (close(fd) != 0) rc = -1;

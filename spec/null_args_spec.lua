@@ -28,6 +28,8 @@ local NULL_OK = {
   gl_comm_free_world = { c = 'a destructor: free(NULL) is a no-op' },
   gl_work_free = { w = 'a destructor: free(NULL) is a no-op' },
   gl_cuda_event_destroy = { e = 'a destructor: free(NULL) is a no-op' },
+  gl_ckpt_writer_free = { w = 'a destructor: free(NULL) is a no-op' },
+  gl_ckpt_writer_add = { metadata_json = 'optional: NULL writes no __metadata__' },
   gl_cuda_graph_destroy = { g = 'a destructor: free(NULL) is a no-op' },
   gl_cuda_host_free = { ptr = 'a destructor: free(NULL) is a no-op' },
   gl_safetensors_save = { metadata_json = 'optional: NULL writes no __metadata__' },
@@ -135,6 +137,7 @@ local function driver(out_path)
     end,
     gl_comm = function() return mpi and mpi.gl_comm_alloc(nil, 'null_args') or nil end,
     gl_cuda_event = function() return lib.gl_cuda_event_create(0) end,  -- NULL without a GPU
+    gl_ckpt_writer = function() return lib.gl_ckpt_writer_new() end,
     gl_work = function() return nil end,  -- needs an initialised world
   }
   local function numbers(ctype, name)

@@ -15,22 +15,26 @@ local M = {}
 
 local G = require 'gptlua.ffi'
 
--- save_safetensors(path, {name = tensor}, metadata_table_of_strings)
-function M.save_safetensors(path, tensors, metadata)
+-- the C arguments of a file's tensors: count, names and tensors in name
+-- order (the order both writers store them in), the metadata's JSON
+local function file_args(tensors, metadata)
   local names = {}
   for n in pairs(tensors) do names[#names + 1] = n end
   table.sort(names)
   local cnames = ffi.new('const char *[?]', math.max(#names, 1))
   local cts = ffi.new('const gl_tensor *[?]', math.max(#names, 1))
-  local keep = {}
   for i, n in ipairs(names) do
-    keep[i] = n
     cnames[i - 1] = n
     cts[i - 1] = tensors[n].c
   end
-  local meta = metadata and cjson.encode(metadata) or nil
-  G.check(lib.gl_safetensors_save(path, #names, cnames, cts, meta), 2)
-  return keep
+  return #names, cnames, cts, metadata and cjson.encode(metadata) or nil, names
+end
+
+-- save_safetensors(path, {name = tensor}, metadata_table_of_strings)
+function M.save_safetensors(path, tensors, metadata)
+  local n, cnames, cts, meta, names = file_args(tensors, metadata)
+  G.check(lib.gl_safetensors_save(path, n, cnames, cts, meta), 2)
+  return names
 end
 
 -- load_safetensors(path) -> {name = tensor (cpu)}, metadata table or nil
@@ -135,48 +139,71 @@ local function publish(tmp, final, state, files, step)
   if not rok then error('checkpoint: rename to ' .. final .. ' failed: ' .. tostring(rerr)) end
 end
 
--- save(dir, step, {model = {name=tensor}, optim = {name=tensor}, state = table}, keep_last)
-function M.save(dir, step, parts, keep_last)
+-- save(dir, step, {model = {name=tensor}, optim = {name=tensor}, state = table}, keep_last, writer)
+-- With a writer (M.writer) only the host copies are made now and the files
+-- are written in the background: the checkpoint is published (and the
+-- others pruned) when the writer is done, at a later writer:poll() or
+-- writer:finish(); returns the final path and true (pending) then.
+function M.save(dir, step, parts, keep_last, writer)
   M.check_dir(dir, 'checkpoint')
+  local state = parts.state or {}
+  if type(state.config) ~= 'table' then  -- load refuses a checkpoint without it
+    error(('checkpoint.save: state.config expected a table (the run\'s config), got %s'):format(type(state.config)), 2)
+  end
+  if writer then writer:finish() end  -- one save in flight: the previous one is published first
   M.mkdir_p(dir)
   local final = string.format('%s/step_%07d', dir, step)
   local tmp = final .. '.tmp.' .. tostring(os.time()) .. tostring(math.random(1e9))
   M.mkdir_p(tmp)
+  local names = { 'model.safetensors', 'optim.safetensors' }
   local ok, err = pcall(function()
+    if writer then
+      writer:add(tmp .. '/' .. names[1], parts.model)
+      writer:add(tmp .. '/' .. names[2], parts.optim or {})
+      writer:start({ tmp = tmp, final = final, dir = dir, step = step, keep_last = keep_last, state = state })
+      return
+    end
     local files = {}
-    M.save_safetensors(tmp .. '/model.safetensors', parts.model)
-    M.save_safetensors(tmp .. '/optim.safetensors', parts.optim or {})
-    for _, n in ipairs({ 'model.safetensors', 'optim.safetensors' }) do
-      files[n] = M.checksum(tmp .. '/' .. n)
-    end
-    local state = parts.state or {}
-    if type(state.config) ~= 'table' then  -- load refuses a checkpoint without it
-      error(('checkpoint.save: state.config expected a table (the run\'s config), got %s'):format(type(state.config)), 0)
-    end
+    M.save_safetensors(tmp .. '/' .. names[1], parts.model)
+    M.save_safetensors(tmp .. '/' .. names[2], parts.optim or {})
+    for _, n in ipairs(names) do files[n] = M.checksum(tmp .. '/' .. n) end
     publish(tmp, final, state, files, step)
   end)
   if not ok then sh('rm -rf ' .. quote(tmp)); error(err, 2) end
+  if writer then return final, true end
   M.prune(dir, keep_last, final)
   return final
 end
 
 -- save_collective(comm, dir, step, o): a checkpoint several ranks write
 -- parts of (sharded optimizer state, pipeline stages); collective over comm.
--- Rank 0 makes dir/step_N.tmp-<o.tag>; every rank's o.write(tmp) writes its
--- files there; then rank 0 checksums o.files (every file's name), writes
--- state.json (o.state with files, step and format) and renames the
+-- Rank 0 makes dir/step_N.tmp-<o.tag>; every rank's o.write(tmp, put)
+-- writes its files there, each with put(path, tensors) (as
+-- save_safetensors); then rank 0 checksums o.files (every file's name),
+-- writes state.json (o.state with files, step and format) and renames the
 -- directory to step_N, so a reader sees all of it or none; then prunes to
--- o.keep_last.  Returns the final path on every rank.
+-- o.keep_last.  Returns the final path on every rank.  With o.writer
+-- (M.writer, one on every rank) put makes host copies only, and the
+-- checkpoint is published once every rank's writer is done (see
+-- Writer:poll); returns the final path and true (pending) then.
 function M.save_collective(comm, dir, step, o)
   local final = ('%s/step_%07d'):format(dir, step)
   local tmp = final .. '.tmp-' .. o.tag
+  local writer = o.writer
+  if writer then writer:finish() end  -- (collective) the previous save is published first
   if comm.rank == 0 then
     M.mkdir_p(dir)
     sh('rm -rf ' .. quote(tmp))
     M.mkdir_p(tmp)
   end
   comm:barrier()
-  o.write(tmp)
+  if writer then
+    o.write(tmp, function(path, tensors) writer:add(path, tensors) end)
+    writer:start({ tmp = tmp, final = final, dir = dir, step = step, keep_last = o.keep_last, state = o.state,
+                   comm = comm, files = o.files })
+    return final, true
+  end
+  o.write(tmp, M.save_safetensors)
   comm:barrier()
   if comm.rank == 0 then
     local ok, err = pcall(function()
@@ -294,13 +321,134 @@ function M.load(path)
   return { model = model, optim = optim, state = state }
 end
 
+-- ------------------------------------------------------------ the writer
+-- M.writer(on_saved): the background writer of asynchronous saves (the C
+-- thread of engine/ckpt_writer.c and what is published when it is done).
+-- At a save, only host copies are made (pinned on a GPU); the thread
+-- writes and checksums the files; the checkpoint is published (state.json,
+-- the rename, pruning, on_saved(path)) by the first poll() that finds the
+-- writer done, or by finish(), which waits.  A crash before the publish
+-- leaves a temporary directory, which the next run removes
+-- (clean_temporaries): the previous checkpoint stays the latest.  The
+-- staging memory is the writer's until close(), which the trainer calls at
+-- the end of a run: no garbage collection decides when it is freed.
+--
+-- A collective job (save_collective) is published by rank 0 once every
+-- rank's files are written: each rank, once its own thread is done, leaves
+-- a marker file with its files' checksums in the temporary directory, and
+-- rank 0 publishes when it finds all comm.size of them; finish() is then
+-- collective (every rank waits, a barrier, rank 0 publishes).
+local Writer = {}
+Writer.__index = Writer
+local MARK = '.written.rank'
+
+function M.writer(on_saved)
+  local c = lib.gl_ckpt_writer_new()
+  if c == nil then error(ffi.string(lib.gl_last_error()), 2) end
+  return setmetatable({ c = c, on_saved = on_saved, added = {} }, Writer)
+end
+
+function Writer:add(path, tensors)
+  if not self.c then error('checkpoint writer: used after close()', 2) end
+  local n, cnames, cts, meta = file_args(tensors)
+  G.check(lib.gl_ckpt_writer_add(self.c, path, n, cnames, cts, meta), 2)
+  self.added[#self.added + 1] = path:match('[^/]+$')
+end
+
+-- job: tmp, final, dir, step, keep_last, state, and for a collective job comm and files
+function Writer:start(job)
+  job.added, self.added = self.added, {}
+  -- the state as it is now: the run goes on changing its tables (history, config)
+  job.state_json = cjson.encode(job.state)
+  job.state = nil
+  G.check(lib.gl_ckpt_writer_start(self.c), 2)
+  self.job = job
+end
+
+-- the finished job's checksums by file name; raises the writer's error
+function Writer:_checksums(job)
+  local sums, h = {}, ffi.new('uint64_t[1]')
+  for i, name in ipairs(job.added) do
+    G.check(lib.gl_ckpt_writer_checksum(self.c, i - 1, h), 3)
+    sums[name] = string.format('%016x', h[0]):gsub('ULL', '')
+  end
+  return sums
+end
+
+function Writer:_publish(job, files)
+  publish(job.tmp, job.final, cjson.decode(job.state_json), files, job.step)
+  M.prune(job.dir, job.keep_last, job.final)
+  job.published = true
+  if not job.comm then self.job = nil end  -- a collective job stays until finish(), on every rank alike
+  if self.on_saved then self.on_saved(job.final) end
+end
+
+-- a collective job: this rank's marker (written, then renamed into place);
+-- rank 0 publishes when every rank's marker is there
+function Writer:_collective_done(job)
+  if not job.marked then
+    local name = ('%s/%s%05d'):format(job.tmp, MARK, job.comm.rank)
+    write_file(name .. '.part', cjson.encode(self:_checksums(job)))
+    assert(os.rename(name .. '.part', name))
+    job.marked = true
+  end
+  if job.comm.rank ~= 0 or job.published then return end
+  local files = {}
+  for r = 0, job.comm.size - 1 do
+    local s = read_file(('%s/%s%05d'):format(job.tmp, MARK, r))
+    if not s then return end
+    for k, v in pairs(cjson.decode(s)) do files[k] = v end
+  end
+  for _, n in ipairs(job.files) do
+    if not files[n] then error(('checkpoint: no rank wrote %s of %s'):format(n, job.final), 0) end
+  end
+  for r = 0, job.comm.size - 1 do os.remove(('%s/%s%05d'):format(job.tmp, MARK, r)) end
+  self:_publish(job, files)
+end
+
+-- At a step boundary: publishes the job the thread has finished (never waits).
+function Writer:poll()
+  local job = self.job
+  if not job or job.published or (job.marked and job.comm.rank ~= 0) then return end
+  local busy = lib.gl_ckpt_writer_busy(self.c)
+  if busy == 1 then return end
+  if busy ~= 0 then self.job = nil; G.check(busy, 2) end
+  if job.comm then self:_collective_done(job)
+  else self:_publish(job, self:_checksums(job)) end
+end
+
+-- Waits for the job in flight and publishes it; collective (over the job's
+-- comm) for a collective job, so every rank of it calls finish at the same point.
+function Writer:finish()
+  local job = self.job
+  if not job then return end
+  local rc = lib.gl_ckpt_writer_wait(self.c)
+  if rc ~= 0 then self.job = nil; G.check(rc, 2) end
+  if not job.comm then return self:_publish(job, self:_checksums(job)) end
+  self:_collective_done(job)
+  job.comm:barrier()   -- every rank's marker is written
+  self:_collective_done(job)
+  if job.comm.rank == 0 then assert(job.published, 'checkpoint: a collective save was not published') end
+  self.job = nil
+  job.comm:barrier()   -- published before any rank goes on
+end
+
+-- waits for and publishes the last save, then stops the thread and frees the staging
+function Writer:close()
+  if not self.c then return end
+  local ok, err = pcall(self.finish, self)
+  lib.gl_ckpt_writer_free(self.c)
+  self.c = nil
+  if not ok then error(err, 2) end
+end
+
 -- every entry point checks its arguments (gptlua.check): "checkpoint.save: step must be ..."
 local check = require 'gptlua.check'
 check.options('checkpoint_parts', { model = 'tensor_dict', optim = 'tensor_dict?', state = 'opts?' })
 check.wrap_table(M, {
   save_safetensors = 'path:string, tensors:tensor_dict, metadata:opts?', load_safetensors = 'path:string',
   checksum = 'path:string', mkdir_p = 'dir:string', check_dir = 'dir:string, what:string?', list = 'dir:string',
-  save = 'dir:string, step:size, parts:checkpoint_parts, keep_last:integer?', resolve = 'spec:any, dir:string?', load = 'path:string',
+  save = 'dir:string, step:size, parts:checkpoint_parts, keep_last:integer?, writer:any', resolve = 'spec:any, dir:string?', load = 'path:string',
 }, 'checkpoint.')
 
 return M

@@ -30,6 +30,10 @@ options:
   --launcher=L   how -n starts the ranks: mpi (mpirun), tcp (gptlua itself, with
                  torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and Gloo)
                  or auto (default: mpi when mpirun is on PATH, else tcp)
+  --max_restarts=K  with -n: when a rank dies or the job aborts, stop every rank and
+                 start again from the last checkpoint, up to K times
+  --min_ranks=M  with -n: restart on the ranks that can start if at least M
+                 (the same global batch, more accumulation), else give up
   --plan         print the per-rank memory plan of a recipe instead of running it
                  (gptlua --plan recipe.lua [--world=N] [--rank=R] [--device_memory=80GiB] [--margin=0.1] [--key=value])
   -v, --verbose  print a traceback with every error (a user's error is otherwise one line)
@@ -123,6 +127,7 @@ end
 
 function M.main(argv)
   local exprs, interactive, nranks, plan, script, launcher = {}, false, nil, false, nil, nil
+  local elastic  -- --max_restarts, --min_ranks (gptlua.dist.elastic)
   local i = 1
   while argv[i] do
     local a = argv[i]
@@ -143,6 +148,13 @@ function M.main(argv)
     elseif a:match('^%-n%d+$') then nranks = tonumber(a:sub(3))
     elseif a == '--plan' then plan = true
     elseif a:match('^%-%-launcher=') then launcher = a:sub(12)
+    elseif a:match('^%-%-max_restarts=') or a:match('^%-%-min_ranks=') then
+      local k, v = a:match('^%-%-([%w_]+)=(.*)$')
+      if not (tonumber(v) and tonumber(v) >= 0 and tonumber(v) % 1 == 0) then
+        io.stderr:write('gptlua: --', k, ' expected a whole number, got ', v, '\n') return 1
+      end
+      elastic = elastic or {}
+      elastic[k] = tonumber(v)
     elseif a == '--' then i = i + 1; script = argv[i]; break
     elseif a:sub(1, 1) == '-' and a ~= '-' then
       io.stderr:write('gptlua: unknown option ', a, ' (gptlua --help lists them)\n') return 1
@@ -159,9 +171,11 @@ function M.main(argv)
 
   if nranks then
     if not script then io.stderr:write('gptlua: -n needs a script\n') return 1 end
-    return require('gptlua.dist.launch').main(nranks, script, args, launcher)
+    return require('gptlua.dist.launch').main(nranks, script, args, launcher, elastic)
   end
-  if launcher then io.stderr:write('gptlua: --launcher goes with -n N\n') return 1 end
+  if launcher or elastic then
+    io.stderr:write('gptlua: ', launcher and '--launcher goes' or '--max_restarts and --min_ranks go', ' with -n N\n') return 1
+  end
   if plan then
     if not script then io.stderr:write('gptlua: --plan needs a recipe\n') return 1 end
     local ok, rc = M.protected(function() return require('gptlua.plan').main(script, args) end)

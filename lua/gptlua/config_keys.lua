@@ -70,10 +70,16 @@ return {
   temperature = 'sampling temperature',
   top_k = 'sample from the k most likely tokens (0: all)',
   checkpoint_interval = 'steps between checkpoints (0: only at the end)',
+  straggler_threshold = 'name a rank whose compute per step exceeds the median rank\'s by more than this fraction, '
+    .. 'at every log line (0: off)',
+  checkpoint_async = 'write the periodic checkpoints in the background: the step waits only for a host copy '
+    .. '(false: every save writes its files before training goes on)',
   always_save_checkpoint = 'save at every eval (false: only when the val loss improves)',
   keep_last = "checkpoints of this run kept in its directory (0: all)",
   resume = "continue the latest run of this name (--resume alone), or from a checkpoint or run directory",
   overwrite = 'delete an existing run directory of this name first (default: a new one, name-2, ...)',
+  resume_keep_batch = "resume: on another number of data-parallel ranks, scale gradient_accumulation_steps to keep "
+    .. "the run's tokens per step (what a restart on fewer ranks does)",
   allow_changes = 'resume: continue even when max_iters or the tokens per step differ from the run being resumed',
   max_bad_steps = 'stop after this many steps in a row with a non-finite loss or gradient',
   peak_flops = 'peak FLOP/s for MFU (0: a calibrated value cached per CPU, a table per GPU)',

@@ -274,8 +274,17 @@ function Trainer:sample(n)
   return tok:decode(ids)
 end
 
-function Trainer:save_checkpoint()
+-- background (the periodic saves of run()): with checkpoint_async the
+-- files are written by the checkpoint writer while training goes on
+-- (gptlua.checkpoint's writer); any other save, and the next background
+-- one, first waits for the one in flight
+function Trainer:save_checkpoint(background)
   local cfg = self.cfg
+  if self.ckpt_writer then self.ckpt_writer:finish() end
+  if background and cfg.checkpoint_async and not self.ckpt_writer then
+    self.ckpt_writer = ckpt.writer(function(path) self:print(('saved checkpoint %s'):format(path)) end)
+  end
+  self.save_writer = background and cfg.checkpoint_async and self.ckpt_writer or nil  -- read by the policies' saves
   local model_sd = self.model:state_dict()
   local opt_sd = self.optimizer:state_dict()
   local state = { rng = gl.get_rng_state(), opt_step = opt_sd.step, opt_steps = opt_sd.steps,
@@ -293,10 +302,15 @@ function Trainer:save_checkpoint()
     return self.policy:save_checkpoint(self, model_sd, opt_sd, state)
   end
   if self.rank ~= 0 then return end
-  local path = ckpt.save(self.ckpt_dir, self.step, { model = model_sd, optim = opt_sd.tensors, state = state },
-    cfg.keep_last)
-  self:print(('saved checkpoint %s'):format(path))
+  local path, pending = ckpt.save(self.ckpt_dir, self.step, { model = model_sd, optim = opt_sd.tensors, state = state },
+    cfg.keep_last, self.save_writer)
+  if not pending then self:print(('saved checkpoint %s'):format(path)) end
   return path
+end
+
+-- waits for the checkpoint in flight, publishes it, frees the writer's staging
+function Trainer:close_checkpoint_writer()
+  if self.ckpt_writer then self.ckpt_writer:close(); self.ckpt_writer = nil end
 end
 
 -- the first model key on which a checkpoint's config differs from this
@@ -354,7 +368,7 @@ function Trainer:load_checkpoint(path)
 end
 
 -- keys that say how this process runs, not what the run is: not compared on resume
-local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, replay = true, replay_to = true,
+local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, resume_keep_batch = true, replay = true, replay_to = true,
                        quiet = true }
 
 -- the run's values of the keys its command line gave: what a resume keeps
@@ -431,6 +445,15 @@ function Trainer:resume_settings(st)
   compare(run, cfg, '')
   local ranks = st.ranks
   if ranks and ranks ~= self.dp_size then notes[#notes + 1] = ('data-parallel ranks %d -> %d'):format(ranks, self.dp_size) end
+  if cfg.resume_keep_batch and st.tokens_per_step and st.tokens_per_step ~= self.tokens_per_step then
+    local per_accum = self.tokens_per_step / cfg.gradient_accumulation_steps
+    if st.tokens_per_step % per_accum == 0 then  -- another number of ranks: the run's global batch kept
+      self:print(('resume: gradient_accumulation_steps %d -> %d keeps the run\'s %d tokens per step on %d data-parallel ranks')
+        :format(cfg.gradient_accumulation_steps, st.tokens_per_step / per_accum, st.tokens_per_step, self.dp_size))
+      cfg.gradient_accumulation_steps = st.tokens_per_step / per_accum
+      self.tokens_per_step = st.tokens_per_step
+    end
+  end
   if st.tokens_per_step and st.tokens_per_step ~= self.tokens_per_step then
     local msg = ('tokens per step %d -> %d'):format(st.tokens_per_step, self.tokens_per_step)
     local per_accum = self.tokens_per_step / cfg.gradient_accumulation_steps
@@ -633,6 +656,8 @@ function Trainer:run()
   self:print(('run %s writes %s'):format(self.run_id, self.run_dir))
   self.control = require('gptlua.control').for_trainer(self)  -- nil when cfg.control is off
   self.journal = require('gptlua.journal').start(self, first_step, resumed_from)
+  self.stragglers = require('gptlua.observe.stragglers').for_trainer(self)   -- nil on one rank or when off
+  require('gptlua.dist.elastic').on_start(self, resumed_from, first_step)     -- a restarted job's record
   signals(gl.lib.gl_signal_catch)
   -- time: the training steps apart from evals, samples and checkpoints
   -- ("pauses"), so ms/step, tok/s and MFU count steps only and the ETA adds
@@ -662,7 +687,7 @@ function Trainer:run()
       local improved = ev.val < self.best_val_loss
       if improved then self.best_val_loss = ev.val end
       if step > 0 and self.saved_step ~= step and (cfg.always_save_checkpoint or improved) then
-        self:save_checkpoint()
+        self:save_checkpoint(true)
       end
       eval_cost = now() - t_eval
       paused = paused + eval_cost
@@ -670,6 +695,7 @@ function Trainer:run()
     local t0 = now()
     local loss, norm, lr_mult, ok = self:train_step()
     local dt = now() - t0
+    if self.stragglers then self.stragglers:step(dt) end
     if not ok then
       self.bad_steps = self.bad_steps + 1
       self:print(('step %d: loss %s, grad norm %s is not finite; step skipped (%d in a row)'):format(step,
@@ -708,6 +734,8 @@ function Trainer:run()
         fmt_bytes(mem.peak), fmt_time(eta)))
       -- a policy's own numbers (round position, staleness, ...)
       if self.policy.metrics then for k, v in pairs(self.policy:metrics()) do rec[k] = v end end
+      local slow = self.stragglers and self.stragglers:report(rec)   -- (collective: every rank)
+      if slow then self:print(slow) end
       self:write_metrics(rec)
       if self.hooks.on_log then self.hooks.on_log(self, { loss = loss, norm = norm, tps = tps }) end
       paused_total = paused_total + paused
@@ -718,8 +746,9 @@ function Trainer:run()
       local text = self:sample(200)
       self:print('--- sample ---\n' .. (text or '') .. '\n---')
     end
+    if self.ckpt_writer then self.ckpt_writer:poll() end  -- publishes a background save once written
     if cfg.checkpoint_interval > 0 and self.step % cfg.checkpoint_interval == 0 and self.step < cfg.max_iters then
-      self:save_checkpoint()
+      self:save_checkpoint(true)
     end
     paused = paused + (now() - t_other)
     if self:stop_requested() then interrupted = true; break end
@@ -733,6 +762,7 @@ function Trainer:run()
       self.stop_reason == 'profile' and 'stopped after the profile' or 'interrupted', self.step))
     if self.saved_step ~= self.step then final.checkpoint = self:save_checkpoint()
     else final.checkpoint = ('%s/step_%07d'):format(self.ckpt_dir, self.step) end
+    self:close_checkpoint_writer()
     final.interrupted, final.losses = true, losses
     if self.metrics_file then self.metrics_file:close(); self.metrics_file = nil end
     return final
@@ -744,6 +774,7 @@ function Trainer:run()
     self:write_metrics({ step = self.step, eval = true, train_loss = last_eval.train, val_loss = last_eval.val })
   end
   if not cfg.eval_only then final.checkpoint = self:save_checkpoint() end
+  self:close_checkpoint_writer()
   local total = now() - t_start
   paused_total = paused_total + paused + (now() - t_final)
   local ran = self.step - first_step

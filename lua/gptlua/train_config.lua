@@ -34,7 +34,7 @@ M.defaults = {
   -- loop
   max_iters = 2000, eval_interval = 250, eval_iters = 20, eval_only = false, log_interval = 10,
   sample_interval = 0, sample_length = 500, sample_prompt = '\n', temperature = 0.8, top_k = 0,
-  checkpoint_interval = 0, always_save_checkpoint = true, keep_last = 2, resume = '', overwrite = false,
+  checkpoint_interval = 0, checkpoint_async = true, resume_keep_batch = false, straggler_threshold = 0.5, always_save_checkpoint = true, keep_last = 2, resume = '', overwrite = false,
   allow_changes = false,
   max_bad_steps = 5,
   peak_flops = 0, quiet = false,
@@ -128,7 +128,7 @@ M.SCALAR_LR = { classic = 0.004, current = 0.5 }
 -- length) instead of naming the key.
 local REAL_KEYS = {
   val_fraction = { 0, 1, true }, cooldown_frac = { 0, 1 }, dropout = { 0, 1, true }, beta1 = { 0, 1, true },
-  beta2 = { 0, 1, true }, eps = { 0, math.huge }, temperature = { 0, math.huge },
+  beta2 = { 0, 1, true }, eps = { 0, math.huge }, temperature = { 0, math.huge }, straggler_threshold = { 0, math.huge },
 }  -- (outer_lr and outer_momentum: DiLoCo checks its own, dist/policies/diloco.lua)
 M.REAL_KEYS = REAL_KEYS
 

@@ -76,13 +76,25 @@ end
 -- copy to the host) waits for the compute stream and so for the
 -- collective.  Either way a collective that does not complete within the
 -- communicator's timeout aborts every rank (see engine/gl_dist.h).
+-- seconds the host has spent blocked in collectives' waits (gl_work_wait),
+-- summed over the process: the straggler report's wait time
+-- (gptlua.observe.stragglers).  NCCL's device-side waits block no host.
+dist.wait_seconds = 0
+local monotonic = require('gptlua.libc').monotonic
+local function host_wait(w, level)
+  local t0 = monotonic()
+  local rc = mpi.gl_work_wait(w)
+  dist.wait_seconds = dist.wait_seconds + (monotonic() - t0)
+  G.check(rc, level + 1)
+end
+
 function Work:wait()
   if not self.done then
     if self.w ~= nil and not self.device then
-      G.check(mpi.gl_work_wait(self.w), 2)
+      host_wait(self.w, 2)
     elseif self.w ~= nil then
       if not dist.device_waits then  -- the host waits (as before; host_syncs.lua's 'host')
-        G.check(mpi.gl_work_wait(self.w), 2)
+        host_wait(self.w, 2)
       elseif dist._skip_device_waits > 0 then  -- test hook: a missing wait (the stream check finds it)
         dist._skip_device_waits = dist._skip_device_waits - 1
       else
@@ -450,7 +462,7 @@ local function run(self, name, s, async)
   -- the blocking form waits on the host, NCCL too: its caller may read the
   -- result at once, and a peer that never comes is caught by the watchdog
   -- right here (the async form's wait() is the device-side one)
-  if work.device and work.w ~= nil then G.check(mpi.gl_work_wait(work.w), 3) end
+  if work.device and work.w ~= nil then host_wait(work.w, 3) end
   return work:wait()
 end
 

@@ -99,7 +99,8 @@ end
 -- TCP launcher), forwarding signals as the header says; returns the exit
 -- status (128 + the signal when a signal ended it, as a shell says): 0, or
 -- the first failing child's, after which the others get SIGTERM, and
--- SIGKILL 5 s later.
+-- SIGKILL 5 s later; and whether the launcher itself was told to stop
+-- (Ctrl-C, SIGTERM, SIGHUP: no restart then, gptlua.dist.elastic).
 function M.wait(pids)
   if type(pids) ~= 'table' then pids = { pids } end
   local lib = require('gptlua').lib
@@ -107,7 +108,7 @@ function M.wait(pids)
   local live, alive = {}, 0
   for _, p in ipairs(pids) do live[p], alive = true, alive + 1 end
   local function signal_all(sig) for p in pairs(live) do ffi.C.kill(p, sig) end end
-  local st, interrupts, status, failed_at = ffi.new('int[1]'), 0, 0, nil
+  local st, interrupts, status, failed_at, stopped = ffi.new('int[1]'), 0, 0, nil, false
   while alive > 0 do
     for p in pairs(live) do
       local r = ffi.C.waitpid(p, st, WNOHANG)
@@ -132,11 +133,11 @@ function M.wait(pids)
         signal_all(SIGINT)
       end
     end
-    if terms > 0 then signal_all(SIGTERM) end
+    if terms > 0 then signal_all(SIGTERM); stopped = true end
     if alive > 0 then ffi.C.poll(nil, 0, 50) end   -- a signal cuts this short
   end
   for _, sig in ipairs({ SIGHUP, SIGINT, SIGTERM }) do lib.gl_signal_restore(sig) end
-  return status
+  return status, interrupts > 0 or stopped
 end
 
 -- A TCP port free on this host now (the kernel picks it; rank 0 binds it
@@ -206,8 +207,9 @@ function M.tcp(n, script, args)
   return M.wait(pids)
 end
 
--- Called by gptlua.cli for `-n N`; returns the exit status.
-function M.main(n, script, args, launcher)
+-- Called by gptlua.cli for `-n N`; returns the exit status.  opts:
+-- max_restarts and min_ranks (gptlua.dist.elastic restarts a failed job).
+function M.main(n, script, args, launcher, opts)
   if type(n) ~= 'number' or n < 1 or n ~= math.floor(n) then
     io.stderr:write('gptlua -n: expected a positive number of ranks, got ', tostring(n), '\n')
     return 1
@@ -220,32 +222,49 @@ function M.main(n, script, args, launcher)
   if launcher == 'auto' then
     launcher = M.which(os.getenv('GPTLUA_MPIRUN') or 'mpirun') and 'mpi' or 'tcp'
   end
-  if launcher == 'tcp' then return M.tcp(n, script, args) end
-  local name = os.getenv('GPTLUA_MPIRUN') or 'mpirun'
-  local mpirun = M.which(name)
-  if not mpirun then
-    io.stderr:write('gptlua -n: ', name, ' was not found on PATH; install Open MPI (make deps installs ',
-      'openmpi-bin), use --launcher=tcp, or start the ranks with your own launcher (srun, mpiexec, ',
-      'torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT variables)\n')
-    return 1
+  if opts and (opts.max_restarts or opts.min_ranks) then
+    return require('gptlua.dist.elastic').main(n, script, args, launcher, opts)
+  end
+  return (M.run_once(n, script, args, launcher))
+end
+
+-- One job of n ranks under launcher 'mpi' or 'tcp'; returns its status,
+-- whether the launcher was told to stop (M.wait), and whether the job
+-- refused its configuration (a status that no restart changes).
+function M.run_once(n, script, args, launcher)
+  local mpirun
+  if launcher ~= 'tcp' then
+    local name = os.getenv('GPTLUA_MPIRUN') or 'mpirun'
+    mpirun = M.which(name)
+    if not mpirun then
+      io.stderr:write('gptlua -n: ', name, ' was not found on PATH; install Open MPI (make deps installs ',
+        'openmpi-bin), use --launcher=tcp, or start the ranks with your own launcher (srun, mpiexec, ',
+        'torchrun-style RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT variables)\n')
+      return 1
+    end
   end
   -- a refusal every rank reached alike comes back through this file, the
   -- ranks exiting 0 (gptlua.dist.compose.exit_refused): mpirun adds no banner
   local status_file = os.tmpname()
   ffi.C.setenv('GPTLUA_LAUNCH_STATUS', status_file, 1)
-  local pid, err = M.spawn(M.command(n, script, args, { mpirun = mpirun }))
-  if not pid then
-    os.remove(status_file)
-    io.stderr:write('gptlua -n: cannot run ', mpirun, ': ', err, '\n')
-    return 1
+  local status, stopped
+  if launcher == 'tcp' then
+    status, stopped = M.tcp(n, script, args)
+  else
+    local pid, err = M.spawn(M.command(n, script, args, { mpirun = mpirun }))
+    if not pid then
+      os.remove(status_file)
+      io.stderr:write('gptlua -n: cannot run ', mpirun, ': ', err, '\n')
+      return 1
+    end
+    status, stopped = M.wait(pid)
   end
-  local status = M.wait(pid)
   local f = io.open(status_file, 'rb')
   local refused = f and f:read('*a') or ''
   if f then f:close() end
   os.remove(status_file)
-  if status == 0 and tonumber(refused:match('%d+')) then status = tonumber(refused:match('%d+')) end
-  return status
+  refused = status == 0 and tonumber(refused:match('%d+'))
+  return refused or status, stopped, refused and true or false
 end
 
 return M

@@ -61,15 +61,15 @@ function M.save(policy, trainer, opt_sd, state)
     if r > 0 then parts.model[#parts.model + 1], parts.optim[#parts.optim + 1] = mf, of end
   end
   state.parts = parts
-  local final = ckpt.save_collective(world, trainer.ckpt_dir, trainer.step, { tag = 'stages', state = state,
-    files = files, keep_last = trainer.cfg.keep_last,
-    write = function(tmp)
+  local final, pending = ckpt.save_collective(world, trainer.ckpt_dir, trainer.step, { tag = 'stages', state = state,
+    files = files, keep_last = trainer.cfg.keep_last, writer = trainer.save_writer,
+    write = function(tmp, put)
       if not writer then return end
       local mf, of = M.files(me)
-      ckpt.save_safetensors(tmp .. '/' .. mf, model_sd)
-      ckpt.save_safetensors(tmp .. '/' .. of, opt_out)
+      put(tmp .. '/' .. mf, model_sd)
+      put(tmp .. '/' .. of, opt_out)
     end })
-  trainer:print(('saved checkpoint %s'):format(final))
+  if not pending then trainer:print(('saved checkpoint %s'):format(final)) end
   return final
 end
 

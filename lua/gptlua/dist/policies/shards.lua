@@ -32,22 +32,22 @@ function S.save(trainer, policy, model_sd, state)
   local list = {}
   for r = 0, N - 1 do list[#list + 1] = S.rank_file(r) end
   state.shards = { policy = policy.name, world = N, files = list, layout = policy:state_layout() }
-  local final = ckpt.save_collective(comm, trainer.ckpt_dir, trainer.step, { tag = 'shards', state = state,
+  local final, pending = ckpt.save_collective(comm, trainer.ckpt_dir, trainer.step, { tag = 'shards', state = state,
     files = { 'model.safetensors', 'optim.safetensors', unpack(list) },
-    keep_last = trainer.cfg and trainer.cfg.keep_last or 0,
-    write = function(tmp)
+    keep_last = trainer.cfg and trainer.cfg.keep_last or 0, writer = trainer.save_writer,
+    write = function(tmp, put)
       local mine, common = {}, {}
       policy:each_state(function(key, t, off, replicated)
         if replicated then common[key] = t
         else mine[('%s@%d'):format(key, off)] = t:clone() end
       end)
-      ckpt.save_safetensors(tmp .. '/' .. S.rank_file(comm.rank), mine)
+      put(tmp .. '/' .. S.rank_file(comm.rank), mine)
       if comm.rank == 0 then
-        ckpt.save_safetensors(tmp .. '/model.safetensors', model_sd)
-        ckpt.save_safetensors(tmp .. '/optim.safetensors', common)
+        put(tmp .. '/model.safetensors', model_sd)
+        put(tmp .. '/optim.safetensors', common)
       end
     end })
-  if trainer.print then trainer:print(('saved checkpoint %s'):format(final)) end
+  if trainer.print and not pending then trainer:print(('saved checkpoint %s'):format(final)) end
   return final
 end
 

@@ -157,9 +157,9 @@ function P:save_checkpoint(trainer, model_sd, opt_sd, state)
   end
   state.mesh = { dp = self.mesh.size.dp, tp = self.mesh.size.tp }
   if trainer.rank ~= 0 then return nil end
-  local path = ckpt.save(trainer.ckpt_dir, trainer.step, { model = model_full, optim = opt_full, state = state },
-    trainer.cfg.keep_last)
-  trainer:print(('saved checkpoint %s'):format(path))
+  local path, pending = ckpt.save(trainer.ckpt_dir, trainer.step,
+    { model = model_full, optim = opt_full, state = state }, trainer.cfg.keep_last, trainer.save_writer)
+  if not pending then trainer:print(('saved checkpoint %s'):format(path)) end
   return path
 end
 

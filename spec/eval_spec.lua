@@ -245,6 +245,15 @@ describe('bits per byte', function()
       assert.is_number(acc); assert.is_number(raw)
       assert.is_true(math.abs(acc * 6 - math.floor(acc * 6 + 0.5)) < 1e-9)  -- a count of 6 items
     end
+    -- gptlua plot draws them: a fourth row with bits per byte and each task's accuracy
+    local plot = require 'gptlua.observe.plot'
+    local run = plot.read_run(res.run_dir)
+    assert.same({ 'eval_example' }, run.tasks)
+    local script = plot.script({ run }, '/d')
+    assert.truthy(script:find('set multiplot layout 4,2', 1, true), script)
+    assert.truthy(script:find("set title 'val bits per byte'", 1, true), script)
+    assert.truthy(script:find("'/d/run1_eval.dat' using 1:5", 1, true), script)
+    assert.truthy(script:find("'/d/run1_task1.dat' using 1:2 with lines lw 1.5 lc 1 dt 1 title 'tiny eval_example'", 1, true), script)
     os.execute('rm -rf ' .. out)
   end)
 end)

@@ -219,8 +219,9 @@ describe('bits per byte', function()
     assert.equal(0, counts[bpe.bos_id + 1])
     -- 'hello wörld' is 12 bytes (ö is two); the ignored target (-1) and <|bos|> count none
     local y = { ids, { -1, bpe.bos_id } }
-    assert.equal(12, ev.target_bytes(counts, y))
-    assert.equal(12, ev.target_bytes(counts, gl.tensor({ ids }, { dtype = 'int64' })))
+    local bytes, n = ev.target_bytes(counts, y)
+    assert.equal(12, bytes); assert.equal(#ids + 1, n)  -- <|bos|> is a target, of no bytes
+    assert.equal(12, (ev.target_bytes(counts, gl.tensor({ ids }, { dtype = 'int64' }))))
     assert.equal(24 / (math.log(2) * 12), ev.bpb(24, 12))
   end)
 

@@ -249,22 +249,23 @@ function M.token_byte_counts(tok, vocab_size)
   return counts
 end
 
--- bytes the targets of y decode to (targets < 0 ignored); y a tensor or list of lists
+-- bytes the targets of y decode to (targets < 0 ignored), and the number
+-- of targets; y a tensor or list of lists
 function M.target_bytes(counts, y)
   local rows = gl.is_tensor(y) and y:to('cpu'):to('int64'):totable() or y
-  local total = 0
+  local total, n = 0, 0
   for _, row in ipairs(rows) do
     if type(row) == 'number' then row = { row } end
     for _, id in ipairs(row) do
       id = tonumber(id)  -- (an int64 element is boxed)
-      if id >= 0 then total = total + (counts[id + 1] or 0) end
+      if id >= 0 then total, n = total + (counts[id + 1] or 0), n + 1 end
     end
   end
-  return total
+  return total, n
 end
 
--- a function y -> the bytes its targets decode to, for the trainer's
--- tokenizer (nil without one: random data has no bytes)
+-- a function y -> the bytes its targets decode to and their number, for
+-- the trainer's tokenizer (nil without one: random data has no bytes)
 function M.bytes_counter(trainer)
   local tok = trainer.data.tokenizer
   if not tok then return nil end

@@ -66,10 +66,11 @@ function M.load(path, opts)
   cfg.resume, cfg.eval_tasks = '', ''
   local t = require('gptlua.train').new(cfg, { '--quiet' })
   t.model:load_state_dict(c.model)
-  -- a model fine-tuned with gptlua.sft kept the tokenizer it grew (chat tokens)
+  -- a fine-tuned model (recipes/sft.lua) saved the tokenizer it grew (the chat tokens) in its run's directory
   local tok = t.data.tokenizer
-  local saved = cp .. '/tokenizer.json'
-  if ckpt.exists(saved) then tok = require('gptlua.tokenizer').load(cp .. '/tokenizer') end
+  for _, dir in ipairs({ cp, cp .. '/../..' }) do
+    if ckpt.exists(dir .. '/tokenizer.json') then tok = require('gptlua.tokenizer').load(dir .. '/tokenizer'); break end
+  end
   t.model:eval()
   return { model = t.model, tokenizer = tok, cfg = cfg, path = cp, trainer = t }
 end

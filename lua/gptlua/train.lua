@@ -216,7 +216,10 @@ function Trainer:evaluate()
         local x, y = loader:next_batch()
         local loss = self:eval_loss(x, y)
         total = total + loss
-        if bytes_of then nats, bytes = nats + loss * y:numel(), bytes + bytes_of(y) end
+        if bytes_of then  -- (the loss is the mean over the targets kept)
+          local b, n = bytes_of(y)
+          nats, bytes = nats + loss * n, bytes + b
+        end
       end)
     end
     local mean = total / cfg.eval_iters

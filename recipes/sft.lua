@@ -11,8 +11,8 @@
 -- (at least one) are held out for the validation loss.  The run is named
 -- after the one it starts from (shakespeare-sft); its other settings are
 -- that run's, except: max_iters 200, a cosine from the run's rates with no
--- warm-up, an eval every 50 steps over all held-out rows, no samples, and
--- one process (the segment ids need the CPU's attention kernel).
+-- warm-up, an eval every 50 steps over all held-out rows, no samples, one
+-- process and no CUDA graph (each batch brings its segment ids).
 local gl = require 'gptlua'
 local config = require 'gptlua.config'
 local train = require 'gptlua.train'
@@ -72,7 +72,7 @@ recipe.data, recipe.vocab_size = 'random', tok.vocab_size   -- (the rows come fr
 recipe.resume, recipe.overwrite, recipe.replay, recipe.replay_to, recipe.eval_tasks = '', false, '', 0, ''
 recipe.max_iters, recipe.warmup_iters, recipe.lr_decay_iters, recipe.schedule = 200, 0, 200, 'cosine'
 recipe.eval_interval, recipe.log_interval, recipe.checkpoint_interval, recipe.sample_length = 50, 10, 0, 0
-recipe.sample_interval, recipe.cuda_graph, recipe.activation_checkpointing, recipe.device = 0, 'off', false, 'cpu'
+recipe.sample_interval, recipe.cuda_graph, recipe.activation_checkpointing = 0, 'off', false
 recipe.dist, recipe.tp, recipe.dp, recipe.cp, recipe.pp, recipe.sp = 'none', 1, 0, 1, 1, false
 recipe.total_batch_size, recipe.quiet = 0, false
 
@@ -98,7 +98,9 @@ recipe.build_model = function(cfg)
 end
 
 local t = train.new(recipe, rest)
-if t.cfg.device ~= 'cpu' then error('sft: document masking runs on the CPU only for now (--device=cpu)', 0) end
+if t.cfg.cuda_graph ~= 'off' and t.cfg.cuda_graph ~= false then
+  error('sft: a CUDA graph would replay the first batch\'s segment ids; leave cuda_graph off', 0)
+end
 if t.cfg.activation_checkpointing then
   error('sft: activation_checkpointing recomputes blocks outside the batch\'s segment ids; leave it off', 0)
 end

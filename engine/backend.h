@@ -98,8 +98,8 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(gather, (gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx)) \
   X(scatter_add, (gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src)) \
   X(index_add, (gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src)) \
-  X(attention_forward, (gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, double scale, int64_t window)) \
-  X(attention_backward, (gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window)) \
+  X(attention_forward, (gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, const gl_tensor *segments, double scale, int64_t window)) \
+  X(attention_backward, (gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, const gl_tensor *out, const gl_tensor *lse, const gl_tensor *segments, double scale, int64_t window)) \
   X(rope, (gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse)) \
   X(rope_rmsnorm_forward, (gl_tensor *y, gl_tensor *rstd, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, double eps)) \
   X(rope_rmsnorm_backward, (gl_tensor *dx, const gl_tensor *dy, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, const gl_tensor *rstd)) \

@@ -177,6 +177,16 @@ int gl_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q,
 int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
                           const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
                           const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window);
+/* The same with document masking: segments (B, T) int32 or int64 ids, one
+   per position (T == S: no cache, window >= 0); a query sees a key only
+   when both carry the same id, so attention never crosses a boundary of
+   documents packed into one row. */
+int gl_attention_forward_seg(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
+                             const gl_tensor *v, const gl_tensor *segments, double scale, int64_t window);
+int gl_attention_backward_seg(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
+                              const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
+                              const gl_tensor *out, const gl_tensor *lse, const gl_tensor *segments,
+                              double scale, int64_t window);
 
 /* Rotary embedding on x (B, T, H, D), D even, halves rotated as nanochat:
    y1 = x1*cos + x2*sin, y2 = -x1*sin + x2*cos with cos/sin (T, D/2).

@@ -383,28 +383,57 @@ static int check_attention(const char *fn, const gl_tensor *q, const gl_tensor *
   return GL_OK;
 }
 
-int gl_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
-                         const gl_tensor *v, double scale, int64_t window) {
-  const char *fn = "gl_attention_forward";
+/* segments (optional): (B, T) ids on q's device, T == S and a causal mask */
+static int check_segments(const char *fn, const gl_tensor *segments, const gl_tensor *q, const gl_tensor *k,
+                          int64_t window) {
+  if (!segments) return GL_OK;
+  if (window < 0) return gl_error("%s: segments need a causal mask (window >= 0), got window %lld", fn, (long long)window);
+  if (q->shape[2] != k->shape[2])
+    return gl_error("%s: segments need T == S (no KV cache), got T = %lld queries and S = %lld keys", fn,
+                    (long long)q->shape[2], (long long)k->shape[2]);
+  GL_TRY(check_shape(segments, fn, "segments", 2, (int64_t[]){q->shape[0], q->shape[2]}, "(B, T) = (%lld, %lld) of q",
+                     (long long)q->shape[0], (long long)q->shape[2]));
+  if (segments->device != q->device)
+    return gl_error("%s: segments are on device %d, expected q's device %d", fn, segments->device, q->device);
+  return GL_OK;
+}
+
+static int attention_forward(const char *fn, gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
+                             const gl_tensor *v, const gl_tensor *segments, double scale, int64_t window) {
   GL_TRY(check_args(fn, ARGS({out, "out", A_OUT | A_FLOAT}, {lse, "lse", A_OUT | A_OPT | A_FLOAT},
-                             {q, "q", A_FLOAT}, {k, "k", A_FLOAT}, {v, "v", A_FLOAT})));
+                             {q, "q", A_FLOAT}, {k, "k", A_FLOAT}, {v, "v", A_FLOAT},
+                             {segments, "segments", A_OPT | A_INDEX})));
   GL_TRY(check_attention(fn, q, k, v, window));
+  GL_TRY(check_segments(fn, segments, q, k, window));
   GL_TRY(check_dtype(out, fn, "out", q->dtype, "the dtype of q"));
   GL_TRY(gl_check_same_shape(q, out, fn, "q", "out"));
   GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(q->dtype), "float32, float64 for float64 q"));
   GL_TRY(check_shape(lse, fn, "lse", 3, q->shape, "(B, H, T) of q"));
   if (out->numel == 0) return GL_OK;
-  return gl_backend_of(out->device)->attention_forward(out, lse, q, k, v, scale, window);
+  return gl_backend_of(out->device)->attention_forward(out, lse, q, k, v, segments, scale, window);
 }
 
-int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
-                          const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
-                          const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window) {
-  const char *fn = "gl_attention_backward";
+int gl_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
+                         const gl_tensor *v, double scale, int64_t window) {
+  return attention_forward("gl_attention_forward", out, lse, q, k, v, NULL, scale, window);
+}
+
+int gl_attention_forward_seg(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
+                             const gl_tensor *v, const gl_tensor *segments, double scale, int64_t window) {
+  const char *fn = "gl_attention_forward_seg";
+  if (!segments) return gl_error("%s: segments is NULL (gl_attention_forward takes none)", fn);
+  return attention_forward(fn, out, lse, q, k, v, segments, scale, window);
+}
+
+static int attention_backward(const char *fn, gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
+                              const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
+                              const gl_tensor *out, const gl_tensor *lse, const gl_tensor *segments,
+                              double scale, int64_t window) {
   GL_TRY(check_args(fn, ARGS({dq, "dq", A_OUT | A_FLOAT}, {dk, "dk", A_OUT | A_FLOAT}, {dv, "dv", A_OUT | A_FLOAT},
                              {dout, "dout", A_FLOAT}, {q, "q", A_FLOAT}, {k, "k", A_FLOAT}, {v, "v", A_FLOAT},
-                             {out, "out", A_FLOAT}, {lse, "lse", A_FLOAT})));
+                             {out, "out", A_FLOAT}, {lse, "lse", A_FLOAT}, {segments, "segments", A_OPT | A_INDEX})));
   GL_TRY(check_attention(fn, q, k, v, window));
+  GL_TRY(check_segments(fn, segments, q, k, window));
   const gl_tensor *like_q[] = {dq, dout, out}, *like_k[] = {dk, dv};
   const char *nq[] = {"dq", "dout", "out"}, *nk[] = {"dk", "dv"};
   for (int i = 0; i < 3; i++) {
@@ -418,7 +447,22 @@ int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_
   GL_TRY(check_dtype(lse, fn, "lse", stat_dtype(q->dtype), "float32, float64 for float64 q"));
   GL_TRY(check_shape(lse, fn, "lse", 3, q->shape, "(B, H, T) of q"));
   if (dk->numel == 0) return GL_OK;
-  return gl_backend_of(dq->device)->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, scale, window);
+  return gl_backend_of(dq->device)->attention_backward(dq, dk, dv, dout, q, k, v, out, lse, segments, scale, window);
+}
+
+int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
+                          const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
+                          const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window) {
+  return attention_backward("gl_attention_backward", dq, dk, dv, dout, q, k, v, out, lse, NULL, scale, window);
+}
+
+int gl_attention_backward_seg(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
+                              const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
+                              const gl_tensor *out, const gl_tensor *lse, const gl_tensor *segments,
+                              double scale, int64_t window) {
+  const char *fn = "gl_attention_backward_seg";
+  if (!segments) return gl_error("%s: segments is NULL (gl_attention_backward takes none)", fn);
+  return attention_backward(fn, dq, dk, dv, dout, q, k, v, out, lse, segments, scale, window);
 }
 
 /* ---- rope ------------------------------------------------------------------- */

@@ -678,7 +678,8 @@ static int grid_check(const char *fn, int64_t x, int64_t y, int64_t z) {
 
 /* ================================ entry points ================================== */
 extern "C" int cuda_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
-                                      const gl_tensor *v, double scale, int64_t window) {
+                                      const gl_tensor *v, const gl_tensor *segments, double scale, int64_t window) {
+  if (segments) return gl_error("gl_attention_forward_seg: segment ids (document masking) run on the CPU only");
   const int64_t B = q->shape[0], H = q->shape[1], T_ = q->shape[2], D = q->shape[3];
   const int64_t Hkv = k->shape[1], S = k->shape[2];
   if (B * H * T_ == 0) return GL_OK;
@@ -713,7 +714,9 @@ extern "C" int cuda_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_t
 
 extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
                                        const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
-                                       const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window) {
+                                       const gl_tensor *out, const gl_tensor *lse, const gl_tensor *segments,
+                                       double scale, int64_t window) {
+  if (segments) return gl_error("gl_attention_backward_seg: segment ids (document masking) run on the CPU only");
   const int64_t B = q->shape[0], H = q->shape[1], T_ = q->shape[2], D = q->shape[3];
   const int64_t Hkv = k->shape[1], S = k->shape[2], rows = B * H * T_;
   int dev = dq->device;

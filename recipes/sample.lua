@@ -7,8 +7,6 @@
 --   gptlua recipes/sample.lua --hf path/to/gpt2 --prompt "Hello, I'm a language model,"
 --     [--n=500] [--temperature=0.8] [--top_k=200] [--seed=1337] [--num_samples=1]
 local gl = require 'gptlua'
-local ckpt = require 'gptlua.checkpoint'
-local train = require 'gptlua.train'
 
 local config = require 'gptlua.config'
 
@@ -22,34 +20,13 @@ for _, a in ipairs(arg) do
   end
 end
 opts = config.merge(opts, config.parse_args(arg, opts, { prefix = 'sample', hint = 'gptlua recipes/sample.lua --help lists them' }))
--- the model and tokenizer: from a gptlua checkpoint or a Hugging Face directory
-local model, tokenizer, device
-if opts.hf ~= '' then
-  if opts.ckpt ~= '' then error('sample: give --ckpt or --hf, not both', 0) end
-  local hf = require 'gptlua.hf'
-  device = gl.default_device()
-  model = hf.load_gpt2(opts.hf, { device = device })
-  tokenizer = hf.load_tokenizer(opts.hf)
-else
-  if opts.ckpt == '' then error('sample: --ckpt DIR or --hf DIR is required (a run directory, its checkpoints/ or a checkpoint)', 0) end
-  -- a run's name (runs/shakespeare) is the newest run of that name that has a checkpoint
-  local run, note = require('gptlua.runs').resolve(opts.ckpt, function(d) return ckpt.resolve('latest', d .. '/checkpoints') ~= nil end)
-  if note then io.stderr:write('sample: ', note, '\n') end
-  opts.ckpt = run
-  local path = ckpt.resolve('latest', opts.ckpt .. '/checkpoints') or ckpt.resolve('latest', opts.ckpt)
-  if not path and ckpt.exists(opts.ckpt .. '/state.json') then path = opts.ckpt end
-  if not path then
-    error(('sample: no checkpoint in %s (expected a run directory, its checkpoints/ or a checkpoint)'):format(opts.ckpt), 0)
-  end
-  local c = ckpt.load(path)
-  local cfg = c.state.config
-  -- a nanochat checkpoint from before the model's versions is the first-release model
-  if cfg.model == 'nanochat' and cfg.nanochat == nil then cfg.nanochat = { version = 'v1' } end
-  cfg.device = gl.default_device()
-  local t = train.new(cfg, { '--quiet' })
-  t.model:load_state_dict(c.model)
-  model, tokenizer, device = t.model, t.data.tokenizer, cfg.device
+-- the model and tokenizer: from a gptlua checkpoint or a Hugging Face directory (gptlua.infer.load)
+if opts.hf ~= '' and opts.ckpt ~= '' then error('sample: give --ckpt or --hf, not both', 0) end
+if opts.hf == '' and opts.ckpt == '' then
+  error('sample: --ckpt DIR or --hf DIR is required (a run directory, its checkpoints/ or a checkpoint)', 0)
 end
+local loaded = require('gptlua.infer').load(opts.hf ~= '' and opts.hf or opts.ckpt, { hf = opts.hf ~= '', what = 'sample' })
+local model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.cfg.device
 -- the prompt's ids; an empty one starts from the tokenizer's document
 -- token (<|bos|>, GPT-2's <|endoftext|>), as Hugging Face's generate does
 local prompt = tokenizer:encode(opts.prompt)

@@ -33,6 +33,13 @@
  * one), dSt = scale P (dP - D), then dQ = dS K,
  * dK += dS^T Q, dV += P^T dO.
  *
+ * Segments (document masking, T == S): a query sees a key only when both
+ * carry the same id (compared as 32-bit integers).  The register blocks
+ * skip by causality and the window alone; the segment test joins the
+ * visibility mask inside the tile, so keys of other documents get P = 0
+ * and dS = 0 like the ones above the diagonal.  A query always sees itself,
+ * so no row is wholly masked.
+ *
  * Causality and the window are handled per register block: a block of
  * keys only computes the query lanes that see one of them, a block of
  * queries only reduces over the keys one of them sees, so masked work is
@@ -96,11 +103,13 @@ static inline int64_t first_key(int64_t pos, int64_t window) {
 }
 
 /* A tile: queries t0 + i for i in [0, n), at positions p0 + i; together
-   they see keys [klo, khi]. */
-typedef struct { int64_t t0, n, p0, klo, khi; } tile;
+   they see keys [klo, khi]; seg (or NULL): the segment id of each position
+   of the row */
+typedef struct { int64_t t0, n, p0, klo, khi; const int32_t *seg; } tile;
 
-static inline tile make_tile(int64_t T, int64_t S, int64_t off, int64_t window, int64_t t0, int64_t tm) {
-  tile c = {t0, min64(tm, T - t0), off + t0, 0, 0};
+static inline tile make_tile(int64_t T, int64_t S, int64_t off, int64_t window, int64_t t0, int64_t tm,
+                             const int32_t *seg) {
+  tile c = {t0, min64(tm, T - t0), off + t0, 0, 0, seg};
   c.klo = first_key(c.p0, window);
   c.khi = min64(c.p0 + c.n - 1, S - 1);
   return c;
@@ -110,6 +119,14 @@ static inline tile make_tile(int64_t T, int64_t S, int64_t off, int64_t window, 
 static inline void seeing(const tile *c, int64_t window, int64_t j0, int64_t j1, int64_t *ia, int64_t *ib) {
   *ia = max64(0, j0 - c->p0);
   *ib = window > 0 ? min64(c->n - 1, j1 + window - 1 - c->p0) : c->n - 1;
+}
+
+/* row b of the (B, S) segment ids as 32-bit integers into dst (NULL: none) */
+static const int32_t *segment_row(const gl_tensor *seg, int64_t b, int32_t *dst) {
+  if (!seg) return NULL;
+  for (int64_t j = 0; j < seg->shape[1]; j++)
+    dst[j] = (int32_t)load_id(seg, seg->offset + b * seg->stride[0] + j * seg->stride[1]);
+  return dst;
 }
 
 #define GL_TEMPLATE "attention.c"
@@ -122,18 +139,19 @@ static inline int64_t effective_window(int64_t window, int64_t S) {
 }
 
 int cpu_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
-                          const gl_tensor *v, double scale, int64_t window) {
+                          const gl_tensor *v, const gl_tensor *segments, double scale, int64_t window) {
   window = effective_window(window, k->shape[2]);
-  if (q->dtype == GL_F64) return attention_forward_f64(out, lse, q, k, v, scale, window);
-  return attention_forward_f32(out, lse, q, k, v, scale, window);
+  if (q->dtype == GL_F64) return attention_forward_f64(out, lse, q, k, v, segments, scale, window);
+  return attention_forward_f32(out, lse, q, k, v, segments, scale, window);
 }
 
 int cpu_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
                            const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
-                           const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window) {
+                           const gl_tensor *out, const gl_tensor *lse, const gl_tensor *segments,
+                           double scale, int64_t window) {
   window = effective_window(window, k->shape[2]);
-  if (q->dtype == GL_F64) return attention_backward_f64(dq, dk, dv, dout, q, k, v, out, lse, scale, window);
-  return attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, scale, window);
+  if (q->dtype == GL_F64) return attention_backward_f64(dq, dk, dv, dout, q, k, v, out, lse, segments, scale, window);
+  return attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse, segments, scale, window);
 }
 
 #else /* ---- generic section: real is float or double, R(name) its suffix ---- */
@@ -355,7 +373,13 @@ static void R(key_sums)(const R(geom) *g, const tile *c, real *Y, const real *Wt
 static inline R(ivec) R(visible)(const R(geom) *g, const tile *t, R(ivec) iota, int64_t j, int64_t c) {
   int64_t hi = g->window > 0 ? min64(t->n - 1, j + g->window - 1 - t->p0) : t->n - 1;
   R(ivec) idx = iota + (R(ilane))c;
-  return (idx >= (R(ilane))(j - t->p0)) & (idx <= (R(ilane))hi);
+  R(ivec) m = (idx >= (R(ilane))(j - t->p0)) & (idx <= (R(ilane))hi);
+  if (t->seg) { /* and the same document: lanes past the tile's queries are masked above */
+    R(ivec) qs;
+    for (int i = 0; i < VL; i++) qs[i] = c + i < t->n ? (R(ilane))t->seg[t->p0 + c + i] : (R(ilane))0;
+    m &= qs == (R(ilane))t->seg[j];
+  }
+  return m;
 }
 
 /* The tile's probabilities from its scores Pt (key rows [0, khi - klo],
@@ -411,17 +435,19 @@ static void R(tile_dscores)(const R(geom) *g, const tile *c, R(ivec) iota, real 
 /* per-thread scratch of the forward: K, V (unless used in place), the
    tile's Q^T, O and Pt */
 static int64_t R(forward_scratch)(const R(geom) *g) {
-  return 2 * g->S * g->Dp + 2 * g->Dp * g->ld + g->S * g->ld;
+  return 2 * g->S * g->Dp + 2 * g->Dp * g->ld + g->S * g->ld + g->S; /* + the row's segment ids */
 }
 
 static void R(forward_task)(const R(geom) *g, gl_tensor *out, gl_tensor *lse, const gl_tensor *q,
-                            const gl_tensor *k, const gl_tensor *v, int64_t b, int64_t h, int64_t hk, real *ws) {
+                            const gl_tensor *k, const gl_tensor *v, const gl_tensor *segments, int64_t b, int64_t h,
+                            int64_t hk, real *ws) {
   int64_t S = g->S, D = g->D, Dp = g->Dp, ld = g->ld;
   real *Kb = ws, *Vb = Kb + S * Dp, *Qt = Vb + S * Dp, *Ob = Qt + Dp * ld, *Pt = Ob + ld * Dp;
+  const int32_t *seg = segment_row(segments, b, (int32_t *)(Pt + S * ld));
   R(ivec) iota = R(iota)();
   R(mat) K = R(head_rows)(g, k, b, hk, 0, out, lse, NULL, Kb), V = R(head_rows)(g, v, b, hk, 1, out, lse, NULL, Vb);
   for (int64_t t0 = 0; t0 < g->T; t0 += g->tm) {
-    tile c = make_tile(g->T, S, g->off, g->window, t0, g->tm);
+    tile c = make_tile(g->T, S, g->off, g->window, t0, g->tm, seg);
     real m[TM], l[TM];
     R(load_tile)(g, &c, q, b, h, Ob, Qt); /* Ob holds Q's rows until P V */
     R(key_rows)(g, &c, Pt, K, Qt);
@@ -437,7 +463,7 @@ static void R(forward_task)(const R(geom) *g, gl_tensor *out, gl_tensor *lse, co
 }
 
 static int R(attention_forward)(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
-                                const gl_tensor *v, double scale, int64_t window) {
+                                const gl_tensor *v, const gl_tensor *segments, double scale, int64_t window) {
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3];
   int64_t Hkv = k->shape[1], S = k->shape[2], G = H / Hkv, ntask = B * H;
   R(geom) g = R(geom_of)(T, S, D, window, scale);
@@ -448,7 +474,7 @@ static int R(attention_forward)(gl_tensor *out, gl_tensor *lse, const gl_tensor 
                            (long long)S, (long long)D);
   GL_PAR_FOR(nt, task, ntask,
     int64_t b = task / H, h = task % H;
-    R(forward_task)(&g, out, lse, q, k, v, b, h, h / G, ws + gl_thread_id() * per);
+    R(forward_task)(&g, out, lse, q, k, v, segments, b, h, h / G, ws + gl_thread_id() * per);
   );
   return GL_OK;
 }
@@ -456,22 +482,24 @@ static int R(attention_forward)(gl_tensor *out, gl_tensor *lse, const gl_tensor 
 /* per-thread scratch of the backward: K, V (unless used in place), dK,
    dV, the tile's Q, dO and dQ (row-major), Q^T and dO^T, Pt and dSt */
 static int64_t R(backward_scratch)(const R(geom) *g) {
-  return 4 * g->S * g->Dp + 5 * g->ld * g->Dp + 2 * g->S * g->ld;
+  return 4 * g->S * g->Dp + 5 * g->ld * g->Dp + 2 * g->S * g->ld + g->S; /* + the row's segment ids */
 }
 
 static void R(backward_task)(const R(geom) *g, gl_tensor *dq, gl_tensor *dk, gl_tensor *dv,
                              const gl_tensor *dout, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
-                             const gl_tensor *out, const gl_tensor *lse, int64_t b, int64_t hk, int64_t G, real *ws) {
+                             const gl_tensor *out, const gl_tensor *lse, const gl_tensor *segments, int64_t b,
+                             int64_t hk, int64_t G, real *ws) {
   int64_t S = g->S, D = g->D, Dp = g->Dp, ld = g->ld, tm = g->tm;
   real *Kb = ws, *Vb = Kb + S * Dp, *dK = Vb + S * Dp, *dV = dK + S * Dp;
   real *Qb = dV + S * Dp, *Gb = Qb + ld * Dp, *dQb = Gb + ld * Dp, *Qt = dQb + ld * Dp, *Gt = Qt + Dp * ld;
   real *Pt = Gt + Dp * ld, *dSt = Pt + S * ld;
+  const int32_t *seg = segment_row(segments, b, (int32_t *)(dSt + S * ld));
   R(ivec) iota = R(iota)();
   R(mat) K = R(head_rows)(g, k, b, hk, 1, dq, dk, dv, Kb), V = R(head_rows)(g, v, b, hk, 0, dq, dk, dv, Vb);
   for (int64_t i = 0; i < 2 * S * Dp; i++) dK[i] = 0; /* dK and dV */
   for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
     for (int64_t t0 = 0; t0 < g->T; t0 += tm) {
-      tile c = make_tile(g->T, S, g->off, g->window, t0, tm);
+      tile c = make_tile(g->T, S, g->off, g->window, t0, tm, seg);
       real l[TM] = {0}, di[TM] = {0};
       for (int64_t i = 0; i < c.n; i++) l[i] = ((const real *)lse->storage->data)[lse_offset(lse, b, h, t0 + i)];
       R(load_tile)(g, &c, q, b, h, Qb, Qt);
@@ -496,7 +524,8 @@ static void R(backward_task)(const R(geom) *g, gl_tensor *dq, gl_tensor *dk, gl_
 
 static int R(attention_backward)(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
                                  const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
-                                 const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window) {
+                                 const gl_tensor *out, const gl_tensor *lse, const gl_tensor *segments, double scale,
+                                 int64_t window) {
   int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], D = q->shape[3];
   int64_t Hkv = k->shape[1], S = k->shape[2], G = H / Hkv, ntask = B * Hkv;
   R(geom) g = R(geom_of)(T, S, D, window, scale);
@@ -506,7 +535,8 @@ static int R(attention_backward)(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, co
   if (!ws) return gl_error("gl_attention_backward: out of memory for per-thread buffers (S=%lld, D=%lld)",
                            (long long)S, (long long)D);
   GL_PAR_FOR(nt, task, ntask,
-    R(backward_task)(&g, dq, dk, dv, dout, q, k, v, out, lse, task / Hkv, task % Hkv, G, ws + gl_thread_id() * per);
+    R(backward_task)(&g, dq, dk, dv, dout, q, k, v, out, lse, segments, task / Hkv, task % Hkv, G,
+                     ws + gl_thread_id() * per);
   );
   return GL_OK;
 }

@@ -13,6 +13,9 @@ M.subcommands = {
   attach = { module = 'gptlua.control', main = 'attach_main', help = 'RUN [-e CODE] [--ranks=all]: a REPL inside a running job' },
   replay = { module = 'gptlua.journal', main = 'replay_main', help = 'RUN [--from STEP] [--to STEP]: re-run, check every step against the journal' },
   diff = { module = 'gptlua.journal', main = 'diff_main', help = 'RUN_A RUN_B [--exact]: the first step where two runs\' journals diverge, and why' },
+  eval = { module = 'gptlua.eval', help = 'RUN --tasks=a.jsonl[,...] [--fewshot=K] [--bpb]: multiple-choice accuracy, bits per byte' },
+  generate = { module = 'gptlua.chat', main = 'generate_main', help = 'RUN --prompt TEXT [--n=1] [--max_tokens] [--temperature] [--top_k] [--top_p] [--seed]: sample with the KV-cache engine' },
+  chat = { module = 'gptlua.chat', help = 'RUN [--temperature] [--top_k] [--top_p] [--seed]: a terminal chat (Ctrl-C stops a reply, Ctrl-D ends)' },
 }
 
 local USAGE = [==[

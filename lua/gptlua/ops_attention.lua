@@ -35,25 +35,56 @@ local function heads_buffer(like)  -- a (B,T,H,D) buffer for a (B,H,T,D) tensor
   return v
 end
 
-local function attention_raw(q, k, v, out, lse, scale, window)
-  G.check(lib.gl_attention_forward(out.c, lse.c, q.c, k.c, v.c, scale, window), 2)
+-- Document masking: segment ids (B, T) int, one per position; a query
+-- sees a key only when both carry the same id (packed documents never
+-- attend across their boundaries).  Given per call (opts.segments) or for
+-- every attention a function runs (gl.with_segments(seg, f): a packed
+-- batch's forward, without the model passing them down).  Recomputing a
+-- block in backward (activation checkpointing) runs outside f, so the two
+-- do not mix.
+local current_segments = nil
+function O.with_segments(seg, f, ...)
+  local prev = current_segments
+  current_segments = seg
+  local res = { pcall(f, ...) }
+  current_segments = prev
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, table.maxn(res))
+end
+local function segments_of(opts)
+  local seg = opts.segments or current_segments
+  if seg and seg.dtype ~= 'int64' and seg.dtype ~= 'int32' then
+    error(('attention: segments must be int32 or int64 ids, got %s'):format(seg.dtype), 3)
+  end
+  return seg
+end
+
+local function attention_raw(q, k, v, out, lse, scale, window, seg)
+  if seg then G.check(lib.gl_attention_forward_seg(out.c, lse.c, q.c, k.c, v.c, seg.c, scale, window), 3)
+  else G.check(lib.gl_attention_forward(out.c, lse.c, q.c, k.c, v.c, scale, window), 3) end
+end
+local function attention_backward_raw(dq, dk, dv, g, q, k, v, out, lse, scale, window, seg)
+  if seg then G.check(lib.gl_attention_backward_seg(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, out.c, lse.c, seg.c, scale, window), 3)
+  else G.check(lib.gl_attention_backward(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, out.c, lse.c, scale, window), 3) end
 end
 
 -- scaled_dot_product_attention(q, k, v, opts): causal softmax(q k^T * scale) v
--- per head; q (B,H,T,D), k/v (B,Hkv,S,D); opts.scale (1/sqrt(D)), opts.window
+-- per head; q (B,H,T,D), k/v (B,Hkv,S,D); opts.scale (1/sqrt(D)), opts.window,
+-- opts.segments (B,T) document ids (T == S)
 function O.scaled_dot_product_attention(q, k, v, opts)
   opts = opts or {}
+  local seg = segments_of(opts)
   if #q.shape ~= 4 then error(('scaled_dot_product_attention: q has shape %s, expected (B,H,T,D)'):format(shape_str(q.shape)), 2) end
   local scale = opts.scale or 1 / math.sqrt(q.shape[4])
   local window = opts.window or 0
   local out = heads_buffer(q)
   local lse = Tensor.empty({ q.shape[1], q.shape[2], q.shape[3] }, { dtype = stat_dtype(q), device = q.device })
-  attention_raw(q, k, v, out, lse, scale, window)
+  attention_raw(q, k, v, out, lse, scale, window, seg)
   return record(out, { q, k, v }, function(_, g)
     local dq, dk, dv = heads_buffer(q), heads_buffer(k), heads_buffer(v)
-    G.check(lib.gl_attention_backward(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, out.c, lse.c, scale, window), 2)
+    attention_backward_raw(dq, dk, dv, g, q, k, v, out, lse, scale, window, seg)
     return dq, dk, dv
-  end, { q, k, v, out }, 'attention', { lse })
+  end, { q, k, v, out, seg }, 'attention', { lse })
 end
 
 -- attention_qkv(qkv (B,T,3C), n_head, opts) -> y (B,T,C): causal attention
@@ -61,6 +92,7 @@ end
 -- split/transpose copies; the backward writes dq, dk, dv into one dqkv.
 function O.attention_qkv(qkv, H, opts)
   opts = opts or {}
+  local seg = segments_of(opts)
   local B, T, C3 = qkv.shape[1], qkv.shape[2], qkv.shape[3]
   if #qkv.shape ~= 3 or C3 % (3 * H) ~= 0 then
     error(('attention_qkv: qkv has shape %s, expected (B,T,3*C) with C divisible by n_head %d'):format(
@@ -80,7 +112,7 @@ function O.attention_qkv(qkv, H, opts)
   drop(y4)
   local lse = Tensor.empty({ B, H, T }, { dtype = stat_dtype(qkv), device = qkv.device })
   local q, k, v = part(x, 1), part(x, 2), part(x, 3)
-  attention_raw(q, k, v, yv, lse, scale, window)
+  attention_raw(q, k, v, yv, lse, scale, window, seg)
   drop(q); drop(k); drop(v)
   return record(y, { x }, function(_, g, node)
     local gc = raw_contiguous(g)
@@ -88,12 +120,12 @@ function O.attention_qkv(qkv, H, opts)
     local gv = heads_view(g4)
     local dx = Tensor.empty(x.shape, { dtype = x.dtype, device = x.device })
     local v6 = { part(dx, 1), part(dx, 2), part(dx, 3), part(x, 1), part(x, 2), part(x, 3) }
-    G.check(lib.gl_attention_backward(v6[1].c, v6[2].c, v6[3].c, gv.c, v6[4].c, v6[5].c, v6[6].c, yv.c, lse.c, scale, window), 2)
+    attention_backward_raw(v6[1], v6[2], v6[3], gv, v6[4], v6[5], v6[6], yv, lse, scale, window, seg)
     for _, t in ipairs(v6) do drop(t) end
     drop(gv); drop(g4); drop(gc, g)
     if not node.retaining then drop(yv) end
     return dx
-  end, { x, y }, 'attention_qkv', { lse })
+  end, { x, y, seg }, 'attention_qkv', { lse })
 end
 
 -- rotary embedding on x (B, T, H, D) with cos/sin (T, D/2)

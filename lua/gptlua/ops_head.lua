@@ -60,9 +60,15 @@ end
 -- mean cross-entropy of x weight^T against targets, never holding the whole
 -- logits.  opts: ignore_index (targets equal to it are left out of the
 -- mean; default none), softcap (> 0: z = softcap tanh(logits / softcap)),
--- chunk_rows (rows per chunk, default 8192).
+-- chunk_rows (rows per chunk, default 8192), reduction ('mean', or 'none':
+-- each row's loss, shaped as targets, 0 where ignored; evaluation only, so
+-- refused where a gradient is wanted).
 function O.linear_cross_entropy(x, W, targets, opts)
   opts = opts or {}
+  local per_row = opts.reduction == 'none'
+  if opts.reduction ~= nil and opts.reduction ~= 'mean' and not per_row then
+    error(("linear_cross_entropy: reduction must be 'mean' or 'none', got %s"):format(tostring(opts.reduction)), 2)
+  end
   local nx = #x.shape
   local C = x.shape[nx]
   if #W.shape ~= 2 or W.shape[2] ~= C then
@@ -91,6 +97,9 @@ function O.linear_cross_entropy(x, W, targets, opts)
   local losses = Tensor.empty({ N }, sopt)
   local inv, k = O._raw.inverse_count(t2, opts.ignore_index, sopt.dtype)
   local want = A.is_grad_enabled() and (x.requires_grad or W.requires_grad)
+  if per_row and want then
+    error("linear_cross_entropy: reduction 'none' has no backward; call it under gl.no_grad", 2)
+  end
   local dx = want and x.requires_grad and Tensor.empty({ N, C }, { dtype = x.dtype, device = x.device }) or nil
   local dW = want and W.requires_grad and O.empty_like(W) or nil
   if dW and N == 0 then dW:zero_() end  -- no chunk writes it
@@ -122,6 +131,12 @@ function O.linear_cross_entropy(x, W, targets, opts)
     drop(xr); drop(tr); drop(lr); drop(lser)
   end
   drop(Wt); drop(lse)
+  if per_row then
+    drop(x2); drop(xc, x); drop(t2); drop(tc, targets); drop(inv)
+    local out = losses:_as_strided(targets.shape, Tensor.contiguous_strides(targets.shape), 0)
+    drop(losses)  -- the view now holds the only reference
+    return out
+  end
   local total = O._raw.reduce_raw(lib.GL_R_SUM, losses, nil, false, 'linear_cross_entropy')
   local loss
   if inv then loss = O.binary_raw(lib.GL_B_MUL, total, inv, 'linear_cross_entropy')

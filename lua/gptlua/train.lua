@@ -20,6 +20,7 @@ local ckpt = require 'gptlua.checkpoint'
 local runs = require 'gptlua.runs'
 local progress = require 'gptlua.progress'
 local cuda = require 'gptlua.cuda'
+local evals = require 'gptlua.eval'
 local cjson = require 'cjson'
 local ffi = require 'ffi'
 
@@ -208,16 +209,25 @@ function Trainer:evaluate()
   for _, split in ipairs({ 'train', 'val' }) do
     local loader = split == 'train' and (self.data.eval_train or self.data.train) or self.data.val
     local total = 0
+    -- val: also the nats and the bytes their targets decode to, for bits per byte (gptlua.eval)
+    local bytes_of, nats, bytes = split == 'val' and evals.bytes_counter(self), 0, 0
     for _ = 1, cfg.eval_iters do
       gl.scope(function()
         local x, y = loader:next_batch()
-        total = total + self:eval_loss(x, y)
+        local loss = self:eval_loss(x, y)
+        total = total + loss
+        if bytes_of then  -- (the loss is the mean over the targets kept)
+          local b, n = bytes_of(y)
+          nats, bytes = nats + loss * n, bytes + b
+        end
       end)
     end
     local mean = total / cfg.eval_iters
     mean = self.policy:average_number(mean)
     out[split] = mean
+    if bytes_of then out.val_bpb = evals.bpb(self.policy:average_number(nats), self.policy:average_number(bytes)) end
   end
+  evals.extend(self, out)  -- the multiple-choice tasks (eval_tasks)
   model:train()
   return out
 end
@@ -679,8 +689,9 @@ function Trainer:run()
       self.eval_data_before = { step = step, state = self:eval_data_state() }
       local ev = self:evaluate()
       last_eval = ev
-      self:print(('step %d: train loss %.4f, val loss %.4f'):format(step, ev.train, ev.val))
-      self:write_metrics({ step = step, eval = true, train_loss = ev.train, val_loss = ev.val })
+      local rec, more = evals.record(step, ev)
+      self:print(('step %d: train loss %.4f, val loss %.4f%s'):format(step, ev.train, ev.val, more))
+      self:write_metrics(rec)
       if self.hooks.on_eval then self.hooks.on_eval(self, ev) end
       if cfg.eval_only then break end
       -- nanoGPT: a checkpoint at every eval (always_save_checkpoint), or when val improves
@@ -770,8 +781,9 @@ function Trainer:run()
   local t_final = now()
   if not cfg.eval_only and cfg.eval_interval > 0 then
     last_eval = self:evaluate()
-    self:print(('step %d: train loss %.4f, val loss %.4f'):format(self.step, last_eval.train, last_eval.val))
-    self:write_metrics({ step = self.step, eval = true, train_loss = last_eval.train, val_loss = last_eval.val })
+    local rec, more = evals.record(self.step, last_eval)
+    self:print(('step %d: train loss %.4f, val loss %.4f%s'):format(self.step, last_eval.train, last_eval.val, more))
+    self:write_metrics(rec)
   end
   if not cfg.eval_only then final.checkpoint = self:save_checkpoint() end
   self:close_checkpoint_writer()

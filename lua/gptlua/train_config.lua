@@ -33,6 +33,8 @@ M.defaults = {
   schedule = 'cosine', decay_lr = true, warmup_iters = 100, lr_decay_iters = 2000, cooldown_frac = 0.2,
   -- loop
   max_iters = 2000, eval_interval = 250, eval_iters = 20, eval_only = false, log_interval = 10,
+  -- multiple-choice tasks at every eval (gptlua.eval): comma-separated JSONL files
+  eval_tasks = '', eval_fewshot = 0, eval_delimiter = ' ', eval_task_limit = 0,
   sample_interval = 0, sample_length = 500, sample_prompt = '\n', temperature = 0.8, top_k = 0,
   checkpoint_interval = 0, checkpoint_async = true, resume_keep_batch = false, straggler_threshold = 0.5, always_save_checkpoint = true, keep_last = 2, resume = '', overwrite = false,
   allow_changes = false,
@@ -70,7 +72,7 @@ local INT32, COUNT = 2 ^ 31 - 1, 2 ^ 53
 local INTEGER_KEYS = {
   batch_size = { 1, INT32 }, block_size = { 1, INT32 }, gradient_accumulation_steps = { 1, INT32 },
   max_iters = { 1, COUNT }, warmup_iters = { 0, COUNT }, lr_decay_iters = { 0, COUNT }, eval_interval = { 0, COUNT },
-  eval_iters = { 0, COUNT }, log_interval = { 0, COUNT }, sample_interval = { 0, COUNT }, sample_length = { 0, INT32 },
+  eval_iters = { 0, COUNT }, eval_fewshot = { 0, INT32 }, eval_task_limit = { 0, INT32 }, log_interval = { 0, COUNT }, sample_interval = { 0, COUNT }, sample_length = { 0, INT32 },
   checkpoint_interval = { 0, COUNT }, keep_last = { 0, INT32 }, max_bad_steps = { 0, COUNT }, top_k = { 0, INT32 },
   threads = { 0, INT32 }, total_batch_size = { 0, COUNT }, cuda_graph_warmup = { 0, COUNT }, seed = { 0, COUNT }, vocab_size = { 0, INT32 },
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
@@ -282,6 +284,8 @@ function M.resolve_config(recipe, args)
   if cfg.eval_interval > 0 and cfg.eval_iters < 1 then
     fail(('eval_iters must be >= 1 when eval_interval is set (%d), got %d'):format(cfg.eval_interval, cfg.eval_iters))
   end
+  -- the task files load now: a bad one is one line before anything trains
+  for _, p in ipairs(require('gptlua.eval').task_paths(cfg.eval_tasks)) do require('gptlua.eval').load_task(p) end
   if not M.OPTIMIZERS[cfg.optimizer] and not hooks.build_optimizer then
     fail(("unknown optimizer '%s' (expected 'adamw' or 'nanochat')"):format(check.printable(cfg.optimizer)))
   end

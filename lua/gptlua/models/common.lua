@@ -63,11 +63,17 @@ end
 -- (gl.linear_cross_entropy, ops_head.lua), never holding the (B, T, V)
 -- logits; a `linear` other than gl.linear (a parallel layout's) keeps the
 -- unfused head and returns the raw logits with the loss.
+-- model.loss_reduction = 'none' (gptlua.eval, under gl.no_grad) makes the
+-- loss each target's own, (B, T), 0 where ignored: the same fused head.
 function M.head(model, x, targets, linear, weight, softcap)
+  local reduction = model.loss_reduction
+  if reduction == 'none' and targets ~= nil and (model.tp_head or linear ~= gl.linear) then
+    error('per-token losses (loss_reduction = \'none\') need the model\'s own head, not a parallel layout\'s', 2)
+  end
   -- a tensor-parallel model's vocabulary-parallel head (gptlua.dist.tensor_parallel)
   if model.tp_head then return model.tp_head(x, targets, weight, softcap) end
   if targets ~= nil and linear == gl.linear then
-    return nil, gl.linear_cross_entropy(x, weight, targets, { ignore_index = -1, softcap = softcap })
+    return nil, gl.linear_cross_entropy(x, weight, targets, { ignore_index = -1, softcap = softcap, reduction = reduction })
   end
   local logits = linear(x, weight)
   if targets == nil then

@@ -49,7 +49,7 @@ function M.read_run(run)
     fail(('%s has no metrics.jsonl (expected a run directory or a metrics.jsonl file)'):format(run))
   end
   local label = path:match('([^/]+)/metrics%.jsonl$') or path:match('([^/]+)$')
-  local out = { label = label, path = path, train = {}, eval = {}, marks = {} }
+  local out = { label = label, path = path, train = {}, eval = {}, marks = {}, tasks = {}, task_seen = {} }
   local n, per_step = 0, nil
   for line in f:lines() do
     n = n + 1
@@ -76,8 +76,18 @@ function M.read_run(run)
       end
       if rec.event then   -- an event, not a step's numbers
       elseif rec.eval then
-        out.eval[#out.eval + 1] = { step = rec.step, tokens = num('tokens'), train_loss = num('train_loss'),
-                                    val_loss = num('val_loss') }
+        local row = { step = rec.step, tokens = num('tokens'), train_loss = num('train_loss'),
+                      val_loss = num('val_loss'), val_bpb = num('val_bpb') }
+        -- each multiple-choice task's accuracy (gptlua.eval: task_<name>_acc)
+        for k in pairs(rec) do
+          local task = type(k) == 'string' and k:match('^task_(.+)_acc$')
+          if task and num(k) then
+            row.tasks = row.tasks or {}
+            row.tasks[task] = rec[k]
+            if not out.task_seen[task] then out.task_seen[task] = true; out.tasks[#out.tasks + 1] = task end
+          end
+        end
+        out.eval[#out.eval + 1] = row
       elseif not rec.skipped then
         out.train[#out.train + 1] = { step = rec.step, tokens = num('tokens'), loss = num('loss'), lr = num('lr'), lr_mult = num('lr_mult'),
           grad_norm = num('grad_norm'), tokens_per_sec = num('tokens_per_sec'),
@@ -86,6 +96,7 @@ function M.read_run(run)
     end
   end
   f:close()
+  table.sort(out.tasks)
   if #out.train == 0 and #out.eval == 0 then fail(('%s holds no records'):format(path)) end
   for _, list in ipairs({ out.train, out.eval }) do
     for _, r in ipairs(list) do
@@ -97,7 +108,7 @@ end
 
 -- ------------------------------------------------------------- gnuplot
 local TRAIN_COLS = { 'step', 'tokens', 'loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu', 'lr_mult' }
-local EVAL_COLS = { 'step', 'tokens', 'train_loss', 'val_loss' }
+local EVAL_COLS = { 'step', 'tokens', 'train_loss', 'val_loss', 'val_bpb' }
 
 local function write_table(path, rows, cols)
   local f = assert(io.open(path, 'wb'))
@@ -206,7 +217,10 @@ local function panels(runs, dir, only_loss)
   end
   local names = {}
   for _, r in ipairs(runs) do names[#names + 1] = r.label end
-  out[#out + 1] = ('set multiplot layout 3,2 title %s'):format(q('gptlua: ' .. table.concat(names, ', ')))
+  -- a fourth row when a run evaluated bits per byte or tasks (gptlua.eval)
+  local evals = false
+  for _, r in ipairs(runs) do if has(r.eval, 'val_bpb') or #r.tasks > 0 then evals = true end end
+  out[#out + 1] = ('set multiplot layout %d,2 title %s'):format(evals and 4 or 3, q('gptlua: ' .. table.concat(names, ', ')))
   -- losses on a log scale: the first steps' loss (ln V at the start) does not squeeze the rest
   marks(out, runs)
   out[#out + 1] = log_tics(runs, LOSSES)
@@ -228,6 +242,18 @@ local function panels(runs, dir, only_loss)
   out[#out + 1] = 'set ytics autofreq'
   panel(out, 'throughput', 'step', 'tokens/s', series('train', 'step', 'tokens_per_sec', ''))
   panel(out, 'MFU', 'step', 'MFU %', series('train', 'step', 'mfu', ''))
+  if evals then
+    panel(out, 'val bits per byte', 'step', 'bpb', series('eval', 'step', 'val_bpb', ' val', true))
+    local list = {}
+    for i, r in ipairs(runs) do
+      for j, task in ipairs(r.tasks) do
+        local n = 0
+        for _, row in ipairs(r.eval) do if row.tasks and row.tasks[task] then n = n + 1 end end
+        list[#list + 1] = { ('%s/run%d_task%d.dat'):format(dir, i, j), 1, 2, r.label .. ' ' .. task, i, j > 1, n == 1 }
+      end
+    end
+    panel(out, 'task accuracy (per token)', 'step', 'accuracy', list)
+  end
   out[#out + 1] = 'unset multiplot'
   return table.concat(out, '\n')
 end
@@ -288,6 +314,13 @@ function M.plot(run_paths, opts)
     for i, r in ipairs(runs) do
       write_table(('%s/run%d_train.dat'):format(dir, i), r.train, TRAIN_COLS)
       write_table(('%s/run%d_eval.dat'):format(dir, i), r.eval, EVAL_COLS)
+      for j, task in ipairs(r.tasks) do
+        local rows = {}
+        for _, row in ipairs(r.eval) do
+          if row.tasks and row.tasks[task] then rows[#rows + 1] = { step = row.step, acc = row.tasks[task] } end
+        end
+        write_table(('%s/run%d_task%d.dat'):format(dir, i, j), rows, { 'step', 'acc' })
+      end
     end
     -- written beside its final name, then renamed: never a half PNG there
     local tmp = out .. '.tmp'

@@ -95,7 +95,7 @@ function M.inactive_params(model)
 end
 
 -- whether block i (1-based) is a MoE block: every `every`-th one
-function M.is_moe_block(mc, i) return mc ~= nil and i % mc.every == 0 end
+function M.is_moe_block(mc, i) return type(mc) == 'table' and i % mc.every == 0 end
 
 -- the rows each expert may keep: ceil(capacity_factor N K / E), 0 (dropless)
 -- when capacity_factor is 0

@@ -27,13 +27,14 @@ function O.moe_route(experts, E, capacity)
 end
 
 local combine
--- moe_permute(x (N, C), slots (N, K), rows) -> (rows, C): row slots[n][k]
--- is x[n], the rows no slot names are zero
+-- the engine's permutation: out[slots[n][k]] = weights[n][k] x[n] (weights nil: 1)
 local function permute(x, slots, rows, weights)
   local out = empty_like(x, { rows, x.shape[2] })
   G.check(lib.gl_moe_permute(out.c, x.c, slots.c, weights and weights.c or nil), 3)
   return out
 end
+-- moe_permute(x (N, C), slots (N, K), rows) -> (rows, C): row slots[n][k]
+-- is x[n], the rows no slot names are zero
 function O.moe_permute(x, slots, rows)
   local out = permute(x, slots, rows)
   return record(out, { x }, function(_, g)
@@ -41,6 +42,7 @@ function O.moe_permute(x, slots, rows)
   end, { slots }, 'moe_permute')
 end
 
+-- the engine's combine: out[n] = sum over k of weights[n][k] y[slots[n][k]] (weights nil: 1)
 combine = function(y, slots, weights)
   local out = empty_like(y, { slots.shape[1], y.shape[2] })
   G.check(lib.gl_moe_combine(out.c, y.c, slots.c, weights and weights.c or nil), 3)
@@ -62,9 +64,7 @@ function O.moe_combine(y, slots, weights)
   end, { y, slots, weights }, 'moe_combine')
 end
 
--- grouped_linear(a (M, K), weights {E of (N, K)}, counts (E)) -> (M, N):
--- the rows of expert e times weights[e]^T (nn.Linear's layout), rows past
--- the experts' zero.  One engine call for every expert, each way.
+-- a list of tensors as a C array of their handles
 local function pointers(list, ctype)
   local arr = ffi.new(ctype .. '[?]', #list)
   for i, t in ipairs(list) do arr[i - 1] = t.c end
@@ -75,6 +75,9 @@ local function grouped(a, bs, counts, n_out)
   G.check(lib.gl_grouped_matmul(out.c, a.c, #bs, pointers(bs, 'const gl_tensor *'), counts.c), 3)
   return out
 end
+-- grouped_linear(a (M, K), weights {E of (N, K)}, counts (E)) -> (M, N):
+-- the rows of expert e times weights[e]^T (nn.Linear's layout), rows past
+-- the experts' zero.  One engine call for every expert, each way.
 function O.grouped_linear(a, weights, counts)
   local E = #weights
   if E < 1 then error('grouped_linear: weights is empty, expected one matrix per expert', 2) end

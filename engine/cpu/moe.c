@@ -101,10 +101,12 @@ static gl_tensor transposed(gl_tensor v) {
   return v;
 }
 
-/* the experts' row counts, checked to fit the buffer's rows */
-static int read_counts(const char *fn, const gl_tensor *counts, int64_t rows, int64_t *c) {
+/* the experts' row counts (c) and first rows (off, n + 1 entries), checked to
+   fit the buffer's rows */
+static int read_counts(const char *fn, const gl_tensor *counts, int64_t rows, int64_t *c, int64_t *off) {
   int64_t total = 0;
   for (int64_t e = 0; e < counts->shape[0]; e++) {
+    off[e] = total;
     c[e] = load_id(counts, counts->offset + e * counts->stride[0]);
     if (c[e] < 0) return gl_error("%s: counts[%lld] is %lld, expected >= 0", fn, (long long)e, (long long)c[e]);
     total += c[e];
@@ -112,20 +114,52 @@ static int read_counts(const char *fn, const gl_tensor *counts, int64_t rows, in
       return gl_error("%s: the counts sum to more than %lld, expected at most the %lld rows of the buffer", fn,
                       (long long)total - 1, (long long)rows);
   }
+  off[counts->shape[0]] = total;
   return GL_OK;
+}
+
+/* The experts' products side by side: each thread takes whole experts, its
+   BLAS calls single-threaded inside the region (a product of one expert's
+   rows, a few hundred, is too small to split well); one status per expert. */
+static int per_expert(int n, const int64_t *c, int (*product)(int e, void *ctx), void *ctx) {
+  int *status = (int *)cpu_scratch(3, (size_t)n * sizeof(int));
+  if (!status) return gl_error("gl_grouped_matmul: out of memory for the experts' status");
+  int64_t work = 0;
+  for (int e = 0; e < n; e++) work += c[e];
+  int nt = gl_threads_for(n, work / (n ? n : 1) * 4096);
+  GL_PAR_FOR(nt, e, n, status[e] = product((int)e, ctx););
+  for (int e = 0; e < n; e++) GL_TRY(status[e]);
+  return GL_OK;
+}
+
+typedef struct {
+  gl_tensor *out, **dbs;
+  const gl_tensor *a, *x, *y, **bs;
+  const int64_t *c, *off;
+} grouped_ctx;
+
+/* rows of expert e: out_e = a_e @ bs[e] */
+static int forward_product(int e, void *p) {
+  grouped_ctx *g = (grouped_ctx *)p;
+  if (g->c[e] == 0) return GL_OK;
+  gl_tensor o = rows_of(g->out, g->off[e], g->c[e]), x = rows_of(g->a, g->off[e], g->c[e]);
+  return cpu_matmul(&o, &x, g->bs[e], 1.0, 0.0);
+}
+/* dbs[e] = x_e^T y_e, zero for an expert without rows (cpu_matmul with K = 0) */
+static int weight_product(int e, void *p) {
+  grouped_ctx *g = (grouped_ctx *)p;
+  gl_tensor xt = transposed(rows_of(g->x, g->off[e], g->c[e])), ye = rows_of(g->y, g->off[e], g->c[e]);
+  return cpu_matmul(g->dbs[e], &xt, &ye, 1.0, 0.0);
 }
 
 /* one BLAS product per expert with rows (cpu_matmul), then zeros past the last */
 int cpu_grouped_matmul(gl_tensor *out, const gl_tensor *a, int n, const gl_tensor **bs, const gl_tensor *counts) {
-  int64_t *c = (int64_t *)cpu_scratch(2, (size_t)n * sizeof(int64_t)), M = out->shape[0], r = 0;
+  int64_t *c = (int64_t *)cpu_scratch(2, (size_t)(2 * n + 1) * sizeof(int64_t)), M = out->shape[0];
   if (!c) return gl_error("gl_grouped_matmul: out of memory for the counts");
-  GL_TRY(read_counts("gl_grouped_matmul", counts, M, c));
-  for (int e = 0; e < n; e++) {
-    if (c[e] == 0) continue;
-    gl_tensor o = rows_of(out, r, c[e]), x = rows_of(a, r, c[e]);
-    GL_TRY(cpu_matmul(&o, &x, bs[e], 1.0, 0.0));
-    r += c[e];
-  }
+  GL_TRY(read_counts("gl_grouped_matmul", counts, M, c, c + n));
+  grouped_ctx g = {.out = out, .a = a, .bs = bs, .c = c, .off = c + n};
+  GL_TRY(per_expert(n, c, forward_product, &g));
+  int64_t r = c[2 * n];
   if (r < M) {
     gl_tensor rest = rows_of(out, r, M - r);
     GL_TRY(cpu_fill(&rest, 0.0));
@@ -133,18 +167,13 @@ int cpu_grouped_matmul(gl_tensor *out, const gl_tensor *a, int n, const gl_tenso
   return GL_OK;
 }
 
-/* dbs[e] = x_e^T y_e, zero for an expert without rows (cpu_matmul with K = 0) */
 int cpu_grouped_matmul_wgrad(int n, gl_tensor **dbs, const gl_tensor *x, const gl_tensor *y,
                              const gl_tensor *counts) {
-  int64_t *c = (int64_t *)cpu_scratch(2, (size_t)n * sizeof(int64_t)), r = 0;
+  int64_t *c = (int64_t *)cpu_scratch(2, (size_t)(2 * n + 1) * sizeof(int64_t));
   if (!c) return gl_error("gl_grouped_matmul_wgrad: out of memory for the counts");
-  GL_TRY(read_counts("gl_grouped_matmul_wgrad", counts, x->shape[0], c));
-  for (int e = 0; e < n; e++) {
-    gl_tensor xt = transposed(rows_of(x, r, c[e])), ye = rows_of(y, r, c[e]);
-    GL_TRY(cpu_matmul(dbs[e], &xt, &ye, 1.0, 0.0));
-    r += c[e];
-  }
-  return GL_OK;
+  GL_TRY(read_counts("gl_grouped_matmul_wgrad", counts, x->shape[0], c, c + n));
+  grouped_ctx g = {.dbs = dbs, .x = x, .y = y, .c = c, .off = c + n};
+  return per_expert(n, c, weight_product, &g);
 }
 
 #else /* ---- generic section: real is float or double, R(name) its suffix ---- */

@@ -136,7 +136,7 @@ describe('moe layer', function()
       local rec = cjson.decode(line)
       if rec.loss then out[#out + 1] = rec end
     end
-    return out
+    return out, dir
   end
   local function mean(t, a, b) local s = 0 for i = a, b do s = s + t[i] end return s / (b - a + 1) end
 
@@ -156,6 +156,16 @@ describe('moe layer', function()
       assert.is_true(hi > lo and hi <= 30e-3 * (1 + 1e-5) and lo >= -30e-3 * (1 + 1e-5), ('bias %g..%g'):format(lo, hi))
     end
     assert.is_true(last.moe_load_max_mean >= 1)
+    -- TensorBoard gets every layer's numbers, `gptlua plot` a row of MoE panels
+    local tags = {}
+    for _, s in ipairs(require('gptlua.observe.tensorboard').scalars(last)) do tags[s[1]] = true end
+    assert.is_true(tags['train/moe.layer1.load_cv'] and tags['train/moe.layer0.dropped'] and tags['train/moe_load_max_mean'])
+    local plot = require 'gptlua.observe.plot'
+    local _, dir = records(r)
+    local script = plot.script({ plot.read_run(dir) }, tmpdir())
+    assert.truthy(script:find('set multiplot layout 4,2', 1, true), script)
+    assert.truthy(script:find("set title 'MoE expert load, max / mean (worst layer)'", 1, true), script)
+    assert.truthy(script:find("run1_train.dat' using 1:9 with lines", 1, true), script)
   end)
 
   it("a recipe's moe_router hook routes, and a capacity drops what it cannot keep", function()

@@ -81,7 +81,8 @@ function M.read_run(run)
       elseif not rec.skipped then
         out.train[#out.train + 1] = { step = rec.step, tokens = num('tokens'), loss = num('loss'), lr = num('lr'), lr_mult = num('lr_mult'),
           grad_norm = num('grad_norm'), tokens_per_sec = num('tokens_per_sec'),
-          mfu = num('mfu') and 100 * rec.mfu or nil }
+          mfu = num('mfu') and 100 * rec.mfu or nil,
+          moe_load_max_mean = num('moe_load_max_mean'), moe_dropped = num('moe_dropped') }  -- (gptlua.moe)
       end
     end
   end
@@ -96,7 +97,8 @@ function M.read_run(run)
 end
 
 -- ------------------------------------------------------------- gnuplot
-local TRAIN_COLS = { 'step', 'tokens', 'loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu', 'lr_mult' }
+local TRAIN_COLS = { 'step', 'tokens', 'loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu', 'lr_mult',
+                     'moe_load_max_mean', 'moe_dropped' }
 local EVAL_COLS = { 'step', 'tokens', 'train_loss', 'val_loss' }
 
 local function write_table(path, rows, cols)
@@ -206,7 +208,11 @@ local function panels(runs, dir, only_loss)
   end
   local names = {}
   for _, r in ipairs(runs) do names[#names + 1] = r.label end
-  out[#out + 1] = ('set multiplot layout 3,2 title %s'):format(q('gptlua: ' .. table.concat(names, ', ')))
+  -- mixture-of-experts runs add a row: the worst layer's expert load and the assignments dropped
+  local moe = false
+  for _, r in ipairs(runs) do if has(r.train, 'moe_load_max_mean') then moe = true end end
+  out[#out + 1] = ('set multiplot layout %d,2 title %s'):format(moe and 4 or 3,
+    q('gptlua: ' .. table.concat(names, ', ')))
   -- losses on a log scale: the first steps' loss (ln V at the start) does not squeeze the rest
   marks(out, runs)
   out[#out + 1] = log_tics(runs, LOSSES)
@@ -228,6 +234,11 @@ local function panels(runs, dir, only_loss)
   out[#out + 1] = 'set ytics autofreq'
   panel(out, 'throughput', 'step', 'tokens/s', series('train', 'step', 'tokens_per_sec', ''))
   panel(out, 'MFU', 'step', 'MFU %', series('train', 'step', 'mfu', ''))
+  if moe then
+    panel(out, 'MoE expert load, max / mean (worst layer)', 'step', 'max / mean',
+      series('train', 'step', 'moe_load_max_mean', ''))
+    panel(out, 'MoE assignments dropped', 'step', 'fraction', series('train', 'step', 'moe_dropped', ''))
+  end
   out[#out + 1] = 'unset multiplot'
   return table.concat(out, '\n')
 end

@@ -81,6 +81,32 @@ describe('moe ops', function()
     assert.same({ 0, 0 }, out[6])
   end)
 
+  it('grouped_linear in float32 and bfloat16, with a weight that is a transposed view, is the float64 product rounded',
+    function()
+    -- bfloat16 (and a weight whose rows are not contiguous) go through the products' contiguous copies;
+    -- the result is rounded once to the output dtype (unit roundoff: 2^-8 for bfloat16, 2^-24 for
+    -- float32, relative) after a float32 sum of K terms (K 2^-24 of the largest magnitude at most)
+    local K = 16
+    local counts = gl.tensor({ 5, 0, 7, 4 }, { dtype = 'int64' })
+    for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+      local a = gl.randn({ 17, K }, { seed = 31 }):to(dt)
+      local ws = {}
+      for e = 1, 4 do ws[e] = gl.randn({ K, 6 }, { seed = 40 + e }):to(dt):t() end  -- (6, K), transposed views
+      local got = gl.grouped_linear(a, ws, counts):to('float64'):totable()
+      local w64 = {}
+      for e = 1, 4 do w64[e] = ws[e]:to('float64') end
+      local want = gl.grouped_linear(a:to('float64'), w64, counts):totable()
+      local round = dt == 'bfloat16' and 2 ^ -8 or 2 ^ -24  -- unit roundoff
+      for r = 1, 17 do
+        for j = 1, 6 do
+          local bound = round * math.abs(want[r][j]) + K * 2 ^ -24 * 16  -- |a w| terms below 4 x 4
+          assert.is_true(math.abs(got[r][j] - want[r][j]) <= bound,
+            ('%s row %d col %d: %.9g, expected %.9g'):format(dt, r, j, got[r][j], want[r][j]))
+        end
+      end
+    end
+  end)
+
   it('gradients of moe_permute, moe_combine and grouped_linear match float64 central differences', function()
     local slots, counts = gl.moe_route(ids(EXPERTS), 3, 2)  -- with drops, and a buffer row past the kept
     local x = gc.rand({ 4, 3 }, 21)

@@ -16,6 +16,7 @@
  * with real = float and real = double (template.h). */
 #ifndef real
 #include "cpu.h"
+#include <stdlib.h>
 
 #define GL_TEMPLATE "moe.c"
 #include "template.h"
@@ -120,16 +121,21 @@ static int read_counts(const char *fn, const gl_tensor *counts, int64_t rows, in
 
 /* The experts' products side by side: each thread takes whole experts, its
    BLAS calls single-threaded inside the region (a product of one expert's
-   rows, a few hundred, is too small to split well); one status per expert. */
+   rows, a few hundred, is too small to split well).  An error message is
+   the failing thread's own, so the first failed expert's product runs again
+   on this thread to leave it here.  (The products use the matmul's scratch
+   slots, so the counts live in malloc'd memory.) */
 static int per_expert(int n, const int64_t *c, int (*product)(int e, void *ctx), void *ctx) {
-  int *status = (int *)cpu_scratch(3, (size_t)n * sizeof(int));
+  int *status = (int *)calloc((size_t)n, sizeof(int));
   if (!status) return gl_error("gl_grouped_matmul: out of memory for the experts' status");
   int64_t work = 0;
   for (int e = 0; e < n; e++) work += c[e];
   int nt = gl_threads_for(n, work / (n ? n : 1) * 4096);
   GL_PAR_FOR(nt, e, n, status[e] = product((int)e, ctx););
-  for (int e = 0; e < n; e++) GL_TRY(status[e]);
-  return GL_OK;
+  int failed = -1;
+  for (int e = 0; e < n && failed < 0; e++) if (status[e] != GL_OK) failed = e;
+  free(status);
+  return failed < 0 ? GL_OK : product(failed, ctx);
 }
 
 typedef struct {
@@ -154,26 +160,28 @@ static int weight_product(int e, void *p) {
 
 /* one BLAS product per expert with rows (cpu_matmul), then zeros past the last */
 int cpu_grouped_matmul(gl_tensor *out, const gl_tensor *a, int n, const gl_tensor **bs, const gl_tensor *counts) {
-  int64_t *c = (int64_t *)cpu_scratch(2, (size_t)(2 * n + 1) * sizeof(int64_t)), M = out->shape[0];
+  int64_t *c = (int64_t *)malloc((size_t)(2 * n + 1) * sizeof(int64_t)), M = out->shape[0];
   if (!c) return gl_error("gl_grouped_matmul: out of memory for the counts");
-  GL_TRY(read_counts("gl_grouped_matmul", counts, M, c, c + n));
   grouped_ctx g = {.out = out, .a = a, .bs = bs, .c = c, .off = c + n};
-  GL_TRY(per_expert(n, c, forward_product, &g));
-  int64_t r = c[2 * n];
-  if (r < M) {
-    gl_tensor rest = rows_of(out, r, M - r);
-    GL_TRY(cpu_fill(&rest, 0.0));
+  int rc = read_counts("gl_grouped_matmul", counts, M, c, c + n);
+  if (rc == GL_OK) rc = per_expert(n, c, forward_product, &g);
+  if (rc == GL_OK && c[2 * n] < M) {
+    gl_tensor rest = rows_of(out, c[2 * n], M - c[2 * n]);
+    rc = cpu_fill(&rest, 0.0);
   }
-  return GL_OK;
+  free(c);
+  return rc;
 }
 
 int cpu_grouped_matmul_wgrad(int n, gl_tensor **dbs, const gl_tensor *x, const gl_tensor *y,
                              const gl_tensor *counts) {
-  int64_t *c = (int64_t *)cpu_scratch(2, (size_t)(2 * n + 1) * sizeof(int64_t));
+  int64_t *c = (int64_t *)malloc((size_t)(2 * n + 1) * sizeof(int64_t));
   if (!c) return gl_error("gl_grouped_matmul_wgrad: out of memory for the counts");
-  GL_TRY(read_counts("gl_grouped_matmul_wgrad", counts, x->shape[0], c, c + n));
   grouped_ctx g = {.dbs = dbs, .x = x, .y = y, .c = c, .off = c + n};
-  return per_expert(n, c, weight_product, &g);
+  int rc = read_counts("gl_grouped_matmul_wgrad", counts, x->shape[0], c, c + n);
+  if (rc == GL_OK) rc = per_expert(n, c, weight_product, &g);
+  free(c);
+  return rc;
 }
 
 #else /* ---- generic section: real is float or double, R(name) its suffix ---- */

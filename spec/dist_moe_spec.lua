@@ -1,4 +1,4 @@
--- Mixture-of-experts layers under data parallelism, float64, equal to one
+-- Mixture-of-experts layers under data parallelism (ddp, zero2, fsdp), float64, equal to one
 -- process on the same global batch: every step's loss and clipped gradient
 -- norm and the final parameters (spec/support/dist_train.lua), with the
 -- balancing and z losses (their gradient at the 1/accumulation scale on
@@ -17,10 +17,12 @@ describe('mixture of experts on MPI ranks', function()
   local MOE = { experts = 4, top_k = 2, every = 2, aux_loss = 0.01, z_loss = 0.001, bias_update = 0.01 }
   local ARGS = '--moe.experts=4 --moe.top_k=2 --moe.every=2 --moe.aux_loss=0.01 --moe.z_loss=0.001 --moe.bias_update=0.01'
 
-  it('ddp and zero2 on 2 ranks equal one process, in both model families', function()
+  it('ddp, zero2 and fsdp on 2 ranks equal one process, in both model families', function()
     local cases = {
       { ranks = 2, model = 'nanochat', args = ARGS },
       { ranks = 2, model = 'gpt2', args = ARGS .. ' --dist=zero2' },
+      -- (fsdp reduce-scatters the float64 gradients in float32: 2^-24 relative each, as spec/composition_spec.lua)
+      { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=fsdp', tol = 1e-6 },
     }
     local got = runs:launch(cases)
     for i, c in ipairs(cases) do DT.assert_matches(runs:reference(c.model, { moe = MOE }), got[i]) end

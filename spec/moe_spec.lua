@@ -189,6 +189,23 @@ describe('moe layer', function()
     assert.equal(0.75, records(r)[1]['moe.layer0.dropped'])
   end)
 
+  it("the README's moe_router example runs as a recipe hook, its router in every layer", function()
+    local f = assert(io.open(root .. '/README.md', 'rb'))
+    local readme = f:read('*a'); f:close()
+    local code = assert(readme:match("```lua\n(local moe = require 'gptlua.moe'\nmoe_router = .-)```"))
+    local env = setmetatable({}, { __index = _G })
+    assert(load(code, 'README', 't', env))()
+    local seen = 0
+    local r = tiny({ max_iters = 1, log_interval = 1, moe_router = function(cfg)
+      local router = env.moe_router(cfg)
+      local route = router.route
+      function router:route(layer, logits) seen = seen + 1; return route(self, layer, logits) end
+      return router
+    end })
+    assert.equal(2, seen)  -- both blocks' layers, one forward
+    assert.equal(1, #records(r))
+  end)
+
   it('activation checkpointing gives the same gradients, balancing losses included', function()
     local grads = {}
     for _, ckpt in ipairs({ false, true }) do

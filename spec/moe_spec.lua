@@ -115,6 +115,11 @@ describe('moe layer', function()
       assert.equal(1, #moe.layers(sparse))
       assert.equal(dense:flops_per_token(16) + 6 * router, sparse:flops_per_token(16))
     end
+    local m = require('gptlua.models.gpt2').GPT({ vocab_size = 65, block_size = 8, n_layer = 1, n_head = 2, n_embd = 8,
+      moe = { experts = 2, top_k = 1 } })
+    local ok, err = pcall(require('gptlua.hf').save_gpt2, m, os.tmpname() .. '.d')
+    assert.is_false(ok)
+    assert.matches('hf.save_gpt2: a gpt2 model with mixture%-of%-experts blocks has no Hugging Face GPT%-2 form', err)
   end)
 
   -- recipes/moe.lua, tiny

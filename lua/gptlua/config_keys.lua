@@ -135,7 +135,7 @@ return {
   ['moe.shared'] = 'shared experts every token passes through (one MLP of shared x hidden)',
   ['moe.every'] = 'a MoE block every N-th block (blocks N, 2N, ...), dense MLPs between',
   ['moe.hidden'] = "each expert's hidden width (0: the dense MLP's 4 n_embd)",
-  ['moe.capacity_factor'] = 'rows per expert: ceil(factor x tokens x top_k / experts), assignments past it dropped (0: dropless)',
+  ['moe.capacity_factor'] = 'rows per expert: ceil(factor x micro-batch tokens x top_k / experts), later assignments dropped (0: dropless)',
   ['moe.router'] = "'softmax' or 'sigmoid' (DeepSeek-V3) scores; top-k weights normalised to sum 1 when top_k > 1",
   ['moe.aux_loss'] = "coefficient of the Switch/GShard load-balancing loss E sum_e f_e P_e (0: off)",
   ['moe.z_loss'] = 'coefficient of the router z-loss, mean logsumexp(logits)^2 (0: off)',

@@ -46,6 +46,13 @@ const gl_backend gl_cpu_backend = {
   .gather                 = cpu_gather,
   .scatter_add            = cpu_scatter_add,
   .index_add              = cpu_index_add,
+  /* mixture of experts (moe.c, moe.cu) */
+  .moe_route              = cpu_moe_route,
+  .moe_permute            = cpu_moe_permute,
+  .moe_combine            = cpu_moe_combine,
+  .moe_combine_wgrad      = cpu_moe_combine_wgrad,
+  .grouped_matmul         = cpu_grouped_matmul,
+  .grouped_matmul_wgrad   = cpu_grouped_matmul_wgrad,
   /* attention (attention.c, attention.cu) */
   .attention_forward      = cpu_attention_forward,
   .attention_backward     = cpu_attention_backward,
@@ -107,6 +114,13 @@ const gl_backend gl_cuda_backend = {
   .gather                 = cuda_gather,
   .scatter_add            = cuda_scatter_add,
   .index_add              = cuda_index_add,
+  /* mixture of experts (moe.c, moe.cu) */
+  .moe_route              = cuda_moe_route,
+  .moe_permute            = cuda_moe_permute,
+  .moe_combine            = cuda_moe_combine,
+  .moe_combine_wgrad      = cuda_moe_combine_wgrad,
+  .grouped_matmul         = cuda_grouped_matmul,
+  .grouped_matmul_wgrad   = cuda_grouped_matmul_wgrad,
   /* attention (attention.c, attention.cu) */
   .attention_forward      = cuda_attention_forward,
   .attention_backward     = cuda_attention_backward,

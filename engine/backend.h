@@ -98,6 +98,12 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(gather, (gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx)) \
   X(scatter_add, (gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src)) \
   X(index_add, (gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src)) \
+  X(moe_route, (gl_tensor *slots, gl_tensor *counts, gl_tensor *load, const gl_tensor *experts, int64_t capacity)) \
+  X(moe_permute, (gl_tensor *out, const gl_tensor *x, const gl_tensor *slots, const gl_tensor *weights)) \
+  X(moe_combine, (gl_tensor *out, const gl_tensor *y, const gl_tensor *slots, const gl_tensor *weights)) \
+  X(moe_combine_wgrad, (gl_tensor *dweights, const gl_tensor *dout, const gl_tensor *y, const gl_tensor *slots)) \
+  X(grouped_matmul, (gl_tensor *out, const gl_tensor *a, int n, const gl_tensor **bs, const gl_tensor *counts)) \
+  X(grouped_matmul_wgrad, (int n, gl_tensor **dbs, const gl_tensor *x, const gl_tensor *y, const gl_tensor *counts)) \
   X(attention_forward, (gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, const gl_tensor *segments, double scale, int64_t window)) \
   X(attention_backward, (gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout, const gl_tensor *q, const gl_tensor *k, const gl_tensor *v, const gl_tensor *out, const gl_tensor *lse, const gl_tensor *segments, double scale, int64_t window)) \
   X(rope, (gl_tensor *out, const gl_tensor *x, const gl_tensor *cos, const gl_tensor *sin, int inverse)) \

@@ -162,6 +162,31 @@ int gl_gather(gl_tensor *out, const gl_tensor *x, int dim, const gl_tensor *idx)
 int gl_scatter_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src);
 int gl_index_add(gl_tensor *out, int dim, const gl_tensor *idx, const gl_tensor *src);
 
+/* Mixture of experts (engine/ops_moe.c; engine/cpu/moe.c, kernels/moe.cu).
+   The expert-ordered buffer holds expert e's rows at [off_e, off_e +
+   counts[e]), off_e the sum of the counts before e, each expert's rows in
+   token order; rows past the last expert's are zero.
+   gl_moe_route: experts (N, K) int32/int64 ids in [0, E), E the size of
+   counts; counts (E) int64 = assignments each expert keeps, load (E) int64 =
+   assignments routed to it, slots (N, K) int64 = each assignment's row, -1
+   when dropped.  capacity > 0 keeps an expert's first `capacity`
+   assignments in token order; 0 keeps all (dropless).
+   gl_moe_permute: out (M, C) with out[slots[n][k]] = weights[n][k] x[n]
+   (weights NULL: 1), zero rows elsewhere.  gl_moe_combine: out (N, C) with
+   out[n] = sum over k of weights[n][k] y[slots[n][k]] (dropped: nothing).
+   gl_moe_combine_wgrad: dweights[n][k] = dout[n] . y[slots[n][k]] (0 when
+   dropped).  Slots must name each row at most once.
+   gl_grouped_matmul: out (M, N) rows of expert e = a's rows of e @ bs[e]
+   (K, N), n experts, counts (n) int64 summing to at most M, zero rows past
+   them.  gl_grouped_matmul_wgrad: dbs[e] (K, N) = x_e^T y_e, x (M, K) and
+   y (M, N) the rows of e (zero when e has none). */
+int gl_moe_route(gl_tensor *slots, gl_tensor *counts, gl_tensor *load, const gl_tensor *experts, int64_t capacity);
+int gl_moe_permute(gl_tensor *out, const gl_tensor *x, const gl_tensor *slots, const gl_tensor *weights);
+int gl_moe_combine(gl_tensor *out, const gl_tensor *y, const gl_tensor *slots, const gl_tensor *weights);
+int gl_moe_combine_wgrad(gl_tensor *dweights, const gl_tensor *dout, const gl_tensor *y, const gl_tensor *slots);
+int gl_grouped_matmul(gl_tensor *out, const gl_tensor *a, int n, const gl_tensor **bs, const gl_tensor *counts);
+int gl_grouped_matmul_wgrad(int n, gl_tensor **dbs, const gl_tensor *x, const gl_tensor *y, const gl_tensor *counts);
+
 /* Causal scaled-dot-product attention.  q (B, H, T, D), k/v (B, Hkv, S, D)
    with H % Hkv == 0 (grouped-query) and T <= S: query t sits at position
    S - T + t (KV cache).  window > 0 keeps keys with pos > qpos - window;

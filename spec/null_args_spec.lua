@@ -58,6 +58,8 @@ local NULL_OK = {
   gl_cuda_mem_info = { free_bytes = 'optional output', total_bytes = 'optional output' },
   gl_copy_async = { done = 'optional: NULL makes the compute stream wait for the copy' },
   gl_comm_alloc = { b = 'a communicator without a backend (the world of one)' },
+  gl_moe_permute = { weights = 'optional: every row copied with weight 1' },
+  gl_moe_combine = { weights = 'optional: every expert row summed with weight 1' },
 }
 
 -- never called: what they do with valid arguments is not a NULL check

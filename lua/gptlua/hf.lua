@@ -408,6 +408,7 @@ function M.save_gpt2(model, dir, opts)
     error('hf.save_gpt2: model expected a gpt2 model (models.gpt2)', 2)
   end
   if cfg.bias == false then error('hf.save_gpt2: a gpt2 model without biases has no Hugging Face GPT-2 form', 2) end
+  if cfg.moe then error('hf.save_gpt2: a gpt2 model with mixture-of-experts blocks has no Hugging Face GPT-2 form', 2) end
   require('gptlua.checkpoint').mkdir_p(dir)
   local tensors = {}
   for name, t in pairs(model:state_dict()) do

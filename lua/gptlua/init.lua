@@ -9,6 +9,7 @@ require 'gptlua.ops_linear'
 require 'gptlua.ops_attention'
 require 'gptlua.ops_shape'
 require 'gptlua.ops_head'
+require 'gptlua.ops_moe'
 
 local gl = {
   ffi = G.ffi, lib = G.lib, Tensor = Tensor,
@@ -58,6 +59,8 @@ local OPS = {
   rope_rms_norm = 'x:tensor, cos:tensor, sin:tensor, eps:number?',
   cross_entropy = 'logits:tensor1, targets:tensor, opts:opts?',
   linear_cross_entropy = 'x:tensor1, weight:tensor, targets:tensor, opts:opts?', dropout = 'x:tensor, p:number, training:boolean?',
+  moe_route = 'experts:tensor, n_experts:count, capacity:size?', moe_permute = 'x:tensor, slots:tensor, rows:size',
+  moe_combine = 'y:tensor, slots:tensor, weights:tensor', grouped_linear = 'a:tensor, weights:tensors, counts:tensor',
   -- shapes
   cat = 'tensors:tensors, dim:integer?', stack = 'tensors:tensors, dim:integer?', split = 'x:tensor, size:count, dim:integer?',
   chunk = 'x:tensor, n:count, dim:integer?', broadcast_shape = 'a:shape, b:shape, what:string?', broadcast_view = 'x:tensor, shape:shape',

@@ -156,6 +156,11 @@ function M.new(recipe, args)
     require('gptlua.dist.context_parallel').parallelize(model, self.mesh.cp, { mode = cfg.cp_mode })
   end
   self.model = model
+  -- mixture of experts (gptlua.moe): its layers, with the recipe's router when it has a moe_router hook
+  self.moe_layers = require('gptlua.moe').layers(model)
+  if hooks.moe_router and #self.moe_layers > 0 then
+    require('gptlua.moe').install_router(self.moe_layers, hooks.moe_router(cfg))
+  end
   -- pipeline stages (--pp): this rank trains its stages' parameters (gptlua.dist.policies.pp)
   local trained = self.mesh and self.mesh.size.pp > 1 and require('gptlua.dist.policies.pp').stages(self, model)
     or model
@@ -498,6 +503,7 @@ function Trainer:train_step()
     return loss, norm, lr_mult, taken
   end
   policy:zero_grad()
+  if #self.moe_layers > 0 then require('gptlua.moe').begin_step(self.moe_layers, 1 / accum) end
   local loss_sum = 0
   if policy.micro_steps then loss_sum = policy:micro_steps(self, accum) end  -- a pipeline runs its schedule
   for micro = 1, policy.micro_steps and 0 or accum do
@@ -523,6 +529,9 @@ function Trainer:train_step()
   end
   if cfg.grad_clip > 0 and norm > cfg.grad_clip then policy:scale_grads(cfg.grad_clip / (norm + 1e-6)) end
   gl.scope(function() policy:step() end)
+  if #self.moe_layers > 0 then  -- the routers' bias update from the step's load over the data-parallel ranks
+    gl.scope(function() require('gptlua.moe').after_step(self.moe_layers, self.policy.comm or self.comm) end)
+  end
   if self.graph then self.graph:step_done() end
   return loss, norm, lr_mult, true
 end
@@ -747,6 +756,9 @@ function Trainer:run()
       if self.policy.metrics then for k, v in pairs(self.policy:metrics()) do rec[k] = v end end
       local slow = self.stragglers and self.stragglers:report(rec)   -- (collective: every rank)
       if slow then self:print(slow) end
+      if #self.moe_layers > 0 then  -- expert load, dropped tokens, balancing losses, bias range
+        for k, v in pairs(require('gptlua.moe').metrics(self.moe_layers)) do rec[k] = v end
+      end
       self:write_metrics(rec)
       if self.hooks.on_log then self.hooks.on_log(self, { loss = loss, norm = norm, tps = tps }) end
       paused_total = paused_total + paused

@@ -63,6 +63,8 @@ M.defaults = {
   -- pipeline parallel (gptlua.dist.pipeline, policies/pp.lua): stages over pp ranks, the accumulation
   -- steps are the microbatches; schedule 'gpipe', '1f1b' or 'interleaved' (pp_virtual stages per rank)
   pp = 1, pp_schedule = '1f1b', pp_virtual = 1, pp_partition = 'params',
+  -- mixture of experts (gptlua.moe): experts = 0 is none; the router is the moe_router hook's or gptlua.moe's
+  moe = require('gptlua.moe').trainer_defaults(),
 }
 
 -- Integer keys: {min, max}.  Sizes reach the engine as int32; counts of
@@ -160,6 +162,8 @@ local HOOKS = {
   pp_partition = { 'a list of block counts, one per pipeline stage', function(v) return type(v) == 'table' end },
   pp_schedule = { 'a pipeline schedule (gptlua.dist.schedules)',
                   function(v) return type(v) == 'table' and type(v.ranks) == 'table' end },
+  moe_router = { 'a router (a table with route, losses and after_step, as gptlua.moe.router)',
+                 has({ 'route', 'losses', 'after_step' }) },
   on_log = false, on_eval = false,
 }
 
@@ -324,6 +328,18 @@ function M.resolve_config(recipe, args)
     local ok, err = pcall(require('gptlua.models.nanochat').trainer_keys, cfg.nanochat)
     if not ok then fail(tostring(err)) end
   end
+  do  -- mixture of experts: the keys, and the layouts and devices it runs under so far
+    local ok, mc = pcall(require('gptlua.moe').resolve, cfg.moe, cfg.n_embd)
+    if not ok then fail(tostring(mc)) end
+    if mc and (cfg.tp > 1 or cfg.cp > 1 or cfg.pp > 1) then
+      fail(('moe.experts %d runs with data parallelism only so far, got tp %d, cp %d, pp %d'):format(mc.experts,
+        cfg.tp, cfg.cp, cfg.pp))
+    end
+    if mc and cfg.device ~= 'cpu' then
+      fail(('moe.experts %d: the mixture-of-experts ops have CPU kernels only so far, got device %s (use --device=cpu)')
+        :format(mc.experts, cfg.device))
+    end
+  end
   if cfg.model == 'gpt2' and cfg.n_embd % cfg.n_head ~= 0 then
     fail(('n_embd %d is not divisible by n_head %d'):format(cfg.n_embd, cfg.n_head))
   end
@@ -476,7 +492,7 @@ local function model_args(cfg)
   if cfg.model == 'gpt2' then
     return { vocab_size = cfg.vocab_size, block_size = cfg.block_size, n_layer = cfg.n_layer, n_head = cfg.n_head,
              n_embd = cfg.n_embd, dropout = cfg.dropout, bias = cfg.bias,
-             activation_checkpointing = cfg.activation_checkpointing, pad_vocab_for_tp = tp_pad }
+             activation_checkpointing = cfg.activation_checkpointing, pad_vocab_for_tp = tp_pad, moe = cfg.moe }
   end
   local mc = { vocab_size = cfg.vocab_size, block_size = cfg.block_size, softcap = cfg.softcap,
                dropout = cfg.dropout, activation_checkpointing = cfg.activation_checkpointing }
@@ -485,6 +501,7 @@ local function model_args(cfg)
   if cfg.n_kv_head > 0 then mc.n_kv_head = cfg.n_kv_head end
   for k, v in pairs(require('gptlua.models.nanochat').trainer_keys(cfg.nanochat)) do mc[k] = v end
   mc.pad_vocab_for_tp = tp_pad
+  mc.moe = cfg.moe
   return mc
 end
 

@@ -6,6 +6,7 @@
 local gl = require 'gptlua'
 local nn = require 'gptlua.nn'
 local common = require 'gptlua.models.common'
+local moe = require 'gptlua.moe'
 
 local M = {}
 
@@ -48,11 +49,16 @@ function MLP:forward(x)
 end
 
 local Block = nn.class('Block', nn.Module)
-function Block:__init(cfg)
+function Block:__init(cfg, i)
   self:add('ln_1', nn.LayerNorm(cfg.n_embd, { bias = cfg.bias }))
   self:add('attn', Attention(cfg))
   self:add('ln_2', nn.LayerNorm(cfg.n_embd, { bias = cfg.bias }))
-  self:add('mlp', MLP(cfg))
+  if moe.is_moe_block(cfg.moe, i) then  -- a mixture of experts in place of the MLP (gptlua.moe; no biases)
+    self:add('mlp', moe.MoE(cfg.moe, cfg.n_embd, 'gelu', 0.02, 0.02 / math.sqrt(2 * cfg.n_layer),
+      { dropout = cfg.dropout }))
+  else
+    self:add('mlp', MLP(cfg))
+  end
 end
 function Block:forward(x, cache)
   local s, h = common.add_norm(x, self.attn(self.ln_1(x), cache), self.ln_2)  -- x + attn, then ln_2: one pass
@@ -64,14 +70,15 @@ function Transformer:__init(cfg)
   self:add('wte', nn.Embedding(cfg.padded_vocab_size, cfg.n_embd))
   self:add('wpe', nn.Embedding(cfg.block_size, cfg.n_embd))
   local h = self:add('h', nn.ModuleList())
-  for _ = 1, cfg.n_layer do h:append(Block(cfg)) end
+  for i = 1, cfg.n_layer do h:append(Block(cfg, i)) end
   self:add('ln_f', nn.LayerNorm(cfg.n_embd, { bias = cfg.bias }))
 end
 
 local GPT = nn.class('GPT2', nn.Module)
 M.GPT = GPT
 M.defaults = { vocab_size = 50304, block_size = 1024, n_layer = 12, n_head = 12, n_embd = 768,
-               dropout = 0.0, bias = true, activation_checkpointing = false, pad_vocab_for_tp = 1 }
+               dropout = 0.0, bias = true, activation_checkpointing = false, pad_vocab_for_tp = 1,
+               moe = false }
 
 -- the config with its defaults filled in and its sizes checked
 function M.resolve(cfg)
@@ -87,6 +94,7 @@ function M.resolve(cfg)
   end
   cfg.stored_vocab_size = cfg.vocab_size
   cfg.padded_vocab_size = math.ceil(cfg.vocab_size / t) * t
+  cfg.moe = moe.model_config(cfg.moe, cfg.n_embd, 'gpt2')
   return cfg
 end
 
@@ -126,7 +134,9 @@ end
 
 -- training FLOPs per token; the position embedding is only looked up (the
 -- token embedding also serves as the tied lm_head, so it counts)
-function GPT:flops_per_token(T) return common.flops_per_token(self, self.transformer.wpe.weight, T) end
+function GPT:flops_per_token(T)
+  return common.flops_per_token(self, self.transformer.wpe.weight, T) - 6 * moe.inactive_params(self)
+end
 
 function GPT:new_caches(B, S)
   local cfg = self.config

@@ -51,6 +51,7 @@
 local gl = require 'gptlua'
 local nn = require 'gptlua.nn'
 local common = require 'gptlua.models.common'
+local moe = require 'gptlua.moe'
 
 local M = {}
 
@@ -66,7 +67,8 @@ M.FEATURES = { 'qk_scale', 'rope_base', 'norm_eps', 'window_pattern', 'short_win
 
 M.defaults = { depth = 20, vocab_size = 65536, block_size = 2048, n_layer = false, n_embd = false,
                n_head = false, n_kv_head = false, head_dim = 128, softcap = 15,
-               dropout = 0.0, activation_checkpointing = false, version = 'v1', pad_vocab_for_tp = 1 }
+               dropout = 0.0, activation_checkpointing = false, version = 'v1', pad_vocab_for_tp = 1,
+               moe = false }
 for _, k in ipairs(M.FEATURES) do M.defaults[k] = 'auto' end
 
 local VE_GATE_CHANNELS, SMEAR_CHANNELS = 12, 24
@@ -106,6 +108,7 @@ function M.resolve(cfg)
   if cfg.n_head == false then cfg.n_head = math.max(1, math.floor(cfg.n_embd / cfg.head_dim)) end
   if cfg.n_kv_head == false then cfg.n_kv_head = cfg.n_head end
   common.check_config(cfg, 'nanochat')
+  cfg.moe = moe.model_config(cfg.moe, cfg.n_embd, 'nanochat')
   if (cfg.n_embd / cfg.n_head) % 2 ~= 0 then
     error(('nanochat: head dim %d must be even for rotary embeddings'):format(cfg.n_embd / cfg.n_head), 3)
   end
@@ -274,7 +277,11 @@ function MLP:forward(x, residual) return common.mlp(self, x, 'relu2', residual) 
 local Block = nn.class('NanochatBlock', nn.Module)
 function Block:__init(cfg, i)
   self:add('attn', Attention(cfg, i))
-  self:add('mlp', MLP(cfg))
+  if moe.is_moe_block(cfg.moe, i) then  -- a mixture of experts in place of the MLP (gptlua.moe)
+    self:add('mlp', moe.MoE(cfg.moe, cfg.n_embd, 'relu2', 1 / math.sqrt(cfg.n_embd), 0))
+  else
+    self:add('mlp', MLP(cfg))
+  end
 end
 -- self.rotary and self.eps are set by GPT:forward for this pass
 function Block:forward(x, cache, ve)
@@ -305,8 +312,17 @@ local function init_v2(self, cfg)
       local a, m = tr.h[i].attn, tr.h[i].mlp
       a.c_q.weight:uniform_(-s, s); a.c_k.weight:uniform_(-s, s); a.c_v.weight:uniform_(-s, s)
       a.c_proj.weight:zero_()
-      m.c_fc.weight:uniform_(-0.4 * s, 0.4 * s)
-      m.c_proj.weight:zero_()
+      local mlps = { m }
+      if getmetatable(m) == moe.MoE then  -- each expert (and the shared one) as the dense MLP
+        m.router.weight:uniform_(-s, s)
+        mlps = {}
+        for e = 1, m.experts.n do mlps[e] = m.experts[e] end
+        if m.shared then mlps[#mlps + 1] = m.shared end
+      end
+      for _, mm in ipairs(mlps) do
+        mm.c_fc.weight:uniform_(-0.4 * s, 0.4 * s)
+        mm.c_proj.weight:zero_()
+      end
     end
     if cfg.smear then self.smear_gate.weight:uniform_(0, 0.02) end
     if cfg.value_embeds then
@@ -487,7 +503,8 @@ end
 -- estimate_flops); the first-release model counts as it always has
 function GPT:flops_per_token(T)
   local cfg = self.config
-  if M.first_release(cfg) then return common.flops_per_token(self, self.transformer.wte.weight, T) end
+  local inactive = moe.inactive_params(self)  -- experts a token is not routed to
+  if M.first_release(cfg) then return common.flops_per_token(self, self.transformer.wte.weight, T) - 6 * inactive end
   T = T or cfg.block_size
   local N = 0
   for _, np in ipairs(self:named_parameters()) do
@@ -496,7 +513,7 @@ function GPT:flops_per_token(T)
   end
   local attn = 0
   for i = 1, cfg.n_layer do attn = attn + 12 * cfg.n_embd * math.min(M.window_left(cfg, i), T) end
-  return 6 * N + attn
+  return 6 * (N - inactive) + attn
 end
 
 function GPT:new_caches(B, S)

@@ -91,7 +91,8 @@ function M.read_run(run)
       elseif not rec.skipped then
         out.train[#out.train + 1] = { step = rec.step, tokens = num('tokens'), loss = num('loss'), lr = num('lr'), lr_mult = num('lr_mult'),
           grad_norm = num('grad_norm'), tokens_per_sec = num('tokens_per_sec'),
-          mfu = num('mfu') and 100 * rec.mfu or nil }
+          mfu = num('mfu') and 100 * rec.mfu or nil,
+          moe_load_max_mean = num('moe_load_max_mean'), moe_dropped = num('moe_dropped') }  -- (gptlua.moe)
       end
     end
   end
@@ -107,7 +108,8 @@ function M.read_run(run)
 end
 
 -- ------------------------------------------------------------- gnuplot
-local TRAIN_COLS = { 'step', 'tokens', 'loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu', 'lr_mult' }
+local TRAIN_COLS = { 'step', 'tokens', 'loss', 'lr', 'grad_norm', 'tokens_per_sec', 'mfu', 'lr_mult',
+                     'moe_load_max_mean', 'moe_dropped' }
 local EVAL_COLS = { 'step', 'tokens', 'train_loss', 'val_loss', 'val_bpb' }
 
 local function write_table(path, rows, cols)
@@ -217,10 +219,15 @@ local function panels(runs, dir, only_loss)
   end
   local names = {}
   for _, r in ipairs(runs) do names[#names + 1] = r.label end
-  -- a fourth row when a run evaluated bits per byte or tasks (gptlua.eval)
-  local evals = false
-  for _, r in ipairs(runs) do if has(r.eval, 'val_bpb') or #r.tasks > 0 then evals = true end end
-  out[#out + 1] = ('set multiplot layout %d,2 title %s'):format(evals and 4 or 3, q('gptlua: ' .. table.concat(names, ', ')))
+  -- a row when a run evaluated bits per byte or tasks (gptlua.eval), and one
+  -- for mixture-of-experts runs: the worst layer's expert load and the assignments dropped
+  local evals, moe = false, false
+  for _, r in ipairs(runs) do
+    if has(r.eval, 'val_bpb') or #r.tasks > 0 then evals = true end
+    if has(r.train, 'moe_load_max_mean') then moe = true end
+  end
+  out[#out + 1] = ('set multiplot layout %d,2 title %s'):format(3 + (evals and 1 or 0) + (moe and 1 or 0),
+    q('gptlua: ' .. table.concat(names, ', ')))
   -- losses on a log scale: the first steps' loss (ln V at the start) does not squeeze the rest
   marks(out, runs)
   out[#out + 1] = log_tics(runs, LOSSES)
@@ -253,6 +260,11 @@ local function panels(runs, dir, only_loss)
       end
     end
     panel(out, 'task accuracy (per token)', 'step', 'accuracy', list)
+  end
+  if moe then
+    panel(out, 'MoE expert load, max / mean (worst layer)', 'step', 'max / mean',
+      series('train', 'step', 'moe_load_max_mean', ''))
+    panel(out, 'MoE assignments dropped', 'step', 'fraction', series('train', 'step', 'moe_dropped', ''))
   end
   out[#out + 1] = 'unset multiplot'
   return table.concat(out, '\n')

@@ -1,0 +1,359 @@
+-- gptlua.moe — mixture-of-experts layers (as DeepSeek-V3, OLMoE, Megatron-Core
+-- have them) for both model families: the trainer's `moe.*` keys, the
+-- router (plain Lua a recipe replaces with its `moe_router` hook), the layer,
+-- and what the trainer does with it around a step (the gradient scale of the
+-- balancing losses, the auxiliary-loss-free bias update, the metrics).
+--
+-- A layer: router logits x W_r^T (N, E); the router picks K experts per
+-- token and their weights; gl.moe_route turns the choice into per-expert
+-- counts and each assignment's row in expert order (dropping past the
+-- capacity); gl.moe_permute copies the token rows into that order,
+-- gl.grouped_linear runs every expert's MLP over its rows (one engine call
+-- per product for all experts), gl.moe_combine sums each token's expert
+-- outputs with its weights; shared experts (one MLP of S x hidden) see
+-- every token.  The balancing losses ride on the layer's output
+-- (attach_losses): their gradient joins in backward without passing
+-- through the language-model loss, so they work under activation
+-- checkpointing and pipeline stages, and the reported loss stays the
+-- language model's.
+local gl = require 'gptlua'
+local nn = require 'gptlua.nn'
+local common = require 'gptlua.models.common'
+local A = require 'gptlua.autograd'
+
+local M = {}
+
+-- ------------------------------------------------------------ configuration
+-- The trainer's `moe` table (gptlua.train's defaults); experts = 0: no MoE.
+M.TRAINER_DEFAULTS = { experts = 0, top_k = 2, shared = 0, every = 1, hidden = 0, capacity_factor = 0,
+                       router = 'softmax', aux_loss = 0, z_loss = 0, bias_update = 0 }
+function M.trainer_defaults()
+  local t = {}
+  for k, v in pairs(M.TRAINER_DEFAULTS) do t[k] = v end
+  return t
+end
+
+local function bad(k, want, v)
+  error(('moe.%s must be %s, got %s'):format(k, want, type(v) == 'string' and "'" .. v .. "'" or tostring(v)), 0)
+end
+local function int_in(t, k, lo, hi)
+  local v = t[k]
+  if type(v) ~= 'number' or v ~= math.floor(v) or v < lo or (hi and v > hi) then
+    bad(k, hi and ('an integer in [%d, %d]'):format(lo, hi) or ('an integer >= %d'):format(lo), v)
+  end
+end
+local function real_at_least(t, k, lo)
+  local v = t[k]
+  if type(v) ~= 'number' or v ~= v or v < lo or v == math.huge then bad(k, ('a finite number >= %s'):format(lo), v) end
+end
+
+-- The trainer's table checked, with hidden resolved (0: the dense MLP's
+-- 4 n_embd); nil when experts is 0.  A bad value is one line naming moe.KEY.
+function M.resolve(t, n_embd)
+  t = t or {}
+  for k in pairs(t) do
+    if M.TRAINER_DEFAULTS[k] == nil and k ~= 'resolved' then error(('moe.%s is not a moe key'):format(tostring(k)), 0) end
+  end
+  local r = M.trainer_defaults()
+  for k, v in pairs(t) do r[k] = v end
+  int_in(r, 'experts', 0)
+  if r.experts == 0 then return nil end
+  int_in(r, 'top_k', 1, r.experts)
+  int_in(r, 'shared', 0)
+  int_in(r, 'every', 1)
+  int_in(r, 'hidden', 0)
+  for _, k in ipairs({ 'capacity_factor', 'aux_loss', 'z_loss', 'bias_update' }) do real_at_least(r, k, 0) end
+  if r.router ~= 'softmax' and r.router ~= 'sigmoid' then bad('router', "'softmax' or 'sigmoid'", r.router) end
+  if r.hidden == 0 then r.hidden = 4 * n_embd end
+  return r
+end
+
+-- a model's `moe` option: false (none), or a trainer-style table resolved
+-- (false again when it has no experts)
+function M.model_config(v, n_embd, what)
+  if v == false or v == nil then return false end
+  if type(v) ~= 'table' then
+    error(('%s: moe must be false or a table of moe keys, got %s'):format(what, tostring(v)), 0)
+  end
+  if v.resolved then return v end
+  local r = M.resolve(v, n_embd)
+  if not r then return false end
+  r.resolved = true
+  return r
+end
+
+-- parameters a token does not use: in each MoE layer, the experts it is
+-- not routed to (E - K of them); FLOPs count the active ones
+function M.inactive_params(model)
+  local n = 0
+  for _, l in ipairs(M.layers(model)) do
+    local m = l[2]
+    local per = m.experts[1].c_fc.weight:numel() + m.experts[1].c_proj.weight:numel()
+    n = n + (m.n_experts - m.top_k) * per
+  end
+  return n
+end
+
+-- whether block i (1-based) is a MoE block: every `every`-th one
+function M.is_moe_block(mc, i) return type(mc) == 'table' and i % mc.every == 0 end
+
+-- the rows each expert may keep: ceil(capacity_factor N K / E), 0 (dropless)
+-- when capacity_factor is 0
+function M.capacity(capacity_factor, N, K, E)
+  if capacity_factor == 0 then return 0 end
+  return math.max(1, math.ceil(capacity_factor * N * K / E))
+end
+
+-- ------------------------------------------------------------------ router
+-- The default router.  A recipe's `moe_router(cfg)` hook returns its own
+-- table with the same three methods (it may start from gptlua.moe.router
+-- and replace one):
+--   route(layer, logits)  -> experts (N, K) int64, weights (N, K), scores (N, E)
+--   losses(layer, logits, scores, load, N) -> balancing loss, z-loss (each a
+--                            scalar tensor or nil); load (E) int64
+--   after_step(layer, load) after the optimizer step; load (E) float, the
+--                            assignments routed to each expert this step on
+--                            every data-parallel rank
+local Router = {}
+Router.__index = Router
+M.Router = Router
+
+function M.router(mc)
+  return setmetatable({ kind = mc.router, top_k = mc.top_k, aux_loss = mc.aux_loss, z_loss = mc.z_loss,
+                        bias_update = mc.bias_update }, Router)
+end
+
+-- the K largest entries of each row of x (N, E), as int64 ids (N, K) in
+-- descending order (ties: the lower id first); no gradient
+function M.top_k(x, K)
+  return gl.no_grad(function()
+    local E = x.shape[2]
+    local ids = gl.arange(0, E, { dtype = 'int64', device = x.device }):view(1, E)
+    local picks, cur = {}, x
+    for k = 1, K do
+      local _, i = gl.max(cur, 2, true)
+      picks[k] = i
+      if k < K then cur = gl.where(gl.eq(ids, i), -math.huge, cur) end
+    end
+    return K == 1 and picks[1] or gl.cat(picks, 2)
+  end)
+end
+
+-- Scores: softmax over the experts, or each expert's sigmoid (DeepSeek-V3).
+-- The choice adds the layer's expert_bias to the scores (the bias only
+-- steers which experts are picked, never their weights); the weights are the
+-- picked scores, normalised to sum 1 when K > 1.
+function Router:route(layer, logits)
+  local scores = self.kind == 'sigmoid' and gl.sigmoid(logits) or gl.softmax(logits, -1)
+  local pick = scores:detach()
+  if self.bias_update > 0 then pick = pick + layer.expert_bias:to(pick.dtype):view(1, -1) end
+  local experts = M.top_k(pick, self.top_k)
+  local w = gl.gather(scores, 2, experts)
+  if self.top_k > 1 then w = w / w:sum(2, true) end
+  return experts, w, scores
+end
+
+-- The balancing loss of Switch/GShard, aux_loss E sum_e f_e P_e, f_e the
+-- fraction of the N K assignments routed to e, P_e the mean of e's
+-- (per-token normalised) scores; and the router z-loss of ST-MoE, z_loss
+-- mean over tokens of logsumexp(logits)^2.
+function Router:losses(layer, logits, scores, load, N)
+  local aux, z
+  local E, K = logits.shape[2], self.top_k
+  if self.aux_loss > 0 then
+    local probs = self.kind == 'sigmoid' and scores / scores:sum(2, true) or scores
+    local f = load:to(probs.dtype) * (E / (N * K))
+    aux = (probs:mean(1) * f):sum() * self.aux_loss
+  end
+  if self.z_loss > 0 then
+    local m = gl.no_grad(function() return (gl.max(logits:detach(), 2, true)) end)
+    local lse = gl.log(gl.exp(logits - m):sum(2, true)) + m
+    z = (lse * lse):mean() * self.z_loss
+  end
+  return aux, z
+end
+
+-- DeepSeek-V3's auxiliary-loss-free balancing: each expert's bias moves
+-- by bias_update towards the mean load, b_e += rate sign(mean - load_e).
+function Router:after_step(layer, load)
+  if self.bias_update <= 0 then return end
+  gl.no_grad(function()
+    local mean = load:mean()
+    local dir = gl.lt(load, mean):to(load.dtype) - gl.gt(load, mean):to(load.dtype)
+    layer.expert_bias:add_((dir * self.bias_update):to(layer.expert_bias.dtype))
+  end)
+end
+
+-- ------------------------------------------------------------------- layer
+-- out = x plus, in backward, the balancing losses' gradient at `scale` (the
+-- factor the trainer gives the language-model loss: 1 / accumulation)
+local function attach_losses(out, losses, scale)
+  local inputs = { out }
+  for _, l in ipairs(losses) do inputs[#inputs + 1] = l end
+  local res = out:detach()
+  return A.record(res, inputs, function(_, g)
+    local grads = { g }
+    for i, l in ipairs(losses) do grads[i + 1] = gl.full({}, scale, { dtype = l.dtype, device = l.device }) end
+    return unpack(grads, 1, #inputs)
+  end, nil, 'moe_losses')
+end
+
+local Expert = nn.class('MoEExpert', nn.Module)
+function Expert:__init(C, H, fc_std, proj_std)
+  self:add('c_fc', nn.Linear(C, H, { bias = false, std = fc_std }))
+  self:add('c_proj', nn.Linear(H, C, { bias = false, std = proj_std }))
+end
+
+local MoE = nn.class('MoE', nn.Module)
+M.MoE = MoE
+-- mc: a resolved moe table; C: width; act: 'gelu' or 'relu2'; fc_std and
+-- proj_std: the init of the experts' input and output matrices (0: zeros)
+-- opts.dropout: dropout on the layer's output (gpt2's MLP has it)
+function MoE:__init(mc, C, act, fc_std, proj_std, opts)
+  local E = mc.experts
+  self.dropout = opts and opts.dropout or 0
+  self.n_experts, self.top_k, self.capacity_factor, self.act = E, mc.top_k, mc.capacity_factor, act
+  self:add('router', nn.Linear(C, E, { bias = false, std = fc_std }))
+  local ex = self:add('experts', nn.ModuleList())
+  for _ = 1, E do ex:append(Expert(C, mc.hidden, fc_std, proj_std)) end
+  if mc.shared > 0 then self:add('shared', Expert(C, mc.shared * mc.hidden, fc_std, proj_std)) end
+  self:buffer('expert_bias', gl.zeros({ E }))
+  self.policy = M.router(mc)
+  self.loss_scale = 1
+end
+
+-- x (..., C); residual (optional): residual + moe(x)
+function MoE:forward(x, residual)
+  local C = x.shape[#x.shape]
+  local N = x:numel() / C
+  local xf = x:reshape(N, C)
+  local logits = self.router(xf)
+  local experts, weights, scores = self.policy:route(self, logits)
+  local E, K = self.n_experts, experts.shape[2]
+  local cap = M.capacity(self.capacity_factor, N, K, E)
+  local slots, counts, load = gl.moe_route(experts, E, cap)
+  local rows = cap > 0 and math.min(N * K, E * cap) or N * K
+  local fc, proj = {}, {}
+  for e = 1, E do fc[e], proj[e] = self.experts[e].c_fc.weight, self.experts[e].c_proj.weight end
+  local h = gl[self.act](gl.grouped_linear(gl.moe_permute(xf, slots, rows), fc, counts))
+  local out = gl.moe_combine(gl.grouped_linear(h, proj, counts), slots, weights:to(h.dtype))
+  if self.shared then out = out + common.mlp(self.shared, xf, self.act) end
+  -- a training forward that builds a graph: once per micro-step, also
+  -- under activation checkpointing (whose first pass runs without one)
+  if self.training and gl.is_grad_enabled() then
+    local aux, z = self.policy:losses(self, logits, scores, load, N)
+    self:observe(load, counts, N * K, aux, z)
+    local losses = {}
+    if aux then losses[#losses + 1] = aux end
+    if z then losses[#losses + 1] = z end
+    if #losses > 0 then out = attach_losses(out, losses, self.loss_scale) end
+  end
+  out = gl.dropout(out:reshape(x.shape), self.dropout, self.training)
+  if residual then return residual + out end
+  return out
+end
+
+-- this step's load, kept rows and losses, summed over its micro-steps on
+-- the device (read on the host only when the trainer logs)
+function MoE:observe(load, counts, assignments, aux, z)
+  gl.no_grad(function()
+    local s = self.stats
+    if not s then
+      s = { load = gl.zeros({ self.n_experts }, { dtype = 'float64', device = load.device }):keep(),
+            kept = gl.zeros({ self.n_experts }, { dtype = 'float64', device = load.device }):keep(),
+            aux = gl.zeros({}, { dtype = 'float64', device = load.device }):keep(),
+            z = gl.zeros({}, { dtype = 'float64', device = load.device }):keep(), assignments = 0, passes = 0 }
+      self.stats = s
+    end
+    s.load:add_(load:to('float64'))
+    s.kept:add_(counts:to('float64'))
+    if aux then s.aux:add_(aux:detach():to('float64')) end
+    if z then s.z:add_(z:detach():to('float64')) end
+    s.assignments, s.passes = s.assignments + assignments, s.passes + 1
+  end)
+end
+
+-- --------------------------------------------------------- around a step
+-- the model's MoE layers, in block order, as {name, layer}
+function M.layers(model)
+  local out = {}
+  local function walk(m, prefix)
+    if getmetatable(m) == MoE then out[#out + 1] = { prefix, m } return end
+    for _, n in ipairs(m._modules or {}) do walk(m[n], prefix == '' and n or prefix .. '.' .. n) end
+  end
+  walk(model, '')
+  return out
+end
+
+-- before a step: the balancing losses' gradient scale, the statistics cleared
+function M.begin_step(layers, scale)
+  for _, l in ipairs(layers) do
+    local m = l[2]
+    m.loss_scale = scale
+    local s = m.stats
+    if s then
+      gl.no_grad(function() s.load:zero_(); s.kept:zero_(); s.aux:zero_(); s.z:zero_() end)
+      s.assignments, s.passes = 0, 0
+    end
+  end
+end
+
+-- after the optimizer step: each layer's router sees the step's load,
+-- summed over the data-parallel ranks (comm: their communicator, or nil)
+function M.after_step(layers, comm)
+  for _, l in ipairs(layers) do
+    local m = l[2]
+    if m.stats then
+      local load = m.stats.load
+      if comm and comm.size > 1 then
+        load = load:clone()
+        comm:all_reduce(load, 'sum')
+      end
+      m.policy:after_step(m, load)
+    end
+  end
+end
+
+-- What users watch, per layer (its module name) and over all layers: load
+-- max/mean and coefficient of variation (over the experts, this step's
+-- assignments on this rank), the fraction of assignments dropped, the
+-- balancing and z losses (mean over micro-steps), the expert bias range.
+function M.metrics(layers)
+  local rec, worst, dropped_all, total_all = {}, 0, 0, 0
+  for _, l in ipairs(layers) do
+    local name, m = l[1], l[2]
+    local s = m.stats
+    if s and s.passes > 0 then
+      local load, kept = s.load:tolist(), s.kept:tolist()
+      local E, sum, sq, mx, k = #load, 0, 0, 0, 0
+      for e = 1, E do sum = sum + load[e]; mx = math.max(mx, load[e]); k = k + kept[e] end
+      local mean = sum / E
+      for e = 1, E do sq = sq + (load[e] - mean) ^ 2 end
+      local block = name:match('h%.(%d+)%.mlp$')
+      local p = 'moe.' .. (block and 'layer' .. block or name) .. '.'
+      rec[p .. 'load_max_mean'] = mean > 0 and mx / mean or 0
+      rec[p .. 'load_cv'] = mean > 0 and math.sqrt(sq / E) / mean or 0
+      rec[p .. 'dropped'] = s.assignments > 0 and (s.assignments - k) / s.assignments or 0
+      rec[p .. 'aux_loss'] = s.aux:item() / s.passes
+      rec[p .. 'z_loss'] = s.z:item() / s.passes
+      local b = m.expert_bias:to('float64'):tolist()
+      local lo, hi = math.huge, -math.huge
+      for e = 1, #b do lo, hi = math.min(lo, b[e]), math.max(hi, b[e]) end
+      rec[p .. 'bias_min'], rec[p .. 'bias_max'] = lo, hi
+      worst = math.max(worst, rec[p .. 'load_max_mean'])
+      dropped_all, total_all = dropped_all + s.assignments - k, total_all + s.assignments
+    end
+  end
+  if total_all > 0 then
+    rec.moe_load_max_mean = worst
+    rec.moe_dropped = dropped_all / total_all
+  end
+  return rec
+end
+
+-- installs a recipe's router (its moe_router hook's result) in every layer
+function M.install_router(layers, router)
+  for _, l in ipairs(layers) do l[2].policy = router end
+end
+
+return M

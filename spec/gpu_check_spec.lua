@@ -135,6 +135,22 @@ describe('gpu-check verdicts', function()
     end
   end)
 
+  it('keeps what the account saves and reads it back (--save=1)', function()
+    local acc = dofile(S.ROOT .. '/recipes/tools/account.lua')
+    local dir = S.tmpdir()
+    acc.PREDICTIONS = dir .. '/predictions.json'
+    assert.is_nil((acc.load_prediction('tiny')))
+    local range = { pessimistic = { tps = 100, mfu = 0.1 }, central = { tps = 150, mfu = 0.15 },
+                    optimistic = { tps = 200, mfu = 0.2 } }
+    acc.save_prediction('tiny', { B = 2, T = 64, layers = 1 }, { range = range })
+    acc.save_prediction('other', { B = 1, T = 32, layers = 2 }, { range = range })
+    local p = acc.load_prediction('tiny')
+    assert.same({ pessimistic = 100, central = 150, optimistic = 200 }, p.tokens_per_s)
+    assert.same({ pessimistic = 0.1, central = 0.15, optimistic = 0.2 }, p.mfu)
+    assert.equal(64, p.T)
+    assert.equal(2, acc.load_prediction('other').layers)
+  end)
+
   it('holds the losses to the window\'s noise plus the bf16 allowance', function()
     local losses = {}
     for i = 1, 60 do losses[i] = 2 + 0.1 * ((i % 2) * 2 - 1) end  -- 1.9, 2.1, ...: mean 2, sd 0.1

@@ -79,6 +79,12 @@ end
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
+-- whether a shell command exits 0 (os.execute: a status under LuaJIT, true under 5.2+)
+local function succeeds(cmd)
+  local r = os.execute(cmd)
+  return r == true or r == 0
+end
+
 -- the source without its comments (strings in kernels hold no comment marks)
 local function strip_comments(s)
   s = s:gsub('/%*.-%*/', function(c) return (c:gsub('[^\n]', ' ')) end)
@@ -107,7 +113,7 @@ function M.compile(src, out, archs)
     if not ptx[p] then
       ptx[p] = ('%s.compute_%s.ptx'):format(tmp, p)
       local cmd = ('%s %s -arch=compute_%s -ptx %s -o %s'):format(nvcc, flags, p, sh_quote(src), sh_quote(ptx[p]))
-      if not os.execute(cmd) then fail('front end failed: ' .. cmd) end
+      if not succeeds(cmd) then fail('front end failed: ' .. cmd) end
     end
     local target = ptx[p]
     if p ~= a then  -- the same PTX, targeted at this arch
@@ -117,7 +123,7 @@ function M.compile(src, out, archs)
     end
     local log = ('%s.sm_%s.txt'):format(tmp, a)
     local cmd = ('%s -arch=sm_%s -O3 -v %s -o /dev/null > %s 2>&1'):format(ptxas, a, sh_quote(target), sh_quote(log))
-    local ok = os.execute(cmd)
+    local ok = succeeds(cmd)
     local text = read(log)
     os.remove(log)
     if target ~= ptx[p] then os.remove(target) end

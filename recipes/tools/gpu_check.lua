@@ -8,7 +8,8 @@
 --   specs       every #cuda spec on the device (make test-cuda's command)
 --   train       the default recipe (recipes/shakespeare.lua) for a few
 --               hundred steps in bf16 on the device and in float32 on the
---               CPU, same seed and data; the losses compared (LOSS_RULE)
+--               CPU, same seed and data; the losses compared (the loss
+--               rule, M.LOSS_REL below)
 --   throughput  GPT-2 124M and nanochat d20 at the account's configurations
 --               (recipes/tools/account.lua, M.MODELS), after warm-up, with
 --               the CUDA graph on and off: tokens/s and MFU against the
@@ -19,9 +20,10 @@
 -- the same stages in the CUDA simulator (build/sim/gptlua) at tiny sizes,
 -- so that CI keeps the tool working; its throughput is no GPU's and is not
 -- compared.  --fail=STAGE makes that stage fail (to test the failure path).
--- A measured speed below the pessimistic end of the prediction fails the
--- run (the engine is slower than its own worst case: a fallback path, a
--- graph not captured, a host wait); above the optimistic end is reported.
+-- On the GPU the account predicts (an H100 SXM, or an H200), a measured
+-- speed below the pessimistic end of the prediction fails the run (the
+-- engine is slower than its own worst case: a fallback path, a graph not
+-- captured, a host wait); above the optimistic end is reported.
 local gl = require 'gptlua'
 local cjson = require 'cjson'
 local now = require('gptlua.cli').now
@@ -398,6 +400,7 @@ local function fmt_num(v, f) return v and (f or '%.0f'):format(v) or '-' end
 function M.markdown(rep)
   local L = {}
   L[#L + 1] = ('# gpu-check: %s (%s mode), %s'):format(rep.device, rep.mode, rep.ok and 'PASS' or 'FAIL')
+  if rep.commit then L[#L + 1] = ''; L[#L + 1] = ('gptlua at commit %s, %s'):format(rep.commit, rep.started or '') end
   L[#L + 1] = ''
   L[#L + 1] = '| stage | status | seconds (budget) | result |'
   L[#L + 1] = '| --- | --- | --- | --- |'
@@ -476,8 +479,11 @@ function M.main(argv)
   local device = mode == 'sim' and 'CUDA simulator' or list[1].name
   if #list > 1 then device = ('%d x %s'):format(#list, device) end
   local ctx = { mode = mode, exe = conf.exe, out = out, gpus = math.max(#list, 1), archs = o.archs }
-  local rep = { mode = mode, device = device, gpus = list, archs = o.archs, started = os.date('!%Y-%m-%dT%H:%M:%SZ'),
-                out = out, stages = {}, ok = true }
+  local p = io.popen('cd ' .. shq(ROOT) .. ' && git rev-parse --short HEAD 2>/dev/null')
+  local commit = p:read('*l')
+  p:close()
+  local rep = { mode = mode, device = device, gpus = #list > 0 and list or nil, archs = o.archs, commit = commit,
+                started = os.date('!%Y-%m-%dT%H:%M:%SZ'), out = out, stages = {}, ok = true }
   local t_all = now()
   for _, name in ipairs(M.STAGES) do
     if want[name] then

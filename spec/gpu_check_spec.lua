@@ -35,8 +35,10 @@ describe('make gpu-check in the simulator #cuda #sim', function()
       assert.equal('pass', s.status, s.name .. ': ' .. tostring(s.detail))
       assert.is_true(s.seconds >= 0 and s.seconds <= s.budget + 10, s.name)
     end
-    assert.same({ 'specs', 'train', 'throughput', 'nccl' }, names)
+    assert.same({ 'device', 'specs', 'train', 'throughput', 'nccl' }, names)
 
+    assert.equal(1, stage(rep, 'device').count)
+    assert.matches('cuda-sim', stage(rep, 'device').detail, 1, true)
     local specs = stage(rep, 'specs')
     assert.is_true(specs.passed > 0 and specs.failed == 0, specs.detail)
 
@@ -82,7 +84,7 @@ describe('make gpu-check in the simulator #cuda #sim', function()
   it('refuses an unknown stage or option with one line', function()
     local out, rc = S.sh(('%s --mode=sim --stages=specs,bogus'):format(DRIVER), 60)
     assert.are_not.equal(0, rc)
-    assert.matches('gpu_check: unknown stage bogus (specs, train, throughput, nccl)', out, 1, true)
+    assert.matches('gpu_check: unknown stage bogus (device, specs, train, throughput, nccl)', out, 1, true)
     out, rc = S.sh(('%s --mode=sim --fail=nothing'):format(DRIVER), 60)
     assert.are_not.equal(0, rc)
     assert.matches('gpu_check: --fail names no stage: nothing', out, 1, true)
@@ -131,6 +133,22 @@ describe('gpu-check verdicts', function()
       assert.is_true(p.tokens_per_s.pessimistic < p.tokens_per_s.central and p.tokens_per_s.central < p.tokens_per_s.optimistic)
       assert.is_true(p.mfu.pessimistic < p.mfu.central and p.mfu.central < p.mfu.optimistic)
     end
+  end)
+
+  it('keeps what the account saves and reads it back (--save=1)', function()
+    local acc = dofile(S.ROOT .. '/recipes/tools/account.lua')
+    local dir = S.tmpdir()
+    acc.PREDICTIONS = dir .. '/predictions.json'
+    assert.is_nil((acc.load_prediction('tiny')))
+    local range = { pessimistic = { tps = 100, mfu = 0.1 }, central = { tps = 150, mfu = 0.15 },
+                    optimistic = { tps = 200, mfu = 0.2 } }
+    acc.save_prediction('tiny', { B = 2, T = 64, layers = 1 }, { range = range })
+    acc.save_prediction('other', { B = 1, T = 32, layers = 2 }, { range = range })
+    local p = acc.load_prediction('tiny')
+    assert.same({ pessimistic = 100, central = 150, optimistic = 200 }, p.tokens_per_s)
+    assert.same({ pessimistic = 0.1, central = 0.15, optimistic = 0.2 }, p.mfu)
+    assert.equal(64, p.T)
+    assert.equal(2, acc.load_prediction('other').layers)
   end)
 
   it('holds the losses to the window\'s noise plus the bf16 allowance', function()

@@ -79,6 +79,12 @@ end
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
+-- whether a shell command exits 0 (os.execute: a status under LuaJIT, true under 5.2+)
+local function succeeds(cmd)
+  local r = os.execute(cmd)
+  return r == true or r == 0
+end
+
 -- the source without its comments (strings in kernels hold no comment marks)
 local function strip_comments(s)
   s = s:gsub('/%*.-%*/', function(c) return (c:gsub('[^\n]', ' ')) end)
@@ -107,7 +113,7 @@ function M.compile(src, out, archs)
     if not ptx[p] then
       ptx[p] = ('%s.compute_%s.ptx'):format(tmp, p)
       local cmd = ('%s %s -arch=compute_%s -ptx %s -o %s'):format(nvcc, flags, p, sh_quote(src), sh_quote(ptx[p]))
-      if not os.execute(cmd) then fail('front end failed: ' .. cmd) end
+      if not succeeds(cmd) then fail('front end failed: ' .. cmd) end
     end
     local target = ptx[p]
     if p ~= a then  -- the same PTX, targeted at this arch
@@ -117,7 +123,7 @@ function M.compile(src, out, archs)
     end
     local log = ('%s.sm_%s.txt'):format(tmp, a)
     local cmd = ('%s -arch=sm_%s -O3 -v %s -o /dev/null > %s 2>&1'):format(ptxas, a, sh_quote(target), sh_quote(log))
-    local ok = os.execute(cmd)
+    local ok = succeeds(cmd)
     local text = read(log)
     os.remove(log)
     if target ~= ptx[p] then os.remove(target) end
@@ -290,6 +296,7 @@ function M.check(files)
   for _, t in ipairs(sources) do headers[#headers + 1] = t end
   local env = M.constants(headers)
   local failures, rows, archs_seen = {}, 0, {}
+  local closest = {}  -- per arch: the kernel whose block holds the most registers
   local function bad(fmt, ...) failures[#failures + 1] = fmt:format(...) end
   for _, ps in ipairs(per_source) do
     local kernels, sites, flat = M.scan_source(ps.text)
@@ -353,6 +360,11 @@ function M.check(files)
       if threads > 1024 then bad('%s: %d threads per block, the most is 1024 (%s)', what, threads, L.where) end
       if e.regs > A.max_regs then bad('%s: %d registers per thread, the most is %d', what, e.regs, A.max_regs) end
       local br = M.block_registers(e.regs, threads)
+      local c = closest[e.arch] or {}
+      closest[e.arch] = c
+      if not c.regs or br > c.regs.n then
+        c.regs = { n = br, what = ('%s (%d registers x %d threads)'):format(M.base_name(full), e.regs, threads) }
+      end
       if br > A.regs then
         bad('%s: %d registers x %d threads = %d registers per block, sm_%s has %d (%s)', what, e.regs, threads, br,
             e.arch, A.regs, L.where or '')
@@ -370,10 +382,17 @@ function M.check(files)
       end
     end
   end
-  local list = {}
-  for a in pairs(archs_seen) do list[#list + 1] = 'sm_' .. a end
+  local list, notes = {}, {}
+  for a in pairs(archs_seen) do list[#list + 1] = a end
   table.sort(list)
-  return failures, rows, list
+  for i, a in ipairs(list) do
+    local c = closest[a]
+    if c and c.regs then
+      notes[#notes + 1] = ('sm_%s: most registers per block %d of %d, %s'):format(a, c.regs.n, M.ARCHS[a].regs, c.regs.what)
+    end
+    list[i] = 'sm_' .. a
+  end
+  return failures, rows, list, notes
 end
 
 function M.main(argv)
@@ -387,8 +406,9 @@ function M.main(argv)
     local files = {}
     for i = 2, #argv do files[#files + 1] = argv[i] end
     if #files == 0 then fail('usage: check RESOURCE_FILE...') end
-    local failures, rows, archs = M.check(files)
+    local failures, rows, archs, notes = M.check(files)
     for _, f in ipairs(failures) do print('does not fit: ' .. f) end
+    for _, n in ipairs(notes) do print(n) end
     print(('cuda-resources: %d kernel instances x archs checked (%s) in %d sources: %s'):format(rows,
       table.concat(archs, ' '), #files, #failures == 0 and 'every one fits' or (#failures .. ' problems')))
     if #failures > 0 then os.exit(1) end

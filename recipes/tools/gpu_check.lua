@@ -3,10 +3,13 @@
 --   build/gptlua recipes/tools/gpu_check.lua [--mode=gpu|sim] [--out=build/gpu-check] [--stages=a,b,...]
 --                                            [--archs="90"] [--fail=STAGE]
 -- The stages, each in its own processes under a time budget:
+--   device      the engine sees every GPU nvidia-smi lists, each of an arch
+--               it was built for
 --   specs       every #cuda spec on the device (make test-cuda's command)
 --   train       the default recipe (recipes/shakespeare.lua) for a few
 --               hundred steps in bf16 on the device and in float32 on the
---               CPU, same seed and data; the losses compared (LOSS_RULE)
+--               CPU, same seed and data; the losses compared (the loss
+--               rule, M.LOSS_REL below)
 --   throughput  GPT-2 124M and nanochat d20 at the account's configurations
 --               (recipes/tools/account.lua, M.MODELS), after warm-up, with
 --               the CUDA graph on and off: tokens/s and MFU against the
@@ -17,9 +20,10 @@
 -- the same stages in the CUDA simulator (build/sim/gptlua) at tiny sizes,
 -- so that CI keeps the tool working; its throughput is no GPU's and is not
 -- compared.  --fail=STAGE makes that stage fail (to test the failure path).
--- A measured speed below the pessimistic end of the prediction fails the
--- run (the engine is slower than its own worst case: a fallback path, a
--- graph not captured, a host wait); above the optimistic end is reported.
+-- On the GPU the account predicts (an H100 SXM, or an H200), a measured
+-- speed below the pessimistic end of the prediction fails the run (the
+-- engine is slower than its own worst case: a fallback path, a graph not
+-- captured, a host wait); above the optimistic end is reported.
 local gl = require 'gptlua'
 local cjson = require 'cjson'
 local now = require('gptlua.cli').now
@@ -35,13 +39,15 @@ local M = {}
 M.MODES = {
   gpu = {
     exe = 'build/gptlua',
-    specs = { budget = 180, args = { '--tags=cuda', '--exclude-tags=sim' } },
+    device = { budget = 15 },
+    specs = { budget = 165, args = { '--tags=cuda', '--exclude-tags=sim' } },
     train = { budget = 60, steps = 300, over = {} },
     throughput = { budget = 140, warmup = 3, steps = 10, over = {} },
     nccl = { budget = 40 },
   },
   sim = {
     exe = 'build/sim/gptlua',
+    device = { budget = 60 },
     -- (budgets: a loaded CI machine runs the simulator many times slower than an idle one)
     specs = { budget = 240, args = { '--tags=cuda', 'spec/cuda_graph_spec.lua', 'spec/cuda_step_block_spec.lua' } },
     train = { budget = 240, steps = 6,
@@ -53,7 +59,7 @@ M.MODES = {
     nccl = { budget = 120 },
   },
 }
-M.STAGES = { 'specs', 'train', 'throughput', 'nccl' }
+M.STAGES = { 'device', 'specs', 'train', 'throughput', 'nccl' }
 M.MODELS = { 'gpt2_124m', 'nanochat_d20' }
 M.SIM_NOTE = 'simulator: not a GPU figure'
 
@@ -116,22 +122,58 @@ local function run_all(cmds, budget)
   return rcs, now() - t0
 end
 
-local function tail(s, n)
-  local lines = {}
-  for l in (s or ''):gmatch('[^\n]+') do lines[#lines + 1] = l end
-  return table.concat(lines, '\n', math.max(1, #lines - n + 1))
-end
-
--- the status of a process that failed, in words
+-- the status of a process that failed, in words: its error line (a Lua
+-- error's, else one that says error, else its last line with words)
 local function why_failed(rc, budget, log)
-  if rc == 124 or rc == 137 then return ('over its budget of %d s'):format(budget) end
-  local last = tail(read(log), 1)
-  return ('exit %d: %s'):format(rc, last ~= '' and last or 'no output')
+  if rc == 124 or rc == 137 then return ('over its budget of %d s (%s)'):format(budget, log) end
+  local text = '\n' .. (read(log) or '')
+  local msg = text:match('\n([^\n]-%.lua:%d+: [^\n]*)') or text:match('\n([^\n]-[Ee]rror[^\n]*)')
+  if not msg then
+    for l in text:gmatch('[^\n]+') do if l:find('%a') then msg = l end end
+  end
+  return ('exit %d: %s (%s)'):format(rc, msg or 'no output', log)
 end
 
 -- ------------------------------------------------------------------ stages
 -- Each stage: fn(ctx, conf) -> { status = 'pass' | 'fail', detail, ... };
 -- ctx: { mode, exe, out, archs, gpus }.
+
+-- the engine sees every GPU nvidia-smi lists, each of an arch it was built for
+local DEVICE_QUERY = [[
+local cuda = require 'gptlua.cuda'
+print('COUNT ' .. cuda.device_count())
+for i = 0, cuda.device_count() - 1 do
+  local p = cuda.get_device_properties(i)
+  print(('DEVICE %d %d%d %s, sm_%d%d, %d SMs, %.0f GiB'):format(i, p.major, p.minor, p.name, p.major, p.minor,
+    p.multiprocessor_count, p.total_memory / 2 ^ 30))
+end]]
+
+local function stage_device(ctx, conf)
+  local log = ctx.out .. '/device.log'
+  local rcs = run_all({ { cmd = ('%s -e %s'):format(ctx.exe, shq(DEVICE_QUERY)), log = log } }, conf.budget)
+  local out = read(log) or ''
+  local n = tonumber(out:match('COUNT (%d+)'))
+  local res = { log = log, count = n, devices = {} }
+  local archs = {}
+  for a in tostring(ctx.archs or ''):gmatch('%d+') do archs[a] = true end
+  local wrong = {}
+  for i, cap, desc in out:gmatch('DEVICE (%d+) (%d+) ([^\n]*)') do
+    res.devices[#res.devices + 1] = desc
+    if next(archs) and not archs[cap] then wrong[#wrong + 1] = ('cuda:%s is sm_%s'):format(i, cap) end
+  end
+  if rcs[1] ~= 0 or not n then
+    res.status, res.detail = 'fail', why_failed(rcs[1], conf.budget, log)
+  elseif n < ctx.gpus then
+    res.status = 'fail'
+    res.detail = ('the engine sees %d CUDA device%s, nvidia-smi lists %d'):format(n, n == 1 and '' or 's', ctx.gpus)
+  elseif #wrong > 0 then
+    res.status = 'fail'
+    res.detail = ('built for sm_%s, but %s'):format(ctx.archs, table.concat(wrong, ', '))
+  else
+    res.status, res.detail = 'pass', table.concat(res.devices, '; ')
+  end
+  return res
+end
 
 local function stage_specs(ctx, conf)
   local log = ctx.out .. '/specs.log'
@@ -310,7 +352,7 @@ local function stage_nccl(ctx, conf)
   return res
 end
 
-M.RUN = { specs = stage_specs, train = stage_train, throughput = stage_throughput, nccl = stage_nccl }
+M.RUN = { device = stage_device, specs = stage_specs, train = stage_train, throughput = stage_throughput, nccl = stage_nccl }
 
 -- ------------------------------------------------------------------ the worker
 -- `--worker=throughput`: in the stage's engine, one model at the account's
@@ -358,6 +400,7 @@ local function fmt_num(v, f) return v and (f or '%.0f'):format(v) or '-' end
 function M.markdown(rep)
   local L = {}
   L[#L + 1] = ('# gpu-check: %s (%s mode), %s'):format(rep.device, rep.mode, rep.ok and 'PASS' or 'FAIL')
+  if rep.commit then L[#L + 1] = ''; L[#L + 1] = ('gptlua at commit %s, %s'):format(rep.commit, rep.started or '') end
   L[#L + 1] = ''
   L[#L + 1] = '| stage | status | seconds (budget) | result |'
   L[#L + 1] = '| --- | --- | --- | --- |'
@@ -435,9 +478,12 @@ function M.main(argv)
   if o.fail and not M.RUN[o.fail] then error('gpu_check: --fail names no stage: ' .. o.fail, 0) end
   local device = mode == 'sim' and 'CUDA simulator' or list[1].name
   if #list > 1 then device = ('%d x %s'):format(#list, device) end
-  local ctx = { mode = mode, exe = conf.exe, out = out, gpus = math.max(#list, 1) }
-  local rep = { mode = mode, device = device, gpus = list, archs = o.archs, started = os.date('!%Y-%m-%dT%H:%M:%SZ'),
-                out = out, stages = {}, ok = true }
+  local ctx = { mode = mode, exe = conf.exe, out = out, gpus = math.max(#list, 1), archs = o.archs }
+  local p = io.popen('cd ' .. shq(ROOT) .. ' && git rev-parse --short HEAD 2>/dev/null')
+  local commit = p:read('*l')
+  p:close()
+  local rep = { mode = mode, device = device, gpus = #list > 0 and list or nil, archs = o.archs, commit = commit,
+                started = os.date('!%Y-%m-%dT%H:%M:%SZ'), out = out, stages = {}, ok = true }
   local t_all = now()
   for _, name in ipairs(M.STAGES) do
     if want[name] then

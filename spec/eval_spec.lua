@@ -148,6 +148,13 @@ describe('multiple-choice evaluation', function()
     assert.truthy(text:find('a b\n\n', 1, true) and text:find('b d\n\n', 1, true), text)
   end)
 
+  it('puts the tokenizer\'s document token first when it has one', function()
+    local withbos = require('gptlua.sft').with_chat_tokens(chars)
+    local seqs, starts = ev.item_tokens(withbos, { 'a c', 'a dd' }, 16, 'spec')
+    assert.equal(withbos.bos_id, seqs[1][1]); assert.equal(withbos.bos_id, seqs[2][1])
+    assert.equal(4, starts[1])  -- <|bos|> 'a' ' ' shared
+  end)
+
   it('crops a long prompt on the left to block_size', function()
     local seqs, starts = ev.item_tokens(chars, { 'abcdabcd c', 'abcdabcd dd' }, 6, 'spec')
     assert.equal(7, #seqs[1]); assert.equal(7, #seqs[2])  -- block_size + 1 tokens

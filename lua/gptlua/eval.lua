@@ -141,14 +141,16 @@ end
 -- the token lists of an item's choices and where each one's continuation
 -- starts: after the tokens all of them share (nanochat's rule, which keeps
 -- a space that merges into the choice's first token with the choice); the
--- tokenizer's <|bos|> first when it has one; cropped on the left to
+-- tokenizer's document token first when it has one (<|bos|>, GPT-2's
+-- <|endoftext|>); cropped on the left to
 -- block_size + 1 tokens
 function M.item_tokens(tok, texts, block_size, where)
   local seqs = {}
   for c, text in ipairs(texts) do
     local ok, ids = pcall(tok.encode, tok, text)
     if not ok then fail(('%s: the tokenizer cannot encode choice %d: %s'):format(where, c - 1, tostring(ids):gsub('^.-:%d+: ', ''))) end
-    if tok.bos_id then table.insert(ids, 1, tok.bos_id) end
+    local first = tok.bos_id or (tok.special_id and tok:special_id('<|endoftext|>'))
+    if first then table.insert(ids, 1, first) end
     seqs[c] = ids
   end
   local common = #seqs[1]

@@ -14,21 +14,24 @@
 -- Without --val_conversations the last val_fraction of the conversations
 -- (at least one) are held out for the validation loss.  The run is named
 -- after the one it starts from (shakespeare-sft); its other settings are
--- that run's, except: max_iters 200, a cosine from the run's rates with no
--- warm-up, an eval every 50 steps over all held-out rows, no samples, one
--- process and no CUDA graph (each batch brings its segment ids).
+-- that run's, except: max_iters 200, the learning rates --lr_frac (0.02,
+-- nanochat's init_lr_frac) times the run's, decaying linearly to 0 over the
+-- steps (nanochat's chat_sft), an eval every 50 steps over all held-out
+-- rows, no samples, one process and no CUDA graph (each batch brings its
+-- segment ids).
 local gl = require 'gptlua'
 local config = require 'gptlua.config'
 local train = require 'gptlua.train'
 local ckpt = require 'gptlua.checkpoint'
 local sft = require 'gptlua.sft'
 
-local own = { init = '', hf = '', conversations = 'data/sft_example.jsonl', val_conversations = '', val_fraction = 0.1 }
+local own = { init = '', hf = '', conversations = 'data/sft_example.jsonl', val_conversations = '', val_fraction = 0.1,
+              lr_frac = 0.02 }
 local rest, mine = {}, {}
 for _, a in ipairs(arg) do
   if a == '--help' or a == '-h' then
     io.write('usage: gptlua recipes/sft.lua (--init=RUN | --hf=DIR) [--conversations=FILE.jsonl] [--val_conversations=FILE.jsonl] ',
-      '[--val_fraction=0.1] [--key=value for the trainer]\n')
+      '[--val_fraction=0.1] [--lr_frac=0.02] [--key=value for the trainer]\n')
     return 0
   end
   local k = a:match('^%-%-([%w_]+)')
@@ -38,6 +41,7 @@ local o = config.merge(own, config.parse_args(mine, own, { prefix = 'sft', hint 
 if (o.init == '') == (o.hf == '') then
   error('sft: give --init=RUN (a run, its checkpoints/ or a checkpoint) or --hf=DIR (a Hugging Face GPT-2), one of them', 0)
 end
+if not (o.lr_frac > 0 and o.lr_frac <= 1) then error(('sft: --lr_frac must be in (0, 1], got %s'):format(o.lr_frac), 0) end
 if not (o.val_fraction > 0 and o.val_fraction < 1) then
   error(('sft: --val_fraction must be in (0, 1), got %s'):format(o.val_fraction), 0)
 end
@@ -50,7 +54,7 @@ if o.hf ~= '' then
   tok0, weights, path = hf.load_tokenizer(o.hf), model0:state_dict(), o.hf
   base = { name = (o.hf:gsub('/+$', ''):match('([^/]+)$') or 'hf'), model = 'gpt2', n_layer = hcfg.n_layer,
            n_head = hcfg.n_head, n_embd = hcfg.n_embd, block_size = hcfg.block_size, bias = true, dropout = 0,
-           batch_size = 4, eval_iters = train.defaults.eval_iters, optimizer = 'adamw', learning_rate = 3e-5, min_lr = 0 }
+           batch_size = 4, eval_iters = train.defaults.eval_iters, optimizer = 'adamw' }
 else
   local run, note = require('gptlua.runs').resolve(o.init, function(d) return ckpt.resolve('latest', d .. '/checkpoints') ~= nil end)
   if note then io.stderr:write('sft: ', note, '\n') end
@@ -85,7 +89,9 @@ local B = base.batch_size
 recipe.name = base.name .. '-sft'
 recipe.data, recipe.vocab_size = 'random', tok.vocab_size   -- (the rows come from build_data below)
 recipe.resume, recipe.overwrite, recipe.replay, recipe.replay_to, recipe.eval_tasks = '', false, '', 0, ''
-recipe.max_iters, recipe.warmup_iters, recipe.lr_decay_iters, recipe.schedule = 200, 0, 200, 'cosine'
+recipe.max_iters, recipe.warmup_iters, recipe.lr_decay_iters = 200, 0, 200
+-- lr_frac of the base's rates, linearly to 0 at the last step
+recipe.lr_schedule = function(cfg) return function(step) return o.lr_frac * (1 - step / cfg.max_iters) end end
 recipe.eval_interval, recipe.log_interval, recipe.checkpoint_interval, recipe.sample_length = 50, 10, 0, 0
 recipe.sample_interval, recipe.cuda_graph, recipe.activation_checkpointing = 0, 'off', false
 recipe.dist, recipe.tp, recipe.dp, recipe.cp, recipe.pp, recipe.sp = 'none', 1, 0, 1, 1, false

@@ -302,14 +302,16 @@ local function sum_ranks(trainer, x)
 end
 
 -- Trainer:evaluate's hook: adds ev.tasks = {{name, acc, acc_raw, n}, ...}
--- (model in eval mode here); a layout whose forward is not the model's
--- (pipeline stages) leaves tasks out with a line said once
+-- (model in eval mode here); a layout whose forward or head is not the
+-- model's own (pipeline stages, split sequences, a vocabulary-parallel
+-- head) leaves tasks out with a line said once
 function M.extend(trainer, ev)
   local tasks = M.trainer_tasks(trainer)
   if #tasks == 0 then return ev end
-  if trainer.policy.eval_loss or (trainer.mesh and trainer.mesh.size.cp > 1) then
+  if trainer.policy.eval_loss or trainer.tp_layout or (trainer.mesh and trainer.mesh.size.cp > 1) then
     if not trainer.eval_tasks_refused then
-      trainer:print('eval: eval_tasks run without pipeline or context parallelism only; skipped')
+      trainer:print('eval: eval_tasks run without pipeline, tensor or context parallelism only (gptlua eval scores a '
+        .. 'checkpoint in one process); skipped')
       trainer.eval_tasks_refused = true
     end
     return ev

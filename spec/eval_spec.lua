@@ -266,6 +266,32 @@ describe('bits per byte', function()
   end)
 end)
 
+describe('tasks on two ranks', function()
+  it('deal the items over the ranks and sum the counts: the one-process accuracies', function()
+    local mpi = require 'support.mpi'
+    local out = os.tmpname(); os.remove(out)
+    -- 7 items: 4 on rank 0, 3 on rank 1 (it scores its last one again, uncounted)
+    local args = ' recipes/tiny.lua --max_iters=1 --eval_interval=1 --eval_iters=1 --sample_length=0 --control=false '
+      .. '--tensorboard=false --eval_tasks=data/eval_example.jsonl --eval_task_limit=7 --out_dir=' .. out
+    local res, rc = mpi.sh(exe .. ' -n 2' .. args .. ' --dist=ddp --name=two', 300)
+    assert.equal(0, rc, res)
+    res, rc = mpi.sh(exe .. args .. ' --name=one', 300)
+    assert.equal(0, rc, res)
+    local function first_eval(name)
+      for line in io.lines(out .. '/' .. name .. '/metrics.jsonl') do
+        local r = cjson.decode(line)
+        if r.eval then return r end
+      end
+    end
+    local a, b = first_eval('two'), first_eval('one')
+    -- step 0: the same weights on every rank and in the one process
+    assert.equal(b.task_eval_example_acc, a.task_eval_example_acc)
+    assert.equal(b.task_eval_example_acc_raw, a.task_eval_example_acc_raw)
+    assert.is_true(math.abs(a.task_eval_example_acc * 7 - math.floor(a.task_eval_example_acc * 7 + 0.5)) < 1e-9)
+    os.execute('rm -rf ' .. out)
+  end)
+end)
+
 describe('gptlua eval', function()
   it('scores a run\'s checkpoint on task files, and refuses a bad one in one line', function()
     local out = os.tmpname(); os.remove(out)

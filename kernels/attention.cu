@@ -3,7 +3,8 @@
  * (T <= S, query t at position S - T + t) and an optional sliding window
  * (window < 0: no mask, every query at S - 1 + t, past every key; ring
  * attention's blocks), with the semantics of its CPU twin engine/cpu/attention.c; specs in
- * spec/cuda_attention_spec.lua.
+ * spec/cuda_attention_spec.lua.  Segment ids (document masking: a query
+ * sees only keys of its own segment) run on the fallback kernels only.
  *
  * Flash path (bfloat16, head dim D = 64 or 128, unit stride along D,
  * 16-byte aligned rows; sm_80+): FlashAttention-2 on the tensor cores
@@ -518,6 +519,20 @@ enum { FB_THREADS = 128 };
 
 struct AttnDims { int64_t H, G, T, S, D, window, off; };  /* off: position of query 0 */
 
+/* segment ids (B, T) for document masking, or none (p null): positions i
+   and j of row b see each other only with equal ids, compared as 32-bit
+   integers as the CPU kernel does (the fallback kernels alone take them) */
+struct SegIds {
+  AnyPtr p;
+  int64_t s0, s1;
+  static SegIds from(const gl_tensor *t) {
+    return SegIds{AnyPtr::from(t), t ? t->stride[0] : 0, t ? t->stride[1] : 0};
+  }
+  __device__ __forceinline__ bool same(int64_t b, int64_t i, int64_t j) const {
+    return p.null() || (int32_t)p.get<int64_t>(b * s0 + i * s1) == (int32_t)p.get<int64_t>(b * s0 + j * s1);
+  }
+};
+
 template <class P, class T>
 __device__ __forceinline__ T fb_dot(const T *a, P x, int64_t off, int64_t st, int64_t D) {
   T s = 0;
@@ -528,7 +543,7 @@ __device__ __forceinline__ T fb_dot(const T *a, P x, int64_t off, int64_t st, in
 /* one block per query row (t, h, b); shared: q[D], acc[D], p[FB_THREADS] */
 template <class P, class T>
 __global__ void attn_fwd_fallback_kernel(P q, Str4 qs, P k, Str4 ks, P v, Str4 vs, P o, Str4 os, AnyPtr lse,
-                                         Str4 lss, AttnDims a, T scale) {
+                                         Str4 lss, SegIds seg, AttnDims a, T scale) {
   GL_DYNAMIC_SHARED(unsigned char, fb_smem, 16);
   T *qv = (T *)fb_smem, *acc = qv + a.D, *pr = acc + a.D;
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / a.G;
@@ -540,6 +555,7 @@ __global__ void attn_fwd_fallback_kernel(P q, Str4 qs, P k, Str4 ks, P v, Str4 v
   const int64_t lo = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
   T m = -cu_inf<T>(), l = 0;
   for (int64_t s = lo + threadIdx.x; s < hi; s += blockDim.x) {
+    if (!seg.same(b, pos, s)) continue;
     T sc = scale * fb_dot<P, T>(qv, k, kb + s * ks.s[2], ks.s[3], a.D);
     if (sc > m) { l = l * cu_exp(m - sc) + (T)1; m = sc; }
     else l += cu_exp(sc - m);
@@ -549,7 +565,8 @@ __global__ void attn_fwd_fallback_kernel(P q, Str4 qs, P k, Str4 ks, P v, Str4 v
   const T Lsum = cu_block_reduce(l, CuSum(), (T)0);
   for (int64_t base = lo; base < hi; base += blockDim.x) {
     const int64_t s = base + threadIdx.x;
-    pr[threadIdx.x] = s < hi ? cu_exp(scale * fb_dot<P, T>(qv, k, kb + s * ks.s[2], ks.s[3], a.D) - M) : (T)0;
+    pr[threadIdx.x] = s < hi && seg.same(b, pos, s) ? cu_exp(scale * fb_dot<P, T>(qv, k, kb + s * ks.s[2], ks.s[3], a.D) - M)
+                                                    : (T)0;
     __syncthreads();
     const int64_t n = hi - base < (int64_t)blockDim.x ? hi - base : (int64_t)blockDim.x;
     for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
@@ -569,7 +586,7 @@ __global__ void attn_fwd_fallback_kernel(P q, Str4 qs, P k, Str4 ks, P v, Str4 v
    shared: q[D], g[D], dq[D], ds[FB_THREADS] */
 template <class P, class T>
 __global__ void attn_dq_fallback_kernel(P dq, Str4 dqs, P dout, Str4 dos, P q, Str4 qs, P k, Str4 ks, P v, Str4 vs,
-                                        AnyPtr lse, Str4 lss, const T *di, AttnDims a, T scale) {
+                                        AnyPtr lse, Str4 lss, const T *di, SegIds seg, AttnDims a, T scale) {
   GL_DYNAMIC_SHARED(unsigned char, fb_smem, 16);
   T *qv = (T *)fb_smem, *gv = qv + a.D, *acc = gv + a.D, *dsv = acc + a.D;
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / a.G;
@@ -587,7 +604,7 @@ __global__ void attn_dq_fallback_kernel(P dq, Str4 dqs, P dout, Str4 dos, P q, S
   for (int64_t base = lo; base < hi; base += blockDim.x) {
     const int64_t s = base + threadIdx.x;
     T ds = 0;
-    if (s < hi) {
+    if (s < hi && seg.same(b, pos, s)) {
       T pv = cu_exp(scale * fb_dot<P, T>(qv, k, kb + s * ks.s[2], ks.s[3], a.D) - l);
       T dp = fb_dot<P, T>(gv, v, vb + s * vs.s[2], vs.s[3], a.D);
       ds = pv * (dp - Dt) * scale;
@@ -611,8 +628,8 @@ __global__ void attn_dq_fallback_kernel(P dq, Str4 dqs, P dout, Str4 dos, P q, S
    shared: k[D], v[D], dk[D], dv[D], p[FB_THREADS], ds[FB_THREADS] */
 template <class P, class T>
 __global__ void attn_dkdv_fallback_kernel(P dk, Str4 dks, P dv, Str4 dvs, P dout, Str4 dos, P q, Str4 qs, P k,
-                                          Str4 ks, P v, Str4 vs, AnyPtr lse, Str4 lss, const T *di, AttnDims a,
-                                          T scale) {
+                                          Str4 ks, P v, Str4 vs, AnyPtr lse, Str4 lss, const T *di, SegIds seg,
+                                          AttnDims a, T scale) {
   GL_DYNAMIC_SHARED(unsigned char, fb_smem, 16);
   T *kv = (T *)fb_smem, *vv = kv + a.D, *dka = vv + a.D, *dva = dka + a.D, *pv = dva + a.D, *dsv = pv + blockDim.x;
   const int64_t s = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -634,7 +651,7 @@ __global__ void attn_dkdv_fallback_kernel(P dk, Str4 dks, P dv, Str4 dvs, P dout
     for (int64_t base = t_lo; base < t_hi; base += blockDim.x) {
       const int64_t t = base + threadIdx.x;
       T p = 0, ds = 0;
-      if (t < t_hi) {
+      if (t < t_hi && seg.same(b, off + t, s)) {
         const T l = lse.get<T>(b * lss.s[0] + h * lss.s[1] + t * lss.s[2]), Dt = di[(b * a.H + h) * a.T + t];
         p = cu_exp(scale * fb_dot<P, T>(kv, q, qb + t * qs.s[2], qs.s[3], a.D) - l);
         const T dp = fb_dot<P, T>(vv, dout, gb + t * dos.s[2], dos.s[3], a.D);
@@ -679,7 +696,6 @@ static int grid_check(const char *fn, int64_t x, int64_t y, int64_t z) {
 /* ================================ entry points ================================== */
 extern "C" int cuda_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
                                       const gl_tensor *v, const gl_tensor *segments, double scale, int64_t window) {
-  if (segments) return gl_error("gl_attention_forward_seg: segment ids (document masking) run on the CPU only");
   const int64_t B = q->shape[0], H = q->shape[1], T_ = q->shape[2], D = q->shape[3];
   const int64_t Hkv = k->shape[1], S = k->shape[2];
   if (B * H * T_ == 0) return GL_OK;
@@ -687,7 +703,8 @@ extern "C" int cuda_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_t
   cudaStream_t st;
   GL_TRY(cu_begin(dev, &st));
   size_t smem = D == 128 ? fa_fwd_smem<128>() : fa_fwd_smem<64>();
-  if (fa_usable(dev, D, smem, {q, k, v, out}, H, B)) {
+  /* segment ids: the fallback kernels */
+  if (!segments && fa_usable(dev, D, smem, {q, k, v, out}, H, B)) {
     FlashParams p;
     memset(&p, 0, sizeof p);
     p.q = (const bf16 *)cu_ptr(q); p.k = (const bf16 *)cu_ptr(k); p.v = (const bf16 *)cu_ptr(v);
@@ -706,7 +723,7 @@ extern "C" int cuda_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_t
     if (sm > CU_SHARED_DYNAMIC_MAX) return gl_error("cuda_attention_forward: head dim %lld is too large", (long long)D);
     GL_LAUNCH(dim3((unsigned)T_, (unsigned)H, (unsigned)B), FB_THREADS, sm, st, attn_fwd_fallback_kernel<P, T>)(
         P::from(q), str4(q), P::from(k), str4(k), P::from(v), str4(v), P::from(out), str4(out), AnyPtr::from(lse),
-        lse_str(lse), a, (T)scale);
+        lse_str(lse), SegIds::from(segments), a, (T)scale);
     GL_CU_LAUNCHED();
     return GL_OK;
   });
@@ -716,7 +733,6 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
                                        const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
                                        const gl_tensor *out, const gl_tensor *lse, const gl_tensor *segments,
                                        double scale, int64_t window) {
-  if (segments) return gl_error("gl_attention_backward_seg: segment ids (document masking) run on the CPU only");
   const int64_t B = q->shape[0], H = q->shape[1], T_ = q->shape[2], D = q->shape[3];
   const int64_t Hkv = k->shape[1], S = k->shape[2], rows = B * H * T_;
   int dev = dq->device;
@@ -727,7 +743,7 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     return cuda_fill(dv, 0);
   }
   size_t smem = D == 128 ? fa_bwd_smem<128>() : fa_bwd_smem<64>();
-  bool fast = fa_usable(dev, D, smem, {dq, dk, dv, dout, q, k, v, out}, H, B);
+  bool fast = !segments && fa_usable(dev, D, smem, {dq, dk, dv, dout, q, k, v, out}, H, B);  /* segments: the fallback */
   int wide = q->dtype == GL_F64;
   CuTemp di;
   GL_TRY(di.make(wide ? GL_F64 : GL_F32, dev, rows));
@@ -772,11 +788,12 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     if (s2 > CU_SHARED_DYNAMIC_MAX) return gl_error("cuda_attention_backward: head dim %lld is too large", (long long)D);
     GL_LAUNCH(dim3((unsigned)T_, (unsigned)H, (unsigned)B), FB_THREADS, s1, st, attn_dq_fallback_kernel<P, T>)(
         P::from(dq), str4(dq), P::from(dout), str4(dout), P::from(q), str4(q), P::from(k), str4(k), P::from(v),
-        str4(v), AnyPtr::from(lse), lse_str(lse), di.ptr<T>(), a, (T)scale);
+        str4(v), AnyPtr::from(lse), lse_str(lse), di.ptr<T>(), SegIds::from(segments), a, (T)scale);
     GL_CU_LAUNCHED();
     GL_LAUNCH(dim3((unsigned)S, (unsigned)Hkv, (unsigned)B), FB_THREADS, s2, st, attn_dkdv_fallback_kernel<P, T>)(
         P::from(dk), str4(dk), P::from(dv), str4(dv), P::from(dout), str4(dout), P::from(q), str4(q), P::from(k),
-        str4(k), P::from(v), str4(v), AnyPtr::from(lse), lse_str(lse), di.ptr<T>(), a, (T)scale);
+        str4(k), P::from(v), str4(v), AnyPtr::from(lse), lse_str(lse), di.ptr<T>(), SegIds::from(segments), a,
+        (T)scale);
     GL_CU_LAUNCHED();
     return GL_OK;
   });

@@ -6,49 +6,68 @@
 -- directory, where `gptlua chat` and `gptlua generate` find it.
 --   gptlua recipes/sft.lua --init=runs/shakespeare [--conversations=data/sft_example.jsonl]
 --     [--val_conversations=FILE] [--val_fraction=0.1] [any trainer key: --max_iters=200 --batch_size=4 ...]
--- --init: a run (its latest checkpoint), its checkpoints/ or a checkpoint.
+--   gptlua recipes/sft.lua --hf=path/to/gpt2 [...]
+-- --init: a run (its latest checkpoint), its checkpoints/ or a checkpoint;
+-- --hf: a Hugging Face GPT-2 directory (config.json, model.safetensors, its
+-- tokenizer), trained with the trainer's AdamW defaults (the run: NAME-sft
+-- after the directory's name).
 -- Without --val_conversations the last val_fraction of the conversations
 -- (at least one) are held out for the validation loss.  The run is named
 -- after the one it starts from (shakespeare-sft); its other settings are
--- that run's, except: max_iters 200, a cosine from the run's rates with no
--- warm-up, an eval every 50 steps over all held-out rows, no samples, one
--- process and no CUDA graph (each batch brings its segment ids).
+-- that run's, except: max_iters 200, the learning rates --lr_frac (0.02,
+-- nanochat's init_lr_frac) times the run's, decaying linearly to 0 over the
+-- steps (nanochat's chat_sft), an eval every 50 steps over all held-out
+-- rows, no samples, one process and no CUDA graph (each batch brings its
+-- segment ids).
 local gl = require 'gptlua'
 local config = require 'gptlua.config'
 local train = require 'gptlua.train'
 local ckpt = require 'gptlua.checkpoint'
 local sft = require 'gptlua.sft'
 
-local own = { init = '', conversations = 'data/sft_example.jsonl', val_conversations = '', val_fraction = 0.1 }
+local own = { init = '', hf = '', conversations = 'data/sft_example.jsonl', val_conversations = '', val_fraction = 0.1,
+              lr_frac = 0.02 }
 local rest, mine = {}, {}
 for _, a in ipairs(arg) do
   if a == '--help' or a == '-h' then
-    io.write('usage: gptlua recipes/sft.lua --init=RUN [--conversations=FILE.jsonl] [--val_conversations=FILE.jsonl] ',
-      '[--val_fraction=0.1] [--key=value for the trainer]\n')
+    io.write('usage: gptlua recipes/sft.lua (--init=RUN | --hf=DIR) [--conversations=FILE.jsonl] [--val_conversations=FILE.jsonl] ',
+      '[--val_fraction=0.1] [--lr_frac=0.02] [--key=value for the trainer]\n')
     return 0
   end
   local k = a:match('^%-%-([%w_]+)')
   if k and own[k] ~= nil then mine[#mine + 1] = a else rest[#rest + 1] = a end
 end
 local o = config.merge(own, config.parse_args(mine, own, { prefix = 'sft', hint = 'gptlua recipes/sft.lua --help' }))
-if o.init == '' then error('sft: --init=RUN is required (the pretrained run, its checkpoints/ or a checkpoint)', 0) end
+if (o.init == '') == (o.hf == '') then
+  error('sft: give --init=RUN (a run, its checkpoints/ or a checkpoint) or --hf=DIR (a Hugging Face GPT-2), one of them', 0)
+end
+if not (o.lr_frac > 0 and o.lr_frac <= 1) then error(('sft: --lr_frac must be in (0, 1], got %s'):format(o.lr_frac), 0) end
 if not (o.val_fraction > 0 and o.val_fraction < 1) then
   error(('sft: --val_fraction must be in (0, 1), got %s'):format(o.val_fraction), 0)
 end
 
--- the run to start from
-local run, note = require('gptlua.runs').resolve(o.init, function(d) return ckpt.resolve('latest', d .. '/checkpoints') ~= nil end)
-if note then io.stderr:write('sft: ', note, '\n') end
-local path = ckpt.resolve('latest', run .. '/checkpoints') or ckpt.resolve('latest', run)
-if not path and ckpt.exists(run .. '/state.json') then path = run end
-if not path then error(('sft: no checkpoint in %s (expected a run directory, its checkpoints/ or a checkpoint)'):format(run), 0) end
-local c = ckpt.load(path)
-local base = c.state.config
-if base.model == 'nanochat' and base.nanochat == nil then base.nanochat = { version = 'v1' } end
--- its tokenizer (its data's, or the one a fine-tune saved), with the chat tokens
-local loaded = require('gptlua.infer').load(path, { what = 'sft', device = 'cpu' })
-local tok, added = sft.with_chat_tokens(loaded.tokenizer)
-loaded = nil
+-- the run to start from: its config (the trainer's keys), weights and tokenizer
+local base, weights, tok0, path
+if o.hf ~= '' then
+  local hf = require 'gptlua.hf'
+  local model0, hcfg = hf.load_gpt2(o.hf)
+  tok0, weights, path = hf.load_tokenizer(o.hf), model0:state_dict(), o.hf
+  base = { name = (o.hf:gsub('/+$', ''):match('([^/]+)$') or 'hf'), model = 'gpt2', n_layer = hcfg.n_layer,
+           n_head = hcfg.n_head, n_embd = hcfg.n_embd, block_size = hcfg.block_size, bias = true, dropout = 0,
+           batch_size = 4, eval_iters = train.defaults.eval_iters, optimizer = 'adamw' }
+else
+  local run, note = require('gptlua.runs').resolve(o.init, function(d) return ckpt.resolve('latest', d .. '/checkpoints') ~= nil end)
+  if note then io.stderr:write('sft: ', note, '\n') end
+  path = ckpt.resolve('latest', run .. '/checkpoints') or ckpt.resolve('latest', run)
+  if not path and ckpt.exists(run .. '/state.json') then path = run end
+  if not path then error(('sft: no checkpoint in %s (expected a run directory, its checkpoints/ or a checkpoint)'):format(run), 0) end
+  local c = ckpt.load(path)
+  base, weights = c.state.config, c.model
+  if base.model == 'nanochat' and base.nanochat == nil then base.nanochat = { version = 'v1' } end
+  -- its tokenizer (its data's, or the one a fine-tune saved)
+  tok0 = require('gptlua.infer').load(path, { what = 'sft', device = 'cpu' }).tokenizer
+end
+local tok, added = sft.with_chat_tokens(tok0)
 
 -- conversations, packed
 local convs = sft.load_conversations(o.conversations)
@@ -70,7 +89,9 @@ local B = base.batch_size
 recipe.name = base.name .. '-sft'
 recipe.data, recipe.vocab_size = 'random', tok.vocab_size   -- (the rows come from build_data below)
 recipe.resume, recipe.overwrite, recipe.replay, recipe.replay_to, recipe.eval_tasks = '', false, '', 0, ''
-recipe.max_iters, recipe.warmup_iters, recipe.lr_decay_iters, recipe.schedule = 200, 0, 200, 'cosine'
+recipe.max_iters, recipe.warmup_iters, recipe.lr_decay_iters = 200, 0, 200
+-- lr_frac of the base's rates, linearly to 0 at the last step
+recipe.lr_schedule = function(cfg) return function(step) return o.lr_frac * (1 - step / cfg.max_iters) end end
 recipe.eval_interval, recipe.log_interval, recipe.checkpoint_interval, recipe.sample_length = 50, 10, 0, 0
 recipe.sample_interval, recipe.cuda_graph, recipe.activation_checkpointing = 0, 'off', false
 recipe.dist, recipe.tp, recipe.dp, recipe.cp, recipe.pp, recipe.sp = 'none', 1, 0, 1, 1, false
@@ -93,7 +114,7 @@ recipe.build_data = function(cfg)
 end
 recipe.build_model = function(cfg)
   local model = train.build_model(cfg)
-  model:load_state_dict(sft.grow_state(model, c.model))
+  model:load_state_dict(sft.grow_state(model, weights))
   return sft.mask_documents(model)
 end
 

@@ -10,7 +10,8 @@
 --    shapes with whole unmasked tile pairs and more work items than the two
 --    shared stages (their reuse);
 --  - the fallback (float32 / float64, other head dims, bfloat16 with D 40);
---  - no mask (window < 0), T > S and T < S, on both paths.
+--  - no mask (window < 0), T > S and T < S, on both paths;
+--  - segment ids (document masking), which the fallback kernels take.
 -- Under the simulator the kernels run with its bounds checks, and `make
 -- test-race` runs this file again in race mode (two random thread orders).
 -- Shapes stay small: the simulator runs every mma on the CPU.
@@ -46,7 +47,42 @@ local function attention_case(dt, B, H, Hkv, T, S_, D, window, layout)
   { n = math.max(D, S_, T * H / Hkv) })
 end
 
+-- document masking: segment ids of packed documents of the given lengths in
+-- each row (T == S), through the fallback kernels (every dtype)
+local function segmented_case(dt, B, H, Hkv, T, D, window, lengths)
+  local ids = {}
+  for b = 1, B do
+    ids[b] = {}
+    local id = 10 * b
+    for _, n in ipairs(lengths[b]) do
+      for _ = 1, n do ids[b][#ids[b] + 1] = id end
+      id = id + 1
+    end
+    assert(#ids[b] == T, 'segmented_case: lengths must add up to T')
+  end
+  local seg = gl.tensor(ids, { dtype = 'int64' })
+  local ins = { q = pair({ B, H, T, D }, { dtype = dt }), k = pair({ B, Hkv, T, D }, { dtype = dt }),
+                v = pair({ B, Hkv, T, D }, { dtype = dt }), g = pair({ B, H, T, D }, { dtype = dt }),
+                seg = { seg, seg:to(twin.DEV) } }
+  local sdt = dt == 'float64' and 'float64' or 'float32'
+  local scale = 1 / math.sqrt(D)
+  compare(ins, function(S)
+    local o, lse = S.out({ B, H, T, D }, dt), S.out({ B, H, T }, sdt)
+    K(lib.gl_attention_forward_seg(o.c, lse.c, S.q.c, S.k.c, S.v.c, S.seg.c, scale, window))
+    local dq, dk, dv = S.out({ B, H, T, D }, dt), S.out({ B, Hkv, T, D }, dt), S.out({ B, Hkv, T, D }, dt)
+    K(lib.gl_attention_backward_seg(dq.c, dk.c, dv.c, S.g.c, S.q.c, S.k.c, S.v.c, o.c, lse.c, S.seg.c, scale, window))
+    return o, lse, dq, dk, dv
+  end, dt, ('segmented attention %s B=%d H=%d Hkv=%d T=%d D=%d window=%d'):format(dt, B, H, Hkv, T, D, window),
+  { n = math.max(D, T, T * H / Hkv) })
+end
+
 describe('CUDA attention vs CPU #cuda', function()
+  gpu_it('segment ids (document masking): the fallback kernels, GQA, a window, bfloat16 to float64', function()
+    segmented_case('float32', 2, 4, 2, 37, 24, 0, { { 5, 20, 1, 11 }, { 37 } })
+    segmented_case('float64', 1, 2, 1, 19, 16, 4, { { 3, 9, 7 } })
+    segmented_case('bfloat16', 1, 2, 2, 40, 64, 0, { { 17, 23 } })  -- D 64 in bfloat16: the flash path's shape, not taken
+  end)
+
   for _, D in ipairs({ 64, 128 }) do
     gpu_it(('flash path, bfloat16, D=%d: tile edges, GQA 2 / 4, KV cache, window, one query'):format(D), function()
       attention_case('bfloat16', 2, 4, 2, 77, 77, D, 0)         -- GQA 2, a partial second tile

@@ -148,6 +148,13 @@ describe('multiple-choice evaluation', function()
     assert.truthy(text:find('a b\n\n', 1, true) and text:find('b d\n\n', 1, true), text)
   end)
 
+  it('puts the tokenizer\'s document token first when it has one', function()
+    local withbos = require('gptlua.sft').with_chat_tokens(chars)
+    local seqs, starts = ev.item_tokens(withbos, { 'a c', 'a dd' }, 16, 'spec')
+    assert.equal(withbos.bos_id, seqs[1][1]); assert.equal(withbos.bos_id, seqs[2][1])
+    assert.equal(4, starts[1])  -- <|bos|> 'a' ' ' shared
+  end)
+
   it('crops a long prompt on the left to block_size', function()
     local seqs, starts = ev.item_tokens(chars, { 'abcdabcd c', 'abcdabcd dd' }, 6, 'spec')
     assert.equal(7, #seqs[1]); assert.equal(7, #seqs[2])  -- block_size + 1 tokens
@@ -255,6 +262,32 @@ describe('bits per byte', function()
     assert.truthy(script:find("set title 'val bits per byte'", 1, true), script)
     assert.truthy(script:find("'/d/run1_eval.dat' using 1:5", 1, true), script)
     assert.truthy(script:find("'/d/run1_task1.dat' using 1:2 with lines lw 1.5 lc 1 dt 1 title 'tiny eval_example'", 1, true), script)
+    os.execute('rm -rf ' .. out)
+  end)
+end)
+
+describe('tasks on two ranks', function()
+  it('deal the items over the ranks and sum the counts: the one-process accuracies', function()
+    local mpi = require 'support.mpi'
+    local out = os.tmpname(); os.remove(out)
+    -- 7 items: 4 on rank 0, 3 on rank 1 (it scores its last one again, uncounted)
+    local args = ' recipes/tiny.lua --max_iters=1 --eval_interval=1 --eval_iters=1 --sample_length=0 --control=false '
+      .. '--tensorboard=false --eval_tasks=data/eval_example.jsonl --eval_task_limit=7 --out_dir=' .. out
+    local res, rc = mpi.sh(exe .. ' -n 2' .. args .. ' --dist=ddp --name=two', 300)
+    assert.equal(0, rc, res)
+    res, rc = mpi.sh(exe .. args .. ' --name=one', 300)
+    assert.equal(0, rc, res)
+    local function first_eval(name)
+      for line in io.lines(out .. '/' .. name .. '/metrics.jsonl') do
+        local r = cjson.decode(line)
+        if r.eval then return r end
+      end
+    end
+    local a, b = first_eval('two'), first_eval('one')
+    -- step 0: the same weights on every rank and in the one process
+    assert.equal(b.task_eval_example_acc, a.task_eval_example_acc)
+    assert.equal(b.task_eval_example_acc_raw, a.task_eval_example_acc_raw)
+    assert.is_true(math.abs(a.task_eval_example_acc * 7 - math.floor(a.task_eval_example_acc * 7 + 0.5)) < 1e-9)
     os.execute('rm -rf ' .. out)
   end)
 end)

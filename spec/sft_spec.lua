@@ -200,4 +200,29 @@ describe('recipes/sft.lua', function()
     os.remove(bad)
     os.execute('rm -rf ' .. out)
   end)
+
+  it('fine-tunes a Hugging Face GPT-2 directory: its BPE gains the chat tokens after <|endoftext|>', function()
+    local hf = require 'gptlua.hf'
+    local dir = os.tmpname(); os.remove(dir); os.execute('mkdir -p ' .. dir .. '/gpt2')
+    local bpe = tok.train({ 'hello hello world, the theme of it' }, 256 + 10, { special_tokens = { '<|endoftext|>' },
+      pattern = hf.GPT2_PATTERN })
+    local m = require('gptlua.models.gpt2').GPT({ vocab_size = bpe.vocab_size, block_size = 16, n_layer = 1, n_head = 1, n_embd = 8 })
+    hf.save_gpt2(m, dir .. '/gpt2', { tokenizer = bpe })
+    local f = io.open(dir .. '/c.jsonl', 'w')
+    for _, pair in ipairs({ { 'hello', 'the theme' }, { 'world', 'hello it' }, { 'it', 'of the world' } }) do
+      f:write(cjson.encode({ messages = { { role = 'user', content = pair[1] }, { role = 'assistant', content = pair[2] } } }), '\n')
+    end
+    f:close()
+    local res = io.popen(('cd %s && %s recipes/sft.lua --hf=%s/gpt2 --conversations=%s/c.jsonl --out_dir=%s/runs --max_iters=2 '
+      .. '--eval_interval=2 --control=false --tensorboard=false 2>&1; echo "rc=$?"'):format(root, exe, dir, dir, dir)):read('*a')
+    assert.truthy(res:find('rc=0\n$'), res)
+    assert.truthy(res:find('2 conversations packed into 2 rows of 16 (1 held out: 1 rows), the tokenizer gained', 1, true), res)
+    local grown = tok.load(dir .. '/runs/gpt2-sft/tokenizer')
+    assert.equal(bpe.vocab_size + 5, grown.vocab_size)
+    assert.equal(bpe:special_id('<|endoftext|>'), grown:special_id('<|endoftext|>'))
+    local infer = require 'gptlua.infer'
+    local loaded = infer.load(dir .. '/runs/gpt2-sft')
+    assert.equal(bpe.vocab_size + 5, loaded.model.config.vocab_size)
+    os.execute('rm -rf ' .. dir)
+  end)
 end)

@@ -141,14 +141,16 @@ end
 -- the token lists of an item's choices and where each one's continuation
 -- starts: after the tokens all of them share (nanochat's rule, which keeps
 -- a space that merges into the choice's first token with the choice); the
--- tokenizer's <|bos|> first when it has one; cropped on the left to
+-- tokenizer's document token first when it has one (<|bos|>, GPT-2's
+-- <|endoftext|>); cropped on the left to
 -- block_size + 1 tokens
 function M.item_tokens(tok, texts, block_size, where)
   local seqs = {}
   for c, text in ipairs(texts) do
     local ok, ids = pcall(tok.encode, tok, text)
     if not ok then fail(('%s: the tokenizer cannot encode choice %d: %s'):format(where, c - 1, tostring(ids):gsub('^.-:%d+: ', ''))) end
-    if tok.bos_id then table.insert(ids, 1, tok.bos_id) end
+    local first = tok.bos_id or (tok.special_id and tok:special_id('<|endoftext|>'))
+    if first then table.insert(ids, 1, first) end
     seqs[c] = ids
   end
   local common = #seqs[1]
@@ -300,14 +302,16 @@ local function sum_ranks(trainer, x)
 end
 
 -- Trainer:evaluate's hook: adds ev.tasks = {{name, acc, acc_raw, n}, ...}
--- (model in eval mode here); a layout whose forward is not the model's
--- (pipeline stages) leaves tasks out with a line said once
+-- (model in eval mode here); a layout whose forward or head is not the
+-- model's own (pipeline stages, split sequences, a vocabulary-parallel
+-- head) leaves tasks out with a line said once
 function M.extend(trainer, ev)
   local tasks = M.trainer_tasks(trainer)
   if #tasks == 0 then return ev end
-  if trainer.policy.eval_loss or (trainer.mesh and trainer.mesh.size.cp > 1) then
+  if trainer.policy.eval_loss or trainer.tp_layout or (trainer.mesh and trainer.mesh.size.cp > 1) then
     if not trainer.eval_tasks_refused then
-      trainer:print('eval: eval_tasks run without pipeline or context parallelism only; skipped')
+      trainer:print('eval: eval_tasks run without pipeline, tensor or context parallelism only (gptlua eval scores a '
+        .. 'checkpoint in one process); skipped')
       trainer.eval_tasks_refused = true
     end
     return ev

@@ -56,6 +56,7 @@ local OPS = {
   gather = 'x:tensor, dim:integer, index:tensor',
   scaled_dot_product_attention = 'q:tensor, k:tensor, v:tensor, opts:opts?',
   attention_qkv = 'qkv:tensor, n_head:count, opts:opts?', rope = 'x:tensor, cos:tensor, sin:tensor',
+  with_segments = 'segments:tensor?, fn:callable',
   rope_rms_norm = 'x:tensor, cos:tensor, sin:tensor, eps:number?',
   cross_entropy = 'logits:tensor1, targets:tensor, opts:opts?',
   linear_cross_entropy = 'x:tensor1, weight:tensor, targets:tensor, opts:opts?', dropout = 'x:tensor, p:number, training:boolean?',

@@ -35,14 +35,14 @@ local function heads_buffer(like)  -- a (B,T,H,D) buffer for a (B,H,T,D) tensor
   return v
 end
 
--- Document masking: segment ids (B, T) int, one per position; a query
--- sees a key only when both carry the same id (packed documents never
--- attend across their boundaries).  Given per call (opts.segments) or for
--- every attention a function runs (gl.with_segments(seg, f): a packed
--- batch's forward, without the model passing them down).  Recomputing a
--- block in backward (activation checkpointing) runs outside f, so the two
--- do not mix.
-local current_segments = nil
+local current_segments = nil  -- gl.with_segments's, while its function runs
+-- with_segments(seg, f, ...): f(...) with every attention it runs masked by
+-- the document (segment) ids seg (B, T) int, one per position: a query
+-- sees a key only when both carry the same id, so packed documents never
+-- attend across their boundaries (a packed batch's forward, without the
+-- model passing them down; opts.segments gives them to one call).
+-- Recomputing a block in backward (activation checkpointing) runs outside
+-- f, so the two do not mix.
 function O.with_segments(seg, f, ...)
   local prev = current_segments
   current_segments = seg

@@ -71,9 +71,10 @@ function M.with_chat_tokens(tok)
     end
     out = tokenizer.char(table.concat(chars), { special_tokens = names })
   elseif tok.kind == 'bpe' and not tok.front then
-    local merges = {}
-    for i, m in ipairs(tok:merges()) do merges[i] = { m[1], m[2] } end  -- (pairs; merges() adds each one's id)
-    out = tokenizer.from_merges(merges, { special_tokens = names, pattern = tok.pattern or '' })
+    -- its ranks as they are (GPT-2's byte tokens are not in byte order), then the specials
+    local ranks = {}
+    for id = 0, tok.vocab_size - #specials - 1 do ranks[id + 1] = tok:token_bytes(id) end
+    out = tokenizer.from_ranks(ranks, { special_tokens = names, pattern = tok.pattern or '' })
   else
     fail('this tokenizer (its special tokens come before its ranks) cannot gain the chat tokens; give one that has them')
   end

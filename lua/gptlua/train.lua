@@ -277,14 +277,17 @@ end
 -- background (the periodic saves of run()): with checkpoint_async the
 -- files are written by the checkpoint writer while training goes on
 -- (gptlua.checkpoint's writer); any other save, and the next background
--- one, first waits for the one in flight
+-- one, first waits for the one in flight.  Not under a policy whose ranks
+-- serve each other between steps (ps's asynchronous servers): waiting for
+-- a collective save's ranks would block a rank another one waits on.
 function Trainer:save_checkpoint(background)
   local cfg = self.cfg
   if self.ckpt_writer then self.ckpt_writer:finish() end
-  if background and cfg.checkpoint_async and not self.ckpt_writer then
+  background = background and cfg.checkpoint_async and not self.policy.asynchronous
+  if background and not self.ckpt_writer then
     self.ckpt_writer = ckpt.writer(function(path) self:print(('saved checkpoint %s'):format(path)) end)
   end
-  self.save_writer = background and cfg.checkpoint_async and self.ckpt_writer or nil  -- read by the policies' saves
+  self.save_writer = background and self.ckpt_writer or nil  -- read by the policies' saves
   local model_sd = self.model:state_dict()
   local opt_sd = self.optimizer:state_dict()
   local state = { rng = gl.get_rng_state(), opt_step = opt_sd.step, opt_steps = opt_sd.steps,

@@ -93,7 +93,8 @@ describe('checkpoint_async', function()
       assert.equal(0, rc, out)
     end
     for _, step in ipairs({ 2, 4, 6, 8 }) do
-      local pa, ps = ('%s/elastic/checkpoints/step_%07d'):format(da, step), ('%s/elastic/checkpoints/step_%07d'):format(ds, step)
+      local sub = ('/elastic/checkpoints/step_%07d'):format(step)
+      local pa, ps = da .. sub, ds .. sub
       local files = ckpt.load(pa).state.files
       assert.same(ckpt.load(ps).state.files, files)
       for _, f in ipairs({ 'model.safetensors', 'optim.safetensors', 'optim.rank00000.safetensors',

@@ -448,7 +448,8 @@ check.options('checkpoint_parts', { model = 'tensor_dict', optim = 'tensor_dict?
 check.wrap_table(M, {
   save_safetensors = 'path:string, tensors:tensor_dict, metadata:opts?', load_safetensors = 'path:string',
   checksum = 'path:string', mkdir_p = 'dir:string', check_dir = 'dir:string, what:string?', list = 'dir:string',
-  save = 'dir:string, step:size, parts:checkpoint_parts, keep_last:integer?, writer:any', resolve = 'spec:any, dir:string?', load = 'path:string',
+  save = 'dir:string, step:size, parts:checkpoint_parts, keep_last:integer?, writer:any',
+  resolve = 'spec:any, dir:string?', load = 'path:string',
 }, 'checkpoint.')
 
 return M

@@ -371,8 +371,8 @@ function Trainer:load_checkpoint(path)
 end
 
 -- keys that say how this process runs, not what the run is: not compared on resume
-local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, resume_keep_batch = true, replay = true, replay_to = true,
-                       quiet = true }
+local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, resume_keep_batch = true, replay = true,
+                       replay_to = true, quiet = true }
 
 -- the run's values of the keys its command line gave: what a resume keeps
 function Trainer:given()
@@ -451,8 +451,8 @@ function Trainer:resume_settings(st)
   if cfg.resume_keep_batch and st.tokens_per_step and st.tokens_per_step ~= self.tokens_per_step then
     local per_accum = self.tokens_per_step / cfg.gradient_accumulation_steps
     if st.tokens_per_step % per_accum == 0 then  -- another number of ranks: the run's global batch kept
-      self:print(('resume: gradient_accumulation_steps %d -> %d keeps the run\'s %d tokens per step on %d data-parallel ranks')
-        :format(cfg.gradient_accumulation_steps, st.tokens_per_step / per_accum, st.tokens_per_step, self.dp_size))
+      self:print(('resume: gradient_accumulation_steps %d -> %d keeps the run\'s %d tokens per step on %d '
+        .. 'data-parallel ranks'):format(cfg.gradient_accumulation_steps, st.tokens_per_step / per_accum, st.tokens_per_step, self.dp_size))
       cfg.gradient_accumulation_steps = st.tokens_per_step / per_accum
       self.tokens_per_step = st.tokens_per_step
     end

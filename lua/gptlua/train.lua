@@ -285,7 +285,10 @@ function Trainer:save_checkpoint(background)
   if self.ckpt_writer then self.ckpt_writer:finish() end
   background = background and cfg.checkpoint_async and not self.policy.asynchronous
   if background and not self.ckpt_writer then
-    self.ckpt_writer = ckpt.writer(function(path) self:print(('saved checkpoint %s'):format(path)) end)
+    local writer = ckpt.writer(function(path) self:print(('saved checkpoint %s'):format(path)) end)
+    self.ckpt_writer = writer
+    -- a rank that fails still publishes a save its writer finished (gptlua.dist's abort)
+    if self.dist then self.dist.before_abort = function() writer:salvage() end end
   end
   self.save_writer = background and self.ckpt_writer or nil  -- read by the policies' saves
   local model_sd = self.model:state_dict()
@@ -313,7 +316,11 @@ end
 
 -- waits for the checkpoint in flight, publishes it, frees the writer's staging
 function Trainer:close_checkpoint_writer()
-  if self.ckpt_writer then self.ckpt_writer:close(); self.ckpt_writer = nil end
+  if self.ckpt_writer then
+    if self.dist then self.dist.before_abort = nil end
+    self.ckpt_writer:close()
+    self.ckpt_writer = nil
+  end
 end
 
 -- the first model key on which a checkpoint's config differs from this

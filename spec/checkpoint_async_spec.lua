@@ -93,7 +93,8 @@ describe('checkpoint_async', function()
       assert.equal(0, rc, out)
     end
     for _, step in ipairs({ 2, 4, 6, 8 }) do
-      local pa, ps = ('%s/elastic/checkpoints/step_%07d'):format(da, step), ('%s/elastic/checkpoints/step_%07d'):format(ds, step)
+      local sub = ('/elastic/checkpoints/step_%07d'):format(step)
+      local pa, ps = da .. sub, ds .. sub
       local files = ckpt.load(pa).state.files
       assert.same(ckpt.load(ps).state.files, files)
       for _, f in ipairs({ 'model.safetensors', 'optim.safetensors', 'optim.rank00000.safetensors',
@@ -129,5 +130,56 @@ describe('checkpoint_async', function()
     local _, full = train.main(recipe({ out_dir = full_dir }), {})
     assert_same_params(params(full), params(resumed))
     os.execute('rm -rf ' .. dir .. ' ' .. full_dir)
+  end)
+end)
+
+-- On a GPU the staging is page-locked memory, filled by copies on the copy
+-- stream that the compute stream waits for; the thread waits for them with
+-- an event.  Runs on a GPU and under the CUDA simulator (build/sim/gptlua).
+describe('the checkpoint writer on a GPU #cuda', function()
+  local twin = require 'support.cuda_twin'
+  local gpu_it = twin.gpu_it(it, pending)
+
+  gpu_it("writes device tensors' bytes as gl_safetensors_save does, from pinned staging it frees at close", function()
+    local dir = H.tmpdir()
+    gl.manual_seed(2)
+    local t = { a = gl.randn({ 3, 5 }):to(twin.DEV), b = gl.randn({ 4, 6 }):to(twin.DEV):transpose(1, 2),
+                c = gl.randn({ 7 }):to('bfloat16'):to(twin.DEV), d = gl.arange(0, 10, 1, { dtype = 'int64' }):to(twin.DEV),
+                e = gl.randn({ 2, 2 }) }
+    ckpt.save_safetensors(dir .. '/sync.safetensors', t)
+    local pinned = tonumber(gl.lib.gl_cuda_pinned_bytes())
+    local w = ckpt.writer()
+    local a = t.a:clone()
+    for round = 1, 2 do
+      w:add(('%s/async%d.safetensors'):format(dir, round), t)
+      w:start({ tmp = dir, final = dir .. '/unused', dir = dir, step = 0, state = {} })
+      if round == 1 then assert.is_true(tonumber(gl.lib.gl_cuda_pinned_bytes()) > pinned) end
+      -- the sources change at once; the files hold the values at add()
+      t.a:add_(1)
+      assert.equal(0, gl.lib.gl_ckpt_writer_wait(w.c))
+      t.a:copy_(a)
+      assert.equal(read(dir .. '/sync.safetensors'), read(('%s/async%d.safetensors'):format(dir, round)))
+    end
+    w.job = nil
+    w:close()
+    require('gptlua.cuda').synchronize()   -- the copies' holds on the staging are dropped
+    assert.equal(pinned, tonumber(gl.lib.gl_cuda_pinned_bytes()))
+    os.execute('rm -rf ' .. dir)
+  end)
+
+  gpu_it("a training run's background checkpoints are its synchronous ones' bytes", function()
+    local da, ds = H.tmpdir(), H.tmpdir()
+    local over = { device = 'cuda', max_iters = 4, log_interval = 0 }
+    over.out_dir = da
+    train.main(recipe(over), { '--checkpoint_async=true' })
+    over.out_dir = ds
+    train.main(recipe(over), { '--checkpoint_async=false' })
+    for _, step in ipairs({ 2, 4 }) do
+      for _, f in ipairs({ 'model.safetensors', 'optim.safetensors' }) do
+        local p = ('/elastic/checkpoints/step_%07d/%s'):format(step, f)
+        assert.equal(read(ds .. p), read(da .. p), p)
+      end
+    end
+    os.execute('rm -rf ' .. da .. ' ' .. ds)
   end)
 end)

@@ -433,6 +433,15 @@ function Writer:finish()
   job.comm:barrier()   -- published before any rank goes on
 end
 
+-- On a rank that is failing: waits for its own thread and publishes what
+-- it can without communicating (a collective job: this rank's marker, and on
+-- rank 0 the publish when every other rank's marker is there already).
+function Writer:salvage()
+  local job = self.job
+  if not job or job.published or lib.gl_ckpt_writer_wait(self.c) ~= 0 then return end
+  if job.comm then self:_collective_done(job) else self:_publish(job, self:_checksums(job)) end
+end
+
 -- waits for and publishes the last save, then stops the thread and frees the staging
 function Writer:close()
   if not self.c then return end
@@ -448,7 +457,8 @@ check.options('checkpoint_parts', { model = 'tensor_dict', optim = 'tensor_dict?
 check.wrap_table(M, {
   save_safetensors = 'path:string, tensors:tensor_dict, metadata:opts?', load_safetensors = 'path:string',
   checksum = 'path:string', mkdir_p = 'dir:string', check_dir = 'dir:string, what:string?', list = 'dir:string',
-  save = 'dir:string, step:size, parts:checkpoint_parts, keep_last:integer?, writer:any', resolve = 'spec:any, dir:string?', load = 'path:string',
+  save = 'dir:string, step:size, parts:checkpoint_parts, keep_last:integer?, writer:any',
+  resolve = 'spec:any, dir:string?', load = 'path:string',
 }, 'checkpoint.')
 
 return M

@@ -177,7 +177,8 @@ function M.main(argv)
     return require('gptlua.dist.launch').main(nranks, script, args, launcher, elastic)
   end
   if launcher or elastic then
-    io.stderr:write('gptlua: ', launcher and '--launcher goes' or '--max_restarts and --min_ranks go', ' with -n N\n') return 1
+    io.stderr:write('gptlua: ', launcher and '--launcher goes' or '--max_restarts and --min_ranks go', ' with -n N\n')
+    return 1
   end
   if plan then
     if not script then io.stderr:write('gptlua: --plan needs a recipe\n') return 1 end

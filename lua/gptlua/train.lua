@@ -292,14 +292,20 @@ end
 -- background (the periodic saves of run()): with checkpoint_async the
 -- files are written by the checkpoint writer while training goes on
 -- (gptlua.checkpoint's writer); any other save, and the next background
--- one, first waits for the one in flight
+-- one, first waits for the one in flight.  Not under a policy whose ranks
+-- serve each other between steps (ps's asynchronous servers): waiting for
+-- a collective save's ranks would block a rank another one waits on.
 function Trainer:save_checkpoint(background)
   local cfg = self.cfg
   if self.ckpt_writer then self.ckpt_writer:finish() end
-  if background and cfg.checkpoint_async and not self.ckpt_writer then
-    self.ckpt_writer = ckpt.writer(function(path) self:print(('saved checkpoint %s'):format(path)) end)
+  background = background and cfg.checkpoint_async and not self.policy.asynchronous
+  if background and not self.ckpt_writer then
+    local writer = ckpt.writer(function(path) self:print(('saved checkpoint %s'):format(path)) end)
+    self.ckpt_writer = writer
+    -- a rank that fails still publishes a save its writer finished (gptlua.dist's abort)
+    if self.dist then self.dist.before_abort = function() writer:salvage() end end
   end
-  self.save_writer = background and cfg.checkpoint_async and self.ckpt_writer or nil  -- read by the policies' saves
+  self.save_writer = background and self.ckpt_writer or nil  -- read by the policies' saves
   local model_sd = self.model:state_dict()
   local opt_sd = self.optimizer:state_dict()
   local state = { rng = gl.get_rng_state(), opt_step = opt_sd.step, opt_steps = opt_sd.steps,
@@ -325,7 +331,11 @@ end
 
 -- waits for the checkpoint in flight, publishes it, frees the writer's staging
 function Trainer:close_checkpoint_writer()
-  if self.ckpt_writer then self.ckpt_writer:close(); self.ckpt_writer = nil end
+  if self.ckpt_writer then
+    if self.dist then self.dist.before_abort = nil end
+    self.ckpt_writer:close()
+    self.ckpt_writer = nil
+  end
 end
 
 -- the first model key on which a checkpoint's config differs from this
@@ -383,8 +393,8 @@ function Trainer:load_checkpoint(path)
 end
 
 -- keys that say how this process runs, not what the run is: not compared on resume
-local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, resume_keep_batch = true, replay = true, replay_to = true,
-                       quiet = true }
+local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, resume_keep_batch = true, replay = true,
+                       replay_to = true, quiet = true }
 
 -- the run's values of the keys its command line gave: what a resume keeps
 function Trainer:given()
@@ -463,8 +473,8 @@ function Trainer:resume_settings(st)
   if cfg.resume_keep_batch and st.tokens_per_step and st.tokens_per_step ~= self.tokens_per_step then
     local per_accum = self.tokens_per_step / cfg.gradient_accumulation_steps
     if st.tokens_per_step % per_accum == 0 then  -- another number of ranks: the run's global batch kept
-      self:print(('resume: gradient_accumulation_steps %d -> %d keeps the run\'s %d tokens per step on %d data-parallel ranks')
-        :format(cfg.gradient_accumulation_steps, st.tokens_per_step / per_accum, st.tokens_per_step, self.dp_size))
+      self:print(('resume: gradient_accumulation_steps %d -> %d keeps the run\'s %d tokens per step on %d '
+        .. 'data-parallel ranks'):format(cfg.gradient_accumulation_steps, st.tokens_per_step / per_accum, st.tokens_per_step, self.dp_size))
       cfg.gradient_accumulation_steps = st.tokens_per_step / per_accum
       self.tokens_per_step = st.tokens_per_step
     end

@@ -36,7 +36,8 @@ M.defaults = {
   -- multiple-choice tasks at every eval (gptlua.eval): comma-separated JSONL files
   eval_tasks = '', eval_fewshot = 0, eval_delimiter = ' ', eval_task_limit = 0,
   sample_interval = 0, sample_length = 500, sample_prompt = '\n', temperature = 0.8, top_k = 0,
-  checkpoint_interval = 0, checkpoint_async = true, resume_keep_batch = false, straggler_threshold = 0.5, always_save_checkpoint = true, keep_last = 2, resume = '', overwrite = false,
+  checkpoint_interval = 0, checkpoint_async = true, resume_keep_batch = false, straggler_threshold = 0.5,
+  always_save_checkpoint = true, keep_last = 2, resume = '', overwrite = false,
   allow_changes = false,
   max_bad_steps = 5,
   peak_flops = 0, quiet = false,

@@ -45,7 +45,8 @@ end
 function M.restart_args(args)
   local out = {}
   for _, a in ipairs(args or {}) do
-    if not (a == '--resume' or a:match('^%-%-resume=') or a:match('^%-%-overwrite') or a:match('^%-%-resume_keep_batch')) then
+    local dropped = a == '--resume' or a:match('^%-%-resume=') or a:match('^%-%-overwrite') or a:match('^%-%-resume_keep_batch')
+    if not dropped then
       out[#out + 1] = a
     end
   end
@@ -89,7 +90,8 @@ function M.main(n, script, args, launcher, opts)
       return status ~= 0 and status or 1
     end
     if attempt > 0 then
-      say(('restart %d of %d on %d rank%s, from the last checkpoint'):format(attempt, K, ranks, ranks == 1 and '' or 's'))
+      say(('restart %d of %d on %d rank%s, from the last checkpoint'):format(attempt, K, ranks,
+        ranks == 1 and '' or 's'))
     end
     local stopped, refused
     status, stopped, refused = launch.run_once(ranks, script, attempt == 0 and args or M.restart_args(args), launcher)

@@ -789,10 +789,14 @@ end
 
 -- For the top-level error path (gptlua.cli): prints the error with its rank
 -- and, in a world of several ranks, brings the others down at once.
+-- dist.before_abort: a function the failing rank calls before the abort
+-- (the trainer's: publish a checkpoint its writer has finished); it must
+-- not communicate
 function dist.on_error(msg)
   io.stdout:flush()
   io.stderr:write(dist.prefix(msg), '\n')
   io.stderr:flush()
+  if dist.before_abort then pcall(dist.before_abort) end
   if mpi and world and world.c then mpi.gl_dist_abort(1, nil) end
 end
 

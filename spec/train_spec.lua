@@ -58,6 +58,13 @@ describe('trainer', function()
     local ok, err = pcall(train.main, recipe({ max_iters = 4, out_dir = d, n_embd = 32 }), { '--resume=latest' })
     assert.is_false(ok)
     assert.truthy(tostring(err):find('has n_embd = 16, this run has 32; not loaded', 1, true))
+    -- another optimizer's state, or other mixture-of-experts blocks
+    ok, err = pcall(train.main, recipe({ max_iters = 4, out_dir = d, optimizer = 'nanochat' }), { '--resume=latest' })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("has optimizer = adamw, this run has nanochat; not loaded", 1, true), tostring(err))
+    ok, err = pcall(train.main, recipe({ max_iters = 4, out_dir = d }), { '--resume=latest', '--moe.experts=4' })
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find('has moe.experts = 0, this run has 4; not loaded', 1, true), tostring(err))
     local ck = d .. '/t/checkpoints/step_0000002/optim.safetensors'
     local f = io.open(ck, 'ab'); f:write('x'); f:close()
     ok, err = pcall(train.main, recipe({ max_iters = 4, out_dir = d }), { '--resume=latest' })

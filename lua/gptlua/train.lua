@@ -348,6 +348,20 @@ function Trainer:mismatch(config)
     local k, theirs, ours = require('gptlua.models.nanochat').config_mismatch(config.nanochat, self.cfg.nanochat)
     if k then return 'nanochat.' .. k, theirs, ours end
   end
+  -- the optimizer decides the state that is loaded: another one's is refused
+  if type(config) == 'table' and config.optimizer ~= nil and config.optimizer ~= self.cfg.optimizer then
+    return 'optimizer', config.optimizer, self.cfg.optimizer
+  end
+  -- mixture-of-experts blocks decide the parameters (the router, the experts)
+  if type(config) == 'table' then
+    local theirs, ours = type(config.moe) == 'table' and config.moe or {}, self.cfg.moe or {}
+    local on = (ours.experts or 0) > 0 or (theirs.experts or 0) > 0
+    for _, k in ipairs({ 'experts', 'shared', 'every', 'hidden' }) do
+      if on and (k == 'experts' or (ours.experts or 0) > 0) and theirs[k] ~= ours[k] then
+        return 'moe.' .. k, theirs[k] or 0, ours[k] or 0
+      end
+    end
+  end
   -- Muon's variant decides its state (NorMuon's second moment) and update;
   -- a checkpoint from before the key is classic
   if type(config) == 'table' and self.cfg.optimizer == 'nanochat' and config.optimizer == 'nanochat'

@@ -10,8 +10,11 @@
 --   gptlua recipes/tools/slow_links_netns.lua [--tokens=393216] [--rate=100mbit] [--delay_ms=20]
 --                                             [--only=SUBSTRING]
 --
--- seconds: rank 0's wall time of the training (not the final eval);
--- MB: what rank 0 sent (Comm.sent_bytes), in 10^6 bytes.
+-- --rate=none: the link unshaped; --delay_ms=0: no relay (the baseline).
+-- seconds: rank 0's wall time of train.main (building the model, the
+-- steps, the final checkpoint; not the eval after it); s/step: the steps'
+-- own time over their number; MB: what rank 0 sent (Comm.sent_bytes), in
+-- 10^6 bytes.
 package.path = GPTLUA.root .. '/spec/?.lua;' .. package.path
 local NS = require 'support.netns'
 local cjson = require 'cjson'
@@ -45,13 +48,14 @@ local POLICIES = {
   '--dist=ps --max_staleness=4',
 }
 
-print(('%s tokens on 2 ranks, one per network namespace; link %s (tbf), %g ms each way (relay)\n'):format(
-  o.tokens, o.rate, o.delay_ms))
+print(('%s tokens on 2 ranks, one per network namespace; link %s, %s\n'):format(o.tokens,
+  o.rate == 'none' and 'unshaped' or o.rate .. ' (tbf)', o.delay_ms > 0 and o.delay_ms .. ' ms each way (relay)' or 'no relay'))
 print('| policy | seconds | s/step | val loss | MB sent (rank 0) |')
 print('| --- | --- | --- | --- | --- |')
 for _, p in ipairs(POLICIES) do
   if not o.only or p:find(o.only, 1, true) then
-    local out, statuses = NS.with({ rate = o.rate, delay_ms = o.delay_ms }, function(nodes)
+    local link = { rate = o.rate ~= 'none' and o.rate or nil, delay_ms = o.delay_ms > 0 and o.delay_ms or nil }
+    local out, statuses = NS.with(link, function(nodes)
       return NS.run_ranks(nodes, launch.free_port(), function()
         return ('%s %s/recipes/tools/slow_links.lua --tokens=%d %s'):format(GPTLUA.exe, GPTLUA.root, o.tokens, p)
       end, 1800)
@@ -63,7 +67,7 @@ for _, p in ipairs(POLICIES) do
       io.stderr:write(out .. '\n')
     else
       local r = cjson.decode(line)
-      print(('| `%s` | %.1f | %.3f | %.3f | %.1f |'):format(label, r.seconds, r.seconds / r.steps, r.val_loss,
+      print(('| `%s` | %.1f | %.3f | %.3f | %.1f |'):format(label, r.seconds, r.step_seconds / r.steps, r.val_loss,
         r.bytes_rank0 / 1e6))
     end
     io.stdout:flush()

@@ -37,8 +37,8 @@ function M.available()
   return true
 end
 
--- the relay and the connect shim, compiled once per process into a
--- directory of its own: their paths, or an error naming the compiler's complaint
+-- the relay and the connect shim, compiled into a directory of their own
+-- (kept until M.with ends): their paths, or an error naming the compiler's complaint
 local built
 function M.relay_build()
   if built then return built.relay, built.shim end
@@ -52,7 +52,7 @@ function M.relay_build()
     local out, rc = sh(cmd)
     if rc ~= 0 then error(('netns: %s failed: %s'):format(cmd, out), 2) end
   end
-  built = { relay = relay, shim = shim }
+  built = { relay = relay, shim = shim, dir = dir }
   return relay, shim
 end
 
@@ -94,6 +94,7 @@ function M.with(o, fn)
       if n.relay_pid then sh(('kill -- -%d'):format(n.relay_pid)); n.relay_pid = nil end
       sh('ip netns del ' .. n.name)
     end
+    if built then sh('rm -rf ' .. built.dir); built = nil end
   end
   down()
   local steps = {

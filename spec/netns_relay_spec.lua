@@ -3,14 +3,19 @@
 -- the other passes its bytes intact and in order, a round trip takes at
 -- least twice the relay's delay (each direction holds it once), and a
 -- connect the destination refuses is refused to the caller.  Skipped,
--- saying why, where namespaces cannot be made.
+-- saying why, where namespaces cannot be made or the relay cannot be
+-- compiled.
 local NS = require 'support.netns'
 local H = require 'support.mpi'
 
 local ok, why = NS.available()
+if ok then   -- the relay is C, compiled here
+  local built, err = pcall(NS.relay_build)
+  if not built then ok, why = false, tostring(err) end
+end
 if not ok then
   describe('the netns latency relay', function()
-    pending('skipped: network namespaces are not available here (' .. why .. ')')
+    pending('skipped: network namespaces or a C compiler are not available here (' .. why .. ')')
   end)
   return
 end

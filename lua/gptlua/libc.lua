@@ -52,6 +52,8 @@ local DECLARATIONS = {
   'int close(int fd);',
   'long recv(int fd, void *buf, size_t n, int flags);',
   'long send(int fd, const void *buf, size_t n, int flags);',
+  'int shutdown(int fd, int how);',
+  'int setsockopt(int fd, int level, int name, const void *val, unsigned len);',
   'struct gl_sockaddr_un { unsigned short sun_family; char sun_path[108]; };',
   'struct gl_ucred { int pid; unsigned uid; unsigned gid; };',
   'struct gl_pollfd { int fd; short events; short revents; };',

@@ -10,7 +10,10 @@
 -- scaled to it; one eval after the last step (eval_iters 50, the mean of
 -- the ranks' losses).  Every other argument
 -- is a trainer override.  Rank 0 prints
---   RESULT {"ranks":N,"args":"...","val_loss":...,"bytes_rank0":...,"bytes_mean":...,"bytes_max":...,"seconds":...}
+--   RESULT {"ranks":N,"args":"...","val_loss":...,"bytes_rank0":...,"bytes_mean":...,"bytes_max":...,"seconds":...,
+--           "step_seconds":...}
+-- seconds: the whole train.main (building, the steps, the final checkpoint);
+-- step_seconds: the steps' share of it (the trainer's own account).
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local train = require 'gptlua.train'
@@ -34,7 +37,7 @@ local args = { '--max_iters=' .. iters, '--lr_decay_iters=' .. iters, '--warmup_
   '--overwrite=true' }
 for _, a in ipairs(over) do args[#args + 1] = a end
 local t0 = now()
-local _, t = train.main(recipe, args)
+local final, t = train.main(recipe, args)
 local seconds = now() - t0
 t.cfg.eval_iters = 50
 local ev = t:evaluate()   -- the one eval, after the budget (every policy ends its rounds there: H divides the steps)
@@ -43,6 +46,6 @@ local sum, max = world:all_reduce_number(sent, 'sum'), world:all_reduce_number(s
 if world.rank == 0 then
   print('RESULT ' .. cjson.encode({ ranks = world.size, args = table.concat(over, ' '), tokens = iters * per_step,
     steps = iters, val_loss = ev.val, bytes_rank0 = sent, bytes_mean = sum / world.size,
-    bytes_max = max, seconds = seconds }))
+    bytes_max = max, seconds = seconds, step_seconds = final.seconds.steps }))
   os.execute('rm -rf ' .. t.run_dir)
 end

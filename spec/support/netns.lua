@@ -2,12 +2,17 @@
 -- pair, each running ranks that rendezvous over TCP as on separate hosts
 -- (spec/dist_netns_spec.lua).  Needs root (CAP_NET_ADMIN) and `ip`; the
 -- link may be shaped with tc's token bucket (tbf: a rate and a queue), not
--- netem (not in every kernel).
+-- netem (not in every kernel).  Latency comes from a TCP relay instead
+-- (netns_relay.c, one in each namespace, on loopback): with o.delay_ms the
+-- ranks run with netns_connect_shim.so preloaded, so their connections to
+-- the other node pass their own node's relay, which holds each direction's
+-- bytes delay_ms (a round trip: twice that, plus the link's own).
 --
 --   local NS = require 'support.netns'
 --   local ok, why = NS.available()            -- false and the reason where it cannot run
---   NS.with({ rate = '20mbit' }, function(nodes)
---     -- nodes[i] = { name = <namespace>, addr = '10.231.X.i', ifname = <its veth> }
+--   NS.with({ rate = '20mbit', delay_ms = 20 }, function(nodes)
+--     -- nodes[i] = { name = <namespace>, addr = '10.231.X.i', ifname = <its veth>,
+--     --              env = <variables that route its connections through its relay> }
 --     local out = NS.run_ranks(nodes, cmd_of_rank)   -- cmd_of_rank(r, node) -> a shell command
 --   end)                                     -- the namespaces are removed, whatever fn did
 local H = require 'support.mpi'
@@ -32,9 +37,51 @@ function M.available()
   return true
 end
 
+-- the relay and the connect shim, compiled into a directory of their own
+-- (kept until M.with ends): their paths, or an error naming the compiler's complaint
+local built
+function M.relay_build()
+  if built then return built.relay, built.shim end
+  local dir = os.tmpname()
+  os.remove(dir)
+  os.execute('mkdir -p ' .. dir)
+  local src = GPTLUA.root .. '/spec/support/'
+  local relay, shim = dir .. '/netns_relay', dir .. '/netns_connect_shim.so'
+  for _, cmd in ipairs({ ('cc -O2 -o %s %snetns_relay.c'):format(relay, src),
+    ('cc -O2 -shared -fPIC -o %s %snetns_connect_shim.c -ldl'):format(shim, src) }) do
+    local out, rc = sh(cmd)
+    if rc ~= 0 then error(('netns: %s failed: %s'):format(cmd, out), 2) end
+  end
+  built = { relay = relay, shim = shim, dir = dir }
+  return relay, shim
+end
+
+-- starts a relay in node n's namespace holding bytes delay_ms each way on
+-- 127.0.0.1:port; sets n.env and n.relay_pid (its own process group)
+local function start_relay(n, other, port, delay_ms)
+  local relay, shim = M.relay_build()
+  local log = ('/tmp/%s.relay'):format(n.name)
+  local out = sh(('setsid ip netns exec %s %s %d %g > %s 2>&1 & echo "pid=$!"'):format(n.name, relay, port, delay_ms, log))
+  n.relay_pid = tonumber(out:match('pid=(%d+)'))
+  local now = require('gptlua.cli').now
+  local t0 = now()
+  repeat   -- until it listens (or says why it cannot)
+    local f = io.open(log, 'rb')
+    local s = f and f:read('*a') or ''
+    if f then f:close() end
+    if s:find('listening', 1, true) then break end
+    if s:find('netns_relay:', 1, true) or now() - t0 > 10 then error('netns: the relay did not start: ' .. s, 0) end
+    sh('sleep 0.05')
+  until false
+  os.remove(log)
+  n.env = ('LD_PRELOAD=%s GPTLUA_RELAY_TO=%s GPTLUA_RELAY_PORT=%d'):format(shim, other.addr, port)
+end
+
 -- Sets up two namespaces and a veth between them (10.231.N.1 and .2/24,
 -- N from the pid), runs fn(nodes), removes both; returns fn's results.
--- o.rate (e.g. '20mbit'): both ends shaped by tc tbf to that rate.
+-- o.rate (e.g. '20mbit'): both ends shaped by tc tbf to that rate;
+-- o.delay_ms: a relay in each namespace delays every byte that many ms
+-- each way (M.run_ranks routes the ranks through it).
 function M.with(o, fn)
   local t = tag()
   local subnet = 1 + require('gptlua.dist.launch').getpid() % 250
@@ -43,7 +90,11 @@ function M.with(o, fn)
     nodes[i] = { name = ('%s-%d'):format(t, i), ifname = ('%sv%d'):format(t, i), addr = ('10.231.%d.%d'):format(subnet, i) }
   end
   local function down()
-    for _, n in ipairs(nodes) do sh('ip netns del ' .. n.name) end
+    for _, n in ipairs(nodes) do
+      if n.relay_pid then sh(('kill -- -%d'):format(n.relay_pid)); n.relay_pid = nil end
+      sh('ip netns del ' .. n.name)
+    end
+    if built then sh('rm -rf ' .. built.dir); built = nil end
   end
   down()
   local steps = {
@@ -64,6 +115,13 @@ function M.with(o, fn)
     local out, rc = sh(cmd)
     if rc ~= 0 then down(); error(('netns: %s failed: %s'):format(cmd, out), 2) end
   end
+  if o.delay_ms then
+    local ok, err = pcall(function()
+      local port = require('gptlua.dist.launch').free_port()
+      for i, n in ipairs(nodes) do start_relay(n, nodes[3 - i], port, o.delay_ms) end
+    end)
+    if not ok then down(); error(err, 2) end
+  end
   local res = { pcall(fn, nodes) }
   down()
   if not res[1] then error(res[2], 0) end
@@ -72,16 +130,17 @@ end
 
 -- Runs rank r (0-based) of #nodes in nodes[r + 1]'s namespace, all at once,
 -- each with the torchrun-style variables (MASTER_ADDR: node 1's address,
--- GLOO_SOCKET_IFNAME: its own veth); cmd_of_rank(r, node) is the command.
+-- GLOO_SOCKET_IFNAME: its own veth, and node.env: its relay's, if any);
+-- cmd_of_rank(r, node) is the command.
 -- Returns the ranks' output and their exit statuses (a list), within limit s.
 function M.run_ranks(nodes, port, cmd_of_rank, limit)
   local parts = {}
   for r = 0, #nodes - 1 do
     local n = nodes[r + 1]
     parts[#parts + 1] = ('(ip netns exec %s env RANK=%d WORLD_SIZE=%d LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=%s '
-      .. 'MASTER_PORT=%d GLOO_SOCKET_IFNAME=%s GPTLUA_SPEC_BACKEND=gloo timeout %d %s > /tmp/%s.log 2>&1; '
+      .. 'MASTER_PORT=%d GLOO_SOCKET_IFNAME=%s GPTLUA_SPEC_BACKEND=gloo %s timeout %d %s > /tmp/%s.log 2>&1; '
       .. 'echo "rank %d status $?" >> /tmp/%s.log) &'):format(n.name, r, #nodes, nodes[1].addr, port, n.ifname,
-      limit or 120, cmd_of_rank(r, n), n.name, r, n.name)
+      n.env or '', limit or 120, cmd_of_rank(r, n), n.name, r, n.name)
   end
   local out = H.sh('bash -c ' .. ("'%s wait'"):format(table.concat(parts, ' '):gsub("'", "'\\''")), (limit or 120) + 10)
   local logs, statuses = {}, {}

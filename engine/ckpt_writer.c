@@ -65,7 +65,9 @@ static void *writer_main(void *arg) {
     if (w->stop) break;
     pthread_mutex_unlock(&w->mu);
     int rc = GL_OK;
+#ifdef GL_WITH_CUDA
     if (w->job_copies) rc = gl_cuda_event_synchronize(w->copied);
+#endif
     int kill = w->kill_job > 0 && w->jobs == w->kill_job;
     for (int f = 0; f < w->nfiles && rc == GL_OK; f++) {
       ckpt_file *cf = &w->files[f];
@@ -191,6 +193,7 @@ static int add_file(gl_ckpt_writer *w, const char *fn, const char *path, int n, 
     if (!cf->names[i]) return gl_error("%s: out of memory", fn);
     cf->views[i] = gl_view_dtype(b, t->dtype, t->ndim, t->shape, 0);
     if (!cf->views[i]) return GL_ERR;
+#ifdef GL_WITH_CUDA
     if (on_gpu && gl_is_contiguous(t)) {
       /* on the copy stream behind the step's work; the compute stream waits
          for it on the device, so the next step cannot overwrite the source */
@@ -199,9 +202,10 @@ static int add_file(gl_ckpt_writer *w, const char *fn, const char *path, int n, 
       w->copied_device = t->device;
       GL_TRY(gl_copy_async(cf->views[i], t, NULL));
       w->job_copies = 1;
-    } else {
-      GL_TRY(gl_copy(cf->views[i], t));
+      continue;
     }
+#endif
+    GL_TRY(gl_copy(cf->views[i], t));
   }
   return GL_OK;
 }
@@ -237,11 +241,13 @@ int gl_ckpt_writer_start(gl_ckpt_writer *w) {
   GL_NONNULL("gl_ckpt_writer_start", w);
   GL_TRY(wait_job(w, "gl_ckpt_writer_start"));
   if (w->started) return gl_error("gl_ckpt_writer_start: no file added since the last start");
+#ifdef GL_WITH_CUDA
   if (w->job_copies && gl_cuda_event_record(w->copied, GL_STREAM_COPY) != GL_OK) {
     clear_files(w);  /* the job is dropped, as a failed add drops it */
     w->job_copies = 0;
     return GL_ERR;
   }
+#endif
   w->started = 1;
   pthread_mutex_lock(&w->mu);
   w->jobs++;
@@ -276,7 +282,9 @@ void gl_ckpt_writer_free(gl_ckpt_writer *w) {
   for (int k = 0; k < w->nstage; k++) gl_tensor_free(w->stage[k]);
   free(w->stage);
   free(w->files);
+#ifdef GL_WITH_CUDA
   gl_cuda_event_destroy(w->copied);
+#endif
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->wake);
   pthread_cond_destroy(&w->done);

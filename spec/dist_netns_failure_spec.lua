@@ -60,3 +60,54 @@ describe('a node lost across two network namespaces', function()
     os.execute('rm -rf ' .. dir)
   end)
 end)
+
+-- Ctrl-C on a job of two nodes, one TCP launcher a node (NNODES, NODE_RANK):
+-- SIGINT to either node's launcher reaches every rank on both nodes (the
+-- launcher passes it on as the stop signal, and the ranks agree on the stop
+-- at the next step), so every rank saves the same step and exits 0, both
+-- launchers exit 0, and no process is left in either namespace.
+describe('Ctrl-C on a job of two nodes', function()
+  for _, target in ipairs({ 1, 2 }) do
+    it(('SIGINT to node %d\'s launcher stops every rank on both nodes, which save one checkpoint'):format(target),
+      function()
+      local dir = H.tmpdir()
+      local out, statuses, left = NS.with({}, function(nodes)
+        local job = NS.start_ranks(nodes, launch.free_port(), function(r)
+          return ('env NNODES=2 NODE_RANK=%d sh -c \'echo $$ > %s/launcher.%d; exec %s -n 1 --launcher=tcp '
+            .. '%s/spec/dist/stop_recipe.lua --out_dir=%s --dist=ddp\''):format(r, dir, r, H.EXE, H.ROOT, dir)
+        end, 120)
+        local running = NS.wait_for(function()
+          local f = io.open(dir .. '/stop/metrics.jsonl', 'rb')
+          local s = f and f:read('*a') or ''
+          if f then f:close() end
+          return s:find('"step"') ~= nil and io.open(dir .. '/launcher.' .. (target - 1)) ~= nil
+        end, 90)
+        if running then
+          local pid = io.open(dir .. '/launcher.' .. (target - 1)):read('*a'):match('%d+')
+          os.execute('kill -INT ' .. pid)
+        end
+        local o, s = NS.finish(job)
+        local pids = ''
+        for _, n in ipairs(nodes) do
+          local p = io.popen('ip netns pids ' .. n.name)
+          pids = pids .. p:read('*a')
+          p:close()
+        end
+        return o, s, pids
+      end)
+      assert.same({ 0, 0 }, statuses, out)
+      assert.truthy(out:find('dist: ddp (on 2 ranks)', 1, true), out)   -- one job across both nodes
+      assert.equal('', left, 'processes left in the namespaces:\n' .. left .. '\n' .. out)
+      local step = tonumber(out:match('interrupted at step (%d+): saving a checkpoint'))
+      assert.is_not_nil(step, out)
+      local list = ckpt.list(dir .. '/stop/checkpoints')
+      assert.equal(step, list[#list].step, out)
+      ckpt.load(list[#list].path)
+      for r = 0, 1 do
+        local pid = io.open(('%s/pid.%d'):format(dir, r)):read('*a'):match('%d+')
+        assert.is_false(os.execute('kill -0 ' .. pid .. ' 2>/dev/null') == 0, 'rank ' .. r .. ' is still running')
+      end
+      os.execute('rm -rf ' .. dir)
+    end)
+  end
+end)

@@ -43,6 +43,23 @@ describe('gptlua -n N --launcher=tcp', function()
     has(out, 'gptlua: --launcher goes with -n N')
   end)
 
+  it('gives each node of NNODES its share of the ranks and refuses a NODE_RANK or NNODES out of range', function()
+    assert.same({ RANK = '5', WORLD_SIZE = '8', LOCAL_RANK = '1', LOCAL_WORLD_SIZE = '4', MASTER_ADDR = 'node0',
+      MASTER_PORT = '29500' }, launch.tcp_env(1, 4, 'node0', 29500, 1, 2))
+    local base = 'MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 '
+    local cases = {
+      { base .. 'NNODES=2 NODE_RANK=2', 'gptlua -n: NODE_RANK expected an integer in 0..1 (this node of NNODES=2), got 2' },
+      { base .. 'NNODES=0', 'gptlua -n: NNODES expected a positive integer (the nodes of the job), got 0' },
+      { 'NNODES=2 NODE_RANK=1', "gptlua -n: NNODES=2 needs MASTER_ADDR and MASTER_PORT (node 0's address and a port" },
+    }
+    for _, c in ipairs(cases) do
+      local out, rc = H.sh(('env -u MASTER_ADDR -u MASTER_PORT %s %s -n 1 --launcher=tcp spec/dist/clean_exit.lua')
+        :format(c[1], EXE), 10)
+      assert.equal(1, rc, out)
+      has(out, c[2])
+    end
+  end)
+
   it('takes the rendezvous port from GPTLUA_PORTS when set (make test gives each suite its own range)', function()
     local script = os.tmpname()
     local f = assert(io.open(script, 'wb'))

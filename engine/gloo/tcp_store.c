@@ -294,6 +294,12 @@ gl_tcp_store *gl_tcp_store_open(const char *host, int port, int serve, double ti
   }
   int one = 1;
   setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  /* A request that gets no reply within the timeout (rank 0's node lost its
+     link: no reset ever comes, TCP would retry for many minutes) counts as
+     the store lost, so a blocked rank ends instead of hanging. */
+  struct timeval tv = {.tv_sec = (time_t)timeout_s, .tv_usec = (suseconds_t)((timeout_s - (double)(time_t)timeout_s) * 1e6)};
+  setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(s->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   struct sockaddr_storage me;
   socklen_t len = sizeof me;
   if (getsockname(s->fd, (struct sockaddr *)&me, &len) == 0)

@@ -212,7 +212,8 @@ static double wall_now(void) {
 }
 
 static void lost_store(void) {
-  fprintf(stderr, "[rank %d] gptlua.dist: lost the rendezvous store (rank 0 ended); ending this rank\n", world_rank);
+  fprintf(stderr, "[rank %d] gptlua.dist: lost rank 0 (its rendezvous store did not answer: it ended or its node cannot be "
+                  "reached); ending this rank\n", world_rank);
   fflush(stderr);
   _exit(1);
 }

@@ -128,32 +128,82 @@ function M.with(o, fn)
   return unpack(res, 2, table.maxn(res))
 end
 
--- Runs rank r (0-based) of #nodes in nodes[r + 1]'s namespace, all at once,
--- each with the torchrun-style variables (MASTER_ADDR: node 1's address,
--- GLOO_SOCKET_IFNAME: its own veth, and node.env: its relay's, if any);
--- cmd_of_rank(r, node) is the command.
--- Returns the ranks' output and their exit statuses (a list), within limit s.
-function M.run_ranks(nodes, port, cmd_of_rank, limit)
+-- Starts rank r (0-based) of #nodes in nodes[r + 1]'s namespace, all at once
+-- and in the background, each with the torchrun-style variables (MASTER_ADDR:
+-- node 1's address, GLOO_SOCKET_IFNAME: its own veth, and node.env: its
+-- relay's, if any); cmd_of_rank(r, node) is the command, ended by `timeout`
+-- after limit s.  Returns a job for M.finish (each rank's log ends with its
+-- status and the wall time it ended).
+function M.start_ranks(nodes, port, cmd_of_rank, limit)
   local parts = {}
   for r = 0, #nodes - 1 do
     local n = nodes[r + 1]
     parts[#parts + 1] = ('(ip netns exec %s env RANK=%d WORLD_SIZE=%d LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=%s '
       .. 'MASTER_PORT=%d GLOO_SOCKET_IFNAME=%s GPTLUA_SPEC_BACKEND=gloo %s timeout %d %s > /tmp/%s.log 2>&1; '
-      .. 'echo "rank %d status $?" >> /tmp/%s.log) &'):format(n.name, r, #nodes, nodes[1].addr, port, n.ifname,
-      n.env or '', limit or 120, cmd_of_rank(r, n), n.name, r, n.name)
+      .. 'echo "rank %d status $? ended at $(date +%%s.%%N)" >> /tmp/%s.log) &'):format(n.name, r, #nodes, nodes[1].addr,
+      port, n.ifname, n.env or '', limit or 120, cmd_of_rank(r, n), n.name, r, n.name)
   end
-  local out = H.sh('bash -c ' .. ("'%s wait'"):format(table.concat(parts, ' '):gsub("'", "'\\''")), (limit or 120) + 10)
-  local logs, statuses = {}, {}
-  for r = 0, #nodes - 1 do
-    local path = ('/tmp/%s.log'):format(nodes[r + 1].name)
+  local done = ('/tmp/%s.done'):format(nodes[1].name)
+  os.remove(done)
+  local script = ('/tmp/%s.sh'):format(nodes[1].name)
+  local f = assert(io.open(script, 'wb'))
+  f:write(table.concat(parts, '\n'), '\nwait\ntouch ', done, '\n')
+  f:close()
+  os.execute(('bash %s > /dev/null 2>&1 &'):format(script))
+  return { nodes = nodes, done = done, limit = limit or 120 }
+end
+
+local function exists(p) local f = io.open(p, 'rb'); if f then f:close() end return f ~= nil end
+
+-- Polls every 0.1 s until pred() is true or limit s have passed; returns whether it became true.
+function M.wait_for(pred, limit)
+  local t0 = os.time()
+  while not pred() do
+    if os.time() - t0 > limit then return false end
+    os.execute('sleep 0.1')
+  end
+  return true
+end
+
+-- Waits for a job of M.start_ranks to end; returns the ranks' output, their
+-- exit statuses and the wall times they ended at (lists, by rank + 1).
+function M.finish(job)
+  M.wait_for(function() return exists(job.done) end, job.limit + 10)
+  os.remove(job.done)
+  os.remove(('/tmp/%s.sh'):format(job.nodes[1].name))
+  local logs, statuses, ended = {}, {}, {}
+  for r = 0, #job.nodes - 1 do
+    local path = ('/tmp/%s.log'):format(job.nodes[r + 1].name)
     local f = io.open(path, 'rb')
     local s = f and f:read('*a') or ''
     if f then f:close() end
     os.remove(path)
-    logs[#logs + 1] = ('--- rank %d (%s) ---\n%s'):format(r, nodes[r + 1].name, s)
-    statuses[r + 1] = tonumber(s:match('rank %d+ status (%d+)'))
+    logs[#logs + 1] = ('--- rank %d (%s) ---\n%s'):format(r, job.nodes[r + 1].name, s)
+    local st, at = s:match('rank %d+ status (%d+) ended at ([%d.]+)')
+    statuses[r + 1], ended[r + 1] = tonumber(st), tonumber(at)
   end
-  return out .. table.concat(logs, '\n'), statuses
+  return table.concat(logs, '\n'), statuses, ended
+end
+
+-- Runs the ranks as M.start_ranks does and waits for them (M.finish): their
+-- output and exit statuses.
+function M.run_ranks(nodes, port, cmd_of_rank, limit)
+  local out, statuses = M.finish(M.start_ranks(nodes, port, cmd_of_rank, limit))
+  return out, statuses
+end
+
+-- Takes node's link down (its end of the veth): the node drops off the network.
+function M.link_down(node)
+  local out, rc = sh(('ip -n %s link set %s down'):format(node.name, node.ifname))
+  if rc ~= 0 then error(('netns: link down on %s failed: %s'):format(node.name, out), 2) end
+end
+
+-- The wall clock (s, sub-second), as the ranks' logs give their end.
+function M.now()
+  local p = io.popen('date +%s.%N')
+  local t = tonumber(p:read('*a'))
+  p:close()
+  return t
 end
 
 return M

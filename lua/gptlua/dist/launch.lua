@@ -7,7 +7,9 @@
 --        LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (default 127.0.0.1) and
 --        MASTER_PORT (default: a free port) set, so they meet at the TCP
 --        rendezvous and talk through Gloo; no MPI needed.  When a rank fails
---        the others are ended; the status is the first failing rank's.
+--        the others are ended; the status is the first failing rank's.  On
+--        several nodes, one launcher a node with NNODES and NODE_RANK set
+--        (and MASTER_ADDR, MASTER_PORT: node 0's), as torchrun's flags.
 --   auto (default, or GPTLUA_LAUNCHER): mpi when mpirun is on PATH, else tcp.
 --
 -- Ctrl-C (issue 14).  Open MPI 4's mpirun kills the whole job on SIGINT or
@@ -177,16 +179,41 @@ function M.free_port()
   return nil
 end
 
--- The environment of rank r of n under the TCP launcher.
-function M.tcp_env(r, n, addr, port)
-  return { RANK = tostring(r), WORLD_SIZE = tostring(n), LOCAL_RANK = tostring(r), LOCAL_WORLD_SIZE = tostring(n),
-    MASTER_ADDR = addr, MASTER_PORT = tostring(port) }
+-- The environment of local rank r of n under the TCP launcher, on node
+-- node of nnodes (each node runs n ranks; global ranks go node by node).
+function M.tcp_env(r, n, addr, port, node, nnodes)
+  node, nnodes = node or 0, nnodes or 1
+  return { RANK = tostring(node * n + r), WORLD_SIZE = tostring(nnodes * n), LOCAL_RANK = tostring(r),
+    LOCAL_WORLD_SIZE = tostring(n), MASTER_ADDR = addr, MASTER_PORT = tostring(port) }
 end
 
--- Starts n ranks of script on this host over TCP, each in a process group of
--- its own (Ctrl-C reaches the launcher, which forwards it), waits for them
--- and returns the exit status.
+-- NNODES and NODE_RANK (torchrun's --nnodes and --node_rank): this launcher
+-- runs node NODE_RANK's n ranks of a job on NNODES nodes; nil and a line
+-- saying what is wrong.
+function M.nodes_of_env()
+  local nn, nr = os.getenv('NNODES'), os.getenv('NODE_RANK')
+  local nnodes, node = tonumber(nn or '1'), tonumber(nr or '0')
+  if not nnodes or nnodes < 1 or nnodes ~= math.floor(nnodes) then
+    return nil, nil, ('NNODES expected a positive integer (the nodes of the job), got %s'):format(nn)
+  end
+  if not node or node < 0 or node >= nnodes or node ~= math.floor(node) then
+    return nil, nil, ('NODE_RANK expected an integer in 0..%d (this node of NNODES=%d), got %s'):format(nnodes - 1,
+      nnodes, tostring(nr))
+  end
+  if nnodes > 1 and not (os.getenv('MASTER_ADDR') and tonumber(os.getenv('MASTER_PORT') or '')) then
+    return nil, nil, ('NNODES=%d needs MASTER_ADDR and MASTER_PORT (node 0\'s address and a port every node '
+      .. 'agrees on)'):format(nnodes)
+  end
+  return nnodes, node
+end
+
+-- Starts n ranks of script on this host over TCP (this node's share of
+-- NNODES nodes, M.nodes_of_env), each in a process group of its own (Ctrl-C
+-- reaches the launcher, which forwards it), waits for them and returns the
+-- exit status.
 function M.tcp(n, script, args)
+  local nnodes, node, why = M.nodes_of_env()
+  if not nnodes then io.stderr:write('gptlua -n: ', why, '\n') return 1 end
   local addr = os.getenv('MASTER_ADDR') or '127.0.0.1'
   local port = tonumber(os.getenv('MASTER_PORT') or '') or M.free_port()
   if not port then io.stderr:write('gptlua -n: no free TCP port for the rendezvous (set MASTER_PORT)\n') return 1 end
@@ -195,7 +222,7 @@ function M.tcp(n, script, args)
   local pids = {}
   for r = 0, n - 1 do
     -- the child takes a copy of this environment at spawn
-    for k, v in pairs(M.tcp_env(r, n, addr, port)) do ffi.C.setenv(k, v, 1) end
+    for k, v in pairs(M.tcp_env(r, n, addr, port, node, nnodes)) do ffi.C.setenv(k, v, 1) end
     local pid, err = M.spawn(argv)
     if not pid then
       io.stderr:write('gptlua -n: cannot run ', argv[1], ': ', err, '\n')

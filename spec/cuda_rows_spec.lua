@@ -19,6 +19,19 @@ local function rows(lead)  -- the rows of a (lead..., C) tensor
   return n
 end
 
+-- The largest term of a norm's dx, rstd (g w - mean(g w) - x^ mean(g w x^))
+-- (+ dres): dx is their difference and errs at their scale (cuda_twin's
+-- S.terms), which cancellation can put far above dx's own (a row of one
+-- element: x^ = +-1 and dx = 0 up to rounding).  x^ = (x - mean) rstd, per row.
+local function norm_terms(x, mean, rstd, g, w, dres)
+  local lead = copy_shape(x.shape)
+  lead[#lead] = 1
+  local xc = mean and (x - mean:view(lead)) or x
+  local xhat = twin.max_abs(xc * rstd:view(lead))
+  local gw = twin.max_abs(g) * (w and twin.max_abs(w) or 1)
+  return twin.max_abs(rstd) * gw * (2 + xhat) + (dres and twin.max_abs(dres) or 0)
+end
+
 -- ------------------------------------------------------------ rows
 describe('CUDA softmax and norms vs CPU #cuda', function()
   gpu_it('softmax and log_softmax, forward and backward', function()
@@ -55,6 +68,7 @@ describe('CUDA softmax and norms vs CPU #cuda', function()
             K(lib.gl_rmsnorm_forward(ry.c, rr.c, S.x.c, w and w.c, 1e-6))
             local rdx, rdw = S.out(shape, dt), S.out({ C }, dt)
             K(lib.gl_rmsnorm_backward(rdx.c, rdw.c, S.g.c, S.x.c, w and w.c, rr.c))
+            if S.ref then S.terms[4], S.terms[9] = norm_terms(S.x, mean, rstd, S.g, w), norm_terms(S.x, nil, rr, S.g, w) end
             return y, mean, rstd, dx, dw, db, ry, rr, rdx, rdw
           end, dt, ('norms %s {%s} affine=%s'):format(dt, table.concat(shape, ','), tostring(affine)),
           { n = math.max(C, rows(lead)) })  -- a row's statistics; dw and db over the rows
@@ -87,6 +101,9 @@ describe('CUDA softmax and norms vs CPU #cuda', function()
           K(lib.gl_add_norm_forward(rs.c, ry.c, nil, rr.c, x.c, r.c, nil, nil, 1e-6, 0))
           local rdx = S.out(shape, dt)
           K(lib.gl_norm_backward_add(rdx.c, nil, nil, S.g.c, rs.c, nil, nil, rr.c, nil, 0))
+          if S.ref then
+            S.terms[5], S.terms[11] = norm_terms(s, mean, rstd, S.g, S.w, S.dres), norm_terms(rs, nil, rr, S.g, nil)
+          end
           return s, y, mean, rstd, dx, dw, db, rs, ry, rr, rdx
         end, dt, ('add_norm %s {%s} %s'):format(dt, table.concat(shape, ','), case[2]),
         { n = math.max(C, rows(lead)) })
@@ -140,6 +157,9 @@ describe('CUDA 16-byte rows vs CPU #cuda', function()
             -- (at C = 1 layernorm's dx is 0 up to rounding, which the two twins round differently)
             for _, t in ipairs({ y, mean, rstd, dw, db, ry, rr, rdx, as, ay }) do out[#out + 1] = t end
             if C > 1 then out[#out + 1] = dx end
+            if S.ref then  -- (the two dx after the softmaxes' four outputs and the norms' first seven)
+              S.terms[12], S.terms[15] = norm_terms(S.x, nil, rr, S.g, nil, S.dres), norm_terms(S.x, mean, rstd, S.g, S.w)
+            end
             return unpack(out)
           end, dt, ('16-byte rows %s C=%d %s, weight %s'):format(dt, C, layout, wlayout), { n = math.max(C, 3) })
           ::next_case::

@@ -242,6 +242,17 @@ describe('CUDA cross-entropy and optimizers vs CPU #cuda', function()
             res[#res + 1], res[#res + 2], res[#res + 3] = p, m, v
           end
           for step = 1, 2 do K(lib.gl_adamw_update_multi(k, P, G, M, V, O, lrs, wds, 0.9, 0.95, 1e-8, step)) end
+          if S.ref then
+            -- m = b1 m + (1 - b1) g cancels when m and g differ in sign (a
+            -- tensor of one element: 0.005 from terms of about 1), and p -
+            -- lr u when the step is as large as p: each errs at its terms'
+            -- scale.  (v sums squares: no cancellation.)
+            for i = 1, k do
+              local p_in, m_in, g = S['p' .. i], S['m' .. i], S['g' .. i]
+              S.terms[2 + 3 * i - 2] = twin.max_abs(p_in) + (sizes[i] > 0 and twin.max_abs(res[3 * i - 2] - p_in) or 0)
+              S.terms[2 + 3 * i - 1] = twin.max_abs(m_in) + twin.max_abs(g)
+            end
+          end
           local rounded = 0  -- each output holds its parameter, rounded
           for i, o in pairs(outs) do
             rounded = math.max(rounded, o:to('float64'):max_abs_diff(res[3 * i - 2]:to(o.dtype):to('float64')))

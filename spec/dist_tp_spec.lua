@@ -179,31 +179,30 @@ describe('tensor parallelism on MPI ranks', function()
                               { 4, '--dp=2 --tp=2 --sp --dist=zero2', true }, { 4, '--dp=2 --tp=2 --dist=fsdp' },
                               { 4, '--dp=2 --tp=2 --sp --dist=fsdp', true } }) do
         if model == 'gpt2' or case[3] then
-          -- FSDP reduce-scatters gradients in float32 (its reduce_dtype), so
-          -- its float64 runs agree to float32's rounding only
+          -- (FSDP reduce-scatters gradients in float32, its reduce_dtype: the
+          -- rule of spec/support/dist_train.lua measures what that does)
           cases[#cases + 1] = { ranks = case[1], model = model, args = case[2],
-                                tol = case[2]:match('fsdp') and 1e-6 or 1e-9 }
+                                reduce = case[2]:match('fsdp') and 'float32' or nil }
         end
       end
     end
     local got = runs:launch(cases)
-    for i, c in ipairs(cases) do DT.assert_matches(runs:reference(c.model), got[i]) end
+    for i, c in ipairs(cases) do runs:check(c, got[i]) end
   end)
 
   -- Newton–Schulz runs in float32 on the whole matrix gathered from the
-  -- shards' momentum updates (float64 gradients, so both sides round the
-  -- same values): equal to 1e-9 here too
-  -- (FSDP: float32 gradient reduction, so 1e-6 as above)
+  -- shards' momentum updates, and the momentum is kept in float32 (FSDP:
+  -- float32 gradient reduction too): the rule of spec/support/dist_train.lua
   it('5 trainer steps of nanochat with Muon at tp 2, dp 2 x tp 2 + sp, zero2 and fsdp dp 2 x tp 2 equal one process',
     function()
-    local ref = runs:reference('nanochat', { optimizer = 'nanochat' })
     local cases = {}
     for _, case in ipairs({ { 2, '--tp=2' }, { 4, '--dp=2 --tp=2 --sp' }, { 4, '--dp=2 --tp=2 --dist=zero2' },
                             { 4, '--dp=2 --tp=2 --dist=fsdp' } }) do
       cases[#cases + 1] = { ranks = case[1], model = 'nanochat', args = '--optimizer=nanochat ' .. case[2],
-                            what = 'nanochat muon ' .. case[2], tol = case[2]:match('fsdp') and 1e-6 or 1e-9 }
+                            what = 'nanochat muon ' .. case[2], state32 = true,
+                            reduce = case[2]:match('fsdp') and 'float32' or nil }
     end
-    for _, res in ipairs(runs:launch(cases)) do DT.assert_matches(ref, res) end
+    for i, res in ipairs(runs:launch(cases)) do runs:check(cases[i], res, { optimizer = 'nanochat' }) end
   end)
 
   it('checkpoints load under another mesh: tp 2 -> one process -> dp 2 x tp 2, and ZeRO-2 -> FSDP under tp 2', function()

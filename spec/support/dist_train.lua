@@ -9,9 +9,9 @@
 --   local ref = runs:reference('gpt2')      -- one process, in this one (cached)
 --   local got = runs:launch({               -- one mpirun per world size
 --     { ranks = 2, model = 'gpt2', args = '--tp=2' },
---     { ranks = 4, model = 'gpt2', args = '--dp=2 --tp=2 --dist=fsdp', tol = 1e-6 },
+--     { ranks = 4, model = 'gpt2', args = '--dp=2 --tp=2 --dist=fsdp', reduce = 'float32' },
 --   })
---   DT.assert_matches(ref, got[1])           -- losses, clipped norms, parameters
+--   runs:check(cases[2], got[2])           -- losses, clipped norms, parameters, by the rule below
 --
 -- Cases of the same world size share one launch (tp_train.lua runs them one
 -- after another, each with its own mesh): a launch costs process start-up,
@@ -19,7 +19,9 @@
 -- a 5-step run of the tiny model costs a fraction of that.  A case's fields:
 -- ranks, model ('gpt2' or 'nanochat'), args (overrides, one string), iters
 -- (5), name (its directory under out, made from model and args if absent),
--- tol (1e-9; assert_matches' relative tolerance).
+-- reduce and state32 (the roundings the layout adds, for runs:check's rule),
+-- tol (a hand-set relative tolerance, for assert_matches and the resume
+-- checks that compare with one process's later steps).
 local H = require 'support.mpi'
 local cjson = require 'cjson'
 local ckpt = require 'gptlua.checkpoint'
@@ -30,6 +32,7 @@ M.__index = M
 
 local recipe = dofile(H.ROOT .. '/spec/dist/tp_recipe.lua')
 M.recipe = recipe
+M.TOKENS = recipe('gpt2').total_batch_size   -- tokens per step
 
 function M.new(out) return setmetatable({ out = out, refs = {} }, M) end
 
@@ -43,23 +46,135 @@ function M.grad_norms(dir)
   return norms
 end
 
+-- A perturbation of the one-process run by the roundings a layout adds
+-- (perturb = {grad = g, state = true}): before every optimizer step each
+-- gradient element times 1 + g or 1 - g (signs random, fixed by the seed),
+-- and after it, with state, every float32 tensor of the optimizer's state
+-- moved by one unit in the last place either way (what a float32 rounding
+-- of an input that moved makes of it).
+local function perturbed(build, perturb)
+  local gl = require 'gptlua'
+  local seed = 104729
+  local function signs(shape, u)
+    seed = seed + 1
+    local r = gl.randn(shape, { seed = seed, dtype = 'float64' })
+    return gl.where(r:gt(0), gl.full(shape, 1 + u, { dtype = 'float64' }), gl.full(shape, 1 - u, { dtype = 'float64' }))
+  end
+  return function(cfg, model, groups)
+    local o = build(cfg, model, groups)
+    local step, params = o.step, model:parameters()
+    function o.step(self)
+      if perturb.grad and perturb.grad > 0 then
+        for _, p in ipairs(params) do
+          if p.grad then p.grad:copy_((p.grad:to('float64') * signs(p.grad.shape, perturb.grad)):to(p.grad.dtype)) end
+        end
+      end
+      step(self)
+      if perturb.state then
+        for _, sub in ipairs(self.optimizers or { self }) do
+          for _, st in pairs(sub.state or {}) do
+            for _, t in pairs(st) do
+              if type(t) == 'table' and t.dtype == 'float32' then
+                t:copy_((t:to('float64') * signs(t.shape, 2 ^ -23)):to('float32'))
+              end
+            end
+          end
+        end
+      end
+    end
+    return o
+  end
+end
+
 -- the run in this process that the ranks must equal: {losses, norms, params,
 -- dir (its out_dir: the checkpoints of the steps before the last in dir/p)},
--- kept per model and overrides (over: recipe fields, e.g. { optimizer = 'nanochat' })
-function M:reference(model, over)
+-- kept per model, overrides (over: recipe fields, e.g. { optimizer =
+-- 'nanochat' }) and perturbation (perturb: see perturbed above)
+function M:reference(model, over, perturb)
   local parts = { model }
   for k, v in pairs(over or {}) do parts[#parts + 1] = k .. '=' .. tostring(v) end
+  if perturb then parts[#parts + 1] = ('perturbed=%s_%s'):format(tostring(perturb.grad), tostring(perturb.state)) end
   table.sort(parts, function(a, b) return a < b end)
   local key = table.concat(parts, '_'):gsub('[^%w_=]', '')
   if not self.refs[key] then
     local r = { out_dir = self.out .. '/ref_' .. key }
     for k, v in pairs(over or {}) do r[k] = v end
+    if perturb then r.build_optimizer = perturbed(train.build_optimizer, perturb) end
     local t = train.new(recipe(model, r), {})
     local res = t:run()
     self.refs[key] = { losses = res.losses, norms = M.grad_norms(r.out_dir), params = H.params_of(t.model),
                        dir = r.out_dir }
   end
   return self.refs[key]
+end
+
+-- The rule a run on ranks is held to against one process (the kernel
+-- twins' rule, spec/support/cuda_twin.lua, in another form): the ranks
+-- compute the same sums in another order and, where a layout reduces or
+-- keeps state in float32, round them there; perturb (above) makes those
+-- roundings, at their largest, in one process, and its difference from the
+-- unperturbed run measures what they can do to this model's losses, norms
+-- and parameters over these steps.  A run may differ from one process by
+-- FACTOR times that, plus what the ranks' sums do to a step's own loss and
+-- norm (perturb.floor, below).
+M.FACTOR = 2
+-- GL_CUDA_SPEC_VERBOSE=1 prints every comparison against its allowance, as the twins do
+local VERBOSE = os.getenv('GL_CUDA_SPEC_VERBOSE') ~= nil
+
+-- the perturbation a layout's arithmetic makes: every gradient is a sum
+-- over the step's tokens, which the ranks split and add in another order (n
+-- roundings at most, n the tokens per step); reduced in float32 (FSDP,
+-- HSDP), one float32 rounding per rank more; and float32 optimizer state
+-- (Muon's momentum) rounds its float64 input, which the ranks moved, to a
+-- neighbouring float32: a gradient moved by one float32 rounding moves it
+-- so, and the state's own unit is moved after every step.  floor: what the
+-- ranks' sums do to a step's own loss and norm before any step propagates.
+function M.rounding_of(ranks, reduce_dtype, float32_state)
+  local order = M.TOKENS * 2 ^ -53
+  local reduce = reduce_dtype == 'float32' and ranks * 2 ^ -24 or 0
+  return { grad = order + reduce + (float32_state and 2 ^ -24 or 0), floor = order + reduce,
+           state = float32_state or nil }
+end
+
+-- checks res against ref by the rule; refp: the reference perturbed by
+-- perturb; steps: which of ref's steps res ran (default all); want_params:
+-- the reference's parameters after res's last step (default ref.params)
+function M.assert_by_rule(ref, refp, perturb, res, steps, want_params, refp_params)
+  local assert = require 'luassert'
+  local floor = perturb.floor
+  local from, to = steps and steps[1] or 1, steps and steps[2] or #ref.losses
+  -- (norms come from metrics.jsonl, which keeps 14 significant digits, as
+  -- lua-cjson writes them: two records of one value differ by up to a unit
+  -- in the 14th digit, 1e-13 relative)
+  local function series(name, want, wantp, got, resolution)
+    assert.equal(to - from + 1, #got, res.what .. ' ' .. name .. ': steps')
+    for i = from, to do
+      local g = got[i - from + 1]
+      local rel, relp = math.abs(g - want[i]) / math.abs(want[i]), math.abs(wantp[i] - want[i]) / math.abs(want[i])
+      local allowed = M.FACTOR * relp + floor + (resolution or 0)
+      if VERBOSE then print(('%-60s %-13s step %d: %.3g of allowed %.3g'):format(res.what, name, i, rel / allowed, allowed)) end
+      assert.is_true(rel <= allowed, ('%s %s: step %d %.15g, expected %.15g (relative error %.3g, allowed %.3g = '
+        .. '%d x the rounding\'s %.3g + %.3g)'):format(res.what, name, i, g, want[i], rel, allowed, M.FACTOR, relp,
+        floor + (resolution or 0)))
+    end
+  end
+  series('loss', ref.losses, refp.losses, res.losses)
+  series('gradient norm', ref.norms, refp.norms, res.norms, 1e-13)
+  want_params, refp_params = want_params or ref.params, refp_params or refp.params
+  local e, ep = H.rel_error(want_params, M.final_params(res)), H.rel_error(want_params, refp_params)
+  local allowed = M.FACTOR * ep + floor
+  if VERBOSE then print(('%-60s %-13s after %d: %.3g of allowed %.3g'):format(res.what, 'parameters', to, e / allowed, allowed)) end
+  assert.is_true(e <= allowed, ('%s: parameters after step %d differ, relative error %.3g, allowed %.3g = %d x the '
+    .. 'rounding\'s %.3g + %.3g'):format(res.what, to, e, allowed, M.FACTOR, ep, floor))
+end
+
+-- a launched case against one process by the rule: case.ranks, case.model,
+-- case.reduce ('float32' where the layout reduces in float32: FSDP, HSDP),
+-- case.state32 (float32 optimizer state: Muon); over: the reference's
+-- recipe overrides
+function M:check(case, res, over)
+  local perturb = M.rounding_of(case.ranks, case.reduce or 'float64', case.state32)
+  M.assert_by_rule(self:reference(case.model, over), self:reference(case.model, over, perturb), perturb, res)
 end
 
 -- runs cases on their ranks, one launch per world size (in the order the

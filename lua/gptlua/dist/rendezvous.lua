@@ -179,9 +179,10 @@ function Host:round(round, say)
   end
   local stop
   if world < o.min_ranks then
-    stop = ('only %d of %d ranks (node%s %s of %d) joined the rendezvous within %g s, fewer than --min_ranks=%d: '
-      .. 'giving up after %d restart%s'):format(world, o.nnodes * o.n, #nodes == 1 and '' or 's',
-      table.concat(nodes, ', '), o.nnodes, o.timeout, o.min_ranks, math.max(round - 1, 0), round == 2 and '' or 's')
+    stop = ('only %d of %d ranks (node%s %s of %d) joined the rendezvous within %g s, fewer than --min_ranks=%d: %s')
+      :format(world, o.nnodes * o.n, #nodes == 1 and '' or 's', table.concat(nodes, ', '), o.nnodes, o.timeout,
+      o.min_ranks, round == 0 and 'the job does not start'
+        or ('giving up after %d restart%s'):format(round - 1, round == 2 and '' or 's'))
   end
   local port = not stop and require('gptlua.dist.launch').free_port()
   if not stop and not port then stop = 'rendezvous: no free TCP port on the host for the ranks\' rendezvous' end

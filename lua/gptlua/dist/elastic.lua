@@ -188,7 +188,8 @@ function M.on_start(t, resumed_from, first_step)
     end
   end
   -- GPTLUA_TEST_HOLD_AT=S:path: in the first attempt every rank stops before
-  -- step S (no collective pending), says so in path.rank<R>, and goes on once path exists
+  -- step S (no collective pending), says so in path.rank<R>, and goes on once
+  -- path exists, publishing meanwhile a background save once it is written
   local hs, hpath = (os.getenv('GPTLUA_TEST_HOLD_AT') or ''):match('^(%d+):(.+)$')
   if hs and attempt == 0 then
     local step = t.train_step
@@ -197,7 +198,11 @@ function M.on_start(t, resumed_from, first_step)
         local f = io.open(hpath .. '.rank' .. t.rank, 'wb')
         if f then f:close() end
         local f = io.open(hpath, 'rb')
-        while not f do ffi.C.poll(nil, 0, 50); f = io.open(hpath, 'rb') end
+        while not f do
+          if self.ckpt_writer then self.ckpt_writer:poll() end
+          ffi.C.poll(nil, 0, 50)
+          f = io.open(hpath, 'rb')
+        end
         f:close()
       end
       return step(self, ...)

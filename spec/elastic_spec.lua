@@ -111,6 +111,14 @@ describe('gptlua -n N --max_restarts', function()
     out, rc = H.sh(H.EXE .. ' --max_restarts=1 spec/dist/elastic_recipe.lua', 30)
     assert.equal(1, rc, out)
     has(out, 'gptlua: --max_restarts, --min_ranks and --rdzv_timeout go with -n N')
+    out, rc = H.sh(H.EXE .. ' -n 1 --rdzv_timeout=0 spec/dist/elastic_recipe.lua', 30)
+    assert.equal(1, rc, out)
+    has(out, 'gptlua: --rdzv_timeout expected a number of seconds > 0, got 0')
+    -- on several nodes --min_ranks counts every node's ranks
+    out, rc = H.sh('env NNODES=2 NODE_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 ' .. H.EXE
+      .. ' -n 2 --launcher=tcp --min_ranks=5 spec/dist/elastic_recipe.lua', 30)
+    assert.equal(1, rc, out)
+    has(out, 'gptlua -n: --min_ranks expected an integer in 1..4 (the ranks of NNODES x -n), got 5')
   end)
 end)
 

@@ -9,6 +9,7 @@ local NS = require 'support.netns'
 local H = require 'support.mpi'
 local ckpt = require 'gptlua.checkpoint'
 local launch = require 'gptlua.dist.launch'
+local cjson = require 'cjson'
 
 local ok, why = NS.available()
 if not ok then
@@ -110,4 +111,94 @@ describe('Ctrl-C on a job of two nodes', function()
       os.execute('rm -rf ' .. dir)
     end)
   end
+end)
+
+-- A node lost mid-run on a job that restarts, one TCP launcher a node
+-- (NNODES=2, --max_restarts=1 --min_ranks=1): the launchers meet at node
+-- 0's (the rendezvous host) before each attempt (gptlua.dist.rendezvous).
+-- The ranks hold before step 6 (a test hook) while the test waits for step
+-- 4's checkpoint and takes node 2's link down, then go on: the step's
+-- collective times out on both nodes, node 0's launcher waits --rdzv_timeout
+-- for node 1, which cannot reach it, and restarts alone from step 4 with the
+-- same global batch (2 accumulation steps on 1 rank), finishing the run;
+-- node 1's launcher stops with one line.  The restarted run must end on what
+-- a run on that one rank, resumed from the same checkpoint, gives: the same
+-- rank count, data and arithmetic, so the losses and the parameters are
+-- equal bit for bit.
+describe('a node lost on a job with --max_restarts across two network namespaces', function()
+  local RDZV = 5   -- --rdzv_timeout, s
+  local function read(p) local f = assert(io.open(p, 'rb')); local s = f:read('*a'); f:close(); return s end
+  local function exists(p) local f = io.open(p, 'rb'); if f then f:close() end return f ~= nil end
+  -- the losses of metrics.jsonl's step records after its last restart record (or all of them)
+  local function losses_after_restart(path)
+    local out = {}
+    for line in io.lines(path) do
+      local r = cjson.decode(line)
+      if r.restart then out = {} end
+      if r.loss and r.step then out[#out + 1] = { r.step, r.loss } end
+    end
+    return out
+  end
+
+  it('the surviving node\'s launcher restarts on its own rank and finishes the run, as a run resumed there gives',
+    function()
+    local dir = H.tmpdir()
+    local ckdir = dir .. '/elastic/checkpoints'
+    local hold = dir .. '/hold'
+    local train_args = ('--dist=ddp --max_iters=12 --checkpoint_interval=4 --dist_timeout=%d'):format(TIMEOUT)
+    local out, statuses = NS.with({}, function(nodes)
+      local job = NS.start_ranks(nodes, launch.free_port(), function(r)
+        return ('env NNODES=2 NODE_RANK=%d GPTLUA_TEST_HOLD_AT=6:%s %s -n 1 --launcher=tcp --max_restarts=1 '
+          .. '--min_ranks=1 --rdzv_timeout=%d %s/spec/dist/elastic_recipe.lua --out_dir=%s %s'):format(r, hold, H.EXE,
+          RDZV, H.ROOT, dir, train_args)
+      end, 120)
+      local held = NS.wait_for(function()
+        local l = ckpt.list(ckdir)
+        return exists(hold .. '.rank0') and exists(hold .. '.rank1') and #l > 0 and l[#l].step == 4
+      end, 60)
+      if held then NS.link_down(nodes[2]) end
+      io.open(hold, 'wb'):close()
+      return NS.finish(job)
+    end)
+    assert.equal(0, statuses[1], out)
+    assert.is_true(statuses[2] ~= nil and statuses[2] ~= 0 and statuses[2] ~= 124, out)
+    assert.truthy(out:find('did not complete within 5.0 s on rank 0. Missing: rank 1', 1, true), out)
+    -- node 1 cannot reach the host: it stops, in one line
+    assert.truthy(out:find(('gptlua %%-n: rendezvous: no answer from the rendezvous host [%%d.]+:%%d+ within %d s'):format(
+      2 * RDZV)), out)
+    -- node 0 restarts alone, resharded to keep the global batch
+    assert.truthy(out:find('gptlua -n: restart 1 of 1 on 1 rank (node 0), from the last checkpoint', 1, true), out)
+    assert.truthy(out:find(("resume: gradient_accumulation_steps 1 -> 2 keeps the run's 64 tokens per step on 1 "
+      .. 'data-parallel ranks'), 1, true), out)
+    assert.truthy(out:find(('restart 1: resumed from %s/step_0000004, 2 steps lost'):format(ckdir), 1, true), out)
+    assert.truthy(out:find('gptlua -n: finished after 1 restart on 1 rank; 2 steps lost and trained again', 1, true), out)
+    -- recorded as a single node's restarts are
+    local m, j = {}, {}
+    for line in io.lines(dir .. '/elastic/metrics.jsonl') do
+      local r = cjson.decode(line)
+      if r.restart then m[#m + 1] = r end
+    end
+    for line in io.lines(dir .. '/elastic/journal.jsonl') do
+      local r = cjson.decode(line)
+      if r.restart then j[#j + 1] = r end
+    end
+    assert.equal(1, #m, out)
+    assert.same({ 1, 4, 2, 1 }, { m[1].restart, m[1].step, m[1].lost_steps, m[1].ranks })
+    assert.same({ 1, 4, 2 }, { j[1].restart, j[1].at, j[1].lost_steps })
+    -- the final checkpoint verifies (every file's checksum) and was made on one rank
+    local final = ckpt.load(ckdir .. '/step_0000012')
+    assert.same({ 12, 1, 2 }, { final.state.step, final.state.ranks, final.state.config.gradient_accumulation_steps })
+    -- the run on the survivor from that checkpoint: one process, resumed from a copy of step 4
+    local ref = H.tmpdir()
+    os.execute(('mkdir -p %s/elastic/checkpoints && cp -a %s/step_0000004 %s/elastic/checkpoints/'):format(ref, ckdir, ref))
+    local rout, rc = H.sh(('%s spec/dist/elastic_recipe.lua --out_dir=%s %s --resume --resume_keep_batch=true'):format(
+      H.EXE, ref, train_args), 60)
+    assert.equal(0, rc, rout)
+    local want = losses_after_restart(ref .. '/elastic/metrics.jsonl')
+    assert.equal(8, #want, rout)   -- steps 4..11
+    assert.same(want, losses_after_restart(dir .. '/elastic/metrics.jsonl'))
+    assert.equal(read(ref .. '/elastic/checkpoints/step_0000012/model.safetensors'),
+      read(ckdir .. '/step_0000012/model.safetensors'))
+    os.execute('rm -rf ' .. dir .. ' ' .. ref)
+  end)
 end)

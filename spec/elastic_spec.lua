@@ -110,6 +110,76 @@ describe('gptlua -n N --max_restarts', function()
     has(out, 'gptlua: --max_restarts expected a whole number, got x')
     out, rc = H.sh(H.EXE .. ' --max_restarts=1 spec/dist/elastic_recipe.lua', 30)
     assert.equal(1, rc, out)
-    has(out, 'gptlua: --max_restarts and --min_ranks go with -n N')
+    has(out, 'gptlua: --max_restarts, --min_ranks and --rdzv_timeout go with -n N')
+    out, rc = H.sh(H.EXE .. ' -n 1 --rdzv_timeout=0 spec/dist/elastic_recipe.lua', 30)
+    assert.equal(1, rc, out)
+    has(out, 'gptlua: --rdzv_timeout expected a number of seconds > 0, got 0')
+    -- on several nodes --min_ranks counts every node's ranks
+    out, rc = H.sh('env NNODES=2 NODE_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 ' .. H.EXE
+      .. ' -n 2 --launcher=tcp --min_ranks=5 spec/dist/elastic_recipe.lua', 30)
+    assert.equal(1, rc, out)
+    has(out, 'gptlua -n: --min_ranks expected an integer in 1..4 (the ranks of NNODES x -n), got 5')
+  end)
+end)
+
+-- Two nodes on this host, one TCP launcher a node (NNODES=2, NODE_RANK,
+-- MASTER_ADDR=127.0.0.1): with --max_restarts the launchers meet at node
+-- 0's before each attempt (gptlua.dist.rendezvous; the link lost between
+-- two namespaces is spec/dist_netns_failure_spec.lua's).
+describe('gptlua -n N --max_restarts on two nodes (one launcher a node)', function()
+  -- runs both launchers at once; their outputs and statuses, by node
+  local function two_nodes(dir, flags_of_node, env)
+    local port = require('gptlua.dist.launch').free_port()
+    local parts = {}
+    for node = 0, 1 do
+      parts[#parts + 1] = ('(env GPTLUA_SPEC_BACKEND=gloo NNODES=2 NODE_RANK=%d MASTER_ADDR=127.0.0.1 MASTER_PORT=%d %s '
+        .. '%s -n 1 --launcher=tcp %s spec/dist/elastic_recipe.lua --out_dir=%s --dist=ddp > %s/node%d.log 2>&1; '
+        .. 'echo "node %d status $?" >> %s/node%d.log) &'):format(node, port, env or '', H.EXE, flags_of_node(node), dir,
+        dir, node, node, dir, node)
+    end
+    local script = dir .. '/nodes.sh'
+    local f = assert(io.open(script, 'wb'))
+    f:write(table.concat(parts, '\n'), '\nwait\n')
+    f:close()
+    H.sh('bash ' .. script, 240)
+    local logs, statuses = {}, {}
+    for node = 0, 1 do
+      logs[node + 1] = read(('%s/node%d.log'):format(dir, node))
+      statuses[node + 1] = tonumber(logs[node + 1]:match('node %d status (%d+)'))
+    end
+    return logs, statuses
+  end
+
+  it('a rank of node 1 killed mid-run -> both launchers meet again, the job restarts on both nodes and ends on '
+    .. 'the uninterrupted run\'s parameters', function()
+    local dir = H.tmpdir()
+    local logs, statuses = two_nodes(dir, function() return '--max_restarts=1 --rdzv_timeout=60' end,
+      'GPTLUA_TEST_EXIT_AT=1:5')
+    local out = logs[1] .. logs[2]
+    assert.same({ 0, 0 }, statuses, out)
+    has(logs[2], 'test hook: exiting before step 5')
+    -- every node joined: the round closed without waiting out the timeout
+    has(logs[1], 'gptlua -n: restart 1 of 1 on 2 ranks (nodes 0, 1), from the last checkpoint')
+    has(logs[2], 'gptlua -n: restart 1 of 1 on 2 ranks (nodes 0, 1), from the last checkpoint')
+    assert.same({ 2 }, { records(dir .. '/elastic/metrics.jsonl', 'restart')[1].ranks })
+    assert.equal(reference_model(), read(dir .. '/elastic/checkpoints/step_0000008/model.safetensors'))
+    os.execute('rm -rf ' .. dir)
+  end)
+
+  it('fewer ranks than --min_ranks join -> one line on every node, a node started with other flags refused',
+    function()
+    local dir = H.tmpdir()
+    local logs, statuses = two_nodes(dir, function(node)
+      return ('--max_restarts=1 --min_ranks=%d --rdzv_timeout=3'):format(2 - node)
+    end)
+    local out = logs[1] .. logs[2]
+    assert.same({ 1, 1 }, statuses, out)
+    local misfit = 'node 1 was started with NNODES=2 --max_restarts=1 --min_ranks=1; the rendezvous host with NNODES=2 '
+      .. '--max_restarts=1 --min_ranks=2'
+    has(logs[1], 'gptlua -n: rendezvous: refused a node: ' .. misfit)
+    has(logs[2], 'gptlua -n: rendezvous: ' .. misfit)
+    has(logs[1], 'gptlua -n: only 1 of 2 ranks (node 0 of 2) joined the rendezvous within 3 s, fewer than '
+      .. '--min_ranks=2: the job does not start')
+    os.execute('rm -rf ' .. dir)
   end)
 end)

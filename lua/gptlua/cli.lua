@@ -37,6 +37,8 @@ options:
                  start again from the last checkpoint, up to K times
   --min_ranks=M  with -n: restart on the ranks that can start if at least M
                  (the same global batch, more accumulation), else give up
+  --rdzv_timeout=S  with -n on several nodes (NNODES): how long node 0's launcher
+                 waits for the others before each restart (default 60)
   --plan         print the per-rank memory plan of a recipe instead of running it
                  (gptlua --plan recipe.lua [--world=N] [--rank=R] [--device_memory=80GiB] [--margin=0.1] [--key=value])
   -v, --verbose  print a traceback with every error (a user's error is otherwise one line)
@@ -151,9 +153,11 @@ function M.main(argv)
     elseif a:match('^%-n%d+$') then nranks = tonumber(a:sub(3))
     elseif a == '--plan' then plan = true
     elseif a:match('^%-%-launcher=') then launcher = a:sub(12)
-    elseif a:match('^%-%-max_restarts=') or a:match('^%-%-min_ranks=') then
+    elseif a:match('^%-%-max_restarts=') or a:match('^%-%-min_ranks=') or a:match('^%-%-rdzv_timeout=') then
       local k, v = a:match('^%-%-([%w_]+)=(.*)$')
-      if not (tonumber(v) and tonumber(v) >= 0 and tonumber(v) % 1 == 0) then
+      if k == 'rdzv_timeout' and not (tonumber(v) and tonumber(v) > 0) then
+        io.stderr:write('gptlua: --rdzv_timeout expected a number of seconds > 0, got ', v, '\n') return 1
+      elseif k ~= 'rdzv_timeout' and not (tonumber(v) and tonumber(v) >= 0 and tonumber(v) % 1 == 0) then
         io.stderr:write('gptlua: --', k, ' expected a whole number, got ', v, '\n') return 1
       end
       elastic = elastic or {}
@@ -177,7 +181,7 @@ function M.main(argv)
     return require('gptlua.dist.launch').main(nranks, script, args, launcher, elastic)
   end
   if launcher or elastic then
-    io.stderr:write('gptlua: ', launcher and '--launcher goes' or '--max_restarts and --min_ranks go', ' with -n N\n')
+    io.stderr:write('gptlua: ', launcher and '--launcher goes' or '--max_restarts, --min_ranks and --rdzv_timeout go', ' with -n N\n')
     return 1
   end
   if plan then

@@ -58,6 +58,12 @@ local DECLARATIONS = {
   'struct gl_ucred { int pid; unsigned uid; unsigned gid; };',
   'struct gl_pollfd { int fd; short events; short revents; };',
   'int poll(struct gl_pollfd *fds, unsigned long n, int timeout_ms);',
+  [[struct gl_addrinfo { int ai_flags; int ai_family; int ai_socktype; int ai_protocol; unsigned ai_addrlen;
+      void *ai_addr; char *ai_canonname; struct gl_addrinfo *ai_next; };
+    int getaddrinfo(const char *node, const char *service, const struct gl_addrinfo *hints,
+                    struct gl_addrinfo **res);
+    void freeaddrinfo(struct gl_addrinfo *res);
+    const char *gai_strerror(int errcode);]],
   -- the clock
   'struct gl_timespec { long tv_sec; long tv_nsec; };',
   'int clock_gettime(int clk_id, struct gl_timespec *tp);',

@@ -181,9 +181,13 @@ end
 
 -- The environment of local rank r of n under the TCP launcher, on node
 -- node of nnodes (each node runs n ranks; global ranks go node by node).
-function M.tcp_env(r, n, addr, port, node, nnodes)
+-- place (the launchers' rendezvous, gptlua.dist.rendezvous): this node's
+-- first global rank and the world's size instead.
+function M.tcp_env(r, n, addr, port, node, nnodes, place)
   node, nnodes = node or 0, nnodes or 1
-  return { RANK = tostring(node * n + r), WORLD_SIZE = tostring(nnodes * n), LOCAL_RANK = tostring(r),
+  local first, world = node * n, nnodes * n
+  if place then first, world = place.first_rank, place.world end
+  return { RANK = tostring(first + r), WORLD_SIZE = tostring(world), LOCAL_RANK = tostring(r),
     LOCAL_WORLD_SIZE = tostring(n), MASTER_ADDR = addr, MASTER_PORT = tostring(port) }
 end
 
@@ -210,19 +214,20 @@ end
 -- Starts n ranks of script on this host over TCP (this node's share of
 -- NNODES nodes, M.nodes_of_env), each in a process group of its own (Ctrl-C
 -- reaches the launcher, which forwards it), waits for them and returns the
--- exit status.
-function M.tcp(n, script, args)
+-- exit status.  place: where the launchers' rendezvous put this node's ranks
+-- ({first_rank, world, port}: the ranks meet at MASTER_ADDR:port).
+function M.tcp(n, script, args, place)
   local nnodes, node, why = M.nodes_of_env()
   if not nnodes then io.stderr:write('gptlua -n: ', why, '\n') return 1 end
   local addr = os.getenv('MASTER_ADDR') or '127.0.0.1'
-  local port = tonumber(os.getenv('MASTER_PORT') or '') or M.free_port()
+  local port = place and place.port or tonumber(os.getenv('MASTER_PORT') or '') or M.free_port()
   if not port then io.stderr:write('gptlua -n: no free TCP port for the rendezvous (set MASTER_PORT)\n') return 1 end
   local argv = { M.exe(), script }
   for _, a in ipairs(args or {}) do argv[#argv + 1] = tostring(a) end
   local pids = {}
   for r = 0, n - 1 do
     -- the child takes a copy of this environment at spawn
-    for k, v in pairs(M.tcp_env(r, n, addr, port, node, nnodes)) do ffi.C.setenv(k, v, 1) end
+    for k, v in pairs(M.tcp_env(r, n, addr, port, node, nnodes, place)) do ffi.C.setenv(k, v, 1) end
     local pid, err = M.spawn(argv)
     if not pid then
       io.stderr:write('gptlua -n: cannot run ', argv[1], ': ', err, '\n')
@@ -235,7 +240,8 @@ function M.tcp(n, script, args)
 end
 
 -- Called by gptlua.cli for `-n N`; returns the exit status.  opts:
--- max_restarts and min_ranks (gptlua.dist.elastic restarts a failed job).
+-- max_restarts, min_ranks and rdzv_timeout (gptlua.dist.elastic restarts a
+-- failed job).
 function M.main(n, script, args, launcher, opts)
   if type(n) ~= 'number' or n < 1 or n ~= math.floor(n) then
     io.stderr:write('gptlua -n: expected a positive number of ranks, got ', tostring(n), '\n')
@@ -249,16 +255,16 @@ function M.main(n, script, args, launcher, opts)
   if launcher == 'auto' then
     launcher = M.which(os.getenv('GPTLUA_MPIRUN') or 'mpirun') and 'mpi' or 'tcp'
   end
-  if opts and (opts.max_restarts or opts.min_ranks) then
+  if opts and (opts.max_restarts or opts.min_ranks or opts.rdzv_timeout) then
     return require('gptlua.dist.elastic').main(n, script, args, launcher, opts)
   end
   return (M.run_once(n, script, args, launcher))
 end
 
--- One job of n ranks under launcher 'mpi' or 'tcp'; returns its status,
--- whether the launcher was told to stop (M.wait), and whether the job
--- refused its configuration (a status that no restart changes).
-function M.run_once(n, script, args, launcher)
+-- One job of n ranks under launcher 'mpi' or 'tcp' (place: M.tcp's); returns
+-- its status, whether the launcher was told to stop (M.wait), and whether
+-- the job refused its configuration (a status that no restart changes).
+function M.run_once(n, script, args, launcher, place)
   local mpirun
   if launcher ~= 'tcp' then
     local name = os.getenv('GPTLUA_MPIRUN') or 'mpirun'
@@ -276,7 +282,7 @@ function M.run_once(n, script, args, launcher)
   ffi.C.setenv('GPTLUA_LAUNCH_STATUS', status_file, 1)
   local status, stopped
   if launcher == 'tcp' then
-    status, stopped = M.tcp(n, script, args)
+    status, stopped = M.tcp(n, script, args, place)
   else
     local pid, err = M.spawn(M.command(n, script, args, { mpirun = mpirun }))
     if not pid then

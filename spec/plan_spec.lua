@@ -142,6 +142,8 @@ local out = {}
 for _, c in ipairs(cases) do
   local base = settled()
   gl.reset_peak_memory()
+  -- (a recipe's functions do not travel in JSON: its file gives them)
+  if c.recipe_file then for k, v in pairs(dofile(c.recipe_file)) do if type(v) == 'function' then c.recipe[k] = v end end end
   local t = train.new(c.recipe, {})
   t:train_step(); t:train_step()
   out[#out + 1] = gl.memory_stats().peak - base
@@ -171,7 +173,7 @@ f:close()
         or n == 4 and { { tp = 2, sp = true, dist = 'zero1' }, { tp = 2, cp = 2, ring = true } } or {}
       if n == 2 then  -- a mixture of experts: dropless and with a capacity factor
         for _, mc in ipairs({ { 0, 'ddp' }, { 0.5, 'ddp' }, { 0, 'zero1' } }) do
-          cases[#cases + 1] = { recipe = moe_recipe(mc[1], mc[2]),
+          cases[#cases + 1] = { recipe = moe_recipe(mc[1], mc[2]), recipe_file = ROOT .. '/recipes/moe.lua',
                                 what = ('moe capacity %g %s on %d'):format(mc[1], mc[2], n) }
         end
       end
@@ -182,7 +184,13 @@ f:close()
         cases[#cases + 1] = { recipe = r, what = ('default %s tp %d%s cp %d %s on %d'):format(r.dist, r.tp,
           r.sp and '+sp' or '', r.cp, r.cp_mode, n) }
       end
-      local src = assert(io.open(worker)):read('*a'):gsub('"CASES"', function() return ('%q'):format(cjson.encode(cases)) end)
+      local sent = {}
+      for i, c in ipairs(cases) do
+        local r = {}
+        for k, v in pairs(c.recipe) do if type(v) ~= 'function' then r[k] = v end end
+        sent[i] = { recipe = r, recipe_file = c.recipe_file }
+      end
+      local src = assert(io.open(worker)):read('*a'):gsub('"CASES"', function() return ('%q'):format(cjson.encode(sent)) end)
       local wf = assert(io.open(worker .. n, 'w')); wf:write(src); wf:close()
       local cmd = ('cd %s && OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 %s -np %d '
         .. '--oversubscribe --allow-run-as-root %s %s 2>&1'):format(ROOT, launch.which('mpirun'), n, EXE, worker .. n)

@@ -55,15 +55,19 @@ function M.render_moe(r, w)
     m.layers == 1 and '' or 's', m.experts, m.experts_per_rank, m.ep > 1 and (', ep ' .. m.ep) or '', m.top_k, m.hidden,
     m.capacity_factor > 0 and ('capacity factor %g'):format(m.capacity_factor) or 'dropless',
     m.total_params / 1e6, m.active_params / 1e6, m.expert_params / 1e6))
-  local seen = {}
+  -- (one line per distinct shape: pipeline stages or context parallel
+  -- ranks see their own tokens)
+  local lines, count = {}, {}
   for _, l in ipairs(sorted_keys(r.moe_shapes or {})) do
     local s = r.moe_shapes[l]
     local how = s.rows == s.tokens * s.top_k and ('N K = %d x %d'):format(s.tokens, s.top_k)
       or ('E x capacity = %d x %d'):format(m.experts, s.rows / m.experts)
     local line = ('  dispatch per micro-step: %d tokens -> %d rows (%s) into the grouped products'):format(s.tokens,
       s.rows, how)
-    if not seen[line] then seen[line] = true; w(line, l ~= '?' and (' [' .. l .. ']') or '') end
+    if not count[line] then lines[#lines + 1] = line end
+    count[line] = (count[line] or 0) + 1
   end
+  for _, line in ipairs(lines) do w(line, #lines > 1 and (' (%d layers)'):format(count[line]) or '') end
 end
 
 function M.render(r)

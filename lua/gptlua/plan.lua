@@ -206,6 +206,71 @@ local function tag_layers(model, set_label)
   return function() for _, u in ipairs(undo) do u() end end
 end
 
+-- Mixture of experts (gptlua.moe): while the plan runs, the engine ops of
+-- the MoE layers tag what they make as the dispatch (the routing plan, the
+-- token rows permuted into expert order, the combine back) or the expert
+-- products (the grouped products' outputs and their activation), and the
+-- dispatch records each layer's tokens N, top-k K and rows (N K, or E x
+-- capacity); returns a function that undoes it.  parts: tensor -> part.
+local MOE_DISPATCH, MOE_PRODUCTS = 'MoE dispatch and combine', 'MoE expert products'
+local function tag_moe(model, parts, shapes, label_of)
+  local layers = require('gptlua.moe').layers(model)
+  if #layers == 0 then return function() end end
+  local saved = {}
+  local function wrap(name, f)
+    saved[name] = saved[name] or gl[name]
+    gl[name] = f
+  end
+  local function tagged(name, p, after)
+    local f = gl[name]
+    wrap(name, function(...)
+      local res = { f(...) }
+      for i = 1, table.maxn(res) do if getmetatable(res[i]) == gl.Tensor then parts[res[i]] = p end end
+      if after then after(...) end
+      return unpack(res, 1, table.maxn(res))
+    end)
+  end
+  tagged('moe_route', MOE_DISPATCH)
+  tagged('moe_combine', MOE_DISPATCH)
+  tagged('moe_permute', MOE_DISPATCH, function(x, slots, rows)
+    local l = label_of() or '?'
+    if not shapes[l] then shapes[l] = { tokens = x.shape[1], top_k = slots.shape[2], rows = rows } end
+  end)
+  tagged('grouped_linear', MOE_PRODUCTS)
+  -- the experts' activation, applied to a grouped product's output
+  for _, l in ipairs(layers) do
+    local act = l[2].act
+    if not saved[act] then
+      local f = gl[act]
+      wrap(act, function(x, ...)
+        local y = f(x, ...)
+        if parts[x] == MOE_PRODUCTS then parts[y] = MOE_PRODUCTS end
+        return y
+      end)
+    end
+  end
+  return function() for name, f in pairs(saved) do gl[name] = f end end
+end
+
+-- The model's MoE layers as the plan reports them: parameters (total,
+-- those a token uses, the experts'), experts, per rank (E / ep: expert
+-- parallel ranks hold E / ep each), top-k, capacity factor, hidden width.
+local function moe_facts(model, cfg)
+  local moe = require 'gptlua.moe'
+  local layers = moe.layers(model)
+  if #layers == 0 then return nil end
+  local m = layers[1][2]
+  local expert_params = 0
+  for _, l in ipairs(layers) do
+    for _, ex in ipairs(l[2].experts._modules) do expert_params = expert_params + l[2].experts[ex]:num_params() end
+  end
+  local ep = cfg.ep or 1
+  return { layers = #layers, experts = m.n_experts, ep = ep, experts_per_rank = m.n_experts / ep, top_k = m.top_k,
+           capacity_factor = m.capacity_factor, hidden = m.experts[1].c_fc.weight.shape[1],
+           total_params = model:num_params(), active_params = model:num_params() - moe.inactive_params(model),
+           expert_params = expert_params }
+end
+
 -- Every tensor reachable from root through tables (depth-limited), with
 -- the name of the field that holds it.
 local function each_tensor(root, f, depth, seen, key)
@@ -226,7 +291,7 @@ local POLICY_FIELDS = { pflat = 'parameters', pshard = 'parameters', gshard = 'g
   m = 'optimizer state', v = 'optimizer state', buf = 'optimizer state', master = 'master weights' }
 
 -- The live storages at this moment, sorted into groups (see the header).
-local function classify(t, registry)
+local function classify(t, registry, parts)
   local group, bytes = {}, {}
   local function mark(x, g)
     local id = storage_id(x)
@@ -246,7 +311,8 @@ local function classify(t, registry)
   end
   each_tensor(t.policy, function(x, key) mark(x, POLICY_FIELDS[key] or 'communication buffers') end)
   local out = { layers = {} }
-  local seen = {}
+  local seen, part_of = {}, {}
+  for x, p in pairs(parts or {}) do local id = storage_id(x); if id then part_of[id] = p end end
   for x, label in pairs(registry) do
     local id = storage_id(x)
     if id and not seen[id] then
@@ -258,6 +324,8 @@ local function classify(t, registry)
         else
           g = 'activations'
           out.layers[label or 'backward'] = (out.layers[label or 'backward'] or 0) + b
+          local p = part_of[id]
+          if p then out.moe = out.moe or {}; out.moe[p] = (out.moe[p] or 0) + b end
         end
       end
       out[g] = (out[g] or 0) + b
@@ -274,6 +342,7 @@ local function run_plan(recipe, rargs, o, stop_at)
   local dist = require 'gptlua.dist'
   local Tensor = gl.Tensor
   local label, registry, snapshot, trainer = nil, setmetatable({}, { __mode = 'k' }), nil, nil
+  local parts, moe_shapes = setmetatable({}, { __mode = 'k' }), {}
   local function set_label(l) local p = label; label = l; return p end
   local prev_world
   local res = meta.run(function()
@@ -289,17 +358,24 @@ local function run_plan(recipe, rargs, o, stop_at)
     Tensor.on_wrap = function(x)
       registry[x] = label or false
       local st = gl.memory_stats()
-      if stop_at and not snapshot and st.n_allocs >= stop_at and trainer then snapshot = classify(trainer, registry) end
+      if stop_at and not snapshot and st.n_allocs >= stop_at and trainer then
+        snapshot = classify(trainer, registry, parts)
+      end
       if st.peak > best then best, peak_at = st.peak, st.n_allocs end
     end
     local ok, err = pcall(function()
       local t = train.new(r, rargs)
       trainer = t
       local untag = tag_layers(t.model, set_label)
-      t:train_step()
-      fake.reset(w)
-      t:train_step()
+      local untag_moe = tag_moe(t.model, parts, moe_shapes, function() return label end)
+      local ok2, err2 = pcall(function()
+        t:train_step()
+        fake.reset(w)
+        t:train_step()
+      end)
+      untag_moe()
       untag()
+      if not ok2 then error(err2, 0) end
     end)
     Tensor.on_wrap = nil
     dist.set_world(prev_world)
@@ -313,6 +389,7 @@ local function run_plan(recipe, rargs, o, stop_at)
     return { peak = st.peak, peak_at = peak_at, traffic = fake.traffic(w), cfg = t.cfg,
              accum = t.cfg.gradient_accumulation_steps, num_params = t.model:num_params(),
              tokens_per_step = t.tokens_per_step, model_config = t.model.config,
+             moe = moe_facts(t.model, t.cfg), moe_shapes = moe_shapes,
              pipeline = t.pipeline and { text = tostring(t.pipeline), schedule = t.pipeline.schedule } }
   end, { reads = 'zeros' })
   res.groups = snapshot

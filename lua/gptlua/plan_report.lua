@@ -45,6 +45,31 @@ local function sorted_keys(t, by)
   return keys
 end
 
+-- The mixture of experts: parameters with every expert against those a
+-- token uses, the experts each rank holds, and the rows each layer's
+-- dispatch gives the grouped products (N K, or E x capacity).
+function M.render_moe(r, w)
+  local m = r.moe
+  w(('mixture of experts: %d MoE layer%s of %d experts (%d per rank%s), top-%d, expert hidden %d, %s; parameters '
+    .. '%.2fM with every expert, %.2fM active per token (experts %.2fM of the total)'):format(m.layers,
+    m.layers == 1 and '' or 's', m.experts, m.experts_per_rank, m.ep > 1 and (', ep ' .. m.ep) or '', m.top_k, m.hidden,
+    m.capacity_factor > 0 and ('capacity factor %g'):format(m.capacity_factor) or 'dropless',
+    m.total_params / 1e6, m.active_params / 1e6, m.expert_params / 1e6))
+  -- (one line per distinct shape: pipeline stages or context parallel
+  -- ranks see their own tokens)
+  local lines, count = {}, {}
+  for _, l in ipairs(sorted_keys(r.moe_shapes or {})) do
+    local s = r.moe_shapes[l]
+    local how = s.rows == s.tokens * s.top_k and ('N K = %d x %d'):format(s.tokens, s.top_k)
+      or ('E x capacity = %d x %d'):format(m.experts, s.rows / m.experts)
+    local line = ('  dispatch per micro-step: %d tokens -> %d rows (%s) into the grouped products'):format(s.tokens,
+      s.rows, how)
+    if not count[line] then lines[#lines + 1] = line end
+    count[line] = (count[line] or 0) + 1
+  end
+  for _, line in ipairs(lines) do w(line, #lines > 1 and (' (%d layers)'):format(count[line]) or '') end
+end
+
 function M.render(r)
   local cfg = r.config
   local lines = {}
@@ -70,6 +95,7 @@ function M.render(r)
     w(r.pipeline.text)
     w((require('gptlua.dist.schedules').format(r.pipeline.schedule)))
   end
+  if r.moe then M.render_moe(r, w) end
   if r.note then w('note: ', r.note) end
   if r.device ~= 'cpu' then
     w(('note: planned for %s with the allocator\'s classes and caching (shared by CPU and CUDA); the dataset\'s host '
@@ -86,6 +112,9 @@ function M.render(r)
       for i, l in ipairs(keys) do
         if i > 8 then w(('      ... and %d more'):format(#keys - 8)); break end
         w('    ', pad(l, 24), lpad(fmt(g.layers[l]), 12))
+      end
+      for _, part in ipairs(sorted_keys(g.moe or {})) do  -- (in the layers above)
+        w('    of which ', pad(part, 28), lpad(fmt(g.moe[part]), 12))
       end
     end
   end

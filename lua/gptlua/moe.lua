@@ -293,6 +293,9 @@ function M.begin_step(layers, scale)
     local s = m.stats
     if s then
       gl.no_grad(function() s.load:zero_(); s.kept:zero_(); s.aux:zero_(); s.z:zero_() end)
+      -- a step replayed from a CUDA graph runs no Lua forward: its passes
+      -- are those of the step before (the shapes are fixed under a graph)
+      if s.passes > 0 then s.step_assignments, s.step_passes = s.assignments, s.passes end
       s.assignments, s.passes = 0, 0
     end
   end
@@ -323,6 +326,9 @@ function M.metrics(layers)
   for _, l in ipairs(layers) do
     local name, m = l[1], l[2]
     local s = m.stats
+    if s and s.passes == 0 and s.step_passes then  -- a replayed step (begin_step)
+      s.assignments, s.passes = s.step_assignments, s.step_passes
+    end
     if s and s.passes > 0 then
       local load, kept = s.load:tolist(), s.kept:tolist()
       local E, sum, sq, mx, k = #load, 0, 0, 0, 0

@@ -123,12 +123,21 @@ function M.router(mc)
                         bias_update = mc.bias_update }, Router)
 end
 
+-- the ids 0 .. E-1 as a (1, E) int64 row on device, made once (a copy from
+-- the host, which a step captured as a CUDA graph may not contain)
+local id_rows = {}
+local function expert_ids(E, device)
+  local key = device .. '/' .. E
+  if not id_rows[key] then id_rows[key] = gl.arange(0, E, { dtype = 'int64', device = device }):view(1, E):keep() end
+  return id_rows[key]
+end
+
 -- the K largest entries of each row of x (N, E), as int64 ids (N, K) in
 -- descending order (ties: the lower id first); no gradient
 function M.top_k(x, K)
   return gl.no_grad(function()
     local E = x.shape[2]
-    local ids = gl.arange(0, E, { dtype = 'int64', device = x.device }):view(1, E)
+    local ids = expert_ids(E, x.device)
     local picks, cur = {}, x
     for k = 1, K do
       local _, i = gl.max(cur, 2, true)

@@ -4,7 +4,8 @@
 -- Edge cases: an expert without tokens, capacity drops, top_k = 1, int32 ids
 -- in a strided view, more experts than one launch of the grouped products
 -- takes (32), rows past the last expert's.  A MoE model on the device:
--- spec/cuda_model_spec.lua and spec/cuda_graph_spec.lua.
+-- spec/cuda_model_spec.lua and spec/cuda_train_graph_spec.lua.  Also in race mode
+-- (Makefile RACE_SPECS).
 local gl = require 'gptlua'
 local ffi, lib = gl.ffi, gl.lib
 local twin = require 'support.cuda_twin'

@@ -34,6 +34,8 @@
  * The epilogue rounds once to bf16: the fp32 accumulator (+ bias), relu and
  * square, or times 2 sqrt(h) with h read from the bf16 tile it multiplies.
  *
+ * The grouped form (GROUPED, cuda_gemm_mma_grouped) is moe.cu's grouped
+ * product with no epilogue: a block's tile rows and its b are one expert's.
  * CPU twin: gl_epilogue_product / gl_epilogue_finish (engine/unfused.c),
  * the product and then the elementwise passes, which the GPU also runs when
  * this kernel cannot take the operands (kernels/matmul.cu).  Specs:
@@ -61,28 +63,43 @@ struct GemmMmaParams {
   int64_t M, N, K, lda, ldb, ldo, ldx;
   int epi;
 };
+/* the experts of one grouped launch, by value (GROUPED only) */
+enum { GM_MMA_GROUP = 32 };
+struct GemmMmaGroups {
+  const bf16 *b[GM_MMA_GROUP];   /* each expert's b, laid out as p.b (KN or not) */
+  int64_t ldb[GM_MMA_GROUP];
+  IdxPtr counts;                 /* every expert's row count */
+  int64_t cs;
+  int e0, ng;
+};
+/* expert e's rows, clamped to [0, M - off) */
+__device__ __forceinline__ int64_t gm_group_rows(const GemmMmaGroups &gq, int64_t e, int64_t off, int64_t M) {
+  int64_t c = gq.counts.get(e * gq.cs);
+  if (c < 0) c = 0;
+  return c < M - off ? c : M - off;
+}
 
 /* one K-step's tiles, global -> shared with cp.async (this thread's share;
    the caller commits the group); what lies past the matrix is zero-filled */
 template <bool KN>
-__device__ __forceinline__ void gm_load(bf16 *As, bf16 *Bs, const GemmMmaParams &p, int64_t m0, int64_t n0,
-                                        int64_t k0) {
+__device__ __forceinline__ void gm_load(bf16 *As, bf16 *Bs, const GemmMmaParams &p, const bf16 *b, int64_t ldb,
+                                        int64_t m0, int64_t mend, int64_t n0, int64_t k0) {
   for (int i = threadIdx.x; i < GM_BM * (GM_BK / 8); i += GM_THREADS) {  /* 128 rows x 4 chunks */
     const int r = i >> 2, c = (i & 3) * 8;
-    const bool ok = m0 + r < p.M && k0 + c < p.K;
+    const bool ok = m0 + r < mend && k0 + c < p.K;
     cp_async_16(As + r * GM_LDK + c, ok ? p.a + (m0 + r) * p.lda + k0 + c : p.a, ok);
   }
   if (KN) {
     for (int i = threadIdx.x; i < GM_BK * (GM_BN / 8); i += GM_THREADS) {  /* 32 k-rows x 16 chunks */
       const int r = i >> 4, c = (i & 15) * 8;
       const bool ok = k0 + r < p.K && n0 + c < p.N;
-      cp_async_16(Bs + r * GM_LDN + c, ok ? p.b + (k0 + r) * p.ldb + n0 + c : p.b, ok);
+      cp_async_16(Bs + r * GM_LDN + c, ok ? b + (k0 + r) * ldb + n0 + c : b, ok);
     }
   } else {
     for (int i = threadIdx.x; i < GM_BN * (GM_BK / 8); i += GM_THREADS) {  /* 128 n-rows x 4 chunks */
       const int r = i >> 2, c = (i & 3) * 8;
       const bool ok = n0 + r < p.N && k0 + c < p.K;
-      cp_async_16(Bs + r * GM_LDK + c, ok ? p.b + (n0 + r) * p.ldb + k0 + c : p.b, ok);
+      cp_async_16(Bs + r * GM_LDK + c, ok ? b + (n0 + r) * ldb + k0 + c : b, ok);
     }
   }
 }
@@ -106,13 +123,38 @@ __device__ __forceinline__ float gm_pattern(int64_t i) {
   return (float)((int)(((uint64_t)i * 2654435761u) >> 24 & 255) - 128) / 4096.0f + 1.0f / 8192.0f;
 }
 
-template <bool KN>
-__global__ void __launch_bounds__(GM_THREADS) gemm_mma_kernel(GemmMmaParams p) {
+/* GROUPED: the grouped product of kernels/moe.cu (cuda_gemm_mma_grouped):
+   block y is the y-th 128-row tile of the walk over experts [e0, e0 + ng),
+   each expert's rows following the ones before it (the counts, read here
+   from device memory, clamped to M); its b is the expert's matrix, and the
+   epilogue is the plain product rounded to bf16. */
+template <bool KN, bool GROUPED>
+__global__ void __launch_bounds__(GM_THREADS) gemm_mma_kernel(GemmMmaParams p, GemmMmaGroups gq) {
   GL_DYNAMIC_SHARED(unsigned char, smem, 128);
   bf16 *sA = (bf16 *)smem, *sB = sA + GM_STAGES * GM_A_ELEMS;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wm = warp >> 2, wn = warp & 3;  /* rows wm*64.., columns wn*32.. of the block's tile */
-  const int64_t m0 = (int64_t)blockIdx.y * GM_BM, n0 = (int64_t)blockIdx.x * GM_BN;
+  const int64_t n0 = (int64_t)blockIdx.x * GM_BN;
+  int64_t m0 = (int64_t)blockIdx.y * GM_BM, mend = p.M, ldb = p.ldb;
+  const bf16 *b = p.b;
+  if (GROUPED) {
+    GL_SHARED(int64_t, pick, [3]);  /* expert in the launch (-1: none), first row, end row */
+    if (threadIdx.x == 0) {
+      int64_t off = 0, slot = blockIdx.y;
+      for (int64_t e = 0; e < gq.e0; e++) off += gm_group_rows(gq, e, off, p.M);
+      pick[0] = -1;
+      for (int g = 0; g < gq.ng && pick[0] < 0; g++) {
+        const int64_t c = gm_group_rows(gq, gq.e0 + g, off, p.M), tiles = (c + GM_BM - 1) / GM_BM;
+        if (slot < tiles) { pick[0] = g; pick[1] = off + slot * GM_BM; pick[2] = off + c; }
+        slot -= tiles;
+        off += c;
+      }
+    }
+    __syncthreads();
+    if (pick[0] < 0) return;  /* past the last tile (the grid is a bound) */
+    m0 = pick[1]; mend = pick[2];
+    b = gq.b[pick[0]]; ldb = gq.ldb[pick[0]];
+  }
   const int64_t nk = (p.K + GM_BK - 1) / GM_BK;
   const bool quick = gm_quick();
 
@@ -129,7 +171,7 @@ __global__ void __launch_bounds__(GM_THREADS) gemm_mma_kernel(GemmMmaParams p) {
      wait<STAGES-2> always retires exactly the step about to be used */
 #pragma unroll
   for (int s = 0; s < GM_STAGES - 1; s++) {
-    if (s < nk) gm_load<KN>(sA + s * GM_A_ELEMS, sB + s * gm_b_elems<KN>(), p, m0, n0, (int64_t)s * GM_BK);
+    if (s < nk) gm_load<KN>(sA + s * GM_A_ELEMS, sB + s * gm_b_elems<KN>(), p, b, ldb, m0, mend, n0, (int64_t)s * GM_BK);
     cp_async_commit();
   }
   for (int64_t kt = 0; kt < nk; kt++) {
@@ -138,7 +180,7 @@ __global__ void __launch_bounds__(GM_THREADS) gemm_mma_kernel(GemmMmaParams p) {
     const int64_t nt = kt + GM_STAGES - 1;
     if (nt < nk) {
       const int s = (int)(nt % GM_STAGES);
-      gm_load<KN>(sA + s * GM_A_ELEMS, sB + s * gm_b_elems<KN>(), p, m0, n0, nt * GM_BK);
+      gm_load<KN>(sA + s * GM_A_ELEMS, sB + s * gm_b_elems<KN>(), p, b, ldb, m0, mend, n0, nt * GM_BK);
     }
     cp_async_commit();
     const int s = (int)(kt % GM_STAGES);
@@ -178,7 +220,7 @@ __global__ void __launch_bounds__(GM_THREADS) gemm_mma_kernel(GemmMmaParams p) {
      whole padded tiles, so take back what lies past the matrix (a step
      function of M, N and K that the account's fit in B·T cannot follow) */
   if (threadIdx.x == 0) {
-    const double vm = (double)(p.M - m0 < GM_BM ? p.M - m0 : GM_BM), vn = (double)(p.N - n0 < GM_BN ? p.N - n0 : GM_BN);
+    const double vm = (double)(mend - m0 < GM_BM ? mend - m0 : GM_BM), vn = (double)(p.N - n0 < GM_BN ? p.N - n0 : GM_BN);
     gl_sim_account_add(nullptr, 2.0 * vm * vn * (double)p.K - 2.0 * GM_BM * GM_BN * (double)(nk * GM_BK), 0, 0);
   }
 #endif
@@ -193,10 +235,12 @@ __global__ void __launch_bounds__(GM_THREADS) gemm_mma_kernel(GemmMmaParams p) {
 #pragma unroll
       for (int hf = 0; hf < 2; hf++) {
         const int64_t row = m0 + wm * 64 + i * 16 + g + hf * 8, col = n0 + wn * 32 + j * 8 + 2 * t;
-        if (row >= p.M || col >= p.N) continue;
+        if (row >= mend || col >= p.N) continue;
         float v0 = acc[i][j][2 * hf], v1 = acc[i][j][2 * hf + 1];
         if (quick) { v0 = gm_pattern(row * p.N + col); v1 = gm_pattern(row * p.N + col + 1); }
-        if (p.epi == GL_EPI_RELU2) {
+        if (GROUPED) {
+          /* the plain product */
+        } else if (p.epi == GL_EPI_RELU2) {
           if (p.bias) { v0 += __bfloat162float(p.bias[col]); v1 += __bfloat162float(p.bias[col + 1]); }
           v0 = v0 > 0.f ? v0 * v0 : 0.f;
           v1 = v1 > 0.f ? v1 * v1 : 0.f;
@@ -220,6 +264,35 @@ static bool gm_rows_ok(const gl_tensor *t) {
   return t->shape[0] <= 1 || t->stride[0] % 8 == 0;
 }
 
+/* b (K, N) as the kernel reads it: row-major (NN, *kn), or the transposed
+   view of a row-major (N, K) (TN), in *bt; false when neither */
+static bool gm_b_layout(const gl_tensor *b, int64_t K, int64_t N, gl_tensor *bt, bool *kn) {
+  *bt = *b;
+  if (b->stride[1] == 1 || N == 1) *kn = true;
+  else if (b->stride[0] == 1 || K == 1) {
+    *kn = false;
+    bt->shape[0] = N; bt->shape[1] = K; bt->stride[0] = b->stride[1]; bt->stride[1] = b->stride[0];
+  } else return false;
+  return gm_rows_ok(bt);
+}
+static int64_t gm_ldb(const gl_tensor *bt) { return bt->shape[0] > 1 ? bt->stride[0] : bt->shape[1]; }
+
+/* the launch, either orientation of b */
+template <bool GROUPED>
+static int gm_launch(bool kn, dim3 grid, size_t smem, cudaStream_t st, const GemmMmaParams &p, const GemmMmaGroups &gq) {
+  if (kn) {
+    GL_CU_CHECK(cudaFuncSetAttribute(gemm_mma_kernel<true, GROUPED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem));
+    GL_LAUNCH(grid, GM_THREADS, smem, st, gemm_mma_kernel<true, GROUPED>)(p, gq);
+  } else {
+    GL_CU_CHECK(cudaFuncSetAttribute(gemm_mma_kernel<false, GROUPED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem));
+    GL_LAUNCH(grid, GM_THREADS, smem, st, gemm_mma_kernel<false, GROUPED>)(p, gq);
+  }
+  GL_CU_LAUNCHED();
+  return GL_OK;
+}
+
 /* Runs out = a @ b with epilogue epi (GL_EPI_RELU2 / GL_EPI_DRELU2) and
    returns GL_OK, or returns 1 without launching anything when the kernel
    cannot take the operands (the caller runs the unfused path): every
@@ -234,15 +307,9 @@ extern "C" int cuda_gemm_mma_epilogue(int epi, gl_tensor *out, const gl_tensor *
   if (M > (int64_t)65535 * GM_BM || N > (int64_t)0x7fffffff) return 1;
   if (!gm_rows_ok(a) || !gm_rows_ok(out) || (aux && !gm_rows_ok(aux))) return 1;
   if (bias && (bias->dtype != GL_BF16 || (N > 1 && bias->stride[0] != 1))) return 1;
-  /* b (K, N): row-major (NN), or the transposed view of a row-major (N, K) (TN) */
-  gl_tensor bt = *b;
+  gl_tensor bt;
   bool kn;
-  if (b->stride[1] == 1 || N == 1) kn = true;
-  else if (b->stride[0] == 1 || K == 1) {
-    kn = false;
-    bt.shape[0] = N; bt.shape[1] = K; bt.stride[0] = b->stride[1]; bt.stride[1] = b->stride[0];
-  } else return 1;
-  if (!gm_rows_ok(&bt)) return 1;
+  if (!gm_b_layout(b, K, N, &bt, &kn)) return 1;
   const size_t smem = kn ? gm_smem<true>() : gm_smem<false>();
   if ((size_t)cu_smem_optin(out->device) < smem) return 1;
 
@@ -253,17 +320,50 @@ extern "C" int cuda_gemm_mma_epilogue(int epi, gl_tensor *out, const gl_tensor *
   p.bias = bias ? (const bf16 *)cu_ptr(bias) : nullptr;
   p.aux = aux ? (const bf16 *)cu_ptr(aux) : nullptr;
   p.M = M; p.N = N; p.K = K;
-  p.lda = M > 1 ? a->stride[0] : K; p.ldb = bt.shape[0] > 1 ? bt.stride[0] : bt.shape[1];
+  p.lda = M > 1 ? a->stride[0] : K; p.ldb = gm_ldb(&bt);
   p.ldo = M > 1 ? out->stride[0] : N; p.ldx = aux && M > 1 ? aux->stride[0] : N;
   p.epi = epi;
   dim3 grid((unsigned)((N + GM_BN - 1) / GM_BN), (unsigned)((M + GM_BM - 1) / GM_BM));
-  if (kn) {
-    GL_CU_CHECK(cudaFuncSetAttribute(gemm_mma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    GL_LAUNCH(grid, GM_THREADS, smem, st, gemm_mma_kernel<true>)(p);
-  } else {
-    GL_CU_CHECK(cudaFuncSetAttribute(gemm_mma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    GL_LAUNCH(grid, GM_THREADS, smem, st, gemm_mma_kernel<false>)(p);
+  GemmMmaGroups none;
+  memset(&none, 0, sizeof none);
+  return gm_launch<false>(kn, grid, smem, st, p, none);
+}
+
+/* The grouped product of kernels/moe.cu on the tensor cores: out's rows of
+   expert e = a's rows of e @ bs[e] for e in [e0, e0 + ng) (ng <=
+   GM_MMA_GROUP), each expert's rows after those of the experts before it
+   (counts, on the device).  Returns 1 without launching anything when the
+   kernel cannot take the operands (the same rules as above, every b in the
+   same orientation); rows past the last expert's are the caller's. */
+extern "C" int cuda_gemm_mma_grouped(gl_tensor *out, const gl_tensor *a, int e0, int ng, const gl_tensor **bs,
+                                     const gl_tensor *counts, cudaStream_t st) {
+  const int64_t M = out->shape[0], N = out->shape[1], K = a->shape[1];
+  if (ng < 1 || ng > GM_MMA_GROUP || K % 8 || N % 8 || K == 0 || M == 0 || N == 0) return 1;
+  const int64_t ytiles = (M + GM_BM - 1) / GM_BM + ng;  /* each expert's last tile may be partial */
+  if (ytiles > 65535 || N > (int64_t)0x7fffffff) return 1;
+  if (!gm_rows_ok(a) || !gm_rows_ok(out)) return 1;
+  GemmMmaGroups gq;
+  memset(&gq, 0, sizeof gq);
+  bool kn = false;
+  for (int g = 0; g < ng; g++) {
+    gl_tensor bt;
+    bool kg;
+    if (!gm_b_layout(bs[e0 + g], K, N, &bt, &kg) || (g > 0 && kg != kn)) return 1;
+    kn = kg;
+    gq.b[g] = (const bf16 *)cu_ptr(&bt);
+    gq.ldb[g] = gm_ldb(&bt);
   }
-  GL_CU_LAUNCHED();
-  return GL_OK;
+  const size_t smem = kn ? gm_smem<true>() : gm_smem<false>();
+  if ((size_t)cu_smem_optin(out->device) < smem) return 1;
+  gq.counts = IdxPtr::from(counts);
+  gq.cs = counts->stride[0];
+  gq.e0 = e0;
+  gq.ng = ng;
+  GemmMmaParams p;
+  memset(&p, 0, sizeof p);
+  p.a = (const bf16 *)cu_ptr(a); p.b = gq.b[0]; p.out = (bf16 *)cu_ptr(out);
+  p.M = M; p.N = N; p.K = K;
+  p.lda = M > 1 ? a->stride[0] : K; p.ldb = gq.ldb[0]; p.ldo = M > 1 ? out->stride[0] : N; p.ldx = N;
+  dim3 grid((unsigned)((N + GM_BN - 1) / GM_BN), (unsigned)ytiles);
+  return gm_launch<true>(kn, grid, smem, st, p, gq);
 }

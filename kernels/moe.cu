@@ -27,15 +27,18 @@
  *    one thread per output element gathers its row (zero when unnamed).
  *  - combine: one thread per output element, its K terms in order;
  *    combine_wgrad: one warp per assignment, a dot product of C terms.
- *  - grouped products: 16 x 16 output tiles of one expert each.  The
- *    experts' matrices travel by value in the launch's parameters (up to
- *    GM_GROUP experts a launch, so a captured graph holds its own copy and
- *    no device table has to outlive it); a block's tile is found by walking
- *    the counts (tiles of expert 0, then 1, ...), the grid sized by the
- *    bound ceil(M / 16) + experts + 1 so no count is needed on the host.
- *    The last launch also zeroes the rows past the last expert's (the
- *    twin's rule).  The weight gradient has one block per 16 x 16 tile of
- *    each expert's matrix, walking that expert's rows in order. */
+ *  - grouped products: in bfloat16, where the operands suit it (rows
+ *    16-byte aligned, widths multiples of 8), gemm_mma.cu's tensor-core
+ *    GEMM in its grouped form (128 x 128 tiles, cuda_gemm_mma_grouped);
+ *    otherwise 16 x 16 output tiles on the CUDA cores.  Either way a tile
+ *    belongs to one expert, found by walking the counts (tiles of expert 0,
+ *    then 1, ...) over a grid sized by the bound ceil(M / tile) + experts
+ *    (+ 1), so no count is needed on the host; the experts' matrices travel
+ *    by value in the launch's parameters (GM_GROUP experts a launch, so a
+ *    captured graph holds its own copy and no device table must outlive
+ *    it).  A last launch zeroes the rows past the last expert's (the twin's
+ *    rule).  The weight gradient has one block per 16 x 16 tile of each
+ *    expert's matrix, walking that expert's rows in order (CUDA cores). */
 #include "common.cuh"
 
 /* Calls f(S{}) with the storage type of a float dtype. */
@@ -265,6 +268,11 @@ extern "C" int cuda_moe_combine_wgrad(gl_tensor *dweights, const gl_tensor *dout
 }
 
 /* ---- grouped products -------------------------------------------------------------- */
+/* gemm_mma.cu: the bf16 grouped product on the tensor cores, or 1 when it
+   cannot take the operands */
+extern "C" int cuda_gemm_mma_grouped(gl_tensor *out, const gl_tensor *a, int e0, int ng, const gl_tensor **bs,
+                                     const gl_tensor *counts, cudaStream_t st);
+
 enum { GM_TILE = 16, GM_GROUP = 32 };
 /* the matrices of experts [e0, e0 + n) of one launch, by value */
 struct GmMats {
@@ -334,8 +342,18 @@ extern "C" int cuda_grouped_matmul(gl_tensor *out, const gl_tensor *a, int n, co
   GL_TRY(cu_check_ids("gl_grouped_matmul", "counts", counts, M + 1, "rows of the buffer, at most", 0, 0, st, NULL));
   return moe_float_type(out->dtype, [&](auto s) -> int {
     using S = decltype(s);
-    for (int e0 = 0; e0 < n; e0 += GM_GROUP) {
-      int ng = n - e0 < GM_GROUP ? n - e0 : GM_GROUP, tail = e0 + ng == n;
+    /* GM_GROUP experts a launch; the last launch (e0 = n, ng 0) zeroes the
+       rows past the last expert's */
+    for (int e0 = 0, ng = 0; e0 <= n; e0 += ng > 0 ? ng : 1) {
+      ng = n - e0 < GM_GROUP ? n - e0 : GM_GROUP;
+      int tail = ng == 0;
+      if (ng > 0 && out->dtype == GL_BF16) {  /* the tensor cores where they take the operands */
+        int rc = cuda_gemm_mma_grouped(out, a, e0, ng, bs, counts, st);
+        if (rc != 1) {
+          GL_TRY(rc);
+          continue;
+        }
+      }
       GmMats m;
       memset(&m, 0, sizeof m);
       for (int g = 0; g < ng; g++) {

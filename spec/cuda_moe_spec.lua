@@ -13,6 +13,25 @@ local DEV = twin.DEV
 local pair, compare, K = twin.pair, twin.compare, twin.K
 local gpu_it = twin.gpu_it(it, pending)
 
+-- the kernels one call launched, by name, in the simulator (nil on a GPU)
+local trace = dofile(gl.root .. '/recipes/tools/sim_trace.lua')
+local function launched(f)
+  if not trace.library() then f(); return nil end
+  trace.start()
+  f()
+  trace.stop()
+  local names = {}
+  for _, r in ipairs(trace.records()) do
+    if r.kind == 'work' then names[#names + 1] = r.what:gsub('^kernel ', '') end
+  end
+  return names
+end
+local function count(names, pat)
+  local n = 0
+  for _, s in ipairs(names) do if s:find(pat) then n = n + 1 end end
+  return n
+end
+
 -- expert ids (N, K) drawn from [0, hot), each token's K distinct; int32
 -- ids come as the transposed view of a (K, N) tensor (a strided read)
 local function experts_pair(N, k, hot, dtype)
@@ -80,29 +99,43 @@ describe('CUDA mixture-of-experts ops vs CPU #cuda', function()
     end
   end)
 
+  -- widths and layouts: a's rows padded (the CUDA-core tiles), then in
+  -- bfloat16 the tensor-core tiles (gemm_mma.cu's, grouped) with b a
+  -- transposed view (the forward's W^T) and b row-major (the backward's W)
+  local SHAPES = {
+    { Kd = 20, Nout = 36, a = 'narrow', b = 'transposed', mma = false },
+    { Kd = 32, Nout = 48, b = 'transposed', mma = true },
+    { Kd = 40, Nout = 24, mma = true },
+  }
   gpu_it('grouped_matmul and grouped_matmul_wgrad in float32 and bfloat16', function()
     for _, c in ipairs(CASES) do
-      for _, dt in ipairs({ 'float32', 'bfloat16' }) do
-        local Kd, Nout, rows = 20, 36, rows_of(c) + 5  -- 5 rows past the experts': zero
-        local _, counts = plan_pair(experts_pair(c.N, c.k, c.hot, c.idt), c.E, c.cap)
-        local ins = { counts = counts, a = pair({ rows, Kd }, { dtype = dt, layout = 'narrow' }),
-                      g = pair({ rows, Nout }, { dtype = dt }) }
-        for e = 1, c.E do ins['b' .. e] = pair({ Kd, Nout }, { dtype = dt, layout = 'transposed' }) end
-        local most = 0
-        for _, v in ipairs(counts[1]:tolist()) do most = math.max(most, v) end
-        compare(ins, function(S)
-          local bs, dbs, outs = ffi.new('const gl_tensor *[?]', c.E), ffi.new('gl_tensor *[?]', c.E), {}
-          for e = 1, c.E do bs[e - 1] = S['b' .. e].c end
-          local o = S.out({ rows, Nout }, S.a.dtype)
-          K(lib.gl_grouped_matmul(o.c, S.a.c, c.E, bs, S.counts.c))
-          outs[1] = o
-          for e = 1, c.E do
-            outs[e + 1] = S.out({ Kd, Nout }, S.a.dtype, e % 2 == 0 and 'transposed' or nil)
-            dbs[e - 1] = outs[e + 1].c
-          end
-          K(lib.gl_grouped_matmul_wgrad(c.E, dbs, S.a.c, S.g.c, S.counts.c))
-          return unpack(outs)
-        end, dt, ('grouped_matmul %s %s'):format(dt, c.what), { n = math.max(Kd, most) })
+      for _, sh in ipairs(SHAPES) do
+        for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+          local Kd, Nout, rows = sh.Kd, sh.Nout, rows_of(c) + 5  -- 5 rows past the experts': zero
+          local _, counts = plan_pair(experts_pair(c.N, c.k, c.hot, c.idt), c.E, c.cap)
+          local ins = { counts = counts, a = pair({ rows, Kd }, { dtype = dt, layout = sh.a }),
+                        g = pair({ rows, Nout }, { dtype = dt }) }
+          for e = 1, c.E do ins['b' .. e] = pair({ Kd, Nout }, { dtype = dt, layout = sh.b }) end
+          local most = 0
+          for _, v in ipairs(counts[1]:tolist()) do most = math.max(most, v) end
+          compare(ins, function(S)
+            local bs, dbs, outs = ffi.new('const gl_tensor *[?]', c.E), ffi.new('gl_tensor *[?]', c.E), {}
+            for e = 1, c.E do bs[e - 1] = S['b' .. e].c end
+            local o = S.out({ rows, Nout }, S.a.dtype)
+            local names = launched(function() K(lib.gl_grouped_matmul(o.c, S.a.c, c.E, bs, S.counts.c)) end)
+            if S.gpu and names then
+              local want = dt == 'bfloat16' and sh.mma and math.ceil(c.E / 32) or 0
+              assert.are.equal(want, count(names, '^gemm_mma_kernel'), table.concat(names, ' '))
+            end
+            outs[1] = o
+            for e = 1, c.E do
+              outs[e + 1] = S.out({ Kd, Nout }, S.a.dtype, e % 2 == 0 and 'transposed' or nil)
+              dbs[e - 1] = outs[e + 1].c
+            end
+            K(lib.gl_grouped_matmul_wgrad(c.E, dbs, S.a.c, S.g.c, S.counts.c))
+            return unpack(outs)
+          end, dt, ('grouped_matmul %s %s, K %d N %d'):format(dt, c.what, Kd, Nout), { n = math.max(Kd, most) })
+        end
       end
     end
   end)

@@ -137,23 +137,19 @@ __global__ void __launch_bounds__(GM_THREADS) gemm_mma_kernel(GemmMmaParams p, G
   const int64_t n0 = (int64_t)blockIdx.x * GM_BN;
   int64_t m0 = (int64_t)blockIdx.y * GM_BM, mend = p.M, ldb = p.ldb;
   const bf16 *b = p.b;
-  if (GROUPED) {
-    GL_SHARED(int64_t, pick, [3]);  /* expert in the launch (-1: none), first row, end row */
-    if (threadIdx.x == 0) {
-      int64_t off = 0, slot = blockIdx.y;
-      for (int64_t e = 0; e < gq.e0; e++) off += gm_group_rows(gq, e, off, p.M);
-      pick[0] = -1;
-      for (int g = 0; g < gq.ng && pick[0] < 0; g++) {
-        const int64_t c = gm_group_rows(gq, gq.e0 + g, off, p.M), tiles = (c + GM_BM - 1) / GM_BM;
-        if (slot < tiles) { pick[0] = g; pick[1] = off + slot * GM_BM; pick[2] = off + c; }
-        slot -= tiles;
-        off += c;
-      }
+  if (GROUPED) {  /* every thread walks the counts (the same few cached words: no shared memory, which
+                    the opt-in guard does not count, and no barrier) */
+    int64_t off = 0, slot = blockIdx.y;
+    int pick = -1;
+    for (int64_t e = 0; e < gq.e0; e++) off += gm_group_rows(gq, e, off, p.M);
+    for (int g = 0; g < gq.ng && pick < 0; g++) {
+      const int64_t c = gm_group_rows(gq, gq.e0 + g, off, p.M), tiles = (c + GM_BM - 1) / GM_BM;
+      if (slot < tiles) { pick = g; m0 = off + slot * GM_BM; mend = off + c; }
+      slot -= tiles;
+      off += c;
     }
-    __syncthreads();
-    if (pick[0] < 0) return;  /* past the last tile (the grid is a bound) */
-    m0 = pick[1]; mend = pick[2];
-    b = gq.b[pick[0]]; ldb = gq.ldb[pick[0]];
+    if (pick < 0) return;  /* past the last tile (the grid is a bound): the whole block */
+    b = gq.b[pick]; ldb = gq.ldb[pick];
   }
   const int64_t nk = (p.K + GM_BK - 1) / GM_BK;
   const bool quick = gm_quick();

@@ -272,6 +272,8 @@ extern "C" int cuda_moe_combine_wgrad(gl_tensor *dweights, const gl_tensor *dout
    cannot take the operands */
 extern "C" int cuda_gemm_mma_grouped(gl_tensor *out, const gl_tensor *a, int e0, int ng, const gl_tensor **bs,
                                      const gl_tensor *counts, cudaStream_t st);
+extern "C" int cuda_gemm_mma_grouped_wgrad(int e0, int ng, gl_tensor **dbs, const gl_tensor *x, const gl_tensor *y,
+                                           const gl_tensor *counts, cudaStream_t st);
 
 enum { GM_TILE = 16, GM_GROUP = 32 };
 /* the matrices of experts [e0, e0 + n) of one launch, by value */
@@ -418,6 +420,13 @@ extern "C" int cuda_grouped_matmul_wgrad(int n, gl_tensor **dbs, const gl_tensor
     using S = decltype(s);
     for (int e0 = 0; e0 < n; e0 += GM_GROUP) {
       int ng = n - e0 < GM_GROUP ? n - e0 : GM_GROUP;
+      if (x->dtype == GL_BF16) {  /* the tensor cores where they take the operands */
+        int rc = cuda_gemm_mma_grouped_wgrad(e0, ng, dbs, x, y, counts, st);
+        if (rc != 1) {
+          GL_TRY(rc);
+          continue;
+        }
+      }
       GmMats m;
       memset(&m, 0, sizeof m);
       for (int g = 0; g < ng; g++) {

@@ -100,8 +100,9 @@ describe('CUDA mixture-of-experts ops vs CPU #cuda', function()
   end)
 
   -- widths and layouts: a's rows padded (the CUDA-core tiles), then in
-  -- bfloat16 the tensor-core tiles (gemm_mma.cu's, grouped) with b a
-  -- transposed view (the forward's W^T) and b row-major (the backward's W)
+  -- bfloat16 the tensor-core tiles (gemm_mma.cu's, grouped, both products)
+  -- with b a transposed view (the forward's W^T) and b row-major (the
+  -- backward's W); the weight gradients half transposed views
   local SHAPES = {
     { Kd = 20, Nout = 36, a = 'narrow', b = 'transposed', mma = false },
     { Kd = 32, Nout = 48, b = 'transposed', mma = true },
@@ -132,7 +133,11 @@ describe('CUDA mixture-of-experts ops vs CPU #cuda', function()
               outs[e + 1] = S.out({ Kd, Nout }, S.a.dtype, e % 2 == 0 and 'transposed' or nil)
               dbs[e - 1] = outs[e + 1].c
             end
-            K(lib.gl_grouped_matmul_wgrad(c.E, dbs, S.a.c, S.g.c, S.counts.c))
+            names = launched(function() K(lib.gl_grouped_matmul_wgrad(c.E, dbs, S.a.c, S.g.c, S.counts.c)) end)
+            if S.gpu and names then
+              local want = dt == 'bfloat16' and sh.mma and math.ceil(c.E / 32) or 0
+              assert.are.equal(want, count(names, '^gemm_mma_kernel'), 'wgrad: ' .. table.concat(names, ' '))
+            end
             return unpack(outs)
           end, dt, ('grouped_matmul %s %s, K %d N %d'):format(dt, c.what, Kd, Nout), { n = math.max(Kd, most) })
         end

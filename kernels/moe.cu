@@ -29,16 +29,16 @@
  *    combine_wgrad: one warp per assignment, a dot product of C terms.
  *  - grouped products: in bfloat16, where the operands suit it (rows
  *    16-byte aligned, widths multiples of 8), gemm_mma.cu's tensor-core
- *    GEMM in its grouped form (128 x 128 tiles, cuda_gemm_mma_grouped);
- *    otherwise 16 x 16 output tiles on the CUDA cores.  Either way a tile
+ *    GEMM in its grouped forms (128 x 128 tiles, cuda_gemm_mma_grouped and
+ *    _wgrad); otherwise 16 x 16 output tiles on the CUDA cores.  Either way a tile
  *    belongs to one expert, found by walking the counts (tiles of expert 0,
  *    then 1, ...) over a grid sized by the bound ceil(M / tile) + experts
  *    (+ 1), so no count is needed on the host; the experts' matrices travel
  *    by value in the launch's parameters (GM_GROUP experts a launch, so a
  *    captured graph holds its own copy and no device table must outlive
  *    it).  A last launch zeroes the rows past the last expert's (the twin's
- *    rule).  The weight gradient has one block per 16 x 16 tile of each
- *    expert's matrix, walking that expert's rows in order (CUDA cores). */
+ *    rule).  The weight gradient has one block per tile of each expert's
+ *    matrix, walking that expert's rows in order. */
 #include "common.cuh"
 
 /* Calls f(S{}) with the storage type of a float dtype. */

@@ -314,11 +314,12 @@ static int64_t gm_ldb(const gl_tensor *bt) { return bt->shape[0] > 1 ? bt->strid
 /* the launch, either orientation of b */
 template <int MODE>
 static int gm_launch(bool kn, dim3 grid, size_t smem, cudaStream_t st, const GemmMmaParams &p, const GemmMmaGroups &gq) {
+  if constexpr (MODE == GM_WGRAD) kn = true;  /* y (K, N) row-major: the one orientation (no other instance) */
   if (kn) {
     GL_CU_CHECK(cudaFuncSetAttribute(gemm_mma_kernel<true, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)smem));
     GL_LAUNCH(grid, GM_THREADS, smem, st, gemm_mma_kernel<true, MODE>)(p, gq);
-  } else {
+  } else if constexpr (MODE != GM_WGRAD) {
     GL_CU_CHECK(cudaFuncSetAttribute(gemm_mma_kernel<false, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)smem));
     GL_LAUNCH(grid, GM_THREADS, smem, st, gemm_mma_kernel<false, MODE>)(p, gq);

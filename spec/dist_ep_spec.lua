@@ -28,6 +28,7 @@ describe('expert parallelism on MPI ranks', function()
   local CAP = { experts = 4, top_k = 2, every = 1, capacity_factor = 0.5 }
   local CAP_ARGS = '--moe.experts=4 --moe.top_k=2 --moe.every=1 --moe.capacity_factor=0.5'
 
+  local saved   -- the first test's runs (their step 3 checkpoints resume in the second)
   it('ep 2 and ep 4 equal one process under ddp and fsdp, dropless and with a capacity factor', function()
     local cases = {
       { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2', ref = MOE },
@@ -39,6 +40,7 @@ describe('expert parallelism on MPI ranks', function()
       { ranks = 4, model = 'gpt2', args = CAP_ARGS .. ' --dist=ddp --ep=4', ref = CAP, cap = true },
     }
     local got = runs:launch(cases)
+    saved = got
     for i, c in ipairs(cases) do
       if not c.cap then DT.assert_matches(runs:reference(c.model, { moe = c.ref }), got[i]) end
     end
@@ -60,5 +62,37 @@ describe('expert parallelism on MPI ranks', function()
     assert.same(d1, d4)
     one.what, one.tol = 'ep 1 with a capacity factor', 1e-9
     DT.assert_matches({ losses = one.losses, norms = one.norms, params = DT.final_params(one) }, four)
+  end)
+
+  -- Checkpoints hold whole experts under their global names: ep 2's step 3
+  -- (ddp on 4 ranks) goes on to step 5 at ep 4, at ep 1 on 4 ranks and in
+  -- one process, and under fsdp at ep 2; fsdp's at ep 4 (its experts'
+  -- optimizer state written whole beside fsdp's pieces) under ddp at ep 2;
+  -- each equal to the one-process run's steps 4 and 5 and its parameters.
+  it('a checkpoint saved at one ep resumes at any other, under ddp and fsdp, and in one process', function()
+    assert.truthy(saved, 'the first test saved the checkpoints')
+    local ref = runs:reference('nanochat', { moe = MOE })
+    local ddp2, fsdp4 = saved[4].checkpoint:gsub('step_0000005$', 'step_0000003'),
+      saved[5].checkpoint:gsub('step_0000005$', 'step_0000003')
+    local sd = require('gptlua.checkpoint').load(ddp2).model
+    for e = 0, 3 do assert.truthy(sd['transformer.h.1.mlp.experts.' .. e .. '.c_fc.weight'], 'expert ' .. e) end
+    local train = require 'gptlua.train'
+    local t = train.new(DT.recipe('nanochat', { moe = MOE, out_dir = out .. '/one', max_iters = 5 }), { '--resume=' .. ddp2 })
+    local one = t:run()
+    DT.assert_close({ ref.losses[4], ref.losses[5] }, one.losses, 'ep 2 -> one process loss')
+    local e = H.rel_error(ref.params, H.params_of(t.model))
+    assert.is_true(e < 1e-9, ('ep 2 -> one process: final parameters differ, relative error %.3g'):format(e))
+    local cases = {
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=4 --resume=' .. ddp2, name = 'r_ep4', tol = 1e-9 },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=1 --resume=' .. ddp2, name = 'r_ep1', tol = 1e-9 },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=fsdp --ep=2 --resume=' .. ddp2, name = 'r_fsdp2', tol = 1e-6 },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2 --resume=' .. fsdp4, name = 'r_from_fsdp', tol = 1e-6 },
+    }
+    for i, res in ipairs(runs:launch(cases)) do
+      DT.assert_close({ ref.losses[4], ref.losses[5] }, res.losses, res.what .. ' loss', cases[i].tol)
+      DT.assert_close({ ref.norms[4], ref.norms[5] }, res.norms, res.what .. ' gradient norm', cases[i].tol)
+      e = H.rel_error(ref.params, DT.final_params(res))
+      assert.is_true(e < cases[i].tol, ('%s: final parameters differ, relative error %.3g'):format(res.what, e))
+    end
   end)
 end)

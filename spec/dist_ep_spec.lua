@@ -15,6 +15,41 @@ local H = require 'support.mpi'
 local DT = require 'support.dist_train'
 local cjson = require 'cjson'
 
+describe('expert parallelism: bad ep values', function()
+  local train = require 'gptlua.train'
+  local compose = require 'gptlua.dist.compose'
+  local MOE4 = '--moe.experts=4'
+  -- the config's own checks (every rank alike, before any collective), then
+  -- compose's with the world's size, each in one line
+  local function refusal(args, world)
+    local words = {}
+    for w in args:gmatch('%S+') do words[#words + 1] = w end
+    local ok, cfg = pcall(train.resolve_config, { device = 'cpu', n_embd = 32, n_head = 4 }, words)
+    if ok and world then ok, cfg = pcall(compose.check, cfg, world) end
+    assert.is_false(ok, args .. ': expected a refusal')
+    local msg = tostring(cfg)
+    assert.is_nil(msg:find('\n'), 'one line: ' .. msg)
+    assert.is_nil(msg:match('%.lua:%d+:'), 'no position: ' .. msg)
+    return msg
+  end
+
+  it('refuses them in one line naming ep and what it must divide, before anything is built', function()
+    assert.equal('config: ep must be an integer in [1, 2147483647], got 0', refusal('--dist=ddp --ep=0 ' .. MOE4))
+    assert.equal("config: ep 2 needs a distributed run (dist = 'ddp' or 'fsdp')", refusal('--ep=2 ' .. MOE4))
+    assert.equal('config: ep 2 needs mixture-of-experts blocks (moe.experts > 0), got moe.experts 0',
+      refusal('--dist=ddp --ep=2'))
+    assert.equal('config: ep 3 does not divide moe.experts 4 (each ep rank holds moe.experts / ep experts)',
+      refusal('--dist=ddp --ep=3 --moe.experts=4 --moe.top_k=1'))
+    assert.equal('config: ep 4 does not divide the 2 data-parallel ranks', refusal('--dist=ddp --ep=4 ' .. MOE4, 2))
+    assert.equal('config: ep 2 does not divide the 3 data-parallel ranks', refusal('--dist=fsdp --ep=2 ' .. MOE4, 3))
+    assert.equal("config: dist 'zero2' with ep > 1 is not supported (expected 'ddp' or 'fsdp')",
+      refusal('--dist=zero2 --ep=2 ' .. MOE4, 2))
+    -- and a layout it fits passes: ep 2 of dp 4
+    local cfg = train.resolve_config({ device = 'cpu', n_embd = 32, n_head = 4 }, { '--dist=ddp', '--ep=2', MOE4 })
+    assert.same({ pp = 1, dp = 4, cp = 1, tp = 1 }, compose.check(cfg, 4))
+  end)
+end)
+
 describe('expert parallelism on MPI ranks', function()
   if not H.MPIRUN then
     pending('mpirun is not installed (make deps)')

@@ -1,8 +1,8 @@
 -- Expert parallelism (--ep, gptlua.dist.expert_parallel) on MPI ranks,
 -- float64: dropless ep 2 and ep 4 equal one process on the same global
 -- batch (every step's loss and clipped gradient norm, the final
--- parameters: spec/support/dist_train.lua), under ddp and fsdp, in both
--- model families; with a capacity factor the same assignments are dropped
+-- parameters: spec/support/dist_train.lua), under ddp, zero1, zero2, fsdp
+-- and hsdp, in both model families, with AdamW and Muon; with a capacity factor the same assignments are dropped
 -- (the drops happen on the rank the tokens come from, as at ep 1); a
 -- checkpoint saved at ep 2 resumes at ep 1 and ep 4 to the same run; bad
 -- ep values are refused in one line.
@@ -46,8 +46,8 @@ describe('expert parallelism: bad ep values', function()
       refusal('--dist=ddp --ep=3 --moe.experts=4 --moe.top_k=1'))
     assert.equal('config: ep 4 does not divide the 2 data-parallel ranks', refusal('--dist=ddp --ep=4 ' .. MOE4, 2))
     assert.equal('config: ep 2 does not divide the 3 data-parallel ranks', refusal('--dist=fsdp --ep=2 ' .. MOE4, 3))
-    assert.equal("config: dist 'zero2' with ep > 1 is not supported (expected 'ddp' or 'fsdp')",
-      refusal('--dist=zero2 --ep=2 ' .. MOE4, 2))
+    assert.equal("config: dist 'localsgd' with ep > 1 is not supported (expected 'ddp', 'zero1', 'zero2', 'fsdp' or "
+      .. "'hsdp')", refusal('--dist=localsgd --ep=2 ' .. MOE4, 2))
     -- and a layout it fits passes: ep 2 of dp 4
     local cfg = train.resolve_config({ device = 'cpu', n_embd = 32, n_head = 4 }, { '--dist=ddp', '--ep=2', MOE4 })
     assert.same({ pp = 1, dp = 4, cp = 1, tp = 1 }, compose.check(cfg, 4))
@@ -68,13 +68,17 @@ describe('expert parallelism on MPI ranks', function()
   local CAP_ARGS = '--moe.experts=4 --moe.top_k=2 --moe.every=1 --moe.capacity_factor=0.5'
 
   local saved   -- the first test's runs (their step 3 checkpoints resume in the second)
-  it('ep 2 and ep 4 equal one process under ddp and fsdp, dropless and with a capacity factor', function()
+  it('ep 2 and ep 4 equal one process under every data-parallel policy, dropless and with a capacity factor', function()
     local cases = {
       { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2', ref = MOE },
       { ranks = 2, model = 'gpt2', args = ARGS .. ' --dist=fsdp --ep=2', ref = MOE, tol = 1e-6 },
       { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --ep=4', ref = MOE },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2', ref = MOE },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=fsdp --ep=4', ref = MOE, tol = 1e-6 },
+      -- the other sharded policies: the experts stepped by the optimizer beside their shards
+      { ranks = 2, model = 'gpt2', args = ARGS .. ' --dist=zero1 --ep=2', ref = MOE },
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=zero2 --ep=2', ref = MOE },
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=hsdp --shard_size=2 --ep=4', ref = MOE, tol = 1e-6 },
       -- Muon (optimizer nanochat): each expert's matrix orthogonalised on its own
       { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2 --optimizer=nanochat', ref = MOE,
         over = { optimizer = 'nanochat' }, tol = 1e-7 },
@@ -133,6 +137,7 @@ describe('expert parallelism on MPI ranks', function()
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=1 --resume=' .. ddp2, name = 'r_ep1', tol = 1e-9 },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=fsdp --ep=2 --resume=' .. ddp2, name = 'r_fsdp2', tol = 1e-6 },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2 --resume=' .. fsdp4, name = 'r_from_fsdp', tol = 1e-6 },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=zero2 --ep=4 --resume=' .. ddp2, name = 'r_zero2', tol = 1e-9 },
     }
     for i, res in ipairs(runs:launch(cases)) do
       DT.assert_close({ ref.losses[4], ref.losses[5] }, res.losses, res.what .. ' loss', cases[i].tol)

@@ -101,7 +101,7 @@ return {
   dp = 'mesh: data-parallel ranks (0: the world over tp); dist runs over them',
   tp = 'mesh: tensor-parallel ranks per model copy (Megatron layout, innermost; 1: off)',
   cp = 'mesh: context-parallel ranks splitting each sequence (attention by cp_mode; 1: off)',
-  ep = 'expert parallelism: ranks of the dp group splitting each MoE layer\'s experts (dividing dp and moe.experts; ddp or fsdp; 1: off)',
+  ep = 'expert parallelism: ranks of the dp group splitting each MoE layer\'s experts (dividing dp and moe.experts; 1: off)',
   cp_mode = "cp: 'ulysses' (all-to-all to head shards) or 'ring' (K/V blocks around the ring, zig-zag chunks)",
   sp = 'sequence parallel with tp: norms, dropout and residuals on T/tp rows (all-gather/reduce-scatter)',
   pp = 'mesh: pipeline-parallel stages (outermost; the accumulation steps are the microbatches; 1: off)',

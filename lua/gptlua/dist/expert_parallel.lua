@@ -42,9 +42,9 @@
 --
 -- Optimizer.  The experts are ordinary parameters of the optimizer (each
 -- expert's matrix its own Muon matrix).  Under ddp the optimizer's step
--- updates them with the rest; under fsdp, whose units leave them out, the
--- optimizer's own step runs on them alone (fsdp has released the gradients
--- of its units, so only the experts hold one) before fsdp's step.
+-- updates them with the rest; under zero1, zero2, fsdp and hsdp, which are
+-- built without them, the optimizer's own step runs on them alone before
+-- the policy's step updates its shards.
 --
 -- Checkpoints hold whole experts: the first replica's ep group gathers
 -- every expert's parameters and optimizer state to world rank 0, which
@@ -60,8 +60,8 @@ local EP = {}
 
 local function fail(msg) error('config: ' .. msg, 0) end
 
--- the data-parallel policies ep runs under
-EP.POLICIES = { ddp = true, fsdp = true }
+-- the data-parallel policies ep runs under: those that keep one process's parameters
+EP.POLICIES = { ddp = true, zero1 = true, zero2 = true, fsdp = true, hsdp = true }
 
 -- The layout's rules (gptlua.dist.compose calls this with the mesh's dp
 -- size; a pure function of the config): one line for a bad ep.
@@ -75,7 +75,8 @@ function EP.check(cfg, dp)
   end
   if dp % ep ~= 0 then fail(('ep %d does not divide the %d data-parallel ranks'):format(ep, dp)) end
   if not EP.POLICIES[cfg.dist] then
-    fail(("dist '%s' with ep > 1 is not supported (expected 'ddp' or 'fsdp')"):format(tostring(cfg.dist)))
+    fail(("dist '%s' with ep > 1 is not supported (expected 'ddp', 'zero1', 'zero2', 'fsdp' or 'hsdp')"):format(
+      tostring(cfg.dist)))
   end
 end
 
@@ -259,21 +260,40 @@ function P:scale_grads(s)
   for _, p in ipairs(self.layout.params) do if p.grad then p.grad:mul_(s) end end
 end
 
-function P:step()
-  if self.inner.full_state_dict then  -- fsdp: the experts are the only gradients left; fsdp's step counts the step
-    local opts = self.optimizer.optimizers or { self.optimizer }
-    local t = {}
-    for i, o in ipairs(opts) do t[i] = o.t end
-    self.optimizer:step()
-    for i, o in ipairs(opts) do o.t = t[i] end
+-- The optimizer's own step over the experts alone: each part of it steps
+-- groups holding only the experts (views of its groups: the rates the
+-- schedules set are read through), and its step count is left for the
+-- sharded policy's step to advance.
+local function step_experts(optimizer, is_expert)
+  for _, o in ipairs(optimizer.optimizers or { optimizer }) do
+    local groups, t, mine = o.groups, o.t, {}
+    for _, g in ipairs(groups) do
+      local v = setmetatable({ params = {}, names = {} }, { __index = g })
+      for i, p in ipairs(g.params) do
+        if is_expert[p] then v.params[#v.params + 1], v.names[#v.names + 1] = p, g.names[i] end
+      end
+      if #v.params > 0 then mine[#mine + 1] = v end
+    end
+    if #mine > 0 then
+      o.groups = mine
+      local ok, err = pcall(o.step, o)
+      o.groups = groups
+      if not ok then error(err, 0) end
+    end
+    o.t = t
   end
+end
+
+function P:step()
+  -- ddp's step is the optimizer's over every parameter; the sharded policies update their own parts only
+  if self.inner.name ~= 'ddp' then step_experts(self.optimizer, self.layout.is_expert) end
   return self.inner:step()
 end
 
 function P:detach() if self.inner.detach then self.inner:detach() end end
 function P:optimizer_state_bytes()
   return (self.inner.optimizer_state_bytes and self.inner:optimizer_state_bytes() or 0)
-    + (self.inner.full_state_dict and B.optimizer_state_bytes(self.optimizer) or 0)
+    + (self.inner.name ~= 'ddp' and B.optimizer_state_bytes(self.optimizer) or 0)
 end
 
 local function merge(a, b) for k, v in pairs(b) do a[k] = v end return a end
@@ -294,9 +314,9 @@ function P:save_checkpoint(trainer, model_sd, opt_sd, state)
   local L = self.layout
   local experts_model, experts_opt = L:gather(model_sd), L:gather(opt_sd.tensors)
   state.ep = L.size
-  if self.inner.full_state_dict then
-    local full = merge(self.inner:full_state_dict(0), experts_model)
-    state.fsdp = { shard_size = self.inner.S }
+  if self.inner.save_checkpoint then  -- a sharded policy's pieces, and the experts' state whole
+    local full = merge(self.inner.full_state_dict and self.inner:full_state_dict(0) or model_sd, experts_model)
+    if self.inner.full_state_dict then state.fsdp = { shard_size = self.inner.S } end
     self.gathered = experts_opt
     local path = require('gptlua.dist.policies.shards').save(trainer, self, full, state)
     self.gathered = nil
@@ -323,7 +343,7 @@ function P:load_checkpoint(trainer, c, path)
     return
   end
   self.inner:load_checkpoint(trainer, c, path)
-  -- fsdp: each expert's optimizer state, whole, from wherever the checkpoint has it
+  -- a sharded policy: each expert's optimizer state, whole, from wherever the checkpoint has it
   local groups = require 'gptlua.optim.groups'
   local index = shards.index(path, c)
   local own = B.owners(self.optimizer, self.name)

@@ -54,6 +54,27 @@ describe('expert parallelism: bad ep values', function()
   end)
 end)
 
+describe('expert parallelism planned (gptlua.plan)', function()
+  -- The planner runs the trainer on meta tensors in a fake world: with no
+  -- routing to read it assumes balanced routing, each of E experts getting
+  -- N K / E of a rank's N K assignments.  Per MoE layer and micro-step a
+  -- rank sends (ep-1)/ep of its N K rows of C elements four times (dispatch
+  -- and combine, forward and backward) and (ep-1)/ep of its E counts once.
+  it('counts the all-to-all bytes of a step: four row exchanges and one of counts per layer', function()
+    local plan = require 'gptlua.plan'
+    local DT = require 'support.dist_train'
+    for _, ep in ipairs({ 2, 4 }) do
+      local r = DT.recipe('gpt2', { dist = 'ddp', ep = ep, moe = { experts = 4, top_k = 2, every = 2 } })
+      local p = plan.plan(r, { world = 4, device_memory = '1GiB' })
+      local got = 0
+      for _, grp in pairs(p.traffic) do got = got + (grp.by.all_to_all and grp.by.all_to_all.bytes or 0) end
+      local N, K, C, E, es = 16, 2, 32, 4, 8   -- (one micro-step of 16 tokens per rank, float64)
+      local want = 4 * (ep - 1) / ep * N * K * C * es + (ep - 1) / ep * E * 8
+      assert.equal(want, got, ('ep %d: all-to-all bytes per step'):format(ep))
+    end
+  end)
+end)
+
 describe('expert parallelism on MPI ranks', function()
   if not H.MPIRUN then
     pending('mpirun is not installed (make deps)')

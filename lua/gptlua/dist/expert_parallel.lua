@@ -31,7 +31,8 @@
 -- is the all-to-all with the counts swapped).  The counts read in step 2
 -- are a host synchronisation per layer and pass: on a device the exchange
 -- sizes are host arguments of NCCL's send/recv, so an ep step does not
--- replay as one CUDA graph.
+-- replay as one CUDA graph.  A plan (gptlua.plan, values unknown) assumes
+-- balanced routing: every expert gets N K / E of a rank's assignments.
 --
 -- Gradients.  An expert's gradient on its owner already sums the
 -- contributions of every token of its ep group; summing over the replica
@@ -138,10 +139,14 @@ end
 -- (N, K); returns (N, C), each token's weighted sum of its experts' outputs.
 function Layout:forward(layer, xf, slots, counts, weights, run_experts)
   local n, El, comm = self.size, layer.n_local, self.group
-  local c = counts:tolist()
+  local planned = require('gptlua.meta').is_meta(counts)
+  local c = planned and self:balanced(layer, slots) or counts:tolist()
   local theirs = gl.empty({ n * El }, { dtype = 'int64', device = counts.device })
   comm:all_to_all(theirs, counts)   -- E/n counts to each peer: its experts' rows from this rank
   local got = theirs:tolist()
+  if planned then  -- every peer routes alike: it sends this rank's experts what this rank's counts say
+    for p = 1, n do for j = 1, El do got[(p - 1) * El + j] = c[self.rank * El + j] end end
+  end
   local send, recv, kept = {}, {}, 0
   for p = 1, n do
     send[p] = sum(c, (p - 1) * El + 1, p * El)
@@ -173,6 +178,20 @@ function Layout:forward(layer, xf, slots, counts, weights, run_experts)
   local y = run_experts(layer, gl.moe_permute(rows, idx, R), gl.tensor(local_counts, { dtype = 'int64', device = dev }))
   local back = exchange(gl.moe_combine(y, idx, ones), recv, send, comm)
   return gl.moe_combine(back, slots, weights)
+end
+
+-- The counts a plan (gptlua.plan: meta tensors, no values) assumes:
+-- balanced routing, the N K assignments spread evenly over the experts
+-- (the first N K mod E one more), each capped at the capacity.
+function Layout:balanced(layer, slots)
+  local N, K, E = slots.shape[1], slots.shape[2], layer.n_experts
+  local cap = require('gptlua.moe').capacity(layer.capacity_factor, N, K, E)
+  local c = {}
+  for e = 1, E do
+    c[e] = math.floor(N * K / E) + ((e - 1) < (N * K) % E and 1 or 0)
+    if cap > 0 then c[e] = math.min(c[e], cap) end
+  end
+  return c
 end
 
 -- key -> {template, local index} for a key of this rank's experts (a

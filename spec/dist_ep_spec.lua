@@ -4,7 +4,9 @@
 -- parameters: spec/support/dist_train.lua), under ddp, zero1, zero2, fsdp
 -- and hsdp, in both model families, with AdamW and Muon; with a capacity factor the same assignments are dropped
 -- (the drops happen on the rank the tokens come from, as at ep 1); a
--- checkpoint saved at ep 2 resumes at ep 1 and ep 4 to the same run; bad
+-- checkpoint saved at ep 2 resumes at ep 1 and ep 4 to the same run; with
+-- pipeline stages (pp 2: MoE blocks in their stage, ep over its dp ranks)
+-- likewise, and their checkpoints resume without pp; bad
 -- ep values are refused in one line.
 --
 -- Tolerances: float64 runs where the experts' gradients sum the same terms
@@ -100,6 +102,11 @@ describe('expert parallelism on MPI ranks', function()
       { ranks = 2, model = 'gpt2', args = ARGS .. ' --dist=zero1 --ep=2', ref = MOE },
       { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=zero2 --ep=2', ref = MOE },
       { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=hsdp --shard_size=2 --ep=4', ref = MOE, tol = 1e-6 },
+      -- pipeline stages: MoE blocks in their stage, ep over the stage's dp ranks
+      { ranks = 2, model = 'gpt2', args = ARGS .. ' --pp=2', ref = MOE },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --pp=2 --ep=2', ref = MOE },
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=fsdp --pp=2 --ep=2', ref = MOE, tol = 1e-6 },
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=zero1 --pp=2 --ep=2', ref = MOE },
       -- Muon (optimizer nanochat): each expert's matrix orthogonalised on its own
       { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2 --optimizer=nanochat', ref = MOE,
         over = { optimizer = 'nanochat' }, tol = 1e-7 },
@@ -143,8 +150,8 @@ describe('expert parallelism on MPI ranks', function()
   it('a checkpoint saved at one ep resumes at any other, under ddp and fsdp, and in one process', function()
     assert.truthy(saved, 'the first test saved the checkpoints')
     local ref = runs:reference('nanochat', { moe = MOE })
-    local ddp2, fsdp4 = saved[4].checkpoint:gsub('step_0000005$', 'step_0000003'),
-      saved[5].checkpoint:gsub('step_0000005$', 'step_0000003')
+    local function step3(c) return (saved[c].checkpoint:gsub('step_0000005$', 'step_0000003')) end
+    local ddp2, fsdp4, pp2 = step3(4), step3(5), step3(10)
     local sd = require('gptlua.checkpoint').load(ddp2).model
     for e = 0, 3 do assert.truthy(sd['transformer.h.1.mlp.experts.' .. e .. '.c_fc.weight'], 'expert ' .. e) end
     local train = require 'gptlua.train'
@@ -159,6 +166,9 @@ describe('expert parallelism on MPI ranks', function()
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=fsdp --ep=2 --resume=' .. ddp2, name = 'r_fsdp2', tol = 1e-6 },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2 --resume=' .. fsdp4, name = 'r_from_fsdp', tol = 1e-6 },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=zero2 --ep=4 --resume=' .. ddp2, name = 'r_zero2', tol = 1e-9 },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=4 --resume=' .. pp2, name = 'r_from_pp', tol = 1e-9 },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --pp=2 --ep=2 --resume=' .. ddp2, name = 'r_to_pp',
+        tol = 1e-9 },
     }
     for i, res in ipairs(runs:launch(cases)) do
       DT.assert_close({ ref.losses[4], ref.losses[5] }, res.losses, res.what .. ' loss', cases[i].tol)

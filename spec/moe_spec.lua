@@ -95,7 +95,7 @@ describe('moe layer', function()
     assert.equal('config: moe.top_k must be an integer in [1, 4], got 5', err({ experts = 4, top_k = 5 }))
     assert.equal("config: moe.router must be 'softmax' or 'sigmoid', got 'relu'", err({ experts = 4, router = 'relu' }))
     assert.equal('config: moe.capacity_factor must be a finite number >= 0, got -1', err({ experts = 4, capacity_factor = -1 }))
-    assert.equal('config: moe.experts 4 runs with data parallelism only so far, got tp 2, cp 1, pp 1',
+    assert.equal('config: moe.experts 4 runs with data and pipeline parallelism only so far, got tp 2, cp 1',
       err({ experts = 4 }, { tp = 2 }))
     local ok, e = pcall(train.resolve_config, { device = 'cpu' }, { '--moe.every=0', '--moe.experts=2' })
     assert.is_false(ok)

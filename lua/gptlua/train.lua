@@ -566,7 +566,8 @@ function Trainer:train_step()
   if cfg.grad_clip > 0 and norm > cfg.grad_clip then policy:scale_grads(cfg.grad_clip / (norm + 1e-6)) end
   gl.scope(function() policy:step() end)
   if #self.moe_layers > 0 then  -- the routers' bias update from the step's load over the data-parallel ranks
-    gl.scope(function() require('gptlua.moe').after_step(self.moe_layers, self.policy.comm or self.comm) end)
+    local dp = self.mesh and self.mesh.dp_cp or self.policy.comm or self.comm   -- (pp: this stage's dp group)
+    gl.scope(function() require('gptlua.moe').after_step(self.moe_layers, dp) end)
   end
   if self.graph then self.graph:step_done() end
   return loss, norm, lr_mult, true

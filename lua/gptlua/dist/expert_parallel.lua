@@ -244,13 +244,16 @@ P.__index = P
 EP.Policy = P
 
 function EP.policy(inner, layout)
-  return setmetatable({ inner = inner, layout = layout, optimizer = inner.optimizer, comm = inner.comm,
-                        name = inner.name, collective_forward = true }, P)
+  local self = setmetatable({ inner = inner, ep_layout = layout, optimizer = inner.optimizer, comm = inner.comm,
+                              name = inner.name, collective_forward = true }, P)
+  -- a sharded policy's pieces for its checkpoints (and the pipeline's), the experts' state beside them
+  if inner.each_state then self.each_state, self.state_layout = P.sharded_each_state, P.sharded_state_layout end
+  return self
 end
 
 function P:zero_grad()
   self.inner:zero_grad()
-  for _, p in ipairs(self.layout.params) do if p.grad then p.grad:zero_() end end
+  for _, p in ipairs(self.ep_layout.params) do if p.grad then p.grad:zero_() end end
 end
 function P:before_micro_step(micro, accum) return self.inner:before_micro_step(micro, accum) end
 function P:average_number(x) return self.inner:average_number(x) end
@@ -258,7 +261,7 @@ function P:average_number(x) return self.inner:average_number(x) end
 -- the experts' gradients: summed over their replicas, over dp (see the header)
 function P:after_backward()
   self.inner:after_backward()
-  local L = self.layout
+  local L = self.ep_layout
   for _, p in ipairs(L.params) do
     if p.grad then
       if L.replica.size > 1 then L.replica:all_reduce(p.grad, 'sum') end
@@ -269,14 +272,28 @@ end
 
 function P:grad_norm()
   local s = 0
-  for _, p in ipairs(self.layout.params) do if p.grad then s = s + B.sumsq(p.grad) end end
-  if self.layout.size > 1 then s = self.layout.group:all_reduce_number(s, 'sum') end
+  for _, p in ipairs(self.ep_layout.params) do if p.grad then s = s + B.sumsq(p.grad) end end
+  if self.ep_layout.size > 1 then s = self.ep_layout.group:all_reduce_number(s, 'sum') end
   return math.sqrt(self.inner:grad_norm() ^ 2 + s)
+end
+
+-- f(p, grad, counted) for every gradient this rank holds, counted once
+-- over the world of one stage (the pipeline's norm): the inner policy's
+-- pieces (ddp: every gradient, counted on its group's first rank) and the
+-- experts, counted on their first replica
+function P:each_grad(f)
+  local inner, L = self.inner, self.ep_layout
+  if inner.each_grad then inner:each_grad(f)
+  else
+    local counted = inner.comm.rank == 0
+    for _, p in ipairs(inner.params) do if p.grad then f(p, p.grad, counted) end end
+  end
+  for _, p in ipairs(L.params) do if p.grad then f(p, p.grad, L.replica.rank == 0) end end
 end
 
 function P:scale_grads(s)
   self.inner:scale_grads(s)
-  for _, p in ipairs(self.layout.params) do if p.grad then p.grad:mul_(s) end end
+  for _, p in ipairs(self.ep_layout.params) do if p.grad then p.grad:mul_(s) end end
 end
 
 -- The optimizer's own step over the experts alone: each part of it steps
@@ -305,7 +322,7 @@ end
 
 function P:step()
   -- ddp's step is the optimizer's over every parameter; the sharded policies update their own parts only
-  if self.inner.name ~= 'ddp' then step_experts(self.optimizer, self.layout.is_expert) end
+  if self.inner.name ~= 'ddp' then step_experts(self.optimizer, self.ep_layout.is_expert) end
   return self.inner:step()
 end
 
@@ -319,18 +336,18 @@ local function merge(a, b) for k, v in pairs(b) do a[k] = v end return a end
 
 -- fsdp's sharded checkpoint (gptlua.dist.policies.shards): its pieces, and
 -- the whole experts' optimizer state as state rank 0 writes once
-function P:each_state(f, all)
+function P:sharded_each_state(f, all)
   self.inner:each_state(f, all)
   for k, t in pairs(self.gathered or {}) do f(k, t, 0, true, 'state') end
 end
-function P:state_layout()
+function P:sharded_state_layout()
   local out = self.inner:state_layout()
   for k, t in pairs(self.gathered or {}) do out[k] = t.shape end
   return out
 end
 
 function P:save_checkpoint(trainer, model_sd, opt_sd, state)
-  local L = self.layout
+  local L = self.ep_layout
   local experts_model, experts_opt = L:gather(model_sd), L:gather(opt_sd.tensors)
   state.ep = L.size
   if self.inner.save_checkpoint then  -- a sharded policy's pieces, and the experts' state whole
@@ -350,7 +367,7 @@ end
 
 -- the model's part of a checkpoint (train.lua's load hook): this rank's experts and the rest
 function P:load_model(sd)
-  self.layout.model:load_state_dict(self.layout:local_entries(sd))
+  self.ep_layout.model:load_state_dict(self.ep_layout:local_entries(sd))
 end
 
 function P:load_checkpoint(trainer, c, path)
@@ -366,7 +383,7 @@ function P:load_checkpoint(trainer, c, path)
   local groups = require 'gptlua.optim.groups'
   local index = shards.index(path, c)
   local own = B.owners(self.optimizer, self.name)
-  for _, p in ipairs(self.layout.params) do
+  for _, p in ipairs(self.ep_layout.params) do
     local w = own[p]
     if w then
       local st_p = groups.new_state(p, w.opt:param_state(p, w.group), w.opt.state_dtype)

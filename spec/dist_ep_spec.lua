@@ -6,7 +6,8 @@
 -- (the drops happen on the rank the tokens come from, as at ep 1); a
 -- checkpoint saved at ep 2 resumes at ep 1 and ep 4 to the same run; with
 -- pipeline stages (pp 2: MoE blocks in their stage, ep over its dp ranks)
--- likewise, and their checkpoints resume without pp; bad
+-- and with tensor parallelism (tp 2: attention cut, each MoE whole on every
+-- tp rank) likewise, and their checkpoints resume without them; bad
 -- ep values are refused in one line.
 --
 -- Tolerances: float64 runs where the experts' gradients sum the same terms
@@ -107,6 +108,10 @@ describe('expert parallelism on MPI ranks', function()
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --pp=2 --ep=2', ref = MOE },
       { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=fsdp --pp=2 --ep=2', ref = MOE, tol = 1e-6 },
       { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=zero1 --pp=2 --ep=2', ref = MOE },
+      -- tensor parallelism: attention cut over tp, every MoE whole on each tp rank, ep over the dp ranks
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --tp=2 --ep=2', ref = MOE },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=fsdp --tp=2 --ep=2', ref = MOE, tol = 1e-6 },
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=zero2 --tp=2 --ep=2', ref = MOE },
       -- Muon (optimizer nanochat): each expert's matrix orthogonalised on its own
       { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2 --optimizer=nanochat', ref = MOE,
         over = { optimizer = 'nanochat' }, tol = 1e-7 },
@@ -151,7 +156,7 @@ describe('expert parallelism on MPI ranks', function()
     assert.truthy(saved, 'the first test saved the checkpoints')
     local ref = runs:reference('nanochat', { moe = MOE })
     local function step3(c) return (saved[c].checkpoint:gsub('step_0000005$', 'step_0000003')) end
-    local ddp2, fsdp4, pp2 = step3(4), step3(5), step3(10)
+    local ddp2, fsdp4, pp2, tp2 = step3(4), step3(5), step3(10), step3(13)
     local sd = require('gptlua.checkpoint').load(ddp2).model
     for e = 0, 3 do assert.truthy(sd['transformer.h.1.mlp.experts.' .. e .. '.c_fc.weight'], 'expert ' .. e) end
     local train = require 'gptlua.train'
@@ -168,6 +173,9 @@ describe('expert parallelism on MPI ranks', function()
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=zero2 --ep=4 --resume=' .. ddp2, name = 'r_zero2', tol = 1e-9 },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=4 --resume=' .. pp2, name = 'r_from_pp', tol = 1e-9 },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --pp=2 --ep=2 --resume=' .. ddp2, name = 'r_to_pp',
+        tol = 1e-9 },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=4 --resume=' .. tp2, name = 'r_from_tp', tol = 1e-9 },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=zero2 --tp=2 --ep=2 --resume=' .. ddp2, name = 'r_to_tp',
         tol = 1e-9 },
     }
     for i, res in ipairs(runs:launch(cases)) do

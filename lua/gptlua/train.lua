@@ -156,8 +156,8 @@ function M.new(recipe, args)
     require('gptlua.dist.context_parallel').parallelize(model, self.mesh.cp, { mode = cfg.cp_mode })
   end
   if self.mesh and self.mesh.size.ep > 1 then  -- this rank's experts of every MoE layer (gptlua.dist.expert_parallel)
-    self.flops_per_token = model:flops_per_token(cfg.block_size)  -- the whole model's
-    self.whole_num_params = model:num_params()
+    self.flops_per_token = self.flops_per_token or model:flops_per_token(cfg.block_size)  -- the whole model's
+    self.whole_num_params = self.whole_num_params or model:num_params()
     self.ep_layout = require('gptlua.dist.expert_parallel').parallelize(model, self.mesh.ep, self.mesh.ep_replica,
       self.mesh.size.dp)
   end

@@ -334,9 +334,9 @@ function M.resolve_config(recipe, args)
   do  -- mixture of experts: the keys, and the layouts and devices it runs under so far
     local ok, mc = pcall(require('gptlua.moe').resolve, cfg.moe, cfg.n_embd)
     if not ok then fail(tostring(mc)) end
-    if mc and (cfg.tp > 1 or cfg.cp > 1) then
-      fail(('moe.experts %d runs with data and pipeline parallelism only so far, got tp %d, cp %d'):format(mc.experts,
-        cfg.tp, cfg.cp))
+    if mc and (cfg.cp > 1 or cfg.sp) then
+      fail(('moe.experts %d runs with data, tensor (without sp) and pipeline parallelism only so far, got cp %d, sp %s')
+        :format(mc.experts, cfg.cp, tostring(cfg.sp)))
     end
     if cfg.ep > 1 and cfg.dist == 'none' then
       fail(("ep %d needs a distributed run (dist = 'ddp' or 'fsdp')"):format(cfg.ep))

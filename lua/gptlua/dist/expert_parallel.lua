@@ -379,9 +379,14 @@ function P:load_checkpoint(trainer, c, path)
     return
   end
   self.inner:load_checkpoint(trainer, c, path)
-  -- a sharded policy: each expert's optimizer state, whole, from wherever the checkpoint has it
+  self:load_expert_state(shards.index(path, c), path)
+end
+
+-- Under a sharded policy: each expert's optimizer state, whole, from
+-- wherever the checkpoint has it (index: gptlua.dist.policies.shards.index).
+function P:load_expert_state(index, path)
+  local shards = require 'gptlua.dist.policies.shards'
   local groups = require 'gptlua.optim.groups'
-  local index = shards.index(path, c)
   local own = B.owners(self.optimizer, self.name)
   for _, p in ipairs(self.ep_layout.params) do
     local w = own[p]

@@ -140,7 +140,7 @@ return {
   ['nanochat.lambdas'] = 'per-layer resid and x0 scalars: x = resid_lambdas[i] x + x0_lambdas[i] x0 (v2)',
   ['nanochat.pad_vocab_to'] = 'embedding and head rows padded to a multiple of this (v1 1, v2 64)',
   ['nanochat.init'] = "'v1' or 'v2' (nanochat's init_weights)",
-  moe = 'mixture of experts in place of the MLP (the keys below; experts = 0: none; CPU, data parallelism)',
+  moe = 'mixture of experts in place of the MLP (the keys below; experts = 0: none; CPU; with dp, ep, tp without sp, and pp)',
   ['moe.experts'] = 'routed experts per MoE block (0: no MoE)',
   ['moe.top_k'] = 'experts each token is routed to (K)',
   ['moe.shared'] = 'shared experts every token passes through (one MLP of shared x hidden)',

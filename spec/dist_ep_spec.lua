@@ -185,4 +185,37 @@ describe('expert parallelism on MPI ranks', function()
       assert.is_true(e < cases[i].tol, ('%s: final parameters differ, relative error %.3g'):format(res.what, e))
     end
   end)
+
+  -- The same exchange over Gloo (the TCP launcher, no MPI): ep 2 equals ep 1
+  -- step by step on 2 ranks.
+  it('trains at ep 2 over Gloo as at ep 1', function()
+    if not io.open(require('gptlua.ffi').libdir .. '/libgptlua_gloo.so') then
+      pending('libgptlua_gloo.so was not built (make deps: libgloo-dev)')
+      return
+    end
+    local recipe = out .. '/gloo_recipe.lua'
+    local f = assert(io.open(recipe, 'wb'))
+    f:write(([[return dofile(%q)('nanochat', { dist = 'ddp', max_iters = 4, checkpoint_interval = 0,
+      moe = { experts = 4, top_k = 2, every = 2, aux_loss = 0.01 } })]]):format(H.ROOT .. '/spec/dist/tp_recipe.lua'))
+    f:close()
+    local function series(dir, key)
+      local v = {}
+      for line in io.lines(dir .. '/p/metrics.jsonl') do
+        local m = cjson.decode(line)
+        if m[key] then v[#v + 1] = m[key] end
+      end
+      return v
+    end
+    local got = {}
+    for _, ep in ipairs({ 1, 2 }) do
+      local dir = ('%s/gloo_ep%d'):format(out, ep)
+      local o, rc = H.sh(('env GPTLUA_MPIRUN=/nonexistent/mpirun %s -n 2 --launcher=tcp %s --ep=%d --out_dir=%s'):format(
+        H.EXE, recipe, ep, dir), 120)
+      assert.equal(0, rc, o)
+      got[ep] = { losses = series(dir, 'loss'), norms = series(dir, 'grad_norm') }
+    end
+    assert.equal(4, #got[1].losses)
+    DT.assert_close(got[1].losses, got[2].losses, 'Gloo ep 2 loss')
+    DT.assert_close(got[1].norms, got[2].norms, 'Gloo ep 2 gradient norm')
+  end)
 end)

@@ -240,14 +240,17 @@ function MoE:forward(x, residual)
   local E, K = self.n_experts, experts.shape[2]
   local cap = M.capacity(self.capacity_factor, N, K, E)
   local slots, counts, load = gl.moe_route(experts, E, cap)
-  local out
+  local out, shared
+  local function run_shared() return common.mlp(self.shared, xf, self.act) end
   if self.ep then  -- expert parallelism: the rows go to the ranks holding their experts (gptlua.dist.expert_parallel)
-    out = self.ep:forward(self, xf, slots, counts, weights:to(xf.dtype), M.run_experts)
+    out, shared = self.ep:forward(self, xf, slots, counts, weights:to(xf.dtype), M.run_experts,
+      self.shared and run_shared)  -- (the shared experts while the rows are in flight)
   else
     local rows = cap > 0 and math.min(N * K, E * cap) or N * K
     out = gl.moe_combine(M.run_experts(self, gl.moe_permute(xf, slots, rows), counts), slots, weights:to(xf.dtype))
+    shared = self.shared and run_shared()
   end
-  if self.shared then out = out + common.mlp(self.shared, xf, self.act) end
+  if shared then out = out + shared end
   -- a training forward that builds a graph: once per micro-step, also
   -- under activation checkpointing (whose first pass runs without one)
   if self.training and gl.is_grad_enabled() then

@@ -27,6 +27,7 @@
 --      each way, and the rows are permuted back;
 --   5. a second all-to-all returns them (combine), and gl.moe_combine sums
 --      each token's expert outputs with its weights.
+-- The shared experts (every token's) run while step 3's rows are in flight.
 -- Backward runs the same exchanges in reverse (the all-to-all's gradient
 -- is the all-to-all with the counts swapped).  The counts read in step 2
 -- are a host synchronisation per layer and pass: on a device the exchange
@@ -94,14 +95,18 @@ end
 local function sum(t, lo, hi) local s = 0 for i = lo, hi do s = s + t[i] end return s end
 
 -- x (rows, C): rows send[p] to peer p in order -> (sum recv, C), the rows
--- of peer p in order; its gradient is the exchange back.
-local function exchange(x, send, recv, comm)
+-- of peer p in order; its gradient is the exchange back.  during (optional):
+-- work to do while the exchange is in flight; its result is returned second.
+local function exchange(x, send, recv, comm, during)
   local C = x.shape[2]
   local sc, rc = {}, {}
   for p = 1, comm.size do sc[p], rc[p] = send[p] * C, recv[p] * C end
   local out = gl.empty({ sum(recv, 1, #recv), C }, { dtype = x.dtype, device = x.device })
-  comm:all_to_all(out, x:is_contiguous() and x or x:contiguous(), { send_counts = sc, recv_counts = rc })
-  return A.record(out, { x }, function(_, g) return exchange(g, recv, send, comm) end, nil, 'ep_all_to_all')
+  local work = comm:all_to_all_async(out, x:is_contiguous() and x or x:contiguous(),
+    { send_counts = sc, recv_counts = rc })
+  local extra = during and during()
+  work:wait()
+  return A.record(out, { x }, function(_, g) return exchange(g, recv, send, comm) end, nil, 'ep_all_to_all'), extra
 end
 
 -- ----------------------------------------------------------------- layout
@@ -136,8 +141,10 @@ end
 
 -- The expert rows of one layer (gptlua.moe's MoE:forward under ep): xf
 -- (N, C) this rank's tokens, slots and counts from gl.moe_route, weights
--- (N, K); returns (N, C), each token's weighted sum of its experts' outputs.
-function Layout:forward(layer, xf, slots, counts, weights, run_experts)
+-- (N, K); returns (N, C), each token's weighted sum of its experts' outputs,
+-- and the result of during() (the shared experts: run while the rows are
+-- on their way to the experts' ranks).
+function Layout:forward(layer, xf, slots, counts, weights, run_experts, during)
   local n, El, comm = self.size, layer.n_local, self.group
   local planned = require('gptlua.meta').is_meta(counts)
   local c = planned and self:balanced(layer, slots) or counts:tolist()
@@ -153,7 +160,7 @@ function Layout:forward(layer, xf, slots, counts, weights, run_experts)
     recv[p] = sum(got, (p - 1) * El + 1, p * El)
     kept = kept + send[p]
   end
-  local rows = exchange(gl.moe_permute(xf, slots, kept), send, recv, comm)
+  local rows, extra = exchange(gl.moe_permute(xf, slots, kept), send, recv, comm, during)
   -- received rows (source rank, then expert) -> expert order: row i goes to
   -- its expert's block, after the rows of lower ranks
   local R = rows.shape[1]
@@ -177,7 +184,7 @@ function Layout:forward(layer, xf, slots, counts, weights, run_experts)
   local ones = gl.ones({ R, 1 }, { dtype = rows.dtype, device = rows.device })
   local y = run_experts(layer, gl.moe_permute(rows, idx, R), gl.tensor(local_counts, { dtype = 'int64', device = dev }))
   local back = exchange(gl.moe_combine(y, idx, ones), recv, send, comm)
-  return gl.moe_combine(back, slots, weights)
+  return gl.moe_combine(back, slots, weights), extra
 end
 
 -- The counts a plan (gptlua.plan: meta tensors, no values) assumes:

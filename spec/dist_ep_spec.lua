@@ -118,6 +118,8 @@ describe('expert parallelism on MPI ranks', function()
       -- Muon (optimizer nanochat): each expert's matrix orthogonalised on its own
       { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2 --optimizer=nanochat', ref = MOE,
         over = { optimizer = 'nanochat' }, tol = 1e-7 },
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=zero2 --ep=2 --optimizer=nanochat', ref = MOE,
+        over = { optimizer = 'nanochat' }, tol = 1e-7 },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=fsdp --ep=2 --optimizer=nanochat', ref = MOE,
         over = { optimizer = 'nanochat' }, tol = FSDP_MUON_TOL },
       { ranks = 4, model = 'gpt2', args = CAP_ARGS .. ' --dist=ddp --ep=1', ref = CAP, cap = true },

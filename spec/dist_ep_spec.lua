@@ -192,6 +192,22 @@ describe('expert parallelism on MPI ranks', function()
     end
   end)
 
+  -- a refusal as a user meets it: one line from rank 0, exit 1, nothing built
+  it('gptlua -n refuses a bad ep in one line and exits 1', function()
+    local recipe = ' recipes/moe.lua --device=cpu --max_iters=1 --eval_interval=0 --out_dir=' .. out .. '/refused'
+    for _, run in ipairs({
+      { '-n 2' .. recipe .. ' --dist=ddp --ep=4', 'config: ep 4 does not divide the 2 data-parallel ranks' },
+      { '-n 2' .. recipe .. ' --dist=ddp --ep=3',
+        'config: ep 3 does not divide moe.experts 8 (each ep rank holds moe.experts / ep experts)' },
+      { '-n 2' .. recipe .. ' --dist=localsgd --ep=2',
+        "config: dist 'localsgd' with ep > 1 is not supported (expected 'ddp', 'zero1', 'zero2', 'fsdp' or 'hsdp')" },
+    }) do
+      local o, rc = H.sh(H.EXE .. ' ' .. run[1], 60)
+      assert.equal(1, rc, o)
+      assert.equal(run[2] .. '\n', o)
+    end
+  end)
+
   -- The same exchange over Gloo (the TCP launcher, no MPI): ep 2 equals ep 1
   -- step by step on 2 ranks.
   it('trains at ep 2 over Gloo as at ep 1', function()

@@ -100,6 +100,8 @@ describe('expert parallelism on MPI ranks', function()
       { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --ep=4', ref = MOE },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2', ref = MOE, id = 'ddp2' },
       { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=fsdp --ep=4', ref = MOE, tol = 1e-6, id = 'fsdp4' },
+      -- activation checkpointing: each block's exchanges run again in its recompute
+      { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2 --activation_checkpointing=true', ref = MOE },
       -- a shared expert (run while the rows are in flight)
       { ranks = 2, model = 'gpt2', args = ARGS .. ' --moe.shared=1 --dist=ddp --ep=2', ref = MOE_SHARED },
       -- the other sharded policies: the experts stepped by the optimizer beside their shards

@@ -57,6 +57,41 @@ describe('expert parallelism: bad ep values', function()
   end)
 end)
 
+describe('expert parallelism: the partial build', function()
+  -- A rank makes only its own experts (gptlua.dist.pp_build): the others
+  -- are left without storage, and its own have a one-rank build's values.
+  it('builds only this rank\'s experts, with the values of a whole build', function()
+    local gl = require 'gptlua'
+    local train = require 'gptlua.train'
+    local cfg = train.resolve_config({ device = 'cpu', n_layer = 2, n_head = 4, n_embd = 32, block_size = 16,
+      vocab_size = 68, model = 'gpt2', seed = 7 }, { '--dist=ddp', '--ep=2', '--moe.experts=4', '--moe.every=2' })
+    gl.manual_seed(cfg.seed)
+    local whole = train.build_model(cfg)
+    local want = {}
+    for _, np in ipairs(whole:named_parameters()) do want[np[1]] = np[2] end
+    for dp = 0, 3 do
+      local trainer = { cfg = cfg, hooks = {}, mesh = { size = { pp = 1, dp = 4, ep = 2 }, coord = { pp = 0, dp = dp } } }
+      gl.manual_seed(cfg.seed)
+      local model = require('gptlua.dist.pp_build').build(trainer, train.build_model)
+      local made, left = 0, 0
+      for _, np in ipairs(model:named_parameters()) do
+        local e = np[1]:match('experts%.(%d+)%.')
+        local mine = not e or math.floor(tonumber(e) / 2) == dp % 2
+        if mine then
+          made = made + 1
+          assert.is_false(np[2]:is_freed(), np[1])
+          assert.same(want[np[1]]:tolist(), np[2]:tolist(), np[1])
+        else
+          left = left + 1
+          assert.is_true(np[2]:is_freed(), np[1] .. ' is another ep rank\'s: not built here')
+        end
+      end
+      assert.equal(4, left)   -- 2 experts x (c_fc, c_proj)
+      assert.is_true(made > 4)
+    end
+  end)
+end)
+
 describe('expert parallelism planned (gptlua.plan)', function()
   -- The planner runs the trainer on meta tensors in a fake world: with no
   -- routing to read it assumes balanced routing, each of E experts getting

@@ -140,8 +140,9 @@ function M.new(recipe, args)
   end
   gl.manual_seed(cfg.seed)
   local build = hooks.build_model or M.build_model
-  -- pipeline stages (--pp): only this rank's stages' parameters are materialised (gptlua.dist.pp_build)
-  local model = self.mesh and self.mesh.size.pp > 1 and require('gptlua.dist.pp_build').build(self, build) or build(cfg)
+  -- pipeline stages (--pp) and experts (--ep): only this rank's parameters are materialised (gptlua.dist.pp_build)
+  local partial = self.mesh and (self.mesh.size.pp > 1 or self.mesh.size.ep > 1)
+  local model = partial and require('gptlua.dist.pp_build').build(self, build) or build(cfg)
   if cfg.dtype ~= 'float32' then model:to(cfg.dtype) end
   if cfg.device ~= 'cpu' then model:to(cfg.device) end
   if self.mesh and self.mesh.size.tp > 1 then  -- cut the whole model over the tp group

@@ -52,6 +52,12 @@
 -- every expert's parameters and optimizer state to world rank 0, which
 -- writes them under their global names, so a checkpoint resumes at any ep
 -- (each rank loads the experts it holds) and without ep.
+--
+-- Composition.  A rank builds only its own experts (gptlua.dist.pp_build,
+-- with EP.holds).  Under tp every MoE block stays whole on each tp rank
+-- (its input is the replicated residual), ep cutting each tp column's dp
+-- ranks; under pp ep cuts each stage's dp ranks.  Their policies wrap this
+-- one (tp's and pp's checkpoints gather the experts with Layout:gather).
 local gl = require 'gptlua'
 local A = require 'gptlua.autograd'
 local nn = require 'gptlua.nn'
@@ -91,6 +97,18 @@ function EP.groups(dp, ep)
   return group, replica
 end
 
+-- name -> whether this rank holds the parameter of that name: every one but
+-- the experts of its ep group's other ranks (the partial build,
+-- gptlua.dist.pp_build, leaves those unmade)
+function EP.holds(cfg, mesh)
+  local mc = require('gptlua.moe').resolve(cfg.moe, cfg.n_embd)
+  local per, rank = mc.experts / mesh.size.ep, mesh.coord.dp % mesh.size.ep
+  return function(name)
+    local e = name:match('%f[%w]experts%.(%d+)%.')
+    return not e or math.floor(tonumber(e) / per) == rank
+  end
+end
+
 -- --------------------------------------------------------------- exchange
 local function sum(t, lo, hi) local s = 0 for i = lo, hi do s = s + t[i] end return s end
 
@@ -114,8 +132,9 @@ local Layout = {}
 Layout.__index = Layout
 EP.Layout = Layout
 
--- Keeps this rank's experts in every MoE layer of model (built whole, the
--- same on every rank) and sets the layers to exchange their tokens.
+-- Keeps this rank's experts in every MoE layer of model (built by
+-- gptlua.dist.pp_build without the others: the ones kept have a one-rank
+-- build's values) and sets the layers to exchange their tokens.
 -- group, replica: EP.groups; dp: the data-parallel group's size.
 function EP.parallelize(model, group, replica, dp)
   local self = setmetatable({ group = group, replica = replica, size = group.size, rank = group.rank, dp = dp,

@@ -98,7 +98,7 @@ describe('expert parallelism planned (gptlua.plan)', function()
   -- N K / E of a rank's N K assignments.  Per MoE layer and micro-step a
   -- rank sends (ep-1)/ep of its N K rows of C elements four times (dispatch
   -- and combine, forward and backward) and (ep-1)/ep of its E counts once.
-  it('counts the all-to-all bytes of a step: four row exchanges and one of counts per layer', function()
+  it('counts the all-to-all bytes of a step (four row exchanges and one of counts per layer) and 1/ep of the experts', function()
     local plan = require 'gptlua.plan'
     local DT = require 'support.dist_train'
     for _, ep in ipairs({ 2, 4 }) do
@@ -109,6 +109,12 @@ describe('expert parallelism planned (gptlua.plan)', function()
       local N, K, C, E, es = 16, 2, 32, 4, 8   -- (one micro-step of 16 tokens per rank, float64)
       local want = 4 * (ep - 1) / ep * N * K * C * es + (ep - 1) / ep * E * 8
       assert.equal(want, got, ('ep %d: all-to-all bytes per step'):format(ep))
+      -- and a rank's parameters: ep 1's less (ep-1)/ep of the experts (4
+      -- experts of two 32 x 128 matrices: whole size classes of the allocator)
+      local one = plan.plan(DT.recipe('gpt2', { dist = 'ddp', ep = 1, moe = { experts = 4, top_k = 2, every = 2 } }),
+        { world = 4, device_memory = '1GiB' })
+      assert.equal(one.groups.parameters - (ep - 1) / ep * E * 2 * C * 4 * C * es, p.groups.parameters,
+        ('ep %d: planned parameters'):format(ep))
     end
   end)
 end)

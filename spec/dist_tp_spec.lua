@@ -33,7 +33,11 @@ describe('gptlua.dist.mesh in one process', function()
     assert.has_error(function() mesh.sizes({ tp = 0 }, 4) end, 'dist.mesh: tp expected a positive integer, got 0')
     assert.has_error(function() mesh.sizes({ dp = 1.5 }, 4) end,
       'dist.mesh: dp expected a positive integer (or 0: the rest of the world), got 1.5')
-    assert.has_error(function() mesh.sizes({ ep = 2 }, 4) end, 'dist.mesh: unknown dimension ep (expected pp, dp, cp or tp)')
+    assert.has_error(function() mesh.sizes({ xp = 2 }, 4) end, 'dist.mesh: unknown dimension xp (expected pp, dp, cp, tp or ep)')
+    -- ep cuts dp (gptlua.dist.expert_parallel): it must divide it
+    assert.same({ pp = 1, dp = 4, cp = 1, tp = 1, ep = 2 }, mesh.sizes({ ep = 2 }, 4))
+    assert.has_error(function() mesh.sizes({ ep = 4 }, 6) end, 'dist.mesh: ep 4 does not divide dp 6')
+    assert.has_error(function() mesh.sizes({ tp = 2, ep = 4 }, 4) end, 'dist.mesh: ep 4 does not divide dp 2')
     assert.same({ pp = 1, dp = 2, cp = 2, tp = 1 }, mesh.sizes({ cp = 2 }, 4))
     assert.has_error(function() mesh.sizes({ cp = 3, tp = 2 }, 4) end,
       'dist.mesh: tp 2 x cp 3 = 6 does not divide the world of 4 ranks')

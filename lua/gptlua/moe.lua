@@ -231,6 +231,14 @@ function MoE:__init(mc, C, act, fc_std, proj_std, opts)
   self.loss_scale = 1
 end
 
+-- every expert's MLP this layer holds over x (rows in expert order,
+-- counts (its experts) rows each): one grouped product each way
+function M.run_experts(layer, x, counts)
+  local fc, proj = {}, {}
+  for e = 1, layer.experts.n do fc[e], proj[e] = layer.experts[e].c_fc.weight, layer.experts[e].c_proj.weight end
+  return gl.grouped_linear(gl[layer.act](gl.grouped_linear(x, fc, counts)), proj, counts)
+end
+
 -- x (..., C); residual (optional): residual + moe(x)
 function MoE:forward(x, residual)
   local C = x.shape[#x.shape]
@@ -241,12 +249,17 @@ function MoE:forward(x, residual)
   local E, K = self.n_experts, experts.shape[2]
   local cap = M.capacity(self.capacity_factor, N, K, E)
   local slots, counts, load = gl.moe_route(experts, E, cap)
-  local rows = cap > 0 and math.min(N * K, E * cap) or N * K
-  local fc, proj = {}, {}
-  for e = 1, E do fc[e], proj[e] = self.experts[e].c_fc.weight, self.experts[e].c_proj.weight end
-  local h = gl[self.act](gl.grouped_linear(gl.moe_permute(xf, slots, rows), fc, counts))
-  local out = gl.moe_combine(gl.grouped_linear(h, proj, counts), slots, weights:to(h.dtype))
-  if self.shared then out = out + common.mlp(self.shared, xf, self.act) end
+  local out, shared
+  local function run_shared() return common.mlp(self.shared, xf, self.act) end
+  if self.ep then  -- expert parallelism: the rows go to the ranks holding their experts (gptlua.dist.expert_parallel)
+    out, shared = self.ep:forward(self, xf, slots, counts, weights:to(xf.dtype), M.run_experts,
+      self.shared and run_shared)  -- (the shared experts while the rows are in flight)
+  else
+    local rows = cap > 0 and math.min(N * K, E * cap) or N * K
+    out = gl.moe_combine(M.run_experts(self, gl.moe_permute(xf, slots, rows), counts), slots, weights:to(xf.dtype))
+    shared = self.shared and run_shared()
+  end
+  if shared then out = out + shared end
   -- a training forward that builds a graph: once per micro-step, also
   -- under activation checkpointing (whose first pass runs without one)
   if self.training and gl.is_grad_enabled() then

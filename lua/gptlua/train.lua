@@ -100,12 +100,12 @@ function M.new(recipe, args)
   self.dp_rank, self.dp_size = self.rank, self.world
   -- the layout: the mesh's sizes and the policy now, the model's sizes once the data gave the vocabulary
   if self.comm then agreed(require('gptlua.dist.compose').check, cfg, self.world) end
-  if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 or cfg.pp > 1 then
+  if cfg.tp > 1 or cfg.dp > 0 or cfg.cp > 1 or cfg.pp > 1 or cfg.ep > 1 then
     if not self.comm and cfg.pp > 1 then fail(("pp %d needs a distributed run (dist = 'ddp')"):format(cfg.pp)) end
     if not self.comm then
       fail(("tp %d, cp %d and dp %d need a distributed run (dist = 'ddp')"):format(cfg.tp, cfg.cp, cfg.dp))
     end
-    self.mesh = self.dist.mesh({ dp = cfg.dp, tp = cfg.tp, cp = cfg.cp, pp = cfg.pp, world = self.comm })
+    self.mesh = self.dist.mesh({ dp = cfg.dp, tp = cfg.tp, cp = cfg.cp, pp = cfg.pp, ep = cfg.ep, world = self.comm })
     self.dp_rank, self.dp_size = self.mesh.coord.dp, self.mesh.size.dp
   end
   -- each rank of a distributed GPU run trains on the GPU it is bound to
@@ -140,8 +140,9 @@ function M.new(recipe, args)
   end
   gl.manual_seed(cfg.seed)
   local build = hooks.build_model or M.build_model
-  -- pipeline stages (--pp): only this rank's stages' parameters are materialised (gptlua.dist.pp_build)
-  local model = self.mesh and self.mesh.size.pp > 1 and require('gptlua.dist.pp_build').build(self, build) or build(cfg)
+  -- pipeline stages (--pp) and experts (--ep): only this rank's parameters are materialised (gptlua.dist.pp_build)
+  local partial = self.mesh and (self.mesh.size.pp > 1 or self.mesh.size.ep > 1)
+  local model = partial and require('gptlua.dist.pp_build').build(self, build) or build(cfg)
   if cfg.dtype ~= 'float32' then model:to(cfg.dtype) end
   if cfg.device ~= 'cpu' then model:to(cfg.device) end
   if self.mesh and self.mesh.size.tp > 1 then  -- cut the whole model over the tp group
@@ -154,6 +155,12 @@ function M.new(recipe, args)
   end
   if self.mesh and self.mesh.size.cp > 1 then  -- split the sequence over the cp group (after tp's cut)
     require('gptlua.dist.context_parallel').parallelize(model, self.mesh.cp, { mode = cfg.cp_mode })
+  end
+  if self.mesh and self.mesh.size.ep > 1 then  -- this rank's experts of every MoE layer (gptlua.dist.expert_parallel)
+    self.flops_per_token = self.flops_per_token or model:flops_per_token(cfg.block_size)  -- the whole model's
+    self.whole_num_params = self.whole_num_params or model:num_params()
+    self.ep_layout = require('gptlua.dist.expert_parallel').parallelize(model, self.mesh.ep, self.mesh.ep_replica,
+      self.mesh.size.dp)
   end
   self.model = model
   -- mixture of experts (gptlua.moe): its layers, with the recipe's router when it has a moe_router hook
@@ -172,7 +179,13 @@ function M.new(recipe, args)
   local popts = { comm = self.comm, model = model, optimizer = self.optimizer, params = self.params,
                   bucket_mb = cfg.bucket_mb, shard_size = cfg.shard_size, cfg = cfg, units = hooks.fsdp_units }
   if self.mesh then popts.comm = self.mesh.dp_cp end  -- gradients average over dp (x cp)
+  if self.ep_layout then  -- the experts' gradients are reduced over their replicas only (the ep policy)
+    local rest = {}
+    for _, p in ipairs(self.params) do if not self.ep_layout.is_expert[p] then rest[#rest + 1] = p end end
+    popts.params = rest
+  end
   self.policy = self.dist and self.dist.policy(cfg.dist, popts) or Local.new(popts)
+  if self.ep_layout then self.policy = require('gptlua.dist.expert_parallel').policy(self.policy, self.ep_layout) end
   if self.mesh and self.mesh.size.cp > 1 then self.policy.collective_forward = true end
   if self.tp_layout then
     self.policy = require('gptlua.dist.policies.tp').new(self.policy, self.tp_layout, self.mesh, cfg.dist)
@@ -512,9 +525,10 @@ end
 
 -- after a taken step: the routers' bias update from the step's load over
 -- the data-parallel ranks (MoE layers only; op by op, also after a replay)
-function Trainer:moe_after_step()
+function Trainer:moe_after_step()   -- the routers' bias update from the step's load over the data-parallel ranks
   if #self.moe_layers == 0 then return end
-  gl.scope(function() require('gptlua.moe').after_step(self.moe_layers, self.policy.comm or self.comm) end)
+  local dp = self.mesh and self.mesh.dp_cp or self.policy.comm or self.comm   -- (pp: this stage's dp group)
+  gl.scope(function() require('gptlua.moe').after_step(self.moe_layers, dp) end)
 end
 
 -- one optimizer step; returns the mean loss, the gradient norm, the lr

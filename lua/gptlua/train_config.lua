@@ -66,6 +66,8 @@ M.defaults = {
   pp = 1, pp_schedule = '1f1b', pp_virtual = 1, pp_partition = 'params',
   -- mixture of experts (gptlua.moe): experts = 0 is none; the router is the moe_router hook's or gptlua.moe's
   moe = require('gptlua.moe').trainer_defaults(),
+  -- expert parallelism (gptlua.dist.expert_parallel): the experts split over ep ranks of the dp group
+  ep = 1,
 }
 
 -- Integer keys: {min, max}.  Sizes reach the engine as int32; counts of
@@ -81,7 +83,7 @@ local INTEGER_KEYS = {
   n_layer = { 0, INT32 }, n_head = { 0, INT32 }, n_embd = { 0, INT32 }, depth = { 0, INT32 }, n_kv_head = { 0, INT32 },
   shard_size = { 0, COUNT }, sync_every = { 1, COUNT }, diloco_fragments = { 1, INT32 }, powersgd_rank = { 0, INT32 },
   ps_servers = { 1, INT32 }, max_staleness = { 0, COUNT }, journal_hash_interval = { 0, COUNT }, replay_to = { 0, COUNT },
-  dp = { 0, INT32 }, tp = { 1, INT32 }, cp = { 1, INT32 }, pp = { 1, INT32 }, pp_virtual = { 1, INT32 },
+  dp = { 0, INT32 }, tp = { 1, INT32 }, cp = { 1, INT32 }, pp = { 1, INT32 }, pp_virtual = { 1, INT32 }, ep = { 1, INT32 },
 }
 M.INTEGER_KEYS = INTEGER_KEYS
 
@@ -332,9 +334,19 @@ function M.resolve_config(recipe, args)
   do  -- mixture of experts: the keys, and the layouts it runs under so far
     local ok, mc = pcall(require('gptlua.moe').resolve, cfg.moe, cfg.n_embd)
     if not ok then fail(tostring(mc)) end
-    if mc and (cfg.tp > 1 or cfg.cp > 1 or cfg.pp > 1) then
-      fail(('moe.experts %d runs with data parallelism only so far, got tp %d, cp %d, pp %d'):format(mc.experts,
-        cfg.tp, cfg.cp, cfg.pp))
+    if mc and (cfg.cp > 1 or cfg.sp) then
+      fail(('moe.experts %d runs with data, tensor (without sp) and pipeline parallelism only so far, got cp %d, sp %s')
+        :format(mc.experts, cfg.cp, tostring(cfg.sp)))
+    end
+    if cfg.ep > 1 and cfg.dist == 'none' then
+      fail(("ep %d needs a distributed run (dist = 'ddp' or 'fsdp')"):format(cfg.ep))
+    end
+    if cfg.ep > 1 and not mc then
+      fail(('ep %d needs mixture-of-experts blocks (moe.experts > 0), got moe.experts 0'):format(cfg.ep))
+    end
+    if cfg.ep > 1 and mc.experts % cfg.ep ~= 0 then
+      fail(('ep %d does not divide moe.experts %d (each ep rank holds moe.experts / ep experts)'):format(cfg.ep,
+        mc.experts))
     end
   end
   if cfg.model == 'gpt2' and cfg.n_embd % cfg.n_head ~= 0 then

@@ -167,6 +167,21 @@ do
   local recvs = seq(N, function(s) return gl.zeros({ s + R }) end)                 -- from rank s-1
   world:all_to_all(recvs, sends)
   for s = 1, N do same(recvs[s], seq(s + R, function() return (s - 1) * 10 + R end), 'all_to_all list from ' .. (s - 1)) end
+  -- one flat tensor with per-peer counts, some of them zero (expert
+  -- parallelism's token exchange: a rank may send a peer no rows, itself too):
+  -- rank a sends rank b (a + b) % 3 elements, each a * 10 + b
+  local function n(a, b) return (a + b) % 3 end
+  local sc, rc, vals, want = {}, {}, {}, {}
+  for d = 0, N - 1 do
+    sc[d + 1], rc[d + 1] = n(R, d), n(d, R)
+    for _ = 1, n(R, d) do vals[#vals + 1] = R * 10 + d end
+    for _ = 1, n(d, R) do want[#want + 1] = d * 10 + R end
+  end
+  if #vals > 0 and #want > 0 then
+    local got = gl.zeros({ #want }, { dtype = 'float64' })
+    world:all_to_all(got, gl.tensor(vals, { dtype = 'float64' }), { send_counts = sc, recv_counts = rc })
+    same(got, want, 'all_to_all with counts, zeros among them')
+  end
 end
 
 -- send / recv around a ring (async both ways, so no order can deadlock)

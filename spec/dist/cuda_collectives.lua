@@ -160,6 +160,20 @@ do
   local recvs = seq(N, function(s) return zeros({ s + R }) end)
   world:all_to_all(recvs, seq(N, function(d) return full({ R + d }, R * 10 + d - 1) end))
   for s = 1, N do same(recvs[s], seq(s + R, function() return (s - 1) * 10 + R end), 'all_to_all list ' .. s) end
+  -- one flat tensor with per-peer counts, some zero (expert parallelism's
+  -- exchange): rank a sends rank b (a + b) % 3 elements, each a * 10 + b
+  local function n(a, b) return (a + b) % 3 end
+  local sc, rc, vals, want = {}, {}, {}, {}
+  for d = 0, N - 1 do
+    sc[d + 1], rc[d + 1] = n(R, d), n(d, R)
+    for _ = 1, n(R, d) do vals[#vals + 1] = R * 10 + d end
+    for _ = 1, n(d, R) do want[#want + 1] = d * 10 + R end
+  end
+  if #vals > 0 and #want > 0 then
+    local got = zeros({ #want }, 'float64')
+    world:all_to_all(got, on(vals, 'float64'), { send_counts = sc, recv_counts = rc })
+    same(got, want, 'all_to_all with counts, zeros among them')
+  end
 end
 
 -- send / recv around a ring, both async

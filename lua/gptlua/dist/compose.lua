@@ -40,6 +40,8 @@ function M.check(cfg, world, model_cfg, hooks)
   if cfg.tp > 1 or cfg.cp > 1 or cfg.pp > 1 or cfg.dp > 0 then
     part(function() sizes = mesh.sizes({ dp = cfg.dp, tp = cfg.tp, cp = cfg.cp, pp = cfg.pp }, world) end)
   end
+  -- expert parallelism: a cut of the dp group (gptlua.dist.expert_parallel)
+  if (cfg.ep or 1) > 1 then require('gptlua.dist.expert_parallel').check(cfg, sizes.dp) end
   local dims = {}
   for _, d in ipairs({ 'pp', 'tp', 'cp' }) do if sizes[d] > 1 then dims[#dims + 1] = d end end
   local where = table.concat(dims, ' and ') .. ' > 1'

@@ -27,10 +27,15 @@
 -- the groups they need from the mesh and communicate only through Comm
 -- methods (the planner runs them over a fake world).  A dimension left out
 -- has size 1; dp left out (or 0) takes what the others leave of the world.
+--
+-- ep (expert parallelism, gptlua.dist.expert_parallel) is not a dimension
+-- of the grid but a cut of dp: with ep > 1 (dividing dp), mesh.ep is the
+-- group of ep consecutive dp ranks that split the experts, mesh.ep_replica
+-- the dp / ep ranks that hold the same experts.
 local M = {}
 
 M.DIMS = { 'pp', 'dp', 'cp', 'tp' }   -- outermost first
-local KNOWN = { pp = true, dp = true, cp = true, tp = true, world = true }
+local KNOWN = { pp = true, dp = true, cp = true, tp = true, ep = true, world = true }
 
 local function fail(msg) error('dist.mesh: ' .. msg, 0) end  -- a user's error: one line
 
@@ -39,7 +44,7 @@ local function fail(msg) error('dist.mesh: ' .. msg, 0) end  -- a user's error: 
 function M.sizes(o, world_size)
   for k in pairs(o) do
     if not KNOWN[k] then
-      fail(('unknown dimension %s (expected pp, dp, cp or tp)'):format(tostring(k)))
+      fail(('unknown dimension %s (expected pp, dp, cp, tp or ep)'):format(tostring(k)))
     end
   end
   local s = {}
@@ -70,6 +75,12 @@ function M.sizes(o, world_size)
     fail(('pp %d x dp %d x cp %d x tp %d = %d ranks, but the world has %d'):format(s.pp, s.dp, s.cp, s.tp,
       s.dp * inner, world_size))
   end
+  local ep = o.ep == nil and 1 or o.ep
+  if type(ep) ~= 'number' or ep ~= math.floor(ep) or ep < 1 then
+    fail(('ep expected a positive integer, got %s'):format(tostring(ep)))
+  end
+  if s.dp % ep ~= 0 then fail(('ep %d does not divide dp %d'):format(ep, s.dp)) end
+  if o.ep ~= nil then s.ep = ep end  -- (asked for only: a mesh without ep reads as before)
   return s
 end
 
@@ -83,6 +94,7 @@ function Mesh:__tostring()
   for _, d in ipairs(M.DIMS) do
     if d ~= 'pp' or pp then parts[#parts + 1] = ('%s %d'):format(d, self.size[d]) end
   end
+  if self.size.ep > 1 then parts[#parts + 1] = ('ep %d'):format(self.size.ep) end
   local at = { self.coord.dp, self.coord.cp, self.coord.tp }
   if pp then table.insert(at, 1, self.coord.pp) end
   return ('Mesh(%s; rank %d at %s)'):format(table.concat(parts, ' x '), self.world.rank, table.concat(at, ','))
@@ -94,6 +106,7 @@ function M.new(o)
   if type(o) ~= 'table' then fail('expected a table of dimension sizes, e.g. {dp = 2, tp = 2}') end
   local world = o.world or require('gptlua.dist').init()
   local size = M.sizes(o, world.size)
+  size.ep = size.ep or 1
   -- coordinates: rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i
   local r = world.rank
   local stride = M.strides(size)
@@ -109,6 +122,7 @@ function M.new(o)
   -- dp x cp: the ranks sharing this rank's pp and tp coordinates
   self.dp_cp = size.cp == 1 and self.dp
     or world:split(coord.pp * size.tp + coord.tp, r, { size = size.dp * size.cp, rank = coord.dp * size.cp + coord.cp })
+  if size.ep > 1 then self.ep, self.ep_replica = require('gptlua.dist.expert_parallel').groups(self.dp, size.ep) end
   return self
 end
 

@@ -1,4 +1,5 @@
--- gptlua.dist.pp_build — a pipeline rank builds only its stages' parameters.
+-- gptlua.dist.pp_build — a pipeline rank builds only its stages' parameters
+-- (and, under expert parallelism, only its own experts of them).
 --
 --   local model = require('gptlua.dist.pp_build').build(trainer, builder)
 --
@@ -118,12 +119,25 @@ function M.build(trainer, builder)
     names[k] = name_of[t]
     if not names[k] then fail(('parameter %d of the build is not among the model\'s named parameters'):format(k)) end
   end
-  local pipeline = require 'gptlua.dist.pipeline'
-  local sched = require('gptlua.dist.policies.pp').schedule(trainer)
-  local counts = pipeline.partition(whole, sched.stages, trainer.hooks.pp_partition or cfg.pp_partition,
-    cfg.block_size)
-  local holders = M.holders(whole, mesh.size.pp, sched.stages, counts)
-  local me = mesh.coord.pp
+  local me, holders = mesh.coord.pp, nil
+  if mesh.size.pp > 1 then
+    local pipeline = require 'gptlua.dist.pipeline'
+    local sched = require('gptlua.dist.policies.pp').schedule(trainer)
+    local counts = pipeline.partition(whole, sched.stages, trainer.hooks.pp_partition or cfg.pp_partition,
+      cfg.block_size)
+    holders = M.holders(whole, mesh.size.pp, sched.stages, counts)
+  else
+    holders = function() return { [me] = true } end
+  end
+  -- expert parallelism: the experts of the other ranks of this rank's ep group are not built either
+  -- (gptlua.dist.expert_parallel cuts them out of the model)
+  if (mesh.size.ep or 1) > 1 then
+    local stage_holders, mine = holders, require('gptlua.dist.expert_parallel').holds(cfg, mesh)
+    holders = function(name)
+      if mine(name) then return stage_holders(name) end
+      return { [-1] = true }
+    end
+  end
   whole, order = nil, nil
   -- 2: this rank's parameters, from the same RNG state
   gl.set_rng_state(rng)

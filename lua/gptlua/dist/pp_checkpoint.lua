@@ -47,7 +47,17 @@ function M.save(policy, trainer, opt_sd, state)
   local whole = fsdp and fsdp:full_state_dict()  -- FSDP: gathered over dp (its shards of tp's cut, under tp)
   for _, np in ipairs(pipe.named) do if not others[np[1]] then model_sd[np[1]] = whole and whole[np[1]] or np[2] end end
   for k, t in pairs(opt) do if not others[opt_param_name(k)] then opt_out[k] = t end end
-  if me == 0 then for _, nb in ipairs(pipe.model:named_buffers()) do model_sd[nb[1]] = nb[2] end end
+  -- buffers: a block's from its stage (a MoE router's expert bias moves on its stage only), the rest from the first
+  for _, nb in ipairs(pipe.model:named_buffers()) do
+    if (pipe:owner_of(nb[1]) or 0) == me then model_sd[nb[1]] = nb[2] end
+  end
+  -- expert parallelism: this stage's experts gathered whole over its ep group (collective over it)
+  local ep = policy.inner.ep_layout and policy.inner
+  if ep then
+    for k, t in pairs(opt_sd.tensors) do opt_out[k] = opt_out[k] or t end  -- (a sharded policy's steps them apart)
+    for k, t in pairs(ep.ep_layout:gather(model_sd)) do model_sd[k] = t end
+    for k, t in pairs(ep.ep_layout:gather(opt_out)) do opt_out[k] = t end
+  end
   local layout = policy.inner.layout
   local writer = mesh.coord.dp == 0 and mesh.coord.cp == 0 and (not layout or layout.rank == 0)
   if layout and mesh.coord.dp == 0 and mesh.coord.cp == 0 then  -- tp: the shards gathered whole (collective over tp)

@@ -463,8 +463,10 @@ function TP.parallelize(model, comm, opts)
       b.attn.H, b.attn.Hkv = cfg.n_head / tp, cfg.n_kv_head / tp
     end
     row_parallel(layout, b.attn.c_proj, p .. 'attn.c_proj')
-    column_parallel(layout, b.mlp.c_fc, p .. 'mlp.c_fc')
-    row_parallel(layout, b.mlp.c_proj, p .. 'mlp.c_proj')
+    if getmetatable(b.mlp) ~= require('gptlua.moe').MoE then
+      column_parallel(layout, b.mlp.c_fc, p .. 'mlp.c_fc')
+      row_parallel(layout, b.mlp.c_proj, p .. 'mlp.c_proj')
+    end  -- (a mixture of experts stays whole on every tp rank: its input is the replicated residual)
   end
   local wte = vocab_embedding(layout, tr.wte, 'transformer.wte')
   if kind == 'gpt2' then

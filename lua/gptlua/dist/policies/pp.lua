@@ -126,8 +126,12 @@ end
 
 function P:zero_grad() return self.inner:zero_grad() end
 
--- the data-parallel policy (the inner one, or the one tp's policy wraps)
-function P:_dp() return self.inner.layout and self.inner.inner or self.inner end
+-- the data-parallel policy (the inner one, or the one tp's or ep's policy wraps)
+function P:_dp()
+  local p = self.inner
+  while p.inner do p = p.inner end
+  return p
+end
 -- that policy when it is FSDP/HSDP (its units), else nil
 function P:_fsdp() local dp = self:_dp(); return dp.units and dp or nil end
 

@@ -150,10 +150,20 @@ function P:save_checkpoint(trainer, model_sd, opt_sd, state)
   local model_full, opt_full
   local opt_local = self:_local_optimizer_state(opt_sd)
   -- FSDP's parameters live in shards: gathered whole over dp first (collective)
-  if self.inner.full_state_dict then model_sd = self.inner:full_state_dict() end
+  -- expert parallelism (the inner policy's): the experts, whole on every tp rank, gathered over ep
+  local ep = self.inner.ep_layout
+  local ep_model, ep_opt = {}, {}
+  if ep then
+    for k, t in pairs(opt_sd.tensors) do opt_local[k] = opt_local[k] or t end  -- (a sharded policy steps them apart)
+    ep_model, ep_opt = ep:gather(model_sd), ep:gather(opt_local)
+  end
+  local dp = ep and self.inner.inner or self.inner
+  if dp.full_state_dict then model_sd = dp:full_state_dict() end
   if self.mesh.coord.dp == 0 then  -- one tp group gathers; the others hold the same values
     model_full = TP.full_state(self.layout, model_sd)
     opt_full = TP.full_state(self.layout, opt_local, opt_param_name)
+    for k, t in pairs(ep_model) do model_full[k] = t end
+    for k, t in pairs(ep_opt) do opt_full[k] = t end
   end
   state.mesh = { dp = self.mesh.size.dp, tp = self.mesh.size.tp }
   if trainer.rank ~= 0 then return nil end
@@ -165,6 +175,7 @@ end
 
 -- the model's part of a checkpoint's full tensors (train.lua's load hook)
 function P:load_model(sd)
+  if self.inner.ep_layout then sd = self.inner.ep_layout:local_entries(sd) end  -- (ep: this rank's experts)
   self.layout.model:load_state_dict(TP.local_state(self.layout, sd))
 end
 
@@ -183,6 +194,7 @@ function P:load_checkpoint(trainer, c, path)
   inner:each_state(function(k, t, off, _, kind)
     if kind == 'state' or (kind == 'master' and index[k]) then shards.fill(index, k, off, t, path) end
   end, true)  -- (FSDP: every HSDP replica fills its pieces)
+  if inner.ep_layout then inner:load_expert_state(index, path) end  -- (ep: the experts, whole, beside the pieces)
   shards.set_steps(self.optimizer, st)
 end
 

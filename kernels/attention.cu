@@ -241,7 +241,8 @@ extern "C" int cuda_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_t
   int dev = out->device;
   cudaStream_t st;
   GL_TRY(cu_begin(dev, &st));
-  if (flash_attention_forward_fits(dev, out, q, k, v))
+  /* segments with a KV cache (T < S): the fallback (the flash path's id tables tile T == S) */
+  if ((!segments || T_ == S) && flash_attention_forward_fits(dev, out, q, k, v))
     return flash_attention_forward(st, dev, out, lse, q, k, v, segments, scale, window);
   GL_TRY(grid_check("cuda_attention_forward", T_, H, B));
   AttnDims a = {H, H / Hkv, T_, S, D, window < 0 ? 0 : window, window < 0 ? S - 1 : S - T_};
@@ -271,7 +272,7 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     GL_TRY(cuda_fill(dk, 0));
     return cuda_fill(dv, 0);
   }
-  const bool fast = flash_attention_backward_fits(dev, dq, dk, dv, dout, q, k, v, out);
+  const bool fast = (!segments || T_ == S) && flash_attention_backward_fits(dev, dq, dk, dv, dout, q, k, v, out);
   int wide = q->dtype == GL_F64;
   CuTemp di;
   GL_TRY(di.make(wide ? GL_F64 : GL_F32, dev, rows));

@@ -151,8 +151,9 @@ __device__ __forceinline__ void fa_acc_to_a(uint32_t *a, const float *c0, const 
    16w..16w+15 of the tile.  Its Q fragments stay in registers; K / V tiles
    stream through two shared stages (cp.async of tile j + 1 overlaps the
    products on tile j); S, P and the O accumulator live in registers; the
-   online softmax keeps m and l per row in the log2 domain. */
-template <int D>
+   online softmax keeps m and l per row in the log2 domain.  SEG: segment
+   ids given (the id tests compiled in only then). */
+template <int D, bool SEG>
 __global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
   constexpr int LD = FaTile<D>::LD, E = FaTile<D>::ELEMS, KD = D / 16, ND = D / 8, NS = FA_BC / 8;
   GL_DYNAMIC_SHARED(unsigned char, smem, 128);
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
   /* document masking: the query tile's id range, and its rows' ids (rows g, g + 8 of the stripe) */
   FaIds qids = {0, 0};
   int32_t qid[2] = {0, 0};
-  if (p.seg) {
+  if (SEG) {
     qids = fa_tile_ids(p, b, qt0 / FA_BR);
     for (int r = 0; r < 2; r++) {
       const int64_t t = qt0 + warp * 16 + g + 8 * r;
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
   }
   /* the first key tile from j on that shares a document with the query tile */
   auto next_tile = [&](int j) {
-    if (p.seg)
+    if (SEG)
       while (j < ntiles && !fa_ids_meet(qids, fa_tile_ids(p, b, kv_begin / FA_BC + j))) j++;
     return j;
   };
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
     const int64_t kv0 = kv_begin + (int64_t)j * FA_BC;
     fa_load_tile<D>(Ks + st * E, k, p.ks[2], kv0, p.S);
     fa_load_tile<D>(Vs + st * E, v, p.vs[2], kv0, p.S);
-    if (p.seg) fa_load_ids(kid_s + st * FA_BC, p, b, kv0);
+    if (SEG) fa_load_ids(kid_s + st * FA_BC, p, b, kv0);
   };
 
   fa_load_tile<D>(Qs, q, p.qs[2], qt0, p.T);
@@ -233,7 +234,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
         mma_bf16_16816(s[2 * np + 1], qf[kk], kf + 2, s[2 * np + 1]);
       }
     /* online softmax: scaled scores (log2 domain), masked where needed */
-    const bool full = fa_tile_full(p, qt0, kv0) && (!p.seg || fa_one_doc(qids, fa_tile_ids(p, b, kv0 / FA_BC)));
+    const bool full = fa_tile_full(p, qt0, kv0) && (!SEG || fa_one_doc(qids, fa_tile_ids(p, b, kv0 / FA_BC)));
     float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < NS; nt++)
@@ -243,7 +244,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
         if (!full) {
           const int64_t t = qt0 + warp * 16 + FA_ROW(g, i), kpos = kv0 + nt * 8 + FA_COL(tq, i);
           if (!(t < p.T && kpos < p.S && attn_visible(kpos, off + t, p.window)) ||
-              (p.seg && qid[i >> 1] != kid[nt * 8 + FA_COL(tq, i)]))
+              (SEG && qid[i >> 1] != kid[nt * 8 + FA_COL(tq, i)]))
             x = -INFINITY;
         }
         s[nt][i] = x;
@@ -310,8 +311,8 @@ __global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
      dV += P^T dO,  dK += dS^T Q  (scaled once at the end);
    dS goes through shared memory so that warp w can add rows 16w.. of
    dQ = dS K into the fp32 buffer p.dq_acc with atomics: nothing is
-   recomputed for dQ. */
-template <int D>
+   recomputed for dQ.  SEG: segment ids given. */
+template <int D, bool SEG>
 __global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
   constexpr int LD = FaTile<D>::LD, E = FaTile<D>::ELEMS, KD = D / 16, ND = D / 8, NQ = FA_BR / 8;
   GL_DYNAMIC_SHARED(unsigned char, smem, 128);
@@ -331,7 +332,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
   /* document masking: the key tile's id range, and its rows' ids (rows g, g + 8 of the stripe) */
   FaIds kids = {0, 0};
   int32_t kid[2] = {0, 0};
-  if (p.seg) {
+  if (SEG) {
     kids = fa_tile_ids(p, b, kv0 / FA_BC);
     for (int r = 0; r < 2; r++) {
       const int64_t s = kv0 + kr + g + 8 * r;
@@ -340,7 +341,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
   }
   /* the first work item from j on whose query tile shares a document with the key tile */
   auto next_item = [&](int64_t j) {
-    if (p.seg)
+    if (SEG)
       while (j < items && !fa_ids_meet(kids, fa_tile_ids(p, b, t_lo / FA_BR + j % nqt))) j++;
     return j;
   };
@@ -356,7 +357,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
       lse_s[st * FA_BR + r] = ok ? p.lse_in[b * p.ls[0] + h * p.ls[1] + t * p.ls[2]] * FA_LOG2E : INFINITY;
       di_s[st * FA_BR + r] = ok ? p.di[(b * p.H + h) * p.T + t] : 0.f;
     }
-    if (p.seg) fa_load_ids(qid_s + st * FA_BR, p, b, qt0);
+    if (SEG) fa_load_ids(qid_s + st * FA_BR, p, b, qt0);
   };
   fa_load_tile<D>(Ks, p.k + b * p.ks[0] + hk * p.ks[1], p.ks[2], kv0, p.S);
   fa_load_tile<D>(Vs, p.v + b * p.vs[0] + hk * p.vs[1], p.vs[2], kv0, p.S);
@@ -407,7 +408,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
       }
     }
     /* P^T and dS^T in place; dS (query-major) to shared memory for dQ */
-    const bool full = fa_tile_full(p, qt0, kv0) && (!p.seg || fa_one_doc(kids, fa_tile_ids(p, b, qt0 / FA_BR)));
+    const bool full = fa_tile_full(p, qt0, kv0) && (!SEG || fa_one_doc(kids, fa_tile_ids(p, b, qt0 / FA_BR)));
 #pragma unroll
     for (int nt = 0; nt < NQ; nt++)
 #pragma unroll
@@ -416,7 +417,7 @@ __global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
         float pv = exp2f(sT[nt][i] * sl - lse_c[ql]);
         if (!full) {
           const int64_t t = qt0 + ql, kpos = kv0 + kl;
-          if (!(t < p.T && kpos < p.S && attn_visible(kpos, off + t, p.window)) || (p.seg && qid[ql] != kid[i >> 1]))
+          if (!(t < p.T && kpos < p.S && attn_visible(kpos, off + t, p.window)) || (SEG && qid[ql] != kid[i >> 1]))
             pv = 0.f;
         }
         const float ds = pv * (dpT[nt][i] - di_c[ql]);
@@ -537,7 +538,8 @@ static bool fa_usable(int dev, size_t smem64, size_t smem128, std::initializer_l
                       const gl_tensor *q) {
   const int64_t D = q->shape[3];
   if (D != 64 && D != 128) return false;
-  if ((size_t)cu_smem_optin(dev) < (D == 128 ? smem128 : smem64)) return false;
+  const size_t smem = D == 128 ? smem128 : smem64;
+  if ((size_t)cu_smem_optin(dev) < smem) return false;
   if (q->shape[1] > 65535 || q->shape[0] > 65535) return false;
   for (const gl_tensor *t : ts) if (!fa_tensor_ok(t)) return false;
   return true;
@@ -568,7 +570,7 @@ static int fa_params(FlashParams &p, cudaStream_t st, int dev, CuTemp &ids, cons
   p.H = q->shape[1]; p.Hkv = k->shape[1]; p.T = T_; p.S = S; p.scale = (float)scale;
   p.window = window < 0 ? 0 : window; p.off = window < 0 ? S - 1 : S - T_;
   if (!segments) return GL_OK;
-  if (window < 0 || T_ != S)  /* the API refuses these first (engine/ops.c) */
+  if (window < 0 || T_ != S)  /* the API refuses window < 0, attention.cu takes T < S to the fallback */
     return gl_error("flash attention: segments need window >= 0 and T == S, got window %lld, T %lld, S %lld",
                     (long long)window, (long long)T_, (long long)S);
   p.ntiles = (T_ + FA_BR - 1) / FA_BR;
@@ -584,24 +586,24 @@ static int fa_params(FlashParams &p, cudaStream_t st, int dev, CuTemp &ids, cons
   return GL_OK;
 }
 
-template <int D> static int fa_forward(cudaStream_t st, FlashParams &p, int64_t B) {
+template <int D, bool SEG> static int fa_forward(cudaStream_t st, FlashParams &p, int64_t B) {
   size_t smem = fa_fwd_smem<D>();
-  GL_CU_CHECK(cudaFuncSetAttribute(flash_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  GL_CU_CHECK(cudaFuncSetAttribute(flash_fwd_kernel<D, SEG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   dim3 grid((unsigned)((p.T + FA_BR - 1) / FA_BR), (unsigned)p.H, (unsigned)B);
-  GL_LAUNCH(grid, FA_THREADS, smem, st, flash_fwd_kernel<D>)(p);
+  GL_LAUNCH(grid, FA_THREADS, smem, st, flash_fwd_kernel<D, SEG>)(p);
   GL_CU_LAUNCHED();
   return GL_OK;
 }
-template <int D> static int fa_backward(cudaStream_t st, FlashParams &p, int64_t B, int dev) {
+template <int D, bool SEG> static int fa_backward(cudaStream_t st, FlashParams &p, int64_t B, int dev) {
   const int64_t n = B * p.H * p.T * D;
   CuTemp acc;
   GL_TRY(acc.make(GL_F32, dev, n));
   GL_CU_CHECK(cudaMemsetAsync(acc.ptr<float>(), 0, (size_t)n * sizeof(float), st));
   p.dq_acc = acc.ptr<float>();
   size_t smem = fa_bwd_smem<D>();
-  GL_CU_CHECK(cudaFuncSetAttribute(flash_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  GL_CU_CHECK(cudaFuncSetAttribute(flash_bwd_kernel<D, SEG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   dim3 grid((unsigned)((p.S + FA_BC - 1) / FA_BC), (unsigned)p.Hkv, (unsigned)B);
-  GL_LAUNCH(grid, FA_THREADS, smem, st, flash_bwd_kernel<D>)(p);
+  GL_LAUNCH(grid, FA_THREADS, smem, st, flash_bwd_kernel<D, SEG>)(p);
   GL_CU_LAUNCHED();
   const unsigned blocks = (unsigned)std::min<int64_t>((n / 8 + 255) / 256, 1 << 20);
   GL_LAUNCH(blocks, 256, 0, st, flash_dq_convert_kernel<D>)(p, n);
@@ -617,7 +619,10 @@ int flash_attention_forward(cudaStream_t st, int dev, gl_tensor *out, gl_tensor 
   GL_TRY(fa_params(p, st, dev, ids, q, k, v, segments, scale, window));
   p.o = (bf16 *)cu_ptr(out); p.lse = (float *)cu_ptr(lse);
   fa_strides(p.os, out); fa_strides(p.ls, lse);
-  return q->shape[3] == 128 ? fa_forward<128>(st, p, q->shape[0]) : fa_forward<64>(st, p, q->shape[0]);
+  /* the segment test in its own instances: without it the kernels keep their registers */
+  const int64_t B = q->shape[0];
+  if (q->shape[3] == 128) return segments ? fa_forward<128, true>(st, p, B) : fa_forward<128, false>(st, p, B);
+  return segments ? fa_forward<64, true>(st, p, B) : fa_forward<64, false>(st, p, B);
 }
 
 int flash_attention_backward(cudaStream_t st, int dev, gl_tensor *dq, gl_tensor *dk, gl_tensor *dv,
@@ -631,5 +636,8 @@ int flash_attention_backward(cudaStream_t st, int dev, gl_tensor *dq, gl_tensor 
   p.dq = (bf16 *)cu_ptr(dq); p.dk = (bf16 *)cu_ptr(dk); p.dv = (bf16 *)cu_ptr(dv);
   p.lse_in = (const float *)cu_ptr(lse); p.di = di;
   fa_strides(p.ls, lse); fa_strides(p.dos, dout); fa_strides(p.dqs, dq); fa_strides(p.dks, dk); fa_strides(p.dvs, dv);
-  return q->shape[3] == 128 ? fa_backward<128>(st, p, q->shape[0], dev) : fa_backward<64>(st, p, q->shape[0], dev);
+  const int64_t B = q->shape[0];
+  if (q->shape[3] == 128)
+    return segments ? fa_backward<128, true>(st, p, B, dev) : fa_backward<128, false>(st, p, B, dev);
+  return segments ? fa_backward<64, true>(st, p, B, dev) : fa_backward<64, false>(st, p, B, dev);
 }

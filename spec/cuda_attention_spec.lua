@@ -66,10 +66,11 @@ local function attention_case(dt, B, H, Hkv, T, S_, D, window, layout)
 end
 
 -- document masking: segment ids (of sdt, default int64) of packed documents
--- of the given lengths in each row (T == S); path: the kernels expected
+-- of the given lengths in each row, S positions in all; the T <= S queries
+-- are the last T positions (T < S: a KV cache); path: the kernels expected
 -- ('flash' or 'fallback'), checked in the simulator's trace
 local function segmented_case(dt, B, H, Hkv, T, D, window, lengths, path, sdt_ids)
-  local ids = {}
+  local ids, S_ = {}, nil
   for b = 1, B do
     ids[b] = {}
     local id = 10 * b
@@ -77,17 +78,18 @@ local function segmented_case(dt, B, H, Hkv, T, D, window, lengths, path, sdt_id
       for _ = 1, n do ids[b][#ids[b] + 1] = id end
       id = id + 1
     end
-    assert(#ids[b] == T, 'segmented_case: lengths must add up to T')
+    if b == 1 then S_ = #ids[1] end
+    assert(#ids[b] == S_ and T <= S_, 'segmented_case: every row\'s lengths must add up to S >= T')
   end
   local seg = gl.tensor(ids, { dtype = sdt_ids or 'int64' })
-  local ins = { q = pair({ B, H, T, D }, { dtype = dt }), k = pair({ B, Hkv, T, D }, { dtype = dt }),
-                v = pair({ B, Hkv, T, D }, { dtype = dt }), g = pair({ B, H, T, D }, { dtype = dt }),
+  local ins = { q = pair({ B, H, T, D }, { dtype = dt }), k = pair({ B, Hkv, S_, D }, { dtype = dt }),
+                v = pair({ B, Hkv, S_, D }, { dtype = dt }), g = pair({ B, H, T, D }, { dtype = dt }),
                 seg = { seg, seg:to(twin.DEV) } }
   local sdt = dt == 'float64' and 'float64' or 'float32'
   local scale = 1 / math.sqrt(D)
   compare(ins, function(S)
     local o, lse = S.out({ B, H, T, D }, dt), S.out({ B, H, T }, sdt)
-    local dq, dk, dv = S.out({ B, H, T, D }, dt), S.out({ B, Hkv, T, D }, dt), S.out({ B, Hkv, T, D }, dt)
+    local dq, dk, dv = S.out({ B, H, T, D }, dt), S.out({ B, Hkv, S_, D }, dt), S.out({ B, Hkv, S_, D }, dt)
     local names = launched(function()
       K(lib.gl_attention_forward_seg(o.c, lse.c, S.q.c, S.k.c, S.v.c, S.seg.c, scale, window))
       K(lib.gl_attention_backward_seg(dq.c, dk.c, dv.c, S.g.c, S.q.c, S.k.c, S.v.c, o.c, lse.c, S.seg.c, scale,
@@ -101,8 +103,8 @@ local function segmented_case(dt, B, H, Hkv, T, D, window, lengths, path, sdt_id
       end
     end
     return o, lse, dq, dk, dv
-  end, dt, ('segmented attention %s B=%d H=%d Hkv=%d T=%d D=%d window=%d'):format(dt, B, H, Hkv, T, D, window),
-  { n = math.max(D, T, T * H / Hkv) })
+  end, dt, ('segmented attention %s B=%d H=%d Hkv=%d T=%d S=%d D=%d window=%d'):format(dt, B, H, Hkv, T, S_, D,
+    window), { n = math.max(D, S_, T * H / Hkv) })
 end
 
 describe('CUDA attention vs CPU #cuda', function()
@@ -111,6 +113,9 @@ describe('CUDA attention vs CPU #cuda', function()
     segmented_case('float32', 1, 2, 1, 40, 64, 0, { { 17, 23 } }, 'fallback')  -- the flash path's D, in float32
     segmented_case('float64', 1, 2, 1, 19, 16, 4, { { 3, 9, 7 } }, 'fallback')
     segmented_case('bfloat16', 1, 2, 2, 40, 40, 0, { { 17, 23 } }, 'fallback')
+    -- a KV cache (T < S): a batch of prompts' left padding (id 0), on the fallback in every dtype
+    segmented_case('bfloat16', 2, 4, 2, 1, 64, 0, { { 30, 40 }, { 0, 70 } }, 'fallback')
+    segmented_case('float32', 2, 2, 1, 3, 24, 5, { { 4, 9 }, { 13 } }, 'fallback')
   end)
 
   -- 64-position tiles: row {70, 10, 120} has tiles of ids {10}, {10..12},

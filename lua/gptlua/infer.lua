@@ -181,8 +181,9 @@ end
 --   positions (B, T), during a forward: each token's position in its own
 --     prompt (slot minus the row's padding; 0 on the padding), for the
 --     position embedding (GPT-2) or the rotary tables' rows (nanochat);
---   real (B, S, 1) of the model's dtype: 1 on tokens, 0 on padding, which
---     nanochat multiplies its normed embedding by before the smear.
+--   real (B, S, 1) of the model's dtype, during the prefill: 1 on tokens, 0
+--     on padding, which nanochat multiplies its normed embedding by before
+--     the smear.
 -- A padded row then computes what its prompt alone does (the padding adds
 -- exact zeros to its sums), up to the order of the products' sums.
 local function padded_caches(self, prompts, S)
@@ -230,6 +231,7 @@ function Engine:prefill(prompt, n, S)
   if type(prompt[1]) == 'table' then
     local caches, idx, pos = padded_caches(self, prompt, S)
     local logits = cached_forward(self, idx, caches, pos)
+    caches.real = nil  -- (decoded tokens are never padding)
     return caches, logits:select(2, logits.shape[2]):contiguous()
   end
   local model = self.model
@@ -289,8 +291,21 @@ function Engine:generate(prompt, opts)
   local was_training = self.model.training
   self.model:eval()
   local ok, err = pcall(gl.no_grad, function()
-    local caches, logits = self:prefill(prompts or prompt, n, longest + max_tokens)
+    -- the decode step as a CUDA graph (gptlua.infer_graph) on a GPU unless
+    -- opts.cuda_graph is false; its caches hold one slot more
+    local graph_mod, why = nil, nil
+    if opts.cuda_graph ~= false and max_tokens > 1 then
+      graph_mod = require 'gptlua.infer_graph'
+      why = graph_mod.obstacle(self.model, longest + max_tokens + 1, self.device)
+      if why then
+        if opts.cuda_graph == true then fail(('%s: cuda_graph: %s'):format(what, why)) end
+        graph_mod = nil
+      end
+    end
+    local caches, logits = self:prefill(prompts or prompt, n, longest + max_tokens + (graph_mod and 1 or 0))
     if logits.shape[1] < B then logits = logits:expand({ B, logits.shape[2] }):contiguous() end
+    local graph = graph_mod and graph_mod.new(self, caches, B, { required = opts.cuda_graph == true })
+    self.decode_graph = graph  -- (its counts: steps, replays, nodes; a note when its capture failed)
     for step = 1, max_tokens do
       local next_ids = gl.scope(function()
         local l64 = logits:to('cpu'):to('float64'):totable()
@@ -318,11 +333,16 @@ function Engine:generate(prompt, opts)
         break
       end
       if step == max_tokens then break end
-      local prev = logits
-      logits = gl.scope(function() return self:decode(caches, next_ids) end)
-      Tensor.release(prev)
+      if graph then
+        logits = graph:step(next_ids)
+      else
+        local prev = logits
+        logits = gl.scope(function() return self:decode(caches, next_ids) end)
+        Tensor.release(prev)
+      end
     end
     for b = 1, B do rows[b].finish = rows[b].finish or 'length' end
+    if graph then graph:free() end
   end)
   self.model:train(was_training)
   if not ok then error(err, 0) end

@@ -13,8 +13,10 @@
 -- dozen rows of C per layer) are left out: under 1% of the bytes at B = 8.
 -- The bytes come from the shapes (M.decode_bytes); the device work items
 -- per step (kernels, copies) are counted in the simulator's trace of one
--- decode step of a model of the same depth at a small width
--- (M.count_decode_launches; their number does not depend on the width).
+-- decode step as the engine replays it in a CUDA graph (gptlua.infer_graph,
+-- run op by op: the graph's kernels and the writes of its inputs), of a
+-- model of the same depth at a small width (M.count_decode_launches; their
+-- number does not depend on the width).
 -- Step time = bytes / (bandwidth x mem) + launches x gap_us, per
 -- efficiency table of account.lua's M.EFFICIENCY; tokens/s = B / step time.
 local gl = require 'gptlua'
@@ -49,6 +51,7 @@ function M.count_decode_launches(L, B)
   if not trace.library() then return nil, 'counting a decode step\'s launches needs the CUDA simulator (build/sim/gptlua)' end
   local cuda = require 'gptlua.cuda'
   local infer = require 'gptlua.infer'
+  local infer_graph = require 'gptlua.infer_graph'
   gl.manual_seed(1)
   local model = require('gptlua.models.gpt2').GPT({ vocab_size = 64, block_size = 32, n_layer = L, n_head = 2,
                                                     n_embd = 64 })
@@ -58,9 +61,11 @@ function M.count_decode_launches(L, B)
   local n = 0
   gl.no_grad(function()
     local caches = e:prefill({ 1, 2, 3 }, B, 8)
+    local step = infer_graph.new(e, caches, B, { capture = false })
+    step:step(ids)  -- (the first step allocates the logits' buffer)
     cuda.synchronize(0)
     trace.start()
-    e:decode(caches, ids)
+    step:step(ids)
     cuda.synchronize(0)
     trace.stop()
     for _, r in ipairs(trace.records()) do if r.kind == 'work' then n = n + 1 end end

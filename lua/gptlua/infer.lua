@@ -12,7 +12,9 @@
 -- Generation (nanochat's engine): the prompt is prefilled once, as one
 -- forward over its tokens with a batch of one into a KV cache; the cache is
 -- copied to n rows, one per sample, and every step decodes one token of
--- each row (one forward of (n, 1) tokens).  A row ends at one of the stop
+-- each row (one forward of (n, 1) tokens).  A list of prompts is prefilled
+-- as one left-padded batch (padded_caches below).  On a GPU the decode
+-- step is replayed as a CUDA graph (gptlua.infer_graph).  A row ends at one of the stop
 -- tokens (not part of its ids) or when max_tokens or the context
 -- (block_size) runs out.  Each token comes with its log-probability under
 -- the model (temperature 1, no top-k or top-p): the decode step's logits

@@ -117,8 +117,13 @@ function Step:step(ids)
   return self.logits
 end
 
+-- the graph and the fixed buffers freed now (the logits too: read them first)
 function Step:free()
   if self.graph then self.graph:free(); self.graph = nil end
+  local Tensor = require 'gptlua.tensor'
+  for _, k in ipairs({ 'segments', 'slot', 'positions', 'ids', 'logits' }) do
+    if self[k] then Tensor.release(self[k]); self[k] = nil end
+  end
 end
 
 return M

@@ -202,10 +202,11 @@ int gl_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_tensor *q,
 int gl_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,
                           const gl_tensor *q, const gl_tensor *k, const gl_tensor *v,
                           const gl_tensor *out, const gl_tensor *lse, double scale, int64_t window);
-/* The same with document masking: segments (B, T) int32 or int64 ids, one
-   per position (T == S: no cache, window >= 0); a query sees a key only
-   when both carry the same id, so attention never crosses a boundary of
-   documents packed into one row. */
+/* The same with document masking: segments (B, S) int32 or int64 ids, one
+   per key position (window >= 0; query t, at position S - T + t, carries
+   that position's id); a query sees a key only when both carry the same
+   id, so attention never crosses a boundary of documents packed into one
+   row, nor reaches the left padding of a batch of prompts. */
 int gl_attention_forward_seg(gl_tensor *out, gl_tensor *lse, const gl_tensor *q, const gl_tensor *k,
                              const gl_tensor *v, const gl_tensor *segments, double scale, int64_t window);
 int gl_attention_backward_seg(gl_tensor *dq, gl_tensor *dk, gl_tensor *dv, const gl_tensor *dout,

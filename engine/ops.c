@@ -383,16 +383,15 @@ static int check_attention(const char *fn, const gl_tensor *q, const gl_tensor *
   return GL_OK;
 }
 
-/* segments (optional): (B, T) ids on q's device, T == S and a causal mask */
+/* segments (optional): (B, S) ids of the key positions on q's device and a
+   causal mask; query t (at position S - T + t) carries its position's id */
 static int check_segments(const char *fn, const gl_tensor *segments, const gl_tensor *q, const gl_tensor *k,
                           int64_t window) {
   if (!segments) return GL_OK;
   if (window < 0) return gl_error("%s: segments need a causal mask (window >= 0), got window %lld", fn, (long long)window);
-  if (q->shape[2] != k->shape[2])
-    return gl_error("%s: segments need T == S (no KV cache), got T = %lld queries and S = %lld keys", fn,
-                    (long long)q->shape[2], (long long)k->shape[2]);
-  GL_TRY(check_shape(segments, fn, "segments", 2, (int64_t[]){q->shape[0], q->shape[2]}, "(B, T) = (%lld, %lld) of q",
-                     (long long)q->shape[0], (long long)q->shape[2]));
+  GL_TRY(check_shape(segments, fn, "segments", 2, (int64_t[]){q->shape[0], k->shape[2]},
+                     "(B, S) = (%lld, %lld): q's batch, k's positions", (long long)q->shape[0],
+                     (long long)k->shape[2]));
   if (segments->device != q->device)
     return gl_error("%s: segments are on device %d, expected q's device %d", fn, segments->device, q->device);
   return GL_OK;

@@ -1,50 +1,22 @@
 /* attention.cu — causal scaled-dot-product attention on the GPU, forward and
  * backward: grouped-query heads (kv head h / (H / Hkv)), the KV-cache offset
- * (T <= S, query t at position S - T + t) and an optional sliding window
+ * (T <= S, query t at position S - T + t), an optional sliding window
  * (window < 0: no mask, every query at S - 1 + t, past every key; ring
- * attention's blocks), with the semantics of its CPU twin engine/cpu/attention.c; specs in
- * spec/cuda_attention_spec.lua.  Segment ids (document masking: a query
- * sees only keys of its own segment) run on the fallback kernels only.
+ * attention's blocks) and segment ids (document masking: a query sees only
+ * keys of its own segment), with the semantics of its CPU twin
+ * engine/cpu/attention.c; specs in spec/cuda_attention_spec.lua.
  *
- * Flash path (bfloat16, head dim D = 64 or 128, unit stride along D,
- * 16-byte aligned rows; sm_80+): FlashAttention-2 on the tensor cores
- * through kernels/mma_sync.cuh (mma.sync m16n8k16 bf16 -> fp32, ldmatrix,
- * cp.async).  Tiles of 64 query rows and 64 key rows, 4 warps per block,
- * each warp owning a 16-row stripe; shared tiles are 64 x D bf16 rows padded
- * by 16 bytes; the next tile's cp.async overlaps the products on the
- * current one (two stages).  All accumulators live in registers.
- *  - forward, one block per (query tile, head, batch): the warp's Q
- *    fragments stay in registers; for each key tile S = Q K^T, masked where
- *    the tile pair is not wholly visible, an online softmax per row in the
- *    log2 domain (row max and sum over the 4 lanes of a quad with shuffles;
- *    m, l kept per row), O = O alpha + P V with P taken straight from the S
- *    registers as the A operand.  out = O / l, lse = (m + log2 l) ln 2.
- *    Key tiles wholly above the diagonal or below the window are skipped.
- *  - backward, Di = rowsum(dout * out) first (attn_di_kernel), then one
- *    block per (key tile, kv head, batch), warp w owning 16 key rows: it
- *    walks the (query head of the group, query tile that sees its keys)
- *    pairs and accumulates in registers
- *      P^T = exp(K Q^T scale - lse), dP^T = V dO^T, dS^T = P^T (dP^T - Di),
- *      dV += P^T dO, dK += dS^T Q (scaled once at the end);
- *    dS goes through shared memory, and warp w adds rows 16w.. of dQ = dS K
- *    to an fp32 (B, H, T, D) buffer with atomics, converted to bf16 (times
- *    scale) by flash_dq_convert_kernel.  Nothing is recomputed for dQ; the
- *    price is that the order of the fp32 additions into dQ (one per key
- *    tile) varies from run to run on a GPU: dQ is reproducible to about an
- *    ulp of fp32 before its rounding to bf16, not bit for bit.
- * Fallback (any dtype, head dim or layout, float32 / float64 for exactness
- * against the CPU): one block per query row (per key row for dK / dV),
- * streaming keys (queries) in chunks of FB_THREADS.  Tile sizes, shared
- * memory, occupancy and the FLOPs / bytes per call: kernels/README.md. */
+ * Two paths: FlashAttention-2 on the tensor cores (bfloat16, head dim 64 or
+ * 128, unit stride along D, 16-byte aligned rows; kernels/attention_flash.cu)
+ * and, for everything else, the fallback here (any dtype, head dim or
+ * layout, float32 / float64 for exactness against the CPU): one block per
+ * query row (per key row for dK / dV), streaming keys (queries) in chunks of
+ * FB_THREADS.  Di = rowsum(dout * out), which both backwards take, is here.
+ * Tile sizes, shared memory, occupancy and the FLOPs / bytes per call:
+ * kernels/README.md. */
 #include "common.cuh"
-#include "mma_sync.cuh"
 #include "row_walk.cuh"
-
-/* which keys a query sees: key position s is visible from query position
-   qpos when s <= qpos and (window <= 0 or s > qpos - window) */
-__device__ __forceinline__ bool attn_visible(int64_t s, int64_t qpos, int64_t window) {
-  return s <= qpos && (window <= 0 || s > qpos - window);
-}
+#include "attention_flash.cuh"
 
 /* ---- Di = rowsum(dout * out), one warp per (b, h, t) row --------------------- */
 struct Str4 { int64_t s[4]; };
@@ -81,439 +53,6 @@ __global__ void attn_di_kernel(T *di, P dout, Str4 ds, P out, Str4 os, int64_t H
   if (lane == 0) di[r] = acc;
 }
 
-/* ================================ fast path ===================================== */
-enum { FA_BR = 64, FA_BC = 64, FA_THREADS = 128, FA_WARPS = FA_THREADS / 32 };
-static_assert(FA_BR == 16 * FA_WARPS && FA_BC == FA_BR,
-              "each warp owns a 16-row stripe of a 64-row tile: query rows forward, key rows backward");
-enum { FA_LDS = FA_BC + 8 };  /* row length of the backward's dS tile (bf16) */
-static constexpr float FA_LOG2E = 1.4426950408889634f;
-
-struct FlashParams {
-  const bf16 *q, *k, *v, *dout;
-  bf16 *o, *dq, *dk, *dv;
-  float *lse;             /* forward output (may be NULL) */
-  const float *lse_in;    /* backward input */
-  const float *di;        /* (B, H, T) contiguous */
-  float *dq_acc;          /* backward: (B, H, T, D) contiguous fp32, zeroed */
-  int64_t qs[3], ks[3], vs[3], os[3], ls[3], dos[3], dqs[3], dks[3], dvs[3];  /* (b, h, t) strides */
-  int64_t H, Hkv, T, S, window, off;  /* off: position of query 0 */
-  float scale;
-};
-
-/* A shared tile: 64 rows of D bf16, each padded by 8 elements (16 bytes) so
-   the 8 row addresses of one ldmatrix matrix fall on different banks. */
-template <int D> struct FaTile {
-  static constexpr int LD = D + 8;
-  static constexpr int ELEMS = 64 * LD;
-};
-template <int D> static constexpr size_t fa_fwd_smem() {  /* Q, K x 2, V x 2 */
-  return (size_t)5 * FaTile<D>::ELEMS * 2;
-}
-template <int D> static constexpr size_t fa_bwd_smem() {  /* K, V, Q x 2, dO x 2, dS, lse / Di x 2 */
-  return (size_t)6 * FaTile<D>::ELEMS * 2 + (size_t)FA_BR * FA_LDS * 2 + (size_t)4 * FA_BR * 4;
-}
-
-/* rows [row0, row0 + 64) of D bf16 (row stride rs) into a shared tile with
-   cp.async (this thread's share; the caller commits the group); rows at or
-   past nvalid are zero-filled, so padded rows feed zeros, never garbage,
-   into the products */
-template <int D>
-__device__ __forceinline__ void fa_load_tile(bf16 *dst, const bf16 *src, int64_t rs, int64_t row0, int64_t nvalid) {
-  constexpr int CH = D / 8;  /* 16-byte chunks per row */
-  for (int i = threadIdx.x; i < 64 * CH; i += FA_THREADS) {
-    const int r = i / CH, c = i % CH;
-    const bool ok = row0 + r < nvalid;
-    cp_async_16(dst + r * FaTile<D>::LD + c * 8, ok ? src + (row0 + r) * rs + c * 8 : src, ok);
-  }
-}
-
-/* first key tile a query tile [qt0, qt0 + FA_BR) can see, and one past the
-   last key it sees: causal block skipping, and the window's lower edge */
-__device__ __forceinline__ void fa_key_range(const FlashParams &p, int64_t qt0, int64_t *kv_begin, int64_t *kv_end) {
-  int64_t off = p.off, last_t = (qt0 + FA_BR < p.T ? qt0 + FA_BR : p.T) - 1;
-  *kv_end = off + last_t + 1 < p.S ? off + last_t + 1 : p.S;
-  int64_t lo = 0;
-  if (p.window > 0) { lo = off + qt0 - p.window + 1; if (lo < 0) lo = 0; }
-  *kv_begin = lo / FA_BC * FA_BC;
-}
-
-/* every (query, key) of the tile pair exists and is visible: no masking */
-__device__ __forceinline__ bool fa_tile_full(const FlashParams &p, int64_t qt0, int64_t kv0) {
-  const int64_t q_lo = p.off + qt0, q_hi = q_lo + FA_BR - 1;
-  return qt0 + FA_BR <= p.T && kv0 + FA_BC <= p.S && kv0 + FA_BC - 1 <= q_lo &&
-         (p.window <= 0 || q_hi - p.window < kv0);
-}
-
-/* the query row of accumulator slot i of lane (g, tq) in a warp's 16-row
-   stripe: g or g + 8; its column within an 8-wide n-tile: 2 tq or 2 tq + 1 */
-#define FA_ROW(g, i) ((g) + 8 * ((i) >> 1))
-#define FA_COL(tq, i) (2 * (tq) + ((i) & 1))
-
-/* accumulator tiles 2j, 2j + 1 (16 x 16, fp32) -> an A fragment (bf16) */
-__device__ __forceinline__ void fa_acc_to_a(uint32_t *a, const float *c0, const float *c1) {
-  a[0] = pack_bf16x2(c0[0], c0[1]);
-  a[1] = pack_bf16x2(c0[2], c0[3]);
-  a[2] = pack_bf16x2(c1[0], c1[1]);
-  a[3] = pack_bf16x2(c1[2], c1[3]);
-}
-
-/* Forward, one block per (query tile, head, batch), warp w owning query rows
-   16w..16w+15 of the tile.  Its Q fragments stay in registers; K / V tiles
-   stream through two shared stages (cp.async of tile j + 1 overlaps the
-   products on tile j); S, P and the O accumulator live in registers; the
-   online softmax keeps m and l per row in the log2 domain. */
-template <int D>
-__global__ void __launch_bounds__(FA_THREADS) flash_fwd_kernel(FlashParams p) {
-  constexpr int LD = FaTile<D>::LD, E = FaTile<D>::ELEMS, KD = D / 16, ND = D / 8, NS = FA_BC / 8;
-  GL_DYNAMIC_SHARED(unsigned char, smem, 128);
-  bf16 *Qs = (bf16 *)smem, *Ks = Qs + E, *Vs = Ks + 2 * E;  /* K, V: two stages each */
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int64_t qt0 = (int64_t)blockIdx.x * FA_BR, h = blockIdx.y, b = blockIdx.z, hk = h / (p.H / p.Hkv);
-  const int64_t off = p.off;
-  const bf16 *q = p.q + b * p.qs[0] + h * p.qs[1];
-  const bf16 *k = p.k + b * p.ks[0] + hk * p.ks[1];
-  const bf16 *v = p.v + b * p.vs[0] + hk * p.vs[1];
-  int64_t kv_begin, kv_end;
-  fa_key_range(p, qt0, &kv_begin, &kv_end);
-  const int ntiles = (int)((kv_end - kv_begin + FA_BC - 1) / FA_BC);
-
-  fa_load_tile<D>(Qs, q, p.qs[2], qt0, p.T);
-  cp_async_commit();
-  fa_load_tile<D>(Ks, k, p.ks[2], kv_begin, p.S);
-  fa_load_tile<D>(Vs, v, p.vs[2], kv_begin, p.S);
-  cp_async_commit();
-  cp_async_wait<1>();  /* Q landed (K / V tile 0 may still be in flight) */
-  __syncthreads();
-  uint32_t qf[KD][4];
-#pragma unroll
-  for (int kk = 0; kk < KD; kk++)
-    ldmatrix_x4(qf[kk], Qs + (warp * 16 + ldm_rows_a_row(lane)) * LD + kk * 16 + ldm_rows_a_col(lane));
-
-  const float sl = p.scale * FA_LOG2E;
-  float o[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-  for (int j = 0; j < ntiles; j++) {
-    const int64_t kv0 = kv_begin + (int64_t)j * FA_BC;
-    const bf16 *Kc = Ks + (j & 1) * E, *Vc = Vs + (j & 1) * E;
-    if (j + 1 < ntiles) {  /* the next tile into the other stage, freed by the last barrier */
-      fa_load_tile<D>(Ks + ((j + 1) & 1) * E, k, p.ks[2], kv0 + FA_BC, p.S);
-      fa_load_tile<D>(Vs + ((j + 1) & 1) * E, v, p.vs[2], kv0 + FA_BC, p.S);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    /* S = Q K^T (16 x FA_BC per warp) */
-    float s[NS][4];
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++)
-#pragma unroll
-      for (int np = 0; np < NS / 2; np++) {
-        uint32_t kf[4];
-        ldmatrix_x4(kf, Kc + (np * 16 + ldm_rows_bt_row(lane)) * LD + kk * 16 + ldm_rows_bt_col(lane));
-        mma_bf16_16816(s[2 * np], qf[kk], kf, s[2 * np]);
-        mma_bf16_16816(s[2 * np + 1], qf[kk], kf + 2, s[2 * np + 1]);
-      }
-    /* online softmax: scaled scores (log2 domain), masked where needed */
-    const bool full = fa_tile_full(p, qt0, kv0);
-    float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        float x = s[nt][i] * sl;
-        if (!full) {
-          const int64_t t = qt0 + warp * 16 + FA_ROW(g, i), kpos = kv0 + nt * 8 + FA_COL(tq, i);
-          if (!(t < p.T && kpos < p.S && attn_visible(kpos, off + t, p.window))) x = -INFINITY;
-        }
-        s[nt][i] = x;
-        mt[i >> 1] = fmaxf(mt[i >> 1], x);
-      }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {  /* the row's max over its quad (lanes 4g..4g+3) */
-      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));
-      mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
-      const float mn = fmaxf(m[r], mt[r]);
-      alpha[r] = mn == -INFINITY ? 1.f : exp2f(m[r] - mn);
-      m[r] = mn;
-      l[r] *= alpha[r];  /* l stays a per-lane partial sum until the end */
-    }
-#pragma unroll
-    for (int nt = 0; nt < NS; nt++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const float pv = m[i >> 1] == -INFINITY ? 0.f : exp2f(s[nt][i] - m[i >> 1]);
-        s[nt][i] = pv;
-        l[i >> 1] += pv;
-      }
-#pragma unroll
-    for (int dt = 0; dt < ND; dt++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) o[dt][i] *= alpha[i >> 1];
-    /* O += P V, P straight from the S registers */
-#pragma unroll
-    for (int kk = 0; kk < NS / 2; kk++) {
-      uint32_t pa[4];
-      fa_acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; dp++) {
-        uint32_t vf[4];
-        ldmatrix_x4_trans(vf, Vc + (kk * 16 + ldm_rows_a_row(lane)) * LD + dp * 16 + ldm_rows_a_col(lane));
-        mma_bf16_16816(o[2 * dp], pa, vf, o[2 * dp]);
-        mma_bf16_16816(o[2 * dp + 1], pa, vf + 2, o[2 * dp + 1]);
-      }
-    }
-    __syncthreads();  /* every warp is done with this stage before the copies after next land in it */
-  }
-  bf16 *out = p.o + b * p.os[0] + h * p.os[1];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int64_t t = qt0 + warp * 16 + g + 8 * r;
-    if (t >= p.T) continue;
-    const float inv = 1.f / l[r];
-#pragma unroll
-    for (int dt = 0; dt < ND; dt++)
-      *(uint32_t *)(out + t * p.os[2] + dt * 8 + 2 * tq) = pack_bf16x2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
-    if (tq == 0 && p.lse) p.lse[b * p.ls[0] + h * p.ls[1] + t * p.ls[2]] = (m[r] + log2f(l[r])) / FA_LOG2E;
-  }
-}
-
-/* Backward, FA2: one block per (key tile, kv head, batch), warp w owning key
-   rows 16w..16w+15.  It walks every (query head of the group, query tile
-   that sees the keys) with Q / dO / lse / Di through two shared stages and,
-   from the transposed scores, accumulates in registers
-     P^T = exp(K Q^T scale - lse),  dP^T = V dO^T,  dS^T = P^T (dP^T - Di),
-     dV += P^T dO,  dK += dS^T Q  (scaled once at the end);
-   dS goes through shared memory so that warp w can add rows 16w.. of
-   dQ = dS K into the fp32 buffer p.dq_acc with atomics: nothing is
-   recomputed for dQ. */
-template <int D>
-__global__ void __launch_bounds__(FA_THREADS) flash_bwd_kernel(FlashParams p) {
-  constexpr int LD = FaTile<D>::LD, E = FaTile<D>::ELEMS, KD = D / 16, ND = D / 8, NQ = FA_BR / 8;
-  GL_DYNAMIC_SHARED(unsigned char, smem, 128);
-  bf16 *Ks = (bf16 *)smem, *Vs = Ks + E, *Qs = Vs + E, *dOs = Qs + 2 * E, *dSs = dOs + 2 * E;
-  float *lse_s = (float *)(dSs + FA_BR * FA_LDS), *di_s = lse_s + 2 * FA_BR;  /* two stages each */
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, kr = warp * 16;
-  const int64_t kv0 = (int64_t)blockIdx.x * FA_BC, hk = blockIdx.y, b = blockIdx.z;
-  const int64_t group = p.H / p.Hkv, off = p.off;
-  /* the query tiles that see a key of [kv0, kv0 + FA_BC): qpos >= kv0 and,
-     with a window, qpos < kv0 + FA_BC - 1 + window */
-  int64_t t_lo = kv0 - off < 0 ? 0 : kv0 - off;
-  t_lo = t_lo / FA_BR * FA_BR;
-  int64_t t_hi = p.T;
-  if (p.window > 0 && kv0 + FA_BC - 1 + p.window - off < t_hi) t_hi = kv0 + FA_BC - 1 + p.window - off;
-  const int64_t nqt = t_hi > t_lo ? (t_hi - t_lo + FA_BR - 1) / FA_BR : 0, items = group * nqt;
-
-  /* work item j (head hk * group + j / nqt, query tile j % nqt) into stage st */
-  auto load_item = [&](int64_t j, int st) {
-    const int64_t h = hk * group + j / nqt, qt0 = t_lo + j % nqt * FA_BR;
-    fa_load_tile<D>(Qs + st * E, p.q + b * p.qs[0] + h * p.qs[1], p.qs[2], qt0, p.T);
-    fa_load_tile<D>(dOs + st * E, p.dout + b * p.dos[0] + h * p.dos[1], p.dos[2], qt0, p.T);
-    for (int r = threadIdx.x; r < FA_BR; r += FA_THREADS) {  /* padded rows: P = 0 */
-      const int64_t t = qt0 + r;
-      const bool ok = t < p.T;
-      lse_s[st * FA_BR + r] = ok ? p.lse_in[b * p.ls[0] + h * p.ls[1] + t * p.ls[2]] * FA_LOG2E : INFINITY;
-      di_s[st * FA_BR + r] = ok ? p.di[(b * p.H + h) * p.T + t] : 0.f;
-    }
-  };
-  fa_load_tile<D>(Ks, p.k + b * p.ks[0] + hk * p.ks[1], p.ks[2], kv0, p.S);
-  fa_load_tile<D>(Vs, p.v + b * p.vs[0] + hk * p.vs[1], p.vs[2], kv0, p.S);
-  if (items > 0) load_item(0, 0);
-  cp_async_commit();
-
-  const float sl = p.scale * FA_LOG2E;
-  float dk[ND][4], dv[ND][4];
-#pragma unroll
-  for (int dt = 0; dt < ND; dt++)
-#pragma unroll
-    for (int i = 0; i < 4; i++) dk[dt][i] = dv[dt][i] = 0.f;
-  for (int64_t j = 0; j < items; j++) {
-    const int st = (int)(j & 1);
-    const int64_t h = hk * group + j / nqt, qt0 = t_lo + j % nqt * FA_BR;
-    if (j + 1 < items) {
-      load_item(j + 1, st ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const bf16 *Qc = Qs + st * E, *dOc = dOs + st * E;
-    const float *lse_c = lse_s + st * FA_BR, *di_c = di_s + st * FA_BR;
-    /* S^T = K Q^T and dP^T = V dO^T, 16 keys x FA_BR queries per warp */
-    float sT[NQ][4], dpT[NQ][4];
-#pragma unroll
-    for (int nt = 0; nt < NQ; nt++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) sT[nt][i] = dpT[nt][i] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-      uint32_t ka[4], va[4];
-      ldmatrix_x4(ka, Ks + (kr + ldm_rows_a_row(lane)) * LD + kk * 16 + ldm_rows_a_col(lane));
-      ldmatrix_x4(va, Vs + (kr + ldm_rows_a_row(lane)) * LD + kk * 16 + ldm_rows_a_col(lane));
-#pragma unroll
-      for (int np = 0; np < NQ / 2; np++) {
-        uint32_t qb[4], ob[4];
-        ldmatrix_x4(qb, Qc + (np * 16 + ldm_rows_bt_row(lane)) * LD + kk * 16 + ldm_rows_bt_col(lane));
-        ldmatrix_x4(ob, dOc + (np * 16 + ldm_rows_bt_row(lane)) * LD + kk * 16 + ldm_rows_bt_col(lane));
-        mma_bf16_16816(sT[2 * np], ka, qb, sT[2 * np]);
-        mma_bf16_16816(sT[2 * np + 1], ka, qb + 2, sT[2 * np + 1]);
-        mma_bf16_16816(dpT[2 * np], va, ob, dpT[2 * np]);
-        mma_bf16_16816(dpT[2 * np + 1], va, ob + 2, dpT[2 * np + 1]);
-      }
-    }
-    /* P^T and dS^T in place; dS (query-major) to shared memory for dQ */
-    const bool full = fa_tile_full(p, qt0, kv0);
-#pragma unroll
-    for (int nt = 0; nt < NQ; nt++)
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int kl = kr + FA_ROW(g, i), ql = nt * 8 + FA_COL(tq, i);
-        float pv = exp2f(sT[nt][i] * sl - lse_c[ql]);
-        if (!full) {
-          const int64_t t = qt0 + ql, kpos = kv0 + kl;
-          if (!(t < p.T && kpos < p.S && attn_visible(kpos, off + t, p.window))) pv = 0.f;
-        }
-        const float ds = pv * (dpT[nt][i] - di_c[ql]);
-        sT[nt][i] = pv;
-        dpT[nt][i] = ds;
-        dSs[ql * FA_LDS + kl] = __float2bfloat16(ds);
-      }
-    /* dV += P^T dO, dK += dS^T Q over this tile's queries */
-#pragma unroll
-    for (int kq = 0; kq < NQ / 2; kq++) {
-      uint32_t pa[4], da[4];
-      fa_acc_to_a(pa, sT[2 * kq], sT[2 * kq + 1]);
-      fa_acc_to_a(da, dpT[2 * kq], dpT[2 * kq + 1]);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; dp++) {
-        uint32_t ob[4], qb[4];
-        ldmatrix_x4_trans(ob, dOc + (kq * 16 + ldm_rows_a_row(lane)) * LD + dp * 16 + ldm_rows_a_col(lane));
-        ldmatrix_x4_trans(qb, Qc + (kq * 16 + ldm_rows_a_row(lane)) * LD + dp * 16 + ldm_rows_a_col(lane));
-        mma_bf16_16816(dv[2 * dp], pa, ob, dv[2 * dp]);
-        mma_bf16_16816(dv[2 * dp + 1], pa, ob + 2, dv[2 * dp + 1]);
-        mma_bf16_16816(dk[2 * dp], da, qb, dk[2 * dp]);
-        mma_bf16_16816(dk[2 * dp + 1], da, qb + 2, dk[2 * dp + 1]);
-      }
-    }
-    __syncthreads();  /* dS is whole */
-    /* dQ rows 16w.. += dS K, added to the fp32 buffer 16 columns at a time
-       (the dS fragments stay, the accumulators are only 8 registers) */
-    {
-      uint32_t sa[FA_BC / 16][4];
-#pragma unroll
-      for (int ks = 0; ks < FA_BC / 16; ks++)
-        ldmatrix_x4(sa[ks], dSs + (warp * 16 + ldm_rows_a_row(lane)) * FA_LDS + ks * 16 + ldm_rows_a_col(lane));
-      float *acc = p.dq_acc + (b * p.H + h) * p.T * D;
-      const int64_t t0 = qt0 + warp * 16 + g;
-#pragma unroll
-      for (int dp = 0; dp < D / 16; dp++) {
-        float dq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-        for (int ks = 0; ks < FA_BC / 16; ks++) {
-          uint32_t kb[4];
-          ldmatrix_x4_trans(kb, Ks + (ks * 16 + ldm_rows_a_row(lane)) * LD + dp * 16 + ldm_rows_a_col(lane));
-          mma_bf16_16816(dq[0], sa[ks], kb, dq[0]);
-          mma_bf16_16816(dq[1], sa[ks], kb + 2, dq[1]);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          const int64_t t = t0 + 8 * (i >> 1);
-          if (t >= p.T) continue;
-          atomicAdd(acc + t * D + dp * 16 + FA_COL(tq, i), dq[0][i]);
-          atomicAdd(acc + t * D + dp * 16 + 8 + FA_COL(tq, i), dq[1][i]);
-        }
-      }
-    }
-    __syncthreads();  /* dS and this stage are free for the item after next */
-  }
-  cp_async_wait<0>();  /* no copy outlives the block (K / V when no query sees these keys) */
-  bf16 *dkp = p.dk + b * p.dks[0] + hk * p.dks[1], *dvp = p.dv + b * p.dvs[0] + hk * p.dvs[1];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int64_t s = kv0 + kr + g + 8 * r;
-    if (s >= p.S) continue;
-#pragma unroll
-    for (int dt = 0; dt < ND; dt++) {
-      *(uint32_t *)(dkp + s * p.dks[2] + dt * 8 + 2 * tq) =
-          pack_bf16x2(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
-      *(uint32_t *)(dvp + s * p.dvs[2] + dt * 8 + 2 * tq) = pack_bf16x2(dv[dt][2 * r], dv[dt][2 * r + 1]);
-    }
-  }
-}
-
-/* dq = scale * dq_acc in bf16, (B, H, T, D) in dq's strides, 8 elements per
-   thread: two 16-byte loads of the dense float accumulator, one 16-byte
-   store into dq's row (the fast path's dq rows are 16-byte aligned, D a
-   multiple of 8: fa_tensor_ok), n a multiple of 8 */
-template <int D> __global__ void flash_dq_convert_kernel(FlashParams p, int64_t n) {
-  static_assert(D % 8 == 0, "8 elements of one row per thread");
-  for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i < n; i += (int64_t)gridDim.x * blockDim.x * 8) {
-    const int64_t d = i % D, t = i / D % p.T, h = i / (D * p.T) % p.H, b = i / (D * p.T * p.H);
-    CuVec16<float> a = CuVec16<float>::load(p.dq_acc + i), c = CuVec16<float>::load(p.dq_acc + i + 4);
-    CuVec16<bf16> o;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-      o.set(k, a.get<float>(k) * p.scale);
-      o.set(k + 4, c.get<float>(k) * p.scale);
-    }
-    o.store(p.dq + b * p.dqs[0] + h * p.dqs[1] + t * p.dqs[2] + d);
-  }
-}
-
-/* ---- fast path selection ------------------------------------------------------ */
-/* bf16 rows of unit stride, 16-byte aligned starts and row strides */
-static bool fa_tensor_ok(const gl_tensor *t) {
-  if (t->dtype != GL_BF16 || t->stride[3] != 1) return false;
-  if (((uintptr_t)cu_ptr(t)) % 16) return false;
-  for (int d = 0; d < 3; d++)
-    if (t->shape[d] > 1 && t->stride[d] % 8) return false;
-  return true;
-}
-static bool fa_usable(int dev, int64_t D, size_t smem, std::initializer_list<const gl_tensor *> ts, int64_t H,
-                      int64_t B) {
-  if (D != 64 && D != 128) return false;
-  if ((size_t)cu_smem_optin(dev) < smem) return false;
-  if (H > 65535 || B > 65535) return false;
-  for (const gl_tensor *t : ts) if (!fa_tensor_ok(t)) return false;
-  return true;
-}
-static void fa_strides(int64_t *dst, const gl_tensor *t) {
-  for (int d = 0; d < 3; d++) dst[d] = t ? t->stride[d] : 0;
-}
-
-template <int D> static int fa_forward(cudaStream_t st, FlashParams &p, int64_t B) {
-  size_t smem = fa_fwd_smem<D>();
-  GL_CU_CHECK(cudaFuncSetAttribute(flash_fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  dim3 grid((unsigned)((p.T + FA_BR - 1) / FA_BR), (unsigned)p.H, (unsigned)B);
-  GL_LAUNCH(grid, FA_THREADS, smem, st, flash_fwd_kernel<D>)(p);
-  GL_CU_LAUNCHED();
-  return GL_OK;
-}
-template <int D> static int fa_backward(cudaStream_t st, FlashParams &p, int64_t B, int dev) {
-  const int64_t n = B * p.H * p.T * D;
-  CuTemp acc;
-  GL_TRY(acc.make(GL_F32, dev, n));
-  GL_CU_CHECK(cudaMemsetAsync(acc.ptr<float>(), 0, (size_t)n * sizeof(float), st));
-  p.dq_acc = acc.ptr<float>();
-  size_t smem = fa_bwd_smem<D>();
-  GL_CU_CHECK(cudaFuncSetAttribute(flash_bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  dim3 grid((unsigned)((p.S + FA_BC - 1) / FA_BC), (unsigned)p.Hkv, (unsigned)B);
-  GL_LAUNCH(grid, FA_THREADS, smem, st, flash_bwd_kernel<D>)(p);
-  GL_CU_LAUNCHED();
-  const unsigned blocks = (unsigned)std::min<int64_t>((n / 8 + 255) / 256, 1 << 20);
-  GL_LAUNCH(blocks, 256, 0, st, flash_dq_convert_kernel<D>)(p, n);
-  GL_CU_LAUNCHED();
-  return GL_OK;
-}
-
 /* ================================ fallback ====================================== */
 enum { FB_THREADS = 128 };
 
@@ -521,7 +60,7 @@ struct AttnDims { int64_t H, G, T, S, D, window, off; };  /* off: position of qu
 
 /* segment ids (B, T) for document masking, or none (p null): positions i
    and j of row b see each other only with equal ids, compared as 32-bit
-   integers as the CPU kernel does (the fallback kernels alone take them) */
+   integers as the CPU kernel does */
 struct SegIds {
   AnyPtr p;
   int64_t s0, s1;
@@ -702,18 +241,9 @@ extern "C" int cuda_attention_forward(gl_tensor *out, gl_tensor *lse, const gl_t
   int dev = out->device;
   cudaStream_t st;
   GL_TRY(cu_begin(dev, &st));
-  size_t smem = D == 128 ? fa_fwd_smem<128>() : fa_fwd_smem<64>();
-  /* segment ids: the fallback kernels */
-  if (!segments && fa_usable(dev, D, smem, {q, k, v, out}, H, B)) {
-    FlashParams p;
-    memset(&p, 0, sizeof p);
-    p.q = (const bf16 *)cu_ptr(q); p.k = (const bf16 *)cu_ptr(k); p.v = (const bf16 *)cu_ptr(v);
-    p.o = (bf16 *)cu_ptr(out); p.lse = (float *)cu_ptr(lse);
-    fa_strides(p.qs, q); fa_strides(p.ks, k); fa_strides(p.vs, v); fa_strides(p.os, out); fa_strides(p.ls, lse);
-    p.H = H; p.Hkv = Hkv; p.T = T_; p.S = S; p.scale = (float)scale;
-    p.window = window < 0 ? 0 : window; p.off = window < 0 ? S - 1 : S - T_;
-    return D == 128 ? fa_forward<128>(st, p, B) : fa_forward<64>(st, p, B);
-  }
+  /* segments with a KV cache (T < S): the fallback (the flash path's id tables tile T == S) */
+  if ((!segments || T_ == S) && flash_attention_forward_fits(dev, out, q, k, v))
+    return flash_attention_forward(st, dev, out, lse, q, k, v, segments, scale, window);
   GL_TRY(grid_check("cuda_attention_forward", T_, H, B));
   AttnDims a = {H, H / Hkv, T_, S, D, window < 0 ? 0 : window, window < 0 ? S - 1 : S - T_};
   return cu_dispatch({out, q, k, v}, [&](auto pp, auto t) -> int {
@@ -742,8 +272,7 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     GL_TRY(cuda_fill(dk, 0));
     return cuda_fill(dv, 0);
   }
-  size_t smem = D == 128 ? fa_bwd_smem<128>() : fa_bwd_smem<64>();
-  bool fast = !segments && fa_usable(dev, D, smem, {dq, dk, dv, dout, q, k, v, out}, H, B);  /* segments: the fallback */
+  const bool fast = (!segments || T_ == S) && flash_attention_backward_fits(dev, dq, dk, dv, dout, q, k, v, out);
   int wide = q->dtype == GL_F64;
   CuTemp di;
   GL_TRY(di.make(wide ? GL_F64 : GL_F32, dev, rows));
@@ -753,7 +282,7 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     if (sizeof(T) != (wide ? 8u : 4u)) return gl_error("cuda_attention_backward: dout / out dtype mismatch");
     unsigned blocks = (unsigned)((rows * 32 + 255) / 256);
     if constexpr (std::is_same<P, TPtr<bf16>>::value) {
-      if (fast) {  /* fa_tensor_ok rows: 16-byte vectors */
+      if (fast) {  /* the flash path's rows: 16-byte vectors */
         GL_LAUNCH(blocks, 256, 0, st, attn_di_kernel<P, T, true>)(di.ptr<T>(), P::from(dout), str4(dout),
                                                                    P::from(out), str4(out), H, T_, D, rows);
         GL_CU_LAUNCHED();
@@ -765,19 +294,7 @@ extern "C" int cuda_attention_backward(gl_tensor *dq, gl_tensor *dk, gl_tensor *
     GL_CU_LAUNCHED();
     return GL_OK;
   }));
-  if (fast) {
-    FlashParams p;
-    memset(&p, 0, sizeof p);
-    p.q = (const bf16 *)cu_ptr(q); p.k = (const bf16 *)cu_ptr(k); p.v = (const bf16 *)cu_ptr(v);
-    p.dout = (const bf16 *)cu_ptr(dout);
-    p.dq = (bf16 *)cu_ptr(dq); p.dk = (bf16 *)cu_ptr(dk); p.dv = (bf16 *)cu_ptr(dv);
-    p.lse_in = (const float *)cu_ptr(lse); p.di = di.ptr<float>();
-    fa_strides(p.qs, q); fa_strides(p.ks, k); fa_strides(p.vs, v); fa_strides(p.ls, lse);
-    fa_strides(p.dos, dout); fa_strides(p.dqs, dq); fa_strides(p.dks, dk); fa_strides(p.dvs, dv);
-    p.H = H; p.Hkv = Hkv; p.T = T_; p.S = S; p.scale = (float)scale;
-    p.window = window < 0 ? 0 : window; p.off = window < 0 ? S - 1 : S - T_;
-    return D == 128 ? fa_backward<128>(st, p, B, dev) : fa_backward<64>(st, p, B, dev);
-  }
+  if (fast) return flash_attention_backward(st, dev, dq, dk, dv, dout, q, k, v, lse, segments, di.ptr<float>(), scale, window);
   GL_TRY(grid_check("cuda_attention_backward", T_ > S ? T_ : S, H, B));
   AttnDims a = {H, H / Hkv, T_, S, D, window < 0 ? 0 : window, window < 0 ? S - 1 : S - T_};
   return cu_dispatch({dq, dk, dv, dout, q, k, v}, [&](auto pp, auto t) -> int {

@@ -75,6 +75,16 @@ describe('cuda-sim account: bytes, FLOPs, syncs of each launch #cuda #sim', func
     assert.matches('account: %-%-model expected one of gpt2_124m, nanochat_d20, got gpt3', out)
   end)
 
+  it('counts a decode step\'s launches in the trace: a fixed number per layer, any width', function()
+    local gl = require 'gptlua'
+    local dec = dofile(gl.root .. '/recipes/tools/account_decode.lua')
+    for _, B in ipairs({ 1, 8 }) do
+      local n1, n2, n3 = dec.count_decode_launches(1, B), dec.count_decode_launches(2, B), dec.count_decode_launches(3, B)
+      assert.is_true(n2 - n1 > 0, ('batch %d: %d, %d'):format(B, n1, n2))
+      assert.are.equal(n2 - n1, n3 - n2, ('batch %d: %d, %d, %d launches at 1, 2, 3 layers'):format(B, n1, n2, n3))
+    end
+  end)
+
   it('refuses to count in a build whose kernels are not instrumented', function()
     local gl = require 'gptlua'
     local acc = dofile(gl.root .. '/recipes/tools/account.lua')
@@ -188,5 +198,45 @@ describe('account prediction: a range from named efficiency tables, assumptions 
     local gl = require 'gptlua'
     local acc = dofile(gl.root .. '/recipes/tools/account.lua')
     assert.are.same({ cublaslt = 0.65, own = 0.40, mem = 0.75, gap_us = 2.0 }, acc.EFFICIENCY.central)
+  end)
+end)
+
+-- The decode figure (recipes/tools/account_decode.lua; no simulator): GPT-2
+-- 124M's bytes per step from its shapes, worked out here by hand, and the
+-- step time per efficiency table as bytes / bandwidth + launches x gap.
+describe('account decode prediction: memory-bound, a range from the efficiency tables', function()
+  it('reads every weight once and each row\'s KV cache; tokens/s = B / (bytes / bandwidth + launches x gap)', function()
+    local gl = require 'gptlua'
+    local acc = dofile(gl.root .. '/recipes/tools/account.lua')
+    local dec = dofile(gl.root .. '/recipes/tools/account_decode.lua')
+    local m = dec.DECODE_MODELS.gpt2_124m
+    -- 12 layers of 12 * 768^2 + 13 * 768 = 7,087,872 parameters, the tied head 50257 x 768, ln_f 2 x 768:
+    -- 123,653,376 bf16 parameters
+    local b1 = dec.decode_bytes(m, 1, 1024)
+    assert.are.equal(2 * 123653376, b1.weights)
+    assert.are.equal(2 * 2 * 12 * 1024 * 768, b1.kv_read)          -- K and V, 12 layers, 1024 positions, bf16
+    local b8 = dec.decode_bytes(m, 8, 1024)
+    assert.are.equal(b1.weights, b8.weights)                        -- the weights once per step, whatever the batch
+    assert.are.equal(8 * b1.kv_read, b8.kv_read)
+    assert.are.equal(8 * (b1.total - b1.weights), b8.total - b8.weights)
+    local lines = {}
+    local res = dec.decode_report('gpt2_124m', { 1, 8 }, { 1024 }, function(B) return B == 1 and 130 or 166 end,
+      function(l) lines[#lines + 1] = l end)
+    local text = table.concat(lines, '\n')
+    for _, r in ipairs(res) do
+      for _, k in ipairs(acc.EFFICIENCY_ORDER) do
+        local e = acc.EFFICIENCY[k]
+        local step = dec.decode_bytes(m, r.B, r.ctx).total / (acc.H100.bw * e.mem) + r.launches * e.gap_us * 1e-6
+        assert.is_true(math.abs(r.p[k].step_s - step) <= 1e-12 * step, k)
+        assert.is_true(math.abs(r.p[k].tps - r.B / step) <= 1e-9 * r.p[k].tps, k)
+      end
+      assert.is_true(r.p.pessimistic.tps < r.p.central.tps and r.p.central.tps < r.p.optimistic.tps)
+    end
+    -- batch 8 shares the weights' read: more tokens per second than batch 1, fewer than 8 times
+    assert.is_true(res[2].p.central.tps > res[1].p.central.tps and res[2].p.central.tps < 8 * res[1].p.central.tps)
+    assert.matches('prediction (not a measurement), memory-bound', text, 1, true)
+    assert.matches('assumes no host time on the critical path', text, 1, true)
+    assert.matches(('batch 1, context 1024: %.1f MB and 130 launches per step; predicted %.0f tokens/s (range %.0f..%.0f)')
+      :format(b1.total / 1e6, res[1].p.central.tps, res[1].p.pessimistic.tps, res[1].p.optimistic.tps), text, 1, true)
   end)
 end)

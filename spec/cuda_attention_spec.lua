@@ -11,7 +11,10 @@
 --    shared stages (their reuse);
 --  - the fallback (float32 / float64, other head dims, bfloat16 with D 40);
 --  - no mask (window < 0), T > S and T < S, on both paths;
---  - segment ids (document masking), which the fallback kernels take.
+--  - segment ids (document masking) on both paths: documents crossing tile
+--    edges, tile pairs that share no document (skipped), pairs within one
+--    document (unmasked), GQA, a window; the simulator's trace shows which
+--    path ran.
 -- Under the simulator the kernels run with its bounds checks, and `make
 -- test-race` runs this file again in race mode (two random thread orders).
 -- Shapes stay small: the simulator runs every mma on the CPU.
@@ -21,6 +24,21 @@ local twin = require 'support.cuda_twin'
 local pair, compare, K = twin.pair, twin.compare, twin.K
 
 local gpu_it = twin.gpu_it(it, pending)
+
+-- the kernels a call launched, by name, when the engine is the simulator
+-- (nil on a GPU: no trace there)
+local trace = dofile(gl.root .. '/recipes/tools/sim_trace.lua')
+local function launched(f)
+  if not trace.library() then f(); return nil end
+  trace.start()
+  f()
+  trace.stop()
+  local names = {}
+  for _, r in ipairs(trace.records()) do
+    if r.kind == 'work' then names[#names + 1] = r.what:gsub('^kernel ', '') end
+  end
+  return names
+end
 
 -- q (B, H, T, D), k / v (B, Hkv, S, D); layout 'bthd' makes q, k, v, dout
 -- transposed views of (B, T, H, D) tensors, as a model produces them
@@ -47,10 +65,12 @@ local function attention_case(dt, B, H, Hkv, T, S_, D, window, layout)
   { n = math.max(D, S_, T * H / Hkv) })
 end
 
--- document masking: segment ids of packed documents of the given lengths in
--- each row (T == S), through the fallback kernels (every dtype)
-local function segmented_case(dt, B, H, Hkv, T, D, window, lengths)
-  local ids = {}
+-- document masking: segment ids (of sdt, default int64) of packed documents
+-- of the given lengths in each row, S positions in all; the T <= S queries
+-- are the last T positions (T < S: a KV cache); path: the kernels expected
+-- ('flash' or 'fallback'), checked in the simulator's trace
+local function segmented_case(dt, B, H, Hkv, T, D, window, lengths, path, sdt_ids)
+  local ids, S_ = {}, nil
   for b = 1, B do
     ids[b] = {}
     local id = 10 * b
@@ -58,30 +78,57 @@ local function segmented_case(dt, B, H, Hkv, T, D, window, lengths)
       for _ = 1, n do ids[b][#ids[b] + 1] = id end
       id = id + 1
     end
-    assert(#ids[b] == T, 'segmented_case: lengths must add up to T')
+    if b == 1 then S_ = #ids[1] end
+    assert(#ids[b] == S_ and T <= S_, 'segmented_case: every row\'s lengths must add up to S >= T')
   end
-  local seg = gl.tensor(ids, { dtype = 'int64' })
-  local ins = { q = pair({ B, H, T, D }, { dtype = dt }), k = pair({ B, Hkv, T, D }, { dtype = dt }),
-                v = pair({ B, Hkv, T, D }, { dtype = dt }), g = pair({ B, H, T, D }, { dtype = dt }),
+  local seg = gl.tensor(ids, { dtype = sdt_ids or 'int64' })
+  local ins = { q = pair({ B, H, T, D }, { dtype = dt }), k = pair({ B, Hkv, S_, D }, { dtype = dt }),
+                v = pair({ B, Hkv, S_, D }, { dtype = dt }), g = pair({ B, H, T, D }, { dtype = dt }),
                 seg = { seg, seg:to(twin.DEV) } }
   local sdt = dt == 'float64' and 'float64' or 'float32'
   local scale = 1 / math.sqrt(D)
   compare(ins, function(S)
     local o, lse = S.out({ B, H, T, D }, dt), S.out({ B, H, T }, sdt)
-    K(lib.gl_attention_forward_seg(o.c, lse.c, S.q.c, S.k.c, S.v.c, S.seg.c, scale, window))
-    local dq, dk, dv = S.out({ B, H, T, D }, dt), S.out({ B, Hkv, T, D }, dt), S.out({ B, Hkv, T, D }, dt)
-    K(lib.gl_attention_backward_seg(dq.c, dk.c, dv.c, S.g.c, S.q.c, S.k.c, S.v.c, o.c, lse.c, S.seg.c, scale, window))
+    local dq, dk, dv = S.out({ B, H, T, D }, dt), S.out({ B, Hkv, S_, D }, dt), S.out({ B, Hkv, S_, D }, dt)
+    local names = launched(function()
+      K(lib.gl_attention_forward_seg(o.c, lse.c, S.q.c, S.k.c, S.v.c, S.seg.c, scale, window))
+      K(lib.gl_attention_backward_seg(dq.c, dk.c, dv.c, S.g.c, S.q.c, S.k.c, S.v.c, o.c, lse.c, S.seg.c, scale,
+        window))
+    end)
+    if S.gpu and names then
+      local all = table.concat(names, ' ')
+      for _, kernel in ipairs(path == 'flash' and { 'flash_fwd_kernel', 'flash_bwd_kernel' }
+                              or { 'attn_fwd_fallback_kernel', 'attn_dkdv_fallback_kernel' }) do
+        assert(all:find(kernel, 1, true), ('%s path expected, %s not launched: %s'):format(path, kernel, all))
+      end
+    end
     return o, lse, dq, dk, dv
-  end, dt, ('segmented attention %s B=%d H=%d Hkv=%d T=%d D=%d window=%d'):format(dt, B, H, Hkv, T, D, window),
-  { n = math.max(D, T, T * H / Hkv) })
+  end, dt, ('segmented attention %s B=%d H=%d Hkv=%d T=%d S=%d D=%d window=%d'):format(dt, B, H, Hkv, T, S_, D,
+    window), { n = math.max(D, S_, T * H / Hkv) })
 end
 
 describe('CUDA attention vs CPU #cuda', function()
   gpu_it('segment ids (document masking): the fallback kernels, GQA, a window, bfloat16 to float64', function()
-    segmented_case('float32', 2, 4, 2, 37, 24, 0, { { 5, 20, 1, 11 }, { 37 } })
-    segmented_case('float64', 1, 2, 1, 19, 16, 4, { { 3, 9, 7 } })
-    segmented_case('bfloat16', 1, 2, 2, 40, 64, 0, { { 17, 23 } })  -- D 64 in bfloat16: the flash path's shape, not taken
+    segmented_case('float32', 2, 4, 2, 37, 24, 0, { { 5, 20, 1, 11 }, { 37 } }, 'fallback')
+    segmented_case('float32', 1, 2, 1, 40, 64, 0, { { 17, 23 } }, 'fallback')  -- the flash path's D, in float32
+    segmented_case('float64', 1, 2, 1, 19, 16, 4, { { 3, 9, 7 } }, 'fallback')
+    segmented_case('bfloat16', 1, 2, 2, 40, 40, 0, { { 17, 23 } }, 'fallback')
+    -- a KV cache (T < S): a batch of prompts' left padding (id 0), on the fallback in every dtype
+    segmented_case('bfloat16', 2, 4, 2, 1, 64, 0, { { 30, 40 }, { 0, 70 } }, 'fallback')
+    segmented_case('float32', 2, 2, 1, 3, 24, 5, { { 4, 9 }, { 13 } }, 'fallback')
   end)
+
+  -- 64-position tiles: row {70, 10, 120} has tiles of ids {10}, {10..12},
+  -- {12}, {12}: query tile 2 shares no document with key tile 0 (skipped),
+  -- tiles 3 and 2 lie in one document (unmasked), tile 1 crosses three;
+  -- row {5, 190, 5} crosses tiles 0 and 3 and is one document between
+  for _, D in ipairs({ 64, 128 }) do
+    gpu_it(('segment ids on the flash path, bfloat16, D=%d: skipped, unmasked and mixed tiles, GQA, a window'):format(D),
+      function()
+        segmented_case('bfloat16', 2, 4, 2, 200, D, 0, { { 70, 10, 120 }, { 5, 190, 5 } }, 'flash')
+        segmented_case('bfloat16', 1, 2, 1, 77, D, 30, { { 1, 40, 36 } }, 'flash', 'int32')
+      end)
+  end
 
   for _, D in ipairs({ 64, 128 }) do
     gpu_it(('flash path, bfloat16, D=%d: tile edges, GQA 2 / 4, KV cache, window, one query'):format(D), function()

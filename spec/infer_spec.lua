@@ -167,6 +167,45 @@ describe('KV-cache engine', function()
     assert.equal('interrupted', r[1].finish); assert.equal(3, #r[1].ids)
   end)
 
+  it('generates a batch of prompts of different lengths as each prompt alone', function()
+    -- GPT-2 (learned positions), nanochat v1 (rotary) and v2 (smear, sliding windows, value embeddings,
+    -- grouped-query heads): left padding must be neither attended, nor positioned, nor smeared in
+    local prompts = { { 5, 9, 2 }, { 1, 2, 3, 4, 5, 6, 7 }, { 11 }, { 8, 3, 30, 12, 6 } }
+    local eps = 2 ^ -23
+    for _, case in ipairs(MODELS) do
+      local m, ref = build(case[2], 'float32'), build(case[2], 'float64')
+      for _, model in ipairs({ m, ref }) do  -- the smear's lambda starts at 0: on, so that it matters
+        if model.smear_lambda then gl.no_grad(function() model.smear_lambda:fill_(0.8) end) end
+      end
+      local e, e64 = infer.Engine.new(m, nil), infer.Engine.new(ref, nil)
+      local batch = e:generate(prompts, { max_tokens = 6, temperature = 0 })
+      assert.equal(#prompts, #batch)
+      for b, p in ipairs(prompts) do
+        local alone = e:generate(p, { max_tokens = 6, temperature = 0 })[1]
+        local exact = e64:generate(p, { max_tokens = 6, temperature = 0 })[1]
+        assert.same(alone.ids, batch[b].ids, ('%s prompt %d'):format(case[1], b))
+        assert.same(exact.ids, alone.ids, ('%s prompt %d in float64'):format(case[1], b))
+        assert.equal('length', batch[b].finish)
+        -- both are float32 evaluations of one function (the batch's products sum the rows in other
+        -- orders): each within the logits rule of the float64 one (the tests above), so they differ by
+        -- at most the sum of their distances to it, each 4 n_embd sums of eps32 at worst
+        for i, v in ipairs(batch[b].logprobs) do
+          local d_alone = math.abs(alone.logprobs[i] - exact.logprobs[i])
+          assert.is_true(math.abs(v - alone.logprobs[i]) <= 2 * d_alone + 2 * eps * math.sqrt(4 * 32)
+            * math.max(1, math.abs(exact.logprobs[i])), ('%s prompt %d token %d: %.9g alone %.9g'):format(
+            case[1], b, i, v, alone.logprobs[i]))
+        end
+      end
+    end
+    -- n rows per prompt, in order; an empty prompt named
+    local m = build(MODELS[1][2], 'float32')
+    local two = infer.Engine.new(m, nil):generate({ { 1, 2 }, { 3 } }, { n = 2, max_tokens = 3, temperature = 0 })
+    assert.equal(4, #two)
+    assert.same(two[1].ids, two[2].ids); assert.same(two[3].ids, two[4].ids)
+    assert.has_error(function() infer.Engine.new(m, nil):generate({ { 1 }, {} }, {}) end,
+      'generate: prompt 2 must be at least one token')
+  end)
+
   it('samples from temperature, top-k and top-p as computed by hand', function()
     local row = { 0, math.log(2), math.log(3) }  -- probabilities 1/6, 2/6, 3/6
     local s = infer.sample_row

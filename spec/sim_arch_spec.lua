@@ -19,11 +19,11 @@ describe('cuda-sim as each GPU: the runtime takes what fits #cuda #sim', functio
         tostring(rc), out))
       local optin = { ['80'] = 163 * 1024, ['86'] = 99 * 1024, ['89'] = 99 * 1024, ['90'] = 227 * 1024 }
       assert.matches(('props %s.%s %d'):format(arch:sub(1, 1), arch:sub(2, 2), optin[arch]), out, 1, true)
-      assert.matches('D=128 kernel flash_fwd_kernel<D>', out, 1, true)  -- 85 KiB: fits every arch
-      assert.matches('D=64 kernel flash_bwd_kernel<D>', out, 1, true)
+      assert.matches('D=128 kernel flash_fwd_kernel<D,SEG>', out, 1, true)  -- 85 KiB: fits every arch
+      assert.matches('D=64 kernel flash_bwd_kernel<D,SEG>', out, 1, true)
       assert.is_nil(out:find('D=64 kernel attn_dkdv_fallback_kernel', 1, true), out)
       if FITS[arch] then
-        assert.matches('D=128 kernel flash_bwd_kernel<D>', out, 1, true)
+        assert.matches('D=128 kernel flash_bwd_kernel<D,SEG>', out, 1, true)
         assert.is_nil(out:find('D=128 kernel attn_dkdv_fallback_kernel', 1, true), out)
       else
         assert.is_nil(out:find('D=128 kernel flash_bwd_kernel', 1, true), out)

@@ -33,8 +33,9 @@
  * one), dSt = scale P (dP - D), then dQ = dS K,
  * dK += dS^T Q, dV += P^T dO.
  *
- * Segments (document masking, T == S): a query sees a key only when both
- * carry the same id (compared as 32-bit integers).  The register blocks
+ * Segments (document masking, or a batch's left padding; ids (B, S) per
+ * position, a query taking its position's): a query sees a key only when
+ * both carry the same id (compared as 32-bit integers).  The register blocks
  * skip by causality and the window alone; the segment test joins the
  * visibility mask inside the tile, so keys of other documents get P = 0
  * and dS = 0 like the ones above the diagonal.  A query always sees itself,

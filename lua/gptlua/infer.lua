@@ -12,7 +12,9 @@
 -- Generation (nanochat's engine): the prompt is prefilled once, as one
 -- forward over its tokens with a batch of one into a KV cache; the cache is
 -- copied to n rows, one per sample, and every step decodes one token of
--- each row (one forward of (n, 1) tokens).  A row ends at one of the stop
+-- each row (one forward of (n, 1) tokens).  A list of prompts is prefilled
+-- as one left-padded batch (padded_caches below).  On a GPU the decode
+-- step is replayed as a CUDA graph (gptlua.infer_graph).  A row ends at one of the stop
 -- tokens (not part of its ids) or when max_tokens or the context
 -- (block_size) runs out.  Each token comes with its log-probability under
 -- the model (temperature 1, no top-k or top-p): the decode step's logits
@@ -172,9 +174,68 @@ local function replicate(model, one, n, S)
   return caches
 end
 
+-- A batch of prompts of different lengths: each is left-padded to the
+-- longest (P tokens), so that every row writes its next token into the same
+-- cache slot.  The caches then carry, for the model's forward:
+--   segments (B, S) int64: 0 on a row's padding, 1 on its tokens; every
+--     attention runs inside gl.with_segments on the slots so far, so no
+--     token attends to padding (a padded query sees only padding);
+--   positions (B, T), during a forward: each token's position in its own
+--     prompt (slot minus the row's padding; 0 on the padding), for the
+--     position embedding (GPT-2) or the rotary tables' rows (nanochat);
+--   real (B, S, 1) of the model's dtype, during the prefill: 1 on tokens, 0
+--     on padding, which nanochat multiplies its normed embedding by before
+--     the smear.
+-- A padded row then computes what its prompt alone does (the padding adds
+-- exact zeros to its sums), up to the order of the products' sums.
+local function padded_caches(self, prompts, S)
+  local model, B, P = self.model, #prompts, 0
+  for _, p in ipairs(prompts) do P = math.max(P, #p) end
+  local tokens, seg, pos, real, pad = {}, {}, {}, {}, {}
+  for b, p in ipairs(prompts) do
+    pad[b] = P - #p
+    tokens[b], seg[b], pos[b], real[b] = {}, {}, {}, {}
+    for s = 1, S do
+      seg[b][s] = s > pad[b] and 1 or 0
+      real[b][s] = { seg[b][s] }
+    end
+    for t = 1, P do
+      tokens[b][t] = t > pad[b] and p[t - pad[b]] or 0
+      pos[b][t] = math.max(t - 1 - pad[b], 0)
+    end
+  end
+  local caches = model:new_caches(B, S)
+  local w = model:parameters()[1]
+  caches.pad = pad
+  caches.segments = gl.tensor(seg, { dtype = 'int64', device = self.device })
+  caches.real = gl.tensor(real, { dtype = w.dtype, device = self.device })
+  return caches, gl.tensor(tokens, { dtype = 'int64', device = self.device }), pos
+end
+
+-- the model's forward of idx (B, T) into caches, masked by their padding if
+-- any; pos: each token's position (B lists of T), with padding
+local function cached_forward(self, idx, caches, pos)
+  if not caches.pad then return self.model:forward(idx, nil, caches) end
+  local S = caches[1].pos + idx.shape[2]
+  caches.positions = gl.tensor(pos, { dtype = 'int64', device = self.device })
+  local ok, logits = pcall(gl.with_segments, caches.segments:narrow(2, 1, S), function()
+    return self.model:forward(idx, nil, caches)
+  end)
+  caches.positions = nil
+  if not ok then error(logits, 0) end
+  return logits
+end
+
 -- prefill(prompt ids, n rows, capacity S) -> caches (n rows), the last
--- position's logits (1, V)
+-- position's logits (n, V).  prompt may also be a list of prompts (one row
+-- each, n ignored), of any lengths: left-padded to the longest.
 function Engine:prefill(prompt, n, S)
+  if type(prompt[1]) == 'table' then
+    local caches, idx, pos = padded_caches(self, prompt, S)
+    local logits = cached_forward(self, idx, caches, pos)
+    caches.real = nil  -- (decoded tokens are never padding)
+    return caches, logits:select(2, logits.shape[2]):contiguous()
+  end
   local model = self.model
   local one = model:new_caches(1, S)
   local logits = model:forward(gl.tensor({ prompt }, { dtype = 'int64', device = self.device }), nil, one)
@@ -187,12 +248,17 @@ end
 function Engine:decode(caches, ids)
   local col = {}
   for b, id in ipairs(ids) do col[b] = { id } end
-  local logits = self.model:forward(gl.tensor(col, { dtype = 'int64', device = self.device }), nil, caches)
+  local pos = {}  -- with padding, each row's next position in its own prompt
+  for b, pad in ipairs(caches.pad or {}) do pos[b] = { caches[1].pos - pad } end
+  local logits = cached_forward(self, gl.tensor(col, { dtype = 'int64', device = self.device }), caches, pos)
   return logits:select(2, 1):contiguous()
 end
 
 -- generate(prompt ids, opts) -> a list of n rows {ids, logprobs, finish}.
--- opts: n (1), max_tokens (the context left), temperature (1), top_k (0:
+-- prompt may be a list of prompts of any lengths: n rows for each, in
+-- order, one batch (left-padded, see padded_caches), each row generating
+-- what its prompt alone does; max_tokens is then bounded by the context
+-- the longest leaves.  opts: n (1), max_tokens (the context left), temperature (1), top_k (0:
 -- all), top_p (1), seed (1337), stop (a list of ids), on_token(row, id)
 -- called as each token is chosen, should_stop() polled between steps (true:
 -- every row ends, finish 'interrupted').
@@ -203,30 +269,53 @@ function Engine:generate(prompt, opts)
   local n = opts.n or 1
   if type(n) ~= 'number' or n < 1 or n ~= math.floor(n) then fail(('%s: n must be a positive integer, got %s'):format(what, tostring(n))) end
   if type(prompt) ~= 'table' or #prompt == 0 then fail(what .. ': the prompt must be at least one token') end
+  local prompts, longest = nil, #prompt  -- a list of prompts: every row's own
+  if type(prompt[1]) == 'table' then
+    prompts, longest = {}, 0
+    for i, p in ipairs(prompt) do
+      if #p == 0 then fail(('%s: prompt %d must be at least one token'):format(what, i)) end
+      for _ = 1, n do prompts[#prompts + 1] = p end
+      longest = math.max(longest, #p)
+    end
+  end
+  local B = prompts and #prompts or n
   local cfg = self.model.config
-  local room = cfg.block_size - #prompt
+  local room = cfg.block_size - longest
   if room < 1 then
-    fail(('%s: the prompt has %d tokens, block_size %d leaves no room to generate'):format(what, #prompt, cfg.block_size))
+    fail(('%s: the prompt has %d tokens, block_size %d leaves no room to generate'):format(what, longest, cfg.block_size))
   end
   local max_tokens = math.min(opts.max_tokens or room, room)
   local stop = {}
   for _, id in ipairs(opts.stop or {}) do stop[id] = true end
   local seed = opts.seed or 1337
   local rows = {}
-  for b = 1, n do rows[b] = { ids = {}, logprobs = {}, finish = nil } end
+  for b = 1, B do rows[b] = { ids = {}, logprobs = {}, finish = nil } end
   local was_training = self.model.training
   self.model:eval()
   local ok, err = pcall(gl.no_grad, function()
-    local caches, logits = self:prefill(prompt, n, #prompt + max_tokens)
-    if n > 1 then logits = logits:expand({ n, logits.shape[2] }):contiguous() end
+    -- the decode step as a CUDA graph (gptlua.infer_graph) on a GPU unless
+    -- opts.cuda_graph is false; its caches hold one slot more
+    local graph_mod, why = nil, nil
+    if opts.cuda_graph ~= false and max_tokens > 1 then
+      graph_mod = require 'gptlua.infer_graph'
+      why = graph_mod.obstacle(self.model, longest + max_tokens + 1, self.device)
+      if why then
+        if opts.cuda_graph == true then fail(('%s: cuda_graph: %s'):format(what, why)) end
+        graph_mod = nil
+      end
+    end
+    local caches, logits = self:prefill(prompts or prompt, n, longest + max_tokens + (graph_mod and 1 or 0))
+    if logits.shape[1] < B then logits = logits:expand({ B, logits.shape[2] }):contiguous() end
+    local graph = graph_mod and graph_mod.new(self, caches, B, { required = opts.cuda_graph == true })
+    self.decode_graph = graph  -- (its counts: steps, replays, nodes; a note when its capture failed)
     for step = 1, max_tokens do
       local next_ids = gl.scope(function()
         local l64 = logits:to('cpu'):to('float64'):totable()
-        local u = gl.rand({ n }, { seed = seed, offset = (step - 1) * n, dtype = 'float64' }):tolist()
+        local u = gl.rand({ B }, { seed = seed, offset = (step - 1) * B, dtype = 'float64' }):tolist()
         local ids = {}
-        for b = 1, n do ids[b] = M.sample_row(l64[b], samp, u[b]) end
+        for b = 1, B do ids[b] = M.sample_row(l64[b], samp, u[b]) end
         local nats = row_nats(logits, ids, self.device)
-        for b = 1, n do
+        for b = 1, B do
           local r = rows[b]
           if not r.finish then
             if stop[ids[b]] then r.finish = 'stop'
@@ -239,18 +328,23 @@ function Engine:generate(prompt, opts)
         return ids
       end)
       local live = false
-      for b = 1, n do if not rows[b].finish then live = true end end
+      for b = 1, B do if not rows[b].finish then live = true end end
       if not live then break end
       if opts.should_stop and opts.should_stop() then
-        for b = 1, n do rows[b].finish = rows[b].finish or 'interrupted' end
+        for b = 1, B do rows[b].finish = rows[b].finish or 'interrupted' end
         break
       end
       if step == max_tokens then break end
-      local prev = logits
-      logits = gl.scope(function() return self:decode(caches, next_ids) end)
-      Tensor.release(prev)
+      if graph then
+        logits = graph:step(next_ids)
+      else
+        local prev = logits
+        logits = gl.scope(function() return self:decode(caches, next_ids) end)
+        Tensor.release(prev)
+      end
     end
-    for b = 1, n do rows[b].finish = rows[b].finish or 'length' end
+    for b = 1, B do rows[b].finish = rows[b].finish or 'length' end
+    if graph then graph:free() end
   end)
   self.model:train(was_training)
   if not ok then error(err, 0) end

@@ -70,7 +70,8 @@ end
 
 -- scaled_dot_product_attention(q, k, v, opts): causal softmax(q k^T * scale) v
 -- per head; q (B,H,T,D), k/v (B,Hkv,S,D); opts.scale (1/sqrt(D)), opts.window,
--- opts.segments (B,T) document ids (T == S)
+-- opts.segments (B,S) document ids of the key positions (query t at
+-- position S - T + t carries its position's)
 function O.scaled_dot_product_attention(q, k, v, opts)
   opts = opts or {}
   local seg = segments_of(opts)

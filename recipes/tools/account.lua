@@ -574,6 +574,7 @@ end
 function M.main(opts, out)
   out = out or print
   io.stdout:setvbuf('line')  -- the counting takes minutes: show each step as it is counted
+  if opts.decode == 1 then return dofile(gl.root .. '/recipes/tools/account_decode.lua').main(opts, out) end
   local model = M.MODELS[opts.model]
   if not model then
     local names = {}

@@ -5,7 +5,8 @@
 --     the byte-and-FLOP account of one training step instead (recipes/tools/account.lua;
 --     runs in build/sim-account/gptlua, `make sim-account`; --quick=0 computes the
 --     GEMMs' values too, which changes no count and takes many times longer; --save=1 keeps the
---     predicted range in recipes/tools/account_predictions.json, which make gpu-check compares with)
+--     predicted range in recipes/tools/account_predictions.json, which make gpu-check compares with;
+--     --decode=1: the predicted decode speed of the KV-cache engine at batch 1 and 8 instead)
 -- Defaults are GPT-2 124M (context 1024, device batch 32).  Times come from
 -- CUDA events on the compute stream (warm-up calls first); matmul and
 -- attention report TFLOP/s, memory-bound kernels GB/s of the bytes they must
@@ -15,7 +16,7 @@ local cuda = require 'gptlua.cuda'
 local lib = gl.lib
 
 local opts = { B = 32, T = 1024, C = 768, H = 12, V = 50304, iters = 20, square = 4096, params = 124e6 }
-local account = { model = 'gpt2_124m', check = 0, quick = 1, save = 0 }  -- --account: recipes/tools/account.lua
+local account = { model = 'gpt2_124m', check = 0, quick = 1, save = 0, decode = 0 }  -- --account: recipes/tools/account.lua
 for _, a in ipairs({ ... }) do
   if a == '--account' then account.on = true
   else

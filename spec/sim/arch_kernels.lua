@@ -28,7 +28,7 @@ for _, D in ipairs({ 64, 128 }) do
   K(lib.gl_attention_backward(dq.c, dk.c, dv.c, g.c, q.c, k.c, v.c, o.c, lse.c, 1 / math.sqrt(D), 0))
   cuda.synchronize(0)
   trace.stop()
-  -- the trace names a launch by its kernel expression (flash_bwd_kernel<D>): the head dim is printed with it
+  -- the trace names a launch by its kernel expression (flash_bwd_kernel<D,SEG>): the head dim is printed with it
   local seen = {}
   for _, r in ipairs(trace.records()) do
     local name = r.kind == 'work' and r.what:match('^kernel (.*)')

@@ -3,6 +3,7 @@
 -- and residual + norm, KV caches and sampling.
 local gl = require 'gptlua'
 local nn = require 'gptlua.nn'
+local G = require 'gptlua.ffi'
 
 local M = {}
 
@@ -103,8 +104,22 @@ function M.new_caches(n_layer, B, Hkv, S, D, like)
   return caches
 end
 
--- appends this step's k, v (B, Hkv, T, D); returns the keys/values so far
+-- appends this step's k, v (B, Hkv, T, D); returns the keys/values so far.
+-- In a decode step replayed as a CUDA graph (gptlua.infer_graph) cache.slot
+-- is a device tensor holding the position: k, v (T = 1) are added there
+-- (the slot is still zero) and copied into the last slot, the current
+-- token's, and the whole cache is returned (the attention's segment ids
+-- mask what is not yet written)
 function M.cache_append(cache, k, v)
+  if cache.slot then
+    local S = cache.cap
+    k, v = k:contiguous(), v:contiguous()
+    cache.k:narrow(3, S, 1):copy_(k)
+    cache.v:narrow(3, S, 1):copy_(v)
+    G.check(G.lib.gl_index_add(cache.k.c, 2, cache.slot.c, k.c), 2)
+    G.check(G.lib.gl_index_add(cache.v.c, 2, cache.slot.c, v.c), 2)
+    return cache.k, cache.v
+  end
   local T = k.shape[3]
   if cache.pos + T > cache.cap then
     error(('generate: KV cache holds %d positions, %d needed'):format(cache.cap, cache.pos + T), 3)

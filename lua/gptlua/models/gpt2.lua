@@ -121,7 +121,8 @@ function GPT:forward(idx, targets, caches)
     ids = gl.arange(0, cfg.block_size, { device = idx.device }):keep()
     rawset(self, 'position_ids', ids)
   end
-  local pos = ids:narrow(1, start + 1, T)
+  -- a batch of prompts of different lengths (gptlua.infer) brings each row's positions (B, T)
+  local pos = caches and caches.positions or ids:narrow(1, start + 1, T)
   local x = tr.wte(idx) + tr.wpe(pos)
   x = gl.dropout(x, cfg.dropout, self.training)
   for i = 1, tr.h.n do x = common.run_block(tr.h[i], x, caches and caches[i], cfg) end

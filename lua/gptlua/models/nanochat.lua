@@ -243,7 +243,12 @@ function Attention:forward(x, cos, sin, cache, ve, eps, residual)
   q = q:view(B, T, H, D)
   local k = self.c_k(x):view(B, T, Hkv, D)
   local v = self:value(x, ve, B, T)
-  q, k = gl.rope_rms_norm(q, cos, sin, eps), gl.rope_rms_norm(k, cos, sin, eps)  -- rotary, then the QK-norm: one op
+  if cos.shape[1] == T then
+    q, k = gl.rope_rms_norm(q, cos, sin, eps), gl.rope_rms_norm(k, cos, sin, eps)  -- rotary, then the QK-norm: one op
+  else  -- each row's own positions (GPT:prepare): the rows as one sequence of B * T
+    q = gl.rope_rms_norm(q:view(1, B * T, H, D), cos, sin, eps):view(B, T, H, D)
+    k = gl.rope_rms_norm(k:view(1, B * T, Hkv, D), cos, sin, eps):view(B, T, Hkv, D)
+  end
   q, k, v = q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3)
   if cache then k, v = common.cache_append(cache, k, v) end
   local y
@@ -441,9 +446,19 @@ end
 -- M.backout_at(cfg): the block whose output the backout subtracts.
 function M.backout_at(cfg) return cfg.backout and math.floor(cfg.n_layer / 2) + 1 or nil end
 
-function GPT:prepare(start, T)
+-- positions (optional): each row's (B, T), for a batch of prompts of
+-- different lengths (gptlua.infer): the tables' rows gathered, (B * T, D/2),
+-- which Attention:forward applies to the batch's rows as one sequence
+function GPT:prepare(start, T, positions)
   local tr = self.transformer
-  local rot = { cos = self.rope_cos:narrow(1, start + 1, T), sin = self.rope_sin:narrow(1, start + 1, T) }
+  local rot
+  if positions then
+    local flat = positions:reshape(positions:numel())
+    if flat.device ~= self.rope_cos.device then flat = flat:to(self.rope_cos.device) end
+    rot = { cos = gl.index_select(self.rope_cos, 1, flat), sin = gl.index_select(self.rope_sin, 1, flat) }
+  else
+    rot = { cos = self.rope_cos:narrow(1, start + 1, T), sin = self.rope_sin:narrow(1, start + 1, T) }
+  end
   if rot.cos.dtype ~= tr.wte.weight.dtype or rot.cos.device ~= tr.wte.weight.device then
     local to = { dtype = tr.wte.weight.dtype, device = tr.wte.weight.device }
     rot.cos, rot.sin = rot.cos:to(to), rot.sin:to(to)
@@ -456,6 +471,9 @@ end
 
 function GPT:embed(idx, caches)
   local x = gl.rms_norm(self.transformer.wte(idx), nil, eps_for(self.config, self.transformer.wte.weight.dtype))
+  -- a batch of prompts' left padding (gptlua.infer): zeros there (times 0; the tokens times 1, unchanged),
+  -- so a row's first token smears in nothing, as when its prompt is alone
+  if caches and caches.real then x = x * caches.real:narrow(2, caches[1].pos + 1, idx.shape[2]) end
   if self.config.smear then x = self:smear(x, caches) end
   return x
 end
@@ -486,7 +504,7 @@ function GPT:forward(idx, targets, caches)
   if start + T > cfg.block_size then
     error(('nanochat: sequence of %d tokens exceeds block_size %d'):format(start + T, cfg.block_size), 2)
   end
-  self:prepare(start, T)
+  self:prepare(start, T, caches and caches.positions)
   local x = self:embed(idx, caches)
   local x0 = x
   local backout_at, x_backout = M.backout_at(cfg), nil

@@ -9,10 +9,11 @@
 -- gptlua.dist.POLICIES, the models from train.MODELS (nanochat once per
 -- version of gptlua.models.nanochat), the optimizers from train.OPTIMIZERS;
 -- the layouts are listed here (plain, tp, tp + sp, cp Ulysses and ring, pp
--- 2 and 4 with 1F1B and ZB-H1, their pairs and pp x tp x dp).  A policy
+-- 2 and 4 with 1F1B and ZB-H1, their pairs and pp x tp x dp, and expert
+-- parallelism alone and with tp and pp, on models with MoE blocks).  A policy
 -- that compose.MESH_POLICIES does not list (localsgd, diloco, ps: their
 -- ranks' parameters differ from one process's by design) must be refused
--- under every layout with tp, cp or pp; on the plain layout their own specs
+-- under every layout with tp, cp, pp or ep; on the plain layout their own specs
 -- cover them.
 --
 -- Refusals cost nothing to ask, so every cell of the product is asked, and
@@ -68,6 +69,7 @@ for _, m in ipairs(sorted_keys(train.MODELS)) do
 end
 
 -- layouts: ranks, command-line overrides, recipe fields both sides take (over)
+local MOE = { experts = 4, top_k = 2, every = 2, aux_loss = 0.01, bias_update = 0.01 }
 local LAYOUTS = {
   { name = 'plain', ranks = 2, args = '', resume = true },
   { name = 'tp2', ranks = 4, args = '--tp=2', resume = true },
@@ -85,10 +87,17 @@ local LAYOUTS = {
   { name = 'pp2 x cp2 ulysses', ranks = 4, args = '--pp=2 --cp=2' },
   { name = 'pp2 x cp2 ring', ranks = 4, args = '--pp=2 --cp=2 --cp_mode=ring' },
   { name = 'pp2 x tp2 x dp2', ranks = 8, args = '--pp=2 --tp=2 --dp=2', resume = 'fsdp' },   -- (torchtitan's 3-D layout)
+  -- expert parallelism: the models with mixture-of-experts blocks (every
+  -- second block: 4 experts, top-2, balancing loss and bias update), the
+  -- experts split over ep of the data-parallel ranks
+  { name = 'ep2', ranks = 2, args = '--ep=2', over = { moe = MOE }, resume = true },
+  { name = 'ep4', ranks = 4, args = '--ep=4', over = { moe = MOE } },
+  { name = 'ep2 x tp2', ranks = 4, args = '--ep=2 --tp=2', over = { moe = MOE } },
+  { name = 'pp2 x ep2', ranks = 4, args = '--pp=2 --ep=2', over = { moe = MOE } },
 }
 
 -- the refusals the product is allowed to meet: cell -> true when expected
-local function meshed(layout) return layout.args:match('%-%-[tcp]p=') ~= nil end
+local function meshed(layout) return layout.args:match('%-%-[tcpe]p=') ~= nil end
 local REFUSED = {
   { why = 'a policy that does not keep one process\'s parameters, under a mesh',
     cell = function(c) return not compose.MESH_POLICIES[c.policy] and meshed(c.layout) end,
@@ -113,7 +122,11 @@ end
 
 local function cell_args(c)
   local args = ('--dist=%s --journal_hash_interval=3 %s %s'):format(c.policy, c.layout.args, c.model.args)
-  for k, v in pairs(c.layout.over or {}) do args = args .. (' --%s=%s'):format(k, tostring(v)) end
+  for k, v in pairs(c.layout.over or {}) do
+    if type(v) == 'table' then   -- (a group of keys: moe = {experts = 4} as --moe.experts=4)
+      for k2, v2 in pairs(v) do args = args .. (' --%s.%s=%s'):format(k, k2, tostring(v2)) end
+    else args = args .. (' --%s=%s'):format(k, tostring(v)) end
+  end
   if c.policy == 'hsdp' then args = args .. shard_args(c) end
   return args
 end

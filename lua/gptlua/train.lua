@@ -7,8 +7,9 @@
 -- ends, so memory is freed deterministically, not when the Lua GC decides.
 -- Around it: eval (nanoGPT's line "step N: train loss X, val loss Y"),
 -- samples, checkpoints (atomic, verified, keep_last; one at every eval by
--- default, as nanoGPT), metrics.jsonl, the run's directory (gptlua.runs),
--- the progress numbers (gptlua.progress), and stopping: SIGINT or SIGUSR1
+-- default, as nanoGPT), the run's directory (gptlua.runs), what the run
+-- prints and writes to metrics.jsonl (gptlua.train_report), what a resume
+-- compares and keeps (gptlua.train_resume), and stopping: SIGINT or SIGUSR1
 -- (what `gptlua -n N` sends every rank for its Ctrl-C) to any rank stops
 -- every rank at the same step boundary, which saves one checkpoint and
 -- returns normally (exit status 0).

@@ -114,7 +114,7 @@ ifneq ($(MPI_NCCL_H),)
 endif
 
 
-# ---- fuzzing (engine/fuzz/, ARCHITECTURE.md "Fuzzing") ------------------------
+# ---- fuzzing (engine/fuzz/, its README.md) -------------------------------------
 # libFuzzer harnesses, built by clang with AddressSanitizer and UBSan into
 # build/fuzz/: the C parsers (safetensors, token shards + the loader,
 # tokenizer files) linked with the engine sources they need, instrumented;

@@ -2,7 +2,7 @@
 -- tokens), context 1024, AdamW 6e-4 with cosine decay, bf16; gradient
 -- accumulation fills what the device batch of 32 does not.  For GPUs: about
 -- 4.7 hours (4.0 to 5.6) on one H100 by the account's prediction
--- (kernels/README.md; no GPU has timed it yet).  Token data comes from recipes/prepare.lua shards
+-- (recipes/tools/ACCOUNT.md; no GPU has timed it yet).  Token data comes from recipes/prepare.lua shards
 -- (--data=shards --data_dir=DIR --tokenizer=PATH); --data=random benchmarks
 -- without data.
 return {

@@ -2,7 +2,7 @@
 -- 2048, device batch 32, 21400 steps of 0.5M tokens (11B tokens), Muon for
 -- the block matrices and AdamW for embeddings and head, warmup-stable-decay
 -- schedule, bf16.  For GPUs: about 23 hours (19 to 29) on one H100 by the
--- account's prediction (kernels/README.md; no GPU has timed it yet).  Token data as
+-- account's prediction (recipes/tools/ACCOUNT.md; no GPU has timed it yet).  Token data as
 -- for gpt2_124m.lua; --data=random benchmarks without data.
 return {
   name = 'nanochat_d20', model = 'nanochat', depth = 20, softcap = 15,

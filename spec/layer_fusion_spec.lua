@@ -1,5 +1,5 @@
--- The fusions that cut a nanochat layer's activation passes (kernels/README.md,
--- "The account: predicted speed"):
+-- The fusions that cut a nanochat layer's activation passes
+-- (recipes/tools/ACCOUNT.md):
 --   rotary + QK RMSNorm as one op (gl.rope_rms_norm, gl_rope_rmsnorm_forward /
 --     _backward; engine/cpu/rope_norm.c, kernels/rope_norm.cu);
 --   norms and linear layers adding their input's other gradient where they

@@ -85,7 +85,7 @@ describe('benchmarks', function()
     assert.truthy(out:find('round 2: gptlua gpt2 [%d.]+ ms/iter, gptlua nanochat [%d.]+ ms/iter, gptlua recipe [%d.]+ ms/iter'), out)
     -- each step says what it is: the default recipe's own (Muon) apart from the AdamW comparisons
     for _, label in ipairs({ "nanoGPT's GPT%-2 block, AdamW %(the PyTorch comparison%)",
-                             "the recipe's block %(nanochat v1%), AdamW %(the previous default%)",
+                             "the recipe's block %(nanochat v1%), AdamW",
                              'the default recipe as it trains %(nanochat v1 block, Muon %+ AdamW%)' }) do
       assert.truthy(out:find('training step %(4x128, batch 12, context 64%), ' .. label ..
         ': [%d.]+ ms/iter, %d+ tokens/s, MFU [%d.]+%% of [%d.]+ GFLOP/s sgemm[^,]*, %d+%% in BLAS, peak memory [%d.]+ [KM]iB'), out)

@@ -1,7 +1,8 @@
 -- Runs addressed by name: `runs/NAME` stands for the newest run of that
 -- name (NAME, NAME-2, ...) in `gptlua attach`, `gptlua plot` and
 -- `recipes/sample.lua --ckpt`, each saying which run it chose; NAME-1 is the
--- first; a path that names one run exactly is taken as it is.
+-- first, also where several runs of a name are plotted or diffed; a path
+-- that names one run exactly is taken as it is.
 local runs = require 'gptlua.runs'
 local H = require 'support.mpi'
 
@@ -51,6 +52,15 @@ describe('a run addressed by its name', function()
     o, rc = H.sh(('%s plot %s/live %s/live-2 --out=%s/p2.png'):format(H.EXE, d, d, d), 60)
     assert.equal(0, rc, o)
     assert.is_nil(o:find('the newest', 1, true), o)
+    -- ... and NAME-1 among them is the first, as alone
+    o, rc = H.sh(('%s plot %s/live-1 %s/live-2 --out=%s/p3.png'):format(H.EXE, d, d, d), 60)
+    assert.equal(0, rc, o)
+    has(o, ('plot: %s/live-1: the first run named live, %s/live'):format(d, d))
+    -- diff takes directories as they are, NAME-1 the first (these runs keep
+    -- no journal: diff names the one it read)
+    o = H.sh(('%s diff %s/live-1 %s/live-2'):format(H.EXE, d, d), 60)
+    has(o, ('diff: %s/live-1: the first run named live, %s/live'):format(d, d))
+    has(o, ('cannot read %s/live/journal.jsonl'):format(d))
     -- attach: the running job, a third run of the name
     o, rc = H.sh('bash -c ' .. quote(table.concat({
       base .. (' > %s/log 2>&1 & pid=$!'):format(d),

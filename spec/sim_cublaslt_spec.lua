@@ -1,6 +1,6 @@
 -- The CUDA simulator's cuBLASLt (spec/cudasim/cublaslt.cpp, over OpenBLAS).
 --
--- Through spec/cudasim/cases/cublaslt.cu (build/sim/libgptlua_simtest.so):
+-- Through spec/cudasim/cases/cublaslt.cu and cublaslt_misuse.cu (build/sim/libgptlua_simtest.so):
 -- every dtype / compute type, transpose, batch, leading dimension, offset,
 -- alpha / beta and epilogue combination against a double-precision host
 -- loop (the error relative to a bound from the operands' magnitudes must be

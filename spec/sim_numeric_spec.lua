@@ -12,7 +12,7 @@
 -- bfloat16 and numpy's float16 on 16,777,216 floats (0 mismatches; NaN
 -- inputs give CUDA's canonical 0x7fff there).
 --
--- WMMA runs as a kernel would (GL_LAUNCH, device memory, two warps over
+-- WMMA (spec/cudasim/cases/wmma.cu) runs as a kernel would (GL_LAUNCH, device memory, two warps over
 -- several tiles) for every shape, input type and layout, with and without
 -- accumulating into C (row- and column-major), and is compared with a
 -- double-precision host loop: |error| <= (depth + 1) 2^-24 sum |terms| for
@@ -121,7 +121,7 @@ describe('CUDA simulator WMMA #cuda #sim', function()
 
   it('stops a kernel whose pointer is not 256-bit aligned', function()
     local msg, out = planted(0, MISALIGNED)
-    assert.truthy(msg:find('wmma::load_matrix_sync at .*cases/numeric.cu:%d+: pointer 0x%x+ is not 256%-bit %(32%-byte%) aligned'), out)
+    assert.truthy(msg:find('wmma::load_matrix_sync at .*cases/wmma.cu:%d+: pointer 0x%x+ is not 256%-bit %(32%-byte%) aligned'), out)
     assert.truthy(msg:find('kernel wmma_planted_kernel block (0,0,0) thread (', 1, true), out)
     assert.truthy(out:find('gptlua cuda-sim: ', 1, true), out)  -- also on stderr
     msg, out = planted(4, MISALIGNED)

@@ -513,7 +513,13 @@ function J.diff_main(args)
       .. 'it; exits 0 when they agree, 1 when they differ.\n')
     return #runs == 2 and 0 or 1
   end
-  args = runs   -- (exact directories: runs/a and runs/a-2 are what they say here)
+  -- exact directories: runs/a and runs/a-2 are what they say here (runs/a-1: runs/a)
+  for i, r in ipairs(runs) do
+    local first, note = require('gptlua.runs').first(r)
+    if note then io.stderr:write('diff: ', note, '\n') end
+    runs[i] = first
+  end
+  args = runs
   local a, b = J.read(journal_of(args[1])), J.read(journal_of(args[2]))
   local cfg = config_differences(a.headers[1], b.headers[1])
   if #cfg > 0 then io.write('config differs: ', table.concat(cfg, ', '), '\n') end

@@ -145,13 +145,10 @@ local function mtime(path)
 end
 R.mtime = mtime
 
--- A run addressed by its name, as the README's commands write it: `dir/name`
--- stands for the newest run of that name (name, name-2, ...: the one whose
--- metrics.jsonl, else directory, was written last; keep(path), when given,
--- says which may be chosen: attach wants a live socket), `dir/name-1` for
--- the first.  Returns the directory and, when it is not path itself, a
--- line saying which run was chosen.  Any other path is returned as it is.
-function R.resolve(path, keep)
+-- `dir/name-1`, when no such directory exists, for the first run of that
+-- name (dir/name): that directory and a line saying so; any other path as
+-- it is.  (Commands that take directories as they are still take this.)
+function R.first(path)
   local clean = tostring(path):gsub('/+$', '')
   local dir, name = clean:match('^(.*)/([^/]+)$')
   if not dir then dir, name = '.', clean end
@@ -159,6 +156,21 @@ function R.resolve(path, keep)
   if base and not ckpt.exists(clean) and ckpt.exists(dir .. '/' .. base) then
     return dir .. '/' .. base, ('%s: the first run named %s, %s/%s'):format(path, base, dir, base)
   end
+  return path
+end
+
+-- A run addressed by its name, as the README's commands write it: `dir/name`
+-- stands for the newest run of that name (name, name-2, ...: the one whose
+-- metrics.jsonl, else directory, was written last; keep(path), when given,
+-- says which may be chosen: attach wants a live socket), `dir/name-1` for
+-- the first.  Returns the directory and, when it is not path itself, a
+-- line saying which run was chosen.  Any other path is returned as it is.
+function R.resolve(path, keep)
+  local first, said = R.first(path)
+  if said then return first, said end
+  local clean = tostring(path):gsub('/+$', '')
+  local dir, name = clean:match('^(.*)/([^/]+)$')
+  if not dir then dir, name = '.', clean end
   if ckpt.exists(clean .. '/state.json') then return path end   -- a checkpoint
   local list = R.list(dir, name)
   if #list < 2 then return path end

@@ -7,8 +7,9 @@
 -- ends, so memory is freed deterministically, not when the Lua GC decides.
 -- Around it: eval (nanoGPT's line "step N: train loss X, val loss Y"),
 -- samples, checkpoints (atomic, verified, keep_last; one at every eval by
--- default, as nanoGPT), metrics.jsonl, the run's directory (gptlua.runs),
--- the progress numbers (gptlua.progress), and stopping: SIGINT or SIGUSR1
+-- default, as nanoGPT), the run's directory (gptlua.runs), what the run
+-- prints and writes to metrics.jsonl (gptlua.train_report), what a resume
+-- compares and keeps (gptlua.train_resume), and stopping: SIGINT or SIGUSR1
 -- (what `gptlua -n N` sends every rank for its Ctrl-C) to any rank stops
 -- every rank at the same step boundary, which saves one checkpoint and
 -- returns normally (exit status 0).
@@ -21,7 +22,7 @@ local runs = require 'gptlua.runs'
 local progress = require 'gptlua.progress'
 local cuda = require 'gptlua.cuda'
 local evals = require 'gptlua.eval'
-local cjson = require 'cjson'
+local report = require 'gptlua.train_report'
 local ffi = require 'ffi'
 
 local M = {}
@@ -37,7 +38,6 @@ local function fail(msg) error('config: ' .. msg, 0) end
 -- --------------------------------------------------------------- MFU, memory
 -- (gptlua.progress; these names stay for recipes/tools/bench.lua)
 M.measure_cpu_flops, M.fmt_bytes = progress.measure_cpu_flops, progress.fmt_bytes
-local fmt_bytes, fmt_time = progress.fmt_bytes, progress.fmt_time
 
 -- ------------------------------------------------------------ local policy
 -- The interface every data-parallel policy implements (gptlua.dist.policy
@@ -351,39 +351,6 @@ function Trainer:close_checkpoint_writer()
   end
 end
 
--- the first model key on which a checkpoint's config differs from this
--- run's, or nil when it describes this run's model
-function Trainer:mismatch(config)
-  for _, k in ipairs({ 'model', 'n_layer', 'n_head', 'n_embd', 'vocab_size', 'block_size', 'depth' }) do
-    if type(config) == 'table' and config[k] ~= nil and config[k] ~= self.cfg[k] then return k, config[k], self.cfg[k] end
-  end
-  if type(config) == 'table' and self.cfg.model == 'nanochat' then  -- the version and its features
-    local k, theirs, ours = require('gptlua.models.nanochat').config_mismatch(config.nanochat, self.cfg.nanochat)
-    if k then return 'nanochat.' .. k, theirs, ours end
-  end
-  -- the optimizer decides the state that is loaded: another one's is refused
-  if type(config) == 'table' and config.optimizer ~= nil and config.optimizer ~= self.cfg.optimizer then
-    return 'optimizer', config.optimizer, self.cfg.optimizer
-  end
-  -- mixture-of-experts blocks decide the parameters (the router, the experts)
-  if type(config) == 'table' then
-    local theirs, ours = type(config.moe) == 'table' and config.moe or {}, self.cfg.moe or {}
-    local on = (ours.experts or 0) > 0 or (theirs.experts or 0) > 0
-    for _, k in ipairs({ 'experts', 'shared', 'every', 'hidden' }) do
-      if on and (k == 'experts' or (ours.experts or 0) > 0) and theirs[k] ~= ours[k] then
-        return 'moe.' .. k, theirs[k] or 0, ours[k] or 0
-      end
-    end
-  end
-  -- Muon's variant decides its state (NorMuon's second moment) and update;
-  -- a checkpoint from before the key is classic
-  if type(config) == 'table' and self.cfg.optimizer == 'nanochat' and config.optimizer == 'nanochat'
-    and (config.muon_variant or 'classic') ~= self.cfg.muon_variant then
-    return 'muon_variant', config.muon_variant or 'classic', self.cfg.muon_variant
-  end
-  return nil
-end
-
 -- loads a checkpoint into this trainer; returns its state table
 function Trainer:load_checkpoint(path)
   local c = ckpt.load(path)
@@ -419,109 +386,9 @@ function Trainer:load_checkpoint(path)
   return st
 end
 
--- keys that say how this process runs, not what the run is: not compared on resume
-local NOT_COMPARED = { resume = true, overwrite = true, allow_changes = true, resume_keep_batch = true, replay = true,
-                       replay_to = true, quiet = true }
-
--- the run's values of the keys its command line gave: what a resume keeps
-function Trainer:given()
-  if self.given_keys then return self.given_keys end
-  local out = {}
-  for k, v in pairs(self.launch.cli or {}) do if type(v) ~= 'table' and not NOT_COMPARED[k] then out[k] = self.cfg[k] end end
-  self.given_keys = out
-  return out
-end
-
--- the schedule lengths that followed the command line's max_iters (train_config), by key
-function Trainer:followed()
-  if self.followed_keys then return self.followed_keys end
-  local out = {}
-  for _, k in ipairs(self.launch.scaled_keys or {}) do out[k] = self.cfg[k] end
-  self.followed_keys = out
-  return out
-end
-
--- The run's settings against this process's (a resume).  What the run's
--- command line gave (max_iters, schedule lengths) stays unless given again,
--- and so do the schedule lengths that followed its max_iters; a max_iters
--- given anew stretches the run's schedule lengths that no command line set.
--- Every other difference is printed.  A max_iters given that differs from
--- the run's, or a different number of tokens per step (another world size,
--- batch or accumulation), changes what the run is and needs --allow_changes.
-function Trainer:resume_settings(st)
-  local cfg, run = self.cfg, st.config
-  if type(run) ~= 'table' then return end
-  local cli = self.launch.cli or {}
-  local notes, refuse, kept = {}, {}, {}
-  local run_given, run_followed = st.given or {}, st.followed or {}
-  local function keep(k, v)
-    if cfg[k] ~= v then kept[#kept + 1] = ('%s %s'):format(k, tostring(v)); cfg[k] = v end
-  end
-  if cli.max_iters == nil and run_given.max_iters ~= nil then keep('max_iters', run_given.max_iters) end
-  for _, k in ipairs(M.SCHEDULE_STEP_KEYS) do
-    if cli[k] == nil then
-      if run_given[k] ~= nil then keep(k, run_given[k])
-      elseif cli.max_iters ~= nil and type(run[k]) == 'number' and type(run.max_iters) == 'number' then
-        cfg[k] = M.scaled_steps(run[k], run.max_iters, cfg.max_iters)
-        self:followed()[k] = cfg[k]
-      elseif run_followed[k] ~= nil then
-        keep(k, run_followed[k])
-        self:followed()[k] = run_followed[k]
-      end
-    end
-  end
-  -- what this run keeps for its next resume: the run's command line, then this one's
-  local given = self:given()
-  for k, v in pairs(run_given) do if cli[k] == nil then given[k] = v end end
-  if #kept > 0 then
-    table.sort(kept)
-    self:print(('resume: the run\'s own %s (given again, they change)'):format(table.concat(kept, ', ')))
-  end
-  if cli.max_iters ~= nil and type(run.max_iters) == 'number' and cfg.max_iters ~= run.max_iters then
-    refuse[#refuse + 1] = ('max_iters %s -> %s'):format(run.max_iters, cfg.max_iters)
-  end
-  local function show(v) return type(v) == 'string' and ("'%s'"):format(v) or tostring(v) end
-  local function compare(a, b, prefix)
-    local keys = {}
-    for k in pairs(a) do keys[#keys + 1] = k end
-    for k in pairs(b) do if a[k] == nil then keys[#keys + 1] = k end end
-    table.sort(keys)
-    for _, k in ipairs(keys) do
-      local name = prefix .. k
-      if type(a[k]) == 'table' and type(b[k]) == 'table' then compare(a[k], b[k], name .. '.')
-      elseif not NOT_COMPARED[name] and a[k] ~= b[k] and type(b[k]) ~= 'table' and type(a[k]) ~= 'table' then
-        notes[#notes + 1] = ('%s %s -> %s'):format(name, show(a[k]), show(b[k]))
-      end
-    end
-  end
-  compare(run, cfg, '')
-  local ranks = st.ranks
-  if ranks and ranks ~= self.dp_size then notes[#notes + 1] = ('data-parallel ranks %d -> %d'):format(ranks, self.dp_size) end
-  if cfg.resume_keep_batch and st.tokens_per_step and st.tokens_per_step ~= self.tokens_per_step then
-    local per_accum = self.tokens_per_step / cfg.gradient_accumulation_steps
-    if st.tokens_per_step % per_accum == 0 then  -- another number of ranks: the run's global batch kept
-      self:print(('resume: gradient_accumulation_steps %d -> %d keeps the run\'s %d tokens per step on %d '
-        .. 'data-parallel ranks'):format(cfg.gradient_accumulation_steps, st.tokens_per_step / per_accum, st.tokens_per_step, self.dp_size))
-      cfg.gradient_accumulation_steps = st.tokens_per_step / per_accum
-      self.tokens_per_step = st.tokens_per_step
-    end
-  end
-  if st.tokens_per_step and st.tokens_per_step ~= self.tokens_per_step then
-    local msg = ('tokens per step %d -> %d'):format(st.tokens_per_step, self.tokens_per_step)
-    local per_accum = self.tokens_per_step / cfg.gradient_accumulation_steps
-    if st.tokens_per_step % per_accum == 0 then
-      msg = msg .. (' (--gradient_accumulation_steps=%d keeps %d)'):format(st.tokens_per_step / per_accum, st.tokens_per_step)
-    end
-    refuse[#refuse + 1] = msg
-  end
-  if #notes > 0 then self:print('resume: settings that differ from the run\'s: ' .. table.concat(notes, ', ')) end
-  if #refuse > 0 and not cfg.allow_changes then
-    error(('resume: this changes what the run is: %s; --allow_changes continues it so, or keep the run\'s values')
-      :format(table.concat(refuse, ', ')), 0)
-  end
-  self.schedule = (self.hooks.lr_schedule or M.lr_schedule)(cfg)
-  if self.hooks.momentum_schedule then self.momentum_schedule = self.hooks.momentum_schedule(cfg) end
-end
+-- What a resume compares and keeps (mismatch, given, followed,
+-- resume_settings): gptlua.train_resume.
+for name, f in pairs(require 'gptlua.train_resume') do Trainer[name] = f end
 
 -- after a taken step: the routers' bias update from the step's load over
 -- the data-parallel ranks (MoE layers only; op by op, also after a replay)
@@ -580,24 +447,8 @@ function Trainer:train_step()
   return loss, norm, lr_mult, true
 end
 
--- The one place metrics records are written (rank 0, run_dir/metrics.jsonl,
--- one JSON object a line); each carries the time (seconds since the epoch)
--- and the run's id.
-function Trainer:write_metrics(rec)
-  if self.rank ~= 0 then return end
-  if not self.metrics_file then
-    ckpt.mkdir_p(self.run_dir)
-    -- the directory is this run's own (gptlua.runs): a resumed run appends
-    self.metrics_file = assert(io.open(self.run_dir .. '/metrics.jsonl', 'ab'))
-  end
-  rec.time, rec.run = rec.time or runs.time(), rec.run or self.run_id
-  for k, v in pairs(rec) do  -- JSON has no NaN/Inf: write them as strings
-    if type(v) == 'number' and (v ~= v or v == math.huge or v == -math.huge) then rec[k] = tostring(v) end
-  end
-  self.metrics_file:write(cjson.encode(rec), '\n')
-  self.metrics_file:flush()
-  if self.tensorboard then self.tensorboard:write(rec, self.run_dir) end
-end
+-- The one writer of metrics.jsonl: gptlua.train_report.
+Trainer.write_metrics = report.write_metrics
 
 -- Picks the run's directory (gptlua.runs: every rank the same one), removes
 -- temporaries a killed save left there, and loads the checkpoint a resume
@@ -693,30 +544,7 @@ function Trainer:run()
     return { losses = {}, checkpoint = resumed_from, finished = true, run_dir = self.run_dir }
   end
   if resumed_from then self:write_metrics({ step = first_step, resumed = true, from = resumed_from }) end
-  local peak, peak_source = progress.peak_flops(cfg)
-  local mc = self.model.config or {}
-  local padding = ''
-  if mc.padded_vocab_size and mc.stored_vocab_size and mc.padded_vocab_size ~= mc.stored_vocab_size then
-    padding = (' (padded to %d rows for tp %d: masked in the loss, never sampled, not saved)'):format(
-      mc.padded_vocab_size, cfg.tp)
-  end
-  self:print(('model %s: %.2fM parameters, %d layers, %d heads, width %d, context %d, vocab %d%s'):format(
-    cfg.model, (self.whole_num_params or self.model:num_params()) / 1e6, cfg.n_layer, cfg.n_head, cfg.n_embd,
-    cfg.block_size, cfg.vocab_size, padding))
-  self:print(('device %s (%d threads), %s, batch %d x %d x %d accum x %d ranks = %d tokens/step'):format(
-    cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
-    self.dp_size, self.tokens_per_step))
-  self:print(('MFU against a peak of %s per device (%s)'):format(progress.fmt_flops(peak), peak_source))
-  if self.world > 1 then
-    self:print(('dist: %s (%s %d ranks), collective timeout %g s'):format(cfg.dist,
-      self.launch.dist_default and 'default for' or 'on', self.world, cfg.dist_timeout))
-    if self.mesh then self:print(tostring(self.mesh)) end
-  end
-  if self.launch.scaled then
-    self:print(('max_iters %d: %s; set on the command line, they stay'):format(cfg.max_iters,
-      table.concat(self.launch.scaled, ', ')))
-  end
-  self:print(('run %s writes %s'):format(self.run_id, self.run_dir))
+  local peak = report.opening(self)
   self.control = require('gptlua.control').for_trainer(self)  -- nil when cfg.control is off
   self.journal = require('gptlua.journal').start(self, first_step, resumed_from)
   self.stragglers = require('gptlua.observe.stragglers').for_trainer(self)   -- nil on one rank or when off
@@ -742,9 +570,7 @@ function Trainer:run()
       self.eval_data_before = { step = step, state = self:eval_data_state() }
       local ev = self:evaluate()
       last_eval = ev
-      local rec, more = evals.record(step, ev)
-      self:print(('step %d: train loss %.4f, val loss %.4f%s'):format(step, ev.train, ev.val, more))
-      self:write_metrics(rec)
+      report.eval(self, step, ev)
       if self.hooks.on_eval then self.hooks.on_eval(self, ev) end
       if cfg.eval_only then break end
       -- nanoGPT: a checkpoint at every eval (always_save_checkpoint), or when val improves
@@ -779,32 +605,9 @@ function Trainer:run()
     tokens_since, steps_since = tokens_since + self.tokens_per_step, steps_since + 1
     if cfg.log_interval > 0 and (self.step % cfg.log_interval == 0 or self.step == cfg.max_iters) then
       local elapsed = math.max(now() - t_last - paused, 1e-9)
-      local tps = tokens_since / elapsed
-      local mfu = tps * self.flops_per_token / (peak * self.world)
-      local mem = gl.memory_stats(cfg.device)
-      local eta = (cfg.max_iters - self.step) * elapsed / steps_since + evals_left(self.step) * eval_cost
-      -- the scheduled rates by group: 'lr' when every group has the same, else lr_<group> each
-      local rates, shown = M.group_rates(self.optimizer), {}
-      local rec = { step = self.step, loss = loss, lr_mult = lr_mult, grad_norm = norm, tokens_per_sec = tps, mfu = mfu,
-        ms_per_step = 1000 * elapsed / steps_since, step_ms = dt * 1000, mem_peak = mem.peak,
-        comm_bytes = self.comm and self.comm.sent_bytes or nil }  -- bytes rank 0 sent so far (gptlua.dist)
-      for i, r in ipairs(rates) do
-        shown[i] = r[1] == 'lr' and ('lr %.2e'):format(r[2]) or ('%s %.2e'):format(r[1], r[2])
-        rec[r[1] == 'lr' and 'lr' or 'lr_' .. r[1]] = r[2]
-      end
-      if #rates > 1 then shown[1] = 'lr ' .. shown[1] end
-      self:print(('step %5d/%d | loss %.4f | %s | norm %.3f | %.0f tok/s | MFU %.1f%% | %.1f ms/step | mem %s | ETA %s'):format(
-        self.step, cfg.max_iters, loss, table.concat(shown, ' '), norm, tps, 100 * mfu, 1000 * elapsed / steps_since,
-        fmt_bytes(mem.peak), fmt_time(eta)))
-      -- a policy's own numbers (round position, staleness, ...)
-      if self.policy.metrics then for k, v in pairs(self.policy:metrics()) do rec[k] = v end end
-      local slow = self.stragglers and self.stragglers:report(rec)   -- (collective: every rank)
-      if slow then self:print(slow) end
-      if #self.moe_layers > 0 then  -- expert load, dropped tokens, balancing losses, bias range
-        for k, v in pairs(require('gptlua.moe').metrics(self.moe_layers)) do rec[k] = v end
-      end
-      self:write_metrics(rec)
-      if self.hooks.on_log then self.hooks.on_log(self, { loss = loss, norm = norm, tps = tps }) end
+      report.log(self, { loss = loss, norm = norm, lr_mult = lr_mult, step_s = dt, elapsed = elapsed, peak = peak,
+        steps = steps_since, tokens = tokens_since,
+        eta = (cfg.max_iters - self.step) * elapsed / steps_since + evals_left(self.step) * eval_cost })
       paused_total = paused_total + paused
       t_last, tokens_since, steps_since, paused = now(), 0, 0, 0
     end
@@ -837,19 +640,13 @@ function Trainer:run()
   local t_final = now()
   if not cfg.eval_only and cfg.eval_interval > 0 then
     last_eval = self:evaluate()
-    local rec, more = evals.record(self.step, last_eval)
-    self:print(('step %d: train loss %.4f, val loss %.4f%s'):format(self.step, last_eval.train, last_eval.val, more))
-    self:write_metrics(rec)
+    report.eval(self, self.step, last_eval)
   end
   if not cfg.eval_only then final.checkpoint = self:save_checkpoint() end
   self:close_checkpoint_writer()
   local total = now() - t_start
   paused_total = paused_total + paused + (now() - t_final)
-  local ran = self.step - first_step
-  self:print(('done: step %d, %d steps run in %s (%s of steps at %.1f ms/step, %s of evals, samples and checkpoints), '
-    .. 'final val loss %s'):format(self.step, ran, fmt_time(total), fmt_time(total - paused_total),
-    1000 * (total - paused_total) / math.max(1, ran), fmt_time(paused_total),
-    last_eval and string.format('%.4f', last_eval.val) or 'n/a'))
+  report.done(self, self.step - first_step, total, paused_total, last_eval)
   if cfg.sample_length > 0 and self:samples_here() and self.data.tokenizer then
     local text = self:sample()
     self:print('--- sample ---\n' .. text .. '\n---')

@@ -1,6 +1,6 @@
 -- recipes/tools/account.lua — the byte-and-FLOP account of one training step
 -- on the CUDA backend, counted by the simulator (`recipes/tools/bench_cuda.lua
--- --account`; kernels/README.md, "The account: predicted speed", reads it).
+-- --account`; recipes/tools/ACCOUNT.md reads it).
 --
 -- What is counted (spec/cudasim/account.cpp): for every work item of a step,
 -- its global-memory bytes read and written as unique 32-byte sectors per

@@ -161,7 +161,7 @@ end
 local STEPS = {
   { kind = 'gpt2', label = "nanoGPT's GPT-2 block, AdamW (the PyTorch comparison)",
     over = { model = 'gpt2', optimizer = 'adamw' } },
-  { kind = 'nanochat', label = "the recipe's block (nanochat v1), AdamW (the previous default)",
+  { kind = 'nanochat', label = "the recipe's block (nanochat v1), AdamW",
     over = { model = 'nanochat', optimizer = 'adamw' } },
   { kind = 'recipe', label = "the default recipe as it trains (nanochat v1 block, Muon + AdamW)", over = {} },
 }

@@ -1,7 +1,7 @@
 -- recipes/tools/layer_passes.lua — one layer's activation passes (nanochat's or GPT-2's),
 -- kernel by kernel, forward and backward, counted by the simulator's account
 -- (the breakdown behind the account's "activation passes per layer" line;
--- kernels/README.md, "The account: predicted speed").
+-- recipes/tools/ACCOUNT.md).
 --   build/gptlua recipes/tools/layer_passes.lua [--model=nanochat|gpt2] [--C=1280] [--H=10] [--T=64] [--V=256]
 --                                              [--before=1]
 --     (GPT-2's width and heads default to 768 and 12)

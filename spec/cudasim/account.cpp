@@ -2,8 +2,8 @@
  * item (kernel launch, cuBLASLt matmul, copy, set) costs a GPU, counted
  * while it runs, and how often the host waits for the device.  Read by
  * recipes/tools/account.lua (`recipes/tools/bench_cuda.lua --account`) through the
- * C functions at the end of this file; kernels/README.md, "The account:
- * predicted speed", says what the figures mean.
+ * C functions at the end of this file; recipes/tools/ACCOUNT.md says what
+ * the figures mean.
  *
  *   bytes    global memory a kernel reads and writes.  Only the account
  *            flavour of the simulator counts them (make sim-account:

@@ -73,6 +73,8 @@ local function declare()
     long gl_simtest_num_arith(long n_pairs, unsigned seed);
     long gl_simtest_num_pairs(void);
     long gl_simtest_num_device(void);
+
+    /* cases/wmma.cu */
     long gl_simtest_num_wmma_gemm(int shape, int dtype, int a_col, int b_col, int half_acc, int accumulate,
                                   int c_col_major, int scale_a, unsigned seed, double *worst);
     int gl_simtest_num_wmma_planted(int which, char *msg, int msg_len);
@@ -104,6 +106,8 @@ local function declare()
       char message[256];
     } gl_simtest_lt_result;
     int gl_simtest_lt_run(const gl_simtest_lt_case *c, gl_simtest_lt_result *r);
+
+    /* cases/cublaslt_misuse.cu */
     int gl_simtest_lt_refusal(const char *name, char *msg, int cap);
     int gl_simtest_lt_attributes(char *msg, int cap);
     int gl_simtest_lt_fault(const char *name);

@@ -55,88 +55,9 @@ local device_id  -- the CUDA device this rank is bound to (nil: none)
 for name, v in pairs(require 'gptlua.dist.discover') do dist[name] = v end
 
 -- ----------------------------------------------------------------- Work --
-local Work = {}
-Work.__index = Work
-dist.Work = Work
-
-local function finish(self)
-  if self.done then return end
-  self.done = true
-  if self.after then self.after() end
-  self.keep, self.after = nil, nil    -- the tensors may go now
-end
-
--- Returns the collective's result (the output tensor or list) once it can
--- be used.  Over MPI (host memory) the host blocks until it completed.  Over
--- NCCL (CUDA tensors) the device waits, not the host (the blocking form of
--- a collective, without async, still waits on the host): the compute stream
--- waits for the event the collective recorded on its own stream, so every
--- kernel queued after this call sees the result and whatever compute was
--- queued before it overlaps the collective; a host read of the result (a
--- copy to the host) waits for the compute stream and so for the
--- collective.  Either way a collective that does not complete within the
--- communicator's timeout aborts every rank (see engine/gl_dist.h).
--- seconds the host has spent blocked in collectives' waits (gl_work_wait),
--- summed over the process: the straggler report's wait time
--- (gptlua.observe.stragglers).  NCCL's device-side waits block no host.
-dist.wait_seconds = 0
-local monotonic = require('gptlua.libc').monotonic
-local function host_wait(w, level)
-  local t0 = monotonic()
-  local rc = mpi.gl_work_wait(w)
-  dist.wait_seconds = dist.wait_seconds + (monotonic() - t0)
-  G.check(rc, level + 1)
-end
-
-function Work:wait()
-  if not self.done then
-    if self.w ~= nil and not self.device then
-      host_wait(self.w, 2)
-    elseif self.w ~= nil then
-      if not dist.device_waits then  -- the host waits (as before; host_syncs.lua's 'host')
-        host_wait(self.w, 2)
-      elseif dist._skip_device_waits > 0 then  -- test hook: a missing wait (the stream check finds it)
-        dist._skip_device_waits = dist._skip_device_waits - 1
-      else
-        G.check(mpi.gl_work_wait_device(self.w), 2)
-      end
-      mpi.gl_work_free(ffi.gc(self.w, nil))  -- watched by the library until its event passes
-      self.w = nil
-    end
-    finish(self)
-  end
-  return self.result
-end
-
--- false: Work:wait() of an NCCL collective blocks the host instead (to
--- count what the device-side wait saves: recipes/tools/host_syncs.lua)
-dist.device_waits = true
--- Test hook (spec/dist_overlap_spec.lua): the next n device-side waits are
--- left out, as a missing cudaStreamWaitEvent would be.
-dist._skip_device_waits = 0
-
--- host waits for NCCL collectives so far in this process (gl_work_wait on a
--- work still running): 0 in a world without NCCL
-function dist.device_host_waits()
-  return mpi and tonumber(mpi.gl_dist_device_host_waits()) or 0
-end
-
--- true once complete (then the result is in place); never blocks.
-local done_buf = ffi.new('int[1]')
-function Work:test()
-  if self.done then return true end
-  if self.w == nil then  -- a fake world's: of one rank at once (as the local world's), else at wait()
-    if self.eager then finish(self) end
-    return self.done == true
-  end
-  G.check(mpi.gl_work_test(self.w, done_buf), 2)
-  if done_buf[0] ~= 0 then finish(self) end
-  return self.done == true
-end
-
-local function completed(result)
-  return setmetatable({ done = true, result = result }, Work)
-end
+-- A collective's handle (wait, test) and the host's wait time:
+-- gptlua.dist.work.
+local Work, completed = require('gptlua.dist.work').install(dist)
 
 -- ----------------------------------------------------------------- Comm --
 local Comm = {}
@@ -762,43 +683,9 @@ function dist.finalize()
   world = nil
 end
 
--- Prints on rank 0 only (progress lines).
-function dist.print0(...)
-  if dist.rank() == 0 then
-    print(...)
-    io.stdout:flush()   -- under mpirun stdout is a pipe: show progress now
-  end
-end
-
--- Prints msg prefixed with this rank and ends every rank now.
-function dist.abort(msg, code)
-  io.stdout:flush()
-  if mpi and world and world.c then
-    mpi.gl_dist_abort(code or 1, msg and tostring(msg) or nil)
-  end
-  if msg then io.stderr:write(tostring(msg), '\n') end
-  os.exit(code or 1)
-end
-
--- Rank prefix for every line of msg: "[rank 1] ...".
-function dist.prefix(msg)
-  if not (world and world.size > 1) then return msg end
-  local p = ('[rank %d] '):format(world.rank)
-  return p .. tostring(msg):gsub('\n', '\n' .. p)
-end
-
--- For the top-level error path (gptlua.cli): prints the error with its rank
--- and, in a world of several ranks, brings the others down at once.
--- dist.before_abort: a function the failing rank calls before the abort
--- (the trainer's: publish a checkpoint its writer has finished); it must
--- not communicate
-function dist.on_error(msg)
-  io.stdout:flush()
-  io.stderr:write(dist.prefix(msg), '\n')
-  io.stderr:flush()
-  if dist.before_abort then pcall(dist.before_abort) end
-  if mpi and world and world.c then mpi.gl_dist_abort(1, nil) end
-end
+-- Rank 0's prints, the rank prefix, abort and the error path:
+-- gptlua.dist.errors.
+require('gptlua.dist.errors').install(dist)
 
 -- entry points and their options' fields checked (gptlua.check): "dist.init: backend must be a string, got 5"
 local check = require 'gptlua.check'

@@ -368,16 +368,15 @@ local function main(args)
     else runs[#runs + 1] = a end
   end
   -- a run's name is its newest run, unless another run of that name is named
-  -- too (plot runs/a runs/a-2 overlays exactly those two)
+  -- too (plot runs/a-1 runs/a-2 overlays exactly those two: runs/a-1 is runs/a)
   local function family(p) return (p:gsub('/+$', ''):gsub('%-%d+$', '')) end
+  local R = require 'gptlua.runs'
   for i, a in ipairs(runs) do
     local alone = true
     for j, b in ipairs(runs) do if i ~= j and family(b) == family(a) then alone = false end end
-    if alone then
-      local run, note = require('gptlua.runs').resolve(a)
-      if note then io.stderr:write('plot: ', note, '\n') end
-      runs[i] = run
-    end
+    local run, note = (alone and R.resolve or R.first)(a)
+    if note then io.stderr:write('plot: ', note, '\n') end
+    runs[i] = run
   end
   local out, text = M.plot(runs, opts)
   if text then io.write(text) end

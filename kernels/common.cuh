@@ -184,6 +184,10 @@ template <class T> static __device__ __forceinline__ uint8_t cu_f8_store(T v, __
   else return (uint8_t)__nv_cvt_float_to_fp8((float)v, __NV_SATFINITE, k);
 }
 
+/* the device's cuBLASLt handle and workspace (kernels/matmul.cu), which
+   kernels/fp8.cu's products share */
+int cu_lt_context(int dev, cublasLtHandle_t *handle, void **workspace, size_t *bytes);
+
 /* typed accessor: element i of a known storage type */
 template <class S> struct TPtr {
   typedef S storage;

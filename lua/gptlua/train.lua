@@ -144,6 +144,7 @@ function M.new(recipe, args)
   local model = self.mesh and self.mesh.size.pp > 1 and require('gptlua.dist.pp_build').build(self, build) or build(cfg)
   if cfg.dtype ~= 'float32' then model:to(cfg.dtype) end
   if cfg.device ~= 'cpu' then model:to(cfg.device) end
+  self.fp8_line = require('gptlua.fp8').apply(model, cfg.fp8)  -- after the dtype: the banner names it
   if self.mesh and self.mesh.size.tp > 1 then  -- cut the whole model over the tp group
     self.flops_per_token = model:flops_per_token(cfg.block_size)  -- the whole model's
     self.whole_num_params = model:num_params()
@@ -687,6 +688,7 @@ function Trainer:run()
     cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
     self.dp_size, self.tokens_per_step))
   self:print(('MFU against a peak of %s per device (%s)'):format(progress.fmt_flops(peak), peak_source))
+  if self.fp8_line then self:print(self.fp8_line .. (cfg.device == 'cpu' and ' (emulated on the CPU)' or '')) end
   if self.world > 1 then
     self:print(('dist: %s (%s %d ranks), collective timeout %g s'):format(cfg.dist,
       self.launch.dist_default and 'default for' or 'on', self.world, cfg.dist_timeout))

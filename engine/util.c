@@ -278,6 +278,9 @@ int gl_check_same_device(const gl_tensor *a, const gl_tensor *b, const char *fn,
 }
 int gl_check_dtype_float(const gl_tensor *t, const char *fn, const char *arg) {
   if (gl_is_float(t->dtype)) return GL_OK;
+  if (gl_is_fp8(t->dtype))  /* float8 is storage: copies, and the scaled product (gl_fp8_matmul) */
+    return gl_error("%s: %s has dtype %s, expected float32, float64, bfloat16 or float16 (convert float8 first: "
+                    "t:to('float32'))", fn, arg, gl_dtype_name(t->dtype));
   return gl_error("%s: %s has dtype %s, expected a floating dtype", fn, arg, gl_dtype_name(t->dtype));
 }
 int gl_check_no_zero_stride(const gl_tensor *t, const char *fn, const char *arg) {

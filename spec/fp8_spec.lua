@@ -96,6 +96,12 @@ for name, f in pairs(FORMATS) do
       assert.truthy(gl.tensor({ 1 }, { dtype = name }):is_floating())
     end)
 
+    it('is storage for the compute ops: one line saying to convert it', function()
+      local ok, e = pcall(gl.softmax, gl.tensor({ 1, 2 }, { dtype = name }), 1)
+      assert.is_false(ok)
+      assert.truthy(tostring(e):find('has dtype ' .. name .. ", expected float32, float64, bfloat16 or float16 (convert float8 first: t:to('float32'))", 1, true), tostring(e))
+    end)
+
     it('saves and loads in safetensors as ' .. (f.ieee and 'F8_E5M2' or 'F8_E4M3'), function()
       local p = os.tmpname()
       local codes = {}

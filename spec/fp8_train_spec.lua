@@ -88,4 +88,21 @@ describe('FP8 training on the GPU #cuda', function()
     assert.equal('bfloat16', t.cfg.dtype)
     for i, l in ipairs(res.losses) do assert.is_true(l == l and l < 10, 'loss ' .. i .. ' is ' .. l) end
   end)
+
+  -- the scales live on the device (no host wait), so the step captures and
+  -- replays as one CUDA graph, bit for bit as launched op by op
+  gpu_it('rowwise: the step replays as one CUDA graph, as the same steps op by op', function()
+    local function trainer(warmup)
+      return train.new(recipe({ fp8 = 'rowwise', device = 'cuda:0', cuda_graph = true, cuda_graph_warmup = warmup }), {})
+    end
+    local graphed, eager = trainer(1), trainer(100)
+    for s = 1, 3 do
+      local la, na = graphed:train_step()
+      local lb, nb = eager:train_step()
+      assert.are.equal(lb, la, 'loss of step ' .. s)
+      assert.are.equal(nb, na, 'gradient norm of step ' .. s)
+    end
+    assert.is_truthy(graphed.graph.g, 'the graphed trainer captured')
+    graphed.graph:free()
+  end)
 end)

@@ -79,6 +79,7 @@ extern "C" int cuda_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_te
   const float fmax = q->dtype == GL_F8E4M3 ? GL_FP8_E4M3_MAX : GL_FP8_E5M2_MAX;
   uint8_t *qp = (uint8_t *)cu_ptr(q);
   float *sp = (float *)cu_ptr(scale_inv);
+  if (R == 0) return cuda_fill(scale_inv, (double)(1.0f / gl_fp8_scale(0.0f, fmax)));  /* no rows: amax 0, as the CPU */
   CuTemp amax;
   if (!rowwise) {
     GL_TRY(amax.make(GL_I32, x->device, 1));
@@ -192,7 +193,7 @@ extern "C" int cuda_fp8_matmul(gl_tensor *out, const gl_tensor *a, const gl_tens
   GL_TRY(cu_lt_context(dev, &h, &ws, &wsb));
   Fp8Key key = {M, N, K, a->dtype, b->dtype, direct ? out->dtype : GL_F32, direct};
   Fp8Plan plan;
-  {
+  if (K > 0) {  /* (K = 0: no layout to give cuBLASLt; the plain kernel writes zeros) */
     std::lock_guard<std::mutex> g(fp8_mu);
     auto it = fp8_plans[dev].find(key);
     if (it != fp8_plans[dev].end()) plan = it->second;

@@ -232,6 +232,18 @@ end)
 -- float32 accumulation in another order, against the CPU twin
 local gpu_it = twin.gpu_it(it, pending)
 describe('FP8 scaled product on the GPU #cuda', function()
+  gpu_it('empty operands: a tensor of no rows has the scale of amax 0, a product over K = 0 is zeros', function()
+    local x = gl.empty({ 0, 8 })
+    local _, s = gl.fp8_quantize(x, 'float8_e4m3fn', 'tensorwise')
+    local _, gs = gl.fp8_quantize(x:to(twin.DEV), 'float8_e4m3fn', 'tensorwise')
+    assert.same(s:totable(), gs:to('cpu'):totable())
+    local a, b = gl.empty({ 3, 0 }, { dtype = 'float8_e4m3fn' }), gl.empty({ 2, 0 }, { dtype = 'float8_e4m3fn' })
+    local one = gl.ones({ 1 })
+    assert.same({ { 0, 0 }, { 0, 0 }, { 0, 0 } },
+      gl.fp8_matmul(a:to(twin.DEV), one:to(twin.DEV), b:to(twin.DEV), one:to(twin.DEV)):to('cpu'):totable())
+    assert.same({ { 0, 0 }, { 0, 0 }, { 0, 0 } }, gl.fp8_matmul(a, one, b, one):totable())
+  end)
+
   for _, recipe in ipairs({ 'tensorwise', 'rowwise' }) do
     -- 32 x 48 x 64 takes cuBLASLt's FP8 path; 5 x 6 x 40 (K not a multiple of 16) the plain kernel
     for _, shape in ipairs({ { 32, 48, 64 }, { 5, 6, 40 } }) do

@@ -417,7 +417,7 @@ test-sim-specs: sim sim-account
 # (one target per seed and spec file, race-SEED-FILE, so that make test can
 # run them beside the other suites, two at a time)
 RACE_SPECS = cuda_spec cuda_rows_spec cuda_nn_spec cuda_attention_spec layer_fusion_spec cuda_step_block_spec \
-             cuda_gemm_mma_spec cuda_moe_spec
+             cuda_gemm_mma_spec cuda_moe_spec fp8_spec fp8_product_spec
 RACE_RUNS  = $(foreach s,$(RACE_SPECS),race-1-$(s) race-2-$(s))
 test-race: $(RACE_RUNS)
 race-%: sim

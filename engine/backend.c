@@ -30,6 +30,9 @@ const gl_backend gl_cpu_backend = {
   .matmul                 = cpu_matmul,
   .matmul_add             = cpu_matmul_add,
   .matmul_epilogue        = cpu_matmul_epilogue,
+  /* FP8 scaled products (fp8.c, fp8.cu) */
+  .fp8_quantize           = cpu_fp8_quantize,
+  .fp8_matmul             = cpu_fp8_matmul,
   /* rows (rows.c, rows.cu; the fused add + norm: engine/unfused.c on the CPU) */
   .softmax                = cpu_softmax,
   .softmax_backward       = cpu_softmax_backward,
@@ -98,6 +101,9 @@ const gl_backend gl_cuda_backend = {
   .matmul                 = cuda_matmul,
   .matmul_add             = cuda_matmul_add,
   .matmul_epilogue        = cuda_matmul_epilogue,
+  /* FP8 scaled products (fp8.c, fp8.cu) */
+  .fp8_quantize           = cuda_fp8_quantize,
+  .fp8_matmul             = cuda_fp8_matmul,
   /* rows (rows.c, rows.cu; the fused add + norm: engine/unfused.c on the CPU) */
   .softmax                = cuda_softmax,
   .softmax_backward       = cuda_softmax_backward,

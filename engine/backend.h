@@ -121,6 +121,8 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(adamw_update_block, (int n, gl_tensor **params, const gl_tensor **grads, gl_tensor **ms, gl_tensor **vs, gl_tensor **outs, const gl_tensor *block, const int64_t *slots)) \
   X(momentum_update_block, (gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block, int64_t slot, int nesterov)) \
   X(axpy_block, (gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot)) \
+  X(fp8_quantize, (gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise)) \
+  X(fp8_matmul, (gl_tensor *out, const gl_tensor *a, const gl_tensor *a_scale_inv, const gl_tensor *b, const gl_tensor *b_scale_inv)) \
   X(copy, (gl_tensor *dst, const gl_tensor *src)) \
   X(fill, (gl_tensor *t, double value)) \
   X(rand_uniform, (gl_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi)) \
@@ -152,6 +154,13 @@ static inline const gl_backend *gl_backend_of(int device) {
 #else
 #define GL_HD
 #endif
+/* FP8 current scaling (engine/cpu/fp8.c and kernels/fp8.cu share it): the
+   largest finite values, and s = fp8_max / max(amax, 1e-12) in float32, as
+   torchao's float8 scaling; a NaN amax gives a NaN s (the comparison fails) */
+#define GL_FP8_E4M3_MAX 448.0f
+#define GL_FP8_E5M2_MAX 57344.0f
+static inline GL_HD float gl_fp8_scale(float amax, float fmax) { return fmax / (amax < 1e-12f ? 1e-12f : amax); }
+
 /* gl_step_finalize on the block's values b (engine/cpu/optim.c, and one
    thread of kernels/optim.cu): the same double arithmetic as the trainer's
    host code had (gptlua.train), so the flag and the clip agree with it. */

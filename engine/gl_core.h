@@ -35,7 +35,8 @@ enum { GL_DEVICE_CPU = -1 };           /* device >= 0 means cuda:device */
 typedef enum gl_dtype {
   GL_F32 = 0, GL_F64 = 1, GL_BF16 = 2, GL_F16 = 3,
   GL_I32 = 4, GL_I64 = 5, GL_U16 = 6, GL_U8 = 7, GL_BOOL = 8,
-  GL_NDTYPES = 9
+  GL_F8E4M3 = 9, GL_F8E5M2 = 10,  /* OCP FP8: float8_e4m3fn (no inf, max 448), float8_e5m2 */
+  GL_NDTYPES = 11
 } gl_dtype;
 
 typedef struct gl_storage {

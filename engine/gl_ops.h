@@ -72,6 +72,21 @@ int gl_sumsq_multi(int n, const gl_tensor **xs, double *out);
    broadcast to out's.  A transposed operand is passed as a transposed view
    (stride[-2] == 1); other layouts are copied internally.  BLAS on CPU. */
 int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alpha, double beta);
+/* FP8 scaled products (engine/ops_fp8.c), current scaling as torchao's
+   float8 recipes.  gl_fp8_quantize: q (R, C) row-major float8 (e4m3fn or
+   e5m2) from a 2-D float32 / bfloat16 x of any strides, with amax = max |x|
+   over x (rowwise 0) or over each row (rowwise 1), s = fp8_max /
+   max(amax, 1e-12) and q = x * s rounded to nearest even, saturating (all
+   float32 operations); scale_inv ({1} or {R}, float32) = 1 / s.  Computed
+   on the device: the host never waits.  A NaN in x makes its scale NaN.
+   gl_fp8_matmul: out (M, N) = (a * a_scale_inv) @ (b * b_scale_inv)^T for
+   row-major float8 a (M, K) and b (N, K) (not both e5m2), each scale {1}
+   or one per row; the products accumulate in float32, then acc *
+   (a_scale_inv[m] * b_scale_inv[n]) is rounded once to out (float32 or
+   bfloat16). */
+int gl_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise);
+int gl_fp8_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *a_scale_inv, const gl_tensor *b,
+                  const gl_tensor *b_scale_inv);
 /* out = a @ b + bias: bias (N) added to every row of out (..., M, N), a
    linear layer's forward.  On a GPU the bias rides in cuBLASLt's epilogue
    (CUBLASLT_EPILOGUE_BIAS) where the layout allows; otherwise, and on the

@@ -44,6 +44,7 @@ const char *gl_shape_str(const gl_tensor *t, char *buf, size_t n);
 int gl_same_shape(const gl_tensor *a, const gl_tensor *b);
 int gl_is_float(int dtype);
 int gl_is_int(int dtype);
+int gl_is_fp8(int dtype);  /* float8_e4m3fn or float8_e5m2: storage and conversions, and the scaled product */
 /* Checks a and b have the same shape; error names fn, arg names. */
 int gl_check_same_shape(const gl_tensor *a, const gl_tensor *b, const char *fn,
                         const char *an, const char *bn);
@@ -64,6 +65,12 @@ static inline uint16_t gl_f32_to_bf16(float f) {
 }
 float gl_f16_to_f32(uint16_t h);
 uint16_t gl_f32_to_f16(float f);
+/* float8 (engine/util.c): exact decode; encode rounds once to nearest even,
+   saturating to the largest finite value, NaN -> 0x7f */
+float gl_f8e4m3_to_f32(uint8_t b);
+float gl_f8e5m2_to_f32(uint8_t b);
+uint8_t gl_f64_to_f8e4m3(double x);
+uint8_t gl_f64_to_f8e5m2(double x);
 
 /* Element i (in elements from base) of any dtype, as double and back. */
 double gl_load(const void *base, int dtype, int64_t i);

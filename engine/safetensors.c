@@ -11,7 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *st_dtype_names[GL_NDTYPES] = {"F32", "F64", "BF16", "F16", "I32", "I64", "U16", "U8", "BOOL"};
+static const char *st_dtype_names[GL_NDTYPES] = {"F32", "F64", "BF16", "F16", "I32", "I64", "U16", "U8", "BOOL",
+                                                  "F8_E4M3", "F8_E5M2"};
 enum { MAX_HEADER = 100 << 20 };
 
 static int st_dtype_from_name(const char *s) {

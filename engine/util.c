@@ -75,15 +75,17 @@ int gl_cuda_device_count(void) {
 }
 
 static const char *dtype_names[GL_NDTYPES] = {
-  "float32", "float64", "bfloat16", "float16", "int32", "int64", "uint16", "uint8", "bool"};
-static const int dtype_sizes[GL_NDTYPES] = {4, 8, 2, 2, 4, 8, 2, 1, 1};
+  "float32", "float64", "bfloat16", "float16", "int32", "int64", "uint16", "uint8", "bool",
+  "float8_e4m3fn", "float8_e5m2"};
+static const int dtype_sizes[GL_NDTYPES] = {4, 8, 2, 2, 4, 8, 2, 1, 1, 1, 1};
 
 const char *gl_dtype_name(int dtype) {
   return (dtype >= 0 && dtype < GL_NDTYPES) ? dtype_names[dtype] : "invalid-dtype";
 }
 int gl_dtype_size(int dtype) { return (dtype >= 0 && dtype < GL_NDTYPES) ? dtype_sizes[dtype] : 0; }
 int gl_is_float(int dtype) { return dtype == GL_F32 || dtype == GL_F64 || dtype == GL_BF16 || dtype == GL_F16; }
-int gl_is_int(int dtype) { return dtype >= GL_I32 && dtype < GL_NDTYPES; }
+int gl_is_int(int dtype) { return dtype >= GL_I32 && dtype <= GL_BOOL; }
+int gl_is_fp8(int dtype) { return dtype == GL_F8E4M3 || dtype == GL_F8E5M2; }
 
 /* ---- threads ---------------------------------------------------------- */
 static int n_threads = 0;
@@ -171,6 +173,45 @@ uint16_t gl_f32_to_f16(float f) {
   return (uint16_t)half;
 }
 
+/* ---- float8 (OCP FP8: e4m3fn and e5m2) ------------------------------------
+   Decoding is exact.  Encoding rounds the exact double once to nearest even
+   and saturates, as CUDA's __nv_cvt_double_to_fp8(x, __NV_SATFINITE, ...)
+   does: a magnitude beyond the largest finite value (inf included) becomes
+   the largest finite value of its sign (448 for e4m3fn, which has no inf;
+   57344 for e5m2, whose inf pattern is only ever read, never produced).
+   Every NaN becomes the canonical 0x7f (S.1111.111 / S.11111.11 with S = 0),
+   PTX cvt's canonical NaN. */
+typedef struct { int mbits, bias; double max; uint8_t max_code; } f8_format;
+static const f8_format F8_E4M3 = {3, 7, 448.0, 0x7e}, F8_E5M2 = {2, 15, 57344.0, 0x7b};
+
+static float f8_decode(uint8_t b, const f8_format *f, int has_inf) {
+  int ebits = 7 - f->mbits, e = (b >> f->mbits) & ((1 << ebits) - 1), m = b & ((1 << f->mbits) - 1);
+  float sign = (b & 0x80) ? -1.0f : 1.0f;
+  if (has_inf ? e == (1 << ebits) - 1 : (b & 0x7f) == 0x7f) return (has_inf && m == 0) ? sign * INFINITY : NAN;
+  if (e == 0) return sign * ldexpf((float)m, 1 - f->bias - f->mbits);           /* subnormal */
+  return sign * ldexpf((float)(m | (1 << f->mbits)), e - f->bias - f->mbits);
+}
+static uint8_t f8_encode(double x, const f8_format *f) {
+  if (x != x) return 0x7f;
+  uint8_t sign = signbit(x) ? 0x80 : 0;
+  double a = fabs(x);
+  if (a >= f->max) return sign | f->max_code;  /* saturate (also inf) */
+  const int emin = 1 - f->bias;
+  int e2;
+  frexp(a, &e2);                                /* a = r * 2^e2, r in [0.5, 1) */
+  int ex = (a == 0 || e2 - 1 < emin) ? emin : e2 - 1;
+  double n = nearbyint(ldexp(a, f->mbits - ex)); /* spacings of 2^(ex - mbits); exact scaling, ties to even */
+  /* n <= 2^(mbits+1); n == 2^(mbits+1) carries into the next binade, which the
+     field arithmetic below does by itself (a < max keeps it finite) */
+  int code = ex == emin && n < (1 << f->mbits) ? (int)n
+                                                : ((ex - emin + 1) << f->mbits) + (int)n - (1 << f->mbits);
+  return sign | (uint8_t)code;
+}
+float gl_f8e4m3_to_f32(uint8_t b) { return f8_decode(b, &F8_E4M3, 0); }
+float gl_f8e5m2_to_f32(uint8_t b) { return f8_decode(b, &F8_E5M2, 1); }
+uint8_t gl_f64_to_f8e4m3(double x) { return f8_encode(x, &F8_E4M3); }
+uint8_t gl_f64_to_f8e5m2(double x) { return f8_encode(x, &F8_E5M2); }
+
 double gl_load(const void *base, int dtype, int64_t i) {
   switch (dtype) {
     case GL_F32: return ((const float *)base)[i];
@@ -182,6 +223,8 @@ double gl_load(const void *base, int dtype, int64_t i) {
     case GL_U16: return ((const uint16_t *)base)[i];
     case GL_U8: return ((const uint8_t *)base)[i];
     case GL_BOOL: return ((const uint8_t *)base)[i] != 0;
+    case GL_F8E4M3: return gl_f8e4m3_to_f32(((const uint8_t *)base)[i]);
+    case GL_F8E5M2: return gl_f8e5m2_to_f32(((const uint8_t *)base)[i]);
   }
   gl_panic("gl_load: dtype %d", dtype);
 }
@@ -196,6 +239,8 @@ void gl_store(void *base, int dtype, int64_t i, double v) {
     case GL_U16: ((uint16_t *)base)[i] = (uint16_t)v; return;
     case GL_U8: ((uint8_t *)base)[i] = (uint8_t)v; return;
     case GL_BOOL: ((uint8_t *)base)[i] = v != 0; return;
+    case GL_F8E4M3: ((uint8_t *)base)[i] = gl_f64_to_f8e4m3(v); return;
+    case GL_F8E5M2: ((uint8_t *)base)[i] = gl_f64_to_f8e5m2(v); return;
   }
   gl_panic("gl_store: dtype %d", dtype);
 }
@@ -233,6 +278,9 @@ int gl_check_same_device(const gl_tensor *a, const gl_tensor *b, const char *fn,
 }
 int gl_check_dtype_float(const gl_tensor *t, const char *fn, const char *arg) {
   if (gl_is_float(t->dtype)) return GL_OK;
+  if (gl_is_fp8(t->dtype))  /* float8 is storage: copies, and the scaled product (gl_fp8_matmul) */
+    return gl_error("%s: %s has dtype %s, expected float32, float64, bfloat16 or float16 (convert float8 first: "
+                    "t:to('float32'))", fn, arg, gl_dtype_name(t->dtype));
   return gl_error("%s: %s has dtype %s, expected a floating dtype", fn, arg, gl_dtype_name(t->dtype));
 }
 int gl_check_no_zero_stride(const gl_tensor *t, const char *fn, const char *arg) {

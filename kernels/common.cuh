@@ -28,8 +28,10 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cublasLt.h>
 #include <initializer_list>
+#include <type_traits>
 #include <algorithm>
 
 extern "C" {
@@ -171,6 +173,21 @@ template <> struct CuStore<__half> {
   template <class T> static __device__ __forceinline__ __half store(T v) { return __float2half((float)v); }
 };
 
+/* float8 (engine/util.c's twin): decoding is exact (every e4m3 / e5m2 value
+   is a half); encoding rounds once to nearest even and saturates to the
+   largest finite value (__NV_SATFINITE), as the CPU does */
+static __device__ __forceinline__ float cu_f8_load(uint8_t b, __nv_fp8_interpretation_t k) {
+  return __half2float(__ushort_as_half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, k).x));
+}
+template <class T> static __device__ __forceinline__ uint8_t cu_f8_store(T v, __nv_fp8_interpretation_t k) {
+  if constexpr (std::is_same<T, double>::value) return (uint8_t)__nv_cvt_double_to_fp8(v, __NV_SATFINITE, k);
+  else return (uint8_t)__nv_cvt_float_to_fp8((float)v, __NV_SATFINITE, k);
+}
+
+/* the device's cuBLASLt handle and workspace (kernels/matmul.cu), which
+   kernels/fp8.cu's products share */
+int cu_lt_context(int dev, cublasLtHandle_t *handle, void **workspace, size_t *bytes);
+
 /* typed accessor: element i of a known storage type */
 template <class S> struct TPtr {
   typedef S storage;
@@ -198,6 +215,8 @@ struct AnyPtr {
       case GL_U16: return (T)((const uint16_t *)p)[i];
       case GL_U8: return (T)((const uint8_t *)p)[i];
       case GL_BOOL: return (T)(((const uint8_t *)p)[i] != 0);
+      case GL_F8E4M3: return (T)cu_f8_load(((const uint8_t *)p)[i], __NV_E4M3);
+      case GL_F8E5M2: return (T)cu_f8_load(((const uint8_t *)p)[i], __NV_E5M2);
     }
     return (T)0;
   }
@@ -212,6 +231,8 @@ struct AnyPtr {
       case GL_U16: ((uint16_t *)p)[i] = (uint16_t)v; break;
       case GL_U8: ((uint8_t *)p)[i] = (uint8_t)v; break;
       case GL_BOOL: ((uint8_t *)p)[i] = (v != (T)0); break;
+      case GL_F8E4M3: ((uint8_t *)p)[i] = cu_f8_store(v, __NV_E4M3); break;
+      case GL_F8E5M2: ((uint8_t *)p)[i] = cu_f8_store(v, __NV_E5M2); break;
     }
   }
   __device__ __forceinline__ bool null() const { return p == nullptr; }

@@ -87,6 +87,15 @@ static int lt_device(int dev, LtDevice **out) {
   return GL_OK;
 }
 
+int cu_lt_context(int dev, cublasLtHandle_t *handle, void **workspace, size_t *bytes) {
+  LtDevice *d = nullptr;
+  GL_TRY(lt_device(dev, &d));
+  *handle = d->handle;
+  *workspace = d->workspace;
+  *bytes = LT_WORKSPACE;
+  return GL_OK;
+}
+
 /* One GEMM problem in cuBLASLt's column-major terms. */
 struct LtProblem {
   int dtype;                        /* GL_F32 / GL_F64 / GL_BF16 / GL_F16: all of A, B, C */

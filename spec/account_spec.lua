@@ -194,6 +194,24 @@ describe('account prediction: a range from named efficiency tables, assumptions 
     assert.matches('with the causal half as llm.c counts', text, 1, true)
   end)
 
+  it('times cuBLASLt\'s FP8 products against the FP8 peak (1979 TFLOP/s dense), MFU against bf16\'s', function()
+    local gl = require 'gptlua'
+    local acc = dofile(gl.root .. '/recipes/tools/account.lua')
+    local H = acc.H100
+    assert.are.equal(1979e12, H.fp8_flops)
+    local rows = {
+      ['cublasLt 8F_E4M3 TN'] = { launches = 4, flops = 4e12, read = 1e7, written = 1e7 },
+      ['cublasLt 16BF NT'] = { launches = 2, flops = 1e12, read = 1e7, written = 1e7 },
+    }
+    local names = { 'cublasLt 8F_E4M3 TN', 'cublasLt 16BF NT' }
+    local info = { tokens = 1024, flops_per_token = 5e9 }
+    local e = acc.EFFICIENCY.central
+    local p = acc.predict(rows, names, info, e)
+    local step = 4e12 / (H.fp8_flops * e.cublaslt) + 1e12 / (H.flops * e.cublaslt) + 6 * e.gap_us * 1e-6
+    assert.is_true(math.abs(p.step_s - step) < 1e-12 * step, p.step_s .. ' vs ' .. step)
+    assert.is_true(math.abs(p.mfu - 1024 / step * 5e9 / H.flops) < 1e-12)
+  end)
+
   it('the central table is the published efficiencies: cuBLASLt 65%, our own kernels 40%, memory 75%, 2 us', function()
     local gl = require 'gptlua'
     local acc = dofile(gl.root .. '/recipes/tools/account.lua')

@@ -22,6 +22,8 @@ return {
   n_kv_head = 'key/value heads for grouped-query attention (0: n_head)',
   softcap = 'nanochat: logit soft-capping value',
   activation_checkpointing = 'recompute each block in backward instead of keeping its activations',
+  fp8 = "FP8 products for the linear layers of every block but the first and last: 'off', 'tensorwise' or 'rowwise' (current scaling, e4m3 weights and activations, e5m2 gradients; GPUs of sm_89 and newer)",
+  fp8_emulate = 'allow fp8 on the CPU, emulated exactly (slow: for checks)',
   -- data
   data = "'char' (characters of data_path), 'random' (benchmarking) or 'shards' (data_dir)",
   data_path = "text file for data = 'char'",

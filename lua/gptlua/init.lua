@@ -10,6 +10,7 @@ require 'gptlua.ops_attention'
 require 'gptlua.ops_shape'
 require 'gptlua.ops_head'
 require 'gptlua.ops_moe'
+require 'gptlua.ops_fp8'
 
 local gl = {
   ffi = G.ffi, lib = G.lib, Tensor = Tensor,
@@ -71,6 +72,10 @@ local OPS = {
   unary_raw = 'op:integer, x:tensor, p0:real?, p1:real?, out:tensor?',
   binary_raw = 'op:integer, a:tensor, b:tensor, what:string?, out_dtype:string?',
   raw_contiguous = 't:tensor', drop_view = 'view:tensor?, base:tensor?',
+  -- FP8 (gptlua.ops_fp8)
+  fp8_quantize = 'x:tensor, dtype:string, recipe:string?',
+  fp8_matmul = 'a:tensor, a_scale_inv:tensor, b:tensor, b_scale_inv:tensor, dtype:string?',
+  fp8_linear = 'x:tensor, weight:tensor, recipe:string',
 }
 -- Tensor methods that are not also gl.* functions (self is checked as `self`)
 local METHODS = {

@@ -196,7 +196,16 @@ function Linear:__init(n_in, n_out, opts)
   self:param('weight', w)
   if opts.bias ~= false then self:param('bias', gl.zeros({ n_out }, opts)) end
 end
-function Linear:forward(x) return gl.linear(x, self.weight, self.bias) end
+-- self.fp8 ('tensorwise' / 'rowwise', set by the precision policy,
+-- gptlua.fp8): the three products in FP8 (gl.fp8_linear), the bias added after
+function Linear:forward(x)
+  if self.fp8 then
+    local y = gl.fp8_linear(x, self.weight, self.fp8)
+    if self.bias then return y + self.bias end
+    return y
+  end
+  return gl.linear(x, self.weight, self.bias)
+end
 function Linear:extra_repr() return ('%d -> %d%s'):format(self.n_in, self.n_out, self.bias and '' or ', no bias') end
 
 -- Embedding(n, dim, {std=0.02})

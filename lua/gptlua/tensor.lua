@@ -143,13 +143,15 @@ setmetatable(Tensor, { __newindex = function(T, k, v)
   rawset(T, k, v)
 end })
 
-local DTYPES = { 'float32', 'float64', 'bfloat16', 'float16', 'int32', 'int64', 'uint16', 'uint8', 'bool' }
+local DTYPES = { 'float32', 'float64', 'bfloat16', 'float16', 'int32', 'int64', 'uint16', 'uint8', 'bool',
+  'float8_e4m3fn', 'float8_e5m2' }
 local DTYPE_ID, DTYPE_NAME = {}, {}
 for i, n in ipairs(DTYPES) do DTYPE_ID[n] = i - 1; DTYPE_NAME[i - 1] = n end
 local ALIASES = { float = 'float32', double = 'float64', bf16 = 'bfloat16', half = 'float16',
   int = 'int32', long = 'int64', f32 = 'float32', f64 = 'float64', i32 = 'int32', i64 = 'int64',
   byte = 'uint8' }
-local FLOATING = { float32 = true, float64 = true, bfloat16 = true, float16 = true }
+local FLOATING = { float32 = true, float64 = true, bfloat16 = true, float16 = true,
+  float8_e4m3fn = true, float8_e5m2 = true }
 Tensor.DTYPES, Tensor.FLOATING = DTYPES, FLOATING
 
 local default_dtype = 'float32'

@@ -145,6 +145,7 @@ function M.new(recipe, args)
   local model = partial and require('gptlua.dist.pp_build').build(self, build) or build(cfg)
   if cfg.dtype ~= 'float32' then model:to(cfg.dtype) end
   if cfg.device ~= 'cpu' then model:to(cfg.device) end
+  self.fp8_line = require('gptlua.fp8').apply(model, cfg.fp8)  -- after the dtype: the banner names it
   if self.mesh and self.mesh.size.tp > 1 then  -- cut the whole model over the tp group
     self.flops_per_token = model:flops_per_token(cfg.block_size)  -- the whole model's
     self.whole_num_params = model:num_params()

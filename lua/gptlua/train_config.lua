@@ -17,6 +17,8 @@ M.defaults = {
   -- model
   model = 'gpt2', vocab_size = 0, block_size = 64, n_layer = 4, n_head = 4, n_embd = 128, dropout = 0.0,
   bias = true, depth = 0, n_kv_head = 0, softcap = 15, activation_checkpointing = false,
+  -- FP8 products for the blocks' linear layers (gptlua.fp8): 'off', 'tensorwise' or 'rowwise'
+  fp8 = 'off', fp8_emulate = false,
   -- data: 'char' (character-level over data_path), 'random' (benchmarking), 'shards' (data_dir)
   data = 'char', data_path = 'data/tinyshakespeare.txt', data_dir = '', tokenizer = '', val_fraction = 0.1,
   shard_format = 'auto',
@@ -365,6 +367,18 @@ function M.resolve_config(recipe, args)
   if cfg.dtype == 'auto' then cfg.dtype, launch.dtype_auto = M.auto_dtype(cfg.device), true end
   if cfg.dtype ~= 'float32' and cfg.dtype ~= 'float64' and cfg.dtype ~= 'bfloat16' then
     fail(("dtype must be auto, float32, float64 or bfloat16, got '%s'"):format(check.printable(cfg.dtype)))
+  end
+  if cfg.fp8 ~= 'off' and cfg.dtype == 'float64' then
+    fail(("fp8 '%s' quantizes float32 or bfloat16 operands, got dtype float64"):format(check.printable(cfg.fp8)))
+  end
+  do  -- FP8 needs sm_89+, or --fp8_emulate on the CPU (gptlua.fp8)
+    local major, minor
+    if cfg.fp8 ~= 'off' and cfg.device ~= 'cpu' then
+      local p = require('gptlua.cuda').get_device_properties(cfg.device)
+      major, minor = p.major, p.minor
+    end
+    local why = require('gptlua.fp8').refusal(cfg, major, minor)
+    if why then fail(why) end
   end
   return cfg, hooks, launch
 end

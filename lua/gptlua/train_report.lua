@@ -53,6 +53,7 @@ function M.opening(t)
     cfg.device, gl.get_num_threads(), cfg.dtype, cfg.batch_size, cfg.block_size, cfg.gradient_accumulation_steps,
     t.dp_size, t.tokens_per_step))
   t:print(('MFU against a peak of %s per device (%s)'):format(progress.fmt_flops(peak), peak_source))
+  if t.fp8_line then t:print(t.fp8_line .. (cfg.device == 'cpu' and ' (emulated on the CPU)' or '')) end
   if t.world > 1 then
     t:print(('dist: %s (%s %d ranks), collective timeout %g s'):format(cfg.dist,
       t.launch.dist_default and 'default for' or 'on', t.world, cfg.dist_timeout))

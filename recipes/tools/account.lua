@@ -53,7 +53,10 @@ local now = require('gptlua.cli').now
 
 local M = {}
 
-M.H100 = { name = 'H100 SXM', flops = 989e12, bw = 3.35e12 }
+-- fp8_flops: the FP8 tensor-core peak (dense), which cuBLASLt's FP8
+-- products (rows 'cublasLt 8F_...', --fp8) are timed against; MFU stays
+-- against the bf16 peak, the model's FLOPs being the same
+M.H100 = { name = 'H100 SXM', flops = 989e12, fp8_flops = 1979e12, bw = 3.35e12 }
 -- The simulated GPU's multiprocessor count while counting (GL_SIM_SMS).
 -- Some kernels size their grid by it and keep per-block partial sums (norm
 -- backward: min(rows, 2*SMs) blocks; kernels/reduce.cu's column sums), so
@@ -453,7 +456,8 @@ end
 local function row_time(r, dev, eff, name)
   local ceff = 1
   if eff then ceff = name and name:match('^cublasLt') and eff.cublaslt or eff.own end
-  local tc = r.flops / (dev.flops * ceff)
+  local peak = name and name:match('^cublasLt 8F_') and (dev.fp8_flops or dev.flops) or dev.flops
+  local tc = r.flops / (peak * ceff)
   local tm = (r.read + r.written) / (dev.bw * (eff and eff.mem or 1))
   return math.max(tc, tm), tc >= tm and 'compute' or 'memory'
 end

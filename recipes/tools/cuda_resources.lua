@@ -50,6 +50,7 @@ M.BLOCK_BOUNDS = {
   norm_forward_kernel = { 1024, 'row_threads_sized (rows.cu) is cu_row_threads, at most 1024' },
   norm_backward_kernel = { 1024, 'cu_row_threads (common.cuh) stops doubling at 1024' },
   add_norm_forward_kernel = { 1024, 'row_threads_sized (rows.cu) is cu_row_threads, at most 1024' },
+  fp8_cast_kernel = { 1024, 'cu_row_threads (common.cuh) stops doubling at 1024; FP8_THREADS (fp8.cu) is 256' },
 }
 
 -- Launch sites whose dynamic shared memory depends on the sizes: the bound

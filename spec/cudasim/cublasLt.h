@@ -132,6 +132,8 @@ typedef enum {
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,      /* void * */
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,           /* int64_t */
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE = 13, /* int64_t */
+  CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,          /* const float * on the device, FP8 A only */
+  CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18,          /* const float * on the device, FP8 B only */
   CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE = 22,    /* int32_t, default -1: D's type */
   CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26             /* int32_t, default -1: D's type */
 } cublasLtMatmulDescAttributes_t;

@@ -59,6 +59,10 @@
  *    16BF or 32F and 16F x 16F -> 16F or 32F with 32F compute, 32F with 32F
  *    compute or a FAST mode, 64F with 64F compute; scale type 32F / 64F to
  *    match.  16F and integer compute types are not simulated (refused).
+ *    FP8 (cublaslt_heuristic.cpp's fp8_problem): E4M3 / E5M2 A and B (not
+ *    both E5M2), 32F compute, the TN problem only, k and the A / B lds
+ *    multiples of 16, C = D of 16BF, 16F or 32F, no epilogue; the A and B
+ *    scale pointers (device floats, read in the work) multiply alpha.
  *  - Epilogues: BIAS adds bias[row] (length m) before RELU / GELU; GELU is
  *    the tanh approximation; GELU_AUX* also store the GELU input (ld
  *    EPILOGUE_AUX_LD: >= m and a multiple of 8, batch stride a multiple of
@@ -149,6 +153,8 @@ const char *gl_sim_lt::type_name(int t) {
     case CUDA_R_8I: return "CUDA_R_8I";
     case CUDA_R_32I: return "CUDA_R_32I";
     case CUDA_R_8U: return "CUDA_R_8U";
+    case CUDA_R_8F_E4M3: return "CUDA_R_8F_E4M3";
+    case CUDA_R_8F_E5M2: return "CUDA_R_8F_E5M2";
   }
   return "an unknown cudaDataType";
 }
@@ -156,6 +162,7 @@ const char *gl_sim_lt::type_name(int t) {
 /* bytes per element of the floating types the simulator computes with; 0 otherwise */
 int gl_sim_lt::type_size(int t) {
   switch (t) {
+    case CUDA_R_8F_E4M3: case CUDA_R_8F_E5M2: return 1;
     case CUDA_R_16F: case CUDA_R_16BF: return 2;
     case CUDA_R_32F: return 4;
     case CUDA_R_64F: return 8;
@@ -337,6 +344,10 @@ static Field desc_field(gl_sim_lt_matmul_desc *d, int attr) {
     case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE:
       return {"CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE", &d->aux_type, 4};
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: return {"CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE", &d->bias_type, 4};
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+      return {"CUBLASLT_MATMUL_DESC_A_SCALE_POINTER", &d->a_scale, sizeof(void *)};
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER:
+      return {"CUBLASLT_MATMUL_DESC_B_SCALE_POINTER", &d->b_scale, sizeof(void *)};
   }
   return {NULL, NULL, 0};
 }

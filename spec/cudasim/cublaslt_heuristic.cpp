@@ -62,6 +62,39 @@ static cublasStatus_t check_layout(const char *fn, const char *name, const gl_si
   return CUBLAS_STATUS_SUCCESS;
 }
 
+/* FP8 operands, as cuBLASLt takes them on sm_89 / sm_90: both A and B FP8,
+   not both E5M2; CUBLAS_COMPUTE_32F with 32F scale; the "TN" problem (A
+   transposed, B not); k and the lds of A and B multiples of 16; C and D of
+   one type among 16BF, 16F, 32F (FP8 D, with its D scale and amax, is not
+   simulated); no epilogue (the FP8 bias epilogues are not simulated).  The
+   A and B scale pointers (device floats) multiply the product: D = alpha
+   scaleA scaleB op(A) op(B). */
+static cublasStatus_t fp8_problem(const char *fn, const gl_sim_lt_matmul_desc *dsc, Problem *q) {
+  const int at = q->a.type, bt = q->b.type, dt = q->d.type;
+  const bool a8 = at == CUDA_R_8F_E4M3 || at == CUDA_R_8F_E5M2, b8 = bt == CUDA_R_8F_E4M3 || bt == CUDA_R_8F_E5M2;
+  if (!a8 || !b8 || (at == CUDA_R_8F_E5M2 && bt == CUDA_R_8F_E5M2))
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 %s x %s: both A and B FP8, not both CUDA_R_8F_E5M2", fn,
+                  type_name(at), type_name(bt));
+  if (q->compute != CUBLAS_COMPUTE_32F || dsc->scale != CUDA_R_32F)
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 products need CUBLAS_COMPUTE_32F and a CUDA_R_32F scale, got %s",
+                  fn, compute_name(q->compute));
+  if (!q->ta || q->tb)
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 products take only the TN problem (TRANSA T, TRANSB N), got %c%c",
+                  fn, q->ta ? 'T' : 'N', q->tb ? 'T' : 'N');
+  if (q->k % 16 || q->a.ld % 16 || q->b.ld % 16)
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 products need k and the lds of A and B multiples of 16, got k %lld, "
+                  "lda %lld, ldb %lld", fn, (long long)q->k, (long long)q->a.ld, (long long)q->b.ld);
+  if (q->c.type != dt || !(dt == CUDA_R_16BF || dt == CUDA_R_16F || dt == CUDA_R_32F))
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 product with C %s and D %s: the simulator takes one of 16BF, 16F, 32F",
+                  fn, type_name(q->c.type), type_name(dt));
+  if (dsc->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: FP8 products with an epilogue are not simulated", fn);
+  q->fp8 = 1;
+  q->a_scale = dsc->a_scale;
+  q->b_scale = dsc->b_scale;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 /* Validates descriptor + layouts as the real library does (dimensions, lds,
    types, epilogue) and fills q.  Pointers and alignment are checked by the
    callers. */
@@ -110,10 +143,17 @@ cublasStatus_t gl_sim_lt::make_problem(const char *fn, const gl_sim_lt_matmul_de
   q->compute = dsc->compute;
   q->scale = dsc->scale;
   int at = q->a.type, bt = q->b.type, ct = q->c.type, dt = q->d.type;
-  if (at != bt || ct != dt)
+  const bool a8 = at == CUDA_R_8F_E4M3 || at == CUDA_R_8F_E5M2, b8 = bt == CUDA_R_8F_E4M3 || bt == CUDA_R_8F_E5M2;
+  if ((dsc->a_scale || dsc->b_scale) && !(a8 && b8))
+    return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: A/B scale pointers with %s x %s: scaling is for FP8 operands", fn,
+                  type_name(at), type_name(bt));
+  if (a8 || b8) {
+    st = fp8_problem(fn, dsc, q);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+  } else if (at != bt || ct != dt)
     return refuse(CUBLAS_STATUS_NOT_SUPPORTED, "%s: A %s and B %s (C %s and D %s) must have one type", fn,
                   type_name(at), type_name(bt), type_name(ct), type_name(dt));
-  switch (q->compute) {
+  if (!q->fp8) switch (q->compute) {
     case CUBLAS_COMPUTE_32F:
     case CUBLAS_COMPUTE_32F_PEDANTIC:
       if (!((at == CUDA_R_32F && dt == CUDA_R_32F) || (at == CUDA_R_16BF && (dt == CUDA_R_16BF || dt == CUDA_R_32F)) ||

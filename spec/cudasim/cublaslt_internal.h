@@ -37,6 +37,7 @@ struct gl_sim_lt_matmul_desc {
   void *aux;
   int64_t aux_ld, aux_stride;
   int32_t aux_type, bias_type;
+  const void *a_scale, *b_scale;  /* FP8: device floats multiplying op(A) op(B) */
 };
 struct gl_sim_lt_layout {
   uint32_t type;
@@ -103,6 +104,8 @@ struct Problem {
   int64_t bias_len, bias_stride, aux_ld, aux_stride;
   const void *bias;
   void *aux;
+  int fp8;                        /* FP8 A and B (the TN problem) */
+  const void *a_scale, *b_scale;  /* device floats, or NULL (1) */
 };
 
 /* the lowest set bit of v, at most cap (v == 0: cap) */

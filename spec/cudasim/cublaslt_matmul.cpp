@@ -11,6 +11,7 @@
  * raise), then widens the operands into host buffers, calls cblas_sgemm /
  * cblas_dgemm, runs the epilogue and rounds once on the store. */
 #include "cublaslt_internal.h"
+#include "cuda_fp8.h"
 #include <cblas.h>
 #include <stdio.h>
 #include <string.h>
@@ -82,6 +83,8 @@ template <class T> static inline T load_elem(const char *p, int type, int64_t i)
     case CUDA_R_64F: return (T)((const double *)p)[i];
     case CUDA_R_16BF: return (T)bf16_to_f32(((const uint16_t *)p)[i]);
     case CUDA_R_16F: return (T)f16_to_f32(((const uint16_t *)p)[i]);
+    case CUDA_R_8F_E4M3: return (T)gl_sim_num::fp8_value(((const uint8_t *)p)[i], __NV_E4M3);
+    case CUDA_R_8F_E5M2: return (T)gl_sim_num::fp8_value(((const uint8_t *)p)[i], __NV_E5M2);
   }
   return (T)0;
 }
@@ -330,7 +333,18 @@ static void run_job(const Job &j) {
     if (q.f64) fill_pattern<double>(j);
     else fill_pattern<float>(j);
   } else if (q.f64) compute<double>(j);
-  else compute<float>(j);
+  else if (q.fp8) {  /* the scales, read on the device as the kernel would, fold into alpha (float) */
+    Job s = j;
+    float alpha = (float)j.alpha;
+    const void *scales[2] = {q.a_scale, q.b_scale};
+    for (const void *p : scales) {
+      if (!p) continue;
+      if (!check_extent("an FP8 scale", p, 4)) return;
+      alpha *= *(const float *)p;
+    }
+    s.alpha = alpha;
+    compute<float>(s);
+  } else compute<float>(j);
 }
 
 static bool same_layout(const Mat &x, const Mat &y) {

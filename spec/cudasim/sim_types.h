@@ -76,7 +76,8 @@ static inline uint2 make_uint2(unsigned int x, unsigned int y) { uint2 v = {x, y
 /* ---- library data types (library_types.h) ------------------------------- */
 typedef enum cudaDataType_t {
   CUDA_R_16F = 2, CUDA_R_32F = 0, CUDA_R_64F = 1, CUDA_R_16BF = 14,
-  CUDA_R_8I = 3, CUDA_R_32I = 10, CUDA_R_8U = 8
+  CUDA_R_8I = 3, CUDA_R_32I = 10, CUDA_R_8U = 8,
+  CUDA_R_8F_E4M3 = 28, CUDA_R_8F_E5M2 = 29
 } cudaDataType_t, cudaDataType;
 
 /* ---- handles ----------------------------------------------------------- */

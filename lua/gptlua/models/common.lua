@@ -216,7 +216,8 @@ end
 -- mlp(m, act): an MLP module's forward, m.c_proj(act(m.c_fc(x))), as the
 -- fused gl.mlp when both layers are plain nn.Linear (a layout that replaced
 -- or wrapped them runs its own modules instead)
-local function plain_linear(l) return getmetatable(l) == nn.Linear and rawget(l, 'forward') == nil end
+-- (a layer the FP8 policy marked, l.fp8, runs its own forward)
+local function plain_linear(l) return getmetatable(l) == nn.Linear and rawget(l, 'forward') == nil and not l.fp8 end
 -- add_norm(x, r, norm): s = x + r and norm(s), the residual add fused with
 -- the norm after it when norm is a plain nn.LayerNorm (gl.add_layer_norm)
 -- or nn.RMSNorm (gl.add_rms_norm); returns s, norm(s)

@@ -399,10 +399,15 @@ static inline unsigned cu_blocks(int dev, int64_t n, int threads) {
 #define CU_ROW_LOOP(r, rows) for (int64_t r = blockIdx.x; r < (rows); r += gridDim.x)
 /* blocks for a one-block-per-row launch */
 static inline unsigned cu_row_grid(int64_t rows) { return (unsigned)(rows < 0x7fffffffLL ? rows : 0x7fffffffLL); }
+/* the most threads a one-block-per-row launch takes: the row kernels
+   declare it in __launch_bounds__, so the compiler keeps them within the
+   64 registers a thread that such a block allows (65536 per SM), and a
+   future compiler spills instead of leaving a launch that fails */
+enum { CU_ROW_MAX_THREADS = 1024 };
 /* threads for a block that walks one row of n elements */
 static inline int cu_row_threads(int64_t n) {
   int t = 32;
-  while (t < 1024 && t < n / 2) t *= 2;
+  while (t < CU_ROW_MAX_THREADS && t < n / 2) t *= 2;
   return t;
 }
 

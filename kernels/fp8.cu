@@ -51,7 +51,7 @@ __global__ void fp8_amax_kernel(TPtr<S> x, int64_t R, int64_t C, int64_t s0, int
 /* q (R, C) row-major from x with one scale (amax: one word) or one per row
    (amax NULL: each block computes its row's) */
 template <class S>
-__global__ void fp8_cast_kernel(uint8_t *q, float *scale_inv, TPtr<S> x, int64_t R, int64_t C, int64_t s0, int64_t s1,
+__global__ void __launch_bounds__(CU_ROW_MAX_THREADS) fp8_cast_kernel(uint8_t *q, float *scale_inv, TPtr<S> x, int64_t R, int64_t C, int64_t s0, int64_t s1,
                                 const unsigned *amax, __nv_fp8_interpretation_t k, float fmax) {
   CU_ROW_LOOP(r, R) {
     unsigned m;

@@ -29,7 +29,7 @@ template <class T> __device__ __forceinline__ T capped(T z, T cap) { return cap 
    aligned read their logits CuVec16<S>::N at a time (row_walk, kernels/row_walk.cuh);
    the others, and the tail past the last whole vector, element by element. */
 template <class P, class T, bool VEC>
-__global__ void ce_forward_kernel(AnyPtr losses, int64_t lss, AnyPtr lse, int64_t ess, P logits, int64_t s0,
+__global__ void __launch_bounds__(CU_ROW_MAX_THREADS) ce_forward_kernel(AnyPtr losses, int64_t lss, AnyPtr lse, int64_t ess, P logits, int64_t s0,
                                   int64_t s1, IdxPtr targets, int64_t ts, int64_t N, int64_t V, int64_t ignore,
                                   T cap) {
   typedef CuVec16<typename RowStore<P>::S> Vec;
@@ -70,7 +70,7 @@ __global__ void ce_forward_kernel(AnyPtr losses, int64_t lss, AnyPtr lse, int64_
    aligned moves CuVec16<S>::N elements per load and store (dlogits may be
    the logits: each vector is read before it is written, by one thread). */
 template <class P, class T, bool VEC>
-__global__ void ce_backward_kernel(P dlogits, int64_t d0, int64_t d1, P logits, int64_t s0, int64_t s1,
+__global__ void __launch_bounds__(CU_ROW_MAX_THREADS) ce_backward_kernel(P dlogits, int64_t d0, int64_t d1, P logits, int64_t s0, int64_t s1,
                                    IdxPtr targets, int64_t ts, AnyPtr lse, int64_t ess, int64_t N, int64_t V,
                                    int64_t ignore, T cap, T scale, AnyPtr scale_by) {
   typedef CuVec16<typename RowStore<P>::S> Vec;

@@ -51,7 +51,7 @@ static inline int row_threads_sized(int64_t C) { return cu_row_threads((C + 7) /
 
 /* ---- softmax ---------------------------------------------------------------- */
 template <class P, class T, bool VEC>
-__global__ void softmax_kernel(P out, P x, CuIdx<2> ix, int64_t rows, int64_t C, int64_t os, int64_t xs,
+__global__ void __launch_bounds__(CU_ROW_MAX_THREADS) softmax_kernel(P out, P x, CuIdx<2> ix, int64_t rows, int64_t C, int64_t os, int64_t xs,
                                int is_log) {
   typedef CuVec16<typename RowStore<P>::S> V;
   CU_ROW_LOOP(r, rows) {
@@ -88,7 +88,7 @@ __global__ void softmax_kernel(P out, P x, CuIdx<2> ix, int64_t rows, int64_t C,
 
 /* softmax: dx = y (dy - sum(dy y));  log_softmax: dx = dy - exp(y) sum(dy) */
 template <class P, class T, bool VEC>
-__global__ void softmax_backward_kernel(P dx, P y, P dy, CuIdx<3> ix, int64_t rows, int64_t C, int64_t dxs,
+__global__ void __launch_bounds__(CU_ROW_MAX_THREADS) softmax_backward_kernel(P dx, P y, P dy, CuIdx<3> ix, int64_t rows, int64_t C, int64_t dxs,
                                         int64_t ys, int64_t dys, int is_log) {
   typedef CuVec16<typename RowStore<P>::S> V;
   CU_ROW_LOOP(r, rows) {
@@ -172,7 +172,7 @@ extern "C" int cuda_softmax_backward(gl_tensor *dx, const gl_tensor *y, const gl
    statistics are read and written through AnyPtr (float32 / float64 arrays,
    one element per row). */
 template <class P, class T, bool CENTER, bool VEC>
-__global__ void norm_forward_kernel(P y, P x, P w, P b, AnyPtr mean, AnyPtr rstd, CuIdx<4> ix, int64_t rows,
+__global__ void __launch_bounds__(CU_ROW_MAX_THREADS) norm_forward_kernel(P y, P x, P w, P b, AnyPtr mean, AnyPtr rstd, CuIdx<4> ix, int64_t rows,
                                     int64_t C, int64_t ys, int64_t xs, int64_t ws, int64_t bs, T eps) {
   typedef CuVec16<typename RowStore<P>::S> V;
   bool wwhole = row_vec_whole(w, ws), bwhole = row_vec_whole(b, bs);
@@ -251,7 +251,7 @@ template <int n, class T> __device__ __forceinline__ void part_add(T *p, const T
    gradient reaching x by the residual stream, added to dx.  ix: dx, dy, x,
    mean, rstd, dres. */
 template <class P, class T, bool CENTER, bool VEC>
-__global__ void norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr rstd, T *part, P dres, CuIdx<6> ix,
+__global__ void __launch_bounds__(CU_ROW_MAX_THREADS) norm_backward_kernel(P dx, P dy, P x, P w, AnyPtr mean, AnyPtr rstd, T *part, P dres, CuIdx<6> ix,
                                      int64_t rows, int64_t C, int64_t dxs, int64_t dys, int64_t xs, int64_t ws,
                                      int64_t drs) {
   typedef CuVec16<typename RowStore<P>::S> V;
@@ -449,7 +449,7 @@ template <class T> __device__ __forceinline__ T cu_stored(AnyPtr p, T v) {
    elements and C % 8 == 0 move 8 elements per 16-byte load or store.
    ix: s, y, x, r, mean, rstd. */
 template <class P, class T, bool CENTER, bool VEC>
-__global__ void add_norm_forward_kernel(P s, P y, P x, P r, P w, P b, AnyPtr mean, AnyPtr rstd, CuIdx<6> ix,
+__global__ void __launch_bounds__(CU_ROW_MAX_THREADS) add_norm_forward_kernel(P s, P y, P x, P r, P w, P b, AnyPtr mean, AnyPtr rstd, CuIdx<6> ix,
                                         int64_t rows, int64_t C, int64_t ss, int64_t ys, int64_t xs, int64_t rs_,
                                         int64_t ws, int64_t bs, T eps) {
   GL_DYNAMIC_SHARED(unsigned char, add_norm_smem, 16);  /* one type for every instantiation (nvcc) */

@@ -42,16 +42,7 @@ M.REG_UNIT = 256
 
 -- Launch sites whose block size is not a constant: the largest it can be,
 -- and why.  Keyed by the kernel's name (a template's, without arguments).
-M.BLOCK_BOUNDS = {
-  ce_forward_kernel = { 1024, 'cu_row_threads (common.cuh) stops doubling at 1024' },
-  ce_backward_kernel = { 1024, 'cu_row_threads (common.cuh) stops doubling at 1024' },
-  softmax_kernel = { 1024, 'row_threads_sized (rows.cu) is cu_row_threads, at most 1024' },
-  softmax_backward_kernel = { 1024, 'row_threads_sized (rows.cu) is cu_row_threads, at most 1024' },
-  norm_forward_kernel = { 1024, 'row_threads_sized (rows.cu) is cu_row_threads, at most 1024' },
-  norm_backward_kernel = { 1024, 'cu_row_threads (common.cuh) stops doubling at 1024' },
-  add_norm_forward_kernel = { 1024, 'row_threads_sized (rows.cu) is cu_row_threads, at most 1024' },
-  fp8_cast_kernel = { 1024, 'cu_row_threads (common.cuh) stops doubling at 1024; FP8_THREADS (fp8.cu) is 256' },
-}
+M.BLOCK_BOUNDS = {}   -- (none today: the row kernels declare __launch_bounds__(CU_ROW_MAX_THREADS))
 
 -- Launch sites whose dynamic shared memory depends on the sizes: the bound
 -- the launcher enforces before it launches ('optin': the device's opt-in

@@ -23,7 +23,8 @@
 -- covered by a subset run in one launch per world size (spec/support/
 -- dist_train.lua): per layout, every model x optimizer pair and every policy
 -- at least once (the policy rotating over the pairs), which covers every
--- pair of values of any two lists; GPTLUA_COMPOSITION=full trains every cell.
+-- pair of values of any two lists; GPTLUA_COMPOSITION=full trains every cell,
+-- GPTLUA_COMPOSITION_LAYOUT=text only the layouts whose name has text.
 -- A few layouts also resume from their checkpoint to two more steps.  Every
 -- cell runs with the journal on (the trainer's default: it hashes the
 -- parameters each run's step 3 here, journal_hash_interval 3).
@@ -186,6 +187,12 @@ describe('composition of layouts, policies, optimizers and models', function()
 
   -- the cells that train: a covering subset (see the header) or all
   local function chosen()
+    local only = os.getenv('GPTLUA_COMPOSITION_LAYOUT')
+    if only then
+      local some = {}
+      for _, c in ipairs(to_train) do if c.layout.name:find(only, 1, true) then some[#some + 1] = c end end
+      to_train = some
+    end
     if os.getenv('GPTLUA_COMPOSITION') == 'full' then return to_train end
     local by_layout, picked = {}, {}
     for _, c in ipairs(to_train) do
@@ -270,7 +277,12 @@ describe('composition of layouts, policies, optimizers and models', function()
     local n_equal, unequal = 0, {}
     for i, case in ipairs(cases) do
       local ok, err = pcall(check, case, got[i])
-      if ok then n_equal = n_equal + 1 else unequal[#unequal + 1] = tostring(err):match('[^\n]*') end
+      if ok then n_equal = n_equal + 1
+      else
+        local line = tostring(err):match('[^\n]*')
+        if not line:find(case.what, 1, true) then line = case.what .. ': ' .. line end
+        unequal[#unequal + 1] = line
+      end
     end
     -- every unequal cell named, not only the first
     assert.equal(0, #unequal, ('%d of %d runs differ from one process:\n%s'):format(#unequal, #cases,

@@ -124,9 +124,12 @@ function M.router(mc)
 end
 
 -- the ids 0 .. E-1 as a (1, E) int64 row on device, made once (a copy from
--- the host, which a step captured as a CUDA graph may not contain)
+-- the host, which a step captured as a CUDA graph may not contain); while
+-- planning (the meta device) a fresh one each time, so that no shape
+-- without data outlives the plan into a run
 local id_rows = {}
 local function expert_ids(E, device)
+  if require('gptlua.meta').active() then return gl.arange(0, E, { dtype = 'int64', device = device }):view(1, E) end
   local key = device .. '/' .. E
   if not id_rows[key] then id_rows[key] = gl.arange(0, E, { dtype = 'int64', device = device }):view(1, E):keep() end
   return id_rows[key]

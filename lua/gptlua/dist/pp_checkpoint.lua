@@ -54,7 +54,9 @@ function M.save(policy, trainer, opt_sd, state)
   -- expert parallelism: this stage's experts gathered whole over its ep group (collective over it)
   local ep = policy.inner.ep_layout and policy.inner
   if ep then
-    for k, t in pairs(opt_sd.tensors) do opt_out[k] = opt_out[k] or t end  -- (a sharded policy's steps them apart)
+    for k, t in pairs(opt_sd.tensors) do  -- (a sharded policy's steps them apart; shared ones from the first stage)
+      if not others[opt_param_name(k)] then opt_out[k] = opt_out[k] or t end
+    end
     for k, t in pairs(ep.ep_layout:gather(model_sd)) do model_sd[k] = t end
     for k, t in pairs(ep.ep_layout:gather(opt_out)) do opt_out[k] = t end
   end

@@ -28,17 +28,7 @@ local gpu_it = twin.gpu_it(it, pending)
 -- the kernels a call launched, by name, when the engine is the simulator
 -- (nil on a GPU: no trace there)
 local trace = dofile(gl.root .. '/recipes/tools/sim_trace.lua')
-local function launched(f)
-  if not trace.library() then f(); return nil end
-  trace.start()
-  f()
-  trace.stop()
-  local names = {}
-  for _, r in ipairs(trace.records()) do
-    if r.kind == 'work' then names[#names + 1] = r.what:gsub('^kernel ', '') end
-  end
-  return names
-end
+local launched = trace.launched
 
 -- q (B, H, T, D), k / v (B, Hkv, S, D); layout 'bthd' makes q, k, v, dout
 -- transposed views of (B, T, H, D) tensors, as a model produces them

@@ -20,22 +20,8 @@ local gpu_it = twin.gpu_it(it, pending)
 -- the kernels one call launched, by name, when the engine is the simulator
 -- (nil on a GPU: no trace there)
 local trace = dofile(gl.root .. '/recipes/tools/sim_trace.lua')
-local function launched(f)
-  if not trace.library() then f(); return nil end
-  trace.start()
-  f()
-  trace.stop()
-  local names = {}
-  for _, r in ipairs(trace.records()) do  -- ('kernel NAME<...>', 'cublasLt ...', 'cudaMemcpy ...')
-    if r.kind == 'work' then names[#names + 1] = r.what:gsub('^kernel ', '') end
-  end
-  return names
-end
-local function count(names, pat)
-  local n = 0
-  for _, s in ipairs(names) do if s:find(pat) then n = n + 1 end end
-  return n
-end
+local launched = trace.launched
+local count = trace.count
 
 -- a pair of bf16 h = relu2(pre) values (zeros where pre <= 0), both sides equal
 local function h_pair(M, N, dt)

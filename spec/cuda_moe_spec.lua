@@ -15,22 +15,8 @@ local gpu_it = twin.gpu_it(it, pending)
 
 -- the kernels one call launched, by name, in the simulator (nil on a GPU)
 local trace = dofile(gl.root .. '/recipes/tools/sim_trace.lua')
-local function launched(f)
-  if not trace.library() then f(); return nil end
-  trace.start()
-  f()
-  trace.stop()
-  local names = {}
-  for _, r in ipairs(trace.records()) do
-    if r.kind == 'work' then names[#names + 1] = r.what:gsub('^kernel ', '') end
-  end
-  return names
-end
-local function count(names, pat)
-  local n = 0
-  for _, s in ipairs(names) do if s:find(pat) then n = n + 1 end end
-  return n
-end
+local launched = trace.launched
+local count = trace.count
 
 -- expert ids (N, K) drawn from [0, hot), each token's K distinct; int32
 -- ids come as the transposed view of a (K, N) tensor (a strided read)

@@ -61,18 +61,8 @@ function O.fp8_linear(x, W, recipe)
   if RECIPES[recipe] == nil then
     error(("fp8_linear: recipe is '%s', expected 'tensorwise' or 'rowwise'"):format(tostring(recipe)), 2)
   end
-  local nx = #x.shape
-  if #W.shape ~= 2 or W.shape[2] ~= x.shape[nx] then
-    error(('fp8_linear: weight has shape %s, expected {*,%d} (in_features of x %s)'):format(shape_str(W.shape),
-      x.shape[nx], shape_str(x.shape)), 2)
-  end
-  local n_in, n_out = W.shape[2], W.shape[1]
-  local lead = 1
-  for i = 1, nx - 1 do lead = lead * x.shape[i] end
-  local xc = raw_contiguous(x)
-  local x2 = xc:_as_strided({ lead, n_in }, { n_in, 1 }, xc:storage_offset())
+  local lead, n_in, n_out, xc, x2, oshape = O._raw.linear_rows('fp8_linear', x, W)
   local out2 = scaled(x2, 'float8_e4m3fn', W, 'float8_e4m3fn', recipe, x.dtype)
-  local oshape = x:size(); oshape[nx] = n_out
   local out = out2:_as_strided(oshape, Tensor.contiguous_strides(oshape), 0)
   drop(out2)
   return A.record(out, { x, W }, function(_, g)

@@ -109,15 +109,14 @@ local function accumulable(node, x)
   return t
 end
 
--- linear(x, weight, bias, residual): x @ weight^T + bias, weight (out, in)
--- as nn.Linear's; residual (optional, of the output's shape) is added in the
--- product (gl_matmul_add: cuBLASLt's C, no pass of its own; with a bias the
--- add is a pass after it) and gets the output's gradient, passed through
-function O.linear(x, W, bias, residual)
+-- A linear layer's x (..., in) as rows: checks weight (out, in) against x
+-- (the error names the op, what), and returns the rows' count, in, out, x
+-- made contiguous, its (rows, in) view and the output's shape (..., out)
+local function linear_rows(what, x, W)
   local nx = #x.shape
   if #W.shape ~= 2 or W.shape[2] ~= x.shape[nx] then
-    error(('linear: weight has shape %s, expected {*,%d} (in_features of x %s)'):format(shape_str(W.shape),
-      x.shape[nx], shape_str(x.shape)), 2)
+    error(('%s: weight has shape %s, expected {*,%d} (in_features of x %s)'):format(what, shape_str(W.shape),
+      x.shape[nx], shape_str(x.shape)), 3)
   end
   local n_in, n_out = W.shape[2], W.shape[1]
   local lead = 1
@@ -125,6 +124,17 @@ function O.linear(x, W, bias, residual)
   local xc = raw_contiguous(x)
   local x2 = xc:_as_strided({ lead, n_in }, { n_in, 1 }, xc:storage_offset())
   local oshape = x:size(); oshape[nx] = n_out
+  return lead, n_in, n_out, xc, x2, oshape
+end
+O._raw = O._raw or {}
+O._raw.linear_rows = linear_rows   -- (gl.fp8_linear's too)
+
+-- linear(x, weight, bias, residual): x @ weight^T + bias, weight (out, in)
+-- as nn.Linear's; residual (optional, of the output's shape) is added in the
+-- product (gl_matmul_add: cuBLASLt's C, no pass of its own; with a bias the
+-- add is a pass after it) and gets the output's gradient, passed through
+function O.linear(x, W, bias, residual)
+  local lead, n_in, n_out, xc, x2, oshape = linear_rows('linear', x, W)
   if residual and not O.same_shape(residual.shape, oshape) then
     error(('linear: residual has shape %s, expected %s'):format(shape_str(residual.shape), shape_str(oshape)), 2)
   end

@@ -589,7 +589,8 @@ function O.cross_entropy(logits, targets, opts)
 end
 
 -- raw helpers other modules share (ops_head.lua's fused head, optim's Newton-Schulz); not gl.* functions
-O._raw = { inverse_count = ce_inverse_count, reduce_raw = reduce_raw }
+O._raw = O._raw or {}
+O._raw.inverse_count, O._raw.reduce_raw = ce_inverse_count, reduce_raw
 
 -- dropout(x, p, training): a fresh mask per call from the global RNG
 function O.dropout(x, p, training)

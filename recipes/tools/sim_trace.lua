@@ -108,4 +108,24 @@ function M.syncs_of(fn)
   return n, table.concat(kinds, ', ')
 end
 
+-- the work one call of fn launched, by name ('NAME<...>' for a kernel,
+-- 'cublasLt ...', 'cudaMemcpy ...'), or nil when this engine is not the
+-- simulator (fn still runs)
+function M.launched(fn)
+  if not M.library() then fn(); return nil end
+  M.start(); fn(); M.stop()
+  local names = {}
+  for _, r in ipairs(M.records()) do
+    if r.kind == 'work' then names[#names + 1] = r.what:gsub('^kernel ', '') end
+  end
+  return names
+end
+
+-- how many of names match the Lua pattern pat
+function M.count(names, pat)
+  local n = 0
+  for _, s in ipairs(names) do if s:find(pat) then n = n + 1 end end
+  return n
+end
+
 return M

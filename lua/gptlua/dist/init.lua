@@ -57,7 +57,7 @@ for name, v in pairs(require 'gptlua.dist.discover') do dist[name] = v end
 -- ----------------------------------------------------------------- Work --
 -- A collective's handle (wait, test) and the host's wait time:
 -- gptlua.dist.work.
-local Work, completed = require('gptlua.dist.work').install(dist)
+local Work, completed, host_wait = require('gptlua.dist.work').install(dist)
 
 -- ----------------------------------------------------------------- Comm --
 local Comm = {}

@@ -95,7 +95,7 @@ function M.install(dist)
     return setmetatable({ done = true, result = result }, Work)
   end
 
-  return Work, completed
+  return Work, completed, host_wait
 end
 
 return M

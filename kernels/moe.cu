@@ -281,6 +281,17 @@ struct GmMats {
   const char *p[GM_GROUP];
   int64_t s0[GM_GROUP], s1[GM_GROUP];
 };
+/* the table of experts [e0, e0 + ng) of ms (unused entries zero) */
+static GmMats gm_mats(const gl_tensor *const *ms, int e0, int ng) {
+  GmMats m;
+  memset(&m, 0, sizeof m);
+  for (int g = 0; g < ng; g++) {
+    m.p[g] = cu_ptr(ms[e0 + g]);
+    m.s0[g] = ms[e0 + g]->stride[0];
+    m.s1[g] = ms[e0 + g]->stride[1];
+  }
+  return m;
+}
 
 /* expert e's row count, clamped so the experts' rows stay in [0, M) */
 __device__ __forceinline__ int64_t gm_rows(IdxPtr counts, int64_t cs, int64_t e, int64_t off, int64_t M) {
@@ -356,13 +367,7 @@ extern "C" int cuda_grouped_matmul(gl_tensor *out, const gl_tensor *a, int n, co
           continue;
         }
       }
-      GmMats m;
-      memset(&m, 0, sizeof m);
-      for (int g = 0; g < ng; g++) {
-        m.p[g] = cu_ptr(bs[e0 + g]);
-        m.s0[g] = bs[e0 + g]->stride[0];
-        m.s1[g] = bs[e0 + g]->stride[1];
-      }
+      GmMats m = gm_mats(bs, e0, ng);
       dim3 grid((unsigned)((M + GM_TILE - 1) / GM_TILE + ng + 1), (unsigned)((Nout + GM_TILE - 1) / GM_TILE));
       GL_LAUNCH(grid, GM_TILE * GM_TILE, 0, st, grouped_matmul_kernel<S>)(
           (S *)cu_ptr(out), out->stride[0], out->stride[1], (const S *)cu_ptr(a), a->stride[0], a->stride[1], m,
@@ -427,13 +432,7 @@ extern "C" int cuda_grouped_matmul_wgrad(int n, gl_tensor **dbs, const gl_tensor
           continue;
         }
       }
-      GmMats m;
-      memset(&m, 0, sizeof m);
-      for (int g = 0; g < ng; g++) {
-        m.p[g] = cu_ptr(dbs[e0 + g]);
-        m.s0[g] = dbs[e0 + g]->stride[0];
-        m.s1[g] = dbs[e0 + g]->stride[1];
-      }
+      GmMats m = gm_mats(dbs, e0, ng);
       dim3 grid((unsigned)((Nout + GM_TILE - 1) / GM_TILE), (unsigned)((K + GM_TILE - 1) / GM_TILE), (unsigned)ng);
       GL_LAUNCH(grid, GM_TILE * GM_TILE, 0, st, grouped_matmul_wgrad_kernel<S>)(
           m, (const S *)cu_ptr(x), x->stride[0], x->stride[1], (const S *)cu_ptr(y), y->stride[0], y->stride[1],

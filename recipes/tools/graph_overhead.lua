@@ -40,7 +40,7 @@ local function device_seconds() return sim and gl.lib.gl_sim_work_seconds() or 0
 
 local r = dofile(gl.root .. '/recipes/shakespeare.lua')
 r.model = opts.model
-r.optimizer, r.nanochat = opts.optimizer, { version = 'v1' }  -- adamw: the previous default's, as measured
+r.optimizer, r.nanochat = opts.optimizer, { version = 'v1' }  -- AdamW with the v1 block: the configuration its figures were measured with
 local train = require 'gptlua.train'
 r.quiet, r.device, r.eval_interval, r.sample_length, r.out_dir = true, 'cuda:0', 0, 0, os.tmpname()
 os.remove(r.out_dir)

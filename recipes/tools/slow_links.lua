@@ -27,7 +27,7 @@ for _, a in ipairs(arg or {}) do
 end
 local world = dist.init { timeout = 1200 }
 local recipe = dofile(gl.root .. '/recipes/shakespeare.lua')
-recipe.optimizer, recipe.nanochat = 'adamw', { version = 'v1' }  -- the previous default, as measured
+recipe.optimizer, recipe.nanochat = 'adamw', { version = 'v1' }  -- the v1 block with AdamW: the configuration SLOW_LINKS.md's figures were measured with
 local per_step = world.size * recipe.batch_size * recipe.block_size
 local iters = math.floor(tokens / per_step)
 local args = { '--max_iters=' .. iters, '--lr_decay_iters=' .. iters, '--warmup_iters=' .. math.floor(iters / 10),

@@ -31,7 +31,7 @@ local function trainer(fixed)
   local r = dofile(gl.root .. '/recipes/shakespeare.lua')
   r.quiet, r.device, r.eval_interval, r.sample_length, r.out_dir = true, 'cpu', 0, 0, out_dir
   r.peak_flops = 1e12
-  r.optimizer, r.nanochat = 'adamw', { version = 'v1' }  -- the previous default's block and optimizer, as measured
+  r.optimizer, r.nanochat = 'adamw', { version = 'v1' }  -- the v1 block with AdamW: the configuration its figures were measured with
   if fixed then
     local x = gl.uniform({ r.batch_size, r.block_size + 1 }, 0, 65, { seed = 5, dtype = 'float64' }):clamp_(0, 64):to('int64')
     local xs, ys = x:narrow(2, 1, r.block_size):contiguous():keep(), x:narrow(2, 2, r.block_size):contiguous():keep()

@@ -333,7 +333,7 @@ end)
 
 -- --------------------------------------------------------- the trainer --
 local function result(dir) return H.read_json(dir .. '/result.json') end
-local grad_norms, assert_close = DT.grad_norms, DT.assert_close  -- (spec/support/dist_train.lua)
+local grad_norms = DT.grad_norms  -- (spec/support/dist_train.lua: the rule runs:check holds a run to)
 
 describe('the trainer with --pp on MPI ranks', function()
   if not H.MPIRUN then
@@ -348,10 +348,8 @@ describe('the trainer with --pp on MPI ranks', function()
     .. 'pp 2 x dp 2 x tp 2 train as '
     .. 'one process; a pp 2 x tp 2 checkpoint loads into pp 1 and pp 2 x dp 2 (zero1); a NaN on one stage skips the step '
     .. 'everywhere', function()
+    local runs = DT.new(out)
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
-      local t = train.new(recipe(model, { out_dir = out .. '/ref_' .. model }), {})
-      local res = t:run()
-      local ref = { losses = res.losses, norms = grad_norms(out .. '/ref_' .. model), params = H.params_of(t.model) }
       local cases = model == 'gpt2' and { { 2, '--pp=2 --dist=ddp' }, { 4, '--pp=2 --dp=2 --dist=ddp' },
         { 4, '--pp=2 --dp=2 --dist=zero1' }, { 4, '--pp=2 --dp=2 --dist=zero2' }, { 4, '--pp=2 --dp=2 --dist=fsdp' },
         { 2, '--pp=2 --dist=ddp --pp_schedule=gpipe' },
@@ -359,16 +357,13 @@ describe('the trainer with --pp on MPI ranks', function()
         { 2, '--pp=2 --dist=ddp --pp_schedule=zbh1' } }
         or { { 2, '--pp=2 --dist=ddp' }, { 8, '--pp=2 --dp=2 --tp=2 --dist=ddp' } }
       for _, case in ipairs(cases) do
-        local what = model .. ' ' .. case[2]
         local dir = ('%s/%s_%d_%s'):format(out, model, case[1], case[2]:gsub('[^%w]', ''))
         local o, rc = H.mpirun(case[1], 'spec/dist/tp_train.lua', ('%s %s 5 %s'):format(dir, model, case[2]))
         H.assert_ranks_ok(o, rc, case[1])
         local r = result(dir)
-        local tol = case[2]:match('fsdp') and 1e-6 or 1e-9  -- (FSDP reduces float64 gradients in float32)
-        assert_close(ref.losses, r.losses, what .. ' loss', tol)
-        assert_close(ref.norms, grad_norms(dir), what .. ' gradient norm', tol)
-        local e = H.rel_error(ref.params, ckpt.load(r.checkpoint).model)
-        assert.is_true(e < tol, ('%s: final parameters differ, relative error %.3g'):format(what, e))
+        -- (FSDP reduces float64 gradients in float32)
+        runs:check({ ranks = case[1], model = model, reduce = case[2]:match('fsdp') and 'float32' or nil },
+          { losses = r.losses, norms = grad_norms(dir), checkpoint = r.checkpoint, what = model .. ' ' .. case[2] })
       end
       if model == 'gpt2' then
         -- pp 2 x tp 2 saves at step 3 (the whole model); one process, and pp 2 x dp 2, go on to 5
@@ -376,17 +371,14 @@ describe('the trainer with --pp on MPI ranks', function()
         H.assert_ranks_ok(o, rc, 4)
         local step3 = result(out .. '/resume_a').checkpoint
         local t1 = train.new(recipe('gpt2', { out_dir = out .. '/resume_a1', max_iters = 5 }), { '--resume=' .. step3 })
-        local r1 = t1:run()
-        assert_close({ ref.losses[4], ref.losses[5] }, r1.losses, 'pp 2 x tp 2 -> 1 loss')
-        local e = H.rel_error(ref.params, H.params_of(t1.model))
-        assert.is_true(e < 1e-9, ('pp 2 x tp 2 -> 1: final parameters differ, relative error %.3g'):format(e))
+        runs:check_resumed({ ranks = 4, model = 'gpt2' }, DT.local_result(t1, t1:run(), out .. '/resume_a1',
+          'pp 2 x tp 2 -> 1'), 4)
         o, rc = H.mpirun(4, 'spec/dist/tp_train.lua', ('%s/resume_b gpt2 5 --pp=2 --dp=2 --dist=zero1 --resume=%s'):format(
           out, step3))
         H.assert_ranks_ok(o, rc, 4)
         local rb = result(out .. '/resume_b')
-        assert_close({ ref.losses[4], ref.losses[5] }, rb.losses, 'pp 2 x tp 2 -> pp 2 x dp 2 zero1 loss')
-        e = H.rel_error(ref.params, ckpt.load(rb.checkpoint).model)
-        assert.is_true(e < 1e-9, ('pp 2 x tp 2 -> pp 2 x dp 2 zero1: final parameters differ, relative error %.3g'):format(e))
+        runs:check_resumed({ ranks = 4, model = 'gpt2' }, { losses = rb.losses, norms = grad_norms(out .. '/resume_b'),
+          checkpoint = rb.checkpoint, what = 'pp 2 x tp 2 -> pp 2 x dp 2 zero1' }, 4)
       end
     end
     -- a NaN in one stage's gradients: every rank skips the step
@@ -417,19 +409,13 @@ describe('the trainer with --pp on MPI ranks', function()
       'sp:gpt2:--pp=2,--tp=2,--sp,--dist=ddp,--pp_schedule=zbh1', 'nsp:nanochat:--pp=2,--tp=2,--sp,--dist=ddp' }
     local o, rc = H.mpirun(4, 'spec/dist/pp_seq_train.lua', ('%s/seq 3 %s'):format(out, table.concat(runs, ' ')))
     H.assert_ranks_ok(o, rc, 4)
-    local ref = {}
-    for _, model in ipairs({ 'gpt2', 'nanochat' }) do
-      local t = train.new(recipe(model, { out_dir = out .. '/seq_ref_' .. model, max_iters = 3 }), {})
-      ref[model] = { losses = t:run().losses, norms = grad_norms(out .. '/seq_ref_' .. model), params = H.params_of(t.model) }
-    end
+    local seq_refs = DT.new(out)
     for _, run in ipairs(runs) do
       local name, model = run:match('^([^:]+):([^:]+):')
       local dir = out .. '/seq/' .. name
       local r = result(dir)
-      assert_close(ref[model].losses, r.losses, run .. ' loss')
-      assert_close(ref[model].norms, grad_norms(dir), run .. ' gradient norm')
-      local e = H.rel_error(ref[model].params, ckpt.load(r.checkpoint).model)
-      assert.is_true(e < 1e-9, ('%s: final parameters differ, relative error %.3g'):format(run, e))
+      seq_refs:check({ ranks = 4, model = model }, { losses = r.losses, norms = grad_norms(dir), checkpoint = r.checkpoint,
+        what = run }, { max_iters = 3 })
     end
   end)
 end)

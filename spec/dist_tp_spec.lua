@@ -210,7 +210,6 @@ describe('tensor parallelism on MPI ranks', function()
   end)
 
   it('checkpoints load under another mesh: tp 2 -> one process -> dp 2 x tp 2, and ZeRO-2 -> FSDP under tp 2', function()
-    local ref = runs:reference('gpt2')
     -- tp 2 saves at step 3 (full tensors); one process goes on to 5.  One
     -- process saves at step 3 too, and dp 2 x tp 2 zero2 (its optimizer
     -- pieces assembled whole): all three launched before any resumes.
@@ -224,62 +223,48 @@ describe('tensor parallelism on MPI ranks', function()
     assert.same({ 96, 32 }, sd['transformer.h.0.attn.c_attn.weight'].shape)
     assert.same({ 68, 32 }, sd['transformer.wte.weight'].shape)
     local t = train.new(recipe('gpt2', { out_dir = out .. '/resume_a1', max_iters = 5 }), { '--resume=' .. step3 })
-    local res = t:run()
-    DT.assert_close({ ref.losses[4], ref.losses[5] }, res.losses, 'tp 2 -> 1 loss')
-    local e = H.rel_error(ref.params, H.params_of(t.model))
-    assert.is_true(e < 1e-9, ('tp 2 -> 1: final parameters differ, relative error %.3g'):format(e))
+    runs:check_resumed({ ranks = 2, model = 'gpt2' }, DT.local_result(t, t:run(), out .. '/resume_a1', 'tp 2 -> 1'), 4)
     -- dp 2 x tp 2 goes on to 5 from the one process's step 3; dp 2 x tp 2
-    -- fsdp from zero2's (one launch)
+    -- fsdp from zero2's (one launch; FSDP reduces in float32)
     local resumed = runs:launch({
-      { ranks = 4, model = 'gpt2', args = '--dp=2 --tp=2 --resume=' .. one, name = 'b4' },
-      { ranks = 4, model = 'gpt2', args = '--dp=2 --tp=2 --dist=fsdp --resume=' .. saved[2].checkpoint, name = 'c4' } })
-    local r4, c4 = resumed[1], resumed[2]
-    DT.assert_close({ ref.losses[4], ref.losses[5] }, r4.losses, 'tp 1 -> dp 2 x tp 2 loss')
-    e = H.rel_error(ref.params, DT.final_params(r4))
-    assert.is_true(e < 1e-9, ('tp 1 -> dp 2 x tp 2: final parameters differ, relative error %.3g'):format(e))
-    DT.assert_close({ ref.losses[4], ref.losses[5] }, c4.losses, 'zero2 dp 2 x tp 2 -> fsdp dp 2 x tp 2 loss', 1e-6)
-    e = H.rel_error(ref.params, DT.final_params(c4))
-    assert.is_true(e < 1e-6, ('zero2 -> fsdp under tp 2: final parameters differ, relative error %.3g'):format(e))
+      { ranks = 4, model = 'gpt2', args = '--dp=2 --tp=2 --resume=' .. one, name = 'b4', what = 'tp 1 -> dp 2 x tp 2' },
+      { ranks = 4, model = 'gpt2', args = '--dp=2 --tp=2 --dist=fsdp --resume=' .. saved[2].checkpoint, name = 'c4',
+        what = 'zero2 dp 2 x tp 2 -> fsdp dp 2 x tp 2' } })
+    runs:check_resumed({ ranks = 4, model = 'gpt2' }, resumed[1], 4)
+    runs:check_resumed({ ranks = 4, model = 'gpt2', reduce = 'float32' }, resumed[2], 4)
   end)
 
   -- The text's 65 characters under tp 2: the trainer pads the vocabulary to
   -- 66 rows.  Their logits are masked (the loss and the gradient norm equal
   -- an unpadded model's), their gradient is zero, and checkpoints hold the
   -- 65 rows: tp 2 resumes from one process's step 3 and one process from
-  -- tp 2's, each equal to the other side's run (the padded model's initial
-  -- values differ from an unpadded one's: the extra row takes random
-  -- numbers, so the runs are compared from a shared checkpoint on).
+  -- tp 2's, each equal to the other side's run by the rule (the padded
+  -- model's initial values differ from an unpadded one's: the extra row
+  -- takes random numbers, so the runs are compared from a shared checkpoint on).
   it('pads the vocabulary to a multiple of tp (65 -> 66 under tp 2: masked, not saved, loads under any tp)', function()
     local gpt2 = require 'gptlua.models.gpt2'
     local m = gpt2.GPT({ vocab_size = 65, block_size = 8, n_layer = 1, n_head = 2, n_embd = 16, pad_vocab_for_tp = 2 })
     assert.same({ 66, 16 }, m.transformer.wte.weight.shape)
     assert.same({ 1, 8, 65 }, m:forward(gl.zeros({ 1, 8 }, { dtype = 'int64' })).shape)   -- no padded logit to sample
     for _, model in ipairs({ 'gpt2', 'nanochat' }) do
-      local dir = out .. '/pad_one_' .. model
-      local r = recipe(model, { out_dir = dir, vocab_size = 65, max_iters = 5 })
-      local one = train.new(r, {})
-      local one_res = one:run()
-      local one_norms = DT.grad_norms(dir)
+      local V65 = { vocab_size = 65 }
+      local one = runs:reference(model, V65)
       local got = runs:launch({
         { ranks = 2, model = model, iters = 5, args = '--tp=2 --vocab_size=65', name = 'pad_tp_' .. model },
-        { ranks = 2, model = model, iters = 5, name = 'pad_res_' .. model,
-          args = ('--tp=2 --vocab_size=65 --resume=%s/p/checkpoints/step_0000003'):format(dir) } })
+        { ranks = 2, model = model, iters = 5, name = 'pad_res_' .. model, what = model .. ' 1 -> tp 2',
+          args = ('--tp=2 --vocab_size=65 --resume=%s/p/checkpoints/step_0000003'):format(one.dir) } })
       local tp, tp_resumed = got[1], got[2]
       local sd = ckpt.load(tp.checkpoint).model
       assert.same({ 65, 32 }, sd['transformer.wte.weight'].shape)
       -- tp 2 from one process's step 3 equals one process
-      DT.assert_close({ one_res.losses[4], one_res.losses[5] }, tp_resumed.losses, model .. ' 1 -> tp 2 loss')
-      DT.assert_close({ one_norms[4], one_norms[5] }, tp_resumed.norms, model .. ' 1 -> tp 2 gradient norm')
-      local e = H.rel_error(H.params_of(one.model), DT.final_params(tp_resumed))
-      assert.is_true(e < 1e-9, ('%s 1 -> tp 2: final parameters differ, relative error %.3g'):format(model, e))
-      -- one process from tp 2's step 3 equals tp 2
-      local back = train.new(recipe(model, { out_dir = out .. '/pad_back_' .. model, vocab_size = 65, max_iters = 5 }),
-        { ('--resume=%s/p/checkpoints/step_0000003'):format(tp.dir) })
-      local back_res = back:run()
-      DT.assert_close({ tp.losses[4], tp.losses[5] }, back_res.losses, model .. ' tp 2 -> 1 loss')
-      DT.assert_close({ tp.norms[4], tp.norms[5] }, DT.grad_norms(out .. '/pad_back_' .. model), model .. ' tp 2 -> 1 norm')
-      e = H.rel_error(H.params_of(back.model), DT.final_params(tp))
-      assert.is_true(e < 1e-9, ('%s tp 2 -> 1: final parameters differ, relative error %.3g'):format(model, e))
+      runs:check_resumed({ ranks = 2, model = model }, tp_resumed, 4, V65)
+      -- tp 2 equals one process resumed from its step 3 (their shared
+      -- checkpoint, the padded row's initial values aside): tp 2's steps
+      -- 4 and 5 against that one process's by the rule
+      local back = { ranks = 2, model = model }
+      runs:check(back, { losses = { tp.losses[4], tp.losses[5] }, norms = { tp.norms[4], tp.norms[5] },
+        checkpoint = tp.checkpoint, what = model .. ' tp 2 (steps 4, 5) against tp 2 -> 1' },
+        { vocab_size = 65, resume = tp.dir .. '/p/checkpoints/step_0000003' })
     end
   end)
 end)

@@ -17,7 +17,6 @@ local dist = require 'gptlua.dist'
 local TP = require 'gptlua.dist.tensor_parallel'
 local CP = require 'gptlua.dist.context_parallel'
 local PP = require 'gptlua.dist.pipeline'
-local cjson = require 'cjson'
 
 local world = dist.init { backend = 'mpi', timeout = 120 }
 local OUT = arg[1]
@@ -139,6 +138,7 @@ local cases = {
 
 local train = require 'gptlua.train'
 local recipe = dofile(gl.root .. '/spec/dist/tp_recipe.lua')
+local write_result = dofile(gl.root .. '/spec/dist/write_result.lua')
 for i = 2, #arg do
   local name, overrides = arg[i]:match('^([%w_]+):(.*)$')
   if name then
@@ -148,9 +148,7 @@ for i = 2, #arg do
     local res = train.main(recipe('nanochat', { max_iters = 5, out_dir = dir, checkpoint_interval = 5,
       nanochat = { version = 'v2', short_window = 3 } }), args)
     if world.rank == 0 then
-      local f = assert(io.open(dir .. '/result.json', 'wb'))
-      f:write(cjson.encode({ losses = res.losses, checkpoint = res.checkpoint }))
-      f:close()
+      write_result(dir .. '/result.json', res)
     end
   else
     assert(cases[arg[i]], 'unknown case ' .. arg[i])()

@@ -7,11 +7,11 @@
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local train = require 'gptlua.train'
-local cjson = require 'cjson'
 
 local out, iters = arg[1], tonumber(arg[2])
 local world = dist.init { backend = 'mpi', timeout = 120 }
 local recipe = dofile(gl.root .. '/spec/dist/tp_recipe.lua')
+local write_result = dofile(gl.root .. '/spec/dist/write_result.lua')
 for i = 3, #arg do
   local name, model, list = arg[i]:match('^([^:]+):([^:]+):(.*)$')
   local args = {}
@@ -19,9 +19,7 @@ for i = 3, #arg do
   local dir = out .. '/' .. name
   local res = train.main(recipe(model, { max_iters = iters, out_dir = dir }), args)
   if world.rank == 0 then
-    local f = assert(io.open(dir .. '/result.json', 'wb'))
-    f:write(cjson.encode({ losses = res.losses, checkpoint = res.checkpoint }))
-    f:close()
+    write_result(dir .. '/result.json', res)
   end
 end
 print(('OK rank %d of %d'):format(world.rank, world.size))

@@ -12,10 +12,10 @@
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local train = require 'gptlua.train'
-local cjson = require 'cjson'
 
 local world = dist.init { backend = 'mpi', timeout = 120 }
 local recipe = dofile(gl.root .. '/spec/dist/tp_recipe.lua')
+local write_result = dofile(gl.root .. '/spec/dist/write_result.lua')
 
 local runs, cur = {}, nil
 for i = 1, #arg do
@@ -29,12 +29,7 @@ end
 for _, run in ipairs(runs) do
   local res = train.main(recipe(run.model, { max_iters = run.iters, out_dir = run.out }), run.args)
   if world.rank == 0 then
-    local f = assert(io.open(run.out .. '/result.json', 'wb'))
-    -- (the losses to 17 digits, every bit of a double: cjson keeps 14)
-    local losses = {}
-    for i, l in ipairs(res.losses) do losses[i] = ('%.17g'):format(l) end
-    f:write(('{"losses":[%s],"checkpoint":%s}'):format(table.concat(losses, ','), cjson.encode(res.checkpoint)))
-    f:close()
+    write_result(run.out .. '/result.json', res)
   end
 end
 print(('OK rank %d of %d'):format(world.rank, world.size))

@@ -161,7 +161,7 @@ function M.assert_by_rule(ref, refp, perturb, res, steps, want_params, refp_para
   series('loss', ref.losses, refp.losses, res.losses)
   series('gradient norm', ref.norms, refp.norms, res.norms, 1e-13)
   want_params, refp_params = want_params or ref.params, refp_params or refp.params
-  local e, ep = H.rel_error(want_params, M.final_params(res)), H.rel_error(want_params, refp_params)
+  local e, ep = H.rel_error(want_params, res.params or M.final_params(res)), H.rel_error(want_params, refp_params)
   local allowed = M.FACTOR * ep + floor
   if VERBOSE then print(('%-60s %-13s after %d: %.3g of allowed %.3g'):format(res.what, 'parameters', to, e / allowed, allowed)) end
   assert.is_true(e <= allowed, ('%s: parameters after step %d differ, relative error %.3g, allowed %.3g = %d x the '
@@ -175,6 +175,23 @@ end
 function M:check(case, res, over)
   local perturb = M.rounding_of(case.ranks, case.reduce or 'float64', case.state32)
   M.assert_by_rule(self:reference(case.model, over), self:reference(case.model, over, perturb), perturb, res)
+end
+
+-- a run resumed from a checkpoint of step from - 1 (its losses and norms
+-- those of steps from..last) against one process by the rule; case: the
+-- layouts it passed through, at their largest (ranks, reduce, state32, as
+-- for check), since the steps before the checkpoint ran on one of them and
+-- its roundings carry into the steps after
+function M:check_resumed(case, res, from, over)
+  local perturb = M.rounding_of(case.ranks, case.reduce or 'float64', case.state32)
+  local ref = self:reference(case.model, over)
+  M.assert_by_rule(ref, self:reference(case.model, over, perturb), perturb, res, { from, #ref.losses })
+end
+
+-- a run in this process as a result runs:check and check_resumed read:
+-- t (a trainer after t:run()), res (what run returned), dir (its out_dir)
+function M.local_result(t, res, dir, what)
+  return { losses = res.losses, norms = M.grad_norms(dir), params = H.params_of(t.model), what = what }
 end
 
 -- runs cases on their ranks, one launch per world size (in the order the

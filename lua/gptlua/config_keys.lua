@@ -152,5 +152,6 @@ return {
   ['moe.router'] = "'softmax' or 'sigmoid' (DeepSeek-V3) scores; top-k weights normalised to sum 1 when top_k > 1",
   ['moe.aux_loss'] = "coefficient of the Switch/GShard load-balancing loss E sum_e f_e P_e (0: off)",
   ['moe.z_loss'] = 'coefficient of the router z-loss, mean logsumexp(logits)^2 (0: off)',
+  ['moe.ep_exchange'] = "under ep: 'counts' (rows routed, sizes read on the host), 'fixed' (blocks of a bound, counts on the device: no host wait, a CUDA graph holds it) or 'auto' (fixed while a CUDA graph is captured)",
   ['moe.bias_update'] = "DeepSeek-V3's auxiliary-loss-free balancing: per-expert selection bias moved by this rate towards the mean load after each step (0: off)",
 }

@@ -164,6 +164,7 @@ end
 -- and the result of during() (the shared experts: run while the rows are
 -- on their way to the experts' ranks).
 function Layout:forward(layer, xf, slots, counts, weights, run_experts, during)
+  if self:fixed_exchange(layer) then return self:forward_fixed(layer, xf, slots, counts, weights, run_experts, during) end
   local n, El, comm = self.size, layer.n_local, self.group
   local planned = require('gptlua.meta').is_meta(counts)
   local c = planned and self:balanced(layer, slots) or counts:tolist()
@@ -218,6 +219,118 @@ function Layout:balanced(layer, slots)
     if cap > 0 then c[e] = math.min(c[e], cap) end
   end
   return c
+end
+
+-- ------------------------------------------------------- fixed-size exchange
+-- The exchange a CUDA graph can hold (moe.ep_exchange = 'fixed', or 'auto'
+-- while a CUDA graph is being captured): nothing is read on the host.  Each
+-- rank sends each peer a block of B rows, B known from the shapes alone
+-- (Layout.block_rows), its rows for that peer's experts first, in expert
+-- order, zero rows after them; the per-expert counts travel on the device
+-- (the all-to-all of E integers, waited for by the device), and the
+-- receiving side turns them into each received row's place in expert order
+-- with a few int64 tensor ops (prefix sums as products with triangular
+-- masks).  The rows meet their experts in the same order as in the counts
+-- exchange, so the results are the same bit for bit; the cost is bytes:
+-- every all-to-all moves ep B rows instead of the rows routed.
+
+-- int64 constants on a device, made once (arange is a copy from the host,
+-- which a captured graph may not contain); while planning (meta tensors) a
+-- fresh one each time, so that no shape without data outlives the plan
+local constants = {}
+local function constant(key, device, make)
+  if require('gptlua.meta').active() then return make() end
+  key = device .. '/' .. key
+  if not constants[key] then constants[key] = make():keep() end
+  return constants[key]
+end
+local function ids(m, device) return gl.arange(0, m, { dtype = 'int64', device = device }) end
+
+-- inclusive prefix sums along the rows of x (a, m), int64, on x's device:
+-- sum over j' of x[i][j'] [j' <= j]
+local function prefix(x)
+  local a, m = x.shape[1], x.shape[2]
+  local mask = constant('prefix/' .. m, x.device, function()
+    local i = ids(m, x.device)
+    return gl.le(i:view(1, m), i:view(m, 1)):to('int64'):view(1, m, m)
+  end)
+  return (x:view(a, 1, m) * mask):sum(3)
+end
+
+-- The rows B of each block: what one rank can route to one peer.  Dropless,
+-- each of N tokens picks at most min(K, E/ep) of a peer's experts; with a
+-- capacity each expert keeps at most min(capacity, N) rows.  (Dropless, an
+-- all-to-all of the fixed exchange moves ep N min(K, E/ep) rows of C
+-- elements per rank where the counts exchange moves the N K rows routed:
+-- ep min(K, E/ep) / K times the bytes under balanced routing.)
+function Layout:block_rows(layer, N, K)
+  local El = layer.n_local
+  local B = N * math.min(K, El)
+  local cap = require('gptlua.moe').capacity(layer.capacity_factor, N, K, layer.n_experts)
+  if cap > 0 then B = math.min(B, El * math.min(cap, N)) end
+  return B
+end
+
+-- whether this layer's forward uses the fixed exchange (moe.ep_exchange)
+function Layout:fixed_exchange(layer)
+  local mode = layer.ep_exchange or 'auto'
+  if mode == 'auto' then return require('gptlua.cuda').capturing() ~= nil end
+  return mode == 'fixed'
+end
+
+-- slots (N, K) into the expert-ordered buffer -> slots into the blocks:
+-- a row of peer p's experts moves from its place after the rows of the
+-- peers before p (S_p) to the start of block p (p B); dropped stay -1
+local function block_slots(slots, counts, n, B)
+  local N, K = slots.shape[1], slots.shape[2]
+  local per_peer = counts:view(n, -1):sum(2)                    -- (n) rows for each peer
+  local S = prefix(per_peer:view(1, n)):view(n) - per_peer      -- (n) exclusive: S_p
+  local s = slots:reshape(N * K, 1)
+  local p = gl.clamp(gl.le(S:view(1, n), s):to('int64'):sum(2) - 1, 0)  -- the last peer with S_p <= s
+  local moved = s:view(N * K) - gl.index_select(S, 1, p) + p * B
+  return gl.where(gl.ge(s:view(N * K), 0), moved, -1):view(N, K)
+end
+
+-- got (n El): rows from source p for local expert j, at p El + j -> for
+-- each of the n B received rows its row in expert order (-1: padding), as
+-- (n B, 1), and the local experts' counts (El).  Row i of block p is the
+-- one of expert j where Eb[p][j] <= i < Cb[p][j] (Cb the inclusive prefix
+-- over j, Eb = Cb - G); it goes after the rows of lower experts (start[j])
+-- and those of expert j from lower sources (before[p][j]).
+local function received_order(got, n, El, B)
+  local dev = got.device
+  local G = got:view(n, El)
+  local Cb = prefix(G)
+  local local_counts = G:sum(1)
+  local start = prefix(local_counts:view(1, El)):view(El) - local_counts
+  local before = prefix(G:t():contiguous()):t() - G
+  local D = (start:view(1, El) + before - (Cb - G)):contiguous():view(n * El)
+  local rp = constant(('rows_p/%d/%d'):format(n, B), dev, function()
+    return ids(n, dev):view(n, 1):expand(n, B):contiguous():view(n * B)
+  end)
+  local ri = constant(('rows_i/%d/%d'):format(n, B), dev, function()
+    return ids(B, dev):view(1, B):expand(n, B):contiguous():view(n * B)
+  end)
+  local j = gl.le(gl.index_select(Cb, 1, rp), ri:view(n * B, 1)):to('int64'):sum(2)
+  local dest = gl.index_select(D, 1, rp * El + gl.clamp(j, 0, El - 1)) + ri
+  return gl.where(gl.lt(j, El), dest, -1):view(n * B, 1), local_counts
+end
+
+-- Layout:forward with the fixed exchange (same arguments and results)
+function Layout:forward_fixed(layer, xf, slots, counts, weights, run_experts, during)
+  local n, El, comm = self.size, layer.n_local, self.group
+  local B = self:block_rows(layer, slots.shape[1], slots.shape[2])
+  local got = gl.empty({ n * El }, { dtype = 'int64', device = counts.device })
+  comm:all_to_all_async(got, counts):wait()   -- E/n counts to each peer; the device waits, not the host
+  local blocks = {}
+  for p = 1, n do blocks[p] = B end
+  local mine = block_slots(slots, counts, n, B)
+  local rows, extra = exchange(gl.moe_permute(xf, mine, n * B), blocks, blocks, comm, during)
+  local idx, local_counts = received_order(got, n, El, B)
+  local ones = gl.ones({ n * B, 1 }, { dtype = rows.dtype, device = rows.device })
+  local y = run_experts(layer, gl.moe_permute(rows, idx, n * B), local_counts)
+  local back = exchange(gl.moe_combine(y, idx, ones), blocks, blocks, comm)
+  return gl.moe_combine(back, mine, weights), extra
 end
 
 -- key -> {template, local index} for a key of this rank's experts (a

@@ -3,7 +3,8 @@
 -- 'auto' while capturing) captured as one graph and replayed bit for bit
 -- like the same step op by op on another batch (other routing), that step
 -- op by op making no host synchronisation, and equal to the counts
--- exchange bit for bit (spec/dist/ep_graph.lua, on 2 ranks).  Under the
+-- exchange bit for bit (spec/dist/ep_graph.lua, on 2 ranks); and a
+-- trainer step with the fixed exchange makes no host sync.  Under the
 -- CUDA simulator (GL_SIM_DEVICES=2: a simulated GPU per rank, its stream
 -- trace counting the host syncs) or on 2 GPUs; pending otherwise.
 local cuda = require 'gptlua.cuda'
@@ -18,6 +19,30 @@ describe('expert parallelism in a CUDA graph #cuda', function()
     return
   end
   local env = SIM and 'env GL_SIM_DEVICES=2 ' or ''
+  -- a trainer step (DDP, a MoE layer in every block, ep over both ranks)
+  -- by recipes/tools/host_syncs.lua: the fixed exchange's step has no host
+  -- sync (the gradient norm's reads apart, as under DDP alone), the counts
+  -- exchange's has; the two train alike bit for bit
+  it('trains with no host sync inside the step, bit for bit like the counts exchange', function()
+    if not SIM then pending('the host syncs are read from the simulator\'s trace') return end
+    local out = H.tmpdir()
+    local o, rc = H.sh(('env GL_SIM_DEVICES=2 %s -np 2 --oversubscribe --allow-run-as-root %s '
+      .. 'recipes/tools/host_syncs.lua --policies=ep,ep_counts --waits=device --steps=2 --out=%s'):format(
+      H.MPIRUN, H.EXE, out), 300)
+    H.assert_ranks_ok(o, rc, 2)
+    local fixed, counts = H.read_json(out .. '/ep-device.json'), H.read_json(out .. '/ep_counts-device.json')
+    assert.equal(2, #fixed.steps)
+    for i, s in ipairs(fixed.steps) do
+      assert.equal(0, s.host_syncs, ('step %d: host syncs inside the step with the fixed exchange\n%s'):format(i, o))
+      assert.is_true(counts.steps[i].host_syncs > 0, ('step %d: the counts exchange reads its counts\n%s'):format(i, o))
+    end
+    assert.same(counts.losses, fixed.losses)
+    local load = require('gptlua.checkpoint').load_safetensors
+    local a, b = load(out .. '/ep_counts-device.safetensors'), load(out .. '/ep-device.safetensors')
+    for k, t in pairs(a) do assert.same(t:tolist(), b[k]:tolist(), k) end
+    os.execute('rm -rf ' .. out)
+  end)
+
   for _, cf in ipairs({ 0, 0.5 }) do
     it(('replays an ep 2 step as one graph with no host sync, capacity factor %g'):format(cf), function()
       local out, rc = H.sh(env .. H.EXE .. ' -n 2 spec/dist/ep_graph.lua ' .. cf, 300)

@@ -31,8 +31,9 @@
 -- Backward runs the same exchanges in reverse (the all-to-all's gradient
 -- is the all-to-all with the counts swapped).  The counts read in step 2
 -- are a host synchronisation per layer and pass: on a device the exchange
--- sizes are host arguments of NCCL's send/recv, so an ep step does not
--- replay as one CUDA graph.  A plan (gptlua.plan, values unknown) assumes
+-- sizes are host arguments of NCCL's send/recv, so this exchange cannot be
+-- captured in a CUDA graph; the fixed-size exchange (below, chosen by
+-- moe.ep_exchange) reads nothing on the host.  A plan (gptlua.plan, values unknown) assumes
 -- balanced routing: every expert gets N K / E of a rank's assignments.
 --
 -- Gradients.  An expert's gradient on its owner already sums the

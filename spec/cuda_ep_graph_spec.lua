@@ -4,7 +4,9 @@
 -- like the same step op by op on another batch (other routing), that step
 -- op by op making no host synchronisation, and equal to the counts
 -- exchange bit for bit (spec/dist/ep_graph.lua, on 2 ranks); and a
--- trainer step with the fixed exchange makes no host sync.  Under the
+-- trainer step with the fixed exchange makes no host sync; and the
+-- trainer's whole step under ddp with ep replays as one graph
+-- (spec/dist/ep_train_graph.lua).  Under the
 -- CUDA simulator (GL_SIM_DEVICES=2: a simulated GPU per rank, its stream
 -- trace counting the host syncs) or on 2 GPUs; pending otherwise.
 local cuda = require 'gptlua.cuda'
@@ -44,9 +46,21 @@ describe('expert parallelism in a CUDA graph #cuda', function()
   end)
 
   for _, cf in ipairs({ 0, 0.5 }) do
-    it(('replays an ep 2 step as one graph with no host sync, capacity factor %g'):format(cf), function()
+    it(('replays an ep 2 layer as one graph with no host sync, capacity factor %g'):format(cf), function()
       local out, rc = H.sh(env .. H.EXE .. ' -n 2 spec/dist/ep_graph.lua ' .. cf, 300)
       H.assert_ranks_ok(out, rc, 2)
     end)
+  end
+
+  -- the trainer's whole step (gptlua.train_graph, cuda_graph = true) under
+  -- ddp with ep 2 (and ep 1: ddp alone), two MoE layers, two micro-steps:
+  -- captured once, replayed, bit for bit the op-by-op trainer's losses,
+  -- norms, parameters and routers' bias
+  for _, c in ipairs({ { 0, 2 }, { 0.5, 2 }, { 0, 1 } }) do
+    it(('replays the trainer\'s ddp step (ep %d) as one graph like op by op, capacity factor %g'):format(c[2], c[1]),
+      function()
+        local out, rc = H.sh(('%s%s -n 2 spec/dist/ep_train_graph.lua %g %d'):format(env, H.EXE, c[1], c[2]), 300)
+        H.assert_ranks_ok(out, rc, 2)
+      end)
   end
 end)

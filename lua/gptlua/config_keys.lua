@@ -94,7 +94,7 @@ return {
   tensorboard = 'write TensorBoard event files beside metrics.jsonl',
   profile = "profile steps 'N' (2..N+1) or 'A:B': a Chrome trace per rank and a top-ops table",
   profile_continue = 'true: train on after the profiled steps (default: the run stops when the profile is written)',
-  cuda_graph = "'auto' (the default: on a GPU, one process, no dropout), 'off' (or false) or true: replay the whole step (forward, backward, clip, AdamW / Muon) as one CUDA graph",
+  cuda_graph = "'auto' (the default: on a GPU, one process, no dropout), 'off' (or false) or true (also ranks under ddp, with or without ep): replay the whole step (forward, backward, clip, AdamW / Muon) as one CUDA graph",
   cuda_graph_warmup = 'cuda_graph: optimizer steps run op by op before the capture',
   -- distributed
   dist = "'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp', 'localsgd', 'diloco' or 'ps' (ddp by default on several ranks)",

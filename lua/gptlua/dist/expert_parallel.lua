@@ -166,6 +166,7 @@ end
 -- on their way to the experts' ranks).
 function Layout:forward(layer, xf, slots, counts, weights, run_experts, during)
   if self:fixed_exchange(layer) then return self:forward_fixed(layer, xf, slots, counts, weights, run_experts, during) end
+  self:prepare_fixed(layer, slots, counts.device)
   local n, El, comm = self.size, layer.n_local, self.group
   local planned = require('gptlua.meta').is_meta(counts)
   local c = planned and self:balanced(layer, slots) or counts:tolist()
@@ -249,14 +250,19 @@ local function ids(m, device) return gl.arange(0, m, { dtype = 'int64', device =
 
 -- inclusive prefix sums along the rows of x (a, m), int64, on x's device:
 -- sum over j' of x[i][j'] [j' <= j]
-local function prefix(x)
-  local a, m = x.shape[1], x.shape[2]
-  local mask = constant('prefix/' .. m, x.device, function()
-    local i = ids(m, x.device)
+local function prefix_mask(m, device)
+  return constant('prefix/' .. m, device, function()
+    local i = ids(m, device)
     return gl.le(i:view(1, m), i:view(m, 1)):to('int64'):view(1, m, m)
   end)
-  return (x:view(a, 1, m) * mask):sum(3)
 end
+local function prefix(x)
+  local a, m = x.shape[1], x.shape[2]
+  return (x:view(a, 1, m) * prefix_mask(m, x.device)):sum(3)
+end
+
+-- 0 .. m-1 as (m) int64 on device
+local function iota(m, device) return constant('ids/' .. m, device, function() return ids(m, device) end) end
 
 -- The rows B of each block: what one rank can route to one peer.  Dropless,
 -- each of N tokens picks at most min(K, E/ep) of a peer's experts; with a
@@ -279,16 +285,30 @@ function Layout:fixed_exchange(layer)
   return mode == 'fixed'
 end
 
+-- Under 'auto' on a GPU, the steps before a capture use the counts
+-- exchange: the fixed exchange's constants for this shape are made there,
+-- so that the captured step finds them.
+function Layout:prepare_fixed(layer, slots, device)
+  if (layer.ep_exchange or 'auto') ~= 'auto' or device == 'cpu' or require('gptlua.meta').active() then return end
+  local n, El = self.size, layer.n_local
+  prefix_mask(n, device)
+  prefix_mask(El, device)
+  iota(El, device)
+  iota(self:block_rows(layer, slots.shape[1], slots.shape[2]), device)
+end
+
 -- slots (N, K) into the expert-ordered buffer -> slots into the blocks:
 -- a row of peer p's experts moves from its place after the rows of the
 -- peers before p (S_p) to the start of block p (p B); dropped stay -1
 local function block_slots(slots, counts, n, B)
   local N, K = slots.shape[1], slots.shape[2]
   local per_peer = counts:view(n, -1):sum(2)                    -- (n) rows for each peer
-  local S = prefix(per_peer:view(1, n)):view(n) - per_peer      -- (n) exclusive: S_p
+  local S = prefix(per_peer:view(1, n)):view(n) - per_peer      -- (n) exclusive: S_p, non-decreasing
   local s = slots:reshape(N * K, 1)
-  local p = gl.clamp(gl.le(S:view(1, n), s):to('int64'):sum(2) - 1, 0)  -- the last peer with S_p <= s
-  local moved = s:view(N * K) - gl.index_select(S, 1, p) + p * B
+  local below = gl.le(S:view(1, n), s):to('int64')              -- (N K, n): S_p <= s
+  local p = gl.clamp(below:sum(2) - 1, 0)                       -- the last peer with S_p <= s
+  local start = gl.max(below * S:view(1, n), 2)                 -- its S_p
+  local moved = s:view(N * K) - start + p * B
   return gl.where(gl.ge(s:view(N * K), 0), moved, -1):view(N, K)
 end
 
@@ -297,7 +317,8 @@ end
 -- (n B, 1), and the local experts' counts (El).  Row i of block p is the
 -- one of expert j where Eb[p][j] <= i < Cb[p][j] (Cb the inclusive prefix
 -- over j, Eb = Cb - G); it goes after the rows of lower experts (start[j])
--- and those of expert j from lower sources (before[p][j]).
+-- and those of expert j from lower sources (before[p][j]).  (No index
+-- ops: broadcast comparisons and one-hot sums, (n, B, El) int64 each.)
 local function received_order(got, n, El, B)
   local dev = got.device
   local G = got:view(n, El)
@@ -305,15 +326,11 @@ local function received_order(got, n, El, B)
   local local_counts = G:sum(1)
   local start = prefix(local_counts:view(1, El)):view(El) - local_counts
   local before = prefix(G:t():contiguous()):t() - G
-  local D = (start:view(1, El) + before - (Cb - G)):contiguous():view(n * El)
-  local rp = constant(('rows_p/%d/%d'):format(n, B), dev, function()
-    return ids(n, dev):view(n, 1):expand(n, B):contiguous():view(n * B)
-  end)
-  local ri = constant(('rows_i/%d/%d'):format(n, B), dev, function()
-    return ids(B, dev):view(1, B):expand(n, B):contiguous():view(n * B)
-  end)
-  local j = gl.le(gl.index_select(Cb, 1, rp), ri:view(n * B, 1)):to('int64'):sum(2)
-  local dest = gl.index_select(D, 1, rp * El + gl.clamp(j, 0, El - 1)) + ri
+  local D = start:view(1, El) + before - (Cb - G)                        -- (n, El): row of (p, j, i) less i
+  local i = iota(B, dev)
+  local j = gl.le(Cb:view(n, 1, El), i:view(1, B, 1)):to('int64'):sum(3)  -- (n, B): the expert of row i of block p
+  local onehot = gl.eq(iota(El, dev):view(1, 1, El), gl.clamp(j, 0, El - 1):view(n, B, 1)):to('int64')
+  local dest = (onehot * D:view(n, 1, El)):sum(3) + i:view(1, B)
   return gl.where(gl.lt(j, El), dest, -1):view(n * B, 1), local_counts
 end
 
@@ -404,7 +421,7 @@ function P:after_backward()
   local L = self.ep_layout
   for _, p in ipairs(L.params) do
     if p.grad then
-      if L.replica.size > 1 then L.replica:all_reduce(p.grad, 'sum') end
+      if L.replica.size > 1 then L.replica:all_reduce_async(p.grad, 'sum'):wait() end  -- (NCCL: a device wait)
       p.grad:mul_(1 / L.dp)
     end
   end
@@ -421,6 +438,26 @@ end
 -- over the world of one stage (the pipeline's norm): the inner policy's
 -- pieces (ddp: every gradient, counted on its group's first rank) and the
 -- experts, counted on their first replica
+-- The step block's sum of squares (gptlua.train_graph's whole step, all
+-- on the device): the experts' summed over the ep group (each expert
+-- once), then the policy's gradients' (the same on every rank) added.
+function P:block_sumsq(b, params)
+  local L, experts, rest = self.ep_layout, {}, {}
+  for _, p in ipairs(params) do
+    if p.grad then
+      local list = L.is_expert[p] and experts or rest
+      list[#list + 1] = p.grad
+    end
+  end
+  local slot = b:slot(gl.lib.GL_STEP_SUMSQ)
+  self.expert_sumsq = self.expert_sumsq or gl.empty({ 1 }, { dtype = 'float64', device = b.device }):keep()
+  b:sumsq(experts)
+  self.expert_sumsq:copy_(slot)
+  if L.size > 1 then L.group:all_reduce_async(self.expert_sumsq, 'sum'):wait() end
+  b:sumsq(rest)
+  slot:add_(self.expert_sumsq)
+end
+
 function P:each_grad(f)
   local inner, L = self.inner, self.ep_layout
   if inner.each_grad then inner:each_grad(f)

@@ -33,8 +33,9 @@
 -- are a host synchronisation per layer and pass: on a device the exchange
 -- sizes are host arguments of NCCL's send/recv, so this exchange cannot be
 -- captured in a CUDA graph; the fixed-size exchange (below, chosen by
--- moe.ep_exchange) reads nothing on the host.  A plan (gptlua.plan, values unknown) assumes
--- balanced routing: every expert gets N K / E of a rank's assignments.
+-- moe.ep_exchange) reads nothing on the host.  A plan (gptlua.plan, values
+-- unknown) assumes balanced routing: every expert gets N K / E of a rank's
+-- assignments.
 --
 -- Gradients.  An expert's gradient on its owner already sums the
 -- contributions of every token of its ep group; summing over the replica
@@ -434,10 +435,6 @@ function P:grad_norm()
   return math.sqrt(self.inner:grad_norm() ^ 2 + s)
 end
 
--- f(p, grad, counted) for every gradient this rank holds, counted once
--- over the world of one stage (the pipeline's norm): the inner policy's
--- pieces (ddp: every gradient, counted on its group's first rank) and the
--- experts, counted on their first replica
 -- The step block's sum of squares (gptlua.train_graph's whole step, all
 -- on the device): the experts' summed over the ep group (each expert
 -- once), then the policy's gradients' (the same on every rank) added.
@@ -458,6 +455,10 @@ function P:block_sumsq(b, params)
   slot:add_(self.expert_sumsq)
 end
 
+-- f(p, grad, counted) for every gradient this rank holds, counted once
+-- over the world of one stage (the pipeline's norm): the inner policy's
+-- pieces (ddp: every gradient, counted on its group's first rank) and the
+-- experts, counted on their first replica
 function P:each_grad(f)
   local inner, L = self.inner, self.ep_layout
   if inner.each_grad then inner:each_grad(f)

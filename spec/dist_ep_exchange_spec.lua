@@ -63,7 +63,7 @@ describe('expert parallelism: the fixed exchange on MPI ranks', function()
   local CAP = { experts = 4, top_k = 2, every = 1, capacity_factor = 0.5 }
   local CAP_ARGS = '--moe.experts=4 --moe.top_k=2 --moe.every=1 --moe.capacity_factor=0.5'
 
-  it('equals the counts exchange bit for bit and one process by the rule, dropless and with a capacity factor', function()
+  it('equals the counts exchange bit for bit and one process by the rule (ep 2 and 4; capacity factor)', function()
     local cases = {
       { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2 --moe.ep_exchange=counts', ref = MOE },
       { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --ep=2 --moe.ep_exchange=fixed', ref = MOE },
@@ -71,9 +71,12 @@ describe('expert parallelism: the fixed exchange on MPI ranks', function()
       { ranks = 2, model = 'gpt2', args = CAP_ARGS .. ' --dist=ddp --ep=2 --moe.ep_exchange=fixed', ref = CAP,
         cap = true },
       { ranks = 2, model = 'gpt2', args = CAP_ARGS .. ' --dist=ddp --ep=1' },
+      -- ep 4: one expert a rank, four blocks
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --ep=4 --moe.ep_exchange=counts', ref = MOE },
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --ep=4 --moe.ep_exchange=fixed', ref = MOE },
     }
     local got = runs:launch(cases)
-    for i = 1, 4, 2 do
+    for _, i in ipairs({ 1, 3, 6 }) do
       local counts, fixed = got[i], got[i + 1]
       assert.same(counts.losses, fixed.losses, cases[i + 1].what .. ': losses')
       assert.same(counts.norms, fixed.norms, cases[i + 1].what .. ': gradient norms')

@@ -97,8 +97,11 @@ int cu_smem_optin(int dev);
    host reads every queued slot where it waits for the device anyway
    (cu_report_checks: a copy to the host, gl_cuda_synchronize,
    gl_cuda_check_flags), turning the first bad one into the op's message.
-   fn / arg / what must be string literals (they outlive the call). */
-enum { CU_CHECK_SLOTS = 64 };
+   fn / arg / what must be string literals (they outlive the call).  A
+   captured CUDA graph cannot empty a full table (that is a host wait), so
+   the table holds a whole graphed step's checks: a MoE layer's forward and
+   backward queue about twenty. */
+enum { CU_CHECK_SLOTS = 1024 };
 struct CuIdCheck {
   const char *fn, *arg, *what;
   int64_t limit, ignore;

@@ -146,7 +146,12 @@ int cu_check_slot(int dev, const CuIdCheck *meta, long long **slot) {
   CuDevice *d = nullptr;
   GL_TRY(device_state(dev, "cuda", &d));
   std::lock_guard<std::mutex> g(d->checks_mu);
-  if (d->checks_used == CU_CHECK_SLOTS) GL_TRY(report_checks_locked(dev, d));
+  if (d->checks_used == CU_CHECK_SLOTS) {
+    if (d->capturing)  /* reading the table is a host wait, which the capture cannot hold */
+      return gl_error("%s: the CUDA graph being captured queues more than %d id checks (CU_CHECK_SLOTS, "
+                      "kernels/common.cuh)", meta->fn, (int)CU_CHECK_SLOTS);
+    GL_TRY(report_checks_locked(dev, d));
+  }
   int k = d->checks_used++;
   d->check_meta[k] = *meta;
   *slot = d->checks + 2 * k;

@@ -106,4 +106,26 @@ describe('cuda.graph: capture and replay #cuda', function()
     assert.is_true(st.acc:abs():sum():item() > 0)
     assert.has_error(function() cuda.graph(42) end, 'cuda.graph: fn expected a function, got number')
   end)
+
+  -- each op with ids (index_select, the MoE ops) queues a check the host
+  -- reads at its next wait; a capture cannot wait, so a graphed step's
+  -- checks must fit the table (CU_CHECK_SLOTS): hundreds do, and one too
+  -- many is refused naming the op and the limit, not as a stray wait
+  gpu_it('holds hundreds of id checks, and names the op past the table', function()
+    local x = gl.randn({ 4, 3 }):to(DEV):keep()
+    local idx = gl.tensor({ 2, 0, 3 }, { dtype = 'int64' }):to(DEV):keep()
+    local out = gl.zeros({ 3, 3 }, { device = DEV }):keep()
+    local function checks(n) for _ = 1, n do out:add_(gl.index_select(x, 1, idx)) end end
+    out:zero_()
+    checks(1000)
+    local want = out:to('cpu'):tolist()
+    local g = cuda.graph(function() checks(1000) end)
+    out:zero_()
+    g:replay()
+    assert.are.same(want, out:to('cpu'):tolist())
+    g:free()
+    local ok, err = pcall(cuda.graph, function() checks(1100) end)
+    assert.is_false(ok)
+    assert.matches('the CUDA graph being captured queues more than 1024 id checks', err, 1, true)
+  end)
 end)

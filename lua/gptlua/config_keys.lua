@@ -94,7 +94,7 @@ return {
   tensorboard = 'write TensorBoard event files beside metrics.jsonl',
   profile = "profile steps 'N' (2..N+1) or 'A:B': a Chrome trace per rank and a top-ops table",
   profile_continue = 'true: train on after the profiled steps (default: the run stops when the profile is written)',
-  cuda_graph = "'auto' (the default: on a GPU, one process, no dropout), 'off' (or false) or true: replay the whole step (forward, backward, clip, AdamW / Muon) as one CUDA graph",
+  cuda_graph = "'auto' (the default: on a GPU, one process, no dropout), 'off' (or false) or true (also ranks under ddp, with or without ep): replay the whole step (forward, backward, clip, AdamW / Muon) as one CUDA graph",
   cuda_graph_warmup = 'cuda_graph: optimizer steps run op by op before the capture',
   -- distributed
   dist = "'none', 'ddp', 'zero1', 'zero2', 'fsdp', 'hsdp', 'localsgd', 'diloco' or 'ps' (ddp by default on several ranks)",
@@ -152,5 +152,6 @@ return {
   ['moe.router'] = "'softmax' or 'sigmoid' (DeepSeek-V3) scores; top-k weights normalised to sum 1 when top_k > 1",
   ['moe.aux_loss'] = "coefficient of the Switch/GShard load-balancing loss E sum_e f_e P_e (0: off)",
   ['moe.z_loss'] = 'coefficient of the router z-loss, mean logsumexp(logits)^2 (0: off)',
+  ['moe.ep_exchange'] = "under ep: 'counts' (rows routed, sizes read on the host), 'fixed' (blocks of a bound, counts on the device: no host wait, a CUDA graph holds it) or 'auto' (fixed while a CUDA graph is captured)",
   ['moe.bias_update'] = "DeepSeek-V3's auxiliary-loss-free balancing: per-expert selection bias moved by this rate towards the mean load after each step (0: off)",
 }

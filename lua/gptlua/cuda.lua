@@ -191,6 +191,11 @@ local Graph = {}
 Graph.__index = Graph
 Graph.__name = 'cuda.Graph'
 
+-- the device whose work cuda.graph is capturing now, or nil (code that
+-- has a capturable form picks it: gptlua.dist.expert_parallel's exchange)
+local capturing
+function cuda.capturing() return capturing end
+
 function cuda.graph(fn, dev)
   if type(fn) ~= 'function' then error('cuda.graph: fn expected a function, got ' .. type(fn), 2) end
   local id = ordinal(dev, 'cuda.graph')
@@ -199,7 +204,9 @@ function cuda.graph(fn, dev)
   -- host memory (a dropped tensor's cudaFreeHost) would end the capture
   local collecting = collectgarbage('isrunning')
   collectgarbage('stop')
+  capturing = id
   local ok, err = xpcall(fn, function(e) return e end)
+  capturing = nil
   local g = lib.gl_cuda_graph_end(id)  -- always: the stream leaves capture mode
   if collecting then collectgarbage('restart') end
   if not ok then

@@ -26,7 +26,7 @@ local M = {}
 -- ------------------------------------------------------------ configuration
 -- The trainer's `moe` table (gptlua.train's defaults); experts = 0: no MoE.
 M.TRAINER_DEFAULTS = { experts = 0, top_k = 2, shared = 0, every = 1, hidden = 0, capacity_factor = 0,
-                       router = 'softmax', aux_loss = 0, z_loss = 0, bias_update = 0 }
+                       router = 'softmax', aux_loss = 0, z_loss = 0, bias_update = 0, ep_exchange = 'auto' }
 function M.trainer_defaults()
   local t = {}
   for k, v in pairs(M.TRAINER_DEFAULTS) do t[k] = v end
@@ -64,6 +64,9 @@ function M.resolve(t, n_embd)
   int_in(r, 'hidden', 0)
   for _, k in ipairs({ 'capacity_factor', 'aux_loss', 'z_loss', 'bias_update' }) do real_at_least(r, k, 0) end
   if r.router ~= 'softmax' and r.router ~= 'sigmoid' then bad('router', "'softmax' or 'sigmoid'", r.router) end
+  if r.ep_exchange ~= 'auto' and r.ep_exchange ~= 'counts' and r.ep_exchange ~= 'fixed' then
+    bad('ep_exchange', "'auto', 'counts' or 'fixed'", r.ep_exchange)
+  end
   if r.hidden == 0 then r.hidden = 4 * n_embd end
   return r
 end
@@ -225,6 +228,7 @@ function MoE:__init(mc, C, act, fc_std, proj_std, opts)
   local E = mc.experts
   self.dropout = opts and opts.dropout or 0
   self.n_experts, self.top_k, self.capacity_factor, self.act = E, mc.top_k, mc.capacity_factor, act
+  self.ep_exchange = mc.ep_exchange  -- (read by gptlua.dist.expert_parallel)
   self:add('router', nn.Linear(C, E, { bias = false, std = fc_std }))
   local ex = self:add('experts', nn.ModuleList())
   for _ = 1, E do ex:append(Expert(C, mc.hidden, fc_std, proj_std)) end

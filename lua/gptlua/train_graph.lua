@@ -35,7 +35,12 @@
 -- are fixed) and says once why a capture failed, then runs op by op; true
 -- makes either an error; 'off' or false never captures (and the trainer
 -- steps as on the CPU: host norm, mul_ clip, host-rate optimizer).  CPU
--- runs are unaffected.
+-- runs are unaffected.  Ranks under ddp, with or without expert
+-- parallelism, capture their whole step under cuda_graph = true (not
+-- 'auto'): the policy's hooks run in it (the gradients' all-reduces and
+-- the ep exchanges waited for on the device; the experts' sum of squares
+-- summed over the ep group, policy:block_sumsq), the loss is averaged over
+-- the ranks after the step's one host wait.
 local gl = require 'gptlua'
 local cuda = require 'gptlua.cuda'
 local optim = require 'gptlua.optim'
@@ -55,11 +60,29 @@ function M.mode(cfg)
   return v
 end
 
+-- why a graph cannot serve this trainer of several ranks, or nil: it
+-- serves data-parallel ranks under ddp, with or without expert
+-- parallelism (their collectives waited for on the device), capturing the
+-- whole step (the optimizer takes the step block)
+local function ranks_obstacle(t)
+  local cfg, m = t.cfg, t.mesh and t.mesh.size or {}
+  local inner = t.policy.ep_layout and t.policy.inner or t.policy
+  local ok = cfg.dist == 'ddp' and inner.name == 'ddp' and (m.tp or 1) == 1 and (m.pp or 1) == 1
+    and (m.cp or 1) == 1 and (cfg.powersgd_rank or 0) == 0 and optim.takes_block(t.optimizer)
+  if ok then return nil end
+  return ('the run has %d ranks (graphs serve one process, or ranks under ddp alone or with ep whose optimizer takes '
+    .. 'the step block)'):format(t.world)
+end
+
 -- why a graph cannot serve this trainer, or nil
 local function obstacle(t)
   local cfg = t.cfg
   if cfg.device == 'cpu' then return 'the device is cpu (CUDA graphs need a CUDA device)' end
-  if t.world > 1 or t.dist then return 'the run has ' .. t.world .. ' ranks (graphs serve one process for now)' end
+  if t.world > 1 or t.dist then
+    local why = ranks_obstacle(t)
+    if why then return why end
+    if M.mode(cfg) ~= true then return 'a run of several ranks captures under cuda_graph = true only' end
+  end
   if cfg.dropout > 0 then
     return ('dropout %g > 0 draws a fresh mask each step from the host RNG, which a graph would replay'):format(cfg.dropout)
   end
@@ -161,14 +184,19 @@ local function device_step(self, xs, ys)
   b:send()
   t.policy:zero_grad()
   for i = 1, accum do
+    t.policy:before_micro_step(i, accum)
     gl.scope(function()
       forward_backward(t.model, xs[i], ys[i], accum, function(l) b:slot(self.loss_at + i - 1):copy_(l:reshape({ 1 })) end)
     end)
   end
+  t.policy:after_backward()  -- (ddp: the gradients' all-reduces waited for on the device)
   gl.scope(function()
-    local grads = {}
-    for _, p in ipairs(t.params) do if p.grad then grads[#grads + 1] = p.grad end end
-    b:sumsq(grads)
+    if t.policy.block_sumsq then t.policy:block_sumsq(b, t.params)  -- (ep: the experts' over the ep group)
+    else
+      local grads = {}
+      for _, p in ipairs(t.params) do if p.grad then grads[#grads + 1] = p.grad end end
+      b:sumsq(grads)
+    end
     b:finalize(self.loss_at, accum)
     t.optimizer:step_block(b.dev)
   end)
@@ -226,6 +254,7 @@ function Graph:train_step(accum)
   local h = b.h
   local L = gl.lib
   local loss, norm, taken = h[L.GL_STEP_LOSS], h[L.GL_STEP_NORM], h[L.GL_STEP_SKIP] == 0
+  if t.world > 1 then loss = t:average_loss(loss) end  -- (the norm is every rank's already)
   if taken then
     t.optimizer:step_taken()
     self:step_done()

@@ -7,8 +7,11 @@
 --     [--policies=ddp,fsdp] [--steps=2] [--waits=host,device] [--out=DIR] [--skip_waits=N]
 --     [--bucket_mb=0.02] [--dump=1]
 --
--- Policies: those of gptlua.dist, and 'tp' (tensor parallelism over every
--- rank, DDP under it: its forward and backward collectives).
+-- Policies: those of gptlua.dist, 'tp' (tensor parallelism over every
+-- rank, DDP under it: its forward and backward collectives), and 'ep' and
+-- 'ep_counts' (DDP with a mixture-of-experts layer in every block, its 4
+-- experts split over every rank: the fixed exchange, and the counts
+-- exchange, whose counts are read on the host; gptlua.dist.expert_parallel).
 -- For each policy and each way collectives are waited for ('host': the
 -- host blocks until the NCCL event passed, as Work:wait did before; 'device':
 -- the compute stream waits for it, gptlua.dist's Work:wait now), it trains a
@@ -122,12 +125,16 @@ local function run(policy, waits)
   -- 'tp': tensor parallelism over every rank (dp 1: the ranks read the same
   -- batch), DDP under it; one rank is the whole model
   local tp = policy == 'tp'
+  local ep = policy == 'ep' or policy == 'ep_counts'
   local accum = (multi or tp) and 1 or 2  -- one rank runs both ranks' batches
   local tmp = os.tmpname()  -- the trainer's run directory, removed at the end
   os.remove(tmp)
-  local t = train.new(recipe({ optimizer = 'adamw', dist = tp and 'ddp' or policy, device = 'cuda',
+  local t = train.new(recipe({ optimizer = 'adamw', dist = (tp or ep) and 'ddp' or policy, device = 'cuda',
     gradient_accumulation_steps = accum, max_iters = STEPS, out_dir = tmp, quiet = true, bucket_mb = BUCKET_MB,
-    tp = tp and world.size or nil, vocab_size = tp and 66 or nil }), {})  -- (65 characters, padded for tp 2)
+    tp = tp and world.size or nil, vocab_size = tp and 66 or nil,  -- (65 characters, padded for tp 2)
+    ep = ep and world.size or nil,
+    moe = ep and { experts = 4, top_k = 2, hidden = 32, ep_exchange = policy == 'ep' and 'fixed' or 'counts' } or nil }),
+    {})
   -- The set-up's garbage (FSDP's set-up drops pinned host buffers to the
   -- GC) and the previous run's are collected here, not by a collection
   -- that the measured step's allocations happen to trigger: its finalizers'

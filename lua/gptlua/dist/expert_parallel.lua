@@ -31,9 +31,11 @@
 -- Backward runs the same exchanges in reverse (the all-to-all's gradient
 -- is the all-to-all with the counts swapped).  The counts read in step 2
 -- are a host synchronisation per layer and pass: on a device the exchange
--- sizes are host arguments of NCCL's send/recv, so an ep step does not
--- replay as one CUDA graph.  A plan (gptlua.plan, values unknown) assumes
--- balanced routing: every expert gets N K / E of a rank's assignments.
+-- sizes are host arguments of NCCL's send/recv, so this exchange cannot be
+-- captured in a CUDA graph; the fixed-size exchange (below, chosen by
+-- moe.ep_exchange) reads nothing on the host.  A plan (gptlua.plan, values
+-- unknown) assumes balanced routing: every expert gets N K / E of a rank's
+-- assignments.
 --
 -- Gradients.  An expert's gradient on its owner already sums the
 -- contributions of every token of its ep group; summing over the replica
@@ -164,6 +166,8 @@ end
 -- and the result of during() (the shared experts: run while the rows are
 -- on their way to the experts' ranks).
 function Layout:forward(layer, xf, slots, counts, weights, run_experts, during)
+  if self:fixed_exchange(layer) then return self:forward_fixed(layer, xf, slots, counts, weights, run_experts, during) end
+  self:prepare_fixed(layer, slots, counts.device)
   local n, El, comm = self.size, layer.n_local, self.group
   local planned = require('gptlua.meta').is_meta(counts)
   local c = planned and self:balanced(layer, slots) or counts:tolist()
@@ -218,6 +222,134 @@ function Layout:balanced(layer, slots)
     if cap > 0 then c[e] = math.min(c[e], cap) end
   end
   return c
+end
+
+-- ------------------------------------------------------- fixed-size exchange
+-- The exchange a CUDA graph can hold (moe.ep_exchange = 'fixed', or 'auto'
+-- while a CUDA graph is being captured): nothing is read on the host.  Each
+-- rank sends each peer a block of B rows, B known from the shapes alone
+-- (Layout.block_rows), its rows for that peer's experts first, in expert
+-- order, zero rows after them; the per-expert counts travel on the device
+-- (the all-to-all of E integers, waited for by the device), and the
+-- receiving side turns them into each received row's place in expert order
+-- with a few int64 tensor ops (prefix sums as products with triangular
+-- masks).  The rows meet their experts in the same order as in the counts
+-- exchange, so the results are the same bit for bit; the cost is bytes:
+-- every all-to-all moves ep B rows instead of the rows routed.
+
+-- int64 constants on a device, made once (arange is a copy from the host,
+-- which a captured graph may not contain); while planning (meta tensors) a
+-- fresh one each time, so that no shape without data outlives the plan
+local constants = {}
+local function constant(key, device, make)
+  if require('gptlua.meta').active() then return make() end
+  key = device .. '/' .. key
+  if not constants[key] then constants[key] = make():keep() end
+  return constants[key]
+end
+local function ids(m, device) return gl.arange(0, m, { dtype = 'int64', device = device }) end
+
+-- inclusive prefix sums along the rows of x (a, m), int64, on x's device:
+-- sum over j' of x[i][j'] [j' <= j]
+local function prefix_mask(m, device)
+  return constant('prefix/' .. m, device, function()
+    local i = ids(m, device)
+    return gl.le(i:view(1, m), i:view(m, 1)):to('int64'):view(1, m, m)
+  end)
+end
+local function prefix(x)
+  local a, m = x.shape[1], x.shape[2]
+  return (x:view(a, 1, m) * prefix_mask(m, x.device)):sum(3)
+end
+
+-- 0 .. m-1 as (m) int64 on device
+local function iota(m, device) return constant('ids/' .. m, device, function() return ids(m, device) end) end
+
+-- The rows B of each block: what one rank can route to one peer.  Dropless,
+-- each of N tokens picks at most min(K, E/ep) of a peer's experts; with a
+-- capacity each expert keeps at most min(capacity, N) rows.  (Dropless, an
+-- all-to-all of the fixed exchange moves ep N min(K, E/ep) rows of C
+-- elements per rank where the counts exchange moves the N K rows routed:
+-- ep min(K, E/ep) / K times the bytes under balanced routing.)
+function Layout:block_rows(layer, N, K)
+  local El = layer.n_local
+  local B = N * math.min(K, El)
+  local cap = require('gptlua.moe').capacity(layer.capacity_factor, N, K, layer.n_experts)
+  if cap > 0 then B = math.min(B, El * math.min(cap, N)) end
+  return B
+end
+
+-- whether this layer's forward uses the fixed exchange (moe.ep_exchange)
+function Layout:fixed_exchange(layer)
+  local mode = layer.ep_exchange or 'auto'
+  if mode == 'auto' then return require('gptlua.cuda').capturing() ~= nil end
+  return mode == 'fixed'
+end
+
+-- Under 'auto' on a GPU, the steps before a capture use the counts
+-- exchange: the fixed exchange's constants for this shape are made there,
+-- so that the captured step finds them.
+function Layout:prepare_fixed(layer, slots, device)
+  if (layer.ep_exchange or 'auto') ~= 'auto' or device == 'cpu' or require('gptlua.meta').active() then return end
+  local n, El = self.size, layer.n_local
+  prefix_mask(n, device)
+  prefix_mask(El, device)
+  iota(El, device)
+  iota(self:block_rows(layer, slots.shape[1], slots.shape[2]), device)
+end
+
+-- slots (N, K) into the expert-ordered buffer -> slots into the blocks:
+-- a row of peer p's experts moves from its place after the rows of the
+-- peers before p (S_p) to the start of block p (p B); dropped stay -1
+local function block_slots(slots, counts, n, B)
+  local N, K = slots.shape[1], slots.shape[2]
+  local per_peer = counts:view(n, -1):sum(2)                    -- (n) rows for each peer
+  local S = prefix(per_peer:view(1, n)):view(n) - per_peer      -- (n) exclusive: S_p, non-decreasing
+  local s = slots:reshape(N * K, 1)
+  local below = gl.le(S:view(1, n), s):to('int64')              -- (N K, n): S_p <= s
+  local p = gl.clamp(below:sum(2) - 1, 0)                       -- the last peer with S_p <= s
+  local start = gl.max(below * S:view(1, n), 2)                 -- its S_p
+  local moved = s:view(N * K) - start + p * B
+  return gl.where(gl.ge(s:view(N * K), 0), moved, -1):view(N, K)
+end
+
+-- got (n El): rows from source p for local expert j, at p El + j -> for
+-- each of the n B received rows its row in expert order (-1: padding), as
+-- (n B, 1), and the local experts' counts (El).  Row i of block p is the
+-- one of expert j where Eb[p][j] <= i < Cb[p][j] (Cb the inclusive prefix
+-- over j, Eb = Cb - G); it goes after the rows of lower experts (start[j])
+-- and those of expert j from lower sources (before[p][j]).  (No index
+-- ops: broadcast comparisons and one-hot sums, (n, B, El) int64 each.)
+local function received_order(got, n, El, B)
+  local dev = got.device
+  local G = got:view(n, El)
+  local Cb = prefix(G)
+  local local_counts = G:sum(1)
+  local start = prefix(local_counts:view(1, El)):view(El) - local_counts
+  local before = prefix(G:t():contiguous()):t() - G
+  local D = start:view(1, El) + before - (Cb - G)                        -- (n, El): row of (p, j, i) less i
+  local i = iota(B, dev)
+  local j = gl.le(Cb:view(n, 1, El), i:view(1, B, 1)):to('int64'):sum(3)  -- (n, B): the expert of row i of block p
+  local onehot = gl.eq(iota(El, dev):view(1, 1, El), gl.clamp(j, 0, El - 1):view(n, B, 1)):to('int64')
+  local dest = (onehot * D:view(n, 1, El)):sum(3) + i:view(1, B)
+  return gl.where(gl.lt(j, El), dest, -1):view(n * B, 1), local_counts
+end
+
+-- Layout:forward with the fixed exchange (same arguments and results)
+function Layout:forward_fixed(layer, xf, slots, counts, weights, run_experts, during)
+  local n, El, comm = self.size, layer.n_local, self.group
+  local B = self:block_rows(layer, slots.shape[1], slots.shape[2])
+  local got = gl.empty({ n * El }, { dtype = 'int64', device = counts.device })
+  comm:all_to_all_async(got, counts):wait()   -- E/n counts to each peer; the device waits, not the host
+  local blocks = {}
+  for p = 1, n do blocks[p] = B end
+  local mine = block_slots(slots, counts, n, B)
+  local rows, extra = exchange(gl.moe_permute(xf, mine, n * B), blocks, blocks, comm, during)
+  local idx, local_counts = received_order(got, n, El, B)
+  local ones = gl.ones({ n * B, 1 }, { dtype = rows.dtype, device = rows.device })
+  local y = run_experts(layer, gl.moe_permute(rows, idx, n * B), local_counts)
+  local back = exchange(gl.moe_combine(y, idx, ones), blocks, blocks, comm)
+  return gl.moe_combine(back, mine, weights), extra
 end
 
 -- key -> {template, local index} for a key of this rank's experts (a
@@ -290,7 +422,7 @@ function P:after_backward()
   local L = self.ep_layout
   for _, p in ipairs(L.params) do
     if p.grad then
-      if L.replica.size > 1 then L.replica:all_reduce(p.grad, 'sum') end
+      if L.replica.size > 1 then L.replica:all_reduce_async(p.grad, 'sum'):wait() end  -- (NCCL: a device wait)
       p.grad:mul_(1 / L.dp)
     end
   end
@@ -301,6 +433,26 @@ function P:grad_norm()
   for _, p in ipairs(self.ep_layout.params) do if p.grad then s = s + B.sumsq(p.grad) end end
   if self.ep_layout.size > 1 then s = self.ep_layout.group:all_reduce_number(s, 'sum') end
   return math.sqrt(self.inner:grad_norm() ^ 2 + s)
+end
+
+-- The step block's sum of squares (gptlua.train_graph's whole step, all
+-- on the device): the experts' summed over the ep group (each expert
+-- once), then the policy's gradients' (the same on every rank) added.
+function P:block_sumsq(b, params)
+  local L, experts, rest = self.ep_layout, {}, {}
+  for _, p in ipairs(params) do
+    if p.grad then
+      local list = L.is_expert[p] and experts or rest
+      list[#list + 1] = p.grad
+    end
+  end
+  local slot = b:slot(gl.lib.GL_STEP_SUMSQ)
+  self.expert_sumsq = self.expert_sumsq or gl.empty({ 1 }, { dtype = 'float64', device = b.device }):keep()
+  b:sumsq(experts)
+  self.expert_sumsq:copy_(slot)
+  if L.size > 1 then L.group:all_reduce_async(self.expert_sumsq, 'sum'):wait() end
+  b:sumsq(rest)
+  slot:add_(self.expert_sumsq)
 end
 
 -- f(p, grad, counted) for every gradient this rank holds, counted once

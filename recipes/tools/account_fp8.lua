@@ -54,26 +54,25 @@ M.FUSED = {
 -- ------------------------------------------------------------------ work by hand
 -- One operand's quantization (R x C, bf16 in): { read, written, launches }.
 -- tensorwise: cudaMemsetAsync of the amax word (4 bytes), the amax pass
--- (reads the operand, folds into the word) and the cast pass (reads the
--- operand and the word, writes R*C bytes and one scale); rowwise: one pass
--- (reads the operand, writes R*C bytes and one scale per row).
+-- (reads the operand, folds into the word with atomicMax: reads and writes
+-- it) and the cast pass (reads the operand and the word, writes R*C bytes
+-- and one scale); rowwise: one pass (reads the operand, writes R*C bytes
+-- and one scale per row).  The simulator's count of kernels/fp8.cu is the
+-- same, but for rounding each 4-byte word up to its 32-byte sector.
 function M.quantize(R, C, recipe)
   local n = R * C
   if recipe == 'tensorwise' then
-    return { read = 2 * M.S * n + 4, written = 4 + 4 + n + 4, launches = 3 }
+    return { read = 2 * M.S * n + 8, written = 4 + 4 + n + 4, launches = 3 }
   end
   return { read = M.S * n, written = n + 4 * R, launches = 1 }
 end
 
 -- One FP8 product out (m x n) = a (m x k) b (n x k)^T: the product row
--- { flops, read, written, launches } and, rowwise, the scale pass's
+-- { flops, read, written, launches } (its operands once, as the account
+-- counts cuBLASLt's) and, rowwise, the scale pass's
 local function fp8_product(m, n, k, recipe)
-  local prod = { kind = 'fp8', flops = 2 * m * n * k, read = m * k + n * k + 8, written = 0, launches = 1 }
-  if recipe == 'tensorwise' then
-    prod.written = M.S * m * n
-    return prod
-  end
-  prod.read = m * k + n * k
+  local prod = { kind = 'fp8', flops = 2 * m * n * k, read = m * k + n * k, written = M.S * m * n, launches = 1 }
+  if recipe == 'tensorwise' then return prod end
   prod.written = 4 * m * n
   local scale = { kind = 'mem', flops = 0, read = 4 * m * n + 4 * m + 4 * n, written = M.S * m * n, launches = 1 }
   return prod, scale
@@ -116,7 +115,7 @@ function M.layer_work(layer, N, recipe)
     -- y + bias (read y and the bias, write y); its gradient: dy's column sum
     added[#added + 1] = { name = 'bias add', kind = 'mem', flops = 0, read = M.S * (N * P + P), written = M.S * N * P,
                           launches = 1 }
-    added[#added + 1] = { name = 'bias gradient', kind = 'mem', flops = 0, read = M.S * N * P, written = 4 * P,
+    added[#added + 1] = { name = 'bias gradient', kind = 'mem', flops = 0, read = M.S * N * P, written = M.S * P,
                           launches = 1 }
   end
   if layer.activation then

@@ -149,8 +149,7 @@ end
 -- ------------------------------------------------------------------ the models
 -- The model of account.MODELS[name] at its full size, built on the meta
 -- device: the precision policy's layers (n_in, n_out, bias, the MLP's
--- activation and bf16 engines), FLOPs per token (train.lua's), how many
--- linear layers stay bf16
+-- activation and bf16 engines) and FLOPs per token (train.lua's)
 function M.model_facts(name)
   local m = account.MODELS[name]
   local args = { '--device=cpu', '--dtype=bfloat16', '--block_size=' .. m.T }
@@ -159,7 +158,8 @@ function M.model_facts(name)
     local tc = require 'gptlua.train_config'
     local cfg = tc.resolve_config(dofile(gl.root .. '/recipes/' .. m.recipe .. '.lua'), args)
     local model = tc.build_model(cfg)
-    local fused = M.FUSED[cfg.model] or M.FUSED.nanochat
+    local fused = M.FUSED[cfg.model]
+    if not fused then error(('account_fp8: no fused epilogues known for model family %s'):format(cfg.model), 0) end
     local chosen, first, last = require('gptlua.fp8').choose(model)
     if not chosen then error('account_fp8: ' .. first, 0) end
     -- the MLP's two matrices: its activation follows c_fc, whose forward
@@ -181,11 +181,9 @@ function M.model_facts(name)
       layers[#layers + 1] = layer
       fp8_weights = fp8_weights + l.n_in * l.n_out
     end
-    local all = 0
-    for _, x in ipairs(model:modules()) do if getmetatable(x) == require('gptlua.nn').Linear then all = all + 1 end end
     return { name = name, family = cfg.model, B = m.B, T = m.T, N = m.B * m.T, n_layer = cfg.n_layer, C = cfg.n_embd,
              vocab = cfg.vocab_size, layers = layers, first = first, last = last, fp8_weights = fp8_weights,
-             linears = all, flops_per_token = model:flops_per_token(m.T) }
+             flops_per_token = model:flops_per_token(m.T) }
   end)
 end
 

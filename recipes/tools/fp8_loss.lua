@@ -15,7 +15,7 @@
 -- in bf16, with --fp8=tensorwise and with --fp8=rowwise.  "Tracks" means:
 -- the train loss averaged over consecutive windows of --window steps (20)
 -- within --train_tolerance (0.05) of bf16's in every window, and the final
--- validation loss within --tolerance (0.02).  About 7 minutes of one core
+-- validation loss within --tolerance (0.02).  About 8 minutes of one core
 -- at the defaults (FP8 emulation runs at about half bf16's speed).
 --   gptlua recipes/tools/fp8_loss.lua [--shape=default|gpt2_124m] [--recipe=tensorwise|rowwise] [--steps=300]
 --     [--device=cpu] [--tolerance=0.02] [--train_tolerance=0.05] [--window=20] [--n_embd=N]

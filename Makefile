@@ -4,7 +4,8 @@
 #   make test       deps if missing, build, run every spec
 #   make test-cuda  the CUDA-vs-CPU twin specs on a real GPU
 #   make gpu-check  one command that shows a GPU works: builds for it, runs the #cuda specs,
-#                   trains, measures tokens/s and MFU, runs NCCL (recipes/tools/gpu_check.lua;
+#                   trains, measures tokens/s and MFU (and FP8's against bf16's on sm_89+),
+#                   runs NCCL (recipes/tools/gpu_check.lua;
 #                   report in build/gpu-check/); without a GPU, the same in the simulator
 #   make cuda-resources  every kernel's registers and shared memory against each arch's limits
 #   make sim        build/sim/: the same engine with every CUDA kernel, cuBLASLt and

@@ -69,6 +69,15 @@ describe('cuda-sim account: bytes, FLOPs, syncs of each launch #cuda #sim', func
                            'quick.nanochat.differing_counts', 'quick.nanochat.has_products' })
   end)
 
+  it('counts an FP8 layer\'s quantize passes, products and scale passes as account_fp8.lua writes them', function()
+    local got, out = worker('fp8', 120)
+    local keys = {}
+    for _, recipe in ipairs({ 'tensorwise', 'rowwise' }) do
+      for _, f in ipairs({ 'launches', 'flops', 'read', 'written' }) do keys[#keys + 1] = ('fp8.%s.%s'):format(recipe, f) end
+    end
+    expect_all(got, out, keys)
+  end)
+
   it('is one command from any engine, which hands it to the account flavour', function()
     local out, rc = S.sh(S.EXE .. ' recipes/tools/bench_cuda.lua --account --model=gpt3', 120)
     assert.are_not.equal(0, rc)

@@ -35,7 +35,7 @@ describe('make gpu-check in the simulator #cuda #sim', function()
       assert.equal('pass', s.status, s.name .. ': ' .. tostring(s.detail))
       assert.is_true(s.seconds >= 0 and s.seconds <= s.budget + 10, s.name)
     end
-    assert.same({ 'device', 'specs', 'train', 'throughput', 'nccl' }, names)
+    assert.same({ 'device', 'specs', 'train', 'throughput', 'fp8', 'nccl' }, names)
 
     assert.equal(1, stage(rep, 'device').count)
     assert.matches('cuda-sim', stage(rep, 'device').detail, 1, true)
@@ -59,11 +59,29 @@ describe('make gpu-check in the simulator #cuda #sim', function()
     assert.same({ 'gpt2_124m on', 'gpt2_124m off', 'nanochat_d20 on', 'nanochat_d20 off' }, seen)
     assert.equal(2, stage(rep, 'nccl').ranks)
 
+    -- FP8 against bf16 (the simulator is an sm_90): three runs, their ratios to the first
+    local f8 = stage(rep, 'fp8')
+    assert.equal(90, f8.capability)
+    local precisions = {}
+    for i, r in ipairs(f8.rows) do
+      precisions[i] = r.fp8
+      assert.is_true(r.tokens_per_s > 0 and r.ms_per_step > 0, r.fp8)
+      assert.near(r.tokens_per_s / f8.rows[1].tokens_per_s, r.ratio, 1e-12)
+      assert.is_true(r.whole_step_graph, r.fp8)
+    end
+    assert.same({ 'off', 'tensorwise', 'rowwise' }, precisions)
+    assert.matches('^gpt2_124m B=1 T=32 %(tiny%), CUDA graph on: bf16 %d+ tokens/s, tensorwise %d+ %(%d+%.%d%dx%), '
+                   .. 'rowwise %d+ %(%d+%.%d%dx%) %(' .. G.SIM_NOTE .. '%)$', f8.detail)
+
     local md = read(dir .. '/report.md')
     assert.matches('# gpu%-check: CUDA simulator %(sim mode%), PASS', md)
     assert.matches('| stage | status | seconds (budget) | result |', md, 1, true)
     assert.matches('| gpt2_124m | B=1 T=32 (tiny) | on |', md, 1, true)
     assert.matches(G.SIM_NOTE, md, 1, true)
+    assert.matches('| model | config | precision | ms/step | tokens/s | vs bf16 |', md, 1, true)
+    assert.matches('| gpt2_124m | B=1 T=32 %(tiny%) | bf16 | [%d.]+ | %d+ | 1.00x |', md)
+    assert.matches('| gpt2_124m | B=1 T=32 %(tiny%) | fp8 tensorwise | [%d.]+ | %d+ | %d+%.%d%dx |', md)
+    assert.matches('| gpt2_124m | B=1 T=32 %(tiny%) | fp8 rowwise | [%d.]+ | %d+ | %d+%.%d%dx |', md)
     assert.matches(md, out, 1, true)  -- the table it printed
   end)
 
@@ -81,10 +99,23 @@ describe('make gpu-check in the simulator #cuda #sim', function()
     assert.matches('gpu-check: FAIL', out, 1, true)
   end)
 
+  it('skips the fp8 stage on a GPU below sm_89, says so in the table, and passes', function()
+    local dir = S.tmpdir()
+    local out, rc = S.sh(('env GL_SIM_ARCH=80 %s --mode=sim --out=%s --stages=fp8'):format(DRIVER, dir), 120)
+    assert.equal(0, rc, out)
+    local rep = cjson.decode(read(dir .. '/report.json'))
+    assert.is_true(rep.ok)
+    local f8 = stage(rep, 'fp8')
+    assert.equal('skipped', f8.status)
+    assert.equal('skipped: sm_80 < sm_89', f8.detail)
+    assert.same({}, f8.rows)
+    assert.matches('| fp8 | skipped | %d+ %(240%) | skipped: sm_80 < sm_89 |', read(dir .. '/report.md'))
+  end)
+
   it('refuses an unknown stage or option with one line', function()
     local out, rc = S.sh(('%s --mode=sim --stages=specs,bogus'):format(DRIVER), 60)
     assert.are_not.equal(0, rc)
-    assert.matches('gpu_check: unknown stage bogus (device, specs, train, throughput, nccl)', out, 1, true)
+    assert.matches('gpu_check: unknown stage bogus (device, specs, train, throughput, fp8, nccl)', out, 1, true)
     out, rc = S.sh(('%s --mode=sim --fail=nothing'):format(DRIVER), 60)
     assert.are_not.equal(0, rc)
     assert.matches('gpu_check: --fail names no stage: nothing', out, 1, true)

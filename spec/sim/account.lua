@@ -2,7 +2,7 @@
 -- simulator's account flavour (build/sim-account/gptlua, GL_SIM_SMS=2) and
 -- prints what it counted next to an independent count, one "KEY counted
 -- expected" line each, for the spec to compare.
---   build/sim-account/gptlua spec/sim/account.lua ops|step|extrapolation|quick
+--   build/sim-account/gptlua spec/sim/account.lua ops|step|extrapolation|quick|fp8
 local gl = require 'gptlua'
 local acc = dofile(gl.root .. '/recipes/tools/account.lua')
 local lib = gl.lib
@@ -239,4 +239,42 @@ if what == 'quick' then
   return
 end
 
-error('spec/sim/account.lua: expected ops, step, extrapolation or quick, got ' .. tostring(what), 0)
+if what == 'fp8' then
+  -- an FP8 linear layer forward and backward (gl.fp8_linear, kernels/fp8.cu)
+  -- counted against recipes/tools/account_fp8.lua's work for the layer: the
+  -- quantize passes, the FP8 products and (rowwise) the scale passes.  The
+  -- account counts 4-byte words (amax, a scale) in 32-byte sectors; sizes
+  -- here make every other size a whole number of sectors
+  local F8 = dofile(gl.root .. '/recipes/tools/account_fp8.lua')
+  local N, K, P = 64, 64, 96
+  lib.gl_sim_account_skip_products(1)
+  for _, recipe in ipairs({ 'tensorwise', 'rowwise' }) do
+    local x = gl.randn({ N, K }, DEV):requires_grad_()
+    local W = gl.randn({ P, K }, DEV):requires_grad_()
+    local g = gl.randn({ N, P }, DEV)
+    local res = acc.count(function() gl.fp8_linear(x, W, recipe):backward(g) end)
+    local work = F8.layer_work({ n_in = K, n_out = P }, N, recipe)
+    local want = { read = 0, written = 0, launches = 0, flops = 0 }
+    local function add(r, words_read, words_written)
+      want.read = want.read + r.read + words_read * (32 - 4)
+      want.written = want.written + r.written + words_written * (32 - 4)
+      want.launches, want.flops = want.launches + r.launches, want.flops + r.flops
+    end
+    for _, r in ipairs(work.added) do
+      -- tensorwise quantize: the amax word read twice, written by amax, the
+      -- scale written by the cast (the memset's 4 bytes are counted as such)
+      if r.name == 'quantize' then add(r, recipe == 'tensorwise' and 2 or 0, recipe == 'tensorwise' and 2 or 0)
+      else add(r, 0, 0) end
+    end
+    local got = { read = 0, written = 0, launches = 0, flops = 0 }
+    for _, n in ipairs(res.order) do
+      if n:match('^fp8_') or n:match('^cublasLt 8F') or (recipe == 'tensorwise' and n == 'cudaMemsetAsync') then
+        for k in pairs(got) do got[k] = got[k] + res.rows[n][k] end
+      end
+    end
+    for _, k in ipairs({ 'launches', 'flops', 'read', 'written' }) do say(('fp8.%s.%s'):format(recipe, k), got[k], want[k]) end
+  end
+  return
+end
+
+error('spec/sim/account.lua: expected ops, step, extrapolation, quick or fp8, got ' .. tostring(what), 0)

@@ -1,0 +1,77 @@
+-- FSDP's FP8 all-gather (gptlua.dist.fsdp_fp8) on 2 MPI ranks, FP8 emulated
+-- on the CPU (spec/dist/fsdp_fp8.lua runs on the ranks), tensorwise and
+-- rowwise, float32 and bfloat16 models:
+--   - every FP8 weight's gathered codes and scales, both the forward's
+--     (rows) and the input gradient's (columns), equal gl.fp8_quantize of
+--     the whole weight in one process, bit for bit;
+--   - one step's all-gather bytes: the FP8 weights travel at 1 byte per
+--     element where they travelled at the model dtype's 2 or 4 (tensorwise:
+--     1/2 of bfloat16's, 1/4 of float32's; rowwise gathers the column form
+--     too for backward, 1 + 2 bytes per forward and backward against 2 x 2
+--     or 2 x 4), the other parameters' bytes unchanged, plus the amax
+--     all-reduce's few bytes;
+--   - 4 training steps equal one process running the ranks' micro-steps
+--     as gradient accumulation (dist_fsdp_spec's float32 rule, 1e-5).
+local gl = require 'gptlua'
+local train = require 'gptlua.train'
+local H = require 'support.mpi'
+
+local N = 2
+local res_cache
+local function results()
+  if res_cache then return res_cache end
+  local out = H.tmpdir()
+  local o, rc = H.mpirun(N, 'spec/dist/fsdp_fp8.lua', out, 400)
+  H.assert_ranks_ok(o, rc, N)
+  res_cache = H.read_json(out .. '/fp8_gather.json')
+  os.execute('rm -rf ' .. out)
+  return res_cache
+end
+
+describe('FSDP all-gathers FP8 weights as float8 codes (2 ranks)', function()
+  for _, rc in ipairs({ 'tensorwise', 'rowwise' }) do
+    for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+      local key = rc .. '_' .. dt
+      it(key .. ': gathered codes and scales are one process\'s, bit for bit', function()
+        local r = results()[key]
+        assert.is_true(r.weights >= 4, 'FP8 weights checked: ' .. r.weights)
+        assert.same({}, r.bad)
+      end)
+      it(key .. ': the FP8 weights\' gather bytes are 1 per element, the rest unchanged', function()
+        local r = results()[key]
+        local E, b = r.fp8_elements, r.dtype_bytes
+        -- 2 micro-steps (one per rank) of a forward gather and backward's re-gather
+        local gathers = 4
+        local saved = r.off.hp - r.on.hp    -- the FP8 weights' high-precision bytes no longer sent
+        assert.equal(E * b * (N - 1) * gathers, saved)
+        assert.equal(0, r.off.f8)
+        local want = rc == 'tensorwise' and E * (N - 1) * gathers     -- q, whose bytes also serve W^T
+          or E * (N - 1) * (gathers / 2 + 2 * gathers / 2)          -- forward: rows; backward: rows and columns
+        assert.equal(want, r.on.f8)
+        -- the scales' all-reduce: a few bytes per row and column (small beside R x C at real widths)
+        assert.is_true(r.on.amax > 0 and r.on.amax <= r.on.f8, 'amax all-reduce bytes ' .. r.on.amax)
+        print(('%s: per step on %d ranks, all-gather bytes %d with FP8 codes (%d float8 + %d %s, amax %d), %d without')
+          :format(key, N, r.on.f8 + r.on.hp, r.on.f8, r.on.hp, dt, r.on.amax, r.off.hp))
+      end)
+    end
+  end
+
+  for _, rc in ipairs({ 'tensorwise', 'rowwise' }) do
+    it(rc .. ': 4 steps equal one process accumulating the ranks\' micro-steps', function()
+      local got = results()['train_' .. rc].losses
+      local r = dofile(gl.root .. '/recipes/shakespeare.lua')
+      r.n_layer, r.n_head, r.n_embd, r.block_size, r.batch_size = 3, 2, 32, 16, 4
+      r.quiet, r.device, r.eval_interval, r.sample_length, r.tensorboard = true, 'cpu', 0, 0, false
+      r.max_iters, r.warmup_iters, r.log_interval, r.checkpoint_interval = 4, 1, 1, 0
+      r.fp8, r.fp8_emulate, r.gradient_accumulation_steps = rc, true, N
+      r.out_dir = H.tmpdir()
+      local want = train.main(r, {}).losses
+      os.execute('rm -rf ' .. r.out_dir)
+      assert.equal(#want, #got)
+      for i = 1, #want do
+        local rel = math.abs(got[i] - want[i]) / want[i]
+        assert.is_true(rel < 1e-5, ('%s step %d: loss %.9g, expected %.9g'):format(rc, i, got[i], want[i]))
+      end
+    end)
+  end
+end)

@@ -75,3 +75,55 @@ describe('FSDP all-gathers FP8 weights as float8 codes (2 ranks)', function()
     end)
   end
 end)
+
+-- The same gather on 2 GPUs through NCCL (in the simulator: 2 CPU ranks,
+-- GL_SIM_DEVICES = 2, every kernel under its memory and race checks): the
+-- amax, the cast and the gathers run on the device, and the gathered codes
+-- and scales equal the CPU's gl.fp8_quantize bit for bit (the twins' rule
+-- for quantization: the same float32 operations), the byte counts the CPU
+-- run's.
+describe('FSDP all-gathers FP8 weights through NCCL #cuda', function()
+  local cuda = require 'gptlua.cuda'
+  local ngpu = cuda.device_count()
+  local sim = ngpu > 0 and cuda.get_device_name(0):find('cuda-sim', 1, true) ~= nil
+  if not (sim or ngpu >= N) then
+    pending(('needs %d GPUs'):format(N))
+    return
+  end
+  it('codes and scales as the CPU quantizes them, bytes as on the CPU', function()
+    local out = H.tmpdir()
+    local env = sim and ('env GL_SIM_DEVICES=%d '):format(N) or ''
+    local o, rc = H.sh(env .. H.EXE .. (' -n %d spec/dist/fsdp_fp8.lua %s cuda'):format(N, out), 900)
+    H.assert_ranks_ok(o, rc, N)
+    local got = H.read_json(out .. '/fp8_gather.json')
+    os.execute('rm -rf ' .. out)
+    local want = results()
+    for _, rc_ in ipairs({ 'tensorwise', 'rowwise' }) do
+      for _, dt in ipairs({ 'float32', 'bfloat16' }) do
+        local key = rc_ .. '_' .. dt
+        assert.is_true(got[key].weights >= 4, key)
+        assert.same({}, got[key].bad)
+        assert.same(want[key].on, got[key].on)
+        assert.same(want[key].off, got[key].off)
+      end
+    end
+  end)
+end)
+
+describe('FSDP and HSDP all-gather FP8 weights on 4 ranks', function()
+  it('gathered codes and scales are one process\'s, bit for bit (FSDP over 4, HSDP shard groups of 2)', function()
+    local out = H.tmpdir()
+    local o, rc = H.mpirun(4, 'spec/dist/fsdp_fp8.lua', out .. ' cpu codes', 400)
+    H.assert_ranks_ok(o, rc, 4)
+    local got = H.read_json(out .. '/fp8_gather.json')
+    os.execute('rm -rf ' .. out)
+    for _, rc_ in ipairs({ 'tensorwise', 'rowwise' }) do
+      for _, d in ipairs({ 'fsdp', 'hsdp' }) do
+        local r = got[rc_ .. '_' .. d]
+        assert.equal(d == 'fsdp' and 4 or 2, r.shard)
+        assert.is_true(r.weights >= 4, rc_ .. ' ' .. d)
+        assert.same({}, r.bad)
+      end
+    end
+  end)
+end)

@@ -7,14 +7,20 @@
 --           ring rule of gptlua.dist: (N-1) x the bytes a rank sends), summed over ranks,
 --           split into float8 and model-dtype sends, and the all-reduce
 --           bytes, with fsdp.fp8_all_gather on and off
+-- args: OUT [DEVICE [codes]]: 'codes' checks the codes only, under FSDP
+-- and under HSDP with shard groups of 2 (4 ranks).  DEVICE 'cuda' (spec/dist_nccl_spec.lua's way, #cuda:
+-- GL_SIM_DEVICES = N in the simulator) runs the codes and bytes on the
+-- GPUs, the collectives through NCCL, the codes compared with the CPU's
+-- quantization; without it, on the CPU over MPI, with 4 training steps too.
 -- Rank 0 writes OUT/fp8_gather.json; every rank prints "OK rank R of N".
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local train = require 'gptlua.train'
 local cjson = require 'cjson'
 
-local out = arg[1]
-local world = dist.init { backend = 'mpi', timeout = 120 }
+local out, device, codes_only = arg[1], arg[2] or 'cpu', arg[3] == 'codes'
+local world = dist.init { backend = device == 'cpu' and 'mpi' or 'nccl', timeout = 300 }
+if device ~= 'cpu' then assert(world.nccl or world.size == 1, 'dist.init: the world does not use NCCL') end
 
 local function recipe(over)
   local r = dofile(gl.root .. '/recipes/shakespeare.lua')
@@ -23,13 +29,14 @@ local function recipe(over)
   r.max_iters, r.warmup_iters, r.log_interval, r.checkpoint_interval = 1, 1, 1, 0
   r.gradient_accumulation_steps = world.size
   r.out_dir = out .. '/run'
+  r.device = device
   for k, v in pairs(over or {}) do r[k] = v end
   return r
 end
 
 local function same(a, b)
   if a.shape[1] ~= b.shape[1] or #a.shape ~= #b.shape then return false end
-  return a:to('float32'):contiguous():max_abs_diff(b:to('float32'):contiguous()) == 0
+  return a:to('cpu'):to('float32'):contiguous():max_abs_diff(b:to('cpu'):to('float32'):contiguous()) == 0
 end
 
 -- every FP8 weight's gathered forms against one process's quantization
@@ -83,7 +90,16 @@ local function count_step(over)
 end
 
 local res = {}
-for _, rc in ipairs({ 'tensorwise', 'rowwise' }) do
+if codes_only then
+  for _, rc in ipairs({ 'tensorwise', 'rowwise' }) do
+    for _, d in ipairs({ 'fsdp', 'hsdp' }) do
+      local t = train.new(recipe({ fp8 = rc, fp8_emulate = true, dist = d, shard_size = d == 'hsdp' and 2 or nil }), {})
+      local n, bad = check_codes(t, rc)
+      res[rc .. '_' .. d] = { weights = n, bad = bad, shard = t.policy.S }
+    end
+  end
+end
+for _, rc in ipairs(codes_only and {} or { 'tensorwise', 'rowwise' }) do
   for _, dt in ipairs({ 'float32', 'bfloat16' }) do
     local over = { fp8 = rc, fp8_emulate = true, dtype = dt, dist = 'fsdp' }
     local t = train.new(recipe(over), {})
@@ -100,7 +116,7 @@ for _, rc in ipairs({ 'tensorwise', 'rowwise' }) do
   end
 end
 -- training: 4 steps of one micro-step per rank (one process runs world.size)
-for _, rc in ipairs({ 'tensorwise', 'rowwise' }) do
+for _, rc in ipairs((device == 'cpu' and not codes_only) and { 'tensorwise', 'rowwise' } or {}) do
   local r = train.main(recipe({ fp8 = rc, fp8_emulate = true, dist = 'fsdp', max_iters = 4,
     gradient_accumulation_steps = 1 }), {})
   res['train_' .. rc] = { losses = r.losses }

@@ -93,6 +93,10 @@
 --                (accumulate = 'unsharded': one all-gather and one
 --                reduce-scatter per unit and step, no backward gathers)
 --   HSDP         all-reduce of the shard over replicas      2 (R-1)/R * P/S
+--   FP8 layers   (--fp8) their weights gather as float8 codes: 1 byte per
+--                element, not the dtype's 2 or 4 (rowwise: 2 in backward,
+--                the column-scaled codes too), plus one all-reduce (max)
+--                of their amax per gather (gptlua.dist.fsdp_fp8)
 --   Muon         gradient pieces to owners + updates back   2 * about (S-1)/S^2 * M
 --                (elements; with fp32 masters the updates move as fp32,
 --                so a bfloat16 model moves 2 + 4 bytes per such element)

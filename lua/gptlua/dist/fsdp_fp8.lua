@@ -204,17 +204,15 @@ function M.start(self, u, P, cols)
     end
   end)
   amax:free()
-  u.full = gl.empty({ math.max(P.nhp, 1) }, { dtype = u.dtype, device = dev }):keep()
+  u.full = gl.empty({ P.nhp }, { dtype = u.dtype, device = dev }):keep()
   u.full8 = gl.empty({ P.nf8 }, { dtype = E4M3, device = dev }):keep()
   u.full8c = cols and gl.empty({ P.nf8 }, { dtype = E4M3, device = dev }):keep() or nil
-  local full_h = P.nhp > 0 and u.full or sv(u.full, { 0 }, { 1 }, 0):keep()
   u.f8, u.f8_sends = scales, { send_h, send_8, send_c }
   u.works = {
-    self.shard:all_gather_async(full_h, send_h, { counts = P.hp_counts }),
+    self.shard:all_gather_async(u.full, send_h, { counts = P.hp_counts }),
     self.shard:all_gather_async(u.full8, send_8, { counts = P.f8_counts }),
     cols and self.shard:all_gather_async(u.full8c, send_c, { counts = P.f8_counts }) or nil,
   }
-  u.f8_full_h = full_h ~= u.full and full_h or nil
 end
 
 -- the bytes the unit's gathered buffers hold (the policy's stats.live)
@@ -228,9 +226,8 @@ end
 function M.finish(self, u, P)
   for k = 1, 3 do if u.works[k] then u.works[k]:wait() end end
   u.works = nil
-  for _, t in ipairs({ u.f8_sends[1], u.f8_sends[2], u.f8_sends[3] }) do t:free() end
+  for k = 1, 3 do if u.f8_sends[k] then u.f8_sends[k]:free() end end
   u.f8_sends = nil
-  if u.f8_full_h then u.f8_full_h:free(); u.f8_full_h = nil end
   local B = require 'gptlua.dist.policies.base'
   for i, p in ipairs(u.params) do
     if P.f8_off[i] then

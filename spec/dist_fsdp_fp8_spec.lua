@@ -10,11 +10,10 @@
 --     too for backward, 1 + 2 bytes per forward and backward against 2 x 2
 --     or 2 x 4), the other parameters' bytes unchanged, plus the amax
 --     all-reduce's few bytes;
---   - 4 training steps equal one process running the ranks' micro-steps
---     as gradient accumulation (dist_fsdp_spec's float32 rule, 1e-5).
-local gl = require 'gptlua'
-local train = require 'gptlua.train'
+--   - 5 training steps of the tensor-parallel specs' small GPT (3 blocks,
+--     float32) equal one process by spec/support/dist_train.lua's rule.
 local H = require 'support.mpi'
+local DT = require 'support.dist_train'
 
 local N = 2
 local res_cache
@@ -56,22 +55,21 @@ describe('FSDP all-gathers FP8 weights as float8 codes (2 ranks)', function()
     end
   end
 
+end)
+
+describe('FSDP with FP8 layers trains as one process (2 ranks)', function()
+  local out = H.tmpdir()
+  teardown(function() os.execute('rm -rf ' .. out) end)
+  local runs, cases = DT.new(out), {}
   for _, rc in ipairs({ 'tensorwise', 'rowwise' }) do
-    it(rc .. ': 4 steps equal one process accumulating the ranks\' micro-steps', function()
-      local got = results()['train_' .. rc].losses
-      local r = dofile(gl.root .. '/recipes/shakespeare.lua')
-      r.n_layer, r.n_head, r.n_embd, r.block_size, r.batch_size = 3, 2, 32, 16, 4
-      r.quiet, r.device, r.eval_interval, r.sample_length, r.tensorboard = true, 'cpu', 0, 0, false
-      r.max_iters, r.warmup_iters, r.log_interval, r.checkpoint_interval = 4, 1, 1, 0
-      r.fp8, r.fp8_emulate, r.gradient_accumulation_steps = rc, true, N
-      r.out_dir = H.tmpdir()
-      local want = train.main(r, {}).losses
-      os.execute('rm -rf ' .. r.out_dir)
-      assert.equal(#want, #got)
-      for i = 1, #want do
-        local rel = math.abs(got[i] - want[i]) / want[i]
-        assert.is_true(rel < 1e-5, ('%s step %d: loss %.9g, expected %.9g'):format(rc, i, got[i], want[i]))
-      end
+    cases[#cases + 1] = { ranks = N, model = 'gpt2', reduce = 'float32', recipe = rc,
+      args = ('--dist=fsdp --n_layer=3 --dtype=float32 --fp8=%s --fp8_emulate=true'):format(rc) }
+  end
+  local got
+  for i, c in ipairs(cases) do
+    it(c.recipe .. ': losses, gradient norms and parameters by the rule', function()
+      got = got or runs:launch(cases)
+      runs:check(c, got[i], { n_layer = 3, dtype = 'float32', fp8 = c.recipe, fp8_emulate = true })
     end)
   end
 end)

@@ -11,7 +11,7 @@
 -- and under HSDP with shard groups of 2 (4 ranks).  DEVICE 'cuda' (spec/dist_nccl_spec.lua's way, #cuda:
 -- GL_SIM_DEVICES = N in the simulator) runs the codes and bytes on the
 -- GPUs, the collectives through NCCL, the codes compared with the CPU's
--- quantization; without it, on the CPU over MPI, with 4 training steps too.
+-- quantization; without it, on the CPU over MPI.
 -- Rank 0 writes OUT/fp8_gather.json; every rank prints "OK rank R of N".
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
@@ -114,12 +114,6 @@ for _, rc in ipairs(codes_only and {} or { 'tensorwise', 'rowwise' }) do
     res[rc .. '_' .. dt] = { weights = n, bad = bad, on = on, off = off, fp8_elements = f8_elems,
       dtype_bytes = dt == 'float32' and 4 or 2 }
   end
-end
--- training: 4 steps of one micro-step per rank (one process runs world.size)
-for _, rc in ipairs((device == 'cpu' and not codes_only) and { 'tensorwise', 'rowwise' } or {}) do
-  local r = train.main(recipe({ fp8 = rc, fp8_emulate = true, dist = 'fsdp', max_iters = 4,
-    gradient_accumulation_steps = 1 }), {})
-  res['train_' .. rc] = { losses = r.losses }
 end
 if world.rank == 0 then
   local f = assert(io.open(out .. '/fp8_gather.json', 'wb'))

@@ -57,6 +57,37 @@ describe('FSDP all-gathers FP8 weights as float8 codes (2 ranks)', function()
 
 end)
 
+-- The plan (gptlua --plan: the trainer on the meta device, one rank of a
+-- fake world) counts the same bytes: float8 codes at 1 byte each.
+describe('the plan counts the FP8 all-gather', function()
+  it('FSDP on 4 ranks: the FP8 weights\' gathers move 1 byte per element where they moved 4', function()
+    local plan = require 'gptlua.plan'
+    local gl = require 'gptlua'
+    local S = 4
+    local function r()
+      local x = dofile(gl.root .. '/recipes/shakespeare.lua')
+      x.n_layer, x.n_embd, x.n_head, x.block_size, x.batch_size = 4, 64, 2, 32, 2
+      x.dist, x.fp8, x.fp8_emulate, x.dtype = 'fsdp', 'tensorwise', true, 'float32'
+      return x
+    end
+    local function gathered(on)
+      local x = r()
+      x.fsdp = { fp8_all_gather = on }
+      return plan.plan(x, { world = S, device_memory = '1GiB' }).traffic['world.1[0]'].by.all_gather.bytes
+    end
+    local x = r()
+    x.device, x.out_dir = 'cpu', H.tmpdir()
+    local t = require('gptlua.train').new(x, {})
+    os.execute('rm -rf ' .. x.out_dir)
+    local E = 0
+    for _, l in ipairs(require('gptlua.fp8').choose(t.model)) do E = E + l.weight:numel() end
+    -- forward gather and backward re-gather of the FP8 blocks, (S-1)/S of each sent, 3 bytes fewer per element
+    local want = 2 * (S - 1) / S * E * 3
+    local saved = gathered(false) - gathered(true)
+    assert.is_true(math.abs(saved - want) <= 0.01 * want, ('plan: %d bytes saved, expected %d'):format(saved, want))
+  end)
+end)
+
 describe('FSDP with FP8 layers trains as one process (2 ranks)', function()
   local out = H.tmpdir()
   teardown(function() os.execute('rm -rf ' .. out) end)

@@ -47,7 +47,7 @@ function M.chosen(model)
   local nn = require 'gptlua.nn'
   local out = {}
   for _, m in ipairs(model:modules()) do
-    if getmetatable(m) == nn.Linear and m.fp8 and rawget(m, '_parameters') ~= false then out[m.weight] = m.fp8 end
+    if getmetatable(m) == nn.Linear and m.fp8 then out[m.weight] = m.fp8 end
   end
   return out
 end

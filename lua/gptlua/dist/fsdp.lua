@@ -402,8 +402,10 @@ end
 -- never as FP8 codes
 function FSDP:_start_gather(u, exact)
   if u.fp8 and not exact then
-    -- the column form of rowwise FP8 weights only where a backward will read it
-    local cols = self.phase == 'backward' or (self.fwd_grad and self:_keep_after_forward(u))
+    -- the column form of rowwise FP8 weights wherever a backward may read it:
+    -- not without gradients, not for a forward that reshards (backward re-gathers)
+    local cols = self.phase == 'backward'
+      or (A.is_grad_enabled() and not (self.phase == 'forward' and not self:_keep_after_forward(u)))
     F8.start(self, u, u.fp8, cols)
   else
     u.full = gl.empty({ u.padded }, { dtype = u.dtype, device = u.device }):keep()

@@ -33,6 +33,9 @@ const gl_backend gl_cpu_backend = {
   /* FP8 scaled products (fp8.c, fp8.cu) */
   .fp8_quantize           = cpu_fp8_quantize,
   .fp8_matmul             = cpu_fp8_matmul,
+  .fp8_amax               = cpu_fp8_amax,
+  .fp8_cast               = cpu_fp8_cast,
+  .fp8_scale_inv          = cpu_fp8_scale_inv,
   /* rows (rows.c, rows.cu; the fused add + norm: engine/unfused.c on the CPU) */
   .softmax                = cpu_softmax,
   .softmax_backward       = cpu_softmax_backward,
@@ -104,6 +107,9 @@ const gl_backend gl_cuda_backend = {
   /* FP8 scaled products (fp8.c, fp8.cu) */
   .fp8_quantize           = cuda_fp8_quantize,
   .fp8_matmul             = cuda_fp8_matmul,
+  .fp8_amax               = cuda_fp8_amax,
+  .fp8_cast               = cuda_fp8_cast,
+  .fp8_scale_inv          = cuda_fp8_scale_inv,
   /* rows (rows.c, rows.cu; the fused add + norm: engine/unfused.c on the CPU) */
   .softmax                = cuda_softmax,
   .softmax_backward       = cuda_softmax_backward,

@@ -123,6 +123,9 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(axpy_block, (gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot)) \
   X(fp8_quantize, (gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise)) \
   X(fp8_matmul, (gl_tensor *out, const gl_tensor *a, const gl_tensor *a_scale_inv, const gl_tensor *b, const gl_tensor *b_scale_inv)) \
+  X(fp8_amax, (gl_tensor *amax, const gl_tensor *x, int rowwise)) \
+  X(fp8_cast, (gl_tensor *q, const gl_tensor *x, const gl_tensor *amax)) \
+  X(fp8_scale_inv, (gl_tensor *scale_inv, const gl_tensor *amax, int dtype)) \
   X(copy, (gl_tensor *dst, const gl_tensor *src)) \
   X(fill, (gl_tensor *t, double value)) \
   X(rand_uniform, (gl_tensor *t, uint64_t seed, uint64_t offset, double lo, double hi)) \

@@ -87,6 +87,18 @@ int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alp
 int gl_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise);
 int gl_fp8_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *a_scale_inv, const gl_tensor *b,
                   const gl_tensor *b_scale_inv);
+/* gl_fp8_quantize in parts, for a matrix whose pieces live on several ranks
+   (FSDP gathers FP8 weights): gl_fp8_amax: amax ({1}, or {R} with rowwise
+   1, float32) = the largest |x| of a 2-D float32 / bfloat16 x, compared as
+   gl_fp8_quantize compares (float32 bit patterns), so the max of the
+   pieces' amax is the whole's; gl_fp8_cast: q (R, C) row-major float8 = x
+   scaled by s = fp8_max / max(amax, 1e-12) of amax {1} (every row) or {R}
+   (one per row), the cast gl_fp8_quantize makes with that amax;
+   gl_fp8_scale_inv: scale_inv = 1 / s of each amax for float8 dtype (a
+   gl_dtype), the scale_inv gl_fp8_quantize writes. */
+int gl_fp8_amax(gl_tensor *amax, const gl_tensor *x, int rowwise);
+int gl_fp8_cast(gl_tensor *q, const gl_tensor *x, const gl_tensor *amax);
+int gl_fp8_scale_inv(gl_tensor *scale_inv, const gl_tensor *amax, int dtype);
 /* out = a @ b + bias: bias (N) added to every row of out (..., M, N), a
    linear layer's forward.  On a GPU the bias rides in cuBLASLt's epilogue
    (CUBLASLT_EPILOGUE_BIAS) where the layout allows; otherwise, and on the

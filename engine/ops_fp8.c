@@ -67,3 +67,52 @@ int gl_fp8_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *a_scale_i
   if (out->numel == 0) return GL_OK;
   return gl_backend_of(out->device)->fp8_matmul(out, a, a_scale_inv, b, b_scale_inv);
 }
+
+int gl_fp8_amax(gl_tensor *amax, const gl_tensor *x, int rowwise) {
+  const char *fn = "gl_fp8_amax";
+  GL_NONNULL(fn, amax, x);
+  GL_TRY(check_args(fn, ARGS({amax, "amax", A_OUT}, {x, "x", A_FLOAT})));
+  if (x->dtype != GL_F32 && x->dtype != GL_BF16)
+    return gl_error("%s: x has dtype %s, expected float32 or bfloat16", fn, gl_dtype_name(x->dtype));
+  GL_TRY(check_ndim(x, fn, "x", 2, 2));
+  if (rowwise != 0 && rowwise != 1) return gl_error("%s: rowwise must be 0 or 1, got %d", fn, rowwise);
+  GL_TRY(check_scale(fn, "amax", amax, x->shape[0], 1));
+  if (amax->shape[0] != (rowwise ? x->shape[0] : 1))
+    return gl_error("%s: amax has %lld elements, expected %lld (%s)", fn, (long long)amax->shape[0],
+                    (long long)(rowwise ? x->shape[0] : 1), rowwise ? "one per row of x" : "tensorwise: one");
+  GL_TRY(check_no_overlap(fn, amax, "amax", x, "x"));
+  if (amax->numel == 0) return GL_OK;
+  return gl_backend_of(x->device)->fp8_amax(amax, x, rowwise);
+}
+
+int gl_fp8_cast(gl_tensor *q, const gl_tensor *x, const gl_tensor *amax) {
+  const char *fn = "gl_fp8_cast";
+  GL_NONNULL(fn, q, x, amax);
+  GL_TRY(check_args(fn, ARGS({q, "q", A_OUT}, {x, "x", A_FLOAT}, {amax, "amax", A_IN})));
+  if (x->dtype != GL_F32 && x->dtype != GL_BF16)
+    return gl_error("%s: x has dtype %s, expected float32 or bfloat16", fn, gl_dtype_name(x->dtype));
+  GL_TRY(check_fp8(fn, "q", q));
+  GL_TRY(check_ndim(x, fn, "x", 2, 2));
+  GL_TRY(check_shape(q, fn, "q", 2, x->shape, "the shape of x"));
+  GL_TRY(check_row_major(fn, "q", q));
+  GL_TRY(check_scale(fn, "amax", amax, x->shape[0], 1));
+  GL_TRY(check_no_overlap(fn, q, "q", x, "x"));
+  if (q->numel == 0) return GL_OK;
+  return gl_backend_of(x->device)->fp8_cast(q, x, amax);
+}
+
+int gl_fp8_scale_inv(gl_tensor *scale_inv, const gl_tensor *amax, int dtype) {
+  const char *fn = "gl_fp8_scale_inv";
+  GL_NONNULL(fn, scale_inv, amax);
+  GL_TRY(check_args(fn, ARGS({scale_inv, "scale_inv", A_OUT}, {amax, "amax", A_IN})));
+  if (dtype != GL_F8E4M3 && dtype != GL_F8E5M2)
+    return gl_error("%s: dtype is %d, expected float8_e4m3fn (%d) or float8_e5m2 (%d)", fn, dtype, GL_F8E4M3, GL_F8E5M2);
+  GL_TRY(check_scale(fn, "amax", amax, amax->ndim == 1 ? amax->shape[0] : 1, 1));
+  GL_TRY(check_scale(fn, "scale_inv", scale_inv, amax->shape[0], 1));
+  if (scale_inv->shape[0] != amax->shape[0])
+    return gl_error("%s: scale_inv has %lld elements, expected %lld (one per amax)", fn,
+                    (long long)scale_inv->shape[0], (long long)amax->shape[0]);
+  GL_TRY(check_no_overlap(fn, scale_inv, "scale_inv", amax, "amax"));
+  if (amax->numel == 0) return GL_OK;
+  return gl_backend_of(amax->device)->fp8_scale_inv(scale_inv, amax, dtype);
+}

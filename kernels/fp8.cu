@@ -103,6 +103,90 @@ extern "C" int cuda_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_te
   return x->dtype == GL_BF16 ? run(bf16()) : run(float());
 }
 
+/* gl_fp8_quantize in parts (gl_ops.h): amax as the words above (a row's:
+   one block; the whole: fp8_amax_kernel's atomicMax on the output's bits),
+   the cast from given amax, and scale_inv; the operations of
+   fp8_cast_kernel, so the bytes agree with gl_fp8_quantize's */
+template <class S>
+__global__ void __launch_bounds__(CU_ROW_MAX_THREADS) fp8_row_amax_kernel(float *amax, int64_t ia, TPtr<S> x, int64_t R, int64_t C, int64_t s0, int64_t s1) {
+  CU_ROW_LOOP(r, R) {
+    unsigned m = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      unsigned b = cu_abs_bits(x.template get<float>(r * s0 + c * s1));
+      m = b > m ? b : m;
+    }
+    m = cu_block_reduce(m, CuMax(), 0u);
+    if (threadIdx.x == 0) amax[r * ia] = cu_bits_float(m);
+  }
+}
+
+template <class S>
+__global__ void fp8_cast_amax_kernel(uint8_t *q, TPtr<S> x, int64_t R, int64_t C, int64_t s0, int64_t s1,
+                                     const float *amax, int64_t ia, __nv_fp8_interpretation_t k, float fmax) {
+  CU_GRID_LOOP(i, R * C) {
+    const int64_t r = i / C, c = i % C;
+    const float s = gl_fp8_scale(amax[r * ia], fmax);
+    q[i] = cu_f8_store(x.template get<float>(r * s0 + c * s1) * s, k);
+  }
+}
+
+__global__ void fp8_scale_inv_kernel(float *scale_inv, int64_t is, const float *amax, int64_t ia, int64_t n, float fmax) {
+  CU_GRID_LOOP(i, n) scale_inv[i * is] = 1.0f / gl_fp8_scale(amax[i * ia], fmax);
+}
+
+extern "C" int cuda_fp8_amax(gl_tensor *amax, const gl_tensor *x, int rowwise) {
+  const int64_t R = x->shape[0], C = x->shape[1];
+  cudaStream_t st;
+  GL_TRY(cu_begin(x->device, &st));
+  float *ap = (float *)cu_ptr(amax);
+  if (!rowwise) GL_CU_CHECK(cudaMemsetAsync(ap, 0, sizeof(float), st));  /* bits 0: amax 0 */
+  if (R * C == 0) return rowwise ? cuda_fill(amax, 0.0) : GL_OK;
+  auto run = [&](auto s) -> int {
+    using S = decltype(s);
+    TPtr<S> xp = TPtr<S>::from(x);
+    if (rowwise) {
+      GL_LAUNCH(cu_row_grid(R), cu_row_threads(C), 0, st, fp8_row_amax_kernel<S>)(ap, amax->stride[0], xp, R, C,
+                                                                                  x->stride[0], x->stride[1]);
+    } else {
+      GL_LAUNCH(cu_blocks(x->device, R * C, FP8_THREADS), FP8_THREADS, 0, st, fp8_amax_kernel<S>)(
+          xp, R, C, x->stride[0], x->stride[1], (unsigned *)ap);
+    }
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  };
+  return x->dtype == GL_BF16 ? run(bf16()) : run(float());
+}
+
+extern "C" int cuda_fp8_cast(gl_tensor *q, const gl_tensor *x, const gl_tensor *amax) {
+  const int64_t R = x->shape[0], C = x->shape[1];
+  cudaStream_t st;
+  GL_TRY(cu_begin(x->device, &st));
+  const __nv_fp8_interpretation_t k = q->dtype == GL_F8E4M3 ? __NV_E4M3 : __NV_E5M2;
+  const float fmax = q->dtype == GL_F8E4M3 ? GL_FP8_E4M3_MAX : GL_FP8_E5M2_MAX;
+  const int64_t ia = amax->numel > 1 ? amax->stride[0] : 0;
+  auto run = [&](auto s) -> int {
+    using S = decltype(s);
+    GL_LAUNCH(cu_blocks(x->device, R * C, FP8_THREADS), FP8_THREADS, 0, st, fp8_cast_amax_kernel<S>)(
+        (uint8_t *)cu_ptr(q), TPtr<S>::from(x), R, C, x->stride[0], x->stride[1], (const float *)cu_ptr(amax), ia, k,
+        fmax);
+    GL_CU_LAUNCHED();
+    return GL_OK;
+  };
+  return x->dtype == GL_BF16 ? run(bf16()) : run(float());
+}
+
+extern "C" int cuda_fp8_scale_inv(gl_tensor *scale_inv, const gl_tensor *amax, int dtype) {
+  cudaStream_t st;
+  GL_TRY(cu_begin(amax->device, &st));
+  const float fmax = dtype == GL_F8E4M3 ? GL_FP8_E4M3_MAX : GL_FP8_E5M2_MAX;
+  const int64_t n = amax->numel;
+  GL_LAUNCH(cu_blocks(amax->device, n, FP8_THREADS), FP8_THREADS, 0, st, fp8_scale_inv_kernel)(
+      (float *)cu_ptr(scale_inv), n > 1 ? scale_inv->stride[0] : 0, (const float *)cu_ptr(amax), n > 1 ? amax->stride[0] : 0,
+      n, fmax);
+  GL_CU_LAUNCHED();
+  return GL_OK;
+}
+
 /* ---- the product ------------------------------------------------------------ */
 /* out[m, n] = acc[m * N + n] * (sa[m * ia] * sb[n * ib]) in out's dtype */
 __global__ void fp8_scale_kernel(AnyPtr out, int64_t o0, int64_t o1, const float *acc, const float *sa, int64_t ia,

@@ -125,6 +125,59 @@ describe('gl_fp8_quantize', function()
   end)
 end)
 
+-- gl_fp8_quantize in parts (gl_fp8_amax, gl_fp8_cast, gl_fp8_scale_inv:
+-- what FSDP's FP8 all-gather runs on each rank's pieces): x's codes and
+-- scale_inv, with amax taken over pieces (row blocks) and folded by max
+local function quantize_in_parts(x, dtype, recipe, cut)
+  local R, C = x.shape[1], x.shape[2]
+  local rw = recipe == 'rowwise' and 1 or 0
+  local amax = gl.zeros({ rw == 1 and R or 2 }, { device = x.device })
+  for k, piece in ipairs({ { 0, cut }, { cut, R - cut } }) do
+    local xv = x:narrow(1, piece[1] + 1, piece[2])
+    local slot = rw == 1 and amax:narrow(1, piece[1] + 1, piece[2]) or amax:narrow(1, k, 1)
+    gl.check(gl.lib.gl_fp8_amax(slot.c, xv.c, rw))
+  end
+  if rw == 0 then
+    local whole = gl.empty({ 1 }, { device = x.device })
+    gl.check(gl.lib.gl_fp8_amax(whole.c, amax:view({ 1, 2 }).c, 0))
+    amax = whole
+  end
+  local q = gl.empty({ R, C }, { dtype = dtype, device = x.device })
+  gl.check(gl.lib.gl_fp8_cast(q.c, x.c, amax.c))
+  local s = gl.empty({ amax.shape[1] }, { device = x.device })
+  gl.check(gl.lib.gl_fp8_scale_inv(s.c, amax.c, dtype == 'float8_e4m3fn' and gl.lib.GL_F8E4M3 or gl.lib.GL_F8E5M2))
+  return q, s
+end
+
+describe('gl_fp8_amax, gl_fp8_cast, gl_fp8_scale_inv', function()
+  for _, dtype in ipairs({ 'float8_e4m3fn', 'float8_e5m2' }) do
+    for _, recipe in ipairs({ 'tensorwise', 'rowwise' }) do
+      it(('%s %s: amax over pieces, then the cast, are gl_fp8_quantize bit for bit'):format(dtype, recipe), function()
+        local x = randm(7, 13, 12, 3)
+        x[2][5] = 1e-30; x[4] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+        for _, src in ipairs({ 'float32', 'bfloat16' }) do
+          local t = gl.tensor(x, { dtype = 'float64' }):to(src)
+          for _, v in ipairs({ t, t:t() }) do   -- and a transposed view
+            local q, s = gl.fp8_quantize(v, dtype, recipe)
+            local pq, ps = quantize_in_parts(v, dtype, recipe, 3)
+            assert.same(codes_of(q), codes_of(pq))
+            assert.same(s:totable(), ps:totable())
+          end
+        end
+      end)
+    end
+  end
+
+  it('refuses bad arguments in one line', function()
+    local x, q = gl.randn({ 3, 4 }), gl.empty({ 3, 4 }, { dtype = 'float8_e4m3fn' })
+    local function err(f) local ok, e = pcall(f); assert.is_false(ok); return tostring(e) end
+    assert.truthy(err(function() gl.check(gl.lib.gl_fp8_amax(gl.empty({ 2 }).c, x.c, 1)) end):find('amax has 1 dims of 2, expected {1} (tensorwise) or {3} (rowwise)', 1, true))
+    assert.truthy(err(function() gl.check(gl.lib.gl_fp8_cast(q.c, x.c, gl.empty({ 2 }).c)) end):find('expected {1} (tensorwise) or {3} (rowwise)', 1, true))
+    assert.truthy(err(function() gl.check(gl.lib.gl_fp8_scale_inv(gl.empty({ 1 }).c, gl.empty({ 1 }).c, 0)) end):find('expected float8_e4m3fn', 1, true))
+    assert.truthy(err(function() gl.check(gl.lib.gl_fp8_cast(x.c, x.c, gl.empty({ 1 }).c)) end):find('expected float8_e4m3fn or float8_e5m2', 1, true))
+  end)
+end)
+
 describe('gl_fp8_matmul', function()
   for _, recipe in ipairs({ 'tensorwise', 'rowwise' }) do
     for _, pair in ipairs({ { 'float8_e4m3fn', 'float8_e4m3fn' }, { 'float8_e5m2', 'float8_e4m3fn' } }) do
@@ -243,6 +296,21 @@ describe('FP8 scaled product on the GPU #cuda', function()
       gl.fp8_matmul(a:to(twin.DEV), one:to(twin.DEV), b:to(twin.DEV), one:to(twin.DEV)):to('cpu'):totable())
     assert.same({ { 0, 0 }, { 0, 0 }, { 0, 0 } }, gl.fp8_matmul(a, one, b, one):totable())
   end)
+
+  for _, recipe in ipairs({ 'tensorwise', 'rowwise' }) do
+    gpu_it(recipe .. ': amax over pieces, the cast and scale_inv as the CPU twin, bit for bit', function()
+      local a = gl.tensor(randm(33, 70, 43, 2))
+      for _, src in ipairs({ a, a:to('bfloat16') }) do
+        for _, v in ipairs({ src, src:t() }) do
+          local q, s = quantize_in_parts(v, 'float8_e4m3fn', recipe, 5)
+          local gv = v:is_contiguous() and v:to(twin.DEV) or v:t():to(twin.DEV):t()
+          local gq, gs = quantize_in_parts(gv, 'float8_e4m3fn', recipe, 5)
+          assert.same(codes_of(q), codes_of(gq:to('cpu')))
+          assert.same(s:totable(), gs:to('cpu'):totable())
+        end
+      end
+    end)
+  end
 
   for _, recipe in ipairs({ 'tensorwise', 'rowwise' }) do
     -- 32 x 48 x 64 takes cuBLASLt's FP8 path; 5 x 6 x 40 (K not a multiple of 16) the plain kernel

@@ -77,3 +77,51 @@ int cpu_fp8_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *a_scale_
   free(fa);
   return GL_OK;
 }
+
+/* gl_fp8_quantize in parts (gl_ops.h): the same loads, comparisons and
+   float32 operations, so amax, cast and scale_inv of one whole x agree
+   with gl_fp8_quantize's bit for bit */
+int cpu_fp8_amax(gl_tensor *amax, const gl_tensor *x, int rowwise) {
+  const int64_t R = x->shape[0], C = x->shape[1];
+  float *row = malloc((size_t)(C > 0 ? C : 1) * sizeof *row);
+  if (!row) return gl_error("cpu_fp8_amax: out of memory for a row of %lld", (long long)C);
+  float *ad = (float *)amax->storage->data + amax->offset;
+  uint32_t whole = 0;
+  for (int64_t r = 0; r < R; r++) {
+    const float *p = cpu_span_load_f32(x, x->offset + r * x->stride[0], x->stride[1], C, row);
+    uint32_t m = 0;
+    for (int64_t c = 0; c < C; c++) { uint32_t b = abs_bits(p[c]); if (b > m) m = b; }
+    if (rowwise) ad[r * amax->stride[0]] = bits_float(m);
+    else if (m > whole) whole = m;
+  }
+  if (!rowwise) ad[0] = bits_float(whole);
+  free(row);
+  return GL_OK;
+}
+
+int cpu_fp8_cast(gl_tensor *q, const gl_tensor *x, const gl_tensor *amax) {
+  const int64_t R = x->shape[0], C = x->shape[1];
+  const double fmax = q->dtype == GL_F8E4M3 ? GL_FP8_E4M3_MAX : GL_FP8_E5M2_MAX;
+  uint8_t (*enc)(double) = q->dtype == GL_F8E4M3 ? gl_f64_to_f8e4m3 : gl_f64_to_f8e5m2;
+  float *row = malloc((size_t)(C > 0 ? C : 1) * sizeof *row);
+  if (!row) return gl_error("cpu_fp8_cast: out of memory for a row of %lld", (long long)C);
+  const float *ad = (const float *)amax->storage->data + amax->offset;
+  const int64_t ia = amax->numel > 1 ? amax->stride[0] : 0;
+  uint8_t *qd = (uint8_t *)q->storage->data + q->offset;
+  for (int64_t r = 0; r < R; r++) {
+    const float *p = cpu_span_load_f32(x, x->offset + r * x->stride[0], x->stride[1], C, row);
+    const float s = gl_fp8_scale(ad[r * ia], (float)fmax);
+    for (int64_t c = 0; c < C; c++) qd[r * q->stride[0] + c * q->stride[1]] = enc((double)(p[c] * s));
+  }
+  free(row);
+  return GL_OK;
+}
+
+int cpu_fp8_scale_inv(gl_tensor *scale_inv, const gl_tensor *amax, int dtype) {
+  const float fmax = dtype == GL_F8E4M3 ? GL_FP8_E4M3_MAX : GL_FP8_E5M2_MAX;
+  const float *ad = (const float *)amax->storage->data + amax->offset;
+  float *sd = (float *)scale_inv->storage->data + scale_inv->offset;
+  for (int64_t i = 0; i < amax->numel; i++)
+    sd[i * scale_inv->stride[0]] = 1.0f / gl_fp8_scale(ad[i * amax->stride[0]], fmax);
+  return GL_OK;
+}

@@ -129,6 +129,7 @@ return {
   ['fsdp.prefetch'] = "gather the next block's weights while this one computes",
   ['fsdp.accumulate'] = "'sharded' (reduce-scatter every micro-step) or 'unsharded' (once per step)",
   ['fsdp.reduce_dtype'] = 'dtype of the gradient reduce-scatter',
+  ['fsdp.fp8_all_gather'] = "with --fp8: gather the FP8 layers' weights as float8 codes (false: in the model's dtype)",
   nanochat = "model = 'nanochat' options (the keys below; 0, '' and 'auto' take the version's value)",
   ['nanochat.version'] = "'v1' (gptlua's first-release nanochat, the default) or 'v2' (nanochat 92d63d4: every feature below on)",
   ['nanochat.qk_scale'] = 'q and k scaled by this after the QK-norm (v1 1, v2 1.2)',

@@ -56,10 +56,69 @@ local function scaled(a, da, b, db, recipe, dtype)
   return out
 end
 
+-- the transposed weight's operand of the input gradient from a gathered
+-- FP8 weight (see fp8_linear): its column-scaled codes (R, C), transposed
+-- to the row-major (C, R) the product takes (bytes moved, not re-rounded)
+local function gathered_transposed(pre, n_in, n_out)
+  if not pre.qc then
+    error('fp8_linear: the gathered FP8 weight has no column-scaled form for the input gradient '
+      .. '(gathered for a forward without gradients)', 3)
+  end
+  local qt = Tensor.empty({ n_in, n_out }, { dtype = pre.qc.dtype, device = pre.qc.device })
+  local v = pre.qc:_as_strided({ n_in, n_out }, { 1, n_in }, pre.qc:storage_offset())
+  G.check(lib.gl_copy(qt.c, v.c), 3)
+  drop(v)
+  return qt
+end
+
+-- fp8_linear with W's FP8 operands given (pre = rawget(W, 'fp8_gathered'):
+-- FSDP gathered them already quantized, {recipe, q, s, qc, sc}: q (R, C)
+-- and its scale_inv s as fp8_quantize(W) makes them, qc and sc W's
+-- columns' codes and scales as fp8_quantize(W^T) makes them, in W's
+-- layout; tensorwise, qc is q).  W's own values are not read: it only
+-- receives the gradient.
+local function linear_pregathered(x, W, recipe, pre)
+  local lead, n_in, n_out, xc, x2, oshape = O._raw.linear_rows('fp8_linear', x, W)
+  local qx, sx = quantize(x2, 'float8_e4m3fn', recipe)
+  local out2 = product(qx, sx, pre.q, pre.s, x.dtype)
+  qx:free(); sx:free()
+  local out = out2:_as_strided(oshape, Tensor.contiguous_strides(oshape), 0)
+  drop(out2)
+  return A.record(out, { x, W }, function(_, g)
+    local gc = raw_contiguous(g)
+    local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
+    local gx, gW
+    if x.requires_grad then
+      local qg, sg = quantize(g2, 'float8_e5m2', recipe)
+      local qt = gathered_transposed(pre, n_in, n_out)
+      local d2 = product(qg, sg, qt, pre.sc, x.dtype)
+      qg:free(); sg:free(); qt:free()
+      gx = d2:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
+      drop(d2)
+    end
+    if W.requires_grad then
+      local gt = g2:_as_strided({ n_out, lead }, { 1, n_out }, g2:storage_offset())
+      local xt = x2:_as_strided({ n_in, lead }, { 1, n_in }, x2:storage_offset())
+      gW = scaled(gt, 'float8_e5m2', xt, 'float8_e4m3fn', recipe, W.dtype)
+      drop(gt); drop(xt)
+    end
+    drop(g2); drop(gc, g); drop(x2); drop(xc, x)
+    return gx, gW
+  end, { x2 }, 'fp8_linear')
+end
+
 -- fp8_linear(x, W, recipe): x W^T (no bias: add one after) with FP8 products
 function O.fp8_linear(x, W, recipe)
   if RECIPES[recipe] == nil then
     error(("fp8_linear: recipe is '%s', expected 'tensorwise' or 'rowwise'"):format(tostring(recipe)), 2)
+  end
+  local pre = rawget(W, 'fp8_gathered')
+  if pre then
+    if pre.recipe ~= recipe then
+      error(("fp8_linear: the weight was gathered in FP8 for recipe '%s', the layer runs '%s'"):format(pre.recipe,
+        recipe), 2)
+    end
+    return linear_pregathered(x, W, recipe, pre)
   end
   local lead, n_in, n_out, xc, x2, oshape = O._raw.linear_rows('fp8_linear', x, W)
   local out2 = scaled(x2, 'float8_e4m3fn', W, 'float8_e4m3fn', recipe, x.dtype)

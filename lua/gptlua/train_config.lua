@@ -60,7 +60,8 @@ M.defaults = {
   control = true, journal = true, journal_hash_interval = 10, replay = '', replay_to = 0,
   -- device mesh (gptlua.dist.mesh): tensor parallel over tp ranks, data parallel (dist) over dp
   dp = 0, tp = 1, sp = false, cp = 1, cp_mode = 'ulysses',
-  fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32' },
+  fsdp = { reshard_after_forward = true, prefetch = true, accumulate = 'sharded', reduce_dtype = 'float32',
+           fp8_all_gather = true },
   -- model = 'nanochat': 'v1' (first release) or 'v2' (nanochat 92d63d4) and each feature (gptlua.models.nanochat)
   nanochat = require('gptlua.models.nanochat').trainer_defaults(),
   -- pipeline parallel (gptlua.dist.pipeline, policies/pp.lua): stages over pp ranks, the accumulation

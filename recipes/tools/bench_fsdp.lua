@@ -4,6 +4,7 @@
 --   gptlua -n 2 recipes/tools/bench_fsdp.lua [--policies=none,ddp,zero2,fsdp,fsdp-noprefetch,fsdp-noreshard]
 --          [--n_layer=6] [--n_embd=256] [--vocab_size=4096] [--block_size=64]
 --          [--batch_size=4] [--rounds=5] [--steps=2] [--warmup=2] [--json=PATH]
+--          [--dtype=float32] [--fp8=off|tensorwise|rowwise]
 --
 -- Every policy trains the same GPT-2 on random tokens with the same batch per
 -- rank ('none': each rank trains alone, no communication).  All trainers
@@ -19,7 +20,12 @@
 -- (without prefetch every gather is waited for in full; a wait includes
 -- waiting for the slower rank to arrive).  'fsdp-noreshard' keeps each
 -- block gathered from its forward to its backward (reshard_after_forward =
--- false): no recomputation, more memory.
+-- false): no recomputation, more memory.  Per policy also the bytes a rank
+-- sends per step (every collective, counted as gptlua.dist counts them:
+-- Comm.sent_bytes).  With --fp8 (emulated on the CPU) 'fsdp' gathers the FP8
+-- layers' weights as float8 codes and 'fsdp-fp8hp' in the model's dtype
+-- (fsdp.fp8_all_gather = false):
+--   gptlua -n 2 recipes/tools/bench_fsdp.lua --policies=fsdp,fsdp-fp8hp --fp8=tensorwise
 local gl = require 'gptlua'
 local dist = require 'gptlua.dist'
 local train = require 'gptlua.train'
@@ -29,7 +35,7 @@ local now = require('gptlua.cli').now
 
 local opts = { policies = 'none,ddp,zero2,fsdp,fsdp-noprefetch,fsdp-noreshard', n_layer = '6', n_embd = '256',
                vocab_size = '4096', block_size = '64', batch_size = '4', rounds = '5', steps = '2', warmup = '2',
-               json = '' }
+               json = '', dtype = 'float32', fp8 = 'off' }
 for _, a in ipairs(arg or {}) do
   local k, v = a:match('^%-%-([%w_]+)=(.*)$')
   if not k or opts[k] == nil then error('bench_fsdp: unknown argument ' .. a, 0) end
@@ -39,7 +45,8 @@ end
 local world = dist.init {}
 -- fsdp options travel with the policy name
 local VARIANTS = { fsdp = {}, ['fsdp-noprefetch'] = { prefetch = false },
-                   ['fsdp-noreshard'] = { reshard_after_forward = false } }
+                   ['fsdp-noreshard'] = { reshard_after_forward = false },
+                   ['fsdp-fp8hp'] = { fp8_all_gather = false } }
 local variant = {}
 package.loaded['fsdp_bench_policy'] = { new = function(name, o)
   for k, v in pairs(variant) do o[k] = v end
@@ -52,6 +59,7 @@ local function recipe(pol)
     n_layer = tonumber(opts.n_layer), n_head = 4, n_embd = tonumber(opts.n_embd), block_size = tonumber(opts.block_size),
     batch_size = tonumber(opts.batch_size), max_iters = 1e9, eval_interval = 0, log_interval = 0, sample_length = 0,
     warmup_iters = 0, quiet = true, device = 'cpu', peak_flops = 1e12, bias = false, seed = 1, dist = pol,
+    dtype = opts.dtype, fp8 = opts.fp8, fp8_emulate = opts.fp8 ~= 'off',
     out_dir = (os.getenv('TMPDIR') or '/tmp') .. '/gptlua_fsdp_bench' }   -- nothing is written there
 end
 
@@ -69,6 +77,14 @@ local function median(xs)
   return s[math.floor((#s + 1) / 2)]
 end
 local function steps(t, n) for _ = 1, n do t:train_step(); t.step = t.step + 1 end end
+-- bytes this rank has sent over the trainer's communicators (each counted once)
+local function sent(t)
+  local seen, n = {}, 0
+  for _, c in ipairs({ world, t.policy and t.policy.comm, t.policy and t.policy.shard, t.policy and t.policy.replica }) do
+    if c and not seen[c] then seen[c] = true; n = n + (c.sent_bytes or 0) end
+  end
+  return n
+end
 
 -- build and warm up every trainer; bytes held between steps
 local runs = {}
@@ -80,14 +96,14 @@ for name in opts.policies:gmatch('[^,]+') do
   steps(t, tonumber(opts.warmup))
   settle()
   runs[#runs + 1] = { name = name, t = t, held = gl.memory_stats().allocated - base, transient = 0, times = {},
-                      waits = {} }
+                      waits = {}, sent = {} }
 end
 
 for _ = 1, tonumber(opts.rounds) do
   for _, run in ipairs(runs) do
     local st = run.t.policy.stats
     local wait0 = st and st.gather_wait
-    local before = gl.memory_stats().allocated
+    local before, sent0 = gl.memory_stats().allocated, sent(run.t)
     gl.reset_peak_memory()
     world:barrier()
     local t0 = now()
@@ -95,6 +111,7 @@ for _ = 1, tonumber(opts.rounds) do
     local dt = (now() - t0) / tonumber(opts.steps)
     run.transient = math.max(run.transient, gl.memory_stats().peak - before)
     run.times[#run.times + 1] = max_over_ranks(dt)
+    run.sent[#run.sent + 1] = (sent(run.t) - sent0) / tonumber(opts.steps)
     if st then run.waits[#run.waits + 1] = max_over_ranks((st.gather_wait - wait0) / tonumber(opts.steps)) end
   end
 end
@@ -103,22 +120,24 @@ local results = {}
 for _, run in ipairs(runs) do
   results[#results + 1] = { policy = run.name, ms_per_step = 1000 * median(run.times), params = run.t.model:num_params(),
     held = per_rank(run.held), peak = per_rank(run.held + run.transient),
-    gather_wait_ms = #run.waits > 0 and 1000 * median(run.waits) or nil }
+    gather_wait_ms = #run.waits > 0 and 1000 * median(run.waits) or nil, sent = per_rank(median(run.sent)) }
 end
 
 local function mib(b) return string.format('%.1f', b / 2 ^ 20) end
 if world.rank == 0 then
-  print(('gpt2 %d layers, width %d, vocab %d: %.2fM parameters; %d ranks, batch %d x %d per rank; median of %d rounds of %d steps'):format(
-    tonumber(opts.n_layer), tonumber(opts.n_embd), tonumber(opts.vocab_size), results[1].params / 1e6, world.size,
-    tonumber(opts.batch_size), tonumber(opts.block_size), tonumber(opts.rounds), tonumber(opts.steps)))
-  print(('%-16s %10s %22s %22s %14s'):format('policy', 'ms/step', 'held MiB (per rank)', 'peak MiB (per rank)',
-    'gather wait ms'))
+  print(('gpt2 %d layers, width %d, vocab %d: %.2fM parameters, %s, fp8 %s; %d ranks, batch %d x %d per rank; median of %d rounds of %d steps'):format(
+    tonumber(opts.n_layer), tonumber(opts.n_embd), tonumber(opts.vocab_size), results[1].params / 1e6, opts.dtype,
+    opts.fp8, world.size, tonumber(opts.batch_size), tonumber(opts.block_size), tonumber(opts.rounds),
+    tonumber(opts.steps)))
+  print(('%-16s %10s %22s %22s %14s %24s'):format('policy', 'ms/step', 'held MiB (per rank)', 'peak MiB (per rank)',
+    'gather wait ms', 'sent MiB/step (per rank)'))
   local wait = {}
   for _, r in ipairs(results) do
-    local held, peak = {}, {}
-    for i = 1, world.size do held[i], peak[i] = mib(r.held[i]), mib(r.peak[i]) end
-    print(('%-16s %10.1f %22s %22s %14s'):format(r.policy, r.ms_per_step, table.concat(held, ' / '),
-      table.concat(peak, ' / '), r.gather_wait_ms and string.format('%.1f', r.gather_wait_ms) or '-'))
+    local held, peak, sentm = {}, {}, {}
+    for i = 1, world.size do held[i], peak[i], sentm[i] = mib(r.held[i]), mib(r.peak[i]), mib(r.sent[i]) end
+    print(('%-16s %10.1f %22s %22s %14s %24s'):format(r.policy, r.ms_per_step, table.concat(held, ' / '),
+      table.concat(peak, ' / '), r.gather_wait_ms and string.format('%.1f', r.gather_wait_ms) or '-',
+      table.concat(sentm, ' / ')))
     wait[r.policy] = r.gather_wait_ms
   end
   if wait.fsdp and wait['fsdp-noprefetch'] and wait['fsdp-noprefetch'] > 0 then

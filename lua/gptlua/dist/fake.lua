@@ -33,7 +33,7 @@ local KNOWN = { all_reduce = true, reduce_scatter = true, all_gather = true, bro
 M.KNOWN = KNOWN
 
 local BYTES = { float32 = 4, float64 = 8, bfloat16 = 2, float16 = 2, int32 = 4, int64 = 8, uint16 = 2, uint8 = 1,
-  bool = 1 }
+  bool = 1, float8_e4m3fn = 1, float8_e5m2 = 1 }
 
 -- (level: the caller of the Comm method: fail < traffic < run < dist's run < the method)
 local function fail(fn, msg, deeper) error(('%s: %s'):format(fn, msg), 6 + (deeper or 0)) end

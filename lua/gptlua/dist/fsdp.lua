@@ -93,6 +93,10 @@
 --                (accumulate = 'unsharded': one all-gather and one
 --                reduce-scatter per unit and step, no backward gathers)
 --   HSDP         all-reduce of the shard over replicas      2 (R-1)/R * P/S
+--   FP8 layers   (--fp8) their weights gather as float8 codes: 1 byte per
+--                element, not the dtype's 2 or 4 (rowwise: 2 in backward,
+--                the column-scaled codes too), plus one all-reduce (max)
+--                of their amax per gather (gptlua.dist.fsdp_fp8)
 --   Muon         gradient pieces to owners + updates back   2 * about (S-1)/S^2 * M
 --                (elements; with fp32 masters the updates move as fp32,
 --                so a bfloat16 model moves 2 + 4 bytes per such element)
@@ -130,6 +134,7 @@ local A = require 'gptlua.autograd'
 local B = require 'gptlua.dist.policies.base'
 local G = require 'gptlua.ffi'
 local now = require('gptlua.cli').now
+local F8 = require 'gptlua.dist.fsdp_fp8'
 local Tensor = gl.Tensor
 local ffi, lib = G.ffi, G.lib
 
@@ -141,6 +146,7 @@ M.defaults = {
   prefetch = true,               -- start the next unit's all-gather before this one computes
   accumulate = 'sharded',        -- 'sharded': reduce-scatter every micro-step; 'unsharded': once per step
   reduce_dtype = 'float32',      -- dtype of the gradient reduce-scatter: 'float32' or 'bfloat16'
+  fp8_all_gather = true,         -- with FP8 layers: gather their weights as float8 codes (gptlua.dist.fsdp_fp8)
 }
 
 -- reduce-scatters in flight at most (each holds a unit's full gradient);
@@ -287,6 +293,7 @@ function M.new(name, o)
   -- started, bytes of gathered parameters now and at most
   self.stats = { gathers = 0, gather_wait = 0, reduces = 0, live = 0, peak_live = 0 }
   self.phase, self.final = 'idle', true
+  self.fp8_chosen = self.fp8_all_gather and F8.chosen(self.model) or {}
   for _, spec in ipairs(plan_units(list, self.model, trainable, name_of)) do self:_add_unit(spec) end
   self:_plan_muon()
   self:_install()
@@ -353,6 +360,7 @@ function FSDP:_add_unit(u)
       pc.mv, pc.vv = view(u.m, pc.moff, { pc.len }), view(u.v, pc.moff, { pc.len })
     end
   end
+  u.fp8 = F8.plan(u, self.fp8_chosen, S)
   u.state, u.pending_calls, u.ready = 'sharded', 0, 0
   self.units[#self.units + 1] = u
   if u.root or not u.module then
@@ -390,22 +398,37 @@ function FSDP:_install()
 end
 
 -- --------------------------------------------------- gather and release --
-function FSDP:_start_gather(u)
-  u.full = gl.empty({ u.padded }, { dtype = u.dtype, device = u.device }):keep()
-  u.work = self.shard:all_gather_async(u.full, u.pshard)
+-- exact: gather every parameter in its own dtype (checkpoints, detach),
+-- never as FP8 codes
+function FSDP:_start_gather(u, exact)
+  if u.fp8 and not exact then
+    -- the column form of rowwise FP8 weights wherever a backward may read it:
+    -- not without gradients, not for a forward that reshards (backward re-gathers)
+    local cols = self.phase == 'backward'
+      or (A.is_grad_enabled() and not (self.phase == 'forward' and not self:_keep_after_forward(u)))
+    F8.start(self, u, u.fp8, cols)
+  else
+    u.full = gl.empty({ u.padded }, { dtype = u.dtype, device = u.device }):keep()
+    u.work = self.shard:all_gather_async(u.full, u.pshard)
+  end
   u.state = 'gathering'
   local st = self.stats
   st.gathers = st.gathers + 1
-  st.live = st.live + B.bytes(u.full)
+  st.live = st.live + (u.works and F8.bytes(u) or B.bytes(u.full))
   if st.live > st.peak_live then st.peak_live = st.live end
 end
 
 function FSDP:_wait_gather(u)
   local t0 = now()
-  u.work:wait()
+  if u.works then
+    F8.finish(self, u, u.fp8)
+    u.f8_gathered = true
+  else
+    u.work:wait()
+    u.work = nil
+    for i, p in ipairs(u.params) do Tensor.rebind(p, view(u.full, u.offs[i], p.shape).c) end
+  end
   self.stats.gather_wait = self.stats.gather_wait + (now() - t0)
-  u.work = nil
-  for i, p in ipairs(u.params) do Tensor.rebind(p, view(u.full, u.offs[i], p.shape).c) end
   u.state = 'gathered'
 end
 
@@ -414,7 +437,13 @@ function FSDP:_release(u)
   if u.state == 'gathering' then self:_wait_gather(u) end
   if u.state == 'gathered' then
     for _, p in ipairs(u.params) do Tensor.release(p) end
-    self.stats.live = self.stats.live - B.bytes(u.full)
+    if u.f8_gathered then
+      self.stats.live = self.stats.live - F8.bytes(u)
+      F8.release(u)
+      u.f8_gathered = nil
+    else
+      self.stats.live = self.stats.live - B.bytes(u.full)
+    end
     u.full:free()
     u.full, u.state = nil, 'sharded'
   end
@@ -725,7 +754,8 @@ end
 function FSDP:detach()
   self:_drain()
   for _, u in ipairs(self.units) do
-    if u.state == 'sharded' then self:_start_gather(u) end
+    if u.fp8 and u.state ~= 'sharded' then self:_release(u) end  -- gathered as FP8 codes: gather exactly
+    if u.state == 'sharded' then self:_start_gather(u, true) end
     if u.state == 'gathering' then self:_wait_gather(u) end
     for i, p in ipairs(u.params) do
       local t = Tensor.empty(p.shape, { dtype = p.dtype, device = p.device }):keep()

@@ -44,8 +44,9 @@ function FSDP:full_state_dict(on_rank)
   local out = {}
   local copy = on_rank == nil or on_rank == self.comm.rank
   for _, u in ipairs(self.units) do
+    if u.f8_gathered or u.works then self:_release(u) end  -- gathered as FP8 codes: gather exactly
     local was = u.state
-    if u.state == 'sharded' then self:_start_gather(u) end
+    if u.state == 'sharded' then self:_start_gather(u, true) end
     if u.state == 'gathering' then self:_wait_gather(u) end
     for i, p in ipairs(u.params) do
       if copy then

@@ -35,3 +35,77 @@ describe('mixture of experts on MPI ranks', function()
     end
   end)
 end)
+
+-- Under context parallelism (Ulysses and ring) and tensor parallelism with
+-- sequence parallelism each rank routes its share of every sequence; what
+-- one process computes over a micro-batch is computed over the ranks that
+-- split it (gptlua.moe's split sequence): the load behind the balancing
+-- loss and the bias update, the capacity and the assignments it drops, the
+-- metrics.  Each run equals one process by the same rule, with expert
+-- parallelism over the dp ranks too; with a capacity factor the dropped
+-- fraction of every step is one process's, and its run the same.
+describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks', function()
+  if not H.MPIRUN then
+    pending('mpirun is not installed (make deps)')
+    return
+  end
+  local cjson = require 'cjson'
+  local out = H.tmpdir()
+  teardown(function() os.execute('rm -rf ' .. out) end)
+  local runs = DT.new(out)
+  local MOE = { experts = 4, top_k = 2, every = 2, aux_loss = 0.01, z_loss = 0.001, bias_update = 0.01 }
+  local ARGS = '--moe.experts=4 --moe.top_k=2 --moe.every=2 --moe.aux_loss=0.01 --moe.z_loss=0.001 --moe.bias_update=0.01'
+  -- (a capacity of ceil(0.5 x 16 tokens x 2 / 4) = 4 rows per expert and micro-batch: a rank's 8 tokens alone
+  -- would keep 2)
+  local CAP = { experts = 4, top_k = 2, every = 1, capacity_factor = 0.5, aux_loss = 0.01, bias_update = 0.01 }
+  local CAP_ARGS = '--moe.experts=4 --moe.top_k=2 --moe.every=1 --moe.capacity_factor=0.5 --moe.aux_loss=0.01 '
+    .. '--moe.bias_update=0.01'
+
+  local function series(dir, key)
+    local v = {}
+    for line in io.lines(dir .. '/p/metrics.jsonl') do
+      local m = cjson.decode(line)
+      if m[key] then v[#v + 1] = m[key] end
+    end
+    return v
+  end
+
+  it('cp 2 (Ulysses and ring) and tp 2 with sp equal one process, dropless and with a capacity factor, '
+    .. 'with ep over the dp ranks', function()
+    local cases = {
+      { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --cp=2', ref = MOE },
+      { ranks = 2, model = 'gpt2', args = ARGS .. ' --dist=ddp --cp=2 --cp_mode=ring', ref = MOE },
+      { ranks = 2, model = 'gpt2', args = ARGS .. ' --dist=ddp --tp=2 --sp', ref = MOE },
+      { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=zero2 --tp=2 --sp', ref = MOE },
+      { ranks = 2, model = 'gpt2', args = CAP_ARGS .. ' --dist=ddp --cp=2', ref = CAP, cap = true },
+      { ranks = 2, model = 'nanochat', args = CAP_ARGS .. ' --dist=ddp --cp=2 --cp_mode=ring', ref = CAP, cap = true },
+      { ranks = 2, model = 'gpt2', args = CAP_ARGS .. ' --dist=ddp --tp=2 --sp', ref = CAP, cap = true },
+      -- expert parallelism over the dp ranks of each cp (or tp) coordinate
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=ddp --cp=2 --ep=2', ref = MOE },
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=fsdp --cp=2 --cp_mode=ring --ep=2', ref = MOE,
+        reduce = 'float32' },
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --tp=2 --sp --ep=2', ref = MOE },
+      { ranks = 4, model = 'nanochat', args = CAP_ARGS .. ' --dist=ddp --cp=2 --ep=2', ref = CAP },
+    }
+    local got = runs:launch(cases)
+    for i, c in ipairs(cases) do
+      runs:check(c, got[i], { moe = c.ref })
+      -- (one rank's micro-batches are one process's when dp is 1: the same dropped fraction every step)
+      if c.cap then
+        local want = series(runs:reference(c.model, { moe = c.ref }).dir, 'moe_dropped')
+        assert.equal(5, #want)
+        for s = 1, #want do assert.is_true(want[s] > 0, 'step ' .. s .. ' drops assignments') end
+        assert.same(want, series(got[i].dir, 'moe_dropped'), c.args)
+      end
+    end
+  end)
+
+  it('refuses cp and sp together in one line', function()
+    local train = require 'gptlua.train'
+    local ok, err = pcall(train.resolve_config, { device = 'cpu', n_embd = 32, n_head = 4 },
+      { '--moe.experts=4', '--cp=2', '--tp=2', '--sp' })
+    assert.is_false(ok)
+    assert.equal('config: moe.experts 4 with cp 2 and sp together is not supported (use cp, or tp with sp)',
+      tostring(err))
+  end)
+end)

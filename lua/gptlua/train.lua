@@ -161,7 +161,7 @@ function M.new(recipe, args)
     self.flops_per_token = self.flops_per_token or model:flops_per_token(cfg.block_size)  -- the whole model's
     self.whole_num_params = self.whole_num_params or model:num_params()
     self.ep_layout = require('gptlua.dist.expert_parallel').parallelize(model, self.mesh.ep, self.mesh.ep_replica,
-      self.mesh.size.dp)
+      self.mesh.size.dp, self.mesh.size.cp > 1 and self.mesh.cp or nil)
   end
   self.model = model
   -- mixture of experts (gptlua.moe): its layers, with the recipe's router when it has a moe_router hook
@@ -395,7 +395,8 @@ for name, f in pairs(require 'gptlua.train_resume') do Trainer[name] = f end
 -- the data-parallel ranks (MoE layers only; op by op, also after a replay)
 function Trainer:moe_after_step()   -- the routers' bias update from the step's load over the data-parallel ranks
   if #self.moe_layers == 0 then return end
-  local dp = self.mesh and self.mesh.dp_cp or self.policy.comm or self.comm   -- (pp: this stage's dp group)
+  -- (pp: this stage's dp group; the cp ranks hold their micro-batches' whole load already: gptlua.moe)
+  local dp = self.mesh and self.mesh.dp or self.policy.comm or self.comm
   gl.scope(function() require('gptlua.moe').after_step(self.moe_layers, dp) end)
 end
 

@@ -332,6 +332,12 @@ function CP.parallelize(model, comm, opts)
     local logits = gl.linear(x, weight)
     return logits, gl.cross_entropy(logits, targets, { ignore_index = -1, softcap = softcap })
   end
+  -- mixture-of-experts layers route this rank's rows, what they compute
+  -- over the micro-batch reduced over cp (gptlua.moe's split sequence)
+  require('gptlua.moe').split_tokens(model, layout, function(r, Tl)
+    if ring then return RA.rows(comm.size * Tl, r, comm.size) end
+    return { { r * Tl, Tl } }
+  end, 1)
   model.cp_layout = layout
   return layout
 end

@@ -100,6 +100,29 @@ describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks
     end
   end)
 
+  -- The plan (the trainer on meta tensors in a fake world) runs the same
+  -- step: each rank dispatches its half of a micro-batch's tokens, and the
+  -- header counts the whole model (every expert) whatever tp and ep cut.
+  it('plans them: the rank\'s tokens dispatched, the whole model counted', function()
+    local plan = require 'gptlua.plan'
+    local function planned(over)
+      local r = DT.recipe('gpt2', { dist = 'ddp', moe = { experts = 4, top_k = 2, every = 2, capacity_factor = 0.5 } })
+      for k, v in pairs(over) do r[k] = v end
+      return plan.plan(r, { world = 4, device_memory = '1GiB' })
+    end
+    local one = planned({})
+    for _, over in ipairs({ { cp = 2 }, { cp = 2, cp_mode = 'ring', ep = 2 }, { tp = 2, sp = true }, { tp = 2, sp = true, ep = 2 } }) do
+      local p = planned(over)
+      for _, k in ipairs({ 'total_params', 'active_params', 'expert_params' }) do
+        assert.equal(one.moe[k], p.moe[k], k)
+      end
+      -- (8 of a micro-batch's 16 tokens; the rows in expert order: without ep the least of their N K = 16
+      -- and the micro-batch's E x capacity, 4 experts x ceil(0.5 x 16 x 2 / 4) = 16 (one rank's own would be 8);
+      -- under ep what balanced routing keeps of them, half of each expert's capacity on each of the 2 ranks)
+      assert.same({ tokens = 8, top_k = 2, rows = over.ep and 8 or 16 }, p.moe_shapes['transformer.h.1'])
+    end
+  end)
+
   it('refuses cp and sp together in one line', function()
     local train = require 'gptlua.train'
     local ok, err = pcall(train.resolve_config, { device = 'cpu', n_embd = 32, n_head = 4 },

@@ -86,6 +86,9 @@ describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks
         reduce = 'float32' },
       { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --tp=2 --sp --ep=2', ref = MOE },
       { ranks = 4, model = 'nanochat', args = CAP_ARGS .. ' --dist=ddp --cp=2 --ep=2', ref = CAP },
+      -- with tp's cut attention (no sp: the MoE sees the cp share whole on each tp rank), and in pipeline stages
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --tp=2 --cp=2 --cp_mode=ring', ref = MOE },
+      { ranks = 4, model = 'gpt2', args = CAP_ARGS .. ' --dist=zero1 --pp=2 --cp=2', ref = CAP },
     }
     local got = runs:launch(cases)
     for i, c in ipairs(cases) do

@@ -125,13 +125,4 @@ describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks
       assert.same({ tokens = 8, top_k = 2, rows = over.ep and 8 or 16 }, p.moe_shapes['transformer.h.1'])
     end
   end)
-
-  it('refuses cp and sp together in one line', function()
-    local train = require 'gptlua.train'
-    local ok, err = pcall(train.resolve_config, { device = 'cpu', n_embd = 32, n_head = 4 },
-      { '--moe.experts=4', '--cp=2', '--tp=2', '--sp' })
-    assert.is_false(ok)
-    assert.equal('config: moe.experts 4 with cp 2 and sp together is not supported (use cp, or tp with sp)',
-      tostring(err))
-  end)
 end)

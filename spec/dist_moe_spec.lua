@@ -41,9 +41,10 @@ end)
 -- one process computes over a micro-batch is computed over the ranks that
 -- split it (gptlua.moe's split sequence): the load behind the balancing
 -- loss and the bias update, the capacity and the assignments it drops, the
--- metrics.  Each run equals one process by the same rule, with expert
--- parallelism over the dp ranks too; with a capacity factor the dropped
--- fraction of every step is one process's, and its run the same.
+-- metrics (cp and sp together: over the cp x tp ranks).  Each run equals
+-- one process by the same rule, with expert parallelism over the dp ranks
+-- too; with a capacity factor the dropped fraction of every step is one
+-- process's, and its run the same.
 describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks', function()
   if not H.MPIRUN then
     pending('mpirun is not installed (make deps)')
@@ -70,7 +71,7 @@ describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks
     return v
   end
 
-  it('cp 2 (Ulysses and ring) and tp 2 with sp equal one process, dropless and with a capacity factor, '
+  it('cp 2 (Ulysses and ring), tp 2 with sp and both equal one process, dropless and with a capacity factor, '
     .. 'with ep over the dp ranks', function()
     local cases = {
       { ranks = 2, model = 'nanochat', args = ARGS .. ' --dist=ddp --cp=2', ref = MOE },
@@ -86,16 +87,25 @@ describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks
         reduce = 'float32' },
       { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --tp=2 --sp --ep=2', ref = MOE },
       { ranks = 4, model = 'nanochat', args = CAP_ARGS .. ' --dist=ddp --cp=2 --ep=2', ref = CAP },
+      -- cp and sp together: the cp x tp ranks split each sequence (tp rank t the t-th half of its cp rank's rows)
+      { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --cp=2 --tp=2 --sp', ref = MOE },
+      -- (Ulysses cuts tp's KV heads over cp: nanochat's 2 made 4)
+      { ranks = 4, model = 'nanochat', args = ARGS .. ' --dist=zero2 --cp=2 --tp=2 --sp --n_kv_head=4', ref = MOE,
+        over = { n_kv_head = 4 } },
+      { ranks = 4, model = 'nanochat', args = CAP_ARGS .. ' --dist=ddp --cp=2 --cp_mode=ring --tp=2 --sp', ref = CAP,
+        cap = true },
       -- with tp's cut attention (no sp: the MoE sees the cp share whole on each tp rank), and in pipeline stages
       { ranks = 4, model = 'gpt2', args = ARGS .. ' --dist=ddp --tp=2 --cp=2 --cp_mode=ring', ref = MOE },
       { ranks = 4, model = 'gpt2', args = CAP_ARGS .. ' --dist=zero1 --pp=2 --cp=2', ref = CAP },
     }
     local got = runs:launch(cases)
     for i, c in ipairs(cases) do
-      runs:check(c, got[i], { moe = c.ref })
-      -- (one rank's micro-batches are one process's when dp is 1: the same dropped fraction every step)
+      local over = { moe = c.ref }
+      for k, v in pairs(c.over or {}) do over[k] = v end
+      runs:check(c, got[i], over)
+      -- (a group's micro-batches are one process's when dp is 1: the same dropped fraction every step)
       if c.cap then
-        local want = series(runs:reference(c.model, { moe = c.ref }).dir, 'moe_dropped')
+        local want = series(runs:reference(c.model, over).dir, 'moe_dropped')
         assert.equal(5, #want)
         for s = 1, #want do assert.is_true(want[s] > 0, 'step ' .. s .. ' drops assignments') end
         assert.same(want, series(got[i].dir, 'moe_dropped'), c.args)

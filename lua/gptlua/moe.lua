@@ -257,7 +257,7 @@ function MoE:forward(x, residual)
   -- the sequence split over ranks (context or sequence parallelism): this
   -- rank holds N of the micro-batch's Nb tokens, and what one process
   -- computes over the micro-batch (capacity, load) is computed over all Nb
-  local split = self.token_split and self.token_split.layout.seq_now and self.token_split
+  local split = self.token_split and self.token_split.active() and self.token_split
   local Nb = split and N * split.comm.size or N
   local cap = M.capacity(self.capacity_factor, Nb, K, E)
   local slots, counts, load, kept
@@ -335,14 +335,14 @@ end
 -- over its own tokens) and their gradients are reduced over it as the
 -- other replicated parameters' are.
 
--- Sets model's MoE layers to route a split sequence: layout (its comm, and
--- seq_now: whether the forward splits), segments_of(rank, Tl) -> the
--- {first position, length} runs of the sequence that rank holds, in its
--- row order (Tl rows in all), summed: how many of the group's ranks sum
--- their gradients rather than average them.
-function M.split_tokens(model, layout, segments_of, summed)
+-- Sets model's MoE layers to route a split sequence: comm the ranks that
+-- split it, active() whether this forward splits it, segments_of(rank,
+-- Tl) -> the {first position, length} runs of the sequence that rank
+-- (of comm) holds, in its row order (Tl rows in all), summed: how many of
+-- the group's ranks sum their gradients rather than average them.
+function M.split_tokens(model, comm, active, segments_of, summed)
   for _, l in ipairs(M.layers(model)) do
-    l[2].token_split = { layout = layout, comm = layout.comm, segments_of = segments_of, summed = summed }
+    l[2].token_split = { comm = comm, active = active, segments_of = segments_of, summed = summed }
   end
 end
 

@@ -155,7 +155,12 @@ function M.new(recipe, args)
     fail('sp (sequence parallel) needs tp > 1, got tp ' .. cfg.tp)
   end
   if self.mesh and self.mesh.size.cp > 1 then  -- split the sequence over the cp group (after tp's cut)
-    require('gptlua.dist.context_parallel').parallelize(model, self.mesh.cp, { mode = cfg.cp_mode })
+    local m, group = self.mesh, nil
+    if cfg.sp and #require('gptlua.moe').layers(model) > 0 then  -- MoE layers: the cp x tp ranks sharing a sequence
+      group = m.world:split(m.coord.pp * m.size.dp + m.coord.dp, m.coord.cp * m.size.tp + m.coord.tp,
+        { size = m.size.cp * m.size.tp, rank = m.coord.cp * m.size.tp + m.coord.tp })
+    end
+    require('gptlua.dist.context_parallel').parallelize(model, m.cp, { mode = cfg.cp_mode, sequence_group = group })
   end
   if self.mesh and self.mesh.size.ep > 1 then  -- this rank's experts of every MoE layer (gptlua.dist.expert_parallel)
     self.flops_per_token = self.flops_per_token or model:flops_per_token(cfg.block_size)  -- the whole model's

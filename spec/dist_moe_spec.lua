@@ -112,7 +112,9 @@ describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks
       end
     end
   end)
+end)
 
+describe('mixture of experts over a split sequence planned (gptlua.plan)', function()
   -- The plan (the trainer on meta tensors in a fake world) runs the same
   -- step: each rank dispatches its half of a micro-batch's tokens, and the
   -- header counts the whole model (every expert) whatever tp and ep cut.
@@ -124,15 +126,18 @@ describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks
       return plan.plan(r, { world = 4, device_memory = '1GiB' })
     end
     local one = planned({})
-    for _, over in ipairs({ { cp = 2 }, { cp = 2, cp_mode = 'ring', ep = 2 }, { tp = 2, sp = true }, { tp = 2, sp = true, ep = 2 } }) do
+    for _, over in ipairs({ { cp = 2 }, { cp = 2, cp_mode = 'ring', ep = 2 }, { tp = 2, sp = true },
+                            { tp = 2, sp = true, ep = 2 }, { cp = 2, tp = 2, sp = true } }) do
       local p = planned(over)
       for _, k in ipairs({ 'total_params', 'active_params', 'expert_params' }) do
         assert.equal(one.moe[k], p.moe[k], k)
       end
-      -- (8 of a micro-batch's 16 tokens; the rows in expert order: without ep the least of their N K = 16
-      -- and the micro-batch's E x capacity, 4 experts x ceil(0.5 x 16 x 2 / 4) = 16 (one rank's own would be 8);
-      -- under ep what balanced routing keeps of them, half of each expert's capacity on each of the 2 ranks)
-      assert.same({ tokens = 8, top_k = 2, rows = over.ep and 8 or 16 }, p.moe_shapes['transformer.h.1'])
+      -- (N = 8 of a micro-batch's 16 tokens, 4 under cp and sp; the rows in expert order: without ep the
+      -- least of their N K and the micro-batch's E x capacity, 4 experts x ceil(0.5 x 16 x 2 / 4) = 16 (a rank's
+      -- own would be 8, or 4); under ep what balanced routing keeps of them, half of each expert's capacity on
+      -- each of the 2 ranks)
+      local N = over.cp and over.sp and 4 or 8
+      assert.same({ tokens = N, top_k = 2, rows = over.ep and 8 or math.min(2 * N, 16) }, p.moe_shapes['transformer.h.1'])
     end
   end)
 end)

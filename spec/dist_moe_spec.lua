@@ -109,6 +109,15 @@ describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks
         assert.equal(5, #want)
         for s = 1, #want do assert.is_true(want[s] > 0, 'step ' .. s .. ' drops assignments') end
         assert.same(want, series(got[i].dir, 'moe_dropped'), c.args)
+        -- and the load it watches (sums of counts: exact), the balancing loss to its sums' rounding
+        local ref_dir = runs:reference(c.model, over).dir
+        for _, k in ipairs({ 'moe.layer1.load_max_mean', 'moe.layer1.load_cv' }) do
+          assert.same(series(ref_dir, k), series(got[i].dir, k), c.args .. ' ' .. k)
+        end
+        local aux, got_aux = series(ref_dir, 'moe.layer1.aux_loss'), series(got[i].dir, 'moe.layer1.aux_loss')
+        -- (metrics.jsonl keeps 14 digits: 1e-13 relative between two records; the tokens' sums in another order)
+        local tol = 1e-13 + DT.TOKENS * 2 ^ -53
+        for s = 1, #aux do assert.near(aux[s], got_aux[s], tol * aux[s], c.args .. ' aux_loss step ' .. s) end
       end
     end
   end)

@@ -43,8 +43,9 @@ end)
 -- loss and the bias update, the capacity and the assignments it drops, the
 -- metrics (cp and sp together: over the cp x tp ranks).  Each run equals
 -- one process by the same rule, with expert parallelism over the dp ranks
--- too; with a capacity factor the dropped fraction of every step is one
--- process's, and its run the same.
+-- too; with a capacity factor the dropped fraction, the load metrics and
+-- the balancing loss of every step are one process's (where dp is 1), and
+-- its run the same.
 describe('mixture of experts over a split sequence (cp, tp with sp) on MPI ranks', function()
   if not H.MPIRUN then
     pending('mpirun is not installed (make deps)')

@@ -95,6 +95,10 @@ local LAYOUTS = {
   { name = 'ep4', ranks = 4, args = '--ep=4', over = { moe = MOE } },
   { name = 'ep2 x tp2', ranks = 4, args = '--ep=2 --tp=2', over = { moe = MOE } },
   { name = 'pp2 x ep2', ranks = 4, args = '--pp=2 --ep=2', over = { moe = MOE } },
+  -- (and MoE blocks over a sequence split by cp or by tp's sp: each rank routes its share, gptlua.moe)
+  { name = 'cp2 ulysses x moe', ranks = 4, args = '--cp=2', over = { moe = MOE } },
+  { name = 'tp2+sp x moe', ranks = 4, args = '--tp=2 --sp', over = { moe = MOE } },
+  { name = 'cp2 ring x ep2', ranks = 4, args = '--cp=2 --cp_mode=ring --ep=2', over = { moe = MOE } },
 }
 
 -- the refusals the product is allowed to meet: cell -> true when expected

@@ -95,8 +95,6 @@ describe('moe layer', function()
     assert.equal('config: moe.top_k must be an integer in [1, 4], got 5', err({ experts = 4, top_k = 5 }))
     assert.equal("config: moe.router must be 'softmax' or 'sigmoid', got 'relu'", err({ experts = 4, router = 'relu' }))
     assert.equal('config: moe.capacity_factor must be a finite number >= 0, got -1', err({ experts = 4, capacity_factor = -1 }))
-    assert.equal('config: moe.experts 4 runs with data, tensor (without sp) and pipeline parallelism only so far, got cp 2, sp false',
-      err({ experts = 4 }, { cp = 2 }))
     local ok, e = pcall(train.resolve_config, { device = 'cpu' }, { '--moe.every=0', '--moe.experts=2' })
     assert.is_false(ok)
     assert.equal('config: moe.every must be an integer >= 1, got 0', tostring(e))

@@ -113,7 +113,11 @@ end
 -- and replace one):
 --   route(layer, logits)  -> experts (N, K) int64, weights (N, K), scores (N, E)
 --   losses(layer, logits, scores, load, N) -> balancing loss, z-loss (each a
---                            scalar tensor or nil); load (E) int64
+--                            scalar tensor or nil); load (E) int64 and N:
+--                            the micro-batch's assignments per expert and
+--                            tokens, logits and scores: this rank's rows
+--                            (all of them but under a split sequence, where
+--                            a mean over them is this rank's part)
 --   after_step(layer, load) after the optimizer step; load (E) float, the
 --                            assignments routed to each expert this step on
 --                            every data-parallel rank
@@ -254,8 +258,19 @@ function MoE:forward(x, residual)
   local logits = self.router(xf)
   local experts, weights, scores = self.policy:route(self, logits)
   local E, K = self.n_experts, experts.shape[2]
-  local cap = M.capacity(self.capacity_factor, N, K, E)
-  local slots, counts, load = gl.moe_route(experts, E, cap)
+  -- the sequence split over ranks (context or sequence parallelism): this
+  -- rank holds N of the micro-batch's Nb tokens, and what one process
+  -- computes over the micro-batch (capacity, load) is computed over all Nb
+  local split = self.token_split and self.token_split.active() and self.token_split
+  local Nb = split and N * split.comm.size or N
+  local cap = M.capacity(self.capacity_factor, Nb, K, E)
+  local slots, counts, load, kept
+  if split then
+    slots, counts, load, kept = M.split_route(split, experts, x.shape, E, cap)
+  else
+    slots, counts, load = gl.moe_route(experts, E, cap)
+    kept = counts
+  end
   local out, shared
   local function run_shared() return common.mlp(self.shared, xf, self.act) end
   if self.ep then  -- expert parallelism: the rows go to the ranks holding their experts (gptlua.dist.expert_parallel)
@@ -270,12 +285,14 @@ function MoE:forward(x, residual)
   -- a training forward that builds a graph: once per micro-step, also
   -- under activation checkpointing (whose first pass runs without one)
   if self.training and gl.is_grad_enabled() then
-    local aux, z = self.policy:losses(self, logits, scores, load, N)
-    self:observe(load, counts, N * K, aux, z)
+    local aux, z = self.policy:losses(self, logits, scores, load, Nb)
+    self:observe(load, kept, Nb * K, aux, z)
     local losses = {}
     if aux then losses[#losses + 1] = aux end
     if z then losses[#losses + 1] = z end
-    if #losses > 0 then out = attach_losses(out, losses, self.loss_scale) end
+    -- (a split whose ranks' gradients are summed, not averaged: each rank's
+    -- share of the losses, their mean over the ranks being the micro-batch's)
+    if #losses > 0 then out = attach_losses(out, losses, self.loss_scale / (split and split.summed or 1)) end
   end
   out = gl.dropout(out:reshape(x.shape), self.dropout, self.training)
   if residual then return residual + out end
@@ -283,7 +300,9 @@ function MoE:forward(x, residual)
 end
 
 -- this step's load, kept rows and losses, summed over its micro-steps on
--- the device (read on the host only when the trainer logs)
+-- the device (read on the host only when the trainer logs): load, kept
+-- and assignments the micro-batches' (a split sequence's over its group),
+-- the losses this rank's
 function MoE:observe(load, counts, assignments, aux, z)
   gl.no_grad(function()
     local s = self.stats
@@ -299,6 +318,75 @@ function MoE:observe(load, counts, assignments, aux, z)
     if aux then s.aux:add_(aux:detach():to('float64')) end
     if z then s.z:add_(z:detach():to('float64')) end
     s.assignments, s.passes = s.assignments + assignments, s.passes + 1
+  end)
+end
+
+-- ---------------------------------------------------- a split sequence
+-- Context parallelism (gptlua.dist.context_parallel) and tensor
+-- parallelism's sequence parallel (gptlua.dist.tensor_parallel) give each
+-- rank of a group its share of every sequence of the micro-batch, and the
+-- layer routes only that share.  What one process computes over the whole
+-- micro-batch is computed over the group: the load (an all-reduce of E
+-- counts) that the balancing loss and the bias update read, the capacity
+-- and which assignments it drops (every rank's choices gathered into
+-- sequence order, routed as one process routes them, each rank keeping its
+-- own), and the metrics.  The balancing and z losses are means over a
+-- rank's own tokens, which average over the group to the micro-batch's:
+-- under cp the group's gradients are averaged (the data-parallel policy
+-- over dp x cp), so each rank's losses count as they are; under sp they are
+-- summed over tp (the replicated parameters' rule), so each counts 1/tp.
+-- The experts stay whole on every rank of the group (each rank runs them
+-- over its own tokens) and their gradients are reduced over it as the
+-- other replicated parameters' are.
+
+-- Sets model's MoE layers to route a split sequence: comm the ranks that
+-- split it, active() whether this forward splits it, segments_of(rank,
+-- Tl) -> the {first position, length} runs of the sequence that rank
+-- (of comm) holds, in its row order (Tl rows in all), summed: how many of
+-- the group's ranks sum their gradients rather than average them.
+function M.split_tokens(model, comm, active, segments_of, summed)
+  for _, l in ipairs(M.layers(model)) do
+    l[2].token_split = { comm = comm, active = active, segments_of = segments_of, summed = summed }
+  end
+end
+
+-- gl.moe_route for a split micro-batch: experts (N, K) this rank's choices
+-- of its rows of shape (B, Tl, C); returns this rank's slots and counts,
+-- the micro-batch's load and kept rows per expert.  Collective.
+function M.split_route(split, experts, shape, E, cap)
+  return gl.no_grad(function()
+    local comm, n = split.comm, split.comm.size
+    if cap == 0 then
+      local slots, counts, load = gl.moe_route(experts, E, 0)
+      local all = load:clone()
+      comm:all_reduce_async(all, 'sum'):wait()
+      return slots, counts, all, all
+    end
+    -- the capacity keeps each expert's first assignments in sequence order
+    local B, Tl, K = shape[1], shape[2], experts.shape[2]
+    local buf = gl.empty({ n, B, Tl, K }, { dtype = experts.dtype, device = experts.device })
+    comm:all_gather_async(buf, experts:contiguous():view(B, Tl, K)):wait()
+    local runs = {}
+    for q = 0, n - 1 do
+      local at = 0
+      for _, s in ipairs(split.segments_of(q, Tl)) do
+        runs[#runs + 1] = { s[1], buf:select(1, q + 1):narrow(2, at + 1, s[2]) }
+        at = at + s[2]
+      end
+    end
+    table.sort(runs, function(a, b) return a[1] < b[1] end)
+    local parts = {}
+    for i, r in ipairs(runs) do parts[i] = r[2] end
+    local whole = gl.cat(parts, 2):contiguous()
+    local all_slots, kept, load = gl.moe_route(whole:view(B * n * Tl, K), E, cap)
+    -- this rank's rows of the micro-batch's plan: which of its assignments are kept
+    local by_pos, mine = all_slots:view(B, n * Tl, K), {}
+    for i, s in ipairs(split.segments_of(comm.rank, Tl)) do mine[i] = by_pos:narrow(2, s[1] + 1, s[2]) end
+    local keep = gl.ge(gl.cat(mine, 2):contiguous():view(B * Tl, K), 0)
+    -- routed locally, each dropped assignment sent to an expert E past the
+    -- real ones (its rows after theirs, left out of counts and slots)
+    local slots, counts = gl.moe_route(gl.where(keep, experts, E), E + 1, 0)
+    return gl.where(keep, slots, -1), counts:narrow(1, 1, E):contiguous(), load, kept
   end)
 end
 
@@ -331,7 +419,8 @@ function M.begin_step(layers, scale)
 end
 
 -- after the optimizer step: each layer's router sees the step's load,
--- summed over the data-parallel ranks (comm: their communicator, or nil)
+-- summed over the ranks with other micro-batches (comm: the mesh's dp
+-- group, or the world's without a mesh; nil: one process)
 function M.after_step(layers, comm)
   for _, l in ipairs(layers) do
     local m = l[2]
@@ -348,8 +437,10 @@ end
 
 -- What users watch, per layer (its module name) and over all layers: load
 -- max/mean and coefficient of variation (over the experts, this step's
--- assignments on this rank), the fraction of assignments dropped, the
--- balancing and z losses (mean over micro-steps), the expert bias range.
+-- assignments of this rank's micro-batches), the fraction of assignments
+-- dropped, the balancing and z losses (mean over micro-steps; under a split
+-- sequence the group's mean: collective, every rank of it calls this), the
+-- expert bias range.
 function M.metrics(layers)
   local rec, worst, dropped_all, total_all = {}, 0, 0, 0
   for _, l in ipairs(layers) do
@@ -369,8 +460,13 @@ function M.metrics(layers)
       rec[p .. 'load_max_mean'] = mean > 0 and mx / mean or 0
       rec[p .. 'load_cv'] = mean > 0 and math.sqrt(sq / E) / mean or 0
       rec[p .. 'dropped'] = s.assignments > 0 and (s.assignments - k) / s.assignments or 0
-      rec[p .. 'aux_loss'] = s.aux:item() / s.passes
-      rec[p .. 'z_loss'] = s.z:item() / s.passes
+      local aux, z = s.aux:item() / s.passes, s.z:item() / s.passes
+      local split = m.token_split
+      if split then
+        aux = split.comm:all_reduce_number(aux, 'sum') / split.comm.size
+        z = split.comm:all_reduce_number(z, 'sum') / split.comm.size
+      end
+      rec[p .. 'aux_loss'], rec[p .. 'z_loss'] = aux, z
       local b = m.expert_bias:to('float64'):tolist()
       local lo, hi = math.huge, -math.huge
       for e = 1, #b do lo, hi = math.min(lo, b[e]), math.max(hi, b[e]) end

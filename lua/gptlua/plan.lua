@@ -253,22 +253,23 @@ local function tag_moe(model, parts, shapes, label_of)
 end
 
 -- The model's MoE layers as the plan reports them: parameters (total,
--- those a token uses, the experts'), experts, per rank (E / ep: expert
+-- those a token uses, the experts'; the whole model's: whole is its count
+-- before tp or ep cut it, when they did), experts, per rank (E / ep: expert
 -- parallel ranks hold E / ep each), top-k, capacity factor, hidden width.
-local function moe_facts(model, cfg)
+local function moe_facts(model, cfg, whole)
   local moe = require 'gptlua.moe'
   local layers = moe.layers(model)
   if #layers == 0 then return nil end
   local m = layers[1][2]
   local expert_params = 0
-  for _, l in ipairs(layers) do
-    for _, ex in ipairs(l[2].experts._modules) do expert_params = expert_params + l[2].experts[ex]:num_params() end
+  for _, l in ipairs(layers) do   -- (every expert of a layer has the first's size; a rank under ep holds E / ep)
+    expert_params = expert_params + l[2].n_experts * l[2].experts[1]:num_params()
   end
   local ep = cfg.ep or 1
+  local total = whole or model:num_params()
   return { layers = #layers, experts = m.n_experts, ep = ep, experts_per_rank = m.n_experts / ep, top_k = m.top_k,
            capacity_factor = m.capacity_factor, hidden = m.experts[1].c_fc.weight.shape[1],
-           total_params = model:num_params(), active_params = model:num_params() - moe.inactive_params(model),
-           expert_params = expert_params }
+           total_params = total, active_params = total - moe.inactive_params(model), expert_params = expert_params }
 end
 
 -- Every tensor reachable from root through tables (depth-limited), with
@@ -389,7 +390,7 @@ local function run_plan(recipe, rargs, o, stop_at)
     return { peak = st.peak, peak_at = peak_at, traffic = fake.traffic(w), cfg = t.cfg,
              accum = t.cfg.gradient_accumulation_steps, num_params = t.model:num_params(),
              tokens_per_step = t.tokens_per_step, model_config = t.model.config,
-             moe = moe_facts(t.model, t.cfg), moe_shapes = moe_shapes,
+             moe = moe_facts(t.model, t.cfg, t.whole_num_params), moe_shapes = moe_shapes,
              pipeline = t.pipeline and { text = tostring(t.pipeline), schedule = t.pipeline.schedule } }
   end, { reads = 'zeros' })
   res.groups = snapshot

@@ -155,13 +155,18 @@ function M.new(recipe, args)
     fail('sp (sequence parallel) needs tp > 1, got tp ' .. cfg.tp)
   end
   if self.mesh and self.mesh.size.cp > 1 then  -- split the sequence over the cp group (after tp's cut)
-    require('gptlua.dist.context_parallel').parallelize(model, self.mesh.cp, { mode = cfg.cp_mode })
+    local m, group = self.mesh, nil
+    if cfg.sp and #require('gptlua.moe').layers(model) > 0 then  -- MoE layers: the cp x tp ranks sharing a sequence
+      group = m.world:split(m.coord.pp * m.size.dp + m.coord.dp, m.coord.cp * m.size.tp + m.coord.tp,
+        { size = m.size.cp * m.size.tp, rank = m.coord.cp * m.size.tp + m.coord.tp })
+    end
+    require('gptlua.dist.context_parallel').parallelize(model, m.cp, { mode = cfg.cp_mode, sequence_group = group })
   end
   if self.mesh and self.mesh.size.ep > 1 then  -- this rank's experts of every MoE layer (gptlua.dist.expert_parallel)
     self.flops_per_token = self.flops_per_token or model:flops_per_token(cfg.block_size)  -- the whole model's
     self.whole_num_params = self.whole_num_params or model:num_params()
     self.ep_layout = require('gptlua.dist.expert_parallel').parallelize(model, self.mesh.ep, self.mesh.ep_replica,
-      self.mesh.size.dp)
+      self.mesh.size.dp, self.mesh.size.cp > 1 and self.mesh.cp or nil)
   end
   self.model = model
   -- mixture of experts (gptlua.moe): its layers, with the recipe's router when it has a moe_router hook
@@ -395,7 +400,8 @@ for name, f in pairs(require 'gptlua.train_resume') do Trainer[name] = f end
 -- the data-parallel ranks (MoE layers only; op by op, also after a replay)
 function Trainer:moe_after_step()   -- the routers' bias update from the step's load over the data-parallel ranks
   if #self.moe_layers == 0 then return end
-  local dp = self.mesh and self.mesh.dp_cp or self.policy.comm or self.comm   -- (pp: this stage's dp group)
+  -- (pp: this stage's dp group; the cp ranks hold their micro-batches' whole load already: gptlua.moe)
+  local dp = self.mesh and self.mesh.dp or self.policy.comm or self.comm
   gl.scope(function() require('gptlua.moe').after_step(self.moe_layers, dp) end)
 end
 

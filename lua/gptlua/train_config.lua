@@ -334,13 +334,9 @@ function M.resolve_config(recipe, args)
     local ok, err = pcall(require('gptlua.models.nanochat').trainer_keys, cfg.nanochat)
     if not ok then fail(tostring(err)) end
   end
-  do  -- mixture of experts: the keys, and the layouts it runs under so far
+  do  -- mixture of experts: the keys, and ep's own rules
     local ok, mc = pcall(require('gptlua.moe').resolve, cfg.moe, cfg.n_embd)
     if not ok then fail(tostring(mc)) end
-    if mc and (cfg.cp > 1 or cfg.sp) then
-      fail(('moe.experts %d runs with data, tensor (without sp) and pipeline parallelism only so far, got cp %d, sp %s')
-        :format(mc.experts, cfg.cp, tostring(cfg.sp)))
-    end
     if cfg.ep > 1 and cfg.dist == 'none' then
       fail(("ep %d needs a distributed run (dist = 'ddp' or 'fsdp')"):format(cfg.ep))
     end

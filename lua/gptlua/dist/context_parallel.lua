@@ -204,6 +204,17 @@ function CP.check_nanochat(cfg, mode, sp)
   if cfg.smear and sp then fail("nanochat's smear with sequence parallelism (sp) is not composed yet") end
 end
 
+-- the runs {first, length} of runs (in order) that hold their rows [from, from + len)
+function CP.sub_runs(runs, from, len)
+  local out, at = {}, 0
+  for _, r in ipairs(runs) do
+    local lo, hi = math.max(from, at), math.min(from + len, at + r[2])
+    if lo < hi then out[#out + 1] = { r[1] + lo - at, hi - lo } end
+    at = at + r[2]
+  end
+  return out
+end
+
 -- Splits model's sequence over comm (the mesh's cp group); opts.mode
 -- 'ulysses' (default) or 'ring'.  A model already cut by
 -- TP.parallelize keeps its tp forwards (embedding, positions, head, the
@@ -302,8 +313,9 @@ function CP.parallelize(model, comm, opts)
           return common.linear(self.c_proj, y:transpose(2, 3):reshape(B, T, H * D), residual)
         end
         local H, Hkv = self.H / comm.size, self.Hkv / comm.size
-        local Bl, Tl = x.shape[1], x.shape[2]
-        local q = CP.to_heads(self.c_q(x), 1, comm)
+        local qr = self.c_q(x)
+        local Bl, Tl = qr.shape[1], qr.shape[2]   -- (the cp rank's rows: under sp the projections gathered x's)
+        local q = CP.to_heads(qr, 1, comm)
         local B, T = q.shape[1], q.shape[2]
         local k = CP.to_heads(self.c_k(x), 1, comm):view(B, T, Hkv, D)
         -- the values with their value residual on this rank's rows, then to heads
@@ -331,6 +343,24 @@ function CP.parallelize(model, comm, opts)
     if tp_head then return tp_head(x, targets, weight, softcap) end
     local logits = gl.linear(x, weight)
     return logits, gl.cross_entropy(logits, targets, { ignore_index = -1, softcap = softcap })
+  end
+  -- mixture-of-experts layers route this rank's rows, what they compute
+  -- over the micro-batch reduced over cp (gptlua.moe's split sequence);
+  -- under tp's sp too, over the cp x tp ranks (opts.sequence_group, rank
+  -- c tp + t: tp rank t holds the t-th T/(cp tp) rows of cp rank c's)
+  local function cp_runs(r, Tc)
+    if ring then return RA.rows(comm.size * Tc, r, comm.size) end
+    return { { r * Tc, Tc } }
+  end
+  local tpl = model.tp_layout
+  if tpl and tpl.sequence_parallel and #require('gptlua.moe').layers(model) > 0 then
+    local group = opts and opts.sequence_group
+    if not group then fail('mixture-of-experts layers under sp need opts.sequence_group (the cp x tp ranks)') end
+    local tp = tpl.size
+    require('gptlua.moe').split_tokens(model, group, function() return layout.seq_now and tpl.seq_now end,
+      function(q, Tl) return CP.sub_runs(cp_runs(math.floor(q / tp), Tl * tp), (q % tp) * Tl, Tl) end, tp)
+  else
+    require('gptlua.moe').split_tokens(model, comm, function() return layout.seq_now end, cp_runs, 1)
   end
   model.cp_layout = layout
   return layout

@@ -41,7 +41,9 @@
 -- contributions of every token of its ep group; summing over the replica
 -- group adds the other groups', and dividing by dp gives the average over
 -- the whole dp group that a replicated expert gets from ddp (every rank's
--- loss is its own tokens' mean).  The gradient norm adds the experts'
+-- loss is its own tokens' mean); under cp the ep groups of the cp ranks
+-- saw the sequences' other positions, and their gradients are averaged
+-- over cp too.  The gradient norm adds the experts'
 -- squares summed over the ep group (each expert once) to the policy's.
 --
 -- Optimizer.  The experts are ordinary parameters of the optimizer (each
@@ -137,10 +139,11 @@ EP.Layout = Layout
 -- Keeps this rank's experts in every MoE layer of model (built by
 -- gptlua.dist.pp_build without the others: the ones kept have a one-rank
 -- build's values) and sets the layers to exchange their tokens.
--- group, replica: EP.groups; dp: the data-parallel group's size.
-function EP.parallelize(model, group, replica, dp)
+-- group, replica: EP.groups; dp: the data-parallel group's size; cp: the
+-- mesh's cp group (nil without context parallelism).
+function EP.parallelize(model, group, replica, dp, cp)
   local self = setmetatable({ group = group, replica = replica, size = group.size, rank = group.rank, dp = dp,
-                              layers = {}, params = {}, is_expert = {}, model = model }, Layout)
+                              cp = cp, layers = {}, params = {}, is_expert = {}, model = model }, Layout)
   for _, l in ipairs(require('gptlua.moe').layers(model)) do
     local m = l[2]
     local n = m.n_experts / self.size
@@ -416,14 +419,15 @@ end
 function P:before_micro_step(micro, accum) return self.inner:before_micro_step(micro, accum) end
 function P:average_number(x) return self.inner:average_number(x) end
 
--- the experts' gradients: summed over their replicas, over dp (see the header)
+-- the experts' gradients: summed over their replicas (and cp), over dp (x cp) (see the header)
 function P:after_backward()
   self.inner:after_backward()
   local L = self.ep_layout
   for _, p in ipairs(L.params) do
     if p.grad then
       if L.replica.size > 1 then L.replica:all_reduce_async(p.grad, 'sum'):wait() end  -- (NCCL: a device wait)
-      p.grad:mul_(1 / L.dp)
+      if L.cp then L.cp:all_reduce_async(p.grad, 'sum'):wait() end
+      p.grad:mul_(1 / (L.dp * (L.cp and L.cp.size or 1)))
     end
   end
 end
@@ -466,7 +470,8 @@ function P:each_grad(f)
     local counted = inner.comm.rank == 0
     for _, p in ipairs(inner.params) do if p.grad then f(p, p.grad, counted) end end
   end
-  for _, p in ipairs(L.params) do if p.grad then f(p, p.grad, L.replica.rank == 0) end end
+  local counted = L.replica.rank == 0 and (not L.cp or L.cp.rank == 0)
+  for _, p in ipairs(L.params) do if p.grad then f(p, p.grad, counted) end end
 end
 
 function P:scale_grads(s)

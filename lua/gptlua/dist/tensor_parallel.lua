@@ -468,6 +468,15 @@ function TP.parallelize(model, comm, opts)
       row_parallel(layout, b.mlp.c_proj, p .. 'mlp.c_proj')
     end  -- (a mixture of experts stays whole on every tp rank: its input is the replicated residual)
   end
+  -- sequence parallel: a mixture of experts stays whole on every tp rank
+  -- and routes the rank's T/tp rows (the simplest cut: no exchange of
+  -- tokens between tp ranks, the experts' gradients summed over tp as the
+  -- norms' are), what it computes over the micro-batch reduced over tp
+  -- (gptlua.moe's split sequence)
+  if sp then
+    require('gptlua.moe').split_tokens(model, comm, function() return layout.seq_now end,
+      function(r, Tl) return { { r * Tl, Tl } } end, tp)
+  end
   local wte = vocab_embedding(layout, tr.wte, 'transformer.wte')
   if kind == 'gpt2' then
     -- sequence parallel: each rank adds the positions of its own T/tp rows

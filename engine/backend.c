@@ -32,6 +32,7 @@ const gl_backend gl_cpu_backend = {
   .matmul_epilogue        = cpu_matmul_epilogue,
   /* FP8 scaled products (fp8.c, fp8.cu) */
   .fp8_quantize           = cpu_fp8_quantize,
+  .fp8_quantize_amax      = cpu_fp8_quantize_amax,
   .fp8_matmul             = cpu_fp8_matmul,
   /* rows (rows.c, rows.cu; the fused add + norm: engine/unfused.c on the CPU) */
   .softmax                = cpu_softmax,
@@ -103,6 +104,7 @@ const gl_backend gl_cuda_backend = {
   .matmul_epilogue        = cuda_matmul_epilogue,
   /* FP8 scaled products (fp8.c, fp8.cu) */
   .fp8_quantize           = cuda_fp8_quantize,
+  .fp8_quantize_amax      = cuda_fp8_quantize_amax,
   .fp8_matmul             = cuda_fp8_matmul,
   /* rows (rows.c, rows.cu; the fused add + norm: engine/unfused.c on the CPU) */
   .softmax                = cuda_softmax,

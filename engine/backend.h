@@ -122,6 +122,7 @@ static inline int gl_fold_rows(const gl_tensor *t, int64_t *sr) {
   X(momentum_update_block, (gl_tensor *out, gl_tensor *buf, const gl_tensor *grad, const gl_tensor *block, int64_t slot, int nesterov)) \
   X(axpy_block, (gl_tensor *y, const gl_tensor *x, const gl_tensor *block, int64_t slot)) \
   X(fp8_quantize, (gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise)) \
+  X(fp8_quantize_amax, (gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, const gl_tensor *amax)) \
   X(fp8_matmul, (gl_tensor *out, const gl_tensor *a, const gl_tensor *a_scale_inv, const gl_tensor *b, const gl_tensor *b_scale_inv)) \
   X(copy, (gl_tensor *dst, const gl_tensor *src)) \
   X(fill, (gl_tensor *t, double value)) \

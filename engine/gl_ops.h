@@ -85,6 +85,13 @@ int gl_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *b, double alp
    (a_scale_inv[m] * b_scale_inv[n]) is rounded once to out (float32 or
    bfloat16). */
 int gl_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise);
+/* gl_fp8_quantize_amax: the same cast with amax given (float32, contiguous:
+   {1} for one scale, {R} for one per row), as a layout that splits x over
+   ranks needs: the amax each rank computes of its part, max-reduced over
+   the ranks, gives every rank one process's scale.  |amax| is taken (its
+   bits with the sign cleared), so x's own amax gives gl_fp8_quantize's
+   q and scale_inv bit for bit; an amax below x's saturates. */
+int gl_fp8_quantize_amax(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, const gl_tensor *amax);
 int gl_fp8_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *a_scale_inv, const gl_tensor *b,
                   const gl_tensor *b_scale_inv);
 /* out = a @ b + bias: bias (N) added to every row of out (..., M, N), a

@@ -20,8 +20,9 @@ static int check_scale(const char *fn, const char *name, const gl_tensor *s, int
   return GL_OK;
 }
 
-int gl_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise) {
-  const char *fn = "gl_fp8_quantize";
+/* the checks gl_fp8_quantize and gl_fp8_quantize_amax share; rows: scale_inv's
+   expected elements (R rowwise, 1 tensorwise) */
+static int check_quantize(const char *fn, gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise) {
   GL_NONNULL(fn, q, scale_inv, x);
   GL_TRY(check_args(fn, ARGS({q, "q", A_OUT}, {scale_inv, "scale_inv", A_OUT}, {x, "x", A_FLOAT})));
   if (x->dtype != GL_F32 && x->dtype != GL_BF16)
@@ -30,15 +31,36 @@ int gl_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int 
   GL_TRY(check_ndim(x, fn, "x", 2, 2));
   GL_TRY(check_shape(q, fn, "q", 2, x->shape, "the shape of x"));
   GL_TRY(check_row_major(fn, "q", q));
-  if (rowwise != 0 && rowwise != 1) return gl_error("%s: rowwise must be 0 or 1, got %d", fn, rowwise);
   GL_TRY(check_scale(fn, "scale_inv", scale_inv, x->shape[0], 1));
   if (scale_inv->shape[0] != (rowwise ? x->shape[0] : 1))
     return gl_error("%s: scale_inv has %lld elements, expected %lld (%s)", fn, (long long)scale_inv->shape[0],
                     (long long)(rowwise ? x->shape[0] : 1), rowwise ? "one per row of x" : "tensorwise: one");
   GL_TRY(check_no_overlap(fn, q, "q", x, "x"));
   GL_TRY(check_no_overlap(fn, scale_inv, "scale_inv", x, "x"));
+  return GL_OK;
+}
+
+int gl_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise) {
+  const char *fn = "gl_fp8_quantize";
+  if (rowwise != 0 && rowwise != 1) return gl_error("%s: rowwise must be 0 or 1, got %d", fn, rowwise);
+  GL_TRY(check_quantize(fn, q, scale_inv, x, rowwise));
   if (scale_inv->numel == 0) return GL_OK;
   return gl_backend_of(x->device)->fp8_quantize(q, scale_inv, x, rowwise);
+}
+
+int gl_fp8_quantize_amax(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, const gl_tensor *amax) {
+  const char *fn = "gl_fp8_quantize_amax";
+  GL_NONNULL(fn, amax);
+  GL_TRY(check_args(fn, ARGS({amax, "amax", A_IN}, {x, "x", A_IN})));
+  if (amax->dtype != GL_F32) return gl_error("%s: amax has dtype %s, expected float32", fn, gl_dtype_name(amax->dtype));
+  const int64_t R = x->ndim == 2 ? x->shape[0] : 0;
+  if (amax->ndim != 1 || (amax->shape[0] != 1 && amax->shape[0] != R) || (amax->shape[0] > 1 && amax->stride[0] != 1))
+    return gl_error("%s: amax must be contiguous {1} (one scale) or {%lld} (one per row of x)", fn, (long long)R);
+  const int rowwise = amax->shape[0] != 1;  /* (one row: {1} serves as either) */
+  GL_TRY(check_quantize(fn, q, scale_inv, x, rowwise));
+  GL_TRY(check_no_overlap(fn, scale_inv, "scale_inv", amax, "amax"));
+  if (scale_inv->numel == 0) return GL_OK;
+  return gl_backend_of(x->device)->fp8_quantize_amax(q, scale_inv, x, amax);
 }
 
 int gl_fp8_matmul(gl_tensor *out, const gl_tensor *a, const gl_tensor *a_scale_inv, const gl_tensor *b,

@@ -48,14 +48,15 @@ __global__ void fp8_amax_kernel(TPtr<S> x, int64_t R, int64_t C, int64_t s0, int
   if (threadIdx.x == 0) atomicMax(amax, m);
 }
 
-/* q (R, C) row-major from x with one scale (amax: one word) or one per row
-   (amax NULL: each block computes its row's) */
+/* q (R, C) row-major from x with one scale (amax: one word, step 0), one per
+   row given (amax: R words, step 1) or one per row computed (amax NULL: each
+   block computes its row's); a given word is a float's bits, its sign cleared */
 template <class S>
 __global__ void __launch_bounds__(CU_ROW_MAX_THREADS) fp8_cast_kernel(uint8_t *q, float *scale_inv, TPtr<S> x, int64_t R, int64_t C, int64_t s0, int64_t s1,
-                                const unsigned *amax, __nv_fp8_interpretation_t k, float fmax) {
+                                const unsigned *amax, int64_t step, __nv_fp8_interpretation_t k, float fmax) {
   CU_ROW_LOOP(r, R) {
     unsigned m;
-    if (amax) m = *amax;
+    if (amax) m = amax[r * step] & 0x7fffffffu;
     else {
       m = 0;
       for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
@@ -67,11 +68,18 @@ __global__ void __launch_bounds__(CU_ROW_MAX_THREADS) fp8_cast_kernel(uint8_t *q
     const float s = gl_fp8_scale(cu_bits_float(m), fmax);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
       q[r * C + c] = cu_f8_store(x.template get<float>(r * s0 + c * s1) * s, k);
-    if (threadIdx.x == 0 && (!amax || r == 0)) scale_inv[amax ? 0 : r] = 1.0f / s;
+    const bool one = amax && step == 0;
+    if (threadIdx.x == 0 && (!one || r == 0)) scale_inv[one ? 0 : r] = 1.0f / s;
   }
 }
 
-extern "C" int cuda_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise) {
+__global__ void fp8_scale_of_kernel(float *scale_inv, const unsigned *amax, float fmax) {
+  scale_inv[0] = 1.0f / gl_fp8_scale(cu_bits_float(amax[0] & 0x7fffffffu), fmax);
+}
+
+/* the cast of x with amax computed (given NULL: tensorwise by a first
+   kernel, rowwise in the cast) or given (its words, step 0 or 1) */
+static int quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise, const unsigned *given) {
   const int64_t R = x->shape[0], C = x->shape[1];
   cudaStream_t st;
   GL_TRY(cu_begin(x->device, &st));
@@ -79,28 +87,42 @@ extern "C" int cuda_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_te
   const float fmax = q->dtype == GL_F8E4M3 ? GL_FP8_E4M3_MAX : GL_FP8_E5M2_MAX;
   uint8_t *qp = (uint8_t *)cu_ptr(q);
   float *sp = (float *)cu_ptr(scale_inv);
-  if (R == 0) return cuda_fill(scale_inv, (double)(1.0f / gl_fp8_scale(0.0f, fmax)));  /* no rows: amax 0, as the CPU */
   CuTemp amax;
-  if (!rowwise) {
+  const bool compute_whole = !rowwise && !given;
+  if (compute_whole) {
+    if (R == 0) return cuda_fill(scale_inv, (double)(1.0f / gl_fp8_scale(0.0f, fmax)));  /* no rows: amax 0, as the CPU */
     GL_TRY(amax.make(GL_I32, x->device, 1));
     GL_CU_CHECK(cudaMemsetAsync(cu_ptr(amax.t), 0, sizeof(unsigned), st));
   }
-  unsigned *ap = rowwise ? nullptr : (unsigned *)cu_ptr(amax.t);
-  const int threads = rowwise ? cu_row_threads(C) : FP8_THREADS;
+  const unsigned *ap = compute_whole ? (const unsigned *)cu_ptr(amax.t) : given;
+  const int64_t step = given && rowwise ? 1 : 0;
+  const int threads = rowwise && !given ? cu_row_threads(C) : FP8_THREADS;
   const unsigned rows = cu_row_grid(R > 0 ? R : 1);
   auto run = [&](auto s) -> int {
     using S = decltype(s);
     TPtr<S> xp = TPtr<S>::from(x);
-    if (!rowwise) {
+    if (compute_whole) {
       GL_LAUNCH(cu_blocks(x->device, R * C, FP8_THREADS), FP8_THREADS, 0, st, fp8_amax_kernel<S>)(
-          xp, R, C, x->stride[0], x->stride[1], ap);
+          xp, R, C, x->stride[0], x->stride[1], (unsigned *)cu_ptr(amax.t));
       GL_CU_LAUNCHED();
     }
-    GL_LAUNCH(rows, threads, 0, st, fp8_cast_kernel<S>)(qp, sp, xp, R, C, x->stride[0], x->stride[1], ap, k, fmax);
+    if (R > 0) {
+      GL_LAUNCH(rows, threads, 0, st, fp8_cast_kernel<S>)(qp, sp, xp, R, C, x->stride[0], x->stride[1], ap, step, k, fmax);
+    } else {  /* no rows, one given amax: its scale_inv, as the CPU */
+      GL_LAUNCH(1, 1, 0, st, fp8_scale_of_kernel)(sp, ap, fmax);
+    }
     GL_CU_LAUNCHED();
     return GL_OK;
   };
   return x->dtype == GL_BF16 ? run(bf16()) : run(float());
+}
+
+extern "C" int cuda_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise) {
+  return quantize(q, scale_inv, x, rowwise, nullptr);
+}
+
+extern "C" int cuda_fp8_quantize_amax(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, const gl_tensor *amax) {
+  return quantize(q, scale_inv, x, amax->shape[0] != 1, (const unsigned *)cu_ptr(amax));
 }
 
 /* ---- the product ------------------------------------------------------------ */

@@ -71,6 +71,7 @@ end
 
 -- layouts: ranks, command-line overrides, recipe fields both sides take (over)
 local MOE = { experts = 4, top_k = 2, every = 2, aux_loss = 0.01, bias_update = 0.01 }
+local function FP8(recipe) return { fp8 = recipe, fp8_emulate = true, dtype = 'float32', n_layer = 3 } end
 local LAYOUTS = {
   { name = 'plain', ranks = 2, args = '', resume = true },
   { name = 'tp2', ranks = 4, args = '--tp=2', resume = true },
@@ -95,6 +96,14 @@ local LAYOUTS = {
   { name = 'ep4', ranks = 4, args = '--ep=4', over = { moe = MOE } },
   { name = 'ep2 x tp2', ranks = 4, args = '--ep=2 --tp=2', over = { moe = MOE } },
   { name = 'pp2 x ep2', ranks = 4, args = '--pp=2 --ep=2', over = { moe = MOE } },
+  -- FP8 products (emulated on the CPU; float32 models of 3 blocks, the
+  -- middle one in FP8), by the rule's FP8 form (DT.rounding_of)
+  { name = 'fp8 rowwise', ranks = 2, args = '', over = FP8 'rowwise' },
+  { name = 'tp2 x fp8 rowwise', ranks = 4, args = '--tp=2', over = FP8 'rowwise' },
+  { name = 'tp2+sp x fp8 tensorwise', ranks = 4, args = '--tp=2 --sp', over = FP8 'tensorwise' },
+  { name = 'cp2 ulysses x fp8 tensorwise', ranks = 4, args = '--cp=2', over = FP8 'tensorwise' },
+  { name = 'cp2 ring x fp8 rowwise', ranks = 4, args = '--cp=2 --cp_mode=ring', over = FP8 'rowwise' },
+  { name = 'pp2 x fp8 rowwise', ranks = 4, args = '--pp=2', over = FP8 'rowwise' },
 }
 
 -- the refusals the product is allowed to meet: cell -> true when expected
@@ -249,7 +258,8 @@ describe('composition of layouts, policies, optimizers and models', function()
     local cases, resumed_layout = {}, {}
     for i, c in ipairs(list) do
       local fsdp = c.policy == 'fsdp' or c.policy == 'hsdp'
-      local perturb = DT.rounding_of(c.layout.ranks, fsdp and 'float32' or 'float64', c.optimizer == 'nanochat')
+      local perturb = DT.rounding_of(c.layout.ranks, fsdp and 'float32' or 'float64', c.optimizer == 'nanochat',
+        c.layout.over)
       local case = { ranks = c.layout.ranks, model = c.model.model, iters = ITERS, name = 'c' .. i, perturb = perturb,
         what = c.name, args = cell_args(c) .. ' --optimizer=' .. c.optimizer, cell = c }
       cases[#cases + 1] = case

@@ -23,8 +23,9 @@ local f32buf = ffi.new('float[1]')
 local function r32(v) f32buf[0] = v; return f32buf[0] end
 local U32 = 2 ^ -24
 
--- the reference quantization of a Lua matrix (rows of values)
-local function ref_quantize(x, dtype, rowwise)
+-- the reference quantization of a Lua matrix (rows of values); given: its
+-- amax (a list: one, or one per row) instead of the rows' own
+local function ref_quantize(x, dtype, rowwise, given)
   local f = F[dtype]
   local function amax(rows)
     local m = 0
@@ -35,9 +36,9 @@ local function ref_quantize(x, dtype, rowwise)
     return m
   end
   local codes, scale_inv = {}, {}
-  local whole = not rowwise and amax(x) or nil
+  local whole = not rowwise and (given and given[1] or amax(x)) or nil
   for i, row in ipairs(x) do
-    local a = whole or amax({ row })
+    local a = whole or (given and given[i]) or amax({ row })
     local s = r32(f.max / (a < 1e-12 and r32(1e-12) or a))
     codes[i] = {}
     for j, v in ipairs(row) do codes[i][j] = ref.encode(f, r32(v * s)) end
@@ -122,6 +123,32 @@ describe('gl_fp8_quantize', function()
     assert.truthy(err(function() gl.check(gl.lib.gl_fp8_quantize(q.c, s.c, x.c, 1)) end):find('one per row of x', 1, true))
     assert.truthy(err(function() gl.fp8_quantize(x:double(), 'float8_e4m3fn') end):find('expected float32 or bfloat16', 1, true))
     assert.truthy(err(function() gl.fp8_quantize(x, 'float8_e4m3fn', 'blockwise') end):find("expected 'tensorwise' or 'rowwise'", 1, true))
+  end)
+end)
+
+describe('gl_fp8_quantize_amax', function()
+  for _, recipe in ipairs({ 'tensorwise', 'rowwise' }) do
+    it(recipe .. ": x's own amax quantizes as gl_fp8_quantize bit for bit; a larger amax (another rank's) sets the scale", function()
+      local x = gl.tensor(randm(6, 9, 21, 2))
+      local own = recipe == 'rowwise' and gl.max(gl.abs(x), 2) or gl.max(gl.abs(x)):reshape({ 1 })
+      local q, s = gl.fp8_quantize(x, 'float8_e4m3fn', recipe)
+      local q2, s2 = gl.fp8_quantize_amax(x, 'float8_e4m3fn', own:contiguous())
+      assert.same(codes_of(q), codes_of(q2))
+      assert.same(s:totable(), s2:totable())
+      -- amax 4 times x's: every code the reference makes with that amax (scale_inv 4 times, a power of two: exact)
+      local q4, s4 = gl.fp8_quantize_amax(x, 'float8_e4m3fn', (own * 4):contiguous())
+      local want = ref_quantize(x:to('float64'):totable(), 'float8_e4m3fn', recipe == 'rowwise', (own * 4):totable())
+      assert.same(want, codes_of(q4))
+      for i, v in ipairs(s4:totable()) do assert.equal(4 * s:totable()[i], v) end
+    end)
+  end
+
+  it('refuses an amax that is neither one scale nor one per row, in one line', function()
+    local x = gl.randn({ 4, 4 })
+    local ok, e = pcall(gl.fp8_quantize_amax, x, 'float8_e4m3fn', gl.ones({ 3 }))
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find('gl_fp8_quantize_amax: amax must be contiguous {1} (one scale) or {4} (one per row of x)',
+      1, true), tostring(e))
   end)
 end)
 
@@ -260,6 +287,12 @@ describe('FP8 scaled product on the GPU #cuda', function()
           assert.same(codes_of(qb), codes_of(gqb:to('cpu')))
           assert.same(sa:totable(), gsa:to('cpu'):totable())
           assert.same(sb:totable(), gsb:to('cpu'):totable())
+          -- an amax given (twice a's own, as a larger rank's): the same codes and scales as the CPU's
+          local amax = (recipe == 'rowwise' and gl.max(gl.abs(a), 2) or gl.max(gl.abs(a)):reshape({ 1 })):to('float32') * 2
+          local cq, cs = gl.fp8_quantize_amax(a, pair[1], amax:contiguous())
+          local gq, gs = gl.fp8_quantize_amax(a:to(twin.DEV), pair[1], amax:contiguous():to(twin.DEV))
+          assert.same(codes_of(cq), codes_of(gq:to('cpu')))
+          assert.same(cs:totable(), gs:to('cpu'):totable())
           for _, dt in ipairs({ 'float32', 'bfloat16' }) do
             local got = gl.fp8_matmul(gqa, gsa, gqb, gsb, dt):to('cpu'):to('float64'):totable()
             local val, bound = ref_product(codes_of(qa), F[pair[1]], sa:totable(), codes_of(qb), F[pair[2]], sb:totable(),

@@ -19,14 +19,16 @@
 static inline uint32_t abs_bits(float v) { uint32_t u; memcpy(&u, &v, 4); return u & 0x7fffffffu; }
 static inline float bits_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-int cpu_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise) {
+/* the cast; given: amax's data (one word, or one per row with rowwise), or
+   NULL to compute it from x */
+static int quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise, const float *given) {
   const int64_t R = x->shape[0], C = x->shape[1];
   const double fmax = q->dtype == GL_F8E4M3 ? GL_FP8_E4M3_MAX : GL_FP8_E5M2_MAX;
   uint8_t (*enc)(double) = q->dtype == GL_F8E4M3 ? gl_f64_to_f8e4m3 : gl_f64_to_f8e5m2;
   float *row = malloc((size_t)(C > 0 ? C : 1) * sizeof *row);
   if (!row) return gl_error("cpu_fp8_quantize: out of memory for a row of %lld", (long long)C);
-  uint32_t whole = 0;
-  if (!rowwise)
+  uint32_t whole = given && !rowwise ? abs_bits(given[0]) : 0;
+  if (!rowwise && !given)
     for (int64_t r = 0; r < R; r++) {
       const float *p = cpu_span_load_f32(x, x->offset + r * x->stride[0], x->stride[1], C, row);
       for (int64_t c = 0; c < C; c++) { uint32_t b = abs_bits(p[c]); if (b > whole) whole = b; }
@@ -36,14 +38,23 @@ int cpu_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int
   for (int64_t r = 0; r < R; r++) {
     const float *p = cpu_span_load_f32(x, x->offset + r * x->stride[0], x->stride[1], C, row);
     uint32_t m = whole;
-    if (rowwise) { m = 0; for (int64_t c = 0; c < C; c++) { uint32_t b = abs_bits(p[c]); if (b > m) m = b; } }
+    if (rowwise && given) m = abs_bits(given[r]);
+    else if (rowwise) { m = 0; for (int64_t c = 0; c < C; c++) { uint32_t b = abs_bits(p[c]); if (b > m) m = b; } }
     float s = gl_fp8_scale(bits_float(m), (float)fmax);
     for (int64_t c = 0; c < C; c++) qd[r * q->stride[0] + c * q->stride[1]] = enc((double)(p[c] * s));
     if (rowwise || r == 0) sd[rowwise ? r * scale_inv->stride[0] : 0] = 1.0f / s;
   }
-  if (R == 0) sd[0] = 1.0f / gl_fp8_scale(0.0f, (float)fmax);
+  if (R == 0) sd[0] = 1.0f / gl_fp8_scale(bits_float(whole), (float)fmax);
   free(row);
   return GL_OK;
+}
+
+int cpu_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise) {
+  return quantize(q, scale_inv, x, rowwise, NULL);
+}
+
+int cpu_fp8_quantize_amax(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, const gl_tensor *amax) {
+  return quantize(q, scale_inv, x, amax->shape[0] != 1, (const float *)amax->storage->data + amax->offset);
 }
 
 static void decode(const gl_tensor *t, float *dst) {

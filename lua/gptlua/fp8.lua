@@ -25,10 +25,6 @@ function M.refusal(cfg, major, minor)
     return ("fp8 must be 'off', 'tensorwise' or 'rowwise', got '%s'"):format(tostring(cfg.fp8))
   end
   if cfg.fp8 == 'off' then return nil end
-  if (cfg.tp or 1) > 1 or (cfg.cp or 1) > 1 or (cfg.pp or 1) > 1 then
-    return ("fp8 '%s' with tp, cp or pp (tp %d, cp %d, pp %d) is not supported: FP8 layers are whole-model layers; "
-      .. 'use data parallelism or --fp8=off'):format(cfg.fp8, cfg.tp or 1, cfg.cp or 1, cfg.pp or 1)
-  end
   if cfg.device == 'cpu' then
     if not cfg.fp8_emulate then
       return ("fp8 '%s' needs a GPU of sm_89 or newer; on the CPU it is emulated only with --fp8_emulate (slow, for checks)")

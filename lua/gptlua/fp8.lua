@@ -8,7 +8,12 @@
 -- are where FP8 rounding costs the most loss).  A chosen layer keeps its
 -- parameters as they are (float32 or bfloat16 masters and weights); only its
 -- products' operands are quantized, afresh at every call (current scaling),
--- so checkpoints hold no FP8 tensors and load with FP8 on or off.
+-- so checkpoints hold no FP8 tensors and load with FP8 on or off.  The
+-- blocks are the whole model's: under pipeline parallelism every rank
+-- marks the same layers of the whole structure (gptlua.dist.pp_build keeps
+-- it), so "first and last" are the model's, whichever stage holds them;
+-- tensor and context parallelism pass their groups to gl.fp8_linear, which
+-- makes a split layer's scales one process's (gptlua.ops_fp8).
 --
 -- FP8 products need the tensor cores of sm_89 (Ada) or sm_90 (Hopper) and
 -- newer; on the CPU they are emulated exactly (engine/cpu/fp8.c), which is

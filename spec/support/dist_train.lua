@@ -51,9 +51,11 @@ end
 -- gradient element times 1 + g or 1 - g (signs random, fixed by the seed),
 -- and after it, with state, every float32 tensor of the optimizer's state
 -- moved by one unit in the last place either way (what a float32 rounding
--- of an input that moved makes of it); with fp8 = {x, g}, every FP8
--- layer's input and output gradient (the operands it quantizes) times
--- 1 + x or 1 - x and 1 + g or 1 - g, element by element, at every call.
+-- of an input that moved makes of it); with act = u, every linear layer's
+-- input and output gradient times 1 + u or 1 - u, element by element, at
+-- every call (a float32 model's activations, which the ranks' reordered
+-- sums move too), and with fp8 = {x, g} an FP8 layer's by 1 +- x and 1 +- g
+-- instead.
 local function perturbed(build, perturb)
   local gl = require 'gptlua'
   local A = require 'gptlua.autograd'
@@ -69,11 +71,13 @@ local function perturbed(build, perturb)
     return A.record(y:detach(), { y }, function(_, g) return g * signs(g.shape, u, g.dtype) end, nil, 'grad_moved')
   end
   return function(cfg, model, groups)
-    if perturb.fp8 then
+    if perturb.act or perturb.fp8 then
+      local nn = require 'gptlua.nn'
       for _, m in ipairs(model:modules()) do
-        if m.fp8 then
+        local by = m.fp8 and perturb.fp8 or (perturb.act and { x = perturb.act, g = perturb.act })
+        if getmetatable(m) == nn.Linear and by then
           local forward = m.forward
-          m.forward = function(self, x) return grad_moved(forward(self, moved(x, perturb.fp8.x)), perturb.fp8.g) end
+          m.forward = function(self, x) return grad_moved(forward(self, moved(x, by.x)), by.g) end
         end
       end
     end
@@ -110,8 +114,8 @@ function M:reference(model, over, perturb)
   local parts = { model }
   for k, v in pairs(over or {}) do parts[#parts + 1] = k .. '=' .. tostring(v) end
   if perturb then
-    parts[#parts + 1] = ('perturbed=%s_%s_%s'):format(tostring(perturb.grad), tostring(perturb.state),
-      perturb.fp8 and perturb.fp8.x .. '_' .. perturb.fp8.g or 'nil')
+    parts[#parts + 1] = ('perturbed=%s_%s_%s_%s'):format(tostring(perturb.grad), tostring(perturb.state),
+      tostring(perturb.act), perturb.fp8 and perturb.fp8.x .. '_' .. perturb.fp8.g or 'nil')
   end
   table.sort(parts, function(a, b) return a < b end)
   local key = table.concat(parts, '_'):gsub('[^%w_=]', '')
@@ -150,7 +154,10 @@ local VERBOSE = os.getenv('GL_CUDA_SPEC_VERBOSE') ~= nil
 -- ranks' sums do to a step's own loss and norm before any step propagates.
 --
 -- A model computing in float32 (over.dtype, the recipe's fields) sums in
--- float32: its order term is n float32 roundings.  FP8 products (over.fp8):
+-- float32: its order term is n float32 roundings, and its activations move
+-- too (a row-parallel product's partial sums added, attention's sums cut
+-- over cp): act, the widest product's inner dim (the MLP's 4 n_embd) in
+-- float32 roundings, moves every linear layer's operands.  FP8 products (over.fp8):
 -- the ranks quantize exactly the operands one process does at the same
 -- micro-batch where those operands are bit-equal (gptlua.ops_fp8 makes a
 -- split operand's scales one process's: spec/fp8_split_spec.lua), but the
@@ -171,7 +178,7 @@ function M.rounding_of(ranks, reduce_dtype, float32_state, over)
   -- (float32 gradients reduce in float32 whatever the policy)
   local reduce = (reduce_dtype == 'float32' or unit == 2 ^ -24) and ranks * 2 ^ -24 or 0
   return { grad = order + reduce + (float32_state and 2 ^ -24 or 0), floor = order + reduce,
-           state = float32_state or nil, fp8 = over and over.fp8 and over.fp8 ~= 'off' and { x = 2 ^ -4, g = 2 ^ -3 } or nil }
+           state = float32_state or nil, act = unit == 2 ^ -24 and 4 * recipe('gpt2').n_embd * unit or nil, fp8 = over and over.fp8 and over.fp8 ~= 'off' and { x = 2 ^ -4, g = 2 ^ -3 } or nil }
 end
 
 -- checks res against ref by the rule; refp: the reference perturbed by

@@ -157,28 +157,31 @@ local VERBOSE = os.getenv('GL_CUDA_SPEC_VERBOSE') ~= nil
 -- float32: its order term is n float32 roundings, and its activations move
 -- too (a row-parallel product's partial sums added, attention's sums cut
 -- over cp): act, the widest product's inner dim (the MLP's 4 n_embd) in
--- float32 roundings, moves every linear layer's operands.  FP8 products (over.fp8):
--- the ranks quantize exactly the operands one process does at the same
--- micro-batch where those operands are bit-equal (gptlua.ops_fp8 makes a
+-- float32 roundings, moves every linear layer's operands.  FP8 products
+-- (over.fp8): the ranks quantize exactly the operands one process does at
+-- the same micro-batch where those operands are bit-equal (gptlua.ops_fp8 makes a
 -- split operand's scales one process's: spec/fp8_split_spec.lua), but the
 -- roundings above move them, and a float32 rounding that moves an element
 -- across an FP8 rounding boundary moves its FP8 value a whole step (2^-3 of
--- it for e4m3, 2^-2 for e5m2); downstream of one such step every operand
--- moves by more than float32 roundings, so any element may land on either
--- neighbour.  That is the most a changed rounding can do, and a one-process
--- run can make it: the perturbed run moves every FP8 layer's input
--- (e4m3) by 2^-4 and output gradient (e5m2) by 2^-3 of each element, half
--- a step or more, at every call (fp8 = {x, g}), so each of its roundings
--- may land on either neighbour.  (Moving the operands by the order term
+-- it at most for e4m3, 2^-2 for e5m2); downstream of one such step every
+-- operand moves by more than float32 roundings, so any element may land on
+-- its neighbour.  That is the most a changed rounding can do, and a
+-- one-process run can make it: the perturbed run moves every FP8 layer's
+-- input (e4m3) by 2^-3 and output gradient (e5m2) by 2^-2 of each element,
+-- a step, at every call (fp8 = {x, g}).  (Moving them by the order term
 -- instead crosses boundaries at random a few times a step, as the layout
--- does, and two such runs' differences are not comparable.)
+-- does, and two such runs' differences are not comparable.)  So the rule
+-- holds an FP8 layout to FP8's own rounding; that its scales are one
+-- process's is fp8_split_spec's to check.
 function M.rounding_of(ranks, reduce_dtype, float32_state, over)
   local unit = over and (over.dtype == 'float32' or over.fp8) and 2 ^ -24 or 2 ^ -53
   local order = M.TOKENS * unit
   -- (float32 gradients reduce in float32 whatever the policy)
   local reduce = (reduce_dtype == 'float32' or unit == 2 ^ -24) and ranks * 2 ^ -24 or 0
+  local fp8 = over and over.fp8 and over.fp8 ~= 'off'
   return { grad = order + reduce + (float32_state and 2 ^ -24 or 0), floor = order + reduce,
-           state = float32_state or nil, act = unit == 2 ^ -24 and 4 * recipe('gpt2').n_embd * unit or nil, fp8 = over and over.fp8 and over.fp8 ~= 'off' and { x = 2 ^ -4, g = 2 ^ -3 } or nil }
+           state = float32_state or nil, act = unit == 2 ^ -24 and 4 * recipe('gpt2').n_embd * unit or nil,
+           fp8 = fp8 and { x = 2 ^ -3, g = 2 ^ -2 } or nil }
 end
 
 -- checks res against ref by the rule; refp: the reference perturbed by

@@ -9,8 +9,9 @@
 -- gptlua.dist.POLICIES, the models from train.MODELS (nanochat once per
 -- version of gptlua.models.nanochat), the optimizers from train.OPTIMIZERS;
 -- the layouts are listed here (plain, tp, tp + sp, cp Ulysses and ring, pp
--- 2 and 4 with 1F1B and ZB-H1, their pairs and pp x tp x dp, and expert
--- parallelism alone and with tp and pp, on models with MoE blocks).  A policy
+-- 2 and 4 with 1F1B and ZB-H1, their pairs and pp x tp x dp, expert
+-- parallelism alone and with tp and pp, on models with MoE blocks, and FP8
+-- products plain and with tp, tp + sp, cp and pp).  A policy
 -- that compose.MESH_POLICIES does not list (localsgd, diloco, ps: their
 -- ranks' parameters differ from one process's by design) must be refused
 -- under every layout with tp, cp, pp or ep; on the plain layout their own specs
@@ -23,7 +24,9 @@
 -- covered by a subset run in one launch per world size (spec/support/
 -- dist_train.lua): per layout, every model x optimizer pair and every policy
 -- at least once (the policy rotating over the pairs), which covers every
--- pair of values of any two lists; GPTLUA_COMPOSITION=full trains every cell,
+-- pair of values of any two lists (the FP8 layouts, whose emulated products
+-- are slow, one cell each: together every pair and policy once);
+-- GPTLUA_COMPOSITION=full trains every cell,
 -- GPTLUA_COMPOSITION_LAYOUT=text only the layouts whose name has text.
 -- A few layouts also resume from their checkpoint to two more steps.  Every
 -- cell runs with the journal on (the trainer's default: it hashes the
@@ -36,7 +39,8 @@
 -- momentum), measured by a second one-process run perturbed by those
 -- roundings, plus the perturbation's own size.  What Newton-Schulz or
 -- AdamW's division makes of a rounding is thus measured on the model, not
--- bounded by hand.
+-- bounded by hand.  The FP8 layouts' float32 models: the rule's float32
+-- and FP8 form (DT.rounding_of: any FP8 operand may land on its neighbour).
 local H = require 'support.mpi'
 local DT = require 'support.dist_train'
 local dist = require 'gptlua.dist'
@@ -71,6 +75,7 @@ end
 
 -- layouts: ranks, command-line overrides, recipe fields both sides take (over)
 local MOE = { experts = 4, top_k = 2, every = 2, aux_loss = 0.01, bias_update = 0.01 }
+local function FP8(recipe) return { fp8 = recipe, fp8_emulate = true, dtype = 'float32', n_layer = 3 } end
 local LAYOUTS = {
   { name = 'plain', ranks = 2, args = '', resume = true },
   { name = 'tp2', ranks = 4, args = '--tp=2', resume = true },
@@ -99,6 +104,16 @@ local LAYOUTS = {
   { name = 'cp2 ulysses x moe', ranks = 4, args = '--cp=2', over = { moe = MOE } },
   { name = 'tp2+sp x moe', ranks = 4, args = '--tp=2 --sp', over = { moe = MOE } },
   { name = 'cp2 ring x ep2', ranks = 4, args = '--cp=2 --cp_mode=ring --ep=2', over = { moe = MOE } },
+  -- FP8 products (emulated on the CPU, slowly; float32 models of 3 blocks,
+  -- the middle one in FP8), by the rule's FP8 form (DT.rounding_of); few:
+  -- the default run trains one cell of each, together every model x
+  -- optimizer pair and every policy once
+  { name = 'fp8 rowwise', ranks = 2, args = '', over = FP8 'rowwise', few = true },
+  { name = 'tp2 x fp8 rowwise', ranks = 4, args = '--tp=2', over = FP8 'rowwise', few = true },
+  { name = 'tp2+sp x fp8 tensorwise', ranks = 4, args = '--tp=2 --sp', over = FP8 'tensorwise', few = true },
+  { name = 'cp2 ulysses x fp8 tensorwise', ranks = 4, args = '--cp=2', over = FP8 'tensorwise', few = true },
+  { name = 'cp2 ring x fp8 rowwise', ranks = 4, args = '--cp=2 --cp_mode=ring', over = FP8 'rowwise', few = true },
+  { name = 'pp2 x fp8 rowwise', ranks = 4, args = '--pp=2', over = FP8 'rowwise', few = true },
 }
 
 -- the refusals the product is allowed to meet: cell -> true when expected
@@ -204,9 +219,25 @@ describe('composition of layouts, policies, optimizers and models', function()
       by_layout[c.layout] = l
       l[#l + 1] = c
     end
+    local few = 0
     for li, layout in ipairs(LAYOUTS) do
       local list, seen_policy, k = by_layout[layout] or {}, {}, li
       local pairs_seen = {}
+      if layout.few then  -- one cell: the few layouts' next model x optimizer pair, with their next policy
+        few = few + 1
+        local n = 0
+        for _, model in ipairs(MODELS) do
+          for _, optimizer in ipairs(OPTIMIZERS) do
+            n = n + 1
+            if n == (few - 1) % (#MODELS * #OPTIMIZERS) + 1 then
+              local options = {}
+              for _, c in ipairs(list) do if c.model == model and c.optimizer == optimizer then options[#options + 1] = c end end
+              if #options > 0 then picked[#picked + 1] = options[(few - 1) % #options + 1] end
+            end
+          end
+        end
+        goto next_layout
+      end
       for _, model in ipairs(MODELS) do
         for _, optimizer in ipairs(OPTIMIZERS) do
           -- the next policy in rotation that trains this pair here
@@ -223,6 +254,7 @@ describe('composition of layouts, policies, optimizers and models', function()
       for _, c in ipairs(list) do  -- a policy the rotation missed
         if not seen_policy[c.policy] then picked[#picked + 1], seen_policy[c.policy] = c, true end
       end
+      ::next_layout::
     end
     return picked
   end
@@ -253,7 +285,8 @@ describe('composition of layouts, policies, optimizers and models', function()
     local cases, resumed_layout = {}, {}
     for i, c in ipairs(list) do
       local fsdp = c.policy == 'fsdp' or c.policy == 'hsdp'
-      local perturb = DT.rounding_of(c.layout.ranks, fsdp and 'float32' or 'float64', c.optimizer == 'nanochat')
+      local perturb = DT.rounding_of(c.layout.ranks, fsdp and 'float32' or 'float64', c.optimizer == 'nanochat',
+        c.layout.over)
       local case = { ranks = c.layout.ranks, model = c.model.model, iters = ITERS, name = 'c' .. i, perturb = perturb,
         what = c.name, args = cell_args(c) .. ' --optimizer=' .. c.optimizer, cell = c }
       cases[#cases + 1] = case

@@ -23,8 +23,9 @@ local f32buf = ffi.new('float[1]')
 local function r32(v) f32buf[0] = v; return f32buf[0] end
 local U32 = 2 ^ -24
 
--- the reference quantization of a Lua matrix (rows of values)
-local function ref_quantize(x, dtype, rowwise)
+-- the reference quantization of a Lua matrix (rows of values); given: its
+-- amax (a list: one, or one per row) instead of the rows' own
+local function ref_quantize(x, dtype, rowwise, given)
   local f = F[dtype]
   local function amax(rows)
     local m = 0
@@ -35,9 +36,9 @@ local function ref_quantize(x, dtype, rowwise)
     return m
   end
   local codes, scale_inv = {}, {}
-  local whole = not rowwise and amax(x) or nil
+  local whole = not rowwise and (given and given[1] or amax(x)) or nil
   for i, row in ipairs(x) do
-    local a = whole or amax({ row })
+    local a = whole or (given and given[i]) or amax({ row })
     local s = r32(f.max / (a < 1e-12 and r32(1e-12) or a))
     codes[i] = {}
     for j, v in ipairs(row) do codes[i][j] = ref.encode(f, r32(v * s)) end
@@ -178,6 +179,34 @@ describe('gl_fp8_amax, gl_fp8_cast, gl_fp8_scale_inv', function()
   end)
 end)
 
+-- the same parts as gl.fp8_quantize_amax (tp's and cp's split operands: the
+-- amax given, max-reduced over the ranks)
+describe('gl.fp8_quantize_amax', function()
+  for _, recipe in ipairs({ 'tensorwise', 'rowwise' }) do
+    it(recipe .. ": x's own amax quantizes as gl_fp8_quantize bit for bit; a larger amax (another rank's) sets the scale", function()
+      local x = gl.tensor(randm(6, 9, 21, 2))
+      local own = recipe == 'rowwise' and gl.max(gl.abs(x), 2) or gl.max(gl.abs(x)):reshape({ 1 })
+      local q, s = gl.fp8_quantize(x, 'float8_e4m3fn', recipe)
+      local q2, s2 = gl.fp8_quantize_amax(x, 'float8_e4m3fn', own:contiguous())
+      assert.same(codes_of(q), codes_of(q2))
+      assert.same(s:totable(), s2:totable())
+      -- amax 4 times x's: every code the reference makes with that amax (scale_inv 4 times, a power of two: exact)
+      local q4, s4 = gl.fp8_quantize_amax(x, 'float8_e4m3fn', (own * 4):contiguous())
+      local want = ref_quantize(x:to('float64'):totable(), 'float8_e4m3fn', recipe == 'rowwise', (own * 4):totable())
+      assert.same(want, codes_of(q4))
+      for i, v in ipairs(s4:totable()) do assert.equal(4 * s:totable()[i], v) end
+    end)
+  end
+
+  it('refuses an amax that is neither one scale nor one per row, in one line', function()
+    local x = gl.randn({ 4, 4 })
+    local ok, e = pcall(gl.fp8_quantize_amax, x, 'float8_e4m3fn', gl.ones({ 3 }))
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find('expected {1} (tensorwise) or {4} (rowwise)', 1, true), tostring(e))
+    assert.is_nil(tostring(e):find('\n'), tostring(e))
+  end)
+end)
+
 describe('gl_fp8_matmul', function()
   for _, recipe in ipairs({ 'tensorwise', 'rowwise' }) do
     for _, pair in ipairs({ { 'float8_e4m3fn', 'float8_e4m3fn' }, { 'float8_e5m2', 'float8_e4m3fn' } }) do
@@ -290,6 +319,12 @@ describe('FP8 scaled product on the GPU #cuda', function()
     local _, s = gl.fp8_quantize(x, 'float8_e4m3fn', 'tensorwise')
     local _, gs = gl.fp8_quantize(x:to(twin.DEV), 'float8_e4m3fn', 'tensorwise')
     assert.same(s:totable(), gs:to('cpu'):totable())
+    -- (an amax given: its scale, as the CPU's)
+    local amax = gl.tensor({ 3 })
+    local _, sa = gl.fp8_quantize_amax(x, 'float8_e4m3fn', amax)
+    local _, gsa = gl.fp8_quantize_amax(x:to(twin.DEV), 'float8_e4m3fn', amax:to(twin.DEV))
+    assert.same(sa:totable(), gsa:to('cpu'):totable())
+    assert.equal(r32(1 / r32(448 / 3)), sa:totable()[1], 'scale_inv of amax 3')
     local a, b = gl.empty({ 3, 0 }, { dtype = 'float8_e4m3fn' }), gl.empty({ 2, 0 }, { dtype = 'float8_e4m3fn' })
     local one = gl.ones({ 1 })
     assert.same({ { 0, 0 }, { 0, 0 }, { 0, 0 } },
@@ -328,6 +363,12 @@ describe('FP8 scaled product on the GPU #cuda', function()
           assert.same(codes_of(qb), codes_of(gqb:to('cpu')))
           assert.same(sa:totable(), gsa:to('cpu'):totable())
           assert.same(sb:totable(), gsb:to('cpu'):totable())
+          -- an amax given (twice a's own, as a larger rank's): the same codes and scales as the CPU's
+          local amax = (recipe == 'rowwise' and gl.max(gl.abs(a), 2) or gl.max(gl.abs(a)):reshape({ 1 })):to('float32') * 2
+          local cq, cs = gl.fp8_quantize_amax(a, pair[1], amax:contiguous())
+          local gq, gs = gl.fp8_quantize_amax(a:to(twin.DEV), pair[1], amax:contiguous():to(twin.DEV))
+          assert.same(codes_of(cq), codes_of(gq:to('cpu')))
+          assert.same(cs:totable(), gs:to('cpu'):totable())
           for _, dt in ipairs({ 'float32', 'bfloat16' }) do
             local got = gl.fp8_matmul(gqa, gsa, gqb, gsb, dt):to('cpu'):to('float64'):totable()
             local val, bound = ref_product(codes_of(qa), F[pair[1]], sa:totable(), codes_of(qb), F[pair[2]], sb:totable(),

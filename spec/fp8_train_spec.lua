@@ -81,6 +81,36 @@ describe('FP8 policy', function()
   end
 end)
 
+-- pipeline stages: the policy is the whole model's (blocks 2 .. n-1 of
+-- all n, whichever stage holds them), so the banner and the checkpoint's
+-- record are one process's; tp, cp and pp against one process: the
+-- composition matrix (spec/composition_spec.lua)
+describe('FP8 under pipeline parallelism', function()
+  local H = require 'support.mpi'
+  if not H.MPIRUN then
+    it('needs mpirun (#mpi)', function() pending('mpirun not found') end)
+    return
+  end
+  it('pp 2: the banner names the global blocks 2-3 of 4 and the checkpoint records the recipe', function()
+    local out = tmpdir()
+    local o, rc = H.sh(H.EXE .. ' -n 2 recipes/shakespeare.lua --pp=2 --fp8=rowwise --fp8_emulate --n_layer=4 --n_head=2 '
+      .. '--n_embd=32 --block_size=16 --batch_size=4 --max_iters=2 --eval_interval=0 --sample_length=0 '
+      .. '--checkpoint_interval=2 --out_dir=' .. out, 120)
+    assert.equal(0, rc, o)
+    -- nanochat's blocks: 6 linear layers each (q, k, v, attention's and the MLP's two)
+    local line = o:match('fp8 rowwise: [^\n]*')
+    assert.truthy(line, o)
+    assert.truthy(line:find('12 linear layers of blocks 2-3', 1, true), line)
+    assert.truthy(line:find('blocks 1 and 4 stay float32', 1, true), line)
+    local _, n = o:gsub('fp8 rowwise: ', '')
+    assert.equal(1, n, 'the banner line once (rank 0): ' .. o)
+    local ckpt = require 'gptlua.checkpoint'
+    local st = ckpt.load(ckpt.resolve('latest', out .. '/shakespeare/checkpoints'))
+    assert.equal('rowwise', st.state.config.fp8)
+    os.execute('rm -rf ' .. out)
+  end)
+end)
+
 local gpu_it = twin.gpu_it(it, pending)
 describe('FP8 training on the GPU #cuda', function()
   gpu_it('tensorwise trains the default recipe in bfloat16 through cuBLASLt FP8 products (a CUDA graph)', function()

@@ -8,7 +8,12 @@
 -- are where FP8 rounding costs the most loss).  A chosen layer keeps its
 -- parameters as they are (float32 or bfloat16 masters and weights); only its
 -- products' operands are quantized, afresh at every call (current scaling),
--- so checkpoints hold no FP8 tensors and load with FP8 on or off.
+-- so checkpoints hold no FP8 tensors and load with FP8 on or off.  The
+-- blocks are the whole model's: under pipeline parallelism every rank
+-- marks the same layers of the whole structure (gptlua.dist.pp_build keeps
+-- it), so "first and last" are the model's, whichever stage holds them;
+-- tensor and context parallelism pass their groups to gl.fp8_linear, which
+-- makes a split layer's scales one process's (gptlua.ops_fp8).
 --
 -- FP8 products need the tensor cores of sm_89 (Ada) or sm_90 (Hopper) and
 -- newer; on the CPU they are emulated exactly (engine/cpu/fp8.c), which is
@@ -25,10 +30,6 @@ function M.refusal(cfg, major, minor)
     return ("fp8 must be 'off', 'tensorwise' or 'rowwise', got '%s'"):format(tostring(cfg.fp8))
   end
   if cfg.fp8 == 'off' then return nil end
-  if (cfg.tp or 1) > 1 or (cfg.cp or 1) > 1 or (cfg.pp or 1) > 1 then
-    return ("fp8 '%s' with tp, cp or pp (tp %d, cp %d, pp %d) is not supported: FP8 layers are whole-model layers; "
-      .. 'use data parallelism or --fp8=off'):format(cfg.fp8, cfg.tp or 1, cfg.cp or 1, cfg.pp or 1)
-  end
   if cfg.device == 'cpu' then
     if not cfg.fp8_emulate then
       return ("fp8 '%s' needs a GPU of sm_89 or newer; on the CPU it is emulated only with --fp8_emulate (slow, for checks)")

@@ -197,10 +197,12 @@ function Linear:__init(n_in, n_out, opts)
   if opts.bias ~= false then self:param('bias', gl.zeros({ n_out }, opts)) end
 end
 -- self.fp8 ('tensorwise' / 'rowwise', set by the precision policy,
--- gptlua.fp8): the three products in FP8 (gl.fp8_linear), the bias added after
+-- gptlua.fp8): the three products in FP8 (gl.fp8_linear), the bias added
+-- after; self.fp8_tokens (set by context parallelism): a function giving
+-- the comm that splits this forward's tokens, or nil
 function Linear:forward(x)
   if self.fp8 then
-    local y = gl.fp8_linear(x, self.weight, self.fp8)
+    local y = gl.fp8_linear(x, self.weight, self.fp8, self.fp8_tokens and { tokens = self.fp8_tokens() } or nil)
     if self.bias then return y + self.bias end
     return y
   end

@@ -51,16 +51,36 @@ end
 -- gradient element times 1 + g or 1 - g (signs random, fixed by the seed),
 -- and after it, with state, every float32 tensor of the optimizer's state
 -- moved by one unit in the last place either way (what a float32 rounding
--- of an input that moved makes of it).
+-- of an input that moved makes of it); with act = u, every linear layer's
+-- input and output gradient times 1 + u or 1 - u, element by element, at
+-- every call (a float32 model's activations, which the ranks' reordered
+-- sums move too), and with fp8 = {x, g} an FP8 layer's by 1 +- x and 1 +- g
+-- instead.
 local function perturbed(build, perturb)
   local gl = require 'gptlua'
+  local A = require 'gptlua.autograd'
   local seed = 104729
-  local function signs(shape, u)
+  local function signs(shape, u, dtype)
     seed = seed + 1
-    local r = gl.randn(shape, { seed = seed, dtype = 'float64' })
-    return gl.where(r:gt(0), gl.full(shape, 1 + u, { dtype = 'float64' }), gl.full(shape, 1 - u, { dtype = 'float64' }))
+    dtype = dtype or 'float64'
+    local r = gl.randn(shape, { seed = seed, dtype = dtype })
+    return gl.where(r:gt(0), gl.full(shape, 1 + u, { dtype = dtype }), gl.full(shape, 1 - u, { dtype = dtype }))
+  end
+  local function moved(x, u) return x * signs(x.shape, u, x.dtype) end
+  local function grad_moved(y, u)
+    return A.record(y:detach(), { y }, function(_, g) return g * signs(g.shape, u, g.dtype) end, nil, 'grad_moved')
   end
   return function(cfg, model, groups)
+    if perturb.act or perturb.fp8 then
+      local nn = require 'gptlua.nn'
+      for _, m in ipairs(model:modules()) do
+        local by = m.fp8 and perturb.fp8 or (perturb.act and { x = perturb.act, g = perturb.act })
+        if getmetatable(m) == nn.Linear and by then
+          local forward = m.forward
+          m.forward = function(self, x) return grad_moved(forward(self, moved(x, by.x)), by.g) end
+        end
+      end
+    end
     local o = build(cfg, model, groups)
     local step, params = o.step, model:parameters()
     function o.step(self)
@@ -93,7 +113,10 @@ end
 function M:reference(model, over, perturb)
   local parts = { model }
   for k, v in pairs(over or {}) do parts[#parts + 1] = k .. '=' .. tostring(v) end
-  if perturb then parts[#parts + 1] = ('perturbed=%s_%s'):format(tostring(perturb.grad), tostring(perturb.state)) end
+  if perturb then
+    parts[#parts + 1] = ('perturbed=%s_%s_%s_%s'):format(tostring(perturb.grad), tostring(perturb.state),
+      tostring(perturb.act), perturb.fp8 and perturb.fp8.x .. '_' .. perturb.fp8.g or 'nil')
+  end
   table.sort(parts, function(a, b) return a < b end)
   local key = table.concat(parts, '_'):gsub('[^%w_=]', '')
   if not self.refs[key] then
@@ -129,11 +152,36 @@ local VERBOSE = os.getenv('GL_CUDA_SPEC_VERBOSE') ~= nil
 -- neighbouring float32: a gradient moved by one float32 rounding moves it
 -- so, and the state's own unit is moved after every step.  floor: what the
 -- ranks' sums do to a step's own loss and norm before any step propagates.
-function M.rounding_of(ranks, reduce_dtype, float32_state)
-  local order = M.TOKENS * 2 ^ -53
-  local reduce = reduce_dtype == 'float32' and ranks * 2 ^ -24 or 0
+--
+-- A model computing in float32 (over.dtype, the recipe's fields) sums in
+-- float32: its order term is n float32 roundings, and its activations move
+-- too (a row-parallel product's partial sums added, attention's sums cut
+-- over cp): act, the widest product's inner dim (the MLP's 4 n_embd) in
+-- float32 roundings, moves every linear layer's operands.  FP8 products
+-- (over.fp8): the ranks quantize exactly the operands one process does at
+-- the same micro-batch where those operands are bit-equal (gptlua.ops_fp8 makes a
+-- split operand's scales one process's: spec/fp8_split_spec.lua), but the
+-- roundings above move them, and a float32 rounding that moves an element
+-- across an FP8 rounding boundary moves its FP8 value a whole step (2^-3 of
+-- it at most for e4m3, 2^-2 for e5m2); downstream of one such step every
+-- operand moves by more than float32 roundings, so any element may land on
+-- its neighbour.  That is the most a changed rounding can do, and a
+-- one-process run can make it: the perturbed run moves every FP8 layer's
+-- input (e4m3) by 2^-3 and output gradient (e5m2) by 2^-2 of each element,
+-- a step, at every call (fp8 = {x, g}).  (Moving them by the order term
+-- instead crosses boundaries at random a few times a step, as the layout
+-- does, and two such runs' differences are not comparable.)  So the rule
+-- holds an FP8 layout to FP8's own rounding; that its scales are one
+-- process's is fp8_split_spec's to check.
+function M.rounding_of(ranks, reduce_dtype, float32_state, over)
+  local unit = over and (over.dtype == 'float32' or over.fp8) and 2 ^ -24 or 2 ^ -53
+  local order = M.TOKENS * unit
+  -- (float32 gradients reduce in float32 whatever the policy)
+  local reduce = (reduce_dtype == 'float32' or unit == 2 ^ -24) and ranks * 2 ^ -24 or 0
+  local fp8 = over and over.fp8 and over.fp8 ~= 'off'
   return { grad = order + reduce + (float32_state and 2 ^ -24 or 0), floor = order + reduce,
-           state = float32_state or nil }
+           state = float32_state or nil, act = unit == 2 ^ -24 and 4 * recipe('gpt2').n_embd * unit or nil,
+           fp8 = fp8 and { x = 2 ^ -3, g = 2 ^ -2 } or nil }
 end
 
 -- checks res against ref by the rule; refp: the reference perturbed by

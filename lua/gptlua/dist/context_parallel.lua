@@ -248,6 +248,12 @@ function CP.parallelize(model, comm, opts)
     end
   end
   local ring = mode == 'ring'
+  -- the FP8 policy's layers (gptlua.fp8) see this rank's tokens: their
+  -- scales over the tokens are max-reduced over comm (gptlua.ops_fp8)
+  local function tokens_now() return layout.seq_now and comm or nil end
+  for _, m in ipairs(model:modules()) do
+    if m.fp8 then m.fp8_tokens = tokens_now end
+  end
   -- nanochat v2: the value embeddings look up this rank's rows as the
   -- token embedding does; the smear's first row of each of this rank's
   -- segments reads the previous position from the rank that holds it

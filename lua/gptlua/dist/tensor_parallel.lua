@@ -317,16 +317,36 @@ local function cut(layout, module, name, full_name, spec)
 end
 
 -- ---------------------------------------------------- parallel layers --
+-- A layer the FP8 policy marked (lin.fp8, gptlua.fp8) runs its products
+-- through gl.fp8_linear with the tp group named as the one that splits W's
+-- rows (column-parallel: split.n) or columns (row-parallel: split.k), so
+-- its scales are one process's (gptlua.ops_fp8), and context parallelism's
+-- token group when it splits this forward (lin.fp8_tokens).  Under
+-- sequence parallelism its input is gathered once and kept for the
+-- backward (gather_seq), not gathered again as gathered_linear does.
+local function fp8_split(lin, key, comm)
+  local split = { [key] = comm }
+  if lin.fp8_tokens then split.tokens = lin.fp8_tokens() end
+  return split
+end
+
 local function column_parallel(layout, lin, prefix, blocks)
   cut(layout, lin, 'weight', prefix .. '.weight', { dim = 1, blocks = blocks })
   if lin.bias then cut(layout, lin, 'bias', prefix .. '.bias', { dim = 1, blocks = blocks }) end
-  lin.forward = function(self, x) return column_linear(layout, x, self.weight, self.bias) end
+  lin.forward = function(self, x)
+    if not self.fp8 then return column_linear(layout, x, self.weight, self.bias) end
+    local y = gl.fp8_linear(into_columns(layout, x), self.weight, self.fp8, fp8_split(self, 'n', layout.comm))
+    if self.bias then y = y + self.bias end
+    return y
+  end
 end
 
 local function row_parallel(layout, lin, prefix)
   cut(layout, lin, 'weight', prefix .. '.weight', { dim = 2 })
   lin.forward = function(self, x)
-    local y = out_of_rows(layout, gl.linear(x, self.weight))
+    local y = self.fp8 and gl.fp8_linear(x, self.weight, self.fp8, fp8_split(self, 'k', layout.comm))
+      or gl.linear(x, self.weight)
+    y = out_of_rows(layout, y)
     if self.bias then y = y + self.bias end
     return y
   end

@@ -8,7 +8,6 @@
 --   gptlua recipes/tools/moe_step.lua [--iters=20] [--rounds=5] [--threads=1]
 local gl = require 'gptlua'
 local train = require 'gptlua.train'
-local now = require('gptlua.cli').now
 
 local opts = { iters = 20, rounds = 5, threads = 1 }
 for _, a in ipairs(arg) do
@@ -30,20 +29,12 @@ for i, v in ipairs(variants) do
   trainers[i] = train.new(dofile(gl.root .. '/recipes/moe.lua'), args)
   for _ = 1, 3 do trainers[i]:train_step() end  -- warm: optimizer state, caches
 end
-local times = { {}, {} }
-for _ = 1, opts.rounds do
-  for i, t in ipairs(trainers) do
-    local t0 = now()
-    for _ = 1, opts.iters do t:train_step() end
-    times[i][#times[i] + 1] = (now() - t0) / opts.iters * 1000
-  end
-end
+local medians = dofile(gl.root .. '/recipes/tools/step_rounds.lua')(trainers, opts.iters, opts.rounds)
 os.execute('rm -rf ' .. dir)
-local function median(t) table.sort(t); return t[math.ceil(#t / 2)] end
-local base = median(times[1])
+local base = medians[1]
 local steps = dofile(gl.root .. '/recipes/moe.lua').max_iters
 print(('%-16s %10s %9s %16s'):format('model', 'ms/step', 'x dense', steps .. ' steps, s'))
 for i, v in ipairs(variants) do
-  local m = median(times[i])
+  local m = medians[i]
   print(('%-16s %10.1f %9.2f %16.0f'):format(v[1], m, m / base, m * steps / 1000))
 end

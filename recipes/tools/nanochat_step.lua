@@ -7,7 +7,6 @@
 --   gptlua recipes/tools/nanochat_step.lua [--iters=20] [--rounds=3]
 local gl = require 'gptlua'
 local train = require 'gptlua.train'
-local now = require('gptlua.cli').now
 
 local opts = { iters = 20, rounds = 3 }
 for _, a in ipairs(arg) do
@@ -38,20 +37,11 @@ for i, v in ipairs(variants) do
   trainers[i] = train.new(dofile(gl.root .. '/recipes/shakespeare.lua'), args)
   for _ = 1, 3 do trainers[i]:train_step() end  -- warm: optimizer state, caches
 end
-local times = {}
-for i = 1, #variants do times[i] = {} end
-for _ = 1, opts.rounds do
-  for i, t in ipairs(trainers) do
-    local t0 = now()
-    for _ = 1, opts.iters do t:train_step() end
-    times[i][#times[i] + 1] = (now() - t0) / opts.iters * 1000
-  end
-end
+local medians = dofile(gl.root .. '/recipes/tools/step_rounds.lua')(trainers, opts.iters, opts.rounds)
 os.execute('rm -rf ' .. dir)
-local function median(t) table.sort(t); return t[math.ceil(#t / 2)] end
-local base = median(times[1])
+local base = medians[1]
 print(('%-20s %10s %8s'):format('model', 'ms/step', 'x v1'))
 for i, v in ipairs(variants) do
-  local m = median(times[i])
+  local m = medians[i]
   print(('%-20s %10.1f %8.2f'):format(v[1], m, m / base))
 end

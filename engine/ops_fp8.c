@@ -20,16 +20,21 @@ static int check_scale(const char *fn, const char *name, const gl_tensor *s, int
   return GL_OK;
 }
 
-int gl_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise) {
-  const char *fn = "gl_fp8_quantize";
-  GL_NONNULL(fn, q, scale_inv, x);
-  GL_TRY(check_args(fn, ARGS({q, "q", A_OUT}, {scale_inv, "scale_inv", A_OUT}, {x, "x", A_FLOAT})));
+/* a cast's operands: x 2-D float32 / bfloat16, q a row-major float8 of its shape */
+static int check_cast(const char *fn, const gl_tensor *q, const gl_tensor *x) {
   if (x->dtype != GL_F32 && x->dtype != GL_BF16)
     return gl_error("%s: x has dtype %s, expected float32 or bfloat16", fn, gl_dtype_name(x->dtype));
   GL_TRY(check_fp8(fn, "q", q));
   GL_TRY(check_ndim(x, fn, "x", 2, 2));
   GL_TRY(check_shape(q, fn, "q", 2, x->shape, "the shape of x"));
-  GL_TRY(check_row_major(fn, "q", q));
+  return check_row_major(fn, "q", q);
+}
+
+int gl_fp8_quantize(gl_tensor *q, gl_tensor *scale_inv, const gl_tensor *x, int rowwise) {
+  const char *fn = "gl_fp8_quantize";
+  GL_NONNULL(fn, q, scale_inv, x);
+  GL_TRY(check_args(fn, ARGS({q, "q", A_OUT}, {scale_inv, "scale_inv", A_OUT}, {x, "x", A_FLOAT})));
+  GL_TRY(check_cast(fn, q, x));
   if (rowwise != 0 && rowwise != 1) return gl_error("%s: rowwise must be 0 or 1, got %d", fn, rowwise);
   GL_TRY(check_scale(fn, "scale_inv", scale_inv, x->shape[0], 1));
   if (scale_inv->shape[0] != (rowwise ? x->shape[0] : 1))
@@ -89,12 +94,7 @@ int gl_fp8_cast(gl_tensor *q, const gl_tensor *x, const gl_tensor *amax) {
   const char *fn = "gl_fp8_cast";
   GL_NONNULL(fn, q, x, amax);
   GL_TRY(check_args(fn, ARGS({q, "q", A_OUT}, {x, "x", A_FLOAT}, {amax, "amax", A_IN})));
-  if (x->dtype != GL_F32 && x->dtype != GL_BF16)
-    return gl_error("%s: x has dtype %s, expected float32 or bfloat16", fn, gl_dtype_name(x->dtype));
-  GL_TRY(check_fp8(fn, "q", q));
-  GL_TRY(check_ndim(x, fn, "x", 2, 2));
-  GL_TRY(check_shape(q, fn, "q", 2, x->shape, "the shape of x"));
-  GL_TRY(check_row_major(fn, "q", q));
+  GL_TRY(check_cast(fn, q, x));
   GL_TRY(check_scale(fn, "amax", amax, x->shape[0], 1));
   GL_TRY(check_no_overlap(fn, q, "q", x, "x"));
   if (q->numel == 0) return GL_OK;

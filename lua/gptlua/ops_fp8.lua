@@ -132,40 +132,25 @@ local function gathered_transposed(pre, n_in, n_out)
   return qt
 end
 
--- fp8_linear with W's FP8 operands given (pre = rawget(W, 'fp8_gathered'):
--- FSDP gathered them already quantized, {recipe, q, s, qc, sc}: q (R, C)
--- and its scale_inv s as fp8_quantize(W) makes them, qc and sc W's
--- columns' codes and scales as fp8_quantize(W^T) makes them, in W's
--- layout; tensorwise, qc is q).  W's own values are not read: it only
--- receives the gradient.
-local function linear_pregathered(x, W, recipe, pre, tok)
-  local lead, n_in, n_out, xc, x2, oshape = O._raw.linear_rows('fp8_linear', x, W)
-  local qx, sx = quantize_split(x2, 'float8_e4m3fn', recipe, tok, NONE)
-  local out2 = product(qx, sx, pre.q, pre.s, x.dtype)
-  qx:free(); sx:free()
-  local out = out2:_as_strided(oshape, Tensor.contiguous_strides(oshape), 0)
-  drop(out2)
-  return A.record(out, { x, W }, function(_, g)
-    local gc = raw_contiguous(g)
-    local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
-    local gx, gW
-    if x.requires_grad then
-      local qg, sg = quantize_split(g2, 'float8_e5m2', recipe, tok, NONE)
-      local qt = gathered_transposed(pre, n_in, n_out)
-      local d2 = product(qg, sg, qt, pre.sc, x.dtype)
-      qg:free(); sg:free(); qt:free()
-      gx = d2:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
-      drop(d2)
-    end
-    if W.requires_grad then
-      local gt = g2:_as_strided({ n_out, lead }, { 1, n_out }, g2:storage_offset())
-      local xt = x2:_as_strided({ n_in, lead }, { 1, n_in }, x2:storage_offset())
-      gW = scaled(gt, 'float8_e5m2', xt, 'float8_e4m3fn', recipe, W.dtype, NONE, tok, NONE, tok)
-      drop(gt); drop(xt)
-    end
-    drop(g2); drop(gc, g); drop(x2); drop(xc, x)
-    return gx, gW
-  end, { x2 }, 'fp8_linear')
+-- W's operands: (n_out, n_in) scaled along its rows for the forward, and
+-- W^T (n_in, n_out) scaled along W's columns for the input gradient; each
+-- returns q, s and whether they are the caller's to free.  pre =
+-- rawget(W, 'fp8_gathered'): FSDP gathered them already quantized,
+-- {recipe, q, s, qc, sc}: q and its scale_inv s as fp8_quantize(W) makes
+-- them, qc and sc W's columns' codes and scales as fp8_quantize(W^T) makes
+-- them, in W's layout (tensorwise, qc is q); W's own values are not read.
+-- Otherwise quantized here, n and k the comms cutting W's rows and columns.
+local function weight_rows(W, recipe, pre, n, k)
+  if pre then return pre.q, pre.s, false end
+  local q, sc = quantize_split(W, 'float8_e4m3fn', recipe, n, k)
+  return q, sc, true
+end
+local function weight_columns(W, n_in, n_out, recipe, pre, n, k)
+  if pre then return gathered_transposed(pre, n_in, n_out), pre.sc, false end
+  local Wt = W:_as_strided({ n_in, n_out }, { 1, n_in }, W:storage_offset())
+  local q, sc = quantize_split(Wt, 'float8_e4m3fn', recipe, k, n)
+  drop(Wt)
+  return q, sc, true
 end
 
 local function list(c) return c and { c } or NONE end
@@ -188,10 +173,13 @@ function O.fp8_linear(x, W, recipe, split)
     end
     -- (FSDP gathers whole nn.Linear weights: tp's cut layers gather in their dtype)
     assert(#k == 0 and #n == 0, 'fp8_linear: a weight gathered in FP8 is whole, not cut over tp')
-    return linear_pregathered(x, W, recipe, pre, tok)
   end
   local lead, n_in, n_out, xc, x2, oshape = O._raw.linear_rows('fp8_linear', x, W)
-  local out2 = scaled(x2, 'float8_e4m3fn', W, 'float8_e4m3fn', recipe, x.dtype, tok, k, n, k)
+  local qx, sx = quantize_split(x2, 'float8_e4m3fn', recipe, tok, k)
+  local qw, sw, own = weight_rows(W, recipe, pre, n, k)
+  local out2 = product(qx, sx, qw, sw, x.dtype)
+  qx:free(); sx:free()
+  if own then qw:free(); sw:free() end
   local out = out2:_as_strided(oshape, Tensor.contiguous_strides(oshape), 0)
   drop(out2)
   return A.record(out, { x, W }, function(_, g)
@@ -199,10 +187,13 @@ function O.fp8_linear(x, W, recipe, split)
     local g2 = gc:_as_strided({ lead, n_out }, { n_out, 1 }, gc:storage_offset())
     local gx, gW
     if x.requires_grad then  -- dx = dy W: dy's rows, W^T's rows (W's columns)
-      local Wt = W:_as_strided({ n_in, n_out }, { 1, n_in }, W:storage_offset())
-      local d2 = scaled(g2, 'float8_e5m2', Wt, 'float8_e4m3fn', recipe, x.dtype, tok, n, k, n)
+      local qg, sg = quantize_split(g2, 'float8_e5m2', recipe, tok, n)
+      local qt, st, own_t = weight_columns(W, n_in, n_out, recipe, pre, n, k)
+      local d2 = product(qg, sg, qt, st, x.dtype)
+      qg:free(); sg:free(); qt:free()
+      if own_t then st:free() end
       gx = d2:_as_strided(x.shape, Tensor.contiguous_strides(x.shape), 0)
-      drop(Wt); drop(d2)
+      drop(d2)
     end
     if W.requires_grad then  -- dW = dy^T x: dy's columns, x's columns
       local gt = g2:_as_strided({ n_out, lead }, { 1, n_out }, g2:storage_offset())
@@ -212,5 +203,5 @@ function O.fp8_linear(x, W, recipe, split)
     end
     drop(g2); drop(gc, g); drop(x2); drop(xc, x)
     return gx, gW
-  end, { x2, W }, 'fp8_linear')
+  end, pre and { x2 } or { x2, W }, 'fp8_linear')
 end

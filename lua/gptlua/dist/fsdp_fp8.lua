@@ -47,7 +47,9 @@ function M.chosen(model)
   local nn = require 'gptlua.nn'
   local out = {}
   for _, m in ipairs(model:modules()) do
-    if getmetatable(m) == nn.Linear and m.fp8 then out[m.weight] = m.fp8 end
+    -- (a weight tp cut, m.tp_cut, gathers in its dtype: its FP8 scales span
+    -- the tp group too, which gl.fp8_linear's split reduces over)
+    if getmetatable(m) == nn.Linear and m.fp8 and not m.tp_cut then out[m.weight] = m.fp8 end
   end
   return out
 end

@@ -332,6 +332,7 @@ end
 
 local function column_parallel(layout, lin, prefix, blocks)
   cut(layout, lin, 'weight', prefix .. '.weight', { dim = 1, blocks = blocks })
+  lin.tp_cut = 'n'   -- (W's rows: FSDP gathers such a weight in its dtype, gptlua.dist.fsdp_fp8)
   if lin.bias then cut(layout, lin, 'bias', prefix .. '.bias', { dim = 1, blocks = blocks }) end
   lin.forward = function(self, x)
     if not self.fp8 then return column_linear(layout, x, self.weight, self.bias) end
@@ -343,6 +344,7 @@ end
 
 local function row_parallel(layout, lin, prefix)
   cut(layout, lin, 'weight', prefix .. '.weight', { dim = 2 })
+  lin.tp_cut = 'k'   -- (W's columns)
   lin.forward = function(self, x)
     local y = self.fp8 and gl.fp8_linear(x, self.weight, self.fp8, fp8_split(self, 'k', layout.comm))
       or gl.linear(x, self.weight)

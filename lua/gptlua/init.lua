@@ -75,7 +75,8 @@ local OPS = {
   -- FP8 (gptlua.ops_fp8)
   fp8_quantize = 'x:tensor, dtype:string, recipe:string?',
   fp8_matmul = 'a:tensor, a_scale_inv:tensor, b:tensor, b_scale_inv:tensor, dtype:string?',
-  fp8_linear = 'x:tensor, weight:tensor, recipe:string',
+  fp8_amax = 'x:tensor, recipe:string?', fp8_quantize_amax = 'x:tensor, dtype:string, amax:tensor',
+  fp8_linear = 'x:tensor, weight:tensor, recipe:string, split:table?',
 }
 -- Tensor methods that are not also gl.* functions (self is checked as `self`)
 local METHODS = {
